@@ -1,0 +1,345 @@
+"""Record batch v2: a read-only view over batch headers, in-place patches, and a small builder.
+
+The broker never decompresses or re-encodes what producers send: it reads the 61-byte header, checks the
+CRC32C, and patches base offset / partition leader epoch (outside the CRC) in place. Decoding records is
+only needed for the broker's own internal topics (committed offsets) and for tests, which is why the
+builder and reader below handle uncompressed batches (and decompress on read when a codec is installed).
+
+Layout (big-endian), offsets from the batch start:
+    0  baseOffset            int64
+    8  batchLength           int32   bytes after this field
+    12 partitionLeaderEpoch  int32
+    16 magic                 int8    = 2
+    17 crc                   uint32  CRC32C of everything from attributes to the end
+    21 attributes            int16   bits 0-2 codec, 3 timestamp type, 4 transactional, 5 control
+    23 lastOffsetDelta       int32
+    27 baseTimestamp         int64
+    35 maxTimestamp          int64
+    43 producerId            int64
+    51 producerEpoch         int16
+    53 baseSequence          int32
+    57 recordCount           int32
+    61 records...
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Iterator, NamedTuple
+
+import crc32c as _crc32c
+
+BATCH_HEADER_SIZE = 61
+LOG_OVERHEAD = 12  # baseOffset + batchLength: the part not counted in batchLength
+MAGIC_V2 = 2
+CRC_START = 21
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+NO_PARTITION_LEADER_EPOCH = -1
+
+COMPRESSION_MASK = 0x07
+TIMESTAMP_TYPE_MASK = 0x08
+TRANSACTIONAL_MASK = 0x10
+CONTROL_MASK = 0x20
+
+COMPRESSION_NONE, COMPRESSION_GZIP, COMPRESSION_SNAPPY, COMPRESSION_LZ4, COMPRESSION_ZSTD = range(5)
+CODEC_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_BASE_OFFSET = struct.Struct(">q")
+_INT32 = struct.Struct(">i")
+_INT64 = struct.Struct(">q")
+_UINT32 = struct.Struct(">I")
+
+
+class InvalidRecordBatch(ValueError):
+    """The bytes are not a well-formed record batch v2 (truncated, wrong magic, bad length)."""
+
+
+class CorruptRecordBatch(InvalidRecordBatch):
+    """The batch is well framed but its CRC32C does not match: Kafka's CORRUPT_MESSAGE."""
+
+
+def crc32c(data) -> int:
+    return _crc32c.crc32c(data)
+
+
+class BatchHeader(NamedTuple):
+    """The decoded 61-byte header of one batch, plus where it sits in the buffer it came from."""
+
+    position: int
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def size(self) -> int:
+        """Bytes the whole batch occupies, header included."""
+        return LOG_OVERHEAD + self.batch_length
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & COMPRESSION_MASK
+
+    @property
+    def log_append_time(self) -> bool:
+        return bool(self.attributes & TIMESTAMP_TYPE_MASK)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL_MASK)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_MASK)
+
+    @property
+    def has_producer_id(self) -> bool:
+        return self.producer_id >= 0
+
+    @property
+    def last_sequence(self) -> int:
+        if self.base_sequence == NO_SEQUENCE:
+            return NO_SEQUENCE
+        return (self.base_sequence + self.last_offset_delta) % (1 << 31)
+
+
+def read_header(buf, position: int = 0) -> BatchHeader:
+    """Decode the header of the batch at ``position``; raises InvalidRecordBatch if it is not one."""
+    if len(buf) - position < BATCH_HEADER_SIZE:
+        raise InvalidRecordBatch(f"truncated batch header at {position}: {len(buf) - position} bytes")
+    header = BatchHeader(position, *_HEADER.unpack_from(buf, position))
+    if header.magic != MAGIC_V2:
+        raise InvalidRecordBatch(f"unsupported record batch magic {header.magic} (only v2 is accepted)")
+    if header.batch_length < BATCH_HEADER_SIZE - LOG_OVERHEAD:
+        raise InvalidRecordBatch(f"batch length {header.batch_length} is shorter than a batch header")
+    if position + header.size > len(buf):
+        raise InvalidRecordBatch(f"batch at {position} claims {header.size} bytes, {len(buf) - position} remain")
+    if header.last_offset_delta < 0 or header.record_count < 0:
+        raise InvalidRecordBatch("negative lastOffsetDelta or record count")
+    return header
+
+
+def crc_matches(buf, header: BatchHeader) -> bool:
+    start = header.position + CRC_START
+    end = header.position + header.size
+    return crc32c(memoryview(buf)[start:end]) == header.crc
+
+
+def iter_headers(buf, position: int = 0, end: int | None = None) -> Iterator[BatchHeader]:
+    """Walk consecutive batches; raises InvalidRecordBatch on the first malformed one."""
+    end = len(buf) if end is None else end
+    while position < end:
+        header = read_header(memoryview(buf)[:end], position)
+        yield header
+        position += header.size
+
+
+def validate_batches(buf) -> list[BatchHeader]:
+    """Check a producer's records field: at least one batch, every batch well framed with a valid CRC.
+
+    Raises CorruptRecordBatch for a CRC mismatch and InvalidRecordBatch for anything else.
+    """
+    headers = list(iter_headers(buf))
+    if not headers:
+        raise InvalidRecordBatch("no record batch in the records field")
+    for header in headers:
+        if not crc_matches(buf, header):
+            raise CorruptRecordBatch(f"CRC32C mismatch in batch at {header.position}")
+        if header.record_count != header.last_offset_delta + 1 and header.compression == COMPRESSION_NONE:
+            # Kafka rejects batches whose count and offset delta disagree (they would break dense offsets).
+            raise InvalidRecordBatch(
+                f"record count {header.record_count} does not match lastOffsetDelta {header.last_offset_delta}"
+            )
+    return headers
+
+
+def set_base_offset(buf: bytearray, position: int, base_offset: int) -> None:
+    _BASE_OFFSET.pack_into(buf, position, base_offset)
+
+
+def set_partition_leader_epoch(buf: bytearray, position: int, epoch: int) -> None:
+    _INT32.pack_into(buf, position + 12, epoch)
+
+
+def set_log_append_time(buf: bytearray, position: int, timestamp_ms: int) -> None:
+    """Mark the batch as LogAppendTime with ``timestamp_ms`` as its max timestamp, and recompute the CRC."""
+    attributes = struct.unpack_from(">h", buf, position + 21)[0]
+    struct.pack_into(">h", buf, position + 21, attributes | TIMESTAMP_TYPE_MASK)
+    _INT64.pack_into(buf, position + 35, timestamp_ms)
+    batch_length = _INT32.unpack_from(buf, position + 8)[0]
+    end = position + LOG_OVERHEAD + batch_length
+    _UINT32.pack_into(buf, position + 17, crc32c(memoryview(buf)[position + CRC_START : end]))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Records inside a batch: only for the broker's internal topics and for tests.
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+
+def _write_varint(out: bytearray, value: int) -> None:
+    value = (value << 1) ^ (value >> 63)  # zigzag
+    while value & ~0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _read_varint(buf, pos: int) -> tuple[int, int]:
+    shift = 0
+    result = 0
+    while True:
+        if pos >= len(buf):
+            raise InvalidRecordBatch("truncated varint in record")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise InvalidRecordBatch("varint too long")
+    return (result >> 1) ^ -(result & 1), pos
+
+
+def _write_bytes(out: bytearray, value: bytes | None) -> None:
+    if value is None:
+        _write_varint(out, -1)
+    else:
+        _write_varint(out, len(value))
+        out += value
+
+
+def _read_bytes(buf, pos: int) -> tuple[bytes | None, int]:
+    length, pos = _read_varint(buf, pos)
+    if length < 0:
+        return None, pos
+    if pos + length > len(buf):
+        raise InvalidRecordBatch("record field runs past the batch")
+    return bytes(buf[pos : pos + length]), pos + length
+
+
+def build_batch(
+    records: list[tuple[bytes | None, bytes | None]] | list[tuple[bytes | None, bytes | None, list]],
+    *,
+    base_offset: int = 0,
+    timestamp_ms: int = 0,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+    attributes: int = 0,
+) -> bytearray:
+    """Encode an uncompressed record batch v2 of (key, value[, headers]) tuples."""
+    if not records:
+        raise ValueError("a batch needs at least one record")
+    body = bytearray()
+    for delta, item in enumerate(records):
+        key, value = item[0], item[1]
+        headers = item[2] if len(item) > 2 else []
+        record = bytearray([0])  # attributes
+        _write_varint(record, 0)  # timestamp delta
+        _write_varint(record, delta)
+        _write_bytes(record, key)
+        _write_bytes(record, value)
+        _write_varint(record, len(headers))
+        for header_key, header_value in headers:
+            _write_bytes(record, header_key.encode())
+            _write_bytes(record, header_value)
+        _write_varint(body, len(record))
+        body += record
+    batch = bytearray(BATCH_HEADER_SIZE) + body
+    _HEADER.pack_into(
+        batch, 0, base_offset, len(batch) - LOG_OVERHEAD, partition_leader_epoch, MAGIC_V2, 0, attributes,
+        len(records) - 1, timestamp_ms, timestamp_ms, producer_id, producer_epoch, base_sequence, len(records),
+    )
+    _UINT32.pack_into(batch, 17, crc32c(memoryview(batch)[CRC_START:]))
+    return batch
+
+
+def _decompress(codec: int, data: bytes) -> bytes:
+    if codec == COMPRESSION_NONE:
+        return data
+    if codec == COMPRESSION_GZIP:
+        import gzip
+
+        return gzip.decompress(data)
+    if codec == COMPRESSION_SNAPPY:
+        import snappy  # python-snappy; Kafka's Java client frames snappy in xerial format
+
+        if data[:8] == b"\x82SNAPPY\x00":
+            out = bytearray()
+            pos = 16
+            while pos < len(data):
+                (chunk_len,) = struct.unpack_from(">i", data, pos)
+                out += snappy.decompress(data[pos + 4 : pos + 4 + chunk_len])
+                pos += 4 + chunk_len
+            return bytes(out)
+        return snappy.decompress(data)
+    if codec == COMPRESSION_LZ4:
+        import lz4.frame
+
+        return lz4.frame.decompress(data)
+    if codec == COMPRESSION_ZSTD:
+        import zstandard
+
+        return zstandard.ZstdDecompressor().decompressobj().decompress(data)
+    raise InvalidRecordBatch(f"unknown compression codec {codec}")
+
+
+def read_records(buf, header: BatchHeader) -> list[Record]:
+    """Decode the records of one batch (decompressing if needed)."""
+    start = header.position + BATCH_HEADER_SIZE
+    data = bytes(memoryview(buf)[start : header.position + header.size])
+    data = _decompress(header.compression, data)
+    records = []
+    pos = 0
+    for _ in range(header.record_count):
+        length, pos = _read_varint(data, pos)
+        end = pos + length
+        pos += 1  # record attributes, unused
+        timestamp_delta, pos = _read_varint(data, pos)
+        offset_delta, pos = _read_varint(data, pos)
+        key, pos = _read_bytes(data, pos)
+        value, pos = _read_bytes(data, pos)
+        header_count, pos = _read_varint(data, pos)
+        headers = []
+        for _ in range(header_count):
+            header_key, pos = _read_bytes(data, pos)
+            header_value, pos = _read_bytes(data, pos)
+            headers.append(((header_key or b"").decode(), header_value))
+        if pos != end:
+            raise InvalidRecordBatch("record length does not match its fields")
+        records.append(
+            Record(header.base_offset + offset_delta, header.base_timestamp + timestamp_delta, key, value, tuple(headers))
+        )
+    return records
