@@ -1,0 +1,244 @@
+"""Idempotent-producer rules of one partition, as Kafka's ProducerStateManager applies them."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pykbroker.log.producer_state import (
+    INT32_MAX,
+    INVALID_PRODUCER_EPOCH,
+    OUT_OF_ORDER_SEQUENCE_NUMBER,
+    DuplicateBatch,
+    ProducerStateError,
+    ProducerStateManager,
+    in_sequence,
+)
+from pykbroker.protocol.records import TIMESTAMP_TYPE_MASK, BatchHeader, build_batch, read_header
+
+
+def header(pid: int, epoch: int, seq: int, count: int = 1, *, offset: int = 0, ts: int = 1_000, attributes: int = 0) -> BatchHeader:
+    records = [(None, b"v%d" % i) for i in range(count)]
+    return read_header(
+        build_batch(records, base_offset=offset, timestamp_ms=ts, producer_id=pid, producer_epoch=epoch,
+                    base_sequence=seq, attributes=attributes)
+    )
+
+
+class Partition:
+    """Drives a ProducerStateManager the way a partition log does: check, assign offsets, update."""
+
+    def __init__(self) -> None:
+        self.state = ProducerStateManager()
+        self.log: list[BatchHeader] = []
+        self.end = 0
+
+    def produce(self, *batches: tuple[int, int, int, int]) -> DuplicateBatch | None:
+        """Each batch is (producer id, epoch, base sequence, record count)."""
+        headers = [header(pid, epoch, seq, count) for pid, epoch, seq, count in batches]
+        duplicate = self.state.check_batches(headers)
+        if duplicate is not None:
+            return duplicate
+        for h in headers:
+            appended = h._replace(base_offset=self.end)
+            self.end = appended.next_offset
+            self.log.append(appended)
+            self.state.update(appended, -1)
+        return None
+
+
+def error_of(call) -> int:
+    with pytest.raises(ProducerStateError) as caught:
+        call()
+    return caught.value.error_code
+
+
+def test_in_order_batches_are_accepted_and_recorded():
+    p = Partition()
+    assert p.produce((7, 0, 0, 3)) is None
+    assert p.produce((7, 0, 3, 2)) is None
+    entry = p.state.entry(7)
+    assert entry.epoch == 0 and entry.last_seq == 4
+    assert p.state.next_offset == 5
+
+
+def test_retry_returns_the_original_offsets_and_appends_nothing():
+    p = Partition()
+    p.produce((7, 0, 0, 3))  # offsets 0-2
+    p.produce((9, 0, 0, 1))  # offset 3, another producer in between
+    p.produce((7, 0, 3, 2))  # offsets 4-5
+    assert p.produce((7, 0, 0, 3)) == DuplicateBatch(0, 2, -1)
+    assert p.produce((7, 0, 3, 2)) == DuplicateBatch(4, 5, -1)
+    assert p.end == 6
+
+
+def test_retry_of_a_log_append_time_batch_reports_the_original_append_time():
+    state = ProducerStateManager()
+    h = header(3, 0, 0, 2, attributes=TIMESTAMP_TYPE_MASK)
+    state.update(h._replace(base_offset=40), 123_456)
+    assert state.check(h) == DuplicateBatch(40, 41, 123_456)
+
+
+def test_duplicate_anywhere_in_a_records_field_answers_the_whole_field():
+    p = Partition()
+    p.produce((7, 0, 0, 1))
+    p.produce((7, 0, 1, 1))
+    # Kafka returns the first duplicate found, even if an earlier batch of the same field is new.
+    assert p.produce((8, 0, 0, 1), (7, 0, 1, 1)) == DuplicateBatch(1, 1, -1)
+    assert p.state.entry(8) is None
+
+
+def test_only_the_last_five_batches_are_remembered():
+    p = Partition()
+    for seq in range(6):
+        p.produce((7, 0, seq, 1))
+    assert p.produce((7, 0, 1, 1)) == DuplicateBatch(1, 1, -1)
+    # The first batch fell out of the cache: a retry of it now looks like a sequence going backwards.
+    assert error_of(lambda: p.produce((7, 0, 0, 1))) == OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+def test_a_gap_in_sequence_is_out_of_order():
+    p = Partition()
+    p.produce((7, 0, 0, 2))
+    assert error_of(lambda: p.produce((7, 0, 3, 1))) == OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert error_of(lambda: p.produce((7, 0, 1, 1))) == OUT_OF_ORDER_SEQUENCE_NUMBER  # overlaps, not a duplicate
+    assert p.end == 2
+
+
+def test_a_stale_epoch_is_fenced_even_for_a_retry():
+    p = Partition()
+    p.produce((7, 0, 0, 1))
+    p.produce((7, 1, 0, 1))
+    assert error_of(lambda: p.produce((7, 0, 1, 1))) == INVALID_PRODUCER_EPOCH
+    assert error_of(lambda: p.produce((7, 0, 0, 1))) == INVALID_PRODUCER_EPOCH
+
+
+def test_a_new_epoch_must_restart_at_sequence_zero():
+    p = Partition()
+    p.produce((7, 0, 0, 5))
+    assert error_of(lambda: p.produce((7, 1, 5, 1))) == OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert p.produce((7, 1, 0, 1)) is None
+    entry = p.state.entry(7)
+    assert entry.epoch == 1 and len(entry.batches) == 1  # the old epoch's batches are forgotten
+
+
+def test_sequence_wraps_after_int32_max():
+    assert in_sequence(INT32_MAX, 0)
+    assert not in_sequence(INT32_MAX - 1, 0)
+    p = Partition()
+    p.produce((7, 0, INT32_MAX - 1, 2))  # sequences 2**31-2 and 2**31-1
+    assert p.produce((7, 0, 0, 3)) is None  # wraps to 0
+    assert p.produce((7, 0, 3, 1)) is None
+    # A batch that itself straddles the wrap ends at a small last sequence.
+    q = Partition()
+    q.produce((5, 0, INT32_MAX, 3))
+    assert q.state.entry(5).last_seq == 1
+    assert q.produce((5, 0, INT32_MAX, 3)) == DuplicateBatch(0, 2, -1)
+    assert q.produce((5, 0, 2, 1)) is None
+
+
+def test_unknown_producer_is_accepted_at_any_sequence():
+    # KIP-360 / Kafka 3.x: no state for the producer (new, or expired) means no sequence to check against.
+    p = Partition()
+    assert p.produce((7, 3, 42, 2)) is None
+    assert p.produce((7, 3, 44, 1)) is None
+    assert error_of(lambda: p.produce((7, 3, 50, 1))) == OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+def test_batches_of_one_field_are_checked_in_order():
+    p = Partition()
+    p.produce((7, 0, 0, 1))
+    assert p.produce((7, 0, 1, 2), (7, 0, 3, 1)) is None
+    assert p.state.entry(7).last_seq == 3
+    before = p.state.snapshot()
+    assert error_of(lambda: p.produce((7, 0, 4, 1), (7, 0, 6, 1))) == OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert error_of(lambda: p.produce((7, 1, 0, 1), (7, 0, 5, 1))) == INVALID_PRODUCER_EPOCH
+    assert p.state.snapshot() == before  # checking changes nothing
+
+
+def test_batches_without_producer_id_pass_through():
+    state = ProducerStateManager()
+    plain = read_header(build_batch([(None, b"x")]))
+    assert state.check(plain) is None
+    state.update(plain._replace(base_offset=10), -1)
+    assert len(state) == 0 and state.next_offset == 11
+
+
+def test_expire_drops_idle_producers_by_their_last_batch_timestamp():
+    state = ProducerStateManager()
+    state.update(header(1, 0, 0, ts=1_000), -1)
+    state.update(header(2, 0, 0, ts=5_000, offset=1), -1)
+    assert state.expire(now_ms=10_000, expiration_ms=6_000) == 1
+    assert state.producer_ids() == [2]
+    # An expired producer is unknown again, so any sequence is accepted.
+    assert state.check(header(1, 0, 17)) is None
+
+
+def test_expire_boundary_is_inclusive():
+    state = ProducerStateManager()
+    state.update(header(1, 0, 0, ts=1_000), -1)
+    assert state.expire(now_ms=1_999, expiration_ms=1_000) == 0
+    assert state.expire(now_ms=2_000, expiration_ms=1_000) == 1
+
+
+def test_snapshot_round_trip_then_replay_the_tail():
+    p = Partition()
+    for seq in range(0, 12, 2):
+        p.produce((7, 0, seq, 2))
+    p.produce((8, 2, 0, 1))
+    restored = ProducerStateManager()
+    restored.load_snapshot(p.state.snapshot())
+    assert restored.snapshot() == p.state.snapshot()
+    assert restored.check(header(7, 0, 10, 2)) == DuplicateBatch(10, 11, -1)
+    tail = header(8, 2, 1, offset=restored.next_offset)
+    restored.replay([tail])
+    assert restored.entry(8).last_seq == 1
+
+
+# --------------------------------------------------------------------------------------------------
+# Properties: any accepted history, replayed from the log, gives the same answers.
+
+produce_steps = st.lists(
+    st.tuples(
+        st.integers(0, 3),  # producer id
+        st.sampled_from(["next", "retry", "bump", "gap", "stale"]),
+        st.integers(1, 4),  # records in the batch
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(produce_steps)
+def test_rebuild_from_the_log_restores_the_same_state(steps):
+    p = Partition()
+    known: dict[int, tuple[int, int]] = {}  # pid -> (epoch, next sequence), the producer's own view
+    sent: dict[int, list[tuple[int, int, int]]] = {}  # pid -> batches sent in the current epoch
+    for pid, action, count in steps:
+        epoch, next_seq = known.get(pid, (0, 0))
+        if action == "retry" and sent.get(pid):
+            e, seq, n = sent[pid][-1]
+            assert isinstance(p.produce((pid, e, seq, n)), DuplicateBatch)
+            continue
+        if action == "bump" and pid in known:
+            epoch, next_seq = epoch + 1, 0
+            sent[pid] = []
+        if action == "gap" and pid in known:
+            assert error_of(lambda: p.produce((pid, epoch, next_seq + 1, count))) == OUT_OF_ORDER_SEQUENCE_NUMBER
+            continue
+        if action == "stale" and pid in known and epoch > 0:
+            assert error_of(lambda: p.produce((pid, epoch - 1, 0, count))) == INVALID_PRODUCER_EPOCH
+            continue
+        assert p.produce((pid, epoch, next_seq, count)) is None
+        sent.setdefault(pid, []).append((epoch, next_seq, count))
+        known[pid] = (epoch, next_seq + count)
+
+    rebuilt = ProducerStateManager()
+    rebuilt.rebuild(p.log)
+    assert rebuilt.snapshot() == p.state.snapshot()
+    for pid, batches in sent.items():
+        for epoch, seq, count in batches[-5:]:
+            probe = header(pid, epoch, seq, count)
+            assert rebuilt.check(probe) == p.state.check(probe)
+            assert rebuilt.check(probe) is not None
