@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pykbroker.cluster.producer_ids import (
+    INVALID_REQUEST,
+    PRODUCER_ID_BLOCK_SIZE,
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    ProducerIdAllocator,
+    ProducerRegistry,
+)
 from pykbroker.log.producer_state import (
     INT32_MAX,
     INVALID_PRODUCER_EPOCH,
@@ -242,3 +251,68 @@ def test_rebuild_from_the_log_restores_the_same_state(steps):
             probe = header(pid, epoch, seq, count)
             assert rebuilt.check(probe) == p.state.check(probe)
             assert rebuilt.check(probe) is not None
+
+
+# --------------------------------------------------------------------------------------------------
+# Producer ids: unique across restarts; InitProducerId as Kafka answers it without transactions.
+
+
+def test_producer_ids_increase_and_continue_after_the_reserved_block(tmp_path):
+    path = tmp_path / "producer-id-block.json"
+    first = ProducerIdAllocator(path)
+    ids = [first.allocate() for _ in range(3)]
+    assert ids == [0, 1, 2]
+    assert json.loads(path.read_text()) == {"version": 1, "block_start": 0, "block_end": 999}
+    # A crash mid-block: nothing else is written; the restarted allocator skips the rest of the block.
+    second = ProducerIdAllocator(path)
+    assert second.allocate() == PRODUCER_ID_BLOCK_SIZE
+    assert ProducerIdAllocator(path).allocate() == 2 * PRODUCER_ID_BLOCK_SIZE
+
+
+def test_producer_ids_cross_block_boundaries_on_disk(tmp_path):
+    path = tmp_path / "ids"
+    allocator = ProducerIdAllocator(path, block_size=10)
+    ids = [allocator.allocate() for _ in range(25)]
+    assert ids == list(range(25))
+    assert json.loads(path.read_text())["block_end"] == 29
+    assert ProducerIdAllocator(path, block_size=10).allocate() == 30
+
+
+def test_a_torn_reservation_leaves_the_previous_block_in_force(tmp_path):
+    path = tmp_path / "ids"
+    ProducerIdAllocator(path).allocate()
+    # A crash between writing the temporary file and renaming it leaves junk beside the real file.
+    (tmp_path / "ids.tmp").write_bytes(b'{"version": 1, "block_st')
+    assert ProducerIdAllocator(path).allocate() == 1000
+
+
+def test_an_unreadable_block_file_refuses_to_start_rather_than_reuse_ids(tmp_path):
+    path = tmp_path / "ids"
+    path.write_bytes(b"not json")
+    with pytest.raises(ValueError):
+        ProducerIdAllocator(path)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 25), min_size=1, max_size=8))
+def test_producer_ids_are_never_reused_across_restarts(tmp_path_factory, runs):
+    path = tmp_path_factory.mktemp("ids") / "block"
+    seen: list[int] = []
+    for count in runs:  # each run is one broker lifetime that ends in a crash
+        allocator = ProducerIdAllocator(path, block_size=7)
+        seen.extend(allocator.allocate() for _ in range(count))
+    assert seen == sorted(set(seen))
+
+
+def test_init_producer_id_without_transactional_id_always_gives_a_new_id_at_epoch_zero(tmp_path):
+    registry = ProducerRegistry(ProducerIdAllocator(tmp_path / "ids"))
+    assert registry.init_producer_id(None) == (0, 0, 0)
+    # KIP-360 re-init with the current id and epoch: Kafka ignores them for non-transactional producers.
+    assert registry.init_producer_id(None, producer_id=0, producer_epoch=4) == (0, 1, 0)
+
+
+def test_init_producer_id_refuses_transactions(tmp_path):
+    registry = ProducerRegistry(ProducerIdAllocator(tmp_path / "ids"))
+    assert registry.init_producer_id("tx-1") == (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1, -1)
+    assert registry.init_producer_id("") == (INVALID_REQUEST, -1, -1)
+    assert registry.init_producer_id(None)[1] == 0  # refusals consumed no id
