@@ -1,0 +1,76 @@
+"""The API support matrix (protocol_specs/api_support.json) and per-version codecs for each supported API.
+
+One table answers both "what do we advertise in ApiVersions" and "which schema decodes this request";
+the server's dispatcher checks at start that every API here has a handler and no handler lacks an entry.
+Codecs come from kio, which is generated from Kafka's JSON message specs; readers and writers are built
+once per (api, version) and cached.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Callable
+
+from kio.index import load_request_schema, load_response_schema
+from kio.serial import entity_reader, entity_writer
+
+API_VERSIONS_KEY = 18
+
+
+@dataclass(frozen=True, slots=True)
+class ApiSupport:
+    key: int
+    name: str
+    min_version: int
+    max_version: int
+    handler_module: str
+
+    def supports(self, version: int) -> bool:
+        return self.min_version <= version <= self.max_version
+
+
+def _load_matrix() -> dict[int, ApiSupport]:
+    text = resources.files("pykbroker.protocol_specs").joinpath("api_support.json").read_text()
+    apis = {}
+    for entry in json.loads(text)["apis"]:
+        apis[entry["key"]] = ApiSupport(entry["key"], entry["name"], entry["min"], entry["max"], entry["handler"])
+    return apis
+
+
+SUPPORTED_APIS: dict[int, ApiSupport] = _load_matrix()
+
+
+@dataclass(frozen=True, slots=True)
+class ApiCodec:
+    """Everything needed to decode one request version and encode its response."""
+
+    api_key: int
+    version: int
+    request_type: type
+    response_type: type
+    read_request_header: Callable[[Any, int], tuple[Any, int]]
+    read_request_body: Callable[[Any, int], tuple[Any, int]]
+    write_response_body: Callable[[Any, Any], None]
+    flexible_response_header: bool
+
+
+@lru_cache(maxsize=None)
+def codec_for(api_key: int, version: int) -> ApiCodec:
+    request_type = load_request_schema(api_key, version)
+    response_type = load_response_schema(api_key, version)
+    response_header = response_type.__header_schema__
+    return ApiCodec(
+        api_key=api_key,
+        version=version,
+        request_type=request_type,
+        response_type=response_type,
+        read_request_header=entity_reader(request_type.__header_schema__),
+        read_request_body=entity_reader(request_type),
+        write_response_body=entity_writer(response_type),
+        # ApiVersions responses always use header v0, whatever the request version: kio's schemas carry
+        # that rule in their header type, so ask the header rather than the body's __flexible__.
+        flexible_response_header=response_header.__flexible__,
+    )

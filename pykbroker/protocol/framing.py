@@ -1,0 +1,89 @@
+"""Size-prefixed frames, request headers and response headers.
+
+A request frame is `int32 size` + header + body. The header starts with api_key, api_version and
+correlation_id in every version, so those are read first by hand: they decide which header version and
+body schema apply, and they let us answer (or log) even when the rest cannot be decoded.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from pykbroker.protocol.apis import API_VERSIONS_KEY, SUPPORTED_APIS, ApiCodec, codec_for
+
+SIZE = struct.Struct(">i")
+_HEADER_PREFIX = struct.Struct(">hhi")
+_CORRELATION = struct.Struct(">i")
+
+
+class FrameError(ValueError):
+    """The bytes cannot be a valid request: the connection must be closed."""
+
+
+class UnsupportedRequest(FrameError):
+    """An api key or version the broker does not implement (other than ApiVersions)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPrefix:
+    api_key: int
+    api_version: int
+    correlation_id: int
+
+
+@dataclass(slots=True)
+class Request:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    header: Any
+    body: Any
+    codec: ApiCodec
+
+
+def read_prefix(frame) -> RequestPrefix:
+    if len(frame) < _HEADER_PREFIX.size:
+        raise FrameError(f"frame of {len(frame)} bytes is too short for a request header")
+    return RequestPrefix(*_HEADER_PREFIX.unpack_from(frame, 0))
+
+
+def decode_request(frame, prefix: RequestPrefix) -> Request:
+    """Decode header and body of a supported request; raises FrameError/UnsupportedRequest otherwise."""
+    support = SUPPORTED_APIS.get(prefix.api_key)
+    if support is None:
+        raise UnsupportedRequest(f"unknown api key {prefix.api_key}")
+    if not support.supports(prefix.api_version):
+        raise UnsupportedRequest(
+            f"{support.name} v{prefix.api_version} is outside the supported range "
+            f"{support.min_version}-{support.max_version}"
+        )
+    codec = codec_for(prefix.api_key, prefix.api_version)
+    try:
+        header, position = codec.read_request_header(frame, 0)
+        body, used = codec.read_request_body(frame, position)
+    except Exception as exc:  # kio raises assorted errors on truncated or garbled input
+        raise FrameError(f"cannot decode {support.name} v{prefix.api_version}: {exc!r}") from exc
+    if position + used != len(frame) and prefix.api_key != API_VERSIONS_KEY:
+        # Trailing bytes mean client and broker disagree about the schema: answering would be a guess.
+        raise FrameError(f"{support.name} v{prefix.api_version}: {len(frame) - position - used} trailing bytes")
+    return Request(
+        prefix.api_key, prefix.api_version, prefix.correlation_id, header.client_id, header, body, codec
+    )
+
+
+def encode_response(codec: ApiCodec, correlation_id: int, body: Any) -> bytes:
+    """Size prefix + response header (v0, or v1 with an empty tagged-field section) + body."""
+    out = io.BytesIO()
+    out.write(b"\x00\x00\x00\x00")
+    out.write(_CORRELATION.pack(correlation_id))
+    if codec.flexible_response_header:
+        out.write(b"\x00")
+    codec.write_response_body(out, body)
+    frame = out.getbuffer()
+    SIZE.pack_into(frame, 0, len(frame) - 4)
+    del frame
+    return out.getvalue()

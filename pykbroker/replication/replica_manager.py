@@ -1,0 +1,179 @@
+"""ReplicaManager: the partitions this broker hosts, their high-water marks, and the waits on them.
+
+Handlers call this, never the log directly: it is where acks, the high-water mark, the idempotent
+producer's sequence checks and long-poll wake-ups meet. On a single broker the ISR is just this broker,
+so the high-water mark is the log end offset; in cluster mode followers' fetch positions move it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from pykbroker.log.config import LogConfig
+from pykbroker.log.errors import OffsetOutOfRange, RecordTooLarge
+from pykbroker.log.manager import LogManager
+from pykbroker.log.partition_log import PartitionLog, ReadResult
+from pykbroker.log.producer_state import ProducerStateError, ProducerStateManager
+from pykbroker.protocol.errors import ErrorCode
+from pykbroker.protocol.records import CorruptRecordBatch, InvalidRecordBatch, iter_headers
+
+log = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendOutcome:
+    error: ErrorCode
+    base_offset: int = -1
+    log_append_time_ms: int = -1
+    log_start_offset: int = -1
+    message: str | None = None
+
+
+class Partition:
+    """One hosted partition: its log, producer state, leader epoch, and the fetchers parked on it."""
+
+    def __init__(self, topic: str, index: int, log: PartitionLog, leader_epoch: int, isr_size: int = 1) -> None:
+        self.topic = topic
+        self.index = index
+        self.log = log
+        self.leader_epoch = leader_epoch
+        self.isr_size = isr_size
+        self.producer_state = ProducerStateManager()
+        self._waiters: list[asyncio.Future] = []
+
+    @property
+    def high_watermark(self) -> int:
+        return self.log.log_end_offset
+
+    def rebuild_producer_state(self) -> None:
+        self.producer_state.rebuild(header for header, _ in self.log.batches(self.log.log_start_offset))
+
+    def add_waiter(self, waiter: asyncio.Future) -> None:
+        self._waiters.append(waiter)
+
+    def remove_waiter(self, waiter: asyncio.Future) -> None:
+        try:
+            self._waiters.remove(waiter)
+        except ValueError:
+            pass
+
+    def wake_waiters(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def append(self, records, now: int) -> AppendOutcome:
+        headers = list(iter_headers(records))
+        if not headers:
+            raise InvalidRecordBatch("no record batch in the records field")
+        idempotent = [h for h in headers if h.has_producer_id]
+        for header in idempotent:
+            # A retried batch is answered with its original offsets and nothing is appended (Kafka's rule).
+            duplicate = self.producer_state.check(header)
+            if duplicate is not None:
+                return AppendOutcome(
+                    ErrorCode.none, duplicate.base_offset, duplicate.log_append_time_ms, self.log.log_start_offset
+                )
+        result = self.log.append(records, leader_epoch=self.leader_epoch, now_ms=now)
+        if idempotent:
+            for header in result.headers:
+                if header.has_producer_id:
+                    self.producer_state.update(header, result.log_append_time_ms if result.log_append_time_ms >= 0 else now)
+        self.wake_waiters()
+        return AppendOutcome(ErrorCode.none, result.base_offset, result.log_append_time_ms, result.log_start_offset)
+
+
+class ReplicaManager:
+    def __init__(self, log_manager: LogManager, broker_id: int, log_config_for: Callable[[str], LogConfig]) -> None:
+        self.log_manager = log_manager
+        self.broker_id = broker_id
+        self.log_config_for = log_config_for
+        self._partitions: dict[TopicPartition, Partition] = {}
+
+    # -- hosting ----------------------------------------------------------------------------------
+    def partition(self, topic: str, index: int) -> Partition | None:
+        return self._partitions.get((topic, index))
+
+    def host(self, topic: str, index: int, leader_epoch: int, isr_size: int = 1) -> Partition:
+        existing = self._partitions.get((topic, index))
+        if existing is not None:
+            existing.leader_epoch = leader_epoch
+            existing.isr_size = isr_size
+            return existing
+        config = self.log_config_for(topic)
+        partition_log = self.log_manager.get(topic, index) or self.log_manager.create(topic, index, config)
+        partition_log.config = config
+        partition = Partition(topic, index, partition_log, leader_epoch, isr_size)
+        partition.rebuild_producer_state()
+        self._partitions[(topic, index)] = partition
+        return partition
+
+    def drop_topic(self, topic: str) -> None:
+        for key in [key for key in self._partitions if key[0] == topic]:
+            self._partitions.pop(key).wake_waiters()
+        self.log_manager.delete_topic(topic)
+
+    def update_config(self, topic: str) -> None:
+        config = self.log_config_for(topic)
+        for (name, _), partition in self._partitions.items():
+            if name == topic:
+                partition.log.config = config
+
+    def partitions(self) -> Iterable[Partition]:
+        return self._partitions.values()
+
+    # -- produce ----------------------------------------------------------------------------------
+    def append(self, topic: str, index: int, records, *, acks: int, min_insync_replicas: int) -> AppendOutcome:
+        partition = self._partitions.get((topic, index))
+        if partition is None:
+            return AppendOutcome(ErrorCode.unknown_topic_or_partition)
+        if acks == -1 and partition.isr_size < min_insync_replicas:
+            return AppendOutcome(
+                ErrorCode.not_enough_replicas,
+                message=f"ISR has {partition.isr_size} replicas, min.insync.replicas is {min_insync_replicas}",
+            )
+        try:
+            return partition.append(records, now_ms())
+        except CorruptRecordBatch as exc:
+            return AppendOutcome(ErrorCode.corrupt_message, message=str(exc))
+        except InvalidRecordBatch as exc:
+            return AppendOutcome(ErrorCode.corrupt_message, message=str(exc))
+        except RecordTooLarge as exc:
+            return AppendOutcome(ErrorCode.message_too_large, message=str(exc))
+        except ProducerStateError as exc:
+            return AppendOutcome(ErrorCode(exc.error_code), message=str(exc))
+
+    # -- fetch ------------------------------------------------------------------------------------
+    def read(self, partition: Partition, offset: int, max_bytes: int, *, min_one: bool, up_to_hwm: bool = True) -> ReadResult:
+        """Whole batches from ``offset``; consumers never see past the high-water mark. Raises OffsetOutOfRange."""
+        upper = partition.high_watermark if up_to_hwm else None
+        return partition.log.read(offset, max_bytes, upper_bound=upper, min_one=min_one)
+
+    async def wait_for_appends(self, partitions: list[Partition], timeout_s: float) -> None:
+        """Park until any of ``partitions`` gets an append, or the timeout passes."""
+        if timeout_s <= 0 or not partitions:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        for partition in partitions:
+            partition.add_waiter(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            for partition in partitions:
+                partition.remove_waiter(waiter)
+
+
+__all__ = ["ReplicaManager", "Partition", "AppendOutcome", "OffsetOutOfRange", "now_ms"]

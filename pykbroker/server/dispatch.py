@@ -1,0 +1,61 @@
+"""The handler registry: one decorator both dispatches an API and proves the support matrix is honest.
+
+Each module in server/handlers/ registers its functions with ``@handles(api_key)``. ``load_handlers``
+imports the modules the matrix names and fails at start if an advertised API has no handler or a handler
+serves an API the matrix does not advertise, so ApiVersions can never promise what we do not do.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Union
+
+from pykbroker.protocol.apis import SUPPORTED_APIS
+from pykbroker.protocol.framing import Request
+
+if TYPE_CHECKING:
+    from pykbroker.server.broker import Broker
+
+
+@dataclass(slots=True)
+class RequestContext:
+    broker: "Broker"
+    request: Request
+    peer: str
+
+    @property
+    def version(self) -> int:
+        return self.request.api_version
+
+
+class NoResponse:
+    """Returned by a handler when the protocol says the broker must not answer (Produce with acks=0)."""
+
+
+NO_RESPONSE = NoResponse()
+
+HandlerResult = Union[Any, Awaitable[Any], NoResponse]
+Handler = Callable[[RequestContext, Any], HandlerResult]
+
+_HANDLERS: dict[int, Handler] = {}
+
+
+def handles(api_key: int) -> Callable[[Handler], Handler]:
+    def register(func: Handler) -> Handler:
+        if api_key in _HANDLERS and _HANDLERS[api_key] is not func:
+            raise RuntimeError(f"two handlers for api key {api_key}")
+        _HANDLERS[api_key] = func
+        return func
+
+    return register
+
+
+def load_handlers() -> dict[int, Handler]:
+    for module in sorted({api.handler_module for api in SUPPORTED_APIS.values()}):
+        importlib.import_module(f"pykbroker.server.handlers.{module}")
+    missing = set(SUPPORTED_APIS) - set(_HANDLERS)
+    extra = set(_HANDLERS) - set(SUPPORTED_APIS)
+    if missing or extra:
+        raise RuntimeError(f"support matrix and handlers disagree: no handler for {missing}, unadvertised {extra}")
+    return dict(_HANDLERS)

@@ -1,0 +1,38 @@
+"""DescribeCluster (key 60), v0-1.
+
+Behaviour: cluster id, controller and live brokers; the Java admin client and Spark's driver call it
+before every offset query. endpoint_type (v1) 1 = brokers is the only kind served; 2 (controllers)
+gets UNSUPPORTED_ENDPOINT_TYPE, as a broker answers in Kafka.
+"""
+
+from __future__ import annotations
+
+from pykbroker.protocol.errors import ErrorCode
+from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._build import make, response_module
+
+BROKER_ENDPOINTS = 1
+NOT_REQUESTED_OPERATIONS = -(2**31)
+
+
+@handles(60)
+def describe_cluster(ctx: RequestContext, request) -> object:
+    schema = response_module(ctx)
+    metadata = ctx.broker.metadata
+    endpoint_type = getattr(request, "endpoint_type", BROKER_ENDPOINTS)
+    error = ErrorCode.none if endpoint_type == BROKER_ENDPOINTS else ErrorCode.unsupported_endpoint_type
+    brokers = tuple(
+        make(schema.DescribeClusterBroker, broker_id=b.broker_id, host=b.host, port=b.port, rack=b.rack)
+        for b in (metadata.brokers() if error == ErrorCode.none else [])
+    )
+    return make(
+        schema.DescribeClusterResponse,
+        throttle_time=0,
+        error_code=error,
+        error_message=None,
+        endpoint_type=endpoint_type,
+        cluster_id=metadata.cluster_id,
+        controller_id=metadata.controller_id,
+        brokers=brokers,
+        cluster_authorized_operations=NOT_REQUESTED_OPERATIONS,
+    )

@@ -1,0 +1,158 @@
+"""Fetch (key 1), v4-16.
+
+Behaviour: for each partition, whole record batches from the one containing fetch_offset, never past
+the high-water mark for consumers (followers, replica_id >= 0, read to the log end). Limits: the
+request's max_bytes across partitions and partition_max_bytes per partition, except that the first
+batch found is returned whole even if larger (KIP-74), so a consumer never stalls on a big batch. Long
+polls: with fewer than min_bytes available, the request parks until an append on one of its partitions or
+max_wait_ms, then answers with what there is. v13+ names topics by id (UNKNOWN_TOPIC_ID when unknown).
+Fetch sessions (KIP-227): we never create one and answer session id 0, which tells clients to send full
+fetches; closing a session (epoch -1) is answered with an empty response, an unknown session id with
+FETCH_SESSION_ID_NOT_FOUND. Errors per partition: OFFSET_OUT_OF_RANGE outside [log start, log end],
+FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH for a stale or future current_leader_epoch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from pykbroker.log.errors import OffsetOutOfRange
+from pykbroker.protocol.errors import ErrorCode
+from pykbroker.replication.replica_manager import Partition
+from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._build import make, response_module
+from pykbroker.server.handlers._epochs import epoch_error
+
+FINAL_EPOCH = -1  # session_epoch -1 closes a fetch session
+NO_SESSION = 0
+
+
+@dataclass(slots=True)
+class _Wanted:
+    topic_key: object  # name (<= v12) or topic id (v13+), echoed back
+    index: int
+    partition: Partition | None
+    error: ErrorCode
+    offset: int
+    max_bytes: int
+    current_leader_epoch: int
+
+
+def _resolve(ctx: RequestContext, request) -> list[list[_Wanted]]:
+    broker = ctx.broker
+    by_id = ctx.version >= 13
+    topics = []
+    for topic in request.topics:
+        if by_id:
+            info = broker.metadata.topic_by_id(topic.topic_id)
+            key, missing = topic.topic_id, ErrorCode.unknown_topic_id
+        else:
+            info = broker.metadata.topic(topic.topic)
+            key, missing = topic.topic, ErrorCode.unknown_topic_or_partition
+        wanted = []
+        for p in topic.partitions:
+            partition = broker.replicas.partition(info.name, p.partition) if info is not None else None
+            error = ErrorCode.none if partition is not None else missing
+            epoch = getattr(p, "current_leader_epoch", -1)
+            if partition is not None:
+                error = epoch_error(epoch, partition.leader_epoch)
+            wanted.append(_Wanted(key, p.partition, partition, error, p.fetch_offset, p.partition_max_bytes, epoch))
+        topics.append(wanted)
+    return topics
+
+
+def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, is_follower: bool):
+    """One pass over every partition; returns (per-partition results, bytes read, any error)."""
+    replicas = ctx.broker.replicas
+    remaining = max_bytes
+    total = 0
+    any_error = False
+    results = []
+    for wanted_topic in topics:
+        topic_results = []
+        for wanted in wanted_topic:
+            records = b""
+            error = wanted.error
+            partition = wanted.partition
+            if error == ErrorCode.none and partition is not None:
+                try:
+                    limit = min(wanted.max_bytes, remaining)
+                    read = replicas.read(
+                        partition, wanted.offset, max(limit, 0), min_one=total == 0, up_to_hwm=not is_follower
+                    )
+                    records = read.read_bytes() if read.slices else b""
+                except OffsetOutOfRange:
+                    error = ErrorCode.offset_out_of_range
+            if error != ErrorCode.none:
+                any_error = True
+            total += len(records)
+            remaining -= len(records)
+            topic_results.append((wanted, error, records))
+        results.append(topic_results)
+    return results, total, any_error
+
+
+def _respond(ctx: RequestContext, schema, results, session_id: int = NO_SESSION, error=ErrorCode.none) -> object:
+    by_id = ctx.version >= 13
+    responses = []
+    for topic_results in results:
+        partitions = []
+        for wanted, code, records in topic_results:
+            partition = wanted.partition
+            hwm = partition.high_watermark if partition is not None else -1
+            partitions.append(
+                make(
+                    schema.PartitionData,
+                    partition_index=wanted.index,
+                    error_code=code,
+                    high_watermark=hwm,
+                    last_stable_offset=hwm,  # no transactions: everything below the HWM is stable
+                    log_start_offset=partition.log.log_start_offset if partition is not None else -1,
+                    aborted_transactions=None,
+                    preferred_read_replica=-1,
+                    records=records,
+                )
+            )
+        key = topic_results[0][0].topic_key if topic_results else None
+        if by_id:
+            responses.append(make(schema.FetchableTopicResponse, topic_id=key, partitions=tuple(partitions)))
+        else:
+            responses.append(make(schema.FetchableTopicResponse, topic=key, partitions=tuple(partitions)))
+    return make(
+        schema.FetchResponse, throttle_time=0, error_code=error, session_id=session_id, responses=tuple(responses)
+    )
+
+
+@handles(1)
+def fetch(ctx: RequestContext, request) -> object:
+    schema = response_module(ctx)
+    session_id = getattr(request, "session_id", NO_SESSION)
+    session_epoch = getattr(request, "session_epoch", -1)
+    if session_id != NO_SESSION:
+        if session_epoch == FINAL_EPOCH:
+            return _respond(ctx, schema, [])
+        return _respond(ctx, schema, [], error=ErrorCode.fetch_session_id_not_found)
+    topics = _resolve(ctx, request)
+    replica_id = getattr(request, "replica_id", -1)
+    if replica_id is None or replica_id == -1:
+        replica_state = getattr(request, "replica_state", None)
+        replica_id = replica_state.replica_id if replica_state is not None else -1
+    is_follower = replica_id >= 0
+    results, total, any_error = _read_all(ctx, topics, request.max_bytes, is_follower)
+    max_wait_ms = int(request.max_wait.total_seconds() * 1000)
+    if total >= request.min_bytes or any_error or max_wait_ms <= 0 or not topics:
+        return _respond(ctx, schema, results)
+    return _long_poll(ctx, schema, request, topics, is_follower, max_wait_ms)
+
+
+async def _long_poll(ctx: RequestContext, schema, request, topics, is_follower: bool, max_wait_ms: int) -> object:
+    deadline = time.monotonic() + max_wait_ms / 1000
+    partitions = [w.partition for topic in topics for w in topic if w.partition is not None]
+    while True:
+        remaining = deadline - time.monotonic()
+        await ctx.broker.replicas.wait_for_appends(partitions, remaining)
+        results, total, any_error = _read_all(ctx, topics, request.max_bytes, is_follower)
+        if total >= request.min_bytes or any_error or time.monotonic() >= deadline:
+            return _respond(ctx, schema, results)
+

@@ -1,0 +1,69 @@
+"""Produce (key 0), v3-11.
+
+Behaviour: each partition's records field (one or more record-batch v2) is validated (framing, CRC32C,
+max.message.bytes), checked against the idempotent producer's sequence rules, and appended with offsets
+assigned in place. A retried idempotent batch gets its original base offset and appends nothing.
+Errors are per partition: UNKNOWN_TOPIC_OR_PARTITION (Produce never auto-creates), CORRUPT_MESSAGE,
+MESSAGE_TOO_LARGE, OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, NOT_ENOUGH_REPLICAS (acks=all
+with fewer in-sync replicas than min.insync.replicas), INVALID_TOPIC_EXCEPTION for internal topics,
+INVALID_REQUIRED_ACKS for acks outside -1/0/1. acks=0 gets no response at all, as the protocol says.
+Transactions are not implemented: a transactional produce gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+(clients cannot reach that point, since InitProducerId refuses transactional ids).
+"""
+
+from __future__ import annotations
+
+from pykbroker.protocol.errors import ErrorCode
+from pykbroker.replication.replica_manager import AppendOutcome
+from pykbroker.server.dispatch import NO_RESPONSE, RequestContext, handles
+from pykbroker.server.handlers._build import make, response_module
+
+
+def _outcome_for_request(ctx: RequestContext, request) -> ErrorCode | None:
+    if request.acks not in (-1, 0, 1):
+        return ErrorCode.invalid_required_acks
+    if request.transactional_id is not None:
+        return ErrorCode.transactional_id_authorization_failed
+    return None
+
+
+@handles(0)
+def produce(ctx: RequestContext, request) -> object:
+    broker = ctx.broker
+    schema = response_module(ctx)
+    request_error = _outcome_for_request(ctx, request)
+    topics = []
+    for topic_data in request.topic_data:
+        name = topic_data.name
+        info = broker.metadata.topic(name)
+        min_isr = broker.topics.min_insync_replicas(name) if info is not None else 1
+        partitions = []
+        for partition_data in topic_data.partition_data:
+            if request_error is not None:
+                outcome = AppendOutcome(request_error)
+            elif info is None:
+                outcome = AppendOutcome(ErrorCode.unknown_topic_or_partition)
+            elif info.internal:
+                outcome = AppendOutcome(ErrorCode.invalid_topic_exception, message=f"Cannot append to internal topic {name}")
+            elif partition_data.records is None:
+                outcome = AppendOutcome(ErrorCode.corrupt_message, message="null records")
+            else:
+                outcome = broker.replicas.append(
+                    name, partition_data.index, partition_data.records, acks=request.acks, min_insync_replicas=min_isr
+                )
+            partitions.append(
+                make(
+                    schema.PartitionProduceResponse,
+                    index=partition_data.index,
+                    error_code=outcome.error,
+                    base_offset=outcome.base_offset,
+                    log_append_time=outcome.log_append_time_ms,
+                    log_start_offset=outcome.log_start_offset,
+                    record_errors=(),
+                    error_message=outcome.message,
+                )
+            )
+        topics.append(make(schema.TopicProduceResponse, name=name, partition_responses=tuple(partitions)))
+    if request.acks == 0:
+        return NO_RESPONSE
+    return make(schema.ProduceResponse, responses=tuple(topics), throttle_time=0)

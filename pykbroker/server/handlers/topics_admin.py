@@ -1,0 +1,119 @@
+"""CreateTopics (key 19) v2-7, DeleteTopics (key 20) v1-6, CreatePartitions (key 37) v0-3.
+
+Behaviour: the rules live in cluster/topic_admin.py; these handlers decode, call it per topic, and put
+its KafkaError code and message on that topic's entry. CreateTopics v5+ echoes the partition count,
+replication factor and the full config list with sources (what the Java admin shows after create), v7
+the new topic id; num_partitions / replication_factor -1 take the broker defaults. Manual replica
+assignments are refused with INVALID_REQUEST (the embedded broker places every replica itself).
+DeleteTopics v6 accepts topics by name or id.
+"""
+
+from __future__ import annotations
+
+from pykbroker.protocol.errors import ErrorCode, KafkaError
+from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._build import make, response_module
+from pykbroker.server.handlers.describe_configs import config_string, is_sensitive
+
+
+def _created_configs(ctx: RequestContext, schema, name: str) -> tuple:
+    from pykbroker.config import TOPIC_CONFIGS
+
+    return tuple(
+        make(
+            schema.CreatableTopicConfigs,
+            name=key,
+            value=None if is_sensitive(TOPIC_CONFIGS[key]) else config_string(value),
+            read_only=False,
+            config_source=source,
+            is_sensitive=is_sensitive(TOPIC_CONFIGS[key]),
+        )
+        for key, (value, source) in ctx.broker.topics.effective_configs(name).items()
+    )
+
+
+@handles(19)
+def create_topics(ctx: RequestContext, request) -> object:
+    schema = response_module(ctx)
+    results = []
+    seen: set[str] = set()
+    for topic in request.topics:
+        error, message, info = ErrorCode.none, None, None
+        try:
+            if topic.name in seen:
+                raise KafkaError(ErrorCode.invalid_request, f"Duplicate topic name {topic.name} in request")
+            seen.add(topic.name)
+            if topic.assignments:
+                raise KafkaError(ErrorCode.invalid_request, "Manual replica assignment is not supported")
+            info = ctx.broker.topics.create(
+                topic.name,
+                topic.num_partitions,
+                topic.replication_factor,
+                {c.name: c.value for c in topic.configs},
+                validate_only=request.validate_only if hasattr(request, "validate_only") else False,
+            )
+        except KafkaError as exc:
+            error, message = exc.code, exc.message
+        ok = error == ErrorCode.none
+        partitions = len(info.partitions) if info else (topic.num_partitions if ok else -1)
+        replication = info.replication_factor if info else (topic.replication_factor if ok else -1)
+        results.append(
+            make(
+                schema.CreatableTopicResult,
+                name=topic.name,
+                topic_id=info.topic_id if info else None,
+                error_code=error,
+                error_message=message,
+                num_partitions=partitions,
+                replication_factor=replication,
+                configs=_created_configs(ctx, schema, topic.name) if info else None,
+            )
+        )
+    return make(schema.CreateTopicsResponse, throttle_time=0, topics=tuple(results))
+
+
+@handles(20)
+def delete_topics(ctx: RequestContext, request) -> object:
+    schema = response_module(ctx)
+    metadata = ctx.broker.metadata
+    if ctx.version >= 6:
+        wanted = [(t.name, t.topic_id) for t in request.topics]
+    else:
+        wanted = [(name, None) for name in request.topic_names]
+    results = []
+    for name, topic_id in wanted:
+        error, message = ErrorCode.none, None
+        if name is None and topic_id is not None:
+            info = metadata.topic_by_id(topic_id)
+            name = info.name if info else None
+            if info is None:
+                error, message = ErrorCode.unknown_topic_id, "This server does not host this topic ID."
+        else:
+            info = metadata.topic(name)
+            topic_id = info.topic_id if info else topic_id
+        if error == ErrorCode.none:
+            try:
+                ctx.broker.topics.delete(name)
+                ctx.broker.forget_topic(name)
+            except KafkaError as exc:
+                error, message = exc.code, exc.message
+        results.append(
+            make(schema.DeletableTopicResult, name=name, topic_id=topic_id, error_code=error, error_message=message)
+        )
+    return make(schema.DeleteTopicsResponse, throttle_time=0, responses=tuple(results))
+
+
+@handles(37)
+def create_partitions(ctx: RequestContext, request) -> object:
+    schema = response_module(ctx)
+    results = []
+    for topic in request.topics:
+        error, message = ErrorCode.none, None
+        try:
+            if topic.assignments:
+                raise KafkaError(ErrorCode.invalid_request, "Manual replica assignment is not supported")
+            ctx.broker.topics.add_partitions(topic.name, topic.count, validate_only=request.validate_only)
+        except KafkaError as exc:
+            error, message = exc.code, exc.message
+        results.append(make(schema.CreatePartitionsTopicResult, name=topic.name, error_code=error, error_message=message))
+    return make(schema.CreatePartitionsResponse, throttle_time=0, results=tuple(results))
