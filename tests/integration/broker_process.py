@@ -1,0 +1,400 @@
+"""Run pykbroker as a real subprocess for integration tests, and talk to it at the raw protocol level.
+
+`BrokerProcess` owns one broker: a port on 127.0.0.1 and a data dir that stay the same across
+stop/kill/restart, so a restarted broker is the "same" broker to clients. Its stdout and stderr go to a
+log file (appended across restarts, each start marked) whose tail the pytest hook in conftest.py
+attaches to failing tests.
+
+The readiness check is the CLI contract: the broker is ready when it accepts a TCP connection and
+answers an ApiVersions v0 request. `send_request` is the small kio-based client used for that probe and
+for the few tests that must speak the protocol directly (replaying an idempotent batch, fetching the
+stored batch bytes).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import datetime
+import io
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+from kio.index import load_response_from_request
+from kio.schema.api_versions.v0.request import ApiVersionsRequest
+from kio.schema.errors import ErrorCode
+from kio.schema.fetch.v4.request import FetchPartition, FetchRequest, FetchTopic
+from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
+from kio.schema.list_offsets.v1.request import ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
+from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
+from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
+from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i16, i32, i32Timedelta, i64
+
+from pykbroker.protocol.records import CODEC_NAMES, LOG_OVERHEAD, read_header
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HOST = "127.0.0.1"
+READY_TIMEOUT_S = 30.0
+# The contract says SIGTERM stops the broker within 5 s; we wait longer before calling it hung so a slow
+# CI machine does not turn into a flaky test, and the test that checks clean shutdown asserts the exit code.
+STOP_TIMEOUT_S = 15.0
+LOG_LEVEL = os.environ.get("PYKBROKER_TEST_LOG_LEVEL", "debug")
+
+_live_brokers: set["BrokerProcess"] = set()
+
+
+class BrokerError(RuntimeError):
+    """The broker process did not start, did not stop, or died; the message carries its log tail."""
+
+
+def free_port(host: str = HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: ask Linux to SIGKILL the broker if the test runner dies.
+
+    Without this, a test run killed by pytest-timeout's thread method (os._exit, no teardown) or by CI
+    would leave brokers running in their own session.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class BrokerProcess:
+    """One pykbroker subprocess on a fixed port and data dir.
+
+    config: Kafka config keys (e.g. {"num.partitions": 4}) written to a TOML file passed with --config.
+    """
+
+    def __init__(self, workdir: Path, *, config: dict | None = None, port: int | None = None,
+                 log_level: str = LOG_LEVEL):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.data_dir = self.workdir / "data"
+        self.log_path = self.workdir / "broker.log"
+        self.host = HOST
+        self.port = port if port is not None else free_port()
+        self.log_level = log_level
+        self.config_path: Path | None = None
+        if config:
+            self.config_path = self.workdir / "broker.toml"
+            self.config_path.write_text("".join(f'"{k}" = {_toml_value(v)}\n' for k, v in config.items()))
+        self.process: subprocess.Popen | None = None
+        self.starts = 0
+
+    # -- addresses ---------------------------------------------------------------------------------
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self.host, self.port)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "pykbroker", "serve", "--host", self.host, "--port", str(self.port),
+               "--data-dir", str(self.data_dir), "--log-level", self.log_level]
+        if self.config_path is not None:
+            cmd += ["--config", str(self.config_path)]
+        return cmd
+
+    def start(self, timeout: float = READY_TIMEOUT_S) -> "BrokerProcess":
+        if self.is_running():
+            raise BrokerError(f"broker on {self.bootstrap} is already running")
+        self.starts += 1
+        env = dict(os.environ)
+        # Run the checkout under test even when it is not pip-installed.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n===== start #{self.starts}: {' '.join(self.command())}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                self.command(), cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
+            )
+        _live_brokers.add(self)
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise BrokerError(
+                    f"broker exited with code {self.process.returncode} before it was ready\n{self.log_tail()}")
+            try:
+                probe_api_versions(self.address, timeout=1.0)
+                return
+            except (OSError, ProtocolError) as exc:
+                last_error = exc
+                time.sleep(0.05)
+        self.kill()
+        raise BrokerError(f"broker on {self.bootstrap} not ready after {timeout:.0f} s "
+                          f"(last probe error: {last_error!r})\n{self.log_tail()}")
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM and wait; returns the exit code. A broker that ignores SIGTERM is killed and reported."""
+        if not self.is_running():
+            return self.process.returncode if self.process else 0
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise BrokerError(f"broker did not exit within {timeout:.0f} s of SIGTERM\n{self.log_tail()}")
+        _live_brokers.discard(self)
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL: no flush, no shutdown hook. What the broker acknowledged must survive this."""
+        if self.is_running():
+            self.process.kill()
+            self.process.wait()
+        _live_brokers.discard(self)
+
+    def restart(self, *, kill: bool = False) -> "BrokerProcess":
+        """Stop (SIGTERM, or SIGKILL with kill=True) and start again on the same port and data dir."""
+        if kill:
+            self.kill()
+        else:
+            self.stop()
+        return self.start()
+
+    def close(self) -> None:
+        """Teardown: stop gracefully if possible, never leave the process behind."""
+        try:
+            self.stop()
+        finally:
+            self.kill()
+
+    def is_running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 80) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return "(no broker log)"
+        tail = text.splitlines()[-lines:]
+        return f"--- last {len(tail)} lines of {self.log_path} ---\n" + "\n".join(tail)
+
+    def __enter__(self) -> "BrokerProcess":
+        return self if self.is_running() else self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "running" if self.is_running() else "stopped"
+        return f"BrokerProcess({self.bootstrap}, {state}, data_dir={self.data_dir})"
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for broker in list(_live_brokers):
+        broker.kill()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Raw protocol: one request, one response, over a fresh connection.
+
+
+class ProtocolError(RuntimeError):
+    """The broker's answer could not be read as the expected response."""
+
+
+def _read_exact(sock: socket.socket, size: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < size:
+        chunk = sock.recv(size - len(chunks))
+        if not chunk:
+            raise ProtocolError(f"connection closed after {len(chunks)} of {size} bytes")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def send_request(address: tuple[str, int], request, *, correlation_id: int = 1,
+                 client_id: str = "pykbroker-tests", timeout: float = 10.0):
+    """Encode `request` (a kio request entity) with the header version its API version requires, send it,
+    and decode the answer as the matching kio response entity."""
+    header_type = RequestHeaderV2 if request.__flexible__ else RequestHeaderV1
+    body = io.BytesIO()
+    entity_writer(header_type)(body, header_type(
+        request_api_key=request.__api_key__, request_api_version=request.__version__,
+        correlation_id=i32(correlation_id), client_id=client_id))
+    entity_writer(type(request))(body, request)
+    frame = body.getvalue()
+    response_type = load_response_from_request(type(request))
+    with socket.create_connection(address, timeout=timeout) as sock:
+        sock.sendall(struct.pack(">i", len(frame)) + frame)
+        (size,) = struct.unpack(">i", _read_exact(sock, 4))
+        payload = _read_exact(sock, size)
+    header, header_size = entity_reader(response_type.__header_schema__)(payload, 0)
+    if header.correlation_id != correlation_id:
+        raise ProtocolError(f"correlation id {header.correlation_id}, expected {correlation_id}")
+    response, body_size = entity_reader(response_type)(payload, header_size)
+    if header_size + body_size != len(payload):
+        raise ProtocolError(f"{response_type.__name__}: {len(payload) - header_size - body_size} "
+                            "trailing bytes after the response body")
+    return response
+
+
+def probe_api_versions(address: tuple[str, int], timeout: float = 1.0):
+    """The readiness probe: an ApiVersions v0 request must be answered with error code NONE."""
+    response = send_request(address, ApiVersionsRequest(), timeout=timeout)
+    if response.error_code != ErrorCode.none:
+        raise ProtocolError(f"ApiVersions v0 answered with {response.error_code!r}")
+    return response
+
+
+def list_offset(address: tuple[str, int], topic: str, partition: int, timestamp: int) -> int:
+    """ListOffsets v1 for one partition: timestamp -1 = log end offset, -2 = log start offset."""
+    response = send_request(address, ListOffsetsRequest(replica_id=-1, topics=(
+        ListOffsetsTopic(name=topic, partitions=(
+            ListOffsetsPartition(partition_index=i32(partition), timestamp=i64(timestamp)),)),)))
+    answer = response.topics[0].partitions[0]
+    if answer.error_code != ErrorCode.none:
+        raise ProtocolError(f"ListOffsets {topic}-{partition} at {timestamp}: {answer.error_code!r}")
+    return answer.offset
+
+
+def fetch_raw(address: tuple[str, int], topic: str, partition: int, offset: int = 0,
+              max_bytes: int = 4 * 1024 * 1024) -> bytes:
+    """Fetch v4 for one partition: the record-batch bytes exactly as the broker serves them."""
+    response = send_request(address, FetchRequest(
+        replica_id=-1, max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=100)), min_bytes=i32(1),
+        max_bytes=i32(max_bytes), isolation_level=0, topics=(FetchTopic(topic=topic, partitions=(
+            FetchPartition(partition=i32(partition), fetch_offset=i64(offset),
+                           partition_max_bytes=i32(max_bytes)),)),)))
+    answer = response.responses[0].partitions[0]
+    if answer.error_code != ErrorCode.none:
+        raise ProtocolError(f"Fetch {topic}-{partition} at {offset}: {answer.error_code!r}")
+    return bytes(answer.records or b"")
+
+
+def init_producer_id(address: tuple[str, int]) -> tuple[int, int]:
+    """InitProducerId v4 without a transactional id, as an idempotent producer sends it: (id, epoch)."""
+    response = send_request(address, InitProducerIdRequest(
+        transactional_id=None, transaction_timeout=i32Timedelta.parse(datetime.timedelta(milliseconds=60000))))
+    if response.error_code != ErrorCode.none:
+        raise ProtocolError(f"InitProducerId: {response.error_code!r}")
+    return response.producer_id, response.producer_epoch
+
+
+def produce_raw(address: tuple[str, int], topic: str, partition: int, batch: bytes, *, acks: int = -1):
+    """Produce v9 of one record batch to one partition; returns that partition's response entity."""
+    response = send_request(address, ProduceRequest(
+        transactional_id=None, acks=i16(acks), timeout=i32Timedelta.parse(datetime.timedelta(seconds=10)),
+        topic_data=(TopicProduceData(name=topic, partition_data=(
+            PartitionProduceData(index=i32(partition), records=bytes(batch)),)),)))
+    return response.responses[0].partition_responses[0]
+
+
+def batch_codecs(records: bytes) -> list[str]:
+    """The compression codec of each record batch in fetched bytes, in order. A partial trailing batch,
+    which Fetch may return when it reaches max bytes, is skipped; any other malformed batch raises."""
+    codecs, position = [], 0
+    while position + LOG_OVERHEAD <= len(records):
+        (batch_length,) = struct.unpack_from(">i", records, position + 8)
+        if position + LOG_OVERHEAD + batch_length > len(records):
+            break
+        header = read_header(records, position)
+        codecs.append(CODEC_NAMES[header.compression])
+        position += header.size
+    return codecs
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checks shared by the client modules. Each module turns its client's acknowledgements and consumed
+# messages into `Rec`s, so the invariants are written once.
+
+
+class Rec(NamedTuple):
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+
+def keyed_workload(keys: int = 20, per_key: int = 10) -> list[tuple[bytes, bytes]]:
+    """(key, value) pairs, keys interleaved, each value naming its key and its rank for that key."""
+    return [(f"key-{k}".encode(), f"key-{k}:{n}".encode()) for n in range(per_key) for k in range(keys)]
+
+
+def assert_keyed_order(sent: list[tuple[bytes, bytes]], acked: list[Rec]) -> None:
+    """acked[i] is the acknowledgement of sent[i]: a key always lands on one partition, and each
+    partition holds its records in the order they were sent."""
+    assert [(r.key, r.value) for r in acked] == sent, "acknowledgements do not match what was sent"
+    partitions_of_key: dict[bytes, set[int]] = {}
+    for rec in acked:
+        partitions_of_key.setdefault(rec.key, set()).add(rec.partition)
+    split = {key: parts for key, parts in partitions_of_key.items() if len(parts) > 1}
+    assert not split, f"keys spread over several partitions: {split}"
+    assert len({rec.partition for rec in acked}) > 1, "all keys hashed to one partition: partitions unused?"
+    for partition in {rec.partition for rec in acked}:
+        in_send_order = [rec for rec in acked if rec.partition == partition]
+        by_offset = sorted(in_send_order, key=lambda rec: rec.offset)
+        assert by_offset == in_send_order, f"partition {partition}: offsets do not follow send order"
+
+
+def assert_dense(records: list[Rec], start: int = 0) -> None:
+    """Per partition, the offsets are exactly start, start+1, ... with no gap and no repeat."""
+    for partition in sorted({rec.partition for rec in records}):
+        offsets = sorted(rec.offset for rec in records if rec.partition == partition)
+        assert offsets == list(range(start, start + len(offsets))), (
+            f"partition {partition}: offsets not dense from {start}: {_compress_ranges(offsets)}")
+
+
+def assert_same_log(acked: list[Rec], consumed: list[Rec]) -> None:
+    """What was read back is exactly what was acknowledged, each record at its acknowledged offset."""
+    positions = [(rec.partition, rec.offset) for rec in consumed]
+    duplicates = {p for p in positions if positions.count(p) > 1} if len(set(positions)) != len(positions) else set()
+    assert not duplicates, f"records consumed twice at {sorted(duplicates)[:10]}"
+    by_position = {(rec.partition, rec.offset): rec for rec in consumed}
+    missing = [rec for rec in acked if (rec.partition, rec.offset) not in by_position]
+    assert not missing, f"{len(missing)} acknowledged records not read back, first: {missing[:3]}"
+    changed = [(rec, by_position[(rec.partition, rec.offset)]) for rec in acked
+               if by_position[(rec.partition, rec.offset)] != rec]
+    assert not changed, f"{len(changed)} records differ (acked, read): {changed[:2]}"
+    extra = sorted(set(by_position) - {(rec.partition, rec.offset) for rec in acked})
+    assert not extra, f"records read that were never acknowledged at {extra[:10]}"
+
+
+def _compress_ranges(offsets: list[int]) -> str:
+    ranges, start = [], None
+    for i, offset in enumerate(offsets):
+        if start is None:
+            start = offset
+        if i + 1 == len(offsets) or offsets[i + 1] != offset + 1:
+            ranges.append(f"{start}-{offset}" if offset != start else str(offset))
+            start = None
+    return ",".join(ranges)
