@@ -1,0 +1,191 @@
+"""The four client workloads, driven with confluent-kafka (librdkafka) in its default configuration,
+except linger.ms=5 on producers and acks where a workload names it.
+
+Each workload returns a dict of plain figures (JSON-ready). Throughput counts value bytes only, as
+Kafka's own perf tools do, and 1 MB = 2**20 bytes.
+
+The throughput producers register no delivery callback: a Python callback per message would cost the
+client more CPU than the broker spends on it and measure the binding, not the broker. Instead every
+run is checked afterwards: the partitions' high-water marks must add up to exactly the messages sent
+(fresh topic, so nothing lost and nothing duplicated by retries).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from functools import partial
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+MIB = 1 << 20
+PRODUCER_LINGER_MS = 5
+CLIENT_TIMEOUT_S = 30.0
+# A workload that makes no progress for this long has hung; fail it instead of waiting forever.
+STALL_TIMEOUT_S = 60.0
+
+
+class WorkloadFailed(RuntimeError):
+    pass
+
+
+def _producer(bootstrap: str, **settings: object) -> tuple[Producer, list[str]]:
+    """A producer and the list its client-level errors (connection failures etc.) are collected in."""
+    client_errors: list[str] = []
+    config = {"bootstrap.servers": bootstrap, "linger.ms": PRODUCER_LINGER_MS, **settings}
+    config["error_cb"] = lambda err: client_errors.append(str(err))
+    return Producer(config), client_errors
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """Create the topic with the AdminClient and wait until every partition has a leader."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    futures[topic].result(timeout=CLIENT_TIMEOUT_S)
+    deadline = time.monotonic() + CLIENT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        described = admin.list_topics(topic=topic, timeout=CLIENT_TIMEOUT_S).topics.get(topic)
+        if (
+            described is not None
+            and described.error is None
+            and len(described.partitions) == partitions
+            and all(p.leader >= 0 and p.error is None for p in described.partitions.values())
+        ):
+            return
+        time.sleep(0.05)
+    raise WorkloadFailed(f"topic {topic} has no leader for every partition after {CLIENT_TIMEOUT_S} s")
+
+
+def stored_message_count(bootstrap: str, topic: str, partitions: int) -> int:
+    """Sum of high-water marks minus log start offsets over the topic's partitions."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-watermarks-{topic}"})
+    try:
+        total = 0
+        for partition in range(partitions):
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=CLIENT_TIMEOUT_S, cached=False
+            )
+            total += high - low
+        return total
+    finally:
+        consumer.close()
+
+
+def produce_throughput(
+    bootstrap: str, topic: str, partitions: int, count: int, value_size: int, acks: str
+) -> dict[str, float]:
+    """Send `count` values of `value_size` bytes as fast as the client can; clock stops when all are acked."""
+    producer, client_errors = _producer(bootstrap, acks=acks)
+    # Connect and learn the leaders before the clock starts, so the run measures steady-state sending.
+    producer.list_topics(topic, timeout=CLIENT_TIMEOUT_S)
+    value = os.urandom(value_size)
+    produce, poll = producer.produce, producer.poll
+    started = time.perf_counter()
+    sent = 0
+    while sent < count:
+        try:
+            produce(topic, value)
+        except BufferError:  # local queue full: let librdkafka drain delivery reports, then retry
+            poll(0.001)
+            continue
+        sent += 1
+        if not sent & 0x3FF:
+            poll(0)
+    unacked = producer.flush(STALL_TIMEOUT_S)
+    elapsed = time.perf_counter() - started
+    if unacked:
+        raise WorkloadFailed(f"{unacked} of {count} messages unacknowledged; client errors: {client_errors}")
+    stored = stored_message_count(bootstrap, topic, partitions)
+    if stored != count:
+        raise WorkloadFailed(f"sent {count} messages but the broker stores {stored}; client errors: {client_errors}")
+    return {
+        "messages": count,
+        "value_bytes": value_size,
+        "seconds": elapsed,
+        "msgs_per_s": count / elapsed,
+        "mb_per_s": count * value_size / MIB / elapsed,
+    }
+
+
+def consume_throughput(bootstrap: str, topic: str, partitions: int, expected: int) -> dict[str, float]:
+    """Read the whole topic from offset 0 with assign(); clock runs from assign to the last message."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-consume-{topic}"})
+    try:
+        consumer.list_topics(topic, timeout=CLIENT_TIMEOUT_S)
+        started = time.perf_counter()
+        consumer.assign([TopicPartition(topic, partition, 0) for partition in range(partitions)])
+        received = value_bytes = 0
+        last_progress = started
+        while received < expected:
+            # Ask for no more than remain: consume() waits for a full batch until its timeout.
+            batch = consumer.consume(num_messages=min(1000, expected - received), timeout=0.5)
+            for message in batch:
+                if message.error() is not None:
+                    raise WorkloadFailed(f"consumer error: {message.error()}")
+                value_bytes += len(message.value())
+            if batch:
+                received += len(batch)
+                last_progress = time.perf_counter()
+            elif time.perf_counter() - last_progress > STALL_TIMEOUT_S:
+                raise WorkloadFailed(f"consumer stalled at {received} of {expected} messages")
+        elapsed = time.perf_counter() - started
+    finally:
+        consumer.close()
+    return {
+        "messages": received,
+        "seconds": elapsed,
+        "msgs_per_s": received / elapsed,
+        "mb_per_s": value_bytes / MIB / elapsed,
+    }
+
+
+def _percentile(sorted_values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    rank = max(1, math.ceil(fraction * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def delivery_latency(
+    bootstrap: str, topic: str, rate: int, warmup_s: float, measure_s: float, value_size: int = 100
+) -> dict[str, float]:
+    """Send at a steady `rate` msgs/s (acks left at librdkafka's default, all); latency of a message is
+    its delivery-callback time minus its send time. The warm-up's messages are sent but not counted."""
+    producer, client_errors = _producer(bootstrap)
+    producer.list_topics(topic, timeout=CLIENT_TIMEOUT_S)
+    value = os.urandom(value_size)
+    latencies: list[float] = []
+    errors: list[str] = []
+
+    def delivered(sent_at: float, counted: bool, err: object, _message: object) -> None:
+        if err is not None:
+            errors.append(str(err))
+        elif counted:
+            latencies.append(time.perf_counter() - sent_at)
+
+    warmup_count = int(rate * warmup_s)
+    total = warmup_count + int(rate * measure_s)
+    produce, poll = producer.produce, producer.poll
+    started = time.perf_counter()
+    sent = 0
+    while sent < total:
+        due = min(total, int((time.perf_counter() - started) * rate) + 1)
+        while sent < due:
+            produce(topic, value, on_delivery=partial(delivered, time.perf_counter(), sent >= warmup_count))
+            sent += 1
+        # Sleep in poll() until the next message is due: delivery callbacks run the moment they arrive.
+        poll(max(0.0, started + sent / rate - time.perf_counter()))
+    send_seconds = time.perf_counter() - started
+    unacked = producer.flush(STALL_TIMEOUT_S)
+    if unacked or errors:
+        raise WorkloadFailed(f"{unacked} unacknowledged, delivery errors: {errors[:5]} client errors: {client_errors}")
+    latencies.sort()
+    return {
+        "rate_target": rate,
+        "rate_achieved": total / send_seconds,
+        "measured_messages": len(latencies),
+        "p50_ms": _percentile(latencies, 0.50) * 1000,
+        "p99_ms": _percentile(latencies, 0.99) * 1000,
+        "max_ms": latencies[-1] * 1000,
+    }
