@@ -1,0 +1,128 @@
+"""The ``pykbroker`` command line: ``pykbroker serve`` runs a broker; ``pykbroker --version``.
+
+The command group leaves room for client-side subcommands (topics, groups, produce, consume) that
+will sit next to ``serve``. Configuration rules (names, precedence flag > env > file > default,
+validation) live in pykbroker.config; this module only maps options onto them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import click
+
+from pykbroker import __version__
+from pykbroker.config import FSYNC_MODES, LOG_LEVELS, BrokerConfig, ConfigError, load_config
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class ConfigUsageError(click.ClickException):
+    """A configuration the broker cannot start with: the message on stderr, exit status 2 (as for a
+    bad command-line option)."""
+
+    exit_code = 2
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=level, format=LOG_FORMAT, force=True)
+
+
+def _parse_overrides(overrides: tuple[str, ...]) -> dict[str, str]:
+    parsed: dict[str, str] = {}
+    for item in overrides:
+        key, separator, value = item.partition("=")
+        if not separator or not key.strip():
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="'--override'")
+        parsed[key.strip()] = value
+    return parsed
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="pykbroker", message="%(prog)s %(version)s")
+def main() -> None:
+    """pykbroker: a Kafka broker in Python that speaks the real Kafka wire protocol."""
+
+
+@main.command()
+@click.option("--host", help="Address to listen on.  [default: 127.0.0.1; env PYKBROKER_HOST]")
+@click.option("--port", type=int, help="Port to listen on.  [default: 9092; env PYKBROKER_PORT]")
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory for the partition logs.  [default: ./data; env PYKBROKER_DATA_DIR]",
+)
+@click.option(
+    "--advertised-host",
+    help="Host clients are told to connect to.  [default: the listen host, 127.0.0.1 for 0.0.0.0]",
+)
+@click.option("--advertised-port", type=int, help="Port clients are told to connect to.  [default: the listen port]")
+@click.option("--broker-id", type=int, help="This broker's id (Kafka's broker.id).  [default: 1]")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Config file: TOML (*.toml) or Kafka server.properties format.  [env PYKBROKER_CONFIG]",
+)
+@click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), help="Logging level.  [default: INFO]")
+@click.option(
+    "--fsync",
+    type=click.Choice(FSYNC_MODES),
+    help="When to fsync the log: every write, every log.flush.interval.ms (1000), or never like Kafka's "
+    "default (page cache only; a process crash loses nothing either way, a power loss may).  [default: interval]",
+)
+@click.option(
+    "--override",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Set any Kafka broker config key, e.g. --override num.partitions=3 (repeatable).",
+)
+def serve(
+    host: str | None,
+    port: int | None,
+    data_dir: Path | None,
+    advertised_host: str | None,
+    advertised_port: int | None,
+    broker_id: int | None,
+    config_file: Path | None,
+    log_level: str | None,
+    fsync: str | None,
+    overrides: tuple[str, ...],
+) -> None:
+    """Run a broker until SIGTERM or SIGINT.
+
+    Settings come from flags, then PYKBROKER_* environment variables (PYKBROKER_NUM_PARTITIONS sets
+    num.partitions), then the --config file, then Kafka's defaults.
+    """
+    flags = {
+        "host": host,
+        "port": port,
+        "data_dir": data_dir,
+        "advertised_host": advertised_host,
+        "advertised_port": advertised_port,
+        "broker_id": broker_id,
+        "log_level": log_level,
+        "fsync": fsync,
+    }
+    # Warnings about unknown keys are logged while the config loads, before its log level is known.
+    configure_logging("WARNING")
+    config = build_config(flags, overrides, config_file)
+    configure_logging(config.log_level)
+    from pykbroker.server.broker import run_broker  # imported late: --help and --version stay fast
+
+    run_broker(config)
+
+
+def build_config(flags: Mapping[str, Any], overrides: tuple[str, ...] = (), config_file: Path | None = None) -> BrokerConfig:
+    """The BrokerConfig for ``serve``'s options (None = not given) and ``--override KEY=VALUE`` items,
+    with the process environment. A ConfigError becomes a usage error (exit 2); a dedicated flag beats
+    an --override of the same key."""
+    cli_values = {**_parse_overrides(overrides), **{name: value for name, value in flags.items() if value is not None}}
+    try:
+        return load_config(cli=cli_values, env=os.environ, file=config_file)
+    except ConfigError as exc:
+        raise ConfigUsageError(str(exc)) from None

@@ -1,0 +1,973 @@
+"""Broker configuration: Kafka's own config names and defaults, filled from flags, env and a file.
+
+A Kafka user's knowledge carries over: the keys are Kafka's broker and topic config names (3.7.1), with
+Kafka's types, defaults, validators and broker-to-topic synonyms (``log.segment.bytes`` is the broker
+default for the topic config ``segment.bytes``). Where pykbroker's default differs from Kafka's, the
+ConfigDef's doc says so (``broker.id``, ``offsets.topic.replication.factor``, ``log.flush.interval.ms``).
+
+Sources, highest precedence first: command-line flags (and ``--override key=value``), environment
+variables ``PYKBROKER_*``, the ``--config`` file, the defaults. The same key names work everywhere:
+an environment variable is the key upper-cased with ``.`` as ``_`` (``PYKBROKER_NUM_PARTITIONS`` sets
+``num.partitions``); a flag is the key with ``-`` (``--data-dir`` sets ``data.dir``). Besides Kafka's
+keys there are pykbroker's own settings (``PYKBROKER_SETTINGS``): ``host``, ``port``,
+``advertised.host``, ``advertised.port``, ``data.dir`` (Kafka's ``log.dir``/``log.dirs`` are accepted as
+names for it), ``log.level`` and ``fsync``.
+
+The config file is TOML when its name ends in ``.toml`` (flat quoted keys ``"num.partitions" = 3`` or
+tables that join to the dotted name, ``[log] segment.bytes = 1048576``), otherwise Kafka's
+``server.properties`` format (``key=value``, ``#`` comments).
+
+Unknown keys are logged as warnings and ignored, as Kafka does; an invalid value is a ConfigError that
+names the key, the accepted values and where the value came from.
+
+Durability (``fsync``). Kafka itself never fsyncs by default: ``flush.ms`` and ``flush.messages`` are
+Long.MAX_VALUE and it relies on the OS page cache plus replication. A kill -9 of the broker process loses
+nothing either way, because written data is already in the page cache; only a power loss or kernel crash
+tells the modes apart. ``fsync`` picks the defaults of Kafka's own flush keys, so the log honours one
+mechanism, the per-topic ``flush.ms`` / ``flush.messages``:
+
+* ``interval`` (pykbroker's default): ``log.flush.interval.ms`` = 1000, so at most about a second of
+  acknowledged writes is exposed to a power loss;
+* ``always``: ``log.flush.interval.messages`` = 1, an fsync before every acknowledgement;
+* ``never``: Kafka's defaults, the page cache only.
+
+Keys the user sets explicitly win over what ``fsync`` implies.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Iterable, Iterator, Mapping, Protocol
+
+log = logging.getLogger(__name__)
+
+INT_MAX = 2**31 - 1
+LONG_MAX = 2**63 - 1
+
+_INTEGER_BOUNDS = {"short": (-(2**15), 2**15 - 1), "int": (-(2**31), INT_MAX), "long": (-(2**63), LONG_MAX)}
+_INTEGER_TEXT = re.compile(r"[+-]?\d+")
+_TYPE_NAMES = {
+    "short": "a 16-bit integer",
+    "int": "a 32-bit integer",
+    "long": "a 64-bit integer",
+    "double": "a number",
+    "boolean": "true or false",
+    "string": "a string",
+    "list": "a comma-separated list",
+    "class": "a class name",
+    "password": "a string",
+}
+# DescribeConfigs v3+ config_type (KIP-569).
+_TYPE_IDS = {"boolean": 1, "string": 2, "int": 3, "short": 4, "long": 5, "double": 6, "list": 7, "class": 8, "password": 9}
+
+
+class ConfigError(ValueError):
+    """An unknown or invalid configuration. ``name`` is the key (None for a file-level problem)."""
+
+    def __init__(self, name: str | None, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+        self.message = message
+
+
+class ConfigSource(IntEnum):
+    """Kafka's DescribeConfigs ``config_source`` values."""
+
+    UNKNOWN = 0
+    DYNAMIC_TOPIC_CONFIG = 1
+    DYNAMIC_BROKER_CONFIG = 2
+    DYNAMIC_DEFAULT_BROKER_CONFIG = 3
+    STATIC_BROKER_CONFIG = 4
+    DEFAULT_CONFIG = 5
+    DYNAMIC_BROKER_LOGGER_CONFIG = 6
+
+
+# ---------------------------------------------------------------------------------------------------
+# Validators: each checks a typed value and raises ValueError with the reason, and describes what it
+# accepts, so that an error message can always say what would have been right.
+
+
+class Validator(Protocol):
+    def check(self, value: Any) -> None: ...
+
+    def describe(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Range:
+    min: float | None = None
+    max: float | None = None
+
+    def check(self, value: Any) -> None:
+        if self.min is not None and value < self.min:
+            raise ValueError(f"Value must be at least {self.min}")
+        if self.max is not None and value > self.max:
+            raise ValueError(f"Value must be no more than {self.max}")
+
+    def describe(self) -> str:  # Kafka's notation: [1,...], [0,...,1]
+        low = "..." if self.min is None else str(self.min)
+        return f"[{low},...]" if self.max is None else f"[{low},...,{self.max}]"
+
+
+@dataclass(frozen=True)
+class OneOf:
+    choices: tuple[str, ...]
+
+    def check(self, value: Any) -> None:
+        if value not in self.choices:
+            raise ValueError(f"String must be one of: {', '.join(self.choices)}")
+
+    def describe(self) -> str:
+        return "[" + ", ".join(self.choices) + "]"
+
+
+@dataclass(frozen=True)
+class EachOneOf:
+    """A list whose every item is one of ``choices`` (Kafka's ValidList.in)."""
+
+    choices: tuple[str, ...]
+
+    def check(self, value: Any) -> None:
+        for item in value:
+            if item not in self.choices:
+                raise ValueError(f"Invalid value {item} in list; each item must be one of: {', '.join(self.choices)}")
+
+    def describe(self) -> str:
+        return "[" + ", ".join(self.choices) + "]"
+
+
+@dataclass(frozen=True)
+class Matches:
+    pattern: str
+    description: str
+
+    def check(self, value: Any) -> None:
+        if value is not None and not re.fullmatch(self.pattern, value):
+            raise ValueError(f"Value must be {self.description}")
+
+    def describe(self) -> str:
+        return self.description
+
+
+class ThrottledReplicas:
+    """Kafka's ThrottledReplicaListValidator: ``*`` or ``partition:broker`` pairs."""
+
+    _PAIR = re.compile(r"\d+:\d+")
+
+    def check(self, value: Any) -> None:
+        if value == ["*"] or all(self._PAIR.fullmatch(item) for item in value):
+            return
+        raise ValueError(f"Value must be {self.describe()}")
+
+    def describe(self) -> str:
+        return "the literal '*' or a list of replicas in the format [partitionId]:[brokerId],[partitionId]:[brokerId],..."
+
+
+# ---------------------------------------------------------------------------------------------------
+# One configuration key.
+
+
+@dataclass(frozen=True)
+class ConfigDef:
+    """One Kafka config: its name, type, default (Kafka's unless ``doc`` says otherwise) and validator.
+
+    ``synonyms`` (topic configs only) are the broker keys that supply the topic default, highest
+    priority first (``retention.ms`` <- ``log.retention.ms``, ``log.retention.minutes``,
+    ``log.retention.hours``); the first one with a value wins, converted to the topic's unit.
+    """
+
+    name: str
+    type: str
+    default: Any
+    doc: str
+    validator: Validator | None = None
+    synonyms: tuple[str, ...] = ()
+    read_only: bool = False
+    sensitive: bool = False
+
+    @property
+    def type_id(self) -> int:
+        """The DescribeConfigs ``config_type`` number for this key's type."""
+        return _TYPE_IDS[self.type]
+
+    def accepted(self) -> str:
+        """What this key accepts, in words: its type and, when it has one, its validator's range or set."""
+        described = _TYPE_NAMES[self.type]
+        return f"{described} in {self.validator.describe()}" if self.validator else described
+
+    def parse(self, raw: Any) -> Any:
+        """Turn a raw value (a string from a file or env, or a native TOML/Python value) into the typed
+        value, and validate it. Raises ConfigError naming this key and what it accepts."""
+        try:
+            value = _coerce(self.type, raw)
+        except ValueError as exc:
+            raise self._invalid(raw, f"{exc}; accepted: {self.accepted()}") from None
+        if self.validator is not None and value is not None:
+            try:
+                self.validator.check(value)
+            except ValueError as exc:  # the validator's reason already states the range or the choices
+                raise self._invalid(raw, str(exc)) from None
+        return value
+
+    def _invalid(self, raw: Any, reason: str) -> ConfigError:
+        shown = repr(raw) if isinstance(raw, str) else str(raw)
+        return ConfigError(self.name, f"Invalid value {shown} for configuration {self.name}: {reason}")
+
+    def format(self, value: Any) -> str | None:
+        """The value as Kafka shows it in DescribeConfigs and CreateTopics responses."""
+        if value is None or self.sensitive:
+            return None
+        if self.type == "boolean":
+            return "true" if value else "false"
+        if self.type == "list":
+            return ",".join(value)
+        return str(value)
+
+
+def _coerce(type_: str, raw: Any) -> Any:
+    """Parse ``raw`` as ``type_``. Strings follow Kafka's parsing (trimmed); native values must already
+    have the right kind (a TOML ``true`` for a boolean, an integer for an int, ...)."""
+    if raw is None:
+        return None
+    if isinstance(raw, os.PathLike):
+        raw = os.fspath(raw)
+    if type_ in _INTEGER_BOUNDS:
+        if isinstance(raw, str) and _INTEGER_TEXT.fullmatch(raw.strip()):
+            value = int(raw.strip())
+        elif isinstance(raw, int) and not isinstance(raw, bool):
+            value = raw
+        else:
+            raise ValueError(f"not {_TYPE_NAMES[type_]}")
+        low, high = _INTEGER_BOUNDS[type_]
+        if not low <= value <= high:
+            raise ValueError(f"not {_TYPE_NAMES[type_]} (between {low} and {high})")
+        return value
+    if type_ == "double":
+        if isinstance(raw, str):
+            try:
+                value = float(raw.strip())
+            except ValueError:
+                raise ValueError("not a number") from None
+        elif isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            value = float(raw)
+        else:
+            raise ValueError("not a number")
+        if not math.isfinite(value):
+            raise ValueError("not a finite number")
+        return value
+    if type_ == "boolean":
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
+            return raw.strip().lower() == "true"
+        raise ValueError("not true or false")
+    if type_ == "list":
+        if isinstance(raw, str):
+            text = raw.strip()
+            return [item.strip() for item in text.split(",")] if text else []
+        if isinstance(raw, (list, tuple)) and all(isinstance(item, str) for item in raw):
+            return [item.strip() for item in raw]
+        raise ValueError("not a comma-separated string or a list of strings")
+    if isinstance(raw, str):  # string, class, password
+        return raw.strip()
+    raise ValueError(f"not {_TYPE_NAMES[type_]}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The tables. Broker configs are read-only in DescribeConfigs (pykbroker has no dynamic broker configs).
+
+_HOUR_MS = 3_600_000
+_MINUTE_MS = 60_000
+# Broker synonyms in a coarser unit than their topic config: multiply to get milliseconds.
+_SYNONYM_UNIT_MS = {
+    "log.retention.minutes": _MINUTE_MS,
+    "log.retention.hours": _HOUR_MS,
+    "log.roll.hours": _HOUR_MS,
+    "log.roll.jitter.hours": _HOUR_MS,
+}
+
+_AT_LEAST_0 = Range(0)
+_AT_LEAST_1 = Range(1)
+_COMPRESSION_TYPES = OneOf(("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"))
+_TIMESTAMP_TYPES = OneOf(("CreateTime", "LogAppendTime"))
+_CLEANUP_POLICIES = EachOneOf(("compact", "delete"))
+_MESSAGE_FORMAT_VERSION = Matches(r"\d+\.\d+(\.\d+)?(-IV\d+)?", "a Kafka version such as 2.8 or 3.0-IV1")
+# Kafka 3.7.1's lower bound (LegacyRecord.RECORD_OVERHEAD_V0); Kafka 4 raised it to 1 MiB, which would
+# forbid the small segments that exercise rolling in tests.
+_MIN_SEGMENT_BYTES = Range(14)
+
+
+def _table(*defs: ConfigDef) -> dict[str, ConfigDef]:
+    return {d.name: d for d in defs}
+
+
+def _broker(name: str, type_: str, default: Any, doc: str, validator: Validator | None = None) -> ConfigDef:
+    return ConfigDef(name, type_, default, doc, validator, read_only=True)
+
+
+BROKER_CONFIGS: dict[str, ConfigDef] = _table(
+    # identity and cluster
+    _broker("broker.id", "int", 1, "This broker's id. pykbroker's default is 1 (Kafka's -1 means generate one).", _AT_LEAST_0),
+    _broker("broker.rack", "string", None, "The broker's rack, reported in Metadata responses."),
+    _broker(
+        "zookeeper.connect",
+        "string",
+        None,
+        "ZooKeeper connection string (host:port[,host:port][/chroot]); empty means the embedded single-node metadata.",
+    ),
+    _broker("zookeeper.session.timeout.ms", "int", 18000, "ZooKeeper session timeout.", _AT_LEAST_1),
+    _broker("zookeeper.connection.timeout.ms", "int", None, "Max wait to connect to ZooKeeper; unset uses the session timeout."),
+    _broker("controller.socket.timeout.ms", "int", 30000, "Socket timeout for controller-to-broker requests."),
+    # topics
+    _broker("num.partitions", "int", 1, "Default number of partitions of a new topic.", _AT_LEAST_1),
+    _broker("default.replication.factor", "int", 1, "Default replication factor of a new topic.", _AT_LEAST_1),
+    _broker("auto.create.topics.enable", "boolean", True, "Create a topic when a client asks Metadata about an unknown one."),
+    _broker("delete.topic.enable", "boolean", True, "Allow DeleteTopics; when false it fails with TOPIC_DELETION_DISABLED."),
+    _broker("min.insync.replicas", "int", 1, "Minimum in-sync replicas for an acks=all write.", _AT_LEAST_1),
+    _broker("unclean.leader.election.enable", "boolean", False, "Allow a replica outside the ISR to become leader."),
+    _broker("auto.leader.rebalance.enable", "boolean", True, "Move leadership back to preferred replicas periodically."),
+    _broker("leader.imbalance.check.interval.seconds", "long", 300, "How often the controller checks leader balance.", _AT_LEAST_1),
+    _broker("leader.imbalance.per.broker.percentage", "int", 10, "Allowed leader imbalance per broker, in percent."),
+    # records and log segments
+    _broker("message.max.bytes", "int", 1048588, "Largest record batch the broker accepts.", _AT_LEAST_0),
+    _broker("compression.type", "string", "producer", "Final compression of topic data; producer keeps the producer's.", _COMPRESSION_TYPES),
+    _broker("log.segment.bytes", "int", 1073741824, "Maximum size of one log segment file.", _MIN_SEGMENT_BYTES),
+    _broker("log.roll.ms", "long", None, "Roll a segment after this many ms; unset uses log.roll.hours."),
+    _broker("log.roll.hours", "int", 168, "Roll a segment after this many hours.", _AT_LEAST_1),
+    _broker("log.roll.jitter.ms", "long", None, "Random jitter subtracted from the roll time; unset uses log.roll.jitter.hours."),
+    _broker("log.roll.jitter.hours", "int", 0, "Random jitter subtracted from the roll time, in hours.", _AT_LEAST_0),
+    _broker("log.retention.ms", "long", None, "Delete segments older than this (-1: never); unset uses the minutes/hours keys."),
+    _broker("log.retention.minutes", "int", None, "Retention in minutes; unset uses log.retention.hours."),
+    _broker("log.retention.hours", "int", 168, "Retention in hours."),
+    _broker("log.retention.bytes", "long", -1, "Delete old segments beyond this partition size (-1: no limit)."),
+    _broker("log.retention.check.interval.ms", "long", 300000, "How often retention runs.", _AT_LEAST_1),
+    _broker("log.cleanup.policy", "list", ["delete"], "Default cleanup policy: delete and/or compact.", _CLEANUP_POLICIES),
+    _broker("log.cleaner.enable", "boolean", True, "Run the log cleaner for compacted topics."),
+    _broker("log.cleaner.delete.retention.ms", "long", 86400000, "How long tombstones stay in a compacted topic.", _AT_LEAST_0),
+    _broker("log.cleaner.min.compaction.lag.ms", "long", 0, "Minimum age of a record before compaction.", _AT_LEAST_0),
+    _broker("log.cleaner.max.compaction.lag.ms", "long", LONG_MAX, "Maximum age of a record before compaction.", _AT_LEAST_1),
+    _broker("log.cleaner.min.cleanable.ratio", "double", 0.5, "Dirty ratio that makes a log eligible for cleaning.", Range(0, 1)),
+    _broker("log.index.interval.bytes", "int", 4096, "Bytes of log between two offset index entries.", _AT_LEAST_0),
+    _broker("log.index.size.max.bytes", "int", 10485760, "Maximum size of an offset index file.", Range(4)),
+    _broker("log.segment.delete.delay.ms", "long", 60000, "Delay before a deleted segment's files are removed.", _AT_LEAST_0),
+    _broker("log.preallocate", "boolean", False, "Preallocate segment files."),
+    _broker("log.local.retention.ms", "long", -2, "Local retention with tiered storage (-2: use retention.ms).", Range(-2)),
+    _broker("log.local.retention.bytes", "long", -2, "Local retention with tiered storage (-2: use retention.bytes).", Range(-2)),
+    _broker(
+        "log.flush.interval.ms",
+        "long",
+        None,
+        "fsync a partition's log at least this often. Kafka's default is unset (never); pykbroker sets 1000 "
+        "when fsync=interval (its default).",
+        _AT_LEAST_0,
+    ),
+    _broker(
+        "log.flush.interval.messages",
+        "long",
+        LONG_MAX,
+        "fsync after this many unflushed messages; pykbroker sets 1 when fsync=always.",
+        _AT_LEAST_1,
+    ),
+    _broker("log.flush.scheduler.interval.ms", "long", LONG_MAX, "How often the flusher checks whether a log needs a flush."),
+    _broker("log.flush.offset.checkpoint.interval.ms", "int", 60000, "How often the recovery point is checkpointed.", _AT_LEAST_0),
+    _broker(
+        "log.flush.start.offset.checkpoint.interval.ms", "int", 60000, "How often log start offsets are checkpointed.", _AT_LEAST_0
+    ),
+    _broker("log.message.timestamp.type", "string", "CreateTime", "Default timestamp type of topics.", _TIMESTAMP_TYPES),
+    _broker(
+        "log.message.timestamp.difference.max.ms", "long", LONG_MAX, "Deprecated: max timestamp skew of a record.", _AT_LEAST_0
+    ),
+    _broker("log.message.timestamp.before.max.ms", "long", LONG_MAX, "How far in the past a record's timestamp may be.", _AT_LEAST_0),
+    _broker("log.message.timestamp.after.max.ms", "long", LONG_MAX, "How far in the future a record's timestamp may be.", _AT_LEAST_0),
+    _broker("log.message.format.version", "string", "3.0-IV1", "Deprecated message format version.", _MESSAGE_FORMAT_VERSION),
+    _broker("log.message.downconversion.enable", "boolean", True, "Allow down-conversion for old fetch versions."),
+    # consumer groups and the offsets topic
+    _broker("offsets.topic.num.partitions", "int", 50, "Partitions of __consumer_offsets.", _AT_LEAST_1),
+    _broker(
+        "offsets.topic.replication.factor",
+        "short",
+        1,
+        "Replication factor of __consumer_offsets. Kafka's default is 3; pykbroker's is 1 so a single node works.",
+        _AT_LEAST_1,
+    ),
+    _broker("offsets.topic.segment.bytes", "int", 104857600, "Segment size of __consumer_offsets.", _AT_LEAST_1),
+    _broker("offsets.retention.minutes", "int", 10080, "Keep committed offsets of an empty group this long.", _AT_LEAST_1),
+    _broker("offsets.retention.check.interval.ms", "long", 600000, "How often stale offsets are expired.", _AT_LEAST_1),
+    _broker("offsets.commit.timeout.ms", "int", 5000, "Max wait for an offset commit to be replicated.", _AT_LEAST_1),
+    _broker("group.initial.rebalance.delay.ms", "int", 3000, "Wait this long for more members before the first rebalance."),
+    _broker("group.min.session.timeout.ms", "int", 6000, "Smallest session timeout a group member may ask for."),
+    _broker("group.max.session.timeout.ms", "int", 1800000, "Largest session timeout a group member may ask for."),
+    _broker("group.max.size", "int", INT_MAX, "Maximum members in one group.", _AT_LEAST_1),
+    # producers and transactions
+    _broker("producer.id.expiration.ms", "int", 86400000, "Forget an idle producer id's state after this long.", _AT_LEAST_1),
+    _broker(
+        "producer.id.expiration.check.interval.ms", "int", 600000, "How often expired producer ids are removed.", _AT_LEAST_1
+    ),
+    _broker("transactional.id.expiration.ms", "int", 604800000, "Expire an idle transactional id after this long.", _AT_LEAST_1),
+    _broker("transaction.max.timeout.ms", "int", 900000, "Largest transaction timeout a producer may ask for.", _AT_LEAST_1),
+    # replication
+    _broker("replica.lag.time.max.ms", "long", 30000, "A follower this far behind leaves the ISR."),
+    _broker("replica.fetch.max.bytes", "int", 1048576, "Bytes a follower fetches per partition.", _AT_LEAST_0),
+    _broker("replica.fetch.response.max.bytes", "int", 10485760, "Bytes a follower fetches per request.", _AT_LEAST_0),
+    _broker("replica.fetch.min.bytes", "int", 1, "Minimum bytes a follower's fetch waits for."),
+    _broker("replica.fetch.wait.max.ms", "int", 500, "Max wait of a follower's fetch."),
+    _broker("replica.fetch.backoff.ms", "int", 1000, "Sleep after a follower fetch error.", _AT_LEAST_0),
+    _broker("replica.socket.timeout.ms", "int", 30000, "Socket timeout of follower fetches."),
+    _broker("replica.high.watermark.checkpoint.interval.ms", "long", 5000, "How often high-water marks are checkpointed."),
+    _broker("num.replica.fetchers", "int", 1, "Fetcher tasks per source broker."),
+    # network
+    _broker("socket.request.max.bytes", "int", 104857600, "Largest request the broker reads.", _AT_LEAST_1),
+    _broker("fetch.max.bytes", "int", 57671680, "Largest fetch response the broker builds.", Range(1024)),
+    _broker("connections.max.idle.ms", "long", 600000, "Close connections idle this long."),
+)
+
+_TOPIC_CONFIG_DEFS = (
+    ConfigDef("cleanup.policy", "list", ["delete"], "delete old segments and/or compact by key.", _CLEANUP_POLICIES, ("log.cleanup.policy",)),
+    ConfigDef(
+        "compression.type",
+        "string",
+        "producer",
+        "Final compression of the topic's data; producer keeps the producer's codec.",
+        _COMPRESSION_TYPES,
+        ("compression.type",),
+    ),
+    ConfigDef(
+        "delete.retention.ms", "long", 86400000, "How long tombstones are kept.", _AT_LEAST_0, ("log.cleaner.delete.retention.ms",)
+    ),
+    ConfigDef(
+        "file.delete.delay.ms",
+        "long",
+        60000,
+        "Delay before a deleted segment's files are removed.",
+        _AT_LEAST_0,
+        ("log.segment.delete.delay.ms",),
+    ),
+    ConfigDef(
+        "flush.messages", "long", LONG_MAX, "fsync after this many unflushed messages.", _AT_LEAST_1, ("log.flush.interval.messages",)
+    ),
+    ConfigDef(
+        "flush.ms",
+        "long",
+        LONG_MAX,
+        "fsync at least this often.",
+        _AT_LEAST_0,
+        ("log.flush.interval.ms", "log.flush.scheduler.interval.ms"),
+    ),
+    ConfigDef("follower.replication.throttled.replicas", "list", [], "Replicas throttled on the follower side.", ThrottledReplicas()),
+    ConfigDef(
+        "index.interval.bytes", "int", 4096, "Bytes of log between two offset index entries.", _AT_LEAST_0, ("log.index.interval.bytes",)
+    ),
+    ConfigDef("leader.replication.throttled.replicas", "list", [], "Replicas throttled on the leader side.", ThrottledReplicas()),
+    ConfigDef(
+        "local.retention.bytes", "long", -2, "Local retention with tiered storage.", Range(-2), ("log.local.retention.bytes",)
+    ),
+    ConfigDef("local.retention.ms", "long", -2, "Local retention with tiered storage.", Range(-2), ("log.local.retention.ms",)),
+    ConfigDef(
+        "max.compaction.lag.ms",
+        "long",
+        LONG_MAX,
+        "Maximum age of a record before compaction.",
+        _AT_LEAST_1,
+        ("log.cleaner.max.compaction.lag.ms",),
+    ),
+    ConfigDef("max.message.bytes", "int", 1048588, "Largest record batch the topic accepts.", _AT_LEAST_0, ("message.max.bytes",)),
+    ConfigDef(
+        "message.downconversion.enable",
+        "boolean",
+        True,
+        "Allow down-conversion for old fetch versions.",
+        None,
+        ("log.message.downconversion.enable",),
+    ),
+    ConfigDef(
+        "message.format.version",
+        "string",
+        "3.0-IV1",
+        "Deprecated message format version.",
+        _MESSAGE_FORMAT_VERSION,
+        ("log.message.format.version",),
+    ),
+    ConfigDef(
+        "message.timestamp.after.max.ms",
+        "long",
+        LONG_MAX,
+        "How far in the future a record's timestamp may be.",
+        _AT_LEAST_0,
+        ("log.message.timestamp.after.max.ms",),
+    ),
+    ConfigDef(
+        "message.timestamp.before.max.ms",
+        "long",
+        LONG_MAX,
+        "How far in the past a record's timestamp may be.",
+        _AT_LEAST_0,
+        ("log.message.timestamp.before.max.ms",),
+    ),
+    ConfigDef(
+        "message.timestamp.difference.max.ms",
+        "long",
+        LONG_MAX,
+        "Deprecated: max timestamp skew of a record.",
+        _AT_LEAST_0,
+        ("log.message.timestamp.difference.max.ms",),
+    ),
+    ConfigDef(
+        "message.timestamp.type",
+        "string",
+        "CreateTime",
+        "CreateTime keeps the producer's timestamp; LogAppendTime stamps the broker's clock.",
+        _TIMESTAMP_TYPES,
+        ("log.message.timestamp.type",),
+    ),
+    ConfigDef(
+        "min.cleanable.dirty.ratio",
+        "double",
+        0.5,
+        "Dirty ratio that makes the log eligible for cleaning.",
+        Range(0, 1),
+        ("log.cleaner.min.cleanable.ratio",),
+    ),
+    ConfigDef(
+        "min.compaction.lag.ms",
+        "long",
+        0,
+        "Minimum age of a record before compaction.",
+        _AT_LEAST_0,
+        ("log.cleaner.min.compaction.lag.ms",),
+    ),
+    ConfigDef("min.insync.replicas", "int", 1, "Minimum in-sync replicas for an acks=all write.", _AT_LEAST_1, ("min.insync.replicas",)),
+    ConfigDef("preallocate", "boolean", False, "Preallocate segment files.", None, ("log.preallocate",)),
+    ConfigDef("remote.storage.enable", "boolean", False, "Tiered storage for this topic."),
+    ConfigDef("retention.bytes", "long", -1, "Delete old segments beyond this partition size (-1: no limit).", None, ("log.retention.bytes",)),
+    ConfigDef(
+        "retention.ms",
+        "long",
+        604800000,
+        "Delete segments older than this (-1: never).",
+        Range(-1),
+        ("log.retention.ms", "log.retention.minutes", "log.retention.hours"),
+    ),
+    ConfigDef("segment.bytes", "int", 1073741824, "Maximum size of one segment file.", _MIN_SEGMENT_BYTES, ("log.segment.bytes",)),
+    ConfigDef(
+        "segment.index.bytes", "int", 10485760, "Maximum size of a segment's offset index.", Range(4), ("log.index.size.max.bytes",)
+    ),
+    ConfigDef(
+        "segment.jitter.ms",
+        "long",
+        0,
+        "Random jitter subtracted from segment.ms.",
+        _AT_LEAST_0,
+        ("log.roll.jitter.ms", "log.roll.jitter.hours"),
+    ),
+    ConfigDef("segment.ms", "long", 604800000, "Roll a segment after this long.", _AT_LEAST_1, ("log.roll.ms", "log.roll.hours")),
+    ConfigDef(
+        "unclean.leader.election.enable",
+        "boolean",
+        False,
+        "Allow a replica outside the ISR to become leader.",
+        None,
+        ("unclean.leader.election.enable",),
+    ),
+)
+# The 31 topic configs Kafka 3.7.1 lists for a topic, in its (alphabetical) order.
+TOPIC_CONFIGS: dict[str, ConfigDef] = _table(*_TOPIC_CONFIG_DEFS)
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+FSYNC_MODES = ("always", "interval", "never")
+_PORT = Range(0, 65535)
+
+# pykbroker's own settings (not Kafka keys); BrokerConfig has a field for each.
+PYKBROKER_SETTINGS: dict[str, ConfigDef] = _table(
+    ConfigDef("host", "string", "127.0.0.1", "Address to listen on."),
+    ConfigDef("port", "int", 9092, "Port to listen on (0: any free port).", _PORT),
+    ConfigDef("advertised.host", "string", None, "Host clients are told to connect to; default: host (127.0.0.1 for a wildcard)."),
+    ConfigDef("advertised.port", "int", None, "Port clients are told to connect to; default: port.", _PORT),
+    ConfigDef("data.dir", "string", "./data", "Directory holding the partition logs (Kafka's log.dirs, one directory)."),
+    ConfigDef("log.level", "string", "INFO", "Python logging level.", OneOf(LOG_LEVELS)),
+    ConfigDef("fsync", "string", "interval", "When the log is fsynced: every write, every log.flush.interval.ms, or never.", OneOf(FSYNC_MODES)),
+)
+
+# Kafka names for pykbroker settings; within one source the later name wins (log.dirs beats log.dir, as in Kafka).
+_SETTING_ALIASES = {"log.dir": "data.dir", "log.dirs": "data.dir"}
+# Known Kafka keys that pykbroker does not use, with what to use instead.
+_IGNORED_WITH_HINT = {
+    "listeners": "set host and port (--host/--port) instead",
+    "advertised.listeners": "set advertised.host and advertised.port (--advertised-host) instead",
+}
+_FSYNC_FLUSH_DEFAULTS: dict[str, dict[str, Any]] = {
+    "always": {"log.flush.interval.messages": 1},
+    "interval": {"log.flush.interval.ms": 1000},
+    "never": {},
+}
+_WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+ENV_PREFIX = "PYKBROKER_"
+ENV_CONFIG_FILE = "PYKBROKER_CONFIG"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The resolved configuration.
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """The broker's whole configuration, typed. Build it with ``load_config``; constructing it directly
+    (tests) fills every key not given in ``values`` with its default.
+
+    ``values`` holds every BROKER_CONFIGS key; ``explicit`` the keys the user set (DescribeConfigs reports
+    those as STATIC_BROKER_CONFIG, the rest as DEFAULT_CONFIG). ``advertised_host`` "" and
+    ``advertised_port`` 0 mean "derive from host and port".
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 9092
+    advertised_host: str = ""
+    broker_id: int = 1
+    data_dir: Path = Path("data")
+    log_level: str = "INFO"
+    fsync: str = "interval"
+    values: Mapping[str, Any] = field(default_factory=dict)
+    explicit: frozenset[str] = frozenset()
+    advertised_port: int = 0
+
+    def __post_init__(self) -> None:
+        if self.fsync not in FSYNC_MODES:
+            raise ConfigError("fsync", f"Invalid value {self.fsync!r} for configuration fsync: String must be one of: {', '.join(FSYNC_MODES)}")
+        full = {name: definition.default for name, definition in BROKER_CONFIGS.items()}
+        full.update(_FSYNC_FLUSH_DEFAULTS[self.fsync])
+        full.update(self.values)
+        full["broker.id"] = self.broker_id
+        # A frozen dataclass: fill the derived fields once, here, so every construction path agrees.
+        object.__setattr__(self, "values", MappingProxyType(full))
+        object.__setattr__(self, "explicit", frozenset(self.explicit))
+        object.__setattr__(self, "data_dir", Path(self.data_dir))
+        if not self.advertised_host:
+            object.__setattr__(self, "advertised_host", "127.0.0.1" if self.host in _WILDCARD_HOSTS else self.host)
+        if not self.advertised_port:
+            object.__setattr__(self, "advertised_port", self.port)
+
+    def get(self, name: str) -> Any:
+        """The typed value of a broker config key."""
+        try:
+            return self.values[name]
+        except KeyError:
+            raise KeyError(f"unknown broker config {name!r}") from None
+
+    @property
+    def zookeeper_connect(self) -> str | None:
+        """The ZooKeeper connection string, or None for the embedded single-node metadata."""
+        return self.values["zookeeper.connect"] or None
+
+    def broker_config_source(self, name: str) -> tuple[Any, ConfigSource]:
+        """A broker key's value and its DescribeConfigs source."""
+        source = ConfigSource.STATIC_BROKER_CONFIG if name in self.explicit else ConfigSource.DEFAULT_CONFIG
+        return self.get(name), source
+
+    def topic_defaults(self) -> dict[str, Any]:
+        """Every topic config's default on this broker, resolved through the broker synonyms, typed."""
+        return {name: self._resolve_topic(name)[0] for name in TOPIC_CONFIGS}
+
+    def topic_config_source(self, topic_key: str) -> tuple[Any, ConfigSource]:
+        """A topic config's broker-level value and source for a topic without an override:
+        STATIC_BROKER_CONFIG when a broker key the user set supplies it, else DEFAULT_CONFIG.
+
+        This is what Kafka 3.7.1 reports in CreateTopics responses. Its DescribeConfigs looks only at
+        the first synonym, so there a value supplied by ``log.retention.hours`` shows as DEFAULT_CONFIG.
+        """
+        value, supplier = self._resolve_topic(topic_key)
+        if supplier is not None and supplier in self.explicit:
+            return value, ConfigSource.STATIC_BROKER_CONFIG
+        return value, ConfigSource.DEFAULT_CONFIG
+
+    def topic_config_synonyms(self, topic_key: str) -> list[tuple[str, str | None, ConfigSource]]:
+        """The broker synonyms of a topic config for DescribeConfigs ``include_synonyms``:
+        ``(broker key, value as Kafka writes it, source)``, highest priority first. A key the user set
+        appears as STATIC_BROKER_CONFIG followed by its default, as Kafka lists them."""
+        synonyms: list[tuple[str, str | None, ConfigSource]] = []
+        for name in _topic_def(topic_key).synonyms:
+            definition = BROKER_CONFIGS[name]
+            if name in self.explicit:
+                synonyms.append((name, definition.format(self.values[name]), ConfigSource.STATIC_BROKER_CONFIG))
+            default = _FSYNC_FLUSH_DEFAULTS[self.fsync].get(name, definition.default)
+            if default is not None:
+                synonyms.append((name, definition.format(default), ConfigSource.DEFAULT_CONFIG))
+        return synonyms
+
+    def effective_topic_config(self, overrides: Mapping[str, str | None]) -> dict[str, Any]:
+        """Every topic config for a topic with these (string) overrides, typed and validated."""
+        return {**self.topic_defaults(), **validate_topic_configs(overrides)}
+
+    def _resolve_topic(self, topic_key: str) -> tuple[Any, str | None]:
+        """(value, the broker key that supplied it or None for the topic default)."""
+        definition = _topic_def(topic_key)
+        for name in definition.synonyms:
+            value = self.values[name]
+            if value is not None:
+                return _to_topic_unit(name, value), name
+        return definition.default, None
+
+
+def _topic_def(topic_key: str) -> ConfigDef:
+    try:
+        return TOPIC_CONFIGS[topic_key]
+    except KeyError:
+        raise KeyError(f"unknown topic config {topic_key!r}") from None
+
+
+def _to_topic_unit(broker_key: str, value: Any) -> Any:
+    factor = _SYNONYM_UNIT_MS.get(broker_key)
+    if factor is None:
+        return value
+    # As Kafka: a negative hours/minutes value (log.retention.hours=-1) means "forever", i.e. -1 ms.
+    return -1 if value < 0 else value * factor
+
+
+# ---------------------------------------------------------------------------------------------------
+# Topic config validation for CreateTopics, AlterConfigs and IncrementalAlterConfigs.
+
+
+def validate_topic_configs(configs: Mapping[str, str | None]) -> dict[str, Any]:
+    """Parse and validate topic config overrides. Raises ConfigError (Kafka answers INVALID_CONFIG,
+    with the error's message) for an unknown key, a null value or an invalid value."""
+    typed: dict[str, Any] = {}
+    for name, raw in configs.items():
+        if name not in TOPIC_CONFIGS:
+            raise ConfigError(name, f"Unknown topic config name: {name}")
+        if raw is None:
+            raise ConfigError(name, f"Null value not supported for topic configs: {name}")
+        typed[name] = TOPIC_CONFIGS[name].parse(raw)
+    min_lag = typed.get("min.compaction.lag.ms", TOPIC_CONFIGS["min.compaction.lag.ms"].default)
+    max_lag = typed.get("max.compaction.lag.ms", TOPIC_CONFIGS["max.compaction.lag.ms"].default)
+    if min_lag > max_lag:
+        raise ConfigError(
+            "min.compaction.lag.ms",
+            f"conflict topic config setting min.compaction.lag.ms ({min_lag}) > max.compaction.lag.ms ({max_lag})",
+        )
+    return typed
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loading: sources -> one BrokerConfig.
+
+
+@dataclass(frozen=True)
+class _Setting:
+    raw: Any
+    origin: str  # where the value came from, for messages: "--port", "PYKBROKER_PORT", "broker.toml"
+
+
+def load_config(
+    *,
+    cli: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] = os.environ,
+    file: Path | str | None = None,
+) -> BrokerConfig:
+    """Build the BrokerConfig from command-line values, environment and an optional config file.
+
+    ``cli`` maps option names to values, None meaning "not given": pykbroker settings by their Python
+    names (``host``, ``port``, ``data_dir``, ``advertised_host``, ``advertised_port``, ``broker_id``,
+    ``log_level``, ``fsync``, ``config``) and Kafka keys by their dotted names (``"num.partitions": 3``,
+    from ``--override``). The file is ``file``, else ``cli["config"]``, else ``$PYKBROKER_CONFIG``.
+    Raises ConfigError.
+    """
+    cli = dict(cli or {})
+    config_file = file or cli.pop("config", None) or env.get(ENV_CONFIG_FILE)
+    cli.pop("config", None)
+
+    layers: list[dict[str, _Setting]] = []  # lowest precedence first
+    if config_file:
+        path = Path(config_file)
+        layers.append(_layer((key, value, str(path)) for key, value in read_config_file(path)))
+    layers.append(
+        _layer(
+            (_env_key(name), value, name)
+            for name, value in env.items()
+            if name.startswith(ENV_PREFIX) and name != ENV_CONFIG_FILE
+        )
+    )
+    layers.append(
+        _layer(
+            (key if "." in key else key.replace("_", "."), value, _flag_name(key))
+            for key, value in cli.items()
+            if value is not None
+        )
+    )
+    merged: dict[str, _Setting] = {}
+    for layer in layers:
+        merged.update(layer)
+
+    settings = {name: _parse(definition, merged.get(name)) for name, definition in PYKBROKER_SETTINGS.items()}
+    values = {name: _parse(definition, merged[name]) for name, definition in BROKER_CONFIGS.items() if name in merged}
+    explicit = set(values)
+    if "fsync" in merged:
+        explicit.update(_FSYNC_FLUSH_DEFAULTS[settings["fsync"]])  # implied by a choice the user made
+    data_dir = settings["data.dir"]
+    if "," in data_dir:
+        raise ConfigError("data.dir", f"pykbroker uses one data directory, not a list: {data_dir!r} ({merged['data.dir'].origin})")
+    return BrokerConfig(
+        host=settings["host"],
+        port=settings["port"],
+        advertised_host=settings["advertised.host"] or "",
+        broker_id=values.get("broker.id", BROKER_CONFIGS["broker.id"].default),
+        data_dir=Path(data_dir).expanduser().absolute(),
+        log_level=settings["log.level"],
+        fsync=settings["fsync"],
+        values=values,
+        explicit=frozenset(explicit),
+        advertised_port=settings["advertised.port"] or 0,
+    )
+
+
+def _layer(entries: Iterable[tuple[str, Any, str]]) -> dict[str, _Setting]:
+    """One source's (key, raw value, origin) entries under canonical names; warns about keys pykbroker
+    does not know, as Kafka does, rather than refusing to start."""
+    layer: dict[str, _Setting] = {}
+    for key, raw, origin in entries:
+        name = _SETTING_ALIASES.get(key, key)
+        if name in PYKBROKER_SETTINGS or name in BROKER_CONFIGS:
+            if name == "log.level" and isinstance(raw, str):  # logging's names are upper case; accept any case
+                raw = raw.strip().upper()
+            layer[name] = _Setting(raw, origin)
+        elif key in _IGNORED_WITH_HINT:
+            log.warning("configuration key %s (from %s) is not used by pykbroker; %s", key, origin, _IGNORED_WITH_HINT[key])
+        elif key in TOPIC_CONFIGS and TOPIC_CONFIGS[key].synonyms:
+            log.warning(
+                "configuration key %s (from %s) is a topic config and is ignored here; the broker-wide default is %s",
+                key,
+                origin,
+                TOPIC_CONFIGS[key].synonyms[0],
+            )
+        else:
+            log.warning("unknown configuration key %s (from %s) is ignored", key, origin)
+    return layer
+
+
+def _parse(definition: ConfigDef, setting: _Setting | None) -> Any:
+    if setting is None:
+        return definition.default
+    try:
+        return definition.parse(setting.raw)
+    except ConfigError as exc:
+        raise ConfigError(exc.name, f"{exc.message}; set by {setting.origin}") from None
+
+
+def _env_key(variable: str) -> str:
+    return variable[len(ENV_PREFIX) :].lower().replace("_", ".")
+
+
+def _flag_name(cli_key: str) -> str:
+    return f"--override {cli_key}" if "." in cli_key else "--" + cli_key.replace("_", "-")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Config files.
+
+
+def read_config_file(path: Path) -> list[tuple[str, Any]]:
+    """The (key, raw value) pairs of a TOML (``*.toml``) or Kafka properties file. Raises ConfigError."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(None, f"cannot read config file {path}: {exc.strerror or exc}") from None
+    if path.suffix.lower() == ".toml":
+        try:
+            document = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(None, f"config file {path} is not valid TOML: {exc}") from None
+        pairs: dict[str, Any] = {}
+        for key, value in _flatten_toml(document):
+            if key in pairs:
+                raise ConfigError(key, f"config file {path} sets {key} twice")
+            pairs[key] = value
+        return list(pairs.items())
+    return list(parse_properties(text).items())
+
+
+def _flatten_toml(table: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Nested tables join to the dotted name: ``[log] segment.bytes = 1`` is ``log.segment.bytes``."""
+    for key, value in table.items():
+        name = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict):
+            yield from _flatten_toml(value, name)
+        else:
+            yield name, value
+
+
+_PROPERTY_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Java ``.properties`` syntax, as Kafka reads server.properties: ``key=value``, ``key: value`` or
+    ``key value``; ``#``/``!`` comments; a trailing backslash continues the line; backslash escapes.
+    A repeated key keeps its last value."""
+    result: dict[str, str] = {}
+    for line in _logical_property_lines(text):
+        key, value = _split_property(line)
+        result[key] = value
+    return result
+
+
+def _logical_property_lines(text: str) -> Iterator[str]:
+    pending = ""
+    for physical in text.splitlines():
+        stripped = physical.lstrip()
+        if not pending and (not stripped or stripped[0] in "#!"):
+            continue
+        pending += stripped
+        trailing = len(pending) - len(pending.rstrip("\\"))
+        if trailing % 2 == 1:  # an odd number of backslashes escapes the line break
+            pending = pending[:-1]
+            continue
+        yield pending
+        pending = ""
+    if pending:
+        yield pending
+
+
+def _split_property(line: str) -> tuple[str, str]:
+    index = 0
+    key_chars: list[str] = []
+    while index < len(line):
+        char = line[index]
+        if char == "\\" and index + 1 < len(line):
+            key_chars.append(_unescape_char(line[index + 1]))
+            index += 2
+            continue
+        if char in "=: \t\f":
+            break
+        key_chars.append(char)
+        index += 1
+    rest = line[index:].lstrip(" \t\f")
+    if rest[:1] in ("=", ":"):
+        rest = rest[1:].lstrip(" \t\f")
+    return "".join(key_chars), _unescape(rest)
+
+
+def _unescape(text: str) -> str:
+    out: list[str] = []
+    index = 0
+    while index < len(text):
+        char = text[index]
+        if char == "\\" and index + 1 < len(text):
+            following = text[index + 1]
+            if following == "u" and re.fullmatch(r"[0-9a-fA-F]{4}", text[index + 2 : index + 6]):
+                out.append(chr(int(text[index + 2 : index + 6], 16)))
+                index += 6
+                continue
+            out.append(_unescape_char(following))
+            index += 2
+            continue
+        out.append(char)
+        index += 1
+    return "".join(out)
+
+
+def _unescape_char(char: str) -> str:
+    return _PROPERTY_ESCAPES.get(char, char)
