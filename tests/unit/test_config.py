@@ -1,0 +1,441 @@
+"""BrokerConfig loading (flag > env > file > default), file formats, validation, and fidelity to Kafka 3.7.1's
+topic configs as the wire captures record them."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from kio.index import load_response_schema
+from kio.serial import entity_reader
+
+from pykbroker.config import (
+    BROKER_CONFIGS,
+    LONG_MAX,
+    PYKBROKER_SETTINGS,
+    TOPIC_CONFIGS,
+    BrokerConfig,
+    ConfigError,
+    ConfigSource,
+    load_config,
+    parse_properties,
+    validate_topic_configs,
+)
+
+CAPTURES = Path("/work/shared/wire-captures")
+
+
+def load(cli=None, env=None, file=None) -> BrokerConfig:
+    return load_config(cli=cli or {}, env=env or {}, file=file)
+
+
+# -- defaults ---------------------------------------------------------------------------------------
+
+
+def test_defaults(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = load()
+    assert (config.host, config.port, config.broker_id) == ("127.0.0.1", 9092, 1)
+    assert (config.advertised_host, config.advertised_port) == ("127.0.0.1", 9092)
+    assert config.data_dir == tmp_path / "data"
+    assert (config.log_level, config.fsync) == ("INFO", "interval")
+    assert config.explicit == frozenset()
+    assert config.get("num.partitions") == 1
+    assert config.get("offsets.topic.replication.factor") == 1
+    assert config.get("message.max.bytes") == 1048588
+    assert config.get("group.initial.rebalance.delay.ms") == 3000
+    assert config.get("log.flush.interval.ms") == 1000  # fsync=interval
+    assert config.zookeeper_connect is None
+    assert set(config.values) == set(BROKER_CONFIGS)
+
+
+def test_unknown_key_lookup_is_a_key_error():
+    with pytest.raises(KeyError, match="no.such.key"):
+        load().get("no.such.key")
+
+
+@pytest.mark.parametrize(
+    ("host", "advertised"), [("0.0.0.0", "127.0.0.1"), ("::", "127.0.0.1"), ("10.1.2.3", "10.1.2.3")]
+)
+def test_advertised_host_follows_host_unless_wildcard(host, advertised):
+    assert load(cli={"host": host}).advertised_host == advertised
+
+
+def test_advertised_address_can_differ_from_listener():
+    config = load(cli={"host": "0.0.0.0", "port": 9000, "advertised_host": "kafka.example", "advertised_port": 29092})
+    assert (config.host, config.port, config.advertised_host, config.advertised_port) == (
+        "0.0.0.0",
+        9000,
+        "kafka.example",
+        29092,
+    )
+
+
+def test_direct_construction_fills_defaults(tmp_path):
+    config = BrokerConfig(port=1234, data_dir=str(tmp_path), broker_id=7, values={"num.partitions": 4})
+    assert config.data_dir == tmp_path
+    assert config.get("broker.id") == 7
+    assert config.get("num.partitions") == 4
+    assert config.get("log.segment.bytes") == 1073741824
+    assert config.advertised_port == 1234
+
+
+# -- precedence -------------------------------------------------------------------------------------
+
+
+def test_flag_beats_env_beats_file_beats_default(tmp_path):
+    file = tmp_path / "broker.toml"
+    file.write_text('host = "10.0.0.1"\nport = 1111\n"num.partitions" = 2\n"log.retention.hours" = 5\n')
+    env = {"PYKBROKER_PORT": "2222", "PYKBROKER_NUM_PARTITIONS": "3"}
+    config = load(cli={"port": 3333}, env=env, file=file)
+    assert config.port == 3333  # flag
+    assert config.get("num.partitions") == 3  # env over file
+    assert config.host == "10.0.0.1"  # file
+    assert config.get("log.retention.hours") == 5  # file
+    assert config.get("default.replication.factor") == 1  # default
+    assert {"num.partitions", "log.retention.hours"} <= config.explicit
+    assert "default.replication.factor" not in config.explicit
+
+
+def test_every_setting_has_an_env_variable(tmp_path):
+    env = {
+        "PYKBROKER_HOST": "0.0.0.0",
+        "PYKBROKER_PORT": "19092",
+        "PYKBROKER_ADVERTISED_HOST": "broker.local",
+        "PYKBROKER_ADVERTISED_PORT": "29092",
+        "PYKBROKER_DATA_DIR": str(tmp_path / "d"),
+        "PYKBROKER_BROKER_ID": "4",
+        "PYKBROKER_LOG_LEVEL": "debug",
+        "PYKBROKER_FSYNC": "never",
+        "PYKBROKER_LOG_RETENTION_BYTES": "1000",
+    }
+    config = load(env=env)
+    assert (config.host, config.port, config.advertised_host, config.advertised_port) == (
+        "0.0.0.0",
+        19092,
+        "broker.local",
+        29092,
+    )
+    assert config.data_dir == tmp_path / "d"
+    assert (config.broker_id, config.get("broker.id")) == (4, 4)
+    assert (config.log_level, config.fsync) == ("DEBUG", "never")
+    assert config.topic_defaults()["retention.bytes"] == 1000
+
+
+def test_config_file_from_env_variable(tmp_path):
+    file = tmp_path / "server.properties"
+    file.write_text("num.partitions=6\n")
+    assert load(env={"PYKBROKER_CONFIG": str(file)}).get("num.partitions") == 6
+    assert load(cli={"config": file}).get("num.partitions") == 6
+
+
+def test_data_dir_flag_beats_kafka_log_dirs_in_file(tmp_path):
+    file = tmp_path / "server.properties"
+    file.write_text(f"log.dirs={tmp_path / 'kafka-logs'}\n")
+    assert load(file=file).data_dir == tmp_path / "kafka-logs"
+    assert load(cli={"data_dir": tmp_path / "mine"}, file=file).data_dir == tmp_path / "mine"
+
+
+def test_several_data_dirs_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="one data directory"):
+        load(cli={"log.dirs": f"{tmp_path}/a,{tmp_path}/b"})
+
+
+# -- file formats -----------------------------------------------------------------------------------
+
+
+def test_toml_flat_quoted_keys(tmp_path):
+    file = tmp_path / "broker.toml"
+    file.write_text(
+        '"num.partitions" = 3\n"auto.create.topics.enable" = false\n'
+        '"log.cleanup.policy" = ["compact", "delete"]\n"log.cleaner.min.cleanable.ratio" = 0.25\n'
+    )
+    config = load(file=file)
+    assert config.get("num.partitions") == 3
+    assert config.get("auto.create.topics.enable") is False
+    assert config.get("log.cleanup.policy") == ["compact", "delete"]
+    assert config.get("log.cleaner.min.cleanable.ratio") == 0.25
+
+
+def test_toml_nested_tables_join_to_dotted_names(tmp_path):
+    file = tmp_path / "broker.toml"
+    file.write_text(
+        "port = 19093\n[num]\npartitions = 3\n[log]\nsegment.bytes = 1048576\nretention.hours = 24\n"
+        "[offsets.topic]\nnum.partitions = 5\n"
+    )
+    config = load(file=file)
+    assert config.port == 19093
+    assert config.get("num.partitions") == 3
+    assert config.get("log.segment.bytes") == 1048576
+    assert config.get("offsets.topic.num.partitions") == 5
+    assert config.topic_defaults()["retention.ms"] == 24 * 3_600_000
+
+
+def test_toml_key_set_twice_is_an_error(tmp_path):
+    file = tmp_path / "broker.toml"
+    file.write_text('"num.partitions" = 3\n[num]\npartitions = 4\n')
+    with pytest.raises(ConfigError, match="num.partitions twice"):
+        load(file=file)
+
+
+def test_invalid_toml_names_the_file(tmp_path):
+    file = tmp_path / "broken.toml"
+    file.write_text("port = = 1\n")
+    with pytest.raises(ConfigError, match="broken.toml is not valid TOML"):
+        load(file=file)
+
+
+def test_missing_file_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load(file=tmp_path / "absent.properties")
+
+
+def test_server_properties_with_comments(tmp_path):
+    file = tmp_path / "server.properties"
+    file.write_text(
+        "# Licensed to the Apache Software Foundation\n"
+        "\n"
+        "############################# Log Basics #############################\n"
+        "broker.id=3\n"
+        "   ! a bang comment\n"
+        "num.partitions = 4\n"
+        "log.retention.minutes: 90\n"
+        "zookeeper.connect=zk1:2181,\\\n"
+        "    zk2:2181/kafka\n"
+        "compression.type lz4\n"
+    )
+    config = load(file=file)
+    assert config.broker_id == 3
+    assert config.get("num.partitions") == 4
+    assert config.topic_defaults()["retention.ms"] == 90 * 60_000
+    assert config.zookeeper_connect == "zk1:2181,zk2:2181/kafka"
+    assert config.get("compression.type") == "lz4"
+
+
+def test_properties_escapes_and_last_value_wins():
+    parsed = parse_properties("a\\:b=c\\=d\npath=C\\:\\\\data\nx=1\nx=2\nunicode=\\u00e9\nempty=\n")
+    assert parsed == {"a:b": "c=d", "path": "C:\\data", "x": "2", "unicode": "é", "empty": ""}
+
+
+# -- unknown keys and invalid values -------------------------------------------------------------------
+
+
+def test_unknown_keys_warn_and_are_ignored(tmp_path, caplog):
+    file = tmp_path / "server.properties"
+    file.write_text("num.network.threads=3\nlisteners=PLAINTEXT://:9092\nretention.ms=5\nnum.partitions=2\n")
+    with caplog.at_level(logging.WARNING, logger="pykbroker.config"):
+        config = load(file=file, env={"PYKBROKER_NO_SUCH_THING": "1"}, cli={"bogus.key": "x"})
+    assert config.get("num.partitions") == 2
+    messages = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert any("num.network.threads" in m and str(file) in m for m in messages)
+    assert any("no.such.thing" in m and "PYKBROKER_NO_SUCH_THING" in m for m in messages)
+    assert any("bogus.key" in m for m in messages)
+    assert any("listeners" in m and "--host/--port" in m for m in messages)
+    assert any("retention.ms" in m and "log.retention.ms" in m for m in messages)
+
+
+@pytest.mark.parametrize(
+    ("cli", "key", "accepted"),
+    [
+        ({"num.partitions": "0"}, "num.partitions", "at least 1"),
+        ({"fsync": "fast"}, "fsync", "always, interval, never"),
+        ({"port": "abc"}, "port", "[0,...,65535]"),
+        ({"port": 70000}, "port", "no more than 65535"),
+        ({"auto.create.topics.enable": "yes"}, "auto.create.topics.enable", "true or false"),
+        ({"compression.type": "brotli"}, "compression.type", "uncompressed, zstd, lz4, snappy, gzip, producer"),
+        ({"log.cleanup.policy": "delete,archive"}, "log.cleanup.policy", "compact, delete"),
+        ({"log.level": "chatty"}, "log.level", "DEBUG, INFO, WARNING, ERROR, CRITICAL"),
+        ({"offsets.topic.replication.factor": "40000"}, "offsets.topic.replication.factor", "16-bit"),
+    ],
+)
+def test_invalid_value_names_key_and_accepted_values(cli, key, accepted):
+    with pytest.raises(ConfigError) as caught:
+        load(cli=cli)
+    assert caught.value.name == key
+    assert f"for configuration {key}" in str(caught.value)
+    assert accepted in str(caught.value)
+
+
+def test_invalid_value_says_where_it_was_set(tmp_path):
+    file = tmp_path / "bad.toml"
+    file.write_text('"log.segment.bytes" = "big"\n')
+    with pytest.raises(ConfigError, match=r"log\.segment\.bytes.*set by .*bad\.toml"):
+        load(file=file)
+    with pytest.raises(ConfigError, match="set by PYKBROKER_BROKER_ID"):
+        load(env={"PYKBROKER_BROKER_ID": "-3"})
+
+
+def test_toml_value_of_wrong_native_type_is_refused(tmp_path):
+    file = tmp_path / "broker.toml"
+    file.write_text('"auto.create.topics.enable" = 1\n')
+    with pytest.raises(ConfigError, match="auto.create.topics.enable"):
+        load(file=file)
+
+
+# -- topic defaults through broker synonyms ----------------------------------------------------------
+
+
+def test_retention_synonyms_in_kafkas_priority_order():
+    assert load().topic_defaults()["retention.ms"] == 168 * 3_600_000
+    assert load(cli={"log.retention.hours": "2"}).topic_defaults()["retention.ms"] == 7_200_000
+    both = load(cli={"log.retention.hours": "2", "log.retention.minutes": "3"})
+    assert both.topic_defaults()["retention.ms"] == 180_000
+    all_three = load(cli={"log.retention.hours": "2", "log.retention.minutes": "3", "log.retention.ms": "42"})
+    assert all_three.topic_defaults()["retention.ms"] == 42
+    assert load(cli={"log.retention.hours": "-1"}).topic_defaults()["retention.ms"] == -1
+
+
+def test_segment_ms_from_roll_hours_and_other_synonyms():
+    config = load(
+        cli={
+            "log.roll.hours": "1",
+            "message.max.bytes": "2000000",
+            "log.segment.bytes": "1048576",
+            "log.message.timestamp.type": "LogAppendTime",
+            "min.insync.replicas": "2",
+        }
+    )
+    defaults = config.topic_defaults()
+    assert defaults["segment.ms"] == 3_600_000
+    assert defaults["max.message.bytes"] == 2_000_000
+    assert defaults["segment.bytes"] == 1_048_576
+    assert defaults["message.timestamp.type"] == "LogAppendTime"
+    assert defaults["min.insync.replicas"] == 2
+    assert set(defaults) == set(TOPIC_CONFIGS)
+
+
+def test_topic_config_source_and_synonyms():
+    config = load(cli={"log.retention.hours": "24"})
+    assert config.topic_config_source("retention.ms") == (86_400_000, ConfigSource.STATIC_BROKER_CONFIG)
+    assert config.topic_config_source("segment.bytes") == (1073741824, ConfigSource.DEFAULT_CONFIG)
+    assert config.topic_config_synonyms("retention.ms") == [
+        ("log.retention.hours", "24", ConfigSource.STATIC_BROKER_CONFIG),
+        ("log.retention.hours", "168", ConfigSource.DEFAULT_CONFIG),
+    ]
+    assert config.topic_config_synonyms("remote.storage.enable") == []
+    assert config.broker_config_source("log.retention.hours") == (24, ConfigSource.STATIC_BROKER_CONFIG)
+    assert config.broker_config_source("num.partitions") == (1, ConfigSource.DEFAULT_CONFIG)
+
+
+@pytest.mark.parametrize(
+    ("fsync", "flush_ms", "flush_messages"),
+    [("interval", 1000, LONG_MAX), ("always", LONG_MAX, 1), ("never", LONG_MAX, LONG_MAX)],
+)
+def test_fsync_mode_sets_kafkas_flush_defaults(fsync, flush_ms, flush_messages):
+    config = load(cli={"fsync": fsync})
+    defaults = config.topic_defaults()
+    assert (defaults["flush.ms"], defaults["flush.messages"]) == (flush_ms, flush_messages)
+
+
+def test_explicit_flush_key_beats_fsync_mode():
+    config = load(cli={"fsync": "interval", "log.flush.interval.ms": "250"})
+    assert config.topic_defaults()["flush.ms"] == 250
+    assert config.topic_config_source("flush.ms") == (250, ConfigSource.STATIC_BROKER_CONFIG)
+    assert load().topic_config_source("flush.ms") == (1000, ConfigSource.DEFAULT_CONFIG)
+
+
+def test_effective_topic_config_overlays_overrides():
+    effective = load(cli={"log.retention.hours": "1"}).effective_topic_config({"segment.bytes": "2048"})
+    assert effective["segment.bytes"] == 2048
+    assert effective["retention.ms"] == 3_600_000
+
+
+# -- topic config validation (CreateTopics / AlterConfigs) --------------------------------------------
+
+
+def test_validate_topic_configs_types_values():
+    typed = validate_topic_configs(
+        {"retention.ms": "1000", "cleanup.policy": "compact,delete", "preallocate": "TRUE", "min.cleanable.dirty.ratio": "0.1"}
+    )
+    assert typed == {"retention.ms": 1000, "cleanup.policy": ["compact", "delete"], "preallocate": True, "min.cleanable.dirty.ratio": 0.1}
+
+
+@pytest.mark.parametrize(
+    ("configs", "name", "message"),
+    [
+        ({"retention.mss": "1"}, "retention.mss", "Unknown topic config name: retention.mss"),
+        ({"segment.bytes": "10"}, "segment.bytes", "Value must be at least 14"),
+        ({"retention.ms": "-2"}, "retention.ms", "Value must be at least -1"),
+        ({"message.timestamp.type": "Now"}, "message.timestamp.type", "CreateTime, LogAppendTime"),
+        ({"min.cleanable.dirty.ratio": "1.5"}, "min.cleanable.dirty.ratio", "no more than 1"),
+        ({"leader.replication.throttled.replicas": "0-1"}, "leader.replication.throttled.replicas", "[partitionId]:[brokerId]"),
+        ({"max.message.bytes": None}, "max.message.bytes", "Null value not supported"),
+        ({"min.compaction.lag.ms": "10", "max.compaction.lag.ms": "5"}, "min.compaction.lag.ms", "conflict"),
+    ],
+)
+def test_validate_topic_configs_rejects(configs, name, message):
+    with pytest.raises(ConfigError) as caught:
+        validate_topic_configs(configs)
+    assert caught.value.name == name
+    assert message in str(caught.value)
+
+
+def test_throttled_replicas_accept_kafkas_forms():
+    assert validate_topic_configs({"leader.replication.throttled.replicas": "*"}) == {
+        "leader.replication.throttled.replicas": ["*"]
+    }
+    assert validate_topic_configs({"follower.replication.throttled.replicas": "0:1,1:2"}) == {
+        "follower.replication.throttled.replicas": ["0:1", "1:2"]
+    }
+
+
+@pytest.mark.parametrize("definition", [*BROKER_CONFIGS.values(), *TOPIC_CONFIGS.values(), *PYKBROKER_SETTINGS.values()], ids=lambda d: d.name)
+def test_every_default_survives_format_and_parse(definition):
+    if definition.default is None:
+        return
+    assert definition.parse(definition.format(definition.default)) == definition.default
+
+
+def test_topic_synonyms_are_broker_keys():
+    for definition in TOPIC_CONFIGS.values():
+        assert all(name in BROKER_CONFIGS for name in definition.synonyms), definition.name
+
+
+# -- fidelity to Kafka 3.7.1 (wire captures) ------------------------------------------------------------
+
+
+def _decoded_responses(file_name: str, api_key: int):
+    for line in (CAPTURES / file_name).read_text().splitlines():
+        frame = json.loads(line)
+        if frame["dir"] == "response" and frame["api_key"] == api_key:
+            schema = load_response_schema(api_key, frame["api_version"])
+            data = bytes.fromhex(frame["hex"])
+            _, offset = entity_reader(schema.__header_schema__)(data, 0)
+            body, _ = entity_reader(schema)(data, offset)
+            yield body
+
+
+# The capture broker ran Kafka's stock server.properties, which sets these two keys (see wire-captures/index.md).
+STOCK_SERVER_PROPERTIES = {"log.segment.bytes": "1073741824", "log.retention.hours": "168"}
+
+
+@pytest.mark.skipif(not CAPTURES.exists(), reason="wire captures not available")
+def test_topic_configs_match_kafka_describe_configs():
+    (response,) = _decoded_responses("14-kafka-cli-admin-3.7.1.jsonl", 32)
+    (result,) = response.results
+    kafka = {entry.name: entry for entry in result.configs}
+    assert set(kafka) == set(TOPIC_CONFIGS)
+    config = load(cli=STOCK_SERVER_PROPERTIES)
+    for name, definition in TOPIC_CONFIGS.items():
+        value, _ = config.topic_config_source(name)
+        if name != "flush.ms":  # pykbroker's fsync=interval default is the one intended difference
+            assert definition.format(value) == kafka[name].value, name
+        assert definition.type_id == kafka[name].config_type, name
+        assert definition.read_only == kafka[name].read_only
+        assert definition.sensitive == kafka[name].is_sensitive
+    assert config.topic_config_synonyms("segment.bytes") == [
+        (s.name, s.value, s.source) for s in kafka["segment.bytes"].synonyms
+    ]
+
+
+@pytest.mark.skipif(not CAPTURES.exists(), reason="wire captures not available")
+def test_topic_config_sources_match_kafka_create_topics():
+    (response,) = _decoded_responses("01-java-admin.jsonl", 19)
+    (topic,) = response.topics
+    config = load(cli={**STOCK_SERVER_PROPERTIES, "fsync": "never"})  # fsync=never: Kafka's own flush defaults
+    assert [entry.name for entry in topic.configs] == list(TOPIC_CONFIGS)
+    for entry in topic.configs:
+        value, source = config.topic_config_source(entry.name)
+        assert (TOPIC_CONFIGS[entry.name].format(value), source) == (entry.value, entry.config_source), entry.name
