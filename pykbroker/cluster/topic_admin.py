@@ -10,17 +10,12 @@ import logging
 from typing import Any
 
 from pykbroker.cluster.metadata import ClusterMetadata, TopicInfo, topic_name_error
-from pykbroker.config import TOPIC_CONFIGS, BrokerConfig, ConfigError, validate_topic_configs
+from pykbroker.config import TOPIC_CONFIGS, BrokerConfig, ConfigError, ConfigSource, validate_topic_configs
 from pykbroker.log.config import LogConfig
 from pykbroker.protocol.errors import ErrorCode, KafkaError
 from pykbroker.replication.replica_manager import ReplicaManager
 
 log = logging.getLogger(__name__)
-
-# Kafka's DescribeConfigs config_source values.
-SOURCE_TOPIC_CONFIG = 1
-SOURCE_STATIC_BROKER_CONFIG = 4
-SOURCE_DEFAULT_CONFIG = 5
 
 MAX_PARTITIONS = 100_000
 
@@ -30,34 +25,37 @@ class TopicAdmin:
         self.config = config
         self.metadata = metadata
         self.replicas = replicas
-        self._topic_defaults = config.topic_defaults()
+        self._effective_cache: dict[str, dict[str, Any]] = {}
 
     # -- configs ----------------------------------------------------------------------------------
-    def effective_configs(self, name: str) -> dict[str, tuple[Any, int]]:
-        """Every topic config with its value and DescribeConfigs source."""
+    def _overrides(self, name: str) -> dict[str, str]:
         info = self.metadata.topic(name)
-        overrides = info.configs if info else {}
-        result: dict[str, tuple[Any, int]] = {}
+        return info.configs if info is not None else {}
+
+    def effective_configs(self, name: str) -> dict[str, tuple[Any, ConfigSource]]:
+        """Every topic config with its typed value and DescribeConfigs source."""
+        overrides = validate_topic_configs(self._overrides(name))
+        result: dict[str, tuple[Any, ConfigSource]] = {}
         for key in TOPIC_CONFIGS:
             if key in overrides:
-                result[key] = (overrides[key], SOURCE_TOPIC_CONFIG)
+                result[key] = (overrides[key], ConfigSource.DYNAMIC_TOPIC_CONFIG)
             else:
-                value, source = self.config.topic_config_source(key)
-                result[key] = (value, source)
+                result[key] = self.config.topic_config_source(key)
         return result
 
+    def _effective(self, name: str) -> dict[str, Any]:
+        # Produce asks for min.insync.replicas on every request: resolve a topic's configs once, and
+        # forget them whenever the topic is created, deleted or reconfigured.
+        effective = self._effective_cache.get(name)
+        if effective is None:
+            effective = self._effective_cache[name] = self.config.effective_topic_config(self._overrides(name))
+        return effective
+
     def log_config(self, name: str) -> LogConfig:
-        info = self.metadata.topic(name)
-        merged = dict(self._topic_defaults)
-        if info is not None:
-            merged.update(validate_topic_configs(info.configs))
-        return LogConfig.from_topic_configs(merged)
+        return LogConfig.from_topic_configs(self._effective(name))
 
     def min_insync_replicas(self, name: str) -> int:
-        info = self.metadata.topic(name)
-        if info is not None and "min.insync.replicas" in info.configs:
-            return int(info.configs["min.insync.replicas"])
-        return int(self._topic_defaults["min.insync.replicas"])
+        return int(self._effective(name)["min.insync.replicas"])
 
     # -- lifecycle --------------------------------------------------------------------------------
     def create(
@@ -96,6 +94,7 @@ class TopicAdmin:
             raise KafkaError(ErrorCode.invalid_config, str(exc)) from exc
         if validate_only:
             return None
+        self._effective_cache.pop(name, None)
         info = self.metadata.create_topic(name, partitions, replication_factor, overrides)
         self._host(info)
         log.info("created topic %s with %d partitions", name, partitions)
@@ -109,6 +108,7 @@ class TopicAdmin:
         if info is None:
             # Kafka compacts __consumer_offsets; pykbroker has no compaction yet, so the internal topic keeps
             # its segments forever instead (time retention would silently drop committed offsets).
+            self._effective_cache.pop(name, None)
             info = self.metadata.create_topic(name, partitions, 1, {"retention.ms": "-1"})
             self._host(info)
         return info
@@ -138,6 +138,7 @@ class TopicAdmin:
         if not self.config.get("delete.topic.enable"):
             raise KafkaError(ErrorCode.topic_deletion_disabled, "Topic deletion is disabled.")
         self.metadata.delete_topic(name)
+        self._effective_cache.pop(name, None)
         self.replicas.drop_topic(name)
         log.info("deleted topic %s", name)
 

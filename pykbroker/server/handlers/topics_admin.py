@@ -13,20 +13,18 @@ from __future__ import annotations
 from pykbroker.protocol.errors import ErrorCode, KafkaError
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
-from pykbroker.server.handlers.describe_configs import config_string, is_sensitive
+from pykbroker.config import TOPIC_CONFIGS
 
 
 def _created_configs(ctx: RequestContext, schema, name: str) -> tuple:
-    from pykbroker.config import TOPIC_CONFIGS
-
     return tuple(
         make(
             schema.CreatableTopicConfigs,
             name=key,
-            value=None if is_sensitive(TOPIC_CONFIGS[key]) else config_string(value),
+            value=TOPIC_CONFIGS[key].format(value),
             read_only=False,
-            config_source=source,
-            is_sensitive=is_sensitive(TOPIC_CONFIGS[key]),
+            config_source=int(source),
+            is_sensitive=TOPIC_CONFIGS[key].sensitive,
         )
         for key, (value, source) in ctx.broker.topics.effective_configs(name).items()
     )
