@@ -1,0 +1,270 @@
+"""The wire captures decode with kio exactly, and the replay library's broker-free parts work on them.
+
+No broker here: these tests check the fixtures (every request decodes at its header version and leaves no
+bytes, every response pairs with its request) and the comparison / patching logic that
+tests/integration/test_wire_replay.py relies on, so a replay mismatch is the broker's and not the tool's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from pykbroker.protocol import records
+from tests import wire_replay as wr
+
+CAPTURES = {path.name: wr.load_capture(path) for path in wr.capture_paths()}
+
+
+def _capture(prefix: str) -> wr.Capture:
+    return next(capture for name, capture in CAPTURES.items() if name.startswith(prefix))
+
+
+def _frames(direction: str):
+    return [pytest.param(capture, frame, id=f"{name[:2]}-seq{frame.seq}-{frame.api_name}")
+            for name, capture in CAPTURES.items() for frame in capture.frames if frame.direction == direction]
+
+
+def test_all_fourteen_captures_are_present():
+    assert len(CAPTURES) == 14
+    assert sum(len(c.frames) for c in CAPTURES.values()) == 742
+
+
+@pytest.mark.parametrize("capture, frame", _frames("request"))
+def test_request_decodes_at_its_header_version_with_no_bytes_left(capture, frame):
+    header, body = wr.decode_request(frame.payload)  # raises DecodeError on leftover bytes
+    assert (header.request_api_key, header.request_api_version) == (frame.api_key, frame.api_version)
+    assert header.correlation_id == frame.correlation_id
+    assert header.client_id == frame.client_id
+    assert type(header) is type(body).__header_schema__
+    assert wr.encode(header, body) == frame.payload
+
+
+@pytest.mark.parametrize("capture, frame", _frames("response"))
+def test_response_decodes_and_answers_a_request_on_its_connection(capture, frame):
+    header, body = wr.decode_response(frame.api_key, frame.api_version, frame.payload)
+    assert header.correlation_id == frame.correlation_id
+    assert wr.encode(header, body) == frame.payload
+    requests = [f for f in capture.requests() if f.conn == frame.conn and f.correlation_id == frame.correlation_id
+                and f.seq < frame.seq]
+    assert len(requests) == 1 and requests[0].api_key == frame.api_key
+
+
+def test_api_versions_v4_answers_are_the_v0_fallback():
+    frame = next(f for f in _capture("02").responses() if f.api_key == 18 and f.api_version == 4)
+    _, body = wr.decode_response(18, 4, frame.payload)
+    assert body.__version__ == 0 and body.error_code == ErrorCode.unsupported_version
+    assert [(k.api_key, k.min_version, k.max_version) for k in body.api_keys] == [(18, 0, 3)]
+
+
+def test_only_the_documented_requests_have_no_answer():
+    unanswered = {(name[:2], frame.seq) for name, capture in CAPTURES.items()
+                  for frame in capture.requests() if capture.response_to(frame) is None}
+    assert unanswered == {("10", 15), ("10", 16), ("10", 62), ("10", 68), ("10", 98), ("10", 103), ("11", 38),
+                          ("12", 34)}
+
+
+def test_scenario_topics_are_the_ones_the_clients_asked_for():
+    assert _capture("12").scenario_topics() == {"s12-kcat"}  # not the 15 topics of its Metadata-for-all answer
+    assert _capture("14").scenario_topics() == {"s14-kafka-cli-admin"}
+    assert _capture("07").scenario_topics() == {"s07b-spark-stream-availablenow"}
+
+
+# -- comparison ---------------------------------------------------------------------------------------
+
+
+def _decoded_responses():
+    for name, capture in CAPTURES.items():
+        for frame in capture.responses():
+            yield pytest.param(capture, frame, id=f"{name[:2]}-seq{frame.seq}-{frame.api_name}")
+
+
+@pytest.mark.parametrize("capture, frame", list(_decoded_responses()))
+def test_a_response_matches_itself(capture, frame):
+    _, body = wr.decode_response(frame.api_key, frame.api_version, frame.payload)
+    state = wr.ReplayState.for_capture(capture)
+    ctx = state.context(capture.scenario_topics())
+    ctx.requested_version = frame.api_version
+    findings = wr.compare_responses(frame.api_key, body, body, ctx)
+    assert [f for f in findings if f.severity == "mismatch"] == []
+
+
+def _first_response(prefix: str, api_key: int, predicate=lambda body: True):
+    capture = _capture(prefix)
+    for frame in capture.responses():
+        if frame.api_key == api_key:
+            _, body = wr.decode_response(frame.api_key, frame.api_version, frame.payload)
+            if predicate(body):
+                return capture, frame, body
+    raise LookupError(prefix, api_key)
+
+
+def _compare(capture, api_key, expected, actual, **ctx_fields):
+    ctx = wr.ReplayState.for_capture(capture).context(capture.scenario_topics())
+    for key, value in ctx_fields.items():
+        setattr(ctx, key, value)
+    return wr.compare_responses(api_key, expected, actual, ctx)
+
+
+def _with_partition(body, topic_field: str, change):
+    topic = getattr(body, topic_field)[0]
+    partitions = (change(topic.partitions[0]),) + topic.partitions[1:]
+    return dataclasses.replace(body, **{topic_field: (dataclasses.replace(topic, partitions=partitions),)
+                                        + getattr(body, topic_field)[1:]})
+
+
+def test_a_different_partition_error_code_is_a_mismatch_naming_the_partition():
+    capture, _, body = _first_response("04", 2)
+    changed = _with_partition(body, "topics",
+                              lambda p: dataclasses.replace(p, error_code=ErrorCode.unknown_topic_or_partition))
+    findings = _compare(capture, 2, body, changed)
+    assert len(findings) == 1
+    assert findings[0].path == "topics[name=s04-java-consumer-assign].partitions[partition_index=0].error_code"
+    assert findings[0].expected == "none(0)" and findings[0].got == "unknown_topic_or_partition(3)"
+
+
+def test_a_different_high_watermark_and_missing_records_are_mismatches():
+    capture, _, body = _first_response("05", 1, lambda b: any(p.records for t in b.responses for p in t.partitions))
+    changed = _with_partition(body, "responses", lambda p: dataclasses.replace(p, high_watermark=0, records=b""))
+    paths = {f.path.rsplit(".", 1)[-1] for f in _compare(capture, 1, body, changed)}
+    assert {"high_watermark", "records batches", "records record count"} <= paths
+
+
+def test_a_missing_partition_is_a_mismatch_but_partition_order_is_not():
+    capture, _, body = _first_response("04", 2)
+    topic = body.topics[0]
+    reordered = dataclasses.replace(body, topics=(dataclasses.replace(topic, partitions=topic.partitions[::-1]),))
+    assert _compare(capture, 2, body, reordered) == []
+    shorter = dataclasses.replace(body, topics=(dataclasses.replace(topic, partitions=topic.partitions[1:]),))
+    paths = [f.path for f in _compare(capture, 2, body, shorter)]
+    assert "topics[name=s04-java-consumer-assign].partitions length" in paths
+    assert "topics[name=s04-java-consumer-assign].partitions[partition_index=0]" in paths
+
+
+def test_broker_identity_values_are_ignored():
+    capture, _, body = _first_response("04", 3, lambda b: b.topics)
+    other = dataclasses.replace(
+        body, cluster_id="another-cluster", controller_id=7,
+        brokers=tuple(dataclasses.replace(b, node_id=7, host="10.0.0.1", port=1) for b in body.brokers),
+        topics=tuple(dataclasses.replace(t, partitions=tuple(
+            dataclasses.replace(p, leader_id=7, leader_epoch=5, replica_nodes=(7,), isr_nodes=(7,))
+            for p in t.partitions)) for t in body.topics))
+    assert _compare(capture, 3, body, other) == []
+
+
+def test_metadata_for_all_topics_is_compared_on_the_scenario_topic_only():
+    capture, _, body = _first_response("12", 3, lambda b: len(b.topics) > 1)
+    own = tuple(t for t in body.topics if t.name == "s12-kcat")
+    assert _compare(capture, 3, body, dataclasses.replace(body, topics=own), all_topics_metadata=True) == []
+    findings = _compare(capture, 3, body, dataclasses.replace(body, topics=()), all_topics_metadata=True)
+    assert [f.path for f in findings] == ["topics length", "topics[name=s12-kcat]"]
+
+
+def test_fetch_session_id_is_compared_loosely_but_not_invented():
+    capture, _, opened = _first_response("04", 1, lambda b: b.session_id != 0)
+    assert _compare(capture, 1, opened, dataclasses.replace(opened, session_id=0)) == []
+    _, _, closed = _first_response("04", 1, lambda b: b.session_id == 0)
+    assert [f.path for f in _compare(capture, 1, closed, dataclasses.replace(closed, session_id=9))] == ["session_id"]
+
+
+def test_api_versions_fallback_and_newer_support_are_both_accepted_but_a_wrong_range_is_not():
+    capture, frame, fallback = _first_response("02", 18, lambda b: b.error_code == ErrorCode.unsupported_version)
+    _, _, full = _first_response("02", 18, lambda b: b.error_code == ErrorCode.none)
+    assert _compare(capture, 18, fallback, fallback, requested_version=4) == []
+    supports_v4 = dataclasses.replace(full, api_keys=tuple(
+        dataclasses.replace(k, max_version=4) if k.api_key == 18 else k for k in full.api_keys))
+    assert [f.severity for f in _compare(capture, 18, fallback, supports_v4, requested_version=4)] == ["note"]
+    findings = _compare(capture, 18, fallback, full, requested_version=4)  # answers v4 but advertises 0-3
+    assert [f.path for f in findings] == ["api_keys[18]"]
+
+
+# -- patching -----------------------------------------------------------------------------------------
+
+
+def test_producer_id_patch_rewrites_every_batch_and_keeps_the_crc_valid():
+    capture = _capture("02")
+    produce = next(f for f in capture.requests() if f.api_key == 0)
+    _, body = wr.decode_request(produce.payload)
+    data = body.topic_data[0].partition_data[0].records
+    original = records.read_header(data)
+    patched = wr.patch_producer_ids(data, {original.producer_id: (4242, 3)})
+    header = records.read_header(patched)
+    assert (header.producer_id, header.producer_epoch) == (4242, 3)
+    assert header.base_sequence == original.base_sequence and header.record_count == original.record_count
+    assert records.crc_matches(patched, header) and not records.crc_matches(patched, original)
+    assert wr.patch_producer_ids(data, {999: (1, 1)}) is data
+
+
+def test_state_patches_topic_ids_and_leader_epochs_learned_from_the_broker():
+    capture = _capture("04")
+    state = wr.ReplayState.for_capture(capture)
+    new_id = wr.uuid.UUID(int=12345)
+    state.actual_topic_ids["s04-java-consumer-assign"] = new_id
+    state.leader_epochs[("s04-java-consumer-assign", 2)] = 7
+    fetch = next(f for f in capture.requests() if f.api_key == 1)
+    _, body = wr.decode_request(fetch.payload)
+    patched = state.patch(body)
+    assert patched.topics[0].topic_id == new_id
+    epochs = {p.partition: p.current_leader_epoch for p in patched.topics[0].partitions}
+    assert epochs == {0: 0, 1: 0, 2: 7}
+
+
+def test_without_a_broker_session_an_incremental_fetch_becomes_a_full_fetch_of_every_partition():
+    capture = _capture("05")
+    fetches = [f for f in capture.requests() if f.api_key == 1]
+    state = wr.ReplayState.for_capture(capture)
+    _, first = wr.decode_request(fetches[0].payload)
+    _, first_answer = wr.decode_response(1, 16, capture.response_to(fetches[0]).payload)
+    state.record_fetch(first, first, first_answer, dataclasses.replace(first_answer, session_id=0))
+    _, incremental = wr.decode_request(fetches[1].payload)
+    sent, session = state.prepare_fetch(incremental)
+    assert (sent.session_id, sent.session_epoch) == (0, 0) and session is not None
+    assert sorted(p.partition for t in sent.topics for p in t.partitions) == [0, 1, 2]
+    _, incremental_answer = wr.decode_response(1, 16, capture.response_to(fetches[1]).payload)
+    assert incremental_answer.responses == ()  # Kafka: nothing changed, nothing listed
+    full = state.full_fetch_expectation(session, incremental_answer)
+    hwms = {p.partition_index: (p.high_watermark, p.records) for t in full.responses for p in t.partitions}
+    assert hwms == {0: (56, b""), 1: (77, b""), 2: (67, b"")}
+    _, close = wr.decode_request(fetches[2].payload)
+    sent_close, _ = state.prepare_fetch(close)
+    assert (sent_close.session_id, sent_close.session_epoch, sent_close.topics) == (0, -1, ())
+
+
+def test_with_a_broker_session_ids_are_mapped_and_epochs_kept():
+    capture = _capture("04")
+    fetches = [f for f in capture.requests() if f.api_key == 1]
+    state = wr.ReplayState.for_capture(capture)
+    _, first = wr.decode_request(fetches[0].payload)
+    _, answer = wr.decode_response(1, 16, capture.response_to(fetches[0]).payload)
+    state.record_fetch(first, first, answer, dataclasses.replace(answer, session_id=77))
+    _, incremental = wr.decode_request(fetches[1].payload)
+    sent, converted = state.prepare_fetch(incremental)
+    assert (sent.session_id, sent.session_epoch, converted) == (77, 1, None)
+
+
+# -- preconditions ------------------------------------------------------------------------------------
+
+
+def _counts(stored):
+    counts = {}
+    for batch in stored:
+        counts[batch.partition] = counts.get(batch.partition, 0) + records.read_header(batch.data).record_count
+    return counts
+
+
+def test_setup_data_comes_from_the_fetched_batches_not_from_the_files_own_produces():
+    assert _counts(wr.preloaded_batches(_capture("05"))) == {0: 56, 1: 77, 2: 67}
+    assert wr.preloaded_batches(_capture("09")) == []  # everything fetched there was produced in the file
+    later = [b for b in wr.preloaded_batches(_capture("10"))]
+    assert _counts(later) == {0: 13, 1: 25, 2: 12} and {b.base_offset for b in later} == {68, 76, 77, 56}
+    phases = {b.producer_id for b in wr.preloaded_batches(_capture("07"))}
+    assert len(phases) == 2  # the first 200 records and the 50 written between the two Spark runs
+
+
+def test_generated_setup_data_lands_like_the_capture_helpers_did():
+    stored = wr.generated_batches("s14-kafka-cli-admin", 200, 3)
+    assert _counts(stored) == {0: 56, 1: 77, 2: 67}  # file 14's ListOffsets LATEST answers
+    first = records.read_records(stored[0].data, records.read_header(stored[0].data))[0]
+    assert first.key.startswith(b"setup-key-") and first.value.startswith(b"setup-value-")
