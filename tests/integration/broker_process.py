@@ -125,6 +125,11 @@ class BrokerProcess:
         return cmd
 
     def start(self, timeout: float = READY_TIMEOUT_S) -> "BrokerProcess":
+        """Spawn the broker and wait until it answers ApiVersions.
+
+        Call it from the main thread: the child is set to die with the thread that spawned it (see
+        _die_with_parent), so a broker started from a short-lived worker thread would be killed with it.
+        """
         if self.is_running():
             raise BrokerError(f"broker on {self.bootstrap} is already running")
         self.starts += 1
@@ -160,16 +165,18 @@ class BrokerProcess:
         raise BrokerError(f"broker on {self.bootstrap} not ready after {timeout:.0f} s "
                           f"(last probe error: {last_error!r})\n{self.log_tail()}")
 
-    def stop(self, timeout: float = STOP_TIMEOUT_S) -> int:
-        """SIGTERM and wait; returns the exit code. A broker that ignores SIGTERM is killed and reported."""
+    def stop(self, timeout: float = STOP_TIMEOUT_S, sig: int = signal.SIGTERM) -> int:
+        """Signal (SIGTERM, or SIGINT) and wait; returns the exit code. A broker that does not exit is
+        killed and reported."""
         if not self.is_running():
             return self.process.returncode if self.process else 0
-        self.process.send_signal(signal.SIGTERM)
+        self.process.send_signal(sig)
         try:
             code = self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise BrokerError(f"broker did not exit within {timeout:.0f} s of SIGTERM\n{self.log_tail()}")
+            raise BrokerError(f"broker did not exit within {timeout:.0f} s of {signal.Signals(sig).name}\n"
+                              f"{self.log_tail()}")
         _live_brokers.discard(self)
         return code
 
