@@ -32,6 +32,7 @@ The result is a `ReplayResult`: its `differences` say precisely where the broker
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import io
@@ -904,22 +905,27 @@ class ScenarioSetup:
             raise SetupError(f"{capture.name}: no fetched setup batch has producer id(s) {sorted(unknown)}")
 
     def prepare(self) -> None:
-        connection = Connection(self.address, self.timeout)
-        try:
+        with self._connection("creating the topic and writing the setup records") as connection:
             for topic in self.preconditions.create_topics:
                 self._create_topic(connection, topic)
             self._write(connection, self.phases.pop(-1, []))
-        finally:
-            connection.close()
 
     def write_due(self, seq: int) -> None:
         """Write the batches of every phase that starts at or before `seq`."""
         for start in sorted(start for start in self.phases if start <= seq):
+            with self._connection(f"writing the records added before seq {start}") as connection:
+                self._write(connection, self.phases.pop(start))
+
+    @contextlib.contextmanager
+    def _connection(self, step: str) -> Iterator[Connection]:
+        try:
             connection = Connection(self.address, self.timeout)
             try:
-                self._write(connection, self.phases.pop(start))
+                yield connection
             finally:
                 connection.close()
+        except (ConnectionLost, DecodeError, OSError) as exc:
+            raise SetupError(f"{self.capture.name}: {step}: {exc}") from exc
 
     def _create_topic(self, connection: Connection, topic: str) -> None:
         answer = connection.request(CreateTopicsRequest(
