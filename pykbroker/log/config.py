@@ -1,0 +1,49 @@
+"""Topic-level log settings, resolved from Kafka's topic config names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Mapping
+
+TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    segment_bytes: int = 1073741824  # segment.bytes
+    segment_ms: int = 604800000  # segment.ms
+    segment_index_bytes: int = 10485760  # segment.index.bytes (max index file size -> roll when full)
+    index_interval_bytes: int = 4096  # index.interval.bytes
+    retention_ms: int = 604800000  # retention.ms (-1 = keep forever)
+    retention_bytes: int = -1  # retention.bytes (-1 = unlimited)
+    message_timestamp_type: str = "CreateTime"  # message.timestamp.type: CreateTime | LogAppendTime
+    max_message_bytes: int = 1048588  # max.message.bytes (per batch, as Kafka checks it)
+    file_delete_delay_ms: int = 60000  # file.delete.delay.ms
+
+    def __post_init__(self) -> None:
+        if self.message_timestamp_type not in TIMESTAMP_TYPES:
+            raise ValueError(f"message.timestamp.type must be one of {TIMESTAMP_TYPES}, not {self.message_timestamp_type!r}")
+        # Kafka's own lower bounds; below them a segment could not hold one batch header or one index entry.
+        if self.segment_bytes < 14:
+            raise ValueError("segment.bytes must be at least 14")
+        if self.segment_index_bytes < 12:
+            raise ValueError("segment.index.bytes must be at least 12")
+        if self.index_interval_bytes < 0 or self.max_message_bytes < 0 or self.file_delete_delay_ms < 0:
+            raise ValueError("index.interval.bytes, max.message.bytes and file.delete.delay.ms must not be negative")
+        if self.segment_ms < 1:
+            raise ValueError("segment.ms must be positive")
+
+    @property
+    def log_append_time(self) -> bool:
+        return self.message_timestamp_type == "LogAppendTime"
+
+    @classmethod
+    def from_topic_configs(cls, configs: Mapping[str, str | int]) -> "LogConfig":
+        """Build from Kafka topic config names (``segment.bytes`` -> ``segment_bytes``); unknown names are ignored."""
+        values: dict[str, str | int] = {}
+        for field in fields(cls):
+            name = field.name.replace("_", ".")
+            if name in configs and configs[name] is not None:
+                raw = configs[name]
+                values[field.name] = raw if field.type == "str" else int(raw)
+        return cls(**values)

@@ -1,0 +1,168 @@
+"""The leader-epoch cache of one partition (epoch -> first offset written in it), and Kafka's checkpoint files.
+
+Kafka's checkpoint text format, used for ``leader-epoch-checkpoint`` and the data directory's
+``recovery-point-offset-checkpoint`` / ``log-start-offset-checkpoint``: a version line ("0"), a count line,
+then one whitespace-separated entry per line. Files are replaced atomically (temp file, fsync, rename).
+"""
+
+from __future__ import annotations
+
+import os
+from bisect import bisect_right
+from pathlib import Path
+from typing import Iterable, Sequence
+
+CHECKPOINT_VERSION = 0
+UNDEFINED_EPOCH = -1
+UNDEFINED_EPOCH_OFFSET = -1
+
+
+class CorruptCheckpoint(ValueError):
+    pass
+
+
+def write_checkpoint(path: Path, entries: Iterable[Sequence[object]]) -> None:
+    """Atomically replace ``path`` with a checkpoint holding ``entries`` (each a sequence of fields)."""
+    lines = [" ".join(str(field) for field in entry) for entry in entries]
+    text = f"{CHECKPOINT_VERSION}\n{len(lines)}\n" + "".join(line + "\n" for line in lines)
+    temp = path.with_name(path.name + ".tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself must survive a crash
+    finally:
+        os.close(dir_fd)
+
+
+def read_checkpoint(path: Path, fields: int) -> list[list[str]] | None:
+    """The entries of a checkpoint file (None if it does not exist); raises CorruptCheckpoint."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    try:
+        version, count = int(lines[0]), int(lines[1])
+    except (IndexError, ValueError) as exc:
+        raise CorruptCheckpoint(f"{path}: bad header") from exc
+    if version != CHECKPOINT_VERSION:
+        raise CorruptCheckpoint(f"{path}: unknown version {version}")
+    entries = [line.split() for line in lines[2:] if line.strip()]
+    if len(entries) != count or any(len(entry) != fields for entry in entries):
+        raise CorruptCheckpoint(f"{path}: expected {count} entries of {fields} fields")
+    return entries
+
+
+class LeaderEpochCache:
+    """Kafka's LeaderEpochFileCache: ordered (epoch, start offset) entries, both strictly increasing."""
+
+    FILE_NAME = "leader-epoch-checkpoint"
+
+    def __init__(self, path: Path, entries: list[tuple[int, int]] | None = None) -> None:
+        self.path = path
+        self._epochs: list[int] = []
+        self._starts: list[int] = []
+        for epoch, start in entries or []:
+            self._epochs.append(epoch)
+            self._starts.append(start)
+
+    @classmethod
+    def load(cls, directory: Path) -> "LeaderEpochCache":
+        """Read the partition's checkpoint; raises CorruptCheckpoint (the caller rebuilds from the log)."""
+        path = directory / cls.FILE_NAME
+        rows = read_checkpoint(path, 2) or []
+        try:
+            entries = [(int(epoch), int(start)) for epoch, start in rows]
+        except ValueError as exc:
+            raise CorruptCheckpoint(f"{path}: non-numeric entry") from exc
+        for (e1, s1), (e2, s2) in zip(entries, entries[1:]):
+            if e2 <= e1 or s2 < s1:
+                raise CorruptCheckpoint(f"{path}: entries do not increase")
+        return cls(path, entries)
+
+    @property
+    def entries(self) -> list[tuple[int, int]]:
+        return list(zip(self._epochs, self._starts))
+
+    @property
+    def latest_epoch(self) -> int:
+        return self._epochs[-1] if self._epochs else UNDEFINED_EPOCH
+
+    @property
+    def earliest_epoch(self) -> int:
+        return self._epochs[0] if self._epochs else UNDEFINED_EPOCH
+
+    def assign(self, epoch: int, start_offset: int, *, persist: bool = True) -> bool:
+        """Record that ``epoch`` starts at ``start_offset``; True if the cache changed.
+
+        As Kafka does, a new entry removes any later entries it contradicts (epoch or start offset not below it).
+        """
+        if epoch < 0 or start_offset < 0:
+            return False
+        if self._epochs and epoch == self._epochs[-1] and start_offset >= self._starts[-1]:
+            return False
+        while self._epochs and (self._epochs[-1] >= epoch or self._starts[-1] >= start_offset):
+            self._epochs.pop()
+            self._starts.pop()
+        self._epochs.append(epoch)
+        self._starts.append(start_offset)
+        if persist:
+            self.write()
+        return True
+
+    def end_offset_for(self, epoch: int, log_end_offset: int) -> tuple[int, int]:
+        """OffsetForLeaderEpoch: (largest known epoch <= ``epoch``, the offset where that epoch ends).
+
+        Kafka's rules: the latest epoch ends at the log end offset; an epoch older than every cached one answers
+        with the start offset of the first cached epoch (its data is gone; the follower starts there); an unknown
+        newer epoch, or an empty cache, answers (-1, -1).
+        """
+        if epoch == UNDEFINED_EPOCH or not self._epochs:
+            return UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+        if epoch == self._epochs[-1]:
+            return epoch, log_end_offset
+        higher = bisect_right(self._epochs, epoch)
+        if higher == len(self._epochs):
+            return UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+        if higher == 0:
+            return epoch, self._starts[0]
+        return self._epochs[higher - 1], self._starts[higher]
+
+    def epoch_for_offset(self, offset: int) -> int:
+        """The epoch the record at ``offset`` was written in (-1 if unknown)."""
+        slot = bisect_right(self._starts, offset) - 1
+        return self._epochs[slot] if slot >= 0 else UNDEFINED_EPOCH
+
+    def truncate_from_end(self, end_offset: int) -> None:
+        """Forget epochs starting at or after ``end_offset`` (the log was truncated there)."""
+        count = len(self._starts)
+        while count and self._starts[count - 1] >= end_offset:
+            count -= 1
+        if count != len(self._starts):
+            del self._epochs[count:]
+            del self._starts[count:]
+            self.write()
+
+    def truncate_from_start(self, start_offset: int) -> None:
+        """The log now starts at ``start_offset``: the epoch in force there starts there; older ones go."""
+        covered = bisect_right(self._starts, start_offset)
+        if covered == 0 or (covered == 1 and self._starts[0] == start_offset):
+            return
+        del self._epochs[: covered - 1]
+        del self._starts[: covered - 1]
+        self._starts[0] = start_offset
+        self.write()
+
+    def clear(self) -> None:
+        if self._epochs:
+            self._epochs.clear()
+            self._starts.clear()
+            self.write()
+
+    def write(self) -> None:
+        write_checkpoint(self.path, self.entries)

@@ -1,0 +1,261 @@
+"""All partition logs of one data directory: loading and recovery, creation and deletion, background upkeep.
+
+Data-directory files, as Kafka writes them: ``recovery-point-offset-checkpoint`` and
+``log-start-offset-checkpoint`` (checkpoint text format, "topic partition offset" lines),
+``.kafka_cleanshutdown`` (present only between a clean shutdown and the next start) and ``.lock``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import shutil
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+from pykbroker.log.config import LogConfig
+from pykbroker.log.errors import LogDirectoryInUse
+from pykbroker.log.leader_epoch import CorruptCheckpoint, read_checkpoint, write_checkpoint
+from pykbroker.log.partition_log import (
+    FSYNC_POLICIES,
+    FlushJob,
+    PartitionLog,
+    log_dir_name,
+    parse_log_dir_name,
+)
+
+log = logging.getLogger(__name__)
+
+RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
+LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
+CLEAN_SHUTDOWN_MARKER = ".kafka_cleanshutdown"
+LOCK_FILE = ".lock"
+DELETE_DIR_SUFFIX = "-delete"
+
+TopicPartition = tuple[str, int]
+
+
+def _run_flush_jobs(jobs: list[FlushJob]) -> None:
+    for job in jobs:
+        job.run()
+
+
+class LogManager:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        fsync: str = "interval",
+        flush_interval_ms: int = 1000,
+        retention_check_interval_ms: int = 300000,
+    ) -> None:
+        if fsync not in FSYNC_POLICIES:
+            raise ValueError(f"fsync policy must be one of {FSYNC_POLICIES}, not {fsync!r}")
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.fsync = fsync
+        self.flush_interval_ms = flush_interval_ms
+        self.retention_check_interval_ms = retention_check_interval_ms
+        # Set by the replication layer: retention never deletes a segment at or above the high-water mark.
+        self.high_watermark_of: Callable[[str, int], int | None] | None = None
+        self._logs: dict[TopicPartition, PartitionLog] = {}
+        self._deleted: list[tuple[float, PartitionLog]] = []  # deleted topics' logs; descriptors close later
+        # One worker: fsyncs and checkpoint writes leave the event loop but never overlap each other.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-flush")
+        self._closed = False
+        self._lock_fd = self._lock_data_dir()
+
+    def _lock_data_dir(self) -> int:
+        fd = os.open(self.data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(fd)
+            raise LogDirectoryInUse(f"{self.data_dir} is locked by another process") from exc
+        return fd
+
+    # -- loading -----------------------------------------------------------------------------------------
+
+    def load_all(self, config_for_topic: Callable[[str], LogConfig]) -> list[PartitionLog]:
+        """Open every ``<topic>-<partition>`` directory, recovering past the recovery point after a crash.
+
+        Finishes deleting ``*-delete`` directories. Removes the clean-shutdown marker once loaded.
+        """
+        marker = self.data_dir / CLEAN_SHUTDOWN_MARKER
+        clean_shutdown = marker.exists()
+        recovery_points = self._read_offsets(RECOVERY_POINT_CHECKPOINT)
+        start_offsets = self._read_offsets(LOG_START_OFFSET_CHECKPOINT)
+        loaded = []
+        for entry in sorted(os.scandir(self.data_dir), key=lambda entry: entry.name):
+            if not entry.is_dir():
+                continue
+            if entry.name.endswith(DELETE_DIR_SUFFIX):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                continue
+            parsed = parse_log_dir_name(entry.name)
+            if parsed is None or parsed in self._logs:
+                continue
+            partition_log = PartitionLog.open(
+                Path(entry.path),
+                config_for_topic(parsed[0]),
+                fsync=self.fsync,
+                recovery_point=recovery_points.get(parsed, 0),
+                clean_shutdown=clean_shutdown,
+                log_start_offset=start_offsets.get(parsed),
+            )
+            self._logs[parsed] = partition_log
+            loaded.append(partition_log)
+        if not clean_shutdown and self._logs:
+            log.info("recovered %d logs in %s after an unclean shutdown", len(loaded), self.data_dir)
+        marker.unlink(missing_ok=True)
+        self.write_checkpoints()
+        return loaded
+
+    def _read_offsets(self, name: str) -> dict[TopicPartition, int]:
+        try:
+            rows = read_checkpoint(self.data_dir / name, 3) or []
+            return {(topic, int(partition)): int(offset) for topic, partition, offset in rows}
+        except (CorruptCheckpoint, ValueError):
+            log.warning("ignoring corrupt %s in %s: recovering every log fully", name, self.data_dir)
+            return {}
+
+    # -- registry ----------------------------------------------------------------------------------------
+
+    def get(self, topic: str, partition: int) -> PartitionLog | None:
+        return self._logs.get((topic, partition))
+
+    def logs(self) -> list[PartitionLog]:
+        return list(self._logs.values())
+
+    def create(self, topic: str, partition: int, config: LogConfig) -> PartitionLog:
+        """The log of (topic, partition), created if it does not exist yet (idempotent)."""
+        existing = self._logs.get((topic, partition))
+        if existing is not None:
+            return existing
+        if not topic or topic in (".", "..") or os.sep in topic or partition < 0:
+            raise ValueError(f"invalid topic partition {topic!r}/{partition}")
+        partition_log = PartitionLog.open(self.data_dir / log_dir_name(topic, partition), config, fsync=self.fsync)
+        self._logs[(topic, partition)] = partition_log
+        return partition_log
+
+    def delete_topic(self, topic: str) -> None:
+        """Remove the topic's logs: rename each directory to ``<topic>-<p>.<uuid>-delete``, then delete it.
+
+        The open descriptors close only after file.delete.delay.ms, so fetches in flight can finish.
+        """
+        for key in [key for key in self._logs if key[0] == topic]:
+            partition_log = self._logs.pop(key)
+            doomed = self.data_dir / f"{log_dir_name(*key)}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}"
+            os.rename(partition_log.directory, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+            deadline = time.monotonic() + partition_log.config.file_delete_delay_ms / 1000
+            self._deleted.append((deadline, partition_log))
+        self._close_deleted()
+
+    def _close_deleted(self, *, everything: bool = False) -> None:
+        now = time.monotonic()
+        keep = []
+        for deadline, partition_log in self._deleted:
+            if everything or deadline <= now:
+                partition_log.abandon()
+            else:
+                keep.append((deadline, partition_log))
+        self._deleted = keep
+
+    # -- upkeep ------------------------------------------------------------------------------------------
+
+    async def run_background(self) -> None:
+        """Flush per the fsync policy, roll by segment.ms, apply retention, checkpoint recovery points.
+
+        Cancel-safe: an fsync cut short leaves its segments dirty for the next flush; checkpoints are
+        replaced atomically. Cancel this task before calling shutdown().
+        """
+        tick_s = min(self.flush_interval_ms, self.retention_check_interval_ms, 1000) / 1000
+        next_flush = time.monotonic() + self.flush_interval_ms / 1000
+        next_retention = time.monotonic() + self.retention_check_interval_ms / 1000
+        while not self._closed:
+            await asyncio.sleep(tick_s)
+            now_ms = int(time.time() * 1000)
+            for partition_log in self.logs():
+                partition_log.maybe_roll(now_ms)
+            if time.monotonic() >= next_retention:
+                self.apply_retention(now_ms)
+                next_retention = time.monotonic() + self.retention_check_interval_ms / 1000
+            if time.monotonic() >= next_flush:
+                if self.fsync == "never":  # Kafka's default: no timed fsync, but flush what a roll completed
+                    due = [partition_log for partition_log in self.logs() if partition_log.rolled_since_flush]
+                else:
+                    due = self.logs()
+                await self.flush_async(due)
+                await self.write_checkpoints_async()
+                next_flush = time.monotonic() + self.flush_interval_ms / 1000
+            self._close_deleted()
+
+    def apply_retention(self, now_ms: int) -> int:
+        """One retention pass over every log; returns the number of segments deleted."""
+        deleted = 0
+        for (topic, partition), partition_log in list(self._logs.items()):
+            high_watermark = self.high_watermark_of(topic, partition) if self.high_watermark_of else None
+            deleted += partition_log.apply_retention(now_ms, high_watermark=high_watermark)
+        return deleted
+
+    async def flush_async(self, logs: list[PartitionLog] | None = None) -> None:
+        """Flush logs with the fsyncs in the worker thread; the event loop only prepares and completes."""
+        jobs = [(partition_log, partition_log.prepare_flush()) for partition_log in (self.logs() if logs is None else logs)]
+        future = self._executor.submit(_run_flush_jobs, [job for _, job in jobs])
+        try:
+            await asyncio.wrap_future(future)
+        except BaseException:
+            if future.cancel():  # never started: its duplicated descriptors are ours to close
+                for _, job in jobs:
+                    for fd in job.fds:
+                        os.close(fd)
+            for partition_log, job in jobs:
+                partition_log.abort_flush(job)
+            raise
+        for partition_log, job in jobs:
+            partition_log.complete_flush(job)
+
+    def _checkpoint_rows(self) -> tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]]:
+        recovery = [(topic, partition, pl.recovery_point) for (topic, partition), pl in sorted(self._logs.items())]
+        starts = [(topic, partition, pl.log_start_offset) for (topic, partition), pl in sorted(self._logs.items())]
+        return recovery, starts
+
+    def write_checkpoints(self) -> None:
+        recovery, starts = self._checkpoint_rows()
+        write_checkpoint(self.data_dir / RECOVERY_POINT_CHECKPOINT, recovery)
+        write_checkpoint(self.data_dir / LOG_START_OFFSET_CHECKPOINT, starts)
+
+    async def write_checkpoints_async(self) -> None:
+        recovery, starts = self._checkpoint_rows()
+        await asyncio.wrap_future(self._executor.submit(write_checkpoint, self.data_dir / RECOVERY_POINT_CHECKPOINT, recovery))
+        await asyncio.wrap_future(self._executor.submit(write_checkpoint, self.data_dir / LOG_START_OFFSET_CHECKPOINT, starts))
+
+    def shutdown(self) -> None:
+        """Flush and close every log, write the checkpoints and the clean-shutdown marker, release the lock."""
+        if self._closed:
+            return
+        self._closed = True
+        self._executor.shutdown(wait=True)  # an fsync or checkpoint write still running finishes first
+        for partition_log in self._logs.values():
+            partition_log.close()
+        self._close_deleted(everything=True)
+        self.write_checkpoints()
+        marker = self.data_dir / CLEAN_SHUTDOWN_MARKER
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        dir_fd = os.open(self.data_dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        self._logs.clear()
+        os.close(self._lock_fd)

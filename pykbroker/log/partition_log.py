@@ -1,0 +1,735 @@
+"""The log of one partition: ordered segments in ``<data-dir>/<topic>-<partition>/``, Kafka's layout and rules.
+
+Everything here runs on the event loop thread except ``FlushJob.run`` (fsyncs of duplicated descriptors),
+which the LogManager may run in a worker thread. Appends and reads are therefore atomic to each other.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from pykbroker.log.config import LogConfig
+from pykbroker.log.errors import OffsetOutOfRange, RecordTooLarge, UnexpectedAppendOffset
+from pykbroker.log.leader_epoch import CorruptCheckpoint, LeaderEpochCache
+from pykbroker.log.segment import (
+    INT32_MAX,
+    SEGMENT_SUFFIXES,
+    Segment,
+    iter_file_headers,
+    parse_segment_file_name,
+    pread_exactly,
+)
+from pykbroker.protocol.records import (
+    BatchHeader,
+    InvalidRecordBatch,
+    read_header,
+    read_records,
+    set_base_offset,
+    set_log_append_time,
+    set_partition_leader_epoch,
+    validate_batches,
+)
+
+FSYNC_POLICIES = ("always", "interval", "never")
+# Files Kafka (or an interrupted run of ours) may leave behind mid-operation; none holds needed data.
+LEFTOVER_SUFFIXES = (".tmp", ".deleted", ".cleaned", ".swap")
+
+
+def log_dir_name(topic: str, partition: int) -> str:
+    return f"{topic}-{partition}"
+
+
+def parse_log_dir_name(name: str) -> tuple[str, int] | None:
+    """(topic, partition) from ``<topic>-<partition>``; None for anything else (``*-delete``, ``*-future``...)."""
+    topic, dash, partition = name.rpartition("-")
+    if not dash or not topic or not partition.isdigit():
+        return None
+    return topic, int(partition)
+
+
+@dataclass(frozen=True)
+class FileSlice:
+    """A byte range of a segment file that ends at a batch boundary.
+
+    ``fd`` is the log's own descriptor for the file (use it for ``sendfile``); it stays open at least
+    ``file.delete.delay.ms`` after the segment is deleted, so a fetch in flight can still send it.
+    """
+
+    path: Path
+    position: int
+    length: int
+    fd: int = field(default=-1, compare=False, repr=False)
+
+
+@dataclass
+class ReadResult:
+    slices: list[FileSlice]
+
+    def read_bytes(self) -> bytes:
+        """The slices' bytes, concatenated (``pread`` on the log's open descriptors; no file is reopened)."""
+        parts = []
+        for piece in self.slices:
+            if piece.fd >= 0:
+                parts.append(os.pread(piece.fd, piece.length, piece.position))
+            else:
+                with open(piece.path, "rb") as file:
+                    file.seek(piece.position)
+                    parts.append(file.read(piece.length))
+        return b"".join(parts)
+
+    @property
+    def size(self) -> int:
+        return sum(piece.length for piece in self.slices)
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    base_offset: int
+    last_offset: int
+    log_append_time_ms: int  # -1 unless the topic uses LogAppendTime
+    log_start_offset: int
+    headers: list[BatchHeader]  # after offset assignment; positions are within the appended records buffer
+
+
+@dataclass
+class FlushJob:
+    """What one flush must make durable: duplicated descriptors, so it is safe to fsync them off the loop."""
+
+    fds: list[int]
+    target_offset: int
+    segments: list[Segment]
+    directory_changed: bool
+    truncations: int
+
+    def run(self) -> None:
+        try:
+            for fd in self.fds:
+                os.fsync(fd)
+        finally:
+            for fd in self.fds:
+                os.close(fd)
+            self.fds = []
+
+
+class PartitionLog:
+    def __init__(self, directory: Path, topic: str, partition: int, config: LogConfig, fsync: str) -> None:
+        if fsync not in FSYNC_POLICIES:
+            raise ValueError(f"fsync policy must be one of {FSYNC_POLICIES}, not {fsync!r}")
+        self.directory = directory
+        self.topic = topic
+        self.partition = partition
+        self._config = config
+        self._fsync = fsync
+        self._segments: list[Segment] = []
+        self._bases: list[int] = []  # segment base offsets, for bisect
+        self._log_start_offset = 0
+        self._log_end_offset = 0
+        self._recovery_point = 0
+        self._epochs = LeaderEpochCache(directory / LeaderEpochCache.FILE_NAME)
+        self._dirty: set[Segment] = set()  # appended to since the last flush
+        self._directory_changed = False  # segment files created or deleted since the last flush
+        self._retired: list[tuple[float, Segment]] = []  # deleted segments whose descriptors close later
+        self._truncations = 0
+        self._closed = False
+        self.rolled_since_flush = False  # lets a "never" fsync policy still flush at rolls, as Kafka does
+
+    # -- opening and recovery ----------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        directory: Path,
+        config: LogConfig,
+        *,
+        fsync: str = "interval",
+        recovery_point: int = 0,
+        clean_shutdown: bool = False,
+        log_start_offset: int | None = None,
+    ) -> "PartitionLog":
+        """Open (creating if needed) and recover the log in ``directory``.
+
+        After an unclean shutdown every segment that may hold offsets >= ``recovery_point`` is verified batch
+        by batch (CRC included) and cut at the first torn or corrupt batch; later segments are then dropped.
+        After a clean one only the active segment's tail is walked. Missing or corrupt indexes are rebuilt
+        either way. ``log_start_offset`` is the checkpointed start (it may lie inside the first segment).
+        """
+        parsed = parse_log_dir_name(directory.name)
+        if parsed is None:
+            raise ValueError(f"{directory.name!r} is not a <topic>-<partition> directory name")
+        directory.mkdir(parents=True, exist_ok=True)
+        log = cls(directory, parsed[0], parsed[1], config, fsync)
+        log._load(recovery_point, clean_shutdown, log_start_offset)
+        return log
+
+    def _load(self, recovery_point: int, clean_shutdown: bool, log_start_offset: int | None) -> None:
+        interval = self._config.index_interval_bytes
+        bases = self._clean_directory()
+        segments = [Segment.open_existing(self.directory, base) for base in bases]
+
+        epoch_file_usable = (self.directory / LeaderEpochCache.FILE_NAME).exists()
+        try:
+            self._epochs = LeaderEpochCache.load(self.directory)
+        except CorruptCheckpoint:
+            epoch_file_usable = False
+        note_epoch = self._epoch_recorder(persist=False)
+
+        recovered: list[Segment] = []
+        first_unflushed = len(segments) if clean_shutdown else max(bisect_right(bases, recovery_point) - 1, 0)
+        for segment in segments[:first_unflushed]:
+            if segment.needs_rebuild:
+                segment.recover(interval, note_epoch)
+                recovered.append(segment)
+        position = first_unflushed
+        while position < len(segments):
+            segment = segments[position]
+            cut = segment.recover(interval, note_epoch)
+            recovered.append(segment)
+            if cut:  # what follows a corrupt batch cannot be trusted
+                for later in segments[position + 1 :]:
+                    later.close()
+                    later.delete_files()
+                del segments[position + 1 :]
+            position += 1
+
+        if not segments:
+            segments.append(Segment.create(self.directory, max(log_start_offset or 0, 0)))
+            self._directory_changed = True
+        active = segments[-1]
+        if active.next_offset is None:
+            try:
+                active.load_tail(interval)
+            except InvalidRecordBatch:
+                active.recover(interval, note_epoch)
+                recovered.append(active)
+
+        self._segments = segments
+        self._bases = [segment.base_offset for segment in segments]
+        self._log_end_offset = active.next_offset
+        self._log_start_offset = max(log_start_offset or 0, segments[0].base_offset)
+        self._start_rolling_clock(active)
+        if self._log_start_offset > self._log_end_offset:
+            self._truncate_fully_and_start_at(self._log_start_offset)
+
+        if not epoch_file_usable:  # rebuild the whole cache from the batch headers
+            self._epochs = LeaderEpochCache(self.directory / LeaderEpochCache.FILE_NAME)
+            note_epoch = self._epoch_recorder(persist=False)
+            for segment in self._segments:
+                for header in iter_file_headers(segment.fd, 0, segment.size):
+                    note_epoch(header)
+        self._epochs.truncate_from_end(self._log_end_offset)
+        self._epochs.truncate_from_start(self._log_start_offset)
+        if recovered or not epoch_file_usable:
+            self._epochs.write()
+
+        self._dirty.update(segment for segment in recovered if segment in self._segments)
+        self._recovery_point = self._log_end_offset
+        if recovered or self._directory_changed:
+            self.flush()
+
+    def _clean_directory(self) -> list[int]:
+        """Remove leftovers and orphan index files; return the base offsets of the segments present."""
+        bases = []
+        names = os.listdir(self.directory)
+        for name in names:
+            base = parse_segment_file_name(name)
+            if base is not None:
+                bases.append(base)
+        logs = {f"{base:020d}" for base in bases}
+        for name in names:
+            stem = name.partition(".")[0]
+            leftover = name.endswith(LEFTOVER_SUFFIXES)
+            orphan = any(name.endswith(suffix) for suffix in SEGMENT_SUFFIXES[1:]) and stem not in logs
+            if leftover or orphan:
+                (self.directory / name).unlink(missing_ok=True)
+        return sorted(bases)
+
+    def _epoch_recorder(self, *, persist: bool) -> Callable[[BatchHeader], None]:
+        epochs = self._epochs
+
+        def note(header: BatchHeader) -> None:
+            epoch = header.partition_leader_epoch
+            if epoch >= 0 and epoch > epochs.latest_epoch:
+                epochs.assign(epoch, header.base_offset, persist=persist)
+
+        return note
+
+    def _start_rolling_clock(self, segment: Segment) -> None:
+        """Kafka's segment.ms clock for a segment that becomes active with data: its first batch's timestamp."""
+        if segment.size and segment.rolling_base_ms is None:
+            first = segment.first_batch_timestamp()
+            segment.rolling_base_ms = first if first is not None and first >= 0 else int(time.time() * 1000)
+
+    # -- properties --------------------------------------------------------------------------------------
+
+    @property
+    def config(self) -> LogConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: LogConfig) -> None:
+        self._config = config
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        """The next offset to assign."""
+        return self._log_end_offset
+
+    @property
+    def recovery_point(self) -> int:
+        """Everything below this offset is known to be on disk (fsynced)."""
+        return self._recovery_point
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(segment.size for segment in self._segments)
+
+    @property
+    def segment_base_offsets(self) -> list[int]:
+        return list(self._bases)
+
+    @property
+    def latest_epoch(self) -> int:
+        return self._epochs.latest_epoch
+
+    @property
+    def leader_epochs(self) -> list[tuple[int, int]]:
+        """The leader-epoch cache: (epoch, start offset) pairs."""
+        return self._epochs.entries
+
+    @property
+    def _active(self) -> Segment:
+        return self._segments[-1]
+
+    # -- appends -----------------------------------------------------------------------------------------
+
+    def append(self, records: bytes | bytearray | memoryview, *, leader_epoch: int, now_ms: int) -> AppendResult:
+        """Append a producer's batches as leader: validate, assign offsets and epoch in place, write once.
+
+        Raises CorruptRecordBatch / InvalidRecordBatch / RecordTooLarge before anything is written.
+        """
+        headers = validate_batches(records)
+        limit = self._config.max_message_bytes
+        for header in headers:
+            if header.size > limit:
+                raise RecordTooLarge(f"batch of {header.size} bytes exceeds max.message.bytes {limit}")
+        buf = bytearray(records)
+        log_append_time = self._config.log_append_time
+        next_offset = self._log_end_offset
+        for header in headers:
+            set_base_offset(buf, header.position, next_offset)
+            set_partition_leader_epoch(buf, header.position, leader_epoch)
+            if log_append_time:
+                set_log_append_time(buf, header.position, now_ms)
+            next_offset += header.last_offset_delta + 1
+        assigned = [read_header(buf, header.position) for header in headers]
+        self._write(buf, assigned, now_ms)
+        return AppendResult(
+            base_offset=assigned[0].base_offset,
+            last_offset=assigned[-1].last_offset,
+            log_append_time_ms=now_ms if log_append_time else -1,
+            log_start_offset=self._log_start_offset,
+            headers=assigned,
+        )
+
+    def append_as_follower(self, records: bytes | bytearray | memoryview, *, now_ms: int | None = None) -> AppendResult:
+        """Append batches that already carry offsets and epochs (replication), as they are.
+
+        Raises UnexpectedAppendOffset if they start below the log end offset (Kafka allows a gap above it).
+        """
+        headers = validate_batches(records)
+        if headers[0].base_offset < self._log_end_offset:
+            raise UnexpectedAppendOffset(headers[0].base_offset, self._log_end_offset)
+        for previous, header in zip(headers, headers[1:]):
+            if header.base_offset < previous.next_offset:
+                raise InvalidRecordBatch(f"batch offsets go backwards at {header.base_offset}")
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        self._write(records, headers, now)
+        return AppendResult(headers[0].base_offset, headers[-1].last_offset, -1, self._log_start_offset, headers)
+
+    def _write(self, buf, headers: list[BatchHeader], now_ms: int) -> None:
+        segment = self._active
+        if self._should_roll(segment, len(buf), headers[-1].last_offset, now_ms):
+            segment = self._roll(headers[0].base_offset)
+        segment.append(buf, headers, self._config.index_interval_bytes)
+        if segment.rolling_base_ms is None:
+            segment.rolling_base_ms = now_ms
+        self._log_end_offset = headers[-1].next_offset
+        self._dirty.add(segment)
+        epochs = self._epochs
+        for header in headers:
+            epoch = header.partition_leader_epoch
+            if epoch > epochs.latest_epoch:  # latest_epoch is -1 when empty, so this also skips epoch -1
+                epochs.assign(epoch, header.base_offset)
+        if self._fsync == "always":
+            os.fdatasync(segment.fd)
+
+    def _should_roll(self, segment: Segment, append_size: int, last_offset: int, now_ms: int) -> bool:
+        config = self._config
+        if last_offset - segment.base_offset > INT32_MAX:
+            return True
+        if segment.size == 0:
+            return False
+        return (
+            segment.size + append_size > config.segment_bytes
+            or (segment.rolling_base_ms is not None and now_ms - segment.rolling_base_ms > config.segment_ms)
+            or segment.is_index_full(config.segment_index_bytes)
+        )
+
+    def _roll(self, base_offset: int | None = None) -> Segment:
+        """Start a new active segment at ``base_offset`` (default: the log end offset)."""
+        base = self._log_end_offset if base_offset is None else base_offset
+        old = self._active
+        if old.size == 0:
+            if old.base_offset == base:
+                return old
+            self._segments.pop()
+            self._bases.pop()
+            self._retire([old])
+        else:
+            old.seal()
+        segment = Segment.create(self.directory, base)
+        self._segments.append(segment)
+        self._bases.append(base)
+        self._directory_changed = True
+        self.rolled_since_flush = True
+        return segment
+
+    def maybe_roll(self, now_ms: int) -> None:
+        """Roll by segment.ms even without appends (the background task calls this); close expired files."""
+        segment = self._active
+        if (
+            segment.size
+            and segment.rolling_base_ms is not None
+            and now_ms - segment.rolling_base_ms > self._config.segment_ms
+        ):
+            self._roll()
+        self._close_retired()
+
+    def roll(self) -> None:
+        """Force a new active segment now (if the current one has data)."""
+        self._roll()
+
+    # -- reads -------------------------------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int, *, upper_bound: int | None = None, min_one: bool = True) -> ReadResult:
+        """Whole batches from the one containing ``offset``, up to ``max_bytes`` and below ``upper_bound``.
+
+        Stops before any batch whose last offset >= ``upper_bound`` (exclusive, e.g. the high-water mark;
+        None = log end). With ``min_one`` the first batch is returned whole even if larger than max_bytes.
+        Raises OffsetOutOfRange outside [log start, log end].
+        """
+        log_end = self._log_end_offset
+        if offset < self._log_start_offset or offset > log_end:
+            raise OffsetOutOfRange(offset, self._log_start_offset, log_end)
+        limit = log_end if upper_bound is None else min(upper_bound, log_end)
+        slices: list[FileSlice] = []
+        if offset >= limit:
+            return ReadResult(slices)
+        interval = self._config.index_interval_bytes
+        remaining = max_bytes
+        found_first = False
+        for segment in self._segments[max(bisect_right(self._bases, offset) - 1, 0) :]:
+            if segment.base_offset >= limit:
+                break
+            end = segment.size
+            if not found_first:
+                first = segment.locate(offset, end, interval)
+                if first is None:
+                    continue  # the offset lies past this segment's data: look in the next one
+                found_first = True
+                if first.last_offset >= limit:
+                    break
+                start = first.position
+                if first.size > remaining:
+                    if min_one:
+                        slices.append(FileSlice(segment.log_path, start, first.size, segment.fd))
+                    break
+                run_end, stopped = segment.extend_run(start + first.size, start + remaining, limit, end)
+            else:
+                start = 0
+                segment.ensure_indexes(interval)
+                run_end, stopped = segment.extend_run(0, remaining, limit, end)
+            if run_end > start:
+                slices.append(FileSlice(segment.log_path, start, run_end - start, segment.fd))
+                remaining -= run_end - start
+            if stopped or remaining <= 0:
+                break
+        return ReadResult(slices)
+
+    def batches(self, start_offset: int = 0) -> Iterator[tuple[BatchHeader, bytes]]:
+        """Every batch holding offsets >= ``start_offset`` up to the log end at the time of the call.
+
+        Yields (header, whole batch bytes) with header.position == 0, so ``read_records(data, header)`` works.
+        """
+        log_end = self._log_end_offset
+        interval = self._config.index_interval_bytes
+        first_index = max(bisect_right(self._bases, start_offset) - 1, 0)
+        for position, segment in enumerate(list(self._segments[first_index:])):
+            start = 0
+            if position == 0:
+                segment.ensure_indexes(interval)
+                start = segment.index.lookup(start_offset)[1]
+            for header, data in segment.iter_batches(start, segment.size):
+                if header.base_offset >= log_end:
+                    return
+                if header.last_offset >= start_offset:
+                    yield header, data
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """ListOffsets by time: (timestamp, offset) of the first record at or after ``timestamp_ms``.
+
+        Finds the first batch whose max timestamp >= ``timestamp_ms`` (time index, then offset index, then a
+        header walk) and, as Kafka does, the first record in it with a timestamp >= ``timestamp_ms``. Batches
+        the broker cannot decode (an unavailable codec) answer at batch granularity: (max timestamp, base
+        offset). None if no record is that recent.
+        """
+        start = self._log_start_offset
+        interval = self._config.index_interval_bytes
+        for segment in self._segments:
+            if segment.max_timestamp_and_offset()[0] < timestamp_ms:
+                continue
+            segment.ensure_indexes(interval)
+            _, indexed_offset = segment.time_index.lookup(timestamp_ms)
+            _, position = segment.index.lookup(max(indexed_offset, start))
+            for header in iter_file_headers(segment.fd, position, segment.size):
+                if header.max_timestamp >= timestamp_ms and header.last_offset >= start:
+                    return self._first_record_at_or_after(segment, header, timestamp_ms)
+        return None
+
+    def _first_record_at_or_after(self, segment: Segment, header: BatchHeader, timestamp_ms: int) -> tuple[int, int]:
+        start = self._log_start_offset
+        batch_answer = (header.max_timestamp, max(header.base_offset, start))
+        if header.log_append_time:  # every record carries the batch's append time
+            return batch_answer
+        data = pread_exactly(segment.fd, header.size, header.position)
+        try:
+            records = read_records(data, read_header(data, 0))
+        except Exception:  # noqa: BLE001 - codecs raise their own error types; batch granularity still answers
+            return batch_answer
+        for record in records:
+            if record.timestamp >= timestamp_ms and record.offset >= start:
+                return record.timestamp, record.offset
+        return batch_answer
+
+    def max_timestamp_and_offset(self) -> tuple[int, int]:
+        """ListOffsets -3: (max timestamp, last offset of the first batch carrying it); (-1, -1) if none."""
+        best = (-1, -1)
+        for segment in self._segments:
+            timestamp, offset = segment.max_timestamp_and_offset()
+            if timestamp > best[0]:
+                best = (timestamp, offset)
+        return best
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """OffsetForLeaderEpoch: (largest epoch <= ``epoch``, its end offset); see LeaderEpochCache.end_offset_for."""
+        return self._epochs.end_offset_for(epoch, self._log_end_offset)
+
+    def epoch_for_offset(self, offset: int) -> int:
+        """The leader epoch the record at ``offset`` was written in (-1 if unknown)."""
+        return self._epochs.epoch_for_offset(offset)
+
+    # -- truncation and retention ------------------------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> None:
+        """Drop everything at or after ``offset`` (follower truncation); the log end offset becomes ``offset``.
+
+        As in Kafka, a batch that straddles ``offset`` goes entirely.
+        """
+        if offset < 0:
+            raise ValueError(f"cannot truncate to negative offset {offset}")
+        if offset >= self._log_end_offset:
+            return
+        if offset < self._bases[0]:
+            self._truncate_fully_and_start_at(offset)
+            return
+        keep = bisect_right(self._bases, offset)
+        self._retire(self._segments[keep:])
+        del self._segments[keep:]
+        del self._bases[keep:]
+        active = self._active
+        active.truncate_to(offset, self._config.index_interval_bytes)
+        self._start_rolling_clock(active)
+        self._dirty.add(active)
+        self._log_end_offset = offset
+        self._log_start_offset = min(self._log_start_offset, offset)
+        self._recovery_point = min(self._recovery_point, offset)
+        self._truncations += 1
+        self._epochs.truncate_from_end(offset)
+
+    def _truncate_fully_and_start_at(self, offset: int) -> None:
+        self._retire(list(self._segments))
+        segment = Segment.create(self.directory, offset)
+        self._segments = [segment]
+        self._bases = [offset]
+        self._log_start_offset = self._log_end_offset = self._recovery_point = offset
+        self._truncations += 1
+        self._directory_changed = True
+        self._epochs.clear()
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Drop the whole log and continue at ``offset`` (a follower far behind the leader's log start)."""
+        self._truncate_fully_and_start_at(offset)
+
+    def delete_records_before(self, offset: int) -> None:
+        """Move the log start offset up to ``offset`` (DeleteRecords / retention); whole segments below it go.
+
+        Raises OffsetOutOfRange beyond the log end (the caller bounds it by the high-water mark).
+        """
+        if offset < 0 or offset > self._log_end_offset:
+            raise OffsetOutOfRange(offset, self._log_start_offset, self._log_end_offset)
+        if offset <= self._log_start_offset:
+            return
+        self._log_start_offset = offset
+        self._epochs.truncate_from_start(offset)
+        self._delete_leading(lambda segment, following: following.base_offset <= self._log_start_offset)
+
+    def apply_retention(self, now_ms: int, *, high_watermark: int | None = None) -> int:
+        """Delete leading whole segments past retention.ms / retention.bytes or below the log start.
+
+        Never the active segment, and never one holding offsets at or above ``high_watermark``. A segment's
+        age is its max timestamp (its file's mtime when it has none). Returns how many were deleted.
+        """
+        config = self._config
+        bound = self._log_end_offset if high_watermark is None else min(high_watermark, self._log_end_offset)
+        deleted = self._delete_leading(
+            lambda segment, following: following.base_offset <= self._log_start_offset, bound
+        )
+        if config.retention_ms >= 0:
+            deleted += self._delete_leading(
+                lambda segment, following: now_ms - self._segment_age_timestamp(segment) > config.retention_ms, bound
+            )
+        if config.retention_bytes >= 0:
+            excess = self.size_bytes - config.retention_bytes
+
+            def over_size(segment: Segment, following: Segment) -> bool:
+                nonlocal excess
+                if excess - segment.size < 0:
+                    return False
+                excess -= segment.size
+                return True
+
+            deleted += self._delete_leading(over_size, bound)
+        self._close_retired()
+        return deleted
+
+    def _segment_age_timestamp(self, segment: Segment) -> int:
+        timestamp = segment.max_timestamp_and_offset()[0]
+        if timestamp >= 0:
+            return timestamp
+        return int(os.fstat(segment.fd).st_mtime * 1000)
+
+    def _delete_leading(self, deletable: Callable[[Segment, Segment], bool], bound: int | None = None) -> int:
+        """Delete segments from the front while ``deletable(segment, next segment)`` holds; never the active one."""
+        bound = self._log_end_offset if bound is None else bound
+        count = 0
+        while count < len(self._segments) - 1:
+            segment, following = self._segments[count], self._segments[count + 1]
+            if following.base_offset > bound or not deletable(segment, following):
+                break
+            count += 1
+        if count:
+            self._retire(self._segments[:count])
+            del self._segments[:count]
+            del self._bases[:count]
+            if self._bases[0] > self._log_start_offset:
+                self._log_start_offset = self._bases[0]
+                self._epochs.truncate_from_start(self._log_start_offset)
+        return count
+
+    def _retire(self, segments: list[Segment]) -> None:
+        """Unlink deleted segments now; close their descriptors after file.delete.delay.ms (fetches in flight)."""
+        deadline = time.monotonic() + self._config.file_delete_delay_ms / 1000
+        for segment in segments:
+            segment.delete_files()
+            self._dirty.discard(segment)
+            self._retired.append((deadline, segment))
+        if segments:
+            self._directory_changed = True
+        self._close_retired()
+
+    def _close_retired(self, *, everything: bool = False) -> None:
+        if not self._retired:
+            return
+        now = time.monotonic()
+        keep = []
+        for deadline, segment in self._retired:
+            if everything or deadline <= now:
+                segment.close()
+            else:
+                keep.append((deadline, segment))
+        self._retired = keep
+
+    # -- durability --------------------------------------------------------------------------------------
+
+    def prepare_flush(self) -> FlushJob:
+        """Write pending index entries and collect what to fsync; run the job (any thread), then complete it."""
+        fds: list[int] = []
+        included: list[Segment] = []
+        for segment in self._segments:
+            changed_indexes = segment.write_pending_indexes()
+            if changed_indexes or segment in self._dirty:
+                included.append(segment)
+                fds.append(os.dup(segment.fd))
+                for suffix in SEGMENT_SUFFIXES[1:]:
+                    fds.append(os.open(segment.path_for(suffix), os.O_RDONLY))
+        self._dirty.clear()
+        directory_changed = self._directory_changed
+        if directory_changed:
+            fds.append(os.open(self.directory, os.O_RDONLY))
+            self._directory_changed = False
+        return FlushJob(fds, self._log_end_offset, included, directory_changed, self._truncations)
+
+    def complete_flush(self, job: FlushJob) -> None:
+        """The job ran: advance the recovery point (unless the log was truncated meanwhile)."""
+        self.rolled_since_flush = False
+        if job.truncations == self._truncations:
+            self._recovery_point = max(self._recovery_point, min(job.target_offset, self._log_end_offset))
+
+    def abort_flush(self, job: FlushJob) -> None:
+        """The job did not finish: keep its segments dirty for the next flush."""
+        self._dirty.update(segment for segment in job.segments if segment in self._segments)
+        self._directory_changed = self._directory_changed or job.directory_changed
+
+    def flush(self) -> None:
+        """Make everything appended so far durable (fsync) and advance the recovery point to the log end."""
+        job = self.prepare_flush()
+        try:
+            job.run()
+        except BaseException:
+            self.abort_flush(job)
+            raise
+        self.complete_flush(job)
+
+    def close(self) -> None:
+        """Seal the active segment, flush, and close every file."""
+        if self._closed:
+            return
+        self._active.seal()
+        self.flush()
+        self.abandon()
+
+    def abandon(self) -> None:
+        """Close every descriptor without writing anything (the log's directory is being deleted)."""
+        for segment in self._segments:
+            segment.close()
+        self._close_retired(everything=True)
+        self._closed = True
+
+    def close_expired_files(self) -> None:
+        """Close descriptors of deleted segments whose file.delete.delay.ms has passed."""
+        self._close_retired()
+
+    def __repr__(self) -> str:
+        return (
+            f"PartitionLog({self.topic}-{self.partition}, start={self._log_start_offset}, "
+            f"end={self._log_end_offset}, segments={len(self._segments)})"
+        )

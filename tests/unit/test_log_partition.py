@@ -1,0 +1,554 @@
+"""PartitionLog: appends, reads, rolls, recovery, retention and the other queries, on real files."""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pykbroker.log.config import LogConfig
+from pykbroker.log.errors import OffsetOutOfRange, RecordTooLarge, UnexpectedAppendOffset
+from pykbroker.log.partition_log import PartitionLog
+from pykbroker.protocol.records import (
+    TIMESTAMP_TYPE_MASK,
+    CorruptRecordBatch,
+    InvalidRecordBatch,
+    build_batch,
+    crc_matches,
+    iter_headers,
+    read_records,
+    validate_batches,
+)
+
+SMALL = LogConfig(segment_bytes=1024, index_interval_bytes=128)
+PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def batch(values: list[bytes], ts: int = 1_000) -> bytearray:
+    return build_batch([(None, value) for value in values], timestamp_ms=ts)
+
+
+def decode(data: bytes) -> list[tuple[int, list[bytes]]]:
+    """(base offset, record values) of each batch; also checks every CRC."""
+    validate_batches(data) if data else None
+    return [(header.base_offset, [record.value for record in read_records(data, header)]) for header in iter_headers(data)]
+
+
+def read_all(log: PartitionLog, start: int | None = None, max_bytes: int = 1 << 30) -> list[tuple[int, list[bytes]]]:
+    return decode(log.read(log.log_start_offset if start is None else start, max_bytes).read_bytes())
+
+
+def open_log(root: Path, config: LogConfig = SMALL, **kwargs) -> PartitionLog:
+    return PartitionLog.open(root / "topic.a-3", config, **kwargs)
+
+
+def fill(log: PartitionLog, sizes: list[int], *, epoch: int = 0, ts: int = 1_000) -> list[tuple[int, list[bytes]]]:
+    """Append one batch per entry of ``sizes`` (that many records); returns what the log should hold."""
+    expected = []
+    for number, count in enumerate(sizes):
+        values = [b"b%d-r%d-" % (number, i) + b"x" * (number % 7) for i in range(count)]
+        result = log.append(batch(values, ts + number), leader_epoch=epoch, now_ms=ts + number)
+        expected.append((result.base_offset, values))
+    return expected
+
+
+# -- appends and reads ---------------------------------------------------------------------------------
+
+
+def test_directory_name_gives_topic_and_partition(tmp_path):
+    log = open_log(tmp_path)
+    assert (log.topic, log.partition) == ("topic.a", 3)
+    assert (tmp_path / "topic.a-3" / "00000000000000000000.log").exists()
+    log.close()
+
+
+def test_offsets_are_dense_and_returned(tmp_path):
+    log = open_log(tmp_path)
+    first = log.append(batch([b"a", b"b", b"c"]), leader_epoch=0, now_ms=1)
+    second = log.append(batch([b"d"]) + batch([b"e", b"f"]), leader_epoch=0, now_ms=2)
+    assert (first.base_offset, first.last_offset) == (0, 2)
+    assert (second.base_offset, second.last_offset) == (3, 5)
+    assert [(h.base_offset, h.last_offset) for h in second.headers] == [(3, 3), (4, 5)]
+    assert first.log_append_time_ms == -1 and first.log_start_offset == 0
+    assert log.log_end_offset == 6
+    assert read_all(log) == [(0, [b"a", b"b", b"c"]), (3, [b"d"]), (4, [b"e", b"f"])]
+    log.close()
+
+
+@PROPERTY
+@given(
+    sizes=st.lists(st.integers(1, 12), min_size=1, max_size=40),
+    segment_bytes=st.integers(200, 3000),
+    interval=st.integers(0, 600),
+    chunk=st.integers(1, 4000),
+)
+def test_append_then_read_across_rolls(sizes, segment_bytes, interval, chunk):
+    config = LogConfig(segment_bytes=segment_bytes, index_interval_bytes=interval)
+    with tempfile.TemporaryDirectory() as root:
+        log = open_log(Path(root), config)
+        expected = fill(log, sizes)
+        offsets = [base for base, _ in expected]
+        assert offsets == [sum(sizes[:i]) for i in range(len(sizes))]  # dense
+        assert read_all(log) == expected
+        # Reading chunk by chunk (max_bytes = chunk, min_one) walks every batch exactly once.
+        seen, offset = [], 0
+        while offset < log.log_end_offset:
+            got = decode(log.read(offset, chunk).read_bytes())
+            assert got, "min_one must always make progress"
+            seen += got
+            offset = got[-1][0] + len(got[-1][1])
+        assert seen == expected
+        # Any offset is served by the batch that contains it.
+        for base, values in expected:
+            for inside in range(base, base + len(values)):
+                assert decode(log.read(inside, 1).read_bytes()) == [(base, values)]
+        log.close()
+        reopened = open_log(Path(root), config, clean_shutdown=True)
+        assert reopened.log_end_offset == sum(sizes)
+        assert read_all(reopened) == expected
+        reopened.close()
+
+
+def test_rolls_create_kafka_named_segments(tmp_path):
+    log = open_log(tmp_path)
+    fill(log, [5] * 30)
+    bases = log.segment_base_offsets
+    assert len(bases) > 2 and bases[0] == 0
+    names = sorted(p.name for p in log.directory.iterdir() if p.suffix == ".log")
+    assert names == [f"{base:020d}.log" for base in bases]
+    for base in bases:
+        assert os.path.getsize(log.directory / f"{base:020d}.log") <= SMALL.segment_bytes
+    log.close()
+
+
+def test_read_from_inside_a_batch_returns_the_whole_batch(tmp_path):
+    log = open_log(tmp_path)
+    log.append(batch([b"a", b"b"]), leader_epoch=0, now_ms=1)
+    log.append(batch([b"c", b"d", b"e"]), leader_epoch=0, now_ms=1)
+    assert read_all(log, start=3) == [(2, [b"c", b"d", b"e"])]
+    assert read_all(log, start=1) == [(0, [b"a", b"b"]), (2, [b"c", b"d", b"e"])]
+    log.close()
+
+
+def test_max_bytes_min_one_and_upper_bound(tmp_path):
+    log = open_log(tmp_path, LogConfig())
+    for i in range(5):
+        log.append(batch([b"%d" % i] * 2), leader_epoch=0, now_ms=1)  # offsets 2i, 2i+1
+    one = len(batch([b"0"] * 2))
+    assert decode(log.read(0, one * 2).read_bytes()) == [(0, [b"0"] * 2), (2, [b"1"] * 2)]
+    assert decode(log.read(0, one * 2 + one - 1).read_bytes()) == [(0, [b"0"] * 2), (2, [b"1"] * 2)]
+    # The first batch is returned whole even when larger than max_bytes, unless min_one is off.
+    assert decode(log.read(4, 1).read_bytes()) == [(4, [b"2"] * 2)]
+    assert log.read(4, 1, min_one=False).slices == []
+    assert log.read(4, 1).size == one
+    # upper_bound (the high-water mark) is exclusive and never splits a batch.
+    assert [base for base, _ in decode(log.read(0, 1 << 20, upper_bound=6).read_bytes())] == [0, 2, 4]
+    assert [base for base, _ in decode(log.read(0, 1 << 20, upper_bound=5).read_bytes())] == [0, 2]
+    assert log.read(6, 1 << 20, upper_bound=6).slices == []
+    assert log.read(10, 1 << 20).slices == []  # at the log end: nothing yet, not an error
+    log.close()
+
+
+def test_read_slices_end_at_batch_boundaries_and_span_segments(tmp_path):
+    log = open_log(tmp_path)
+    expected = fill(log, [3] * 20)
+    result = log.read(0, 1 << 20)
+    assert len(result.slices) == len(log.segment_base_offsets)
+    for piece in result.slices:
+        data = os.pread(piece.fd, piece.length, piece.position)
+        assert sum(h.size for h in iter_headers(data)) == piece.length
+    assert decode(result.read_bytes()) == expected
+    log.close()
+
+
+def test_offset_out_of_range(tmp_path):
+    log = open_log(tmp_path)
+    fill(log, [2, 2])
+    with pytest.raises(OffsetOutOfRange):
+        log.read(5, 100)
+    with pytest.raises(OffsetOutOfRange):
+        log.read(-1, 100)
+    log.delete_records_before(2)
+    with pytest.raises(OffsetOutOfRange) as info:
+        log.read(1, 100)
+    assert (info.value.log_start_offset, info.value.log_end_offset) == (2, 4)
+    log.close()
+
+
+def test_corrupt_input_batch_raises_and_appends_nothing(tmp_path):
+    log = open_log(tmp_path)
+    fill(log, [2])
+    size_before = log.size_bytes
+    good, bad = batch([b"fine"]), batch([b"flipped"])
+    bad[-2] ^= 0xFF
+    with pytest.raises(CorruptRecordBatch):
+        log.append(good + bad, leader_epoch=0, now_ms=1)
+    not_v2 = batch([b"x"])
+    not_v2[16] = 1  # magic
+    with pytest.raises(InvalidRecordBatch):
+        log.append(not_v2, leader_epoch=0, now_ms=1)
+    assert (log.log_end_offset, log.size_bytes) == (2, size_before)
+    assert len(read_all(log)) == 1
+    log.close()
+
+
+def test_record_too_large(tmp_path):
+    log = open_log(tmp_path, LogConfig(max_message_bytes=100))
+    with pytest.raises(RecordTooLarge):
+        log.append(batch([b"x" * 100]), leader_epoch=0, now_ms=1)
+    assert log.log_end_offset == 0 and log.size_bytes == 0
+    log.close()
+
+
+def test_log_append_time_rewrites_timestamp_with_valid_crc(tmp_path):
+    log = open_log(tmp_path, LogConfig(message_timestamp_type="LogAppendTime"))
+    result = log.append(batch([b"a", b"b"], ts=1_000), leader_epoch=0, now_ms=55_555)
+    assert result.log_append_time_ms == 55_555
+    data = log.read(0, 1 << 20).read_bytes()
+    (header,) = validate_batches(data)  # raises if the CRC were stale
+    assert crc_matches(data, header)
+    assert header.attributes & TIMESTAMP_TYPE_MASK and header.max_timestamp == 55_555
+    assert log.max_timestamp_and_offset() == (55_555, 1)
+    log.close()
+
+
+def test_partition_leader_epoch_is_stamped(tmp_path):
+    log = open_log(tmp_path)
+    log.append(batch([b"a"]), leader_epoch=7, now_ms=1)
+    (header,) = iter_headers(log.read(0, 100).read_bytes())
+    assert header.partition_leader_epoch == 7
+    log.close()
+
+
+def test_batches_iterates_from_an_offset(tmp_path):
+    log = open_log(tmp_path)
+    expected = fill(log, [2] * 25)
+    got = [(h.base_offset, [r.value for r in read_records(data, h)]) for h, data in log.batches(11)]
+    assert got == expected[5:]
+    assert [h.position for h, _ in log.batches()] == [0] * 25
+    log.close()
+
+
+def test_index_entries_are_kafka_compatible(tmp_path):
+    """Each .index entry points at a batch start and holds that batch's last offset, as Kafka writes it."""
+    log = open_log(tmp_path, LogConfig(index_interval_bytes=100))
+    fill(log, [3] * 40)
+    log.close()
+    directory = tmp_path / "topic.a-3"
+    data = (directory / "00000000000000000000.log").read_bytes()
+    last_offset_at = {h.position: h.last_offset for h in iter_headers(data)}
+    entries = list(struct.iter_unpack(">ii", (directory / "00000000000000000000.index").read_bytes()))
+    assert len(entries) > 10
+    assert all(last_offset_at[position] == relative for relative, position in entries)
+    times = list(struct.iter_unpack(">qi", (directory / "00000000000000000000.timeindex").read_bytes()))
+    assert times[-1] == (1_000 + 39, 119)  # the final entry: max timestamp and its batch's last offset
+
+
+# -- time and epoch queries ----------------------------------------------------------------------------
+
+
+@PROPERTY
+@given(
+    timestamps=st.lists(st.integers(0, 50), min_size=1, max_size=30),
+    target=st.integers(-1, 52),
+    interval=st.integers(0, 200),
+)
+def test_offset_for_timestamp_matches_a_scan(timestamps, target, interval):
+    config = LogConfig(segment_bytes=500, index_interval_bytes=interval)
+    with tempfile.TemporaryDirectory() as root:
+        log = open_log(Path(root), config)
+        bases = [log.append(batch([b"v", b"w"], ts), leader_epoch=0, now_ms=0).base_offset for ts in timestamps]
+        expected = next(((ts, base) for ts, base in zip(timestamps, bases) if ts >= target), None)
+        assert log.offset_for_timestamp(target) == expected
+        top = max(timestamps)
+        assert log.max_timestamp_and_offset() == (top, bases[timestamps.index(top)] + 1)
+        log.close()
+        reopened = open_log(Path(root), config, clean_shutdown=True)
+        assert reopened.offset_for_timestamp(target) == expected
+        reopened.close()
+
+
+def test_empty_log_queries(tmp_path):
+    log = open_log(tmp_path)
+    assert log.offset_for_timestamp(0) is None
+    assert log.max_timestamp_and_offset() == (-1, -1)
+    assert log.end_offset_for_epoch(0) == (-1, -1)
+    assert log.latest_epoch == -1
+    assert log.read(0, 100).slices == []
+    log.close()
+
+
+def test_leader_epoch_end_offsets(tmp_path):
+    log = open_log(tmp_path)
+    fill(log, [2, 2], epoch=2)  # offsets 0-3
+    fill(log, [3], epoch=4)  # 4-6
+    fill(log, [1], epoch=7)  # 7
+    assert log.leader_epochs == [(2, 0), (4, 4), (7, 7)]
+    assert log.latest_epoch == 7
+    assert log.end_offset_for_epoch(2) == (2, 4)
+    assert log.end_offset_for_epoch(3) == (2, 4)  # unknown epoch: the largest one below it
+    assert log.end_offset_for_epoch(4) == (4, 7)
+    assert log.end_offset_for_epoch(7) == (7, 8)  # the latest epoch ends at the log end
+    assert log.end_offset_for_epoch(9) == (-1, -1)
+    assert log.end_offset_for_epoch(1) == (1, 0)  # older than all cached: Kafka answers the first start
+    assert log.epoch_for_offset(5) == 4
+    assert (log.directory / "leader-epoch-checkpoint").read_text() == "0\n3\n2 0\n4 4\n7 7\n"
+    log.close()
+    reopened = open_log(tmp_path, clean_shutdown=True)
+    assert reopened.leader_epochs == [(2, 0), (4, 4), (7, 7)]
+    reopened.close()
+
+
+def test_missing_epoch_checkpoint_is_rebuilt_from_batches(tmp_path):
+    log = open_log(tmp_path)
+    fill(log, [2] * 10, epoch=1)
+    fill(log, [2] * 10, epoch=3)
+    log.close()
+    (tmp_path / "topic.a-3" / "leader-epoch-checkpoint").unlink()
+    reopened = open_log(tmp_path, clean_shutdown=True)
+    assert reopened.leader_epochs == [(1, 0), (3, 20)]
+    reopened.close()
+
+
+# -- recovery ------------------------------------------------------------------------------------------
+
+
+@PROPERTY
+@given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=30), cut=st.floats(0, 1))
+def test_recovery_after_a_torn_tail_keeps_a_prefix(sizes, cut):
+    with tempfile.TemporaryDirectory() as root:
+        log = open_log(Path(root))
+        expected = fill(log, sizes)
+        log.close()
+        directory = Path(root) / "topic.a-3"
+        last = directory / f"{log.segment_base_offsets[-1]:020d}.log"
+        length = os.path.getsize(last)
+        os.truncate(last, int(length * cut))
+        recovered = open_log(Path(root))  # unclean: no clean-shutdown flag, recovery point 0
+        got = read_all(recovered)
+        assert got == expected[: len(got)]
+        survivors = len(expected) - len([b for b in expected if b[0] >= log.segment_base_offsets[-1]])
+        assert len(got) >= survivors  # only the cut segment lost data
+        assert recovered.log_end_offset == (got[-1][0] + len(got[-1][1]) if got else 0)
+        # The log keeps working: new appends continue densely after what survived.
+        result = recovered.append(batch([b"after"]), leader_epoch=0, now_ms=1)
+        assert result.base_offset == recovered.log_end_offset - 1 == (got[-1][0] + len(got[-1][1]) if got else 0)
+        assert read_all(recovered) == got + [(result.base_offset, [b"after"])]
+        recovered.close()
+
+
+def test_corrupt_crc_in_the_tail_is_truncated(tmp_path):
+    log = open_log(tmp_path, LogConfig())
+    expected = fill(log, [2] * 6)
+    log.close()
+    path = tmp_path / "topic.a-3" / "00000000000000000000.log"
+    data = bytearray(path.read_bytes())
+    fourth = list(iter_headers(data))[3]
+    data[fourth.position + fourth.size - 1] ^= 0x55
+    path.write_bytes(data)
+    recovered = open_log(tmp_path, LogConfig())
+    assert read_all(recovered) == expected[:3]
+    assert recovered.log_end_offset == 6
+    assert os.path.getsize(path) == fourth.position
+    recovered.close()
+
+
+def test_recovery_point_limits_the_scan_and_later_segments_go_after_corruption(tmp_path):
+    log = open_log(tmp_path)
+    expected = fill(log, [4] * 30)
+    bases = log.segment_base_offsets
+    log.close()
+    directory = tmp_path / "topic.a-3"
+    # Corrupt a batch in the second segment: with recovery point inside it, it and all later data go.
+    second = directory / f"{bases[1]:020d}.log"
+    data = bytearray(second.read_bytes())
+    data[-3] ^= 0xFF  # last batch of the second segment
+    second.write_bytes(data)
+    recovered = open_log(tmp_path, recovery_point=bases[1] + 1)
+    got = read_all(recovered)
+    assert got == expected[: len(got)]
+    assert recovered.segment_base_offsets == bases[:2]
+    assert got[-1][0] < bases[2]
+    recovered.close()
+
+
+def test_deleted_indexes_are_rebuilt_identically(tmp_path):
+    log = open_log(tmp_path)
+    expected = fill(log, [3] * 40)
+    bases = log.segment_base_offsets
+    log.close()
+    directory = tmp_path / "topic.a-3"
+    originals = {p.name: p.read_bytes() for p in directory.iterdir() if p.suffix in (".index", ".timeindex")}
+    for name in originals:
+        (directory / name).unlink()
+    (directory / f"{bases[1]:020d}.index").write_bytes(b"\x00" * 5)  # torn, not merely missing
+    reopened = open_log(tmp_path, clean_shutdown=True)
+    assert read_all(reopened) == expected
+    for base, values in expected:
+        assert decode(reopened.read(base + 1, 1).read_bytes())[0][0] == base
+    assert reopened.offset_for_timestamp(1_020) == (1_020, expected[20][0])
+    reopened.flush()
+    rebuilt = {name: (directory / name).read_bytes() for name in originals}
+    assert rebuilt == originals
+    reopened.close()
+
+
+def test_reopen_after_clean_close_keeps_offsets_and_appends_continue(tmp_path):
+    log = open_log(tmp_path)
+    expected = fill(log, [3] * 12)
+    end = log.log_end_offset
+    log.close()
+    reopened = open_log(tmp_path, clean_shutdown=True, recovery_point=end)
+    assert (reopened.log_start_offset, reopened.log_end_offset, reopened.recovery_point) == (0, end, end)
+    more = reopened.append(batch([b"z"]), leader_epoch=1, now_ms=1)
+    assert more.base_offset == end
+    assert read_all(reopened) == expected + [(end, [b"z"])]
+    reopened.close()
+
+
+# -- truncation, follower appends, deletion and retention ----------------------------------------------
+
+
+def test_truncate_to_drops_the_tail_and_epochs(tmp_path):
+    log = open_log(tmp_path)
+    expected = fill(log, [3] * 10, epoch=1)
+    fill(log, [3] * 10, epoch=2)
+    log.truncate_to(15)  # a batch boundary in epoch 1
+    assert log.log_end_offset == 15
+    assert read_all(log) == expected[:5]
+    assert log.leader_epochs == [(1, 0)]
+    log.truncate_to(13)  # inside the batch 12-14: the whole batch goes, as in Kafka
+    assert log.log_end_offset == 13
+    assert read_all(log) == expected[:4]
+    assert log.append(batch([b"new"]), leader_epoch=3, now_ms=1).base_offset == 13
+    log.close()
+    reopened = open_log(tmp_path, clean_shutdown=True)
+    assert read_all(reopened) == expected[:4] + [(13, [b"new"])]
+    reopened.close()
+
+
+def test_truncate_below_the_first_segment_starts_over(tmp_path):
+    log = open_log(tmp_path)
+    fill(log, [3] * 10)
+    log.delete_records_before(29)
+    log.apply_retention(0)
+    first_base = log.segment_base_offsets[0]
+    assert first_base > 0
+    log.truncate_to(first_base - 1)
+    assert (log.log_start_offset, log.log_end_offset, log.segment_base_offsets) == (first_base - 1,) * 2 + ([first_base - 1],)
+    assert log.append(batch([b"x"]), leader_epoch=0, now_ms=1).base_offset == first_base - 1
+    log.close()
+
+
+def test_follower_append_keeps_offsets_and_epochs(tmp_path):
+    leader = PartitionLog.open(tmp_path / "leader" / "t-0", SMALL)
+    expected = fill(leader, [2] * 10, epoch=5)
+    follower = PartitionLog.open(tmp_path / "follower" / "t-0", SMALL)
+    for _, data in leader.batches():
+        follower.append_as_follower(data)
+    assert read_all(follower) == expected
+    assert follower.leader_epochs == [(5, 0)]
+    _, first = next(leader.batches())
+    with pytest.raises(UnexpectedAppendOffset):
+        follower.append_as_follower(first)
+    leader.close()
+    follower.close()
+
+
+def test_delete_records_before_moves_log_start(tmp_path):
+    log = open_log(tmp_path)
+    expected = fill(log, [2] * 30)
+    log.delete_records_before(21)
+    assert log.log_start_offset == 21
+    assert log.segment_base_offsets[0] <= 21  # the segment holding 21 stays
+    assert read_all(log)[0] == expected[10]  # the batch 20-21 holds the start
+    with pytest.raises(OffsetOutOfRange):
+        log.delete_records_before(61)
+    log.close()
+
+
+def test_retention_by_time_moves_log_start(tmp_path):
+    config = LogConfig(segment_bytes=1024, index_interval_bytes=128, retention_ms=1_000, file_delete_delay_ms=0)
+    log = open_log(tmp_path, config)
+    fill(log, [3] * 20, ts=10_000)  # offsets 0-59, timestamps 10_000 .. 10_019
+    recent = fill(log, [3] * 20, ts=50_000)  # offsets 60-119
+    bases = log.segment_base_offsets
+    deleted = log.apply_retention(now_ms=50_500)
+    assert deleted > 0
+    assert log.segment_base_offsets == bases[deleted:]
+    assert log.log_start_offset == log.segment_base_offsets[0] > 0
+    # Exactly the segments holding only old data went: the first survivor reaches recent data.
+    assert bases[deleted] <= 60 < bases[deleted + 1]
+    assert read_all(log)[-len(recent) :] == recent
+    with pytest.raises(OffsetOutOfRange):
+        log.read(0, 100)
+    assert not (tmp_path / "topic.a-3" / "00000000000000000000.log").exists()
+    assert log.apply_retention(now_ms=50_500) == 0
+    remaining = len(log.segment_base_offsets)
+    assert log.apply_retention(now_ms=10**9) == remaining - 1  # never the active one
+    assert log.log_start_offset == log.segment_base_offsets[0] == bases[-1]
+    log.close()
+
+
+def test_retention_by_size_and_high_watermark(tmp_path):
+    config = LogConfig(segment_bytes=1024, index_interval_bytes=128, retention_bytes=2048, retention_ms=-1)
+    log = open_log(tmp_path, config)
+    fill(log, [3] * 60)
+    segments = len(log.segment_base_offsets)
+    assert log.apply_retention(0, high_watermark=0) == 0  # nothing below the high-water mark yet
+    deleted = log.apply_retention(0)
+    assert deleted == segments - 3  # whole segments go while the rest still exceeds 2048 bytes
+    assert log.size_bytes > 2048 - 1024
+    assert log.log_start_offset == log.segment_base_offsets[0]
+    log.close()
+
+
+def test_deleted_segment_stays_readable_for_a_fetch_in_flight(tmp_path):
+    config = LogConfig(segment_bytes=1024, index_interval_bytes=128, retention_ms=0, file_delete_delay_ms=60_000)
+    log = open_log(tmp_path, config)
+    expected = fill(log, [3] * 20, ts=0)
+    in_flight = log.read(0, 1 << 20)
+    assert log.apply_retention(now_ms=10**9) > 0
+    assert not (tmp_path / "topic.a-3" / "00000000000000000000.log").exists()
+    assert decode(in_flight.read_bytes()) == expected
+    log.close()
+
+
+def test_roll_by_segment_ms(tmp_path):
+    log = open_log(tmp_path, LogConfig(segment_ms=1_000))
+    log.append(batch([b"a"]), leader_epoch=0, now_ms=10_000)
+    log.append(batch([b"b"]), leader_epoch=0, now_ms=10_900)
+    assert log.segment_base_offsets == [0]
+    log.maybe_roll(11_001)
+    assert log.segment_base_offsets == [0, 2]
+    log.maybe_roll(99_999)  # the new segment is empty: nothing to roll
+    assert log.segment_base_offsets == [0, 2]
+    log.append(batch([b"c"]), leader_epoch=0, now_ms=20_000)
+    log.append(batch([b"d"]), leader_epoch=0, now_ms=21_001)  # an append can trigger the roll too
+    assert log.segment_base_offsets == [0, 2, 3]
+    log.close()
+
+
+def test_flush_advances_the_recovery_point(tmp_path):
+    log = open_log(tmp_path)
+    fill(log, [2] * 5)
+    assert log.recovery_point == 0
+    log.flush()
+    assert log.recovery_point == 10
+    fill(log, [1])
+    log.truncate_to(4)
+    assert log.recovery_point == 4
+    log.close()
+
+
+def test_fsync_always_policy_appends(tmp_path):
+    log = open_log(tmp_path, fsync="always")
+    assert fill(log, [1, 2]) == read_all(log)
+    log.close()
+    with pytest.raises(ValueError):
+        open_log(tmp_path, fsync="sometimes")
