@@ -77,6 +77,7 @@ _ERROR_AND_CORRELATION = struct.Struct(">ih")
 
 # Topic names of the scenarios all start like this (s01-…, s07b-…).
 _SCENARIO_TOPIC = re.compile(r"^s\d\d[a-z]?-")
+_PER_PARTITION = re.compile(r"\[(partition_index|partition|index)=\d+\]")
 _UUID_SUFFIX = re.compile(r"-?[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
@@ -259,7 +260,10 @@ API_VERSIONS_IGNORED = frozenset({"api_keys", "supported_features", "finalized_f
 MEMBER_ID_FIELDS = frozenset({"member_id", "leader"})
 # Broker-state lists (all configs of a topic): names present on one side only are notes.
 CONFIG_LISTS = frozenset({"configs"})
-CONFIG_NOTE_FIELDS = frozenset({"synonyms", "documentation"})
+# Within a config entry: where a value comes from depends on how each broker was configured (Kafka's
+# capture broker ran with the shipped server.properties, which sets log.retention.hours and
+# log.segment.bytes: source 4, STATIC_BROKER_CONFIG), and synonyms list those broker settings.
+CONFIG_NOTE_FIELDS = frozenset({"synonyms", "documentation", "config_source"})
 # Fields that identify an element of an array, in order of preference.
 KEY_FIELDS = ("name", "topic", "topic_id", "resource_name", "partition_index", "partition", "index", "key",
               "group_id", "api_key")
@@ -1028,11 +1032,28 @@ class ReplayResult:
         return [a for a, count in self.allowance_exchanges.items()
                 if count == 0 or self.allowance_differences.get(a, 0) == 0]
 
+    def summary(self, differences: Iterable[Difference] | None = None) -> list[str]:
+        """One line per kind of difference: the same API, field (any partition) and values, with the seqs
+        where it happened. What a failing test prints."""
+        groups: dict[tuple, list[Difference]] = {}
+        for difference in self.failures if differences is None else differences:
+            path = _PER_PARTITION.sub(r"[\1=*]", difference.path)
+            key = (difference.api, path, str(difference.expected), str(difference.got), difference.severity,
+                   difference.allowed)
+            groups.setdefault(key, []).append(difference)
+        lines = []
+        for (api, path, expected, got, severity, allowed), members in groups.items():
+            seqs = sorted({d.seq for d in members})
+            lines.append(f"{'note: ' if severity == 'note' else ''}{self.capture} {api}: {path}: expected {expected}, "
+                         f"got {got}  ({len(members)}x, seq {', '.join(map(str, seqs))})"
+                         + (f"  [allowed: {allowed}]" if allowed else ""))
+        return lines
+
     def report(self) -> str:
         lines = [f"{self.capture}: {self.exchanges_compared} answers compared, {len(self.failures)} mismatches, "
                  f"{sum(1 for d in self.differences if d.allowed)} allowed, "
                  f"{sum(1 for d in self.differences if d.severity == 'note' and not d.allowed)} notes"]
-        lines += [f"  {d}" for d in self.differences]
+        lines += [f"  {line}" for line in self.summary(self.differences)]
         return "\n".join(lines)
 
 
