@@ -1,0 +1,175 @@
+"""LogManager: loading, clean and unclean restarts, checkpoints, topic deletion, background upkeep."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pykbroker.log.config import LogConfig
+from pykbroker.log.errors import LogDirectoryInUse
+from pykbroker.log.manager import CLEAN_SHUTDOWN_MARKER, RECOVERY_POINT_CHECKPOINT, LogManager
+from pykbroker.protocol.records import build_batch, iter_headers
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONFIG = LogConfig(segment_bytes=2048, index_interval_bytes=256)
+
+
+def config_for(_topic: str) -> LogConfig:
+    return CONFIG
+
+
+def produce(manager: LogManager, topic: str, partition: int, count: int) -> None:
+    log = manager.create(topic, partition, CONFIG)
+    for i in range(count):
+        log.append(build_batch([(None, b"%s-%d" % (topic.encode(), i))] * 2, timestamp_ms=i), leader_epoch=0, now_ms=i)
+
+
+def base_offsets(manager: LogManager, topic: str, partition: int) -> list[int]:
+    log = manager.get(topic, partition)
+    return [h.base_offset for h in iter_headers(log.read(log.log_start_offset, 1 << 30).read_bytes())]
+
+
+def test_create_is_idempotent_and_uses_kafka_dir_names(tmp_path):
+    manager = LogManager(tmp_path)
+    log = manager.create("orders", 2, CONFIG)
+    assert manager.create("orders", 2, CONFIG) is log
+    assert manager.get("orders", 2) is log and manager.get("orders", 3) is None
+    assert (tmp_path / "orders-2" / "00000000000000000000.log").exists()
+    assert manager.logs() == [log]
+    manager.shutdown()
+
+
+def test_clean_shutdown_then_load_keeps_offsets(tmp_path):
+    manager = LogManager(tmp_path)
+    produce(manager, "a", 0, 40)
+    produce(manager, "b.c-d", 1, 3)
+    manager.shutdown()
+    assert (tmp_path / CLEAN_SHUTDOWN_MARKER).exists()
+    checkpoint = (tmp_path / RECOVERY_POINT_CHECKPOINT).read_text().splitlines()
+    assert checkpoint[:2] == ["0", "2"] and sorted(checkpoint[2:]) == ["a 0 80", "b.c-d 1 6"]
+
+    again = LogManager(tmp_path)
+    loaded = again.load_all(config_for)
+    assert sorted((log.topic, log.partition, log.log_end_offset) for log in loaded) == [("a", 0, 80), ("b.c-d", 1, 6)]
+    assert not (tmp_path / CLEAN_SHUTDOWN_MARKER).exists()  # written again only at the next clean shutdown
+    assert base_offsets(again, "a", 0) == list(range(0, 80, 2))
+    produce(again, "a", 0, 1)
+    assert again.get("a", 0).log_end_offset == 82
+    again.shutdown()
+
+
+CRASHING_BROKER = """
+import os, sys
+from pykbroker.log.config import LogConfig
+from pykbroker.log.manager import LogManager
+from pykbroker.protocol.records import build_batch
+manager = LogManager(sys.argv[1])
+log = manager.create("t", 0, LogConfig(segment_bytes=2048, index_interval_bytes=256))
+for i in range(30):
+    log.append(build_batch([(None, b"t-%d" % i)] * 2, timestamp_ms=i), leader_epoch=0, now_ms=i)
+log.flush()
+manager.write_checkpoints()
+for i in range(30, 35):  # appended after the last checkpoint, never flushed
+    log.append(build_batch([(None, b"t-%d" % i)] * 2, timestamp_ms=i), leader_epoch=0, now_ms=i)
+os._exit(0)  # dies: no shutdown, no clean-shutdown marker
+"""
+
+
+def test_unclean_restart_recovers_a_torn_tail(tmp_path):
+    subprocess.run([sys.executable, "-c", CRASHING_BROKER, str(tmp_path)], check=True, cwd=REPO_ROOT)
+    assert not (tmp_path / CLEAN_SHUTDOWN_MARKER).exists()
+    segments = sorted((tmp_path / "t-0").glob("*.log"))
+    intact_size = os.path.getsize(segments[-1])
+    with open(segments[-1], "ab") as file:
+        file.write(b"\x00\x00\x00\x00\x00\x00\x00\x3c\x00\x00\x01")  # a torn batch header
+    again = LogManager(tmp_path)
+    (recovered,) = again.load_all(config_for)
+    assert recovered.log_end_offset == 70
+    assert base_offsets(again, "t", 0) == list(range(0, 70, 2))
+    assert os.path.getsize(segments[-1]) == intact_size
+    assert (tmp_path / CLEAN_SHUTDOWN_MARKER).exists() is False
+    again.shutdown()
+
+
+def test_log_start_offset_survives_restart(tmp_path):
+    manager = LogManager(tmp_path)
+    produce(manager, "t", 0, 10)
+    manager.get("t", 0).delete_records_before(7)
+    manager.shutdown()
+    again = LogManager(tmp_path)
+    again.load_all(config_for)
+    assert again.get("t", 0).log_start_offset == 7
+    again.shutdown()
+
+
+def test_delete_topic_removes_directories_but_keeps_fetches_in_flight_readable(tmp_path):
+    manager = LogManager(tmp_path)
+    produce(manager, "gone", 0, 5)
+    produce(manager, "gone", 1, 5)
+    produce(manager, "kept", 0, 5)
+    in_flight = manager.get("gone", 1).read(0, 1 << 20)
+    manager.delete_topic("gone")
+    assert manager.get("gone", 0) is None and manager.get("gone", 1) is None
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["kept-0"]
+    assert [h.base_offset for h in iter_headers(in_flight.read_bytes())] == [0, 2, 4, 6, 8]
+    manager.shutdown()
+
+
+def test_load_finishes_interrupted_deletions(tmp_path):
+    (tmp_path / "old-0.0123456789abcdef0123456789abcdef-delete").mkdir()
+    (tmp_path / "old-0.0123456789abcdef0123456789abcdef-delete" / "00000000000000000000.log").write_bytes(b"x")
+    (tmp_path / "not a log dir").mkdir()
+    manager = LogManager(tmp_path)
+    assert manager.load_all(config_for) == []
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["not a log dir"]
+    manager.shutdown()
+
+
+def test_data_dir_lock(tmp_path):
+    manager = LogManager(tmp_path)
+    with pytest.raises(LogDirectoryInUse):
+        LogManager(tmp_path)
+    manager.shutdown()
+    LogManager(tmp_path).shutdown()  # released at shutdown
+
+
+def test_background_task_flushes_checkpoints_and_applies_retention(tmp_path):
+    async def scenario() -> None:
+        manager = LogManager(tmp_path, flush_interval_ms=20, retention_check_interval_ms=20)
+        retained = LogConfig(segment_bytes=2048, index_interval_bytes=256, retention_ms=1_000, file_delete_delay_ms=0)
+        log = manager.create("t", 0, retained)
+        for i in range(60):
+            log.append(build_batch([(None, b"v" * 20)] * 2, timestamp_ms=i), leader_epoch=0, now_ms=i)
+        task = asyncio.create_task(manager.run_background())
+        checkpoint = tmp_path / RECOVERY_POINT_CHECKPOINT
+        for _ in range(500):  # wait for the condition, not for a duration
+            await asyncio.sleep(0.01)
+            if checkpoint.exists() and "t 0 120" in checkpoint.read_text() and len(log.segment_base_offsets) == 1:
+                break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert log.recovery_point == 120
+        assert "t 0 120" in checkpoint.read_text()
+        assert len(log.segment_base_offsets) == 1 and log.log_start_offset > 0  # old segments expired
+        manager.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_retention_respects_the_high_watermark(tmp_path):
+    manager = LogManager(tmp_path)
+    retained = LogConfig(segment_bytes=2048, index_interval_bytes=256, retention_ms=0)
+    log = manager.create("t", 0, retained)
+    for i in range(60):
+        log.append(build_batch([(None, b"v" * 20)] * 2, timestamp_ms=0), leader_epoch=0, now_ms=0)
+    manager.high_watermark_of = lambda topic, partition: 0
+    assert manager.apply_retention(10**9) == 0
+    manager.high_watermark_of = lambda topic, partition: log.log_end_offset
+    assert manager.apply_retention(10**9) > 0
+    manager.shutdown()
