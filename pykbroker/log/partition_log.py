@@ -200,12 +200,11 @@ class PartitionLog:
             segments.append(Segment.create(self.directory, max(log_start_offset or 0, 0)))
             self._directory_changed = True
         active = segments[-1]
-        if active.next_offset is None:
-            try:
-                active.load_tail(interval)
-            except InvalidRecordBatch:
-                active.recover(interval, note_epoch)
-                recovered.append(active)
+        try:
+            active.load_tail(interval)  # appends need its indexes in memory
+        except InvalidRecordBatch:
+            active.recover(interval, note_epoch)
+            recovered.append(active)
 
         self._segments = segments
         self._bases = [segment.base_offset for segment in segments]

@@ -234,7 +234,8 @@ class Segment:
         return on_disk - valid
 
     def load_tail(self, index_interval_bytes: int) -> None:
-        """For the active segment after a clean shutdown: find the next offset by walking from the last index entry.
+        """Make the segment ready to be active: indexes in memory, and after a clean shutdown the next offset
+        and max timestamp, found by walking the batches after the last index entry.
 
         Raises InvalidRecordBatch if the tail is not whole batches (the caller then recovers the segment).
         """

@@ -552,3 +552,20 @@ def test_fsync_always_policy_appends(tmp_path):
     log.close()
     with pytest.raises(ValueError):
         open_log(tmp_path, fsync="sometimes")
+
+
+def test_empty_active_segment_reopened_keeps_indexing(tmp_path):
+    config = LogConfig(segment_ms=1_000, index_interval_bytes=64)
+    log = open_log(tmp_path, config)
+    log.append(batch([b"a"]), leader_epoch=0, now_ms=0)
+    log.maybe_roll(5_000)
+    log.close()
+    reopened = open_log(tmp_path, config, clean_shutdown=True)
+    assert reopened.segment_base_offsets == [0, 1]
+    expected = fill(reopened, [2] * 10)
+    reopened.close()
+    index = (tmp_path / "topic.a-3" / "00000000000000000001.index").read_bytes()
+    assert len(index) >= 8 * 5
+    again = open_log(tmp_path, config, clean_shutdown=True)
+    assert read_all(again, 1) == expected
+    again.close()
