@@ -783,6 +783,28 @@ class Preconditions:
     generated_records: int = 0
 
 
+# Starting state per file (index.md, "Recreate the preconditions"). By default the scenario's topic is
+# created with 3 partitions and the records its clients fetched without producing them are written first.
+SPECIAL_PRECONDITIONS = {
+    # The Admin client creates the topic itself (CreateTopics is part of the conversation).
+    "01-java-admin.jsonl": Preconditions(),
+    # 50 more records (setup producer id 10 in the capture) between the two Spark runs; run 2 starts at seq 88.
+    "07-spark-stream-availablenow.jsonl": Preconditions(
+        create_topics=("s07b-spark-stream-availablenow",), later_producers={10: 88}),
+    # 50 more records (setup producer id 13) after consumer A closed; consumer B connects at seq 65.
+    "10-confluent-defaults.jsonl": Preconditions(
+        create_topics=("s10-confluent-defaults",), later_producers={13: 65}),
+    # The CLI tools only ask for offsets: the 200 setup records are generated like the capture helper's.
+    "14-kafka-cli-admin-3.7.1.jsonl": Preconditions(
+        create_topics=("s14-kafka-cli-admin",), generated_records=200),
+}
+
+
+def preconditions_for(capture: Capture) -> Preconditions:
+    default = Preconditions(create_topics=tuple(sorted(capture.scenario_topics())))
+    return SPECIAL_PRECONDITIONS.get(capture.name, default)
+
+
 def preloaded_batches(capture: Capture) -> list[StoredBatch]:
     """Batches the capture's clients fetched but did not produce themselves: the setup data, exactly as
     Kafka served it (so offsets, batch boundaries and sequences can be compared)."""
@@ -1217,3 +1239,28 @@ def replay(capture: Capture, address: tuple[str, int], *, preconditions: Precond
            allowances: Iterable[Allowance] = (), io_timeout: float = 30.0) -> ReplayResult:
     return Replayer(capture, address, preconditions=preconditions, allowances=allowances,
                     io_timeout=io_timeout).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m tests.wire_replay HOST:PORT [CAPTURE-PREFIX ...]: replay against any broker (a fresh one
+    per run: the scenarios create their topics) and print every difference."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("bootstrap", help="host:port of the broker under test")
+    parser.add_argument("captures", nargs="*", help="file name prefixes, e.g. 04 10 (default: all)")
+    args = parser.parse_args(argv)
+    host, _, port = args.bootstrap.rpartition(":")
+    failed = False
+    for path in capture_paths():
+        if args.captures and not any(path.name.startswith(prefix) for prefix in args.captures):
+            continue
+        capture = load_capture(path)
+        result = replay(capture, (host, int(port)), preconditions=preconditions_for(capture))
+        print(result.report())
+        failed = failed or bool(result.failures)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

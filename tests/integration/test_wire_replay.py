@@ -39,28 +39,6 @@ EXPECTED_UNSUPPORTED: tuple[wr.Allowance, ...] = (
       for capture, seqs in _GENERATION_COMMITS.items() for seq in seqs),
 )
 
-# Starting state per file (index.md, "Recreate the preconditions"). By default the scenario's topic is
-# created with 3 partitions and the records its clients fetched without producing them are written first.
-SPECIAL_PRECONDITIONS = {
-    # The Admin client creates the topic itself (CreateTopics is part of the conversation).
-    "01-java-admin.jsonl": wr.Preconditions(),
-    # 50 more records (setup producer id 10 in the capture) between the two Spark runs; run 2 starts at seq 88.
-    "07-spark-stream-availablenow.jsonl": wr.Preconditions(
-        create_topics=("s07b-spark-stream-availablenow",), later_producers={10: 88}),
-    # 50 more records (setup producer id 13) after consumer A closed; consumer B connects at seq 65.
-    "10-confluent-defaults.jsonl": wr.Preconditions(
-        create_topics=("s10-confluent-defaults",), later_producers={13: 65}),
-    # The CLI tools only ask for offsets: the 200 setup records are generated like the capture helper's.
-    "14-kafka-cli-admin-3.7.1.jsonl": wr.Preconditions(
-        create_topics=("s14-kafka-cli-admin",), generated_records=200),
-}
-
-
-def preconditions_for(capture: wr.Capture) -> wr.Preconditions:
-    default = wr.Preconditions(create_topics=tuple(sorted(capture.scenario_topics())))
-    return SPECIAL_PRECONDITIONS.get(capture.name, default)
-
-
 CAPTURE_PATHS = wr.capture_paths()
 
 
@@ -74,7 +52,7 @@ def test_every_allow_list_entry_names_requests_of_its_capture():
 @pytest.mark.parametrize("path", CAPTURE_PATHS, ids=lambda path: path.stem)
 def test_replayed_conversation_gets_kafkas_answers(path, broker):
     capture = wr.load_capture(path)
-    result = wr.replay(capture, broker.address, preconditions=preconditions_for(capture),
+    result = wr.replay(capture, broker.address, preconditions=wr.preconditions_for(capture),
                        allowances=EXPECTED_UNSUPPORTED)
     print(result.report())  # every difference, allowed ones and notes included (pytest -s, or on failure)
     problems = result.summary()

@@ -268,3 +268,45 @@ def test_generated_setup_data_lands_like_the_capture_helpers_did():
     assert _counts(stored) == {0: 56, 1: 77, 2: 67}  # file 14's ListOffsets LATEST answers
     first = records.read_records(stored[0].data, records.read_header(stored[0].data))[0]
     assert first.key.startswith(b"setup-key-") and first.value.startswith(b"setup-value-")
+
+
+def test_member_id_generation_and_producer_id_learned_from_answers_are_patched_into_later_requests():
+    capture = _capture("09")
+    state = wr.ReplayState.for_capture(capture)
+    exchanges = {f.seq: f for f in capture.frames}
+
+    def learn(request_seq, change):
+        request = exchanges[request_seq]
+        _, sent = wr.decode_request(request.payload)
+        _, expected = wr.decode_response(request.api_key, request.api_version, capture.response_to(request).payload)
+        state.learn(request.api_key, sent, expected, dataclasses.replace(expected, **change))
+        return expected
+
+    learn(8, {"producer_id": 9001, "producer_epoch": 2})  # InitProducerId
+    joined = learn(36, {"member_id": "kafka-python-3.0.12-0000", "generation_id": 5})  # JoinGroup, generation 2
+    _, commit = wr.decode_request(exchanges[48].payload)  # OffsetCommit with generation 2 and the member id
+    assert (commit.member_id, commit.generation_id_or_member_epoch) == (joined.member_id, 2)
+    patched = state.patch(commit)
+    assert (patched.member_id, patched.generation_id_or_member_epoch) == ("kafka-python-3.0.12-0000", 5)
+    _, sync = wr.decode_request(exchanges[38].payload)
+    patched_sync = state.patch(sync)
+    assert patched_sync.assignments[0].member_id == "kafka-python-3.0.12-0000" and patched_sync.generation_id == 5
+    _, produce = wr.decode_request(exchanges[12].payload)
+    for topic in state.patch(produce).topic_data:
+        for partition in topic.partition_data:
+            header = records.read_header(partition.records)
+            assert (header.producer_id, header.producer_epoch) == (9001, 2)
+            assert records.crc_matches(partition.records, header)
+
+
+def test_every_capture_gets_its_setup_records_in_the_right_phase():
+    records_per_phase = {}
+    for name, capture in CAPTURES.items():
+        setup = wr.ScenarioSetup(("127.0.0.1", 9), capture, wr.preconditions_for(capture), wr.ReplayState(), 1.0)
+        records_per_phase[name[:2]] = {start: sum(_counts(stored).values()) for start, stored in setup.phases.items()}
+    assert records_per_phase == {
+        "01": {}, "02": {}, "03": {}, "08": {}, "09": {}, "11": {}, "12": {}, "13": {},  # they write their own
+        "04": {-1: 200}, "05": {-1: 200}, "06": {-1: 200}, "14": {-1: 200},
+        "07": {-1: 200, 88: 50},  # 50 more before Spark's second run
+        "10": {65: 50},  # the producer is in the file; 50 more before consumer B
+    }
