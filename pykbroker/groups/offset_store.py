@@ -254,7 +254,7 @@ class OffsetStore:
             for header, data in self._logs(partition).batches():
                 if header.is_control:
                     continue  # transaction markers: no offsets in them
-                for record in read_records(data, _local(header, data)):
+                for record in read_records(data, header):  # batches() yields each batch alone, at position 0
                     self._apply(record.key, record.value, partition, record.offset)
 
     def _apply(self, key_bytes: bytes | None, value: bytes | None, partition: int, offset: int) -> None:
@@ -415,9 +415,3 @@ class OffsetStore:
         batch = build_batch(records, timestamp_ms=now_ms)
         self._logs(partition).append(batch, leader_epoch=self._leader_epoch(partition), now_ms=now_ms)
 
-
-def _local(header: BatchHeader, data: bytes) -> BatchHeader:
-    """The header positioned within ``data``, which may hold just this batch (its position is the file's)."""
-    if header.position + header.size <= len(data):
-        return header
-    return header._replace(position=0)

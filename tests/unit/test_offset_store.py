@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pykbroker.groups.offset_store import (
+    OFFSETS_TOPIC,
     CommittedOffset,
     GroupMetadataKey,
     OffsetKey,
@@ -22,56 +24,35 @@ from pykbroker.groups.offset_store import (
     kafka_abs,
     partition_for_group,
 )
+from pykbroker.log.config import LogConfig
+from pykbroker.log.partition_log import PartitionLog, log_dir_name
 from pykbroker.protocol.records import build_batch, read_records
 
 PARTITIONS = 8
 
 
-class _InterimLog:
-    """TEMPORARY stand-in until pykbroker.log.partition_log lands: append/batches over one file."""
-
-    def __init__(self, path):
-        self.path = path
-        self.path.touch()
-
-    def append(self, records, *, leader_epoch, now_ms):
-        from pykbroker.protocol.records import iter_headers, set_base_offset, set_partition_leader_epoch
-
-        buf = bytearray(records)
-        end = sum(1 for _ in self.batches()) and list(self.batches())[-1][0].next_offset
-        for h in list(iter_headers(buf)):
-            set_base_offset(buf, h.position, end)
-            set_partition_leader_epoch(buf, h.position, leader_epoch)
-            end += h.last_offset_delta + 1
-        with open(self.path, "ab") as f:
-            f.write(buf)
-
-    def batches(self, start_offset=0):
-        from pykbroker.protocol.records import iter_headers
-
-        data = self.path.read_bytes()
-        for h in iter_headers(data):
-            if h.last_offset >= start_offset:
-                yield h, data
-
-
 class OffsetsLogs:
-    """The partitions of __consumer_offsets on disk, reopened from their files by ``reopen``."""
+    """The partitions of __consumer_offsets as real PartitionLogs on disk; ``reopen`` is a broker restart."""
 
-    def __init__(self, root, partitions):
+    def __init__(self, root: Path, partitions: int) -> None:
         self.root = root
-        self.root.mkdir(parents=True, exist_ok=True)
         self.partitions = partitions
-        self.reopen()
+        self._logs = [self._open(p) for p in range(partitions)]
 
-    def reopen(self):
-        self._logs = [_InterimLog(self.root / f"__consumer_offsets-{p}.log") for p in range(self.partitions)]
+    def _open(self, partition: int) -> PartitionLog:
+        return PartitionLog.open(self.root / log_dir_name(OFFSETS_TOPIC, partition), LogConfig(), fsync="never")
 
-    def get(self, partition):
+    def get(self, partition: int) -> PartitionLog:
         return self._logs[partition]
 
-    def close(self):
-        pass
+    def reopen(self, *, crash: bool = False) -> None:
+        for partition_log in self._logs:
+            partition_log.abandon() if crash else partition_log.close()
+        self._logs = [self._open(p) for p in range(self.partitions)]
+
+    def close(self) -> None:
+        for partition_log in self._logs:
+            partition_log.close()
 
 
 @pytest.fixture
@@ -87,9 +68,9 @@ def new_store(logs: OffsetsLogs) -> OffsetStore:
     return store
 
 
-def reopened(logs: OffsetsLogs) -> OffsetStore:
-    """A store over the same files after a restart: logs closed, reopened from disk, replayed."""
-    logs.reopen()
+def reopened(logs: OffsetsLogs, *, crash: bool = False) -> OffsetStore:
+    """A store over the same files after a restart: logs closed (or dropped), reopened from disk, replayed."""
+    logs.reopen(crash=crash)
     return new_store(logs)
 
 
@@ -204,6 +185,8 @@ def test_offsets_survive_recreating_the_store_over_the_same_logs(logs):
     expected = {group: store.fetch(group) for group in store.groups()}
     again = reopened(logs)
     assert again.groups() == ["a", "b"]
+    after_crash = reopened(logs, crash=True)  # descriptors dropped without a flush: the recovery path
+    assert {group: after_crash.fetch(group) for group in after_crash.groups()} == expected
     assert {group: again.fetch(group) for group in again.groups()} == expected
     assert again.fetch("a")[("t", 0)] == committed(3, ts=3_000)
 
@@ -221,8 +204,7 @@ def test_delete_some_offsets_writes_tombstones(logs):
     store.delete("g", [("t", 0), ("never", 3)], now_ms=2)
     assert store.fetch("g") == {("t", 1): committed(2)}
     last_header, last_data = list(logs.get(store.partition_for("g")).batches())[-1]
-    records = read_records(last_data, last_header if last_header.position + last_header.size <= len(last_data)
-                           else last_header._replace(position=0))
+    records = read_records(last_data, last_header)
     assert [(decode_key(r.key), r.value) for r in records] == [(OffsetKey("g", "t", 0), None)]
     assert reopened(logs).fetch("g") == {("t", 1): committed(2)}
 

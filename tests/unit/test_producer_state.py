@@ -24,7 +24,9 @@ from pykbroker.log.producer_state import (
     ProducerStateManager,
     in_sequence,
 )
-from pykbroker.protocol.records import TIMESTAMP_TYPE_MASK, BatchHeader, build_batch, read_header
+from pykbroker.log.config import LogConfig
+from pykbroker.log.partition_log import PartitionLog
+from pykbroker.protocol.records import TIMESTAMP_TYPE_MASK, BatchHeader, build_batch, read_header, validate_batches
 
 
 def header(pid: int, epoch: int, seq: int, count: int = 1, *, offset: int = 0, ts: int = 1_000, attributes: int = 0) -> BatchHeader:
@@ -316,3 +318,27 @@ def test_init_producer_id_refuses_transactions(tmp_path):
     assert registry.init_producer_id("tx-1") == (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1, -1)
     assert registry.init_producer_id("") == (INVALID_REQUEST, -1, -1)
     assert registry.init_producer_id(None)[1] == 0  # refusals consumed no id
+
+
+def test_rebuild_from_a_real_partition_log_after_restart(tmp_path):
+    directory = tmp_path / "orders-0"
+    log = PartitionLog.open(directory, LogConfig(message_timestamp_type="LogAppendTime"), fsync="never")
+    state = ProducerStateManager()
+    for pid, epoch, seq, count in [(7, 0, 0, 3), (9, 0, 0, 1), (7, 0, 3, 2), (7, 1, 0, 1)]:
+        records = build_batch([(None, b"x")] * count, producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+        assert state.check_batches(validate_batches(records)) is None
+        result = log.append(records, leader_epoch=0, now_ms=50_000 + seq)
+        for appended in result.headers:
+            state.update(appended, result.log_append_time_ms)
+    log.close()
+
+    reopened = PartitionLog.open(directory, LogConfig(message_timestamp_type="LogAppendTime"), fsync="never")
+    try:
+        rebuilt = ProducerStateManager()
+        rebuilt.rebuild(header for header, _ in reopened.batches(reopened.log_start_offset))
+        assert rebuilt.snapshot() == state.snapshot()
+        assert rebuilt.check(header(9, 0, 0, 1)) == DuplicateBatch(3, 3, 50_000)
+        assert rebuilt.check(header(7, 1, 0, 1)) == DuplicateBatch(6, 6, 50_000)
+        assert error_of(lambda: rebuilt.check(header(7, 0, 5, 1))) == INVALID_PRODUCER_EPOCH
+    finally:
+        reopened.close()
