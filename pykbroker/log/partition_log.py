@@ -470,18 +470,35 @@ class PartitionLog:
         Yields (header, whole batch bytes) with header.position == 0, so ``read_records(data, header)`` works.
         """
         log_end = self._log_end_offset
-        interval = self._config.index_interval_bytes
-        first_index = max(bisect_right(self._bases, start_offset) - 1, 0)
-        for position, segment in enumerate(list(self._segments[first_index:])):
-            start = 0
-            if position == 0:
-                segment.ensure_indexes(interval)
-                start = segment.index.lookup(start_offset)[1]
-            for header, data in segment.iter_batches(start, segment.size):
+        for segment, position in self._segments_from(start_offset):
+            for header, data in segment.iter_batches(position, segment.size):
                 if header.base_offset >= log_end:
                     return
                 if header.last_offset >= start_offset:
                     yield header, data
+
+    def headers(self, start_offset: int = 0) -> Iterator[BatchHeader]:
+        """Like ``batches`` but reads only the 61-byte headers (positions are within their segment files).
+
+        The cheap way to rebuild state that lives in headers, such as producer ids and sequences.
+        """
+        log_end = self._log_end_offset
+        for segment, position in self._segments_from(start_offset):
+            for header in iter_file_headers(segment.fd, position, segment.size):
+                if header.base_offset >= log_end:
+                    return
+                if header.last_offset >= start_offset:
+                    yield header
+
+    def _segments_from(self, start_offset: int) -> Iterator[tuple[Segment, int]]:
+        """(segment, position to start reading) for the segments that may hold ``start_offset`` and later."""
+        first_index = max(bisect_right(self._bases, start_offset) - 1, 0)
+        for number, segment in enumerate(list(self._segments[first_index:])):
+            if number == 0:
+                segment.ensure_indexes(self._config.index_interval_bytes)
+                yield segment, segment.index.lookup(start_offset)[1]
+            else:
+                yield segment, 0
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """ListOffsets by time: (timestamp, offset) of the first record at or after ``timestamp_ms``.

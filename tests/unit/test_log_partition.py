@@ -114,6 +114,45 @@ def test_append_then_read_across_rolls(sizes, segment_bytes, interval, chunk):
         reopened.close()
 
 
+@PROPERTY
+@given(
+    sizes=st.lists(st.integers(1, 8), min_size=1, max_size=40),
+    segment_bytes=st.integers(150, 2500),
+    interval=st.integers(0, 400),
+    queries=st.lists(
+        st.tuples(st.integers(0, 10**6), st.integers(0, 3000), st.one_of(st.none(), st.integers(0, 200)), st.booleans()),
+        min_size=1,
+        max_size=25,
+    ),
+)
+def test_read_matches_a_model(sizes, segment_bytes, interval, queries):
+    """read() against a plain list of batches: containing batch first, whole batches, max_bytes, upper bound."""
+    config = LogConfig(segment_bytes=segment_bytes, index_interval_bytes=interval)
+    with tempfile.TemporaryDirectory() as root:
+        log = open_log(Path(root), config)
+        model = []  # (base offset, last offset, size)
+        for count in sizes:
+            data = batch([b"r" * (count * 3)] * count)
+            result = log.append(data, leader_epoch=0, now_ms=0)
+            model.append((result.base_offset, result.last_offset, len(data)))
+        log_end = log.log_end_offset
+        for raw_offset, max_bytes, upper_bound, min_one in queries:
+            offset = raw_offset % (log_end + 1)
+            limit = log_end if upper_bound is None else min(upper_bound, log_end)
+            expected, total = [], 0
+            for base, last, size in model:
+                if last < offset:
+                    continue
+                if last >= limit or not ((min_one and not expected) or total + size <= max_bytes):
+                    break
+                expected.append(base)
+                total += size
+            result = log.read(offset, max_bytes, upper_bound=upper_bound, min_one=min_one)
+            assert [h.base_offset for h in iter_headers(result.read_bytes())] == expected
+            assert result.size == total
+        log.close()
+
+
 def test_rolls_create_kafka_named_segments(tmp_path):
     log = open_log(tmp_path)
     fill(log, [5] * 30)
@@ -231,6 +270,8 @@ def test_batches_iterates_from_an_offset(tmp_path):
     got = [(h.base_offset, [r.value for r in read_records(data, h)]) for h, data in log.batches(11)]
     assert got == expected[5:]
     assert [h.position for h, _ in log.batches()] == [0] * 25
+    assert [h.base_offset for h in log.headers(11)] == [base for base, _ in expected[5:]]
+    assert [h._replace(position=0) for h in log.headers()] == [h for h, _ in log.batches()]
     log.close()
 
 
