@@ -2,19 +2,20 @@
 
 Ids must never be handed out twice, not even across restarts: two producers sharing an id would have their
 sequence numbers mixed up on every partition. Like Kafka's ProducerIdManager, the allocator reserves ids in
-blocks of 1000 and persists only the end of the reserved block (Kafka keeps it in the ZooKeeper znode
-``/latest_producer_id_block``; we keep the same JSON fields in a local file). The reservation is on disk
+blocks of 1000 and persists only the reserved block (Kafka keeps it in the ZooKeeper znode
+``/latest_producer_id_block``; we keep "block_start block_end" in a local file in Kafka's checkpoint format,
+replaced atomically). The reservation is on disk
 before the first id of a block is handed out, so after a crash the next start continues after the block end:
 the unused rest of that block is skipped, never reused.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 from pathlib import Path
+
+from pykbroker.log.leader_epoch import read_checkpoint, write_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -63,41 +64,23 @@ class ProducerIdAllocator:
         block_end = block_start + self._block_size - 1
         if block_end > INT64_MAX:
             raise ProducerIdsExhausted(f"no producer id block left after {block_start - 1}")
-        document = {"version": 1, "block_start": block_start, "block_end": block_end}
-        _write_atomically(self._path, json.dumps(document).encode() + b"\n")
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        write_checkpoint(self._path, [(block_start, block_end)])
         self._block_end = block_end
 
     def _read_reserved_end(self) -> int:
         """The last id of the last reserved block, or -1 when no block was ever reserved."""
-        try:
-            data = self._path.read_bytes()
-        except FileNotFoundError:
+        # An unreadable file raises (CorruptCheckpoint is a ValueError): starting over from 0 would reuse ids.
+        entries = read_checkpoint(self._path, fields=2)
+        if not entries:
             return -1
         try:
-            document = json.loads(data)
-            block_end = int(document["block_end"])
-        except (ValueError, KeyError, TypeError) as exc:
-            # Starting over from 0 would reuse ids; refusing to start is the only safe answer.
+            block_end = int(entries[-1][1])
+        except ValueError as exc:
             raise ValueError(f"unreadable producer id block file {self._path}: {exc}") from exc
         if block_end < -1:
             raise ValueError(f"producer id block file {self._path} has a negative block end {block_end}")
         return block_end
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves either the old or the new content, both durable."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
 
 
 class ProducerRegistry:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -260,11 +258,11 @@ def test_rebuild_from_the_log_restores_the_same_state(steps):
 
 
 def test_producer_ids_increase_and_continue_after_the_reserved_block(tmp_path):
-    path = tmp_path / "producer-id-block.json"
+    path = tmp_path / "producer-id-block"
     first = ProducerIdAllocator(path)
     ids = [first.allocate() for _ in range(3)]
     assert ids == [0, 1, 2]
-    assert json.loads(path.read_text()) == {"version": 1, "block_start": 0, "block_end": 999}
+    assert path.read_text() == "0\n1\n0 999\n"  # Kafka's checkpoint format: version, count, "start end"
     # A crash mid-block: nothing else is written; the restarted allocator skips the rest of the block.
     second = ProducerIdAllocator(path)
     assert second.allocate() == PRODUCER_ID_BLOCK_SIZE
@@ -276,7 +274,7 @@ def test_producer_ids_cross_block_boundaries_on_disk(tmp_path):
     allocator = ProducerIdAllocator(path, block_size=10)
     ids = [allocator.allocate() for _ in range(25)]
     assert ids == list(range(25))
-    assert json.loads(path.read_text())["block_end"] == 29
+    assert path.read_text().splitlines()[-1] == "20 29"
     assert ProducerIdAllocator(path, block_size=10).allocate() == 30
 
 
@@ -284,13 +282,13 @@ def test_a_torn_reservation_leaves_the_previous_block_in_force(tmp_path):
     path = tmp_path / "ids"
     ProducerIdAllocator(path).allocate()
     # A crash between writing the temporary file and renaming it leaves junk beside the real file.
-    (tmp_path / "ids.tmp").write_bytes(b'{"version": 1, "block_st')
+    (tmp_path / "ids.tmp").write_bytes(b"0\n1\n1000 19")
     assert ProducerIdAllocator(path).allocate() == 1000
 
 
 def test_an_unreadable_block_file_refuses_to_start_rather_than_reuse_ids(tmp_path):
     path = tmp_path / "ids"
-    path.write_bytes(b"not json")
+    path.write_bytes(b"0\n1\nnot-a-number 5\n")
     with pytest.raises(ValueError):
         ProducerIdAllocator(path)
 
