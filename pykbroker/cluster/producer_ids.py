@@ -75,11 +75,11 @@ class ProducerIdAllocator:
         if not entries:
             return -1
         try:
-            block_end = int(entries[-1][1])
+            block_start, block_end = (int(field) for field in entries[-1])
         except ValueError as exc:
             raise ValueError(f"unreadable producer id block file {self._path}: {exc}") from exc
-        if block_end < -1:
-            raise ValueError(f"producer id block file {self._path} has a negative block end {block_end}")
+        if block_start < 0 or block_end < block_start:
+            raise ValueError(f"producer id block file {self._path} holds an impossible block {block_start}-{block_end}")
         return block_end
 
 

@@ -288,9 +288,10 @@ def test_a_torn_reservation_leaves_the_previous_block_in_force(tmp_path):
 
 def test_an_unreadable_block_file_refuses_to_start_rather_than_reuse_ids(tmp_path):
     path = tmp_path / "ids"
-    path.write_bytes(b"0\n1\nnot-a-number 5\n")
-    with pytest.raises(ValueError):
-        ProducerIdAllocator(path)
+    for junk in (b"garbage", b"0\n1\nnot-a-number 5\n", b"0\n1\n0 -7\n"):
+        path.write_bytes(junk)
+        with pytest.raises(ValueError):
+            ProducerIdAllocator(path)
 
 
 @settings(max_examples=50, deadline=None)
