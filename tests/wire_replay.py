@@ -264,6 +264,10 @@ CONFIG_LISTS = frozenset({"configs"})
 # capture broker ran with the shipped server.properties, which sets log.retention.hours and
 # log.segment.bytes: source 4, STATIC_BROKER_CONFIG), and synonyms list those broker settings.
 CONFIG_NOTE_FIELDS = frozenset({"synonyms", "documentation", "config_source"})
+# Configs whose default pykbroker changes on purpose, each with the reason; their values are notes.
+DELIBERATE_CONFIG_DEFAULTS = {
+    "flush.ms": "pykbroker's default --fsync interval flushes every log.flush.interval.ms=1000; Kafka never fsyncs",
+}
 # Fields that identify an element of an array, in order of preference.
 KEY_FIELDS = ("name", "topic", "topic_id", "resource_name", "partition_index", "partition", "index", "key",
               "group_id", "api_key")
@@ -446,7 +450,8 @@ def _compare_configs(exp: tuple, act, path: str, ctx: CompareContext, out: list[
     if extra:
         out.append(Finding(f"{path} names", "not listed", f"also {extra}", severity="note"))
     for name in sorted(set(expected) & set(actual)):
-        _compare_entity(expected[name], actual[name], f"{path}[name={name}]", ctx, out)
+        _compare_entity(expected[name], actual[name], f"{path}[name={name}]", ctx, out,
+                        note_only=name in DELIBERATE_CONFIG_DEFAULTS)
 
 
 def _member_prefix(member_id: str) -> str:

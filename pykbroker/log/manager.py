@@ -23,6 +23,7 @@ from pykbroker.log.errors import LogDirectoryInUse
 from pykbroker.log.leader_epoch import CorruptCheckpoint, read_checkpoint, write_checkpoint
 from pykbroker.log.partition_log import (
     FSYNC_POLICIES,
+    DelayedClose,
     FlushJob,
     PartitionLog,
     log_dir_name,
@@ -64,7 +65,7 @@ class LogManager:
         # Set by the replication layer: retention never deletes a segment at or above the high-water mark.
         self.high_watermark_of: Callable[[str, int], int | None] | None = None
         self._logs: dict[TopicPartition, PartitionLog] = {}
-        self._deleted: list[tuple[float, PartitionLog]] = []  # deleted topics' logs; descriptors close later
+        self._deleted = DelayedClose()  # deleted topics' logs: their descriptors close after a delay
         # One worker: fsyncs and checkpoint writes leave the event loop but never overlap each other.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-flush")
         self._closed = False
@@ -153,19 +154,7 @@ class LogManager:
             doomed = self.data_dir / f"{log_dir_name(*key)}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}"
             os.rename(partition_log.directory, doomed)
             shutil.rmtree(doomed, ignore_errors=True)
-            deadline = time.monotonic() + partition_log.config.file_delete_delay_ms / 1000
-            self._deleted.append((deadline, partition_log))
-        self._close_deleted()
-
-    def _close_deleted(self, *, everything: bool = False) -> None:
-        now = time.monotonic()
-        keep = []
-        for deadline, partition_log in self._deleted:
-            if everything or deadline <= now:
-                partition_log.abandon()
-            else:
-                keep.append((deadline, partition_log))
-        self._deleted = keep
+            self._deleted.add(partition_log.config.file_delete_delay_ms, partition_log.abandon)
 
     # -- upkeep ------------------------------------------------------------------------------------------
 
@@ -194,7 +183,7 @@ class LogManager:
                 await self.flush_async(due)
                 await self.write_checkpoints_async()
                 next_flush = time.monotonic() + self.flush_interval_ms / 1000
-            self._close_deleted()
+            self._deleted.run_due()
 
     def apply_retention(self, now_ms: int) -> int:
         """One retention pass over every log; returns the number of segments deleted."""
@@ -244,7 +233,7 @@ class LogManager:
         self._executor.shutdown(wait=True)  # an fsync or checkpoint write still running finishes first
         for partition_log in self._logs.values():
             partition_log.close()
-        self._close_deleted(everything=True)
+        self._deleted.run_due(everything=True)
         self.write_checkpoints()
         marker = self.data_dir / CLEAN_SHUTDOWN_MARKER
         fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -87,6 +87,29 @@ class ReadResult:
         return sum(piece.length for piece in self.slices)
 
 
+class DelayedClose:
+    """Closers that run only after a delay: deleted files stay readable for fetches still sending them."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[float, Callable[[], None]]] = []
+
+    def add(self, delay_ms: int, close: Callable[[], None]) -> None:
+        self._pending.append((time.monotonic() + delay_ms / 1000, close))
+        self.run_due()
+
+    def run_due(self, *, everything: bool = False) -> None:
+        if not self._pending:
+            return
+        now = time.monotonic()
+        keep = []
+        for deadline, close in self._pending:
+            if everything or deadline <= now:
+                close()
+            else:
+                keep.append((deadline, close))
+        self._pending = keep
+
+
 @dataclass(frozen=True)
 class AppendResult:
     base_offset: int
@@ -133,7 +156,7 @@ class PartitionLog:
         self._epochs = LeaderEpochCache(directory / LeaderEpochCache.FILE_NAME)
         self._dirty: set[Segment] = set()  # appended to since the last flush
         self._directory_changed = False  # segment files created or deleted since the last flush
-        self._retired: list[tuple[float, Segment]] = []  # deleted segments whose descriptors close later
+        self._retired = DelayedClose()  # deleted segments' descriptors
         self._truncations = 0
         self._closed = False
         self.rolled_since_flush = False  # lets a "never" fsync policy still flush at rolls, as Kafka does
@@ -411,7 +434,7 @@ class PartitionLog:
             and now_ms - segment.rolling_base_ms > self._config.segment_ms
         ):
             self._roll()
-        self._close_retired()
+        self._retired.run_due()
 
     def roll(self) -> None:
         """Force a new active segment now (if the current one has data)."""
@@ -634,7 +657,7 @@ class PartitionLog:
                 return True
 
             deleted += self._delete_leading(over_size, bound)
-        self._close_retired()
+        self._retired.run_due()
         return deleted
 
     def _segment_age_timestamp(self, segment: Segment) -> int:
@@ -663,26 +686,12 @@ class PartitionLog:
 
     def _retire(self, segments: list[Segment]) -> None:
         """Unlink deleted segments now; close their descriptors after file.delete.delay.ms (fetches in flight)."""
-        deadline = time.monotonic() + self._config.file_delete_delay_ms / 1000
         for segment in segments:
             segment.delete_files()
             self._dirty.discard(segment)
-            self._retired.append((deadline, segment))
+            self._retired.add(self._config.file_delete_delay_ms, segment.close)
         if segments:
             self._directory_changed = True
-        self._close_retired()
-
-    def _close_retired(self, *, everything: bool = False) -> None:
-        if not self._retired:
-            return
-        now = time.monotonic()
-        keep = []
-        for deadline, segment in self._retired:
-            if everything or deadline <= now:
-                segment.close()
-            else:
-                keep.append((deadline, segment))
-        self._retired = keep
 
     # -- durability --------------------------------------------------------------------------------------
 
@@ -737,12 +746,12 @@ class PartitionLog:
         """Close every descriptor without writing anything (the log's directory is being deleted)."""
         for segment in self._segments:
             segment.close()
-        self._close_retired(everything=True)
+        self._retired.run_due(everything=True)
         self._closed = True
 
     def close_expired_files(self) -> None:
         """Close descriptors of deleted segments whose file.delete.delay.ms has passed."""
-        self._close_retired()
+        self._retired.run_due()
 
     def __repr__(self) -> str:
         return (

@@ -39,6 +39,10 @@ class AppendOutcome:
     message: str | None = None
 
 
+class ControlBatchFromClient(InvalidRecordBatch):
+    """Transaction markers are the broker's to write: Kafka answers INVALID_RECORD."""
+
+
 class Partition:
     """One hosted partition: its log, producer state, leader epoch, and the fetchers parked on it."""
 
@@ -77,10 +81,12 @@ class Partition:
         headers = list(iter_headers(records))
         if not headers:
             raise InvalidRecordBatch("no record batch in the records field")
+        if any(h.is_control for h in headers):
+            raise ControlBatchFromClient("control batches are written by the broker, not by producers")
         idempotent = [h for h in headers if h.has_producer_id]
-        for header in idempotent:
+        if idempotent:
             # A retried batch is answered with its original offsets and nothing is appended (Kafka's rule).
-            duplicate = self.producer_state.check(header)
+            duplicate = self.producer_state.check_batches(idempotent)
             if duplicate is not None:
                 return AppendOutcome(
                     ErrorCode.none, duplicate.base_offset, duplicate.log_append_time_ms, self.log.log_start_offset
@@ -89,7 +95,7 @@ class Partition:
         if idempotent:
             for header in result.headers:
                 if header.has_producer_id:
-                    self.producer_state.update(header, result.log_append_time_ms if result.log_append_time_ms >= 0 else now)
+                    self.producer_state.update(header, result.log_append_time_ms)
         self.wake_waiters()
         return AppendOutcome(ErrorCode.none, result.base_offset, result.log_append_time_ms, result.log_start_offset)
 
@@ -145,6 +151,8 @@ class ReplicaManager:
             )
         try:
             return partition.append(records, now_ms())
+        except ControlBatchFromClient as exc:
+            return AppendOutcome(ErrorCode.invalid_record, message=str(exc))
         except CorruptRecordBatch as exc:
             return AppendOutcome(ErrorCode.corrupt_message, message=str(exc))
         except InvalidRecordBatch as exc:

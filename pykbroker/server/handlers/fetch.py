@@ -26,6 +26,7 @@ from pykbroker.server.handlers._epochs import epoch_error
 
 FINAL_EPOCH = -1  # session_epoch -1 closes a fetch session
 NO_SESSION = 0
+READ_COMMITTED = 1
 
 
 @dataclass(slots=True)
@@ -95,6 +96,8 @@ def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, 
 
 def _respond(ctx: RequestContext, schema, results, session_id: int = NO_SESSION, error=ErrorCode.none) -> object:
     by_id = ctx.version >= 13
+    # Kafka sends an empty aborted-transactions list to read_committed fetchers and null to the others.
+    aborted = () if getattr(ctx.request.body, "isolation_level", 0) == READ_COMMITTED else None
     responses = []
     for topic_results in results:
         partitions = []
@@ -109,7 +112,7 @@ def _respond(ctx: RequestContext, schema, results, session_id: int = NO_SESSION,
                     high_watermark=hwm,
                     last_stable_offset=hwm,  # no transactions: everything below the HWM is stable
                     log_start_offset=partition.log.log_start_offset if partition is not None else -1,
-                    aborted_transactions=None,
+                    aborted_transactions=aborted,
                     preferred_read_replica=-1,
                     records=records,
                 )

@@ -16,7 +16,9 @@ from pykbroker.server.handlers._build import make, response_module
 from pykbroker.config import TOPIC_CONFIGS
 
 
-def _created_configs(ctx: RequestContext, schema, name: str) -> tuple:
+def _created_configs(ctx: RequestContext, schema, name: str) -> tuple | None:
+    if not hasattr(schema, "CreatableTopicConfigs"):  # the config list arrived in v5
+        return None
     return tuple(
         make(
             schema.CreatableTopicConfigs,
