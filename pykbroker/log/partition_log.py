@@ -199,7 +199,7 @@ class PartitionLog:
             self._epochs = LeaderEpochCache.load(self.directory)
         except CorruptCheckpoint:
             epoch_file_usable = False
-        note_epoch = self._epoch_recorder(persist=False)
+        note_epoch = self._epoch_recorder()
 
         recovered: list[Segment] = []
         first_unflushed = len(segments) if clean_shutdown else max(bisect_right(bases, recovery_point) - 1, 0)
@@ -239,7 +239,7 @@ class PartitionLog:
 
         if not epoch_file_usable:  # rebuild the whole cache from the batch headers
             self._epochs = LeaderEpochCache(self.directory / LeaderEpochCache.FILE_NAME)
-            note_epoch = self._epoch_recorder(persist=False)
+            note_epoch = self._epoch_recorder()
             for segment in self._segments:
                 for header in iter_file_headers(segment.fd, 0, segment.size):
                     note_epoch(header)
@@ -270,13 +270,14 @@ class PartitionLog:
                 (self.directory / name).unlink(missing_ok=True)
         return sorted(bases)
 
-    def _epoch_recorder(self, *, persist: bool) -> Callable[[BatchHeader], None]:
+    def _epoch_recorder(self) -> Callable[[BatchHeader], None]:
+        """Records epochs met while loading; the cache is written once, at the end of the load."""
         epochs = self._epochs
 
         def note(header: BatchHeader) -> None:
             epoch = header.partition_leader_epoch
             if epoch >= 0 and epoch > epochs.latest_epoch:
-                epochs.assign(epoch, header.base_offset, persist=persist)
+                epochs.assign(epoch, header.base_offset, persist=False)
 
         return note
 

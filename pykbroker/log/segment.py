@@ -240,6 +240,8 @@ class Segment:
         Raises InvalidRecordBatch if the tail is not whole batches (the caller then recovers the segment).
         """
         self.ensure_indexes(index_interval_bytes)
+        if os.fstat(self.fd).st_size != self.size:  # a rebuild stopped short of the file's end
+            raise InvalidRecordBatch(f"{self.log_path} has bytes after its last whole batch")
         if self.next_offset is not None:
             return
         _, position = self.index.last_entry()
@@ -360,13 +362,13 @@ class Segment:
 
     def truncate_to(self, offset: int, index_interval_bytes: int) -> int:
         """Cut the segment before the batch holding ``offset``; returns bytes removed."""
-        self.ensure_indexes(index_interval_bytes)
         header = self.locate(offset, self.size, index_interval_bytes)
-        if header is None:
+        cut = self.size if header is None else header.position
+        on_disk = os.fstat(self.fd).st_size
+        if cut == on_disk:
             return 0
-        removed = self.size - header.position
-        os.ftruncate(self.fd, header.position)
-        self.size = header.position
+        os.ftruncate(self.fd, cut)
+        self.size = cut
         self.index.truncate_to(offset)
         self.time_index.truncate_to(offset)
         # Recompute what the truncated tail may have carried: the max timestamp and the index spacing.
@@ -381,4 +383,4 @@ class Segment:
         self.next_offset = next_offset if self.size else self.base_offset
         self._bytes_since_index_entry = self.size - self.index.last_entry()[1]
         self.rolling_base_ms = None
-        return removed
+        return on_disk - cut

@@ -610,3 +610,20 @@ def test_empty_active_segment_reopened_keeps_indexing(tmp_path):
     again = open_log(tmp_path, config, clean_shutdown=True)
     assert read_all(again, 1) == expected
     again.close()
+
+
+def test_torn_active_segment_with_a_bad_index_is_cut_even_after_clean_shutdown(tmp_path):
+    log = open_log(tmp_path, LogConfig(index_interval_bytes=64))
+    expected = fill(log, [2] * 8)
+    log.close()
+    directory = tmp_path / "topic.a-3"
+    with open(directory / "00000000000000000000.log", "ab") as file:
+        file.write(b"\x00" * 30)  # a torn write that the marker did not know about
+    (directory / "00000000000000000000.index").write_bytes(struct.pack(">iiii", 5, 300, 4, 200))
+    reopened = open_log(tmp_path, LogConfig(index_interval_bytes=64), clean_shutdown=True)
+    more = reopened.append(batch([b"next"]), leader_epoch=0, now_ms=1)
+    assert more.base_offset == 16
+    reopened.close()
+    again = open_log(tmp_path, LogConfig(index_interval_bytes=64))  # unclean: verifies every batch
+    assert read_all(again) == expected + [(16, [b"next"])]
+    again.close()
