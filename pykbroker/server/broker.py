@@ -95,11 +95,22 @@ class Broker:
             reuse_address=True,
         )
         self._background.append(asyncio.ensure_future(self.log_manager.run_background()))
+        self._background.append(asyncio.ensure_future(self._expire_producers()))
         log.info(
             "pykbroker broker %d listening on %s:%d (advertised %s), data dir %s, cluster id %s",
             self.broker_id, self.config.host, self.config.port, self.config.advertised_host,
             self.data_dir, self.metadata.cluster_id,
         )
+
+    async def _expire_producers(self) -> None:
+        """Forget idle producers' sequence state, as Kafka does (producer.id.expiration.ms)."""
+        interval_s = int(self.config.get("producer.id.expiration.check.interval.ms")) / 1000
+        expiration_ms = int(self.config.get("producer.id.expiration.ms"))
+        while True:
+            await asyncio.sleep(interval_s)
+            now = int(time.time() * 1000)
+            for partition in self.replicas.partitions():
+                partition.producer_state.expire(now, expiration_ms)
 
     # -- stop -------------------------------------------------------------------------------------
     async def stop(self) -> None:
