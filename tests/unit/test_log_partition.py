@@ -35,7 +35,8 @@ def batch(values: list[bytes], ts: int = 1_000) -> bytearray:
 
 def decode(data: bytes) -> list[tuple[int, list[bytes]]]:
     """(base offset, record values) of each batch; also checks every CRC."""
-    validate_batches(data) if data else None
+    if data:
+        validate_batches(data)
     return [(header.base_offset, [record.value for record in read_records(data, header)]) for header in iter_headers(data)]
 
 
