@@ -13,14 +13,12 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from pykbroker.log.index import CorruptIndex, OffsetIndex, TimeIndex
-from pykbroker.protocol import records
 from pykbroker.protocol.records import (
     BATCH_HEADER_SIZE,
-    LOG_OVERHEAD,
-    MAGIC_V2,
     BatchHeader,
     InvalidRecordBatch,
     crc_matches,
+    peek_header,
     read_header,
 )
 
@@ -45,22 +43,6 @@ def parse_segment_file_name(name: str) -> int | None:
     if dot and "." + suffix == LOG_SUFFIX and len(stem) == 20 and stem.isdigit():
         return int(stem)
     return None
-
-
-def peek_header(buf, at: int, file_position: int) -> BatchHeader:
-    """Decode the header at ``buf[at:]`` when the batch body is not in ``buf`` (the fetch path reads headers only).
-
-    ``read_header`` insists on the whole batch being present, so this applies the same header checks to a
-    prefix. The returned header's position is ``file_position``.
-    """
-    if len(buf) - at < BATCH_HEADER_SIZE:
-        raise InvalidRecordBatch(f"truncated batch header at file position {file_position}")
-    header = BatchHeader(file_position, *records._HEADER.unpack_from(buf, at))
-    if header.magic != MAGIC_V2:
-        raise InvalidRecordBatch(f"record batch magic {header.magic} at file position {file_position}")
-    if header.batch_length < BATCH_HEADER_SIZE - LOG_OVERHEAD or header.last_offset_delta < 0:
-        raise InvalidRecordBatch(f"bad batch length or offset delta at file position {file_position}")
-    return header
 
 
 def iter_file_headers(fd: int, position: int, end: int) -> Iterator[BatchHeader]:

@@ -125,19 +125,30 @@ class BatchHeader(NamedTuple):
         return (self.base_sequence + self.last_offset_delta) % (1 << 31)
 
 
-def read_header(buf, position: int = 0) -> BatchHeader:
-    """Decode the header of the batch at ``position``; raises InvalidRecordBatch if it is not one."""
-    if len(buf) - position < BATCH_HEADER_SIZE:
-        raise InvalidRecordBatch(f"truncated batch header at {position}: {len(buf) - position} bytes")
-    header = BatchHeader(position, *_HEADER.unpack_from(buf, position))
+def peek_header(buf, at: int = 0, position: int | None = None) -> BatchHeader:
+    """Decode and check the 61-byte header at ``buf[at:]`` without needing the batch body in ``buf``.
+
+    The log's fetch path reads headers alone from segment files; ``position`` is what the returned header
+    reports as its place (a file position there), ``at`` by default.
+    """
+    position = at if position is None else position
+    if len(buf) - at < BATCH_HEADER_SIZE:
+        raise InvalidRecordBatch(f"truncated batch header at {position}: {len(buf) - at} bytes")
+    header = BatchHeader(position, *_HEADER.unpack_from(buf, at))
     if header.magic != MAGIC_V2:
-        raise InvalidRecordBatch(f"unsupported record batch magic {header.magic} (only v2 is accepted)")
+        raise InvalidRecordBatch(f"unsupported record batch magic {header.magic} at {position} (only v2 is accepted)")
     if header.batch_length < BATCH_HEADER_SIZE - LOG_OVERHEAD:
-        raise InvalidRecordBatch(f"batch length {header.batch_length} is shorter than a batch header")
+        raise InvalidRecordBatch(f"batch length {header.batch_length} at {position} is shorter than a batch header")
+    if header.last_offset_delta < 0 or header.record_count < 0:
+        raise InvalidRecordBatch(f"negative lastOffsetDelta or record count at {position}")
+    return header
+
+
+def read_header(buf, position: int = 0) -> BatchHeader:
+    """Decode the header of the whole batch at ``position``; raises InvalidRecordBatch if it is not one."""
+    header = peek_header(buf, position)
     if position + header.size > len(buf):
         raise InvalidRecordBatch(f"batch at {position} claims {header.size} bytes, {len(buf) - position} remain")
-    if header.last_offset_delta < 0 or header.record_count < 0:
-        raise InvalidRecordBatch("negative lastOffsetDelta or record count")
     return header
 
 

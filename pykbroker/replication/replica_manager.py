@@ -60,7 +60,7 @@ class Partition:
         return self.log.log_end_offset
 
     def rebuild_producer_state(self) -> None:
-        self.producer_state.rebuild(header for header, _ in self.log.batches(self.log.log_start_offset))
+        self.producer_state.rebuild(self.log.headers(self.log.log_start_offset))
 
     def add_waiter(self, waiter: asyncio.Future) -> None:
         self._waiters.append(waiter)
@@ -106,6 +106,12 @@ class ReplicaManager:
         self.broker_id = broker_id
         self.log_config_for = log_config_for
         self._partitions: dict[TopicPartition, Partition] = {}
+        # Retention must never delete data consumers cannot see yet (above the high-water mark).
+        log_manager.high_watermark_of = self._high_watermark_of
+
+    def _high_watermark_of(self, topic: str, index: int) -> int | None:
+        partition = self._partitions.get((topic, index))
+        return partition.high_watermark if partition is not None else None
 
     # -- hosting ----------------------------------------------------------------------------------
     def partition(self, topic: str, index: int) -> Partition | None:
