@@ -162,6 +162,9 @@ class BrokerProcess:
     def peak_rss_mib(self) -> float:
         return read_status_kib(self.pid, "VmHWM") / 1024
 
+    def rss_mib(self) -> float:
+        return read_status_kib(self.pid, "VmRSS") / 1024
+
     def check_alive(self) -> None:
         if self.process is not None and self.process.poll() is not None:
             raise BrokerFailed(f"broker exited with {self.process.returncode}:\n{self.log_tail()}")

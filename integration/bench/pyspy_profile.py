@@ -18,7 +18,7 @@ OWN_CODE_MARKER = "pykbroker/"
 
 
 class PySpyRecorder:
-    def __init__(self, pid: int, out_path: Path, rate: int = 250) -> None:
+    def __init__(self, pid: int, out_path: Path, rate: int = 1000) -> None:
         self.pid = pid
         self.out_path = out_path
         self.rate = rate

@@ -40,6 +40,7 @@ FIGURES = [
     Figure(f"{D}.p99_ms", "(d) delivery latency p99 @ 5,000 msgs/s", "ms", 20, at_least=False),
     Figure("broker.start_to_ready_s", "start-to-ready (spawn to ApiVersions)", "s", 0.5, at_least=False),
     Figure("broker.peak_rss_mib", "broker peak RSS (VmHWM)", "MiB", 150, at_least=False),
+    Figure("broker.end_rss_mib", "broker RSS after the workloads (VmRSS)", "MiB"),
     Figure(f"{A}.mb_per_s", "(a) produce 100 B values, acks=1", "MB/s"),
     Figure(f"{B}.msgs_per_s", "(b) produce 1 KiB values, acks=all", "msgs/s"),
     Figure(f"{C}.msgs_per_s", "(c) consume (b) from offset 0, assign", "msgs/s"),

@@ -24,7 +24,7 @@ import resource
 import subprocess
 import sys
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -33,9 +33,17 @@ import confluent_kafka
 from broker_process import REPO_ROOT, BrokerFailed, BrokerProcess, measure_start_to_ready
 from pyspy_profile import PySpyRecorder, format_summary, summarize
 from report import A, B, C, D, medians, table, verdicts
-from workloads import consume_throughput, create_topic, delivery_latency, produce_throughput
+from workloads import (
+    check_stored,
+    consume_throughput,
+    create_topic,
+    delivery_latency,
+    produce_throughput,
+    warm_group_coordinator,
+)
 
 PARTITIONS = 3
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"  # results/ is git-ignored
 LATENCY_RATE = 5_000
 
 
@@ -69,10 +77,18 @@ def log(message: str) -> None:
 class Round:
     """The four workloads against one broker. Figures land in `figures`, failures in `errors`."""
 
-    def __init__(self, broker: BrokerProcess, sizes: Sizes, partitions: int, profile: tuple[str, Path] | None):
+    def __init__(
+        self,
+        broker: BrokerProcess,
+        sizes: Sizes,
+        partitions: int,
+        workloads: frozenset[str] = frozenset((A, B, C, D)),
+        profile: tuple[str, Path] | None = None,
+    ):
         self.broker = broker
         self.sizes = sizes
         self.partitions = partitions
+        self.workloads = workloads
         self.profile = profile  # (workload name, collapsed-stacks path) to sample with py-spy
         self.figures: dict[str, float] = {}
         self.errors: list[str] = []
@@ -83,20 +99,42 @@ class Round:
         try:
             for topic in topics.values():
                 create_topic(bootstrap, topic, partitions)
+            warm_group_coordinator(bootstrap, topics[D])
         except Exception as exc:  # nothing can run without topics
-            self._record_failure("topic creation", exc)
+            self._record_failure("set-up", exc)
             return
-        self._measure(A, lambda: produce_throughput(bootstrap, topics[A], partitions, sizes.produce_small_count, 100, "1"))
-        if self._measure(B, lambda: produce_throughput(bootstrap, topics[B], partitions, sizes.produce_large_count, 1024, "all")):
+        if A in self.workloads:
+            self._measure(
+                A,
+                lambda: produce_throughput(bootstrap, topics[A], sizes.produce_small_count, 100, "1"),
+                lambda: check_stored(bootstrap, topics[A], partitions, sizes.produce_small_count),
+            )
+        b_filled = False  # (c) reads what (b) wrote
+        if B in self.workloads or C in self.workloads:
+            b_filled = self._measure(
+                B,
+                lambda: produce_throughput(bootstrap, topics[B], sizes.produce_large_count, 1024, "all"),
+                lambda: check_stored(bootstrap, topics[B], partitions, sizes.produce_large_count),
+            )
+        if C in self.workloads and b_filled:
             self._measure(C, lambda: consume_throughput(bootstrap, topics[B], partitions, sizes.produce_large_count))
-        self._measure(D, lambda: delivery_latency(bootstrap, topics[D], LATENCY_RATE, sizes.latency_warmup_s, sizes.latency_measure_s))
+        if D in self.workloads:
+            self._measure(
+                D,
+                lambda: delivery_latency(bootstrap, topics[D], LATENCY_RATE, sizes.latency_warmup_s, sizes.latency_measure_s),
+            )
         try:
             self.broker.check_alive()
             self.figures["broker.peak_rss_mib"] = self.broker.peak_rss_mib()
+            self.figures["broker.end_rss_mib"] = self.broker.rss_mib()
         except (BrokerFailed, OSError) as exc:
-            self._record_failure("peak RSS", exc)
+            self._record_failure("RSS", exc)
 
-    def _measure(self, name: str, workload: Callable[[], dict[str, float]]) -> bool:
+    def _measure(
+        self, name: str, workload: Callable[[], dict[str, float]], check: Callable[[], None] | None = None
+    ) -> bool:
+        """Run one workload, take the broker's and this process's CPU around it, then run its check
+        (outside the CPU window: the check is not the workload)."""
         try:
             self.broker.check_alive()
             broker_cpu_before, client_cpu_before = self.broker.cpu(), client_cpu_seconds()
@@ -107,6 +145,8 @@ class Round:
                 result = workload()
             broker_cpu = self.broker.cpu().since(broker_cpu_before)
             client_cpu = client_cpu_seconds() - client_cpu_before
+            if check is not None:
+                check()
         except Exception as exc:
             self._record_failure(name, exc)
             return False
@@ -153,9 +193,9 @@ def round_summary(figures: dict[str, float]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, help="rounds, each on a fresh broker (default 3, --quick 1)")
+    parser.add_argument("--rounds", type=int, help="rounds, each on a fresh broker (default 3, --quick 1; 0 with --profile: profile only)")
     parser.add_argument("--quick", action="store_true", help="a fast smoke run: a tenth of the messages")
-    parser.add_argument("--json", type=Path, default=Path("bench-results.json"), help="where to write the results")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where to write the results (default {DEFAULT_JSON})")
     parser.add_argument("--partitions", type=int, default=PARTITIONS, help="partitions per benchmark topic")
     parser.add_argument("--broker-arg", action="append", default=[], metavar="ARG",
                         help="extra argument for `pykbroker serve` (repeatable), e.g. --broker-arg=--fsync=never")  # fmt: skip
@@ -169,7 +209,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sizes = QUICK if args.quick else FULL
-    rounds = args.rounds or sizes.rounds
+    rounds = sizes.rounds if args.rounds is None else args.rounds
     workload_names = dict(zip("abcd", (A, B, C, D)))
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     round_figures: list[dict[str, float]] = []
@@ -183,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                 start_samples.append(measure_start_to_ready(args.broker_arg))
             with BrokerProcess(extra_args=list(args.broker_arg)) as broker:
                 start_samples.append(broker.start_to_ready_s)
-                this_round = Round(broker, sizes, args.partitions, profile=None)
+                this_round = Round(broker, sizes, args.partitions)
                 this_round.run()
         except BrokerFailed as exc:
             errors.append(f"round {number}: {exc}")
@@ -200,14 +240,27 @@ def main(argv: list[str] | None = None) -> int:
         else:
             workload = workload_names[args.profile_workload]
             log(f"profile round: py-spy on the broker during {workload}")
+            # Three times the messages, so that the sampled stretch is long enough to rank hot spots;
+            # (c) needs (b)'s topic filled first.
+            profile_sizes = replace(
+                sizes,
+                produce_small_count=3 * sizes.produce_small_count,
+                produce_large_count=3 * sizes.produce_large_count,
+            )
+            needed = frozenset((workload, B)) if workload == C else frozenset((workload,))
             try:
+                args.profile.unlink(missing_ok=True)
                 with BrokerProcess(extra_args=list(args.broker_arg)) as broker:
-                    Round(broker, sizes, args.partitions, profile=(workload, args.profile)).run()
-                profile_report = summarize(args.profile)
-                profile_report["workload"] = workload
-                profile_report["stacks_file"] = str(args.profile)
-            except (BrokerFailed, RuntimeError) as exc:
-                errors.append(f"profile: {exc}")
+                    profile_round = Round(broker, profile_sizes, args.partitions, needed, (workload, args.profile))
+                    profile_round.run()
+                errors.extend(f"profile round: {error}" for error in profile_round.errors)
+                if args.profile.exists():
+                    profile_report = summarize(args.profile)
+                    profile_report["workload"] = workload
+                    profile_report["stacks_file"] = str(args.profile)
+                    profile_report["figures"] = profile_round.figures
+            except BrokerFailed as exc:
+                errors.append(f"profile round: {exc}")
 
     median_figures = medians(round_figures, start_samples)
     results = {
@@ -223,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         "errors": errors,
         "profile": profile_report,
     }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2) + "\n")
 
     print()
@@ -233,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         print(format_summary(profile_report))
     if errors:
         print("\nerrors:\n  " + "\n  ".join(error.splitlines()[0] for error in errors))
-    return 1 if errors or not round_figures else 0
+    return 1 if errors or (rounds and not round_figures) else 0
 
 
 if __name__ == "__main__":
