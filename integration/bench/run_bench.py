@@ -170,7 +170,7 @@ def describe_environment() -> dict[str, object]:
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "confluent_kafka": confluent_kafka.version()[0],
+        "confluent_kafka": confluent_kafka.version(),  # a string; libversion() is a (string, int) pair
         "librdkafka": confluent_kafka.libversion()[0],
         "broker_commit": git("rev-parse", "--short", "HEAD"),
         "broker_tree_dirty": bool(git("status", "--porcelain", "--", "pykbroker")),
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
 
     median_figures = medians(round_figures, start_samples)
     results = {
-        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python", sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
         "started_at": started_at,
         "environment": describe_environment(),
         "settings": {**asdict(sizes), "rounds": rounds, "partitions": args.partitions,
