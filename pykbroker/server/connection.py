@@ -80,25 +80,34 @@ class KafkaConnection(asyncio.Protocol):
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:
+        # Common case: nothing buffered, so frames are sliced straight out of ``data`` (one copy per frame);
+        # only an incomplete tail is kept in the buffer for the next read.
         buffer = self._buffer
-        buffer += data
+        if buffer:
+            buffer += data
+            if len(buffer) >= SIZE.size:
+                (size,) = SIZE.unpack_from(buffer, 0)
+                if 0 <= size <= self.max_request_bytes and len(buffer) < SIZE.size + size:
+                    return  # still inside one frame: wait without copying the buffer again
+            data = bytes(buffer)
+            buffer.clear()
         position = 0
         size_len = SIZE.size
-        while len(buffer) - position >= size_len:
-            (size,) = SIZE.unpack_from(buffer, position)
+        while len(data) - position >= size_len:
+            (size,) = SIZE.unpack_from(data, position)
             if size < 0 or size > self.max_request_bytes:
                 self._abort(f"frame of {size} bytes exceeds socket.request.max.bytes {self.max_request_bytes}")
                 return
             end = position + size_len + size
-            if len(buffer) < end:
+            if len(data) < end:
                 break
-            frame = bytes(buffer[position + size_len : end])
+            frame = data[position + size_len : end]
             position = end
             self._handle_frame(frame)
             if self._closed:
                 return
-        if position:
-            del buffer[:position]
+        if position < len(data):
+            self._buffer += memoryview(data)[position:]
         self._update_reading()
 
     # -- requests ---------------------------------------------------------------------------------
