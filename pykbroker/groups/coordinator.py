@@ -1,60 +1,1013 @@
-"""The group coordinator: owns consumer groups and their committed offsets.
+"""The group coordinator: classic consumer groups (JoinGroup/SyncGroup/Heartbeat/LeaveGroup) and their
+committed offsets.
 
-This first version knows no members yet (membership and rebalancing arrive with JoinGroup/SyncGroup),
-so every group is Empty and only "simple" commits are valid: generation -1 and an empty member id, what
-librdkafka sends with assign() and auto-commit. A commit naming a generation gets ILLEGAL_GENERATION, as
-Kafka answers for a group without that generation.
+A port of Kafka 3.x's classic ``GroupCoordinator`` (core/src/main/scala/kafka/coordinator/group), rule for
+rule, onto one asyncio loop: where Kafka holds a group lock we run to completion, where Kafka parks a
+delayed operation in a purgatory we arm a timer. The rules worth knowing:
+
+* JoinGroup v4+ without a member id gets MEMBER_ID_REQUIRED and a fresh id (``client.id-<uuid>``; a static
+  member's is ``group.instance.id-<uuid>``); the id is "pending" until it joins again, for one session
+  timeout. A join moves the group to PreparingRebalance; the join phase ends when every known member has
+  rejoined and no pending member is left, or at the rebalance timeout (the largest ``rebalance_timeout``
+  of the members), when dynamic members that did not rejoin are dropped. An Empty group first waits
+  ``group.initial.rebalance.delay.ms``, extended by the same again while new members keep arriving, up to
+  the rebalance timeout. Then the generation goes up, the protocol every member supports that most members
+  prefer is chosen, and the leader (the first member, or any rejoined one if it did not) gets every
+  member's metadata in its JoinGroup answer.
+* SyncGroup from the leader carries the assignment; every member gets its part (an empty byte string if
+  the leader named none). Members that do not send SyncGroup within the rebalance timeout are dropped.
+* Each member has a session timer, re-armed by heartbeats, commits and rebalance steps; a member whose
+  timer runs out is removed and the group rebalances. A member parked in JoinGroup/SyncGroup counts as
+  alive (except a brand-new one, which has five minutes to finish its first join).
+* Static members (``group.instance.id``) keep their place: rejoining with a new member id replaces the
+  old one without a rebalance when nothing changed, and the old id is FENCED_INSTANCE_ID from then on.
+  Only dynamic members are dropped for not rejoining in time.
+* Offsets: a commit with generation -1 and no member id is a "simple" commit, valid only while the group
+  has no members; otherwise member id and generation must be current (UNKNOWN_MEMBER_ID,
+  ILLEGAL_GENERATION) and the group not waiting for its SyncGroup (REBALANCE_IN_PROGRESS).
+* A group's membership is written to ``__consumer_offsets`` (Kafka's GroupMetadataValue, see
+  group_record.py) when it becomes Stable or Empty, and reloaded on start: members of a loaded Stable
+  group keep their generation and must heartbeat within their session timeout.
+* Every ``offsets.retention.check.interval.ms`` offsets expire: those of an Empty group
+  ``offsets.retention.minutes`` after it became empty, those of a "simple" group that long after their
+  commit, and in a Stable consumer group those of topics nobody subscribes to any more; an Empty group
+  left without offsets is then removed.
+
+On a single broker this broker coordinates every group, so COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR and
+COORDINATOR_LOAD_IN_PROGRESS are not produced for routing reasons (groups load before the listener opens).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from typing import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping, Protocol
 
+from pykbroker.groups.group import (
+    DEAD_GROUP_SUMMARY,
+    NO_GENERATION,
+    UNKNOWN_MEMBER_ID,
+    ClassicGroup,
+    GroupOverview,
+    GroupState,
+    GroupSummary,
+    JoinCallback,
+    JoinResult,
+    Member,
+    Protocols,
+    SyncCallback,
+    SyncResult,
+)
+from pykbroker.groups.group_record import decode_group_record, encode_group_record, group_from_record, record_of
 from pykbroker.groups.offset_store import CommittedOffset, OffsetStore
 from pykbroker.protocol.errors import ErrorCode
 
-NO_GENERATION = -1
+log = logging.getLogger(__name__)
+
 OFFSET_METADATA_MAX_BYTES = 4096  # Kafka's offset.metadata.max.bytes
+NEW_MEMBER_JOIN_TIMEOUT_MS = 5 * 60 * 1000  # Kafka's GroupCoordinator.NewMemberJoinTimeoutMs
+INT32_MAX = 2**31 - 1
+
+TopicPartition = tuple[str, int]
+
+# APIs whose group id may be empty (Kafka keeps "" legal there for old clients and admin tools);
+# everything else needs a non-empty id.
+_EMPTY_GROUP_ID_ALLOWED = frozenset({"offset_commit", "offset_fetch", "describe_groups", "delete_groups"})
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """The broker configs the coordinator reads (Kafka's names and defaults)."""
+
+    min_session_timeout_ms: int = 6000  # group.min.session.timeout.ms
+    max_session_timeout_ms: int = 1800000  # group.max.session.timeout.ms
+    max_size: int = INT32_MAX  # group.max.size
+    initial_rebalance_delay_ms: int = 3000  # group.initial.rebalance.delay.ms
+    offsets_retention_ms: int = 10080 * 60 * 1000  # offsets.retention.minutes
+    offsets_retention_check_interval_ms: int = 600000  # offsets.retention.check.interval.ms
+
+    @classmethod
+    def from_broker_config(cls, config) -> "GroupConfig":
+        return cls(
+            min_session_timeout_ms=int(config.get("group.min.session.timeout.ms")),
+            max_session_timeout_ms=int(config.get("group.max.session.timeout.ms")),
+            max_size=int(config.get("group.max.size")),
+            initial_rebalance_delay_ms=int(config.get("group.initial.rebalance.delay.ms")),
+            offsets_retention_ms=int(config.get("offsets.retention.minutes")) * 60 * 1000,
+            offsets_retention_check_interval_ms=int(config.get("offsets.retention.check.interval.ms")),
+        )
+
+
+class Timer(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Scheduler(Protocol):
+    """The coordinator's clock: wall time in ms and one-shot timers."""
+
+    def now_ms(self) -> int: ...
+
+    def call_later(self, delay_ms: int, callback: Callable[[], None]) -> Timer: ...
+
+
+class LoopScheduler:
+    """Timers on the running asyncio loop (requests and the background task always run inside it)."""
+
+    def now_ms(self) -> int:
+        return int(time.time() * 1000)
+
+    def call_later(self, delay_ms: int, callback: Callable[[], None]) -> Timer:
+        return asyncio.get_running_loop().call_later(max(delay_ms, 0) / 1000, callback)
+
+
+@dataclass(frozen=True)
+class JoinRequest:
+    group_id: str
+    member_id: str
+    protocol_type: str
+    protocols: Protocols
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    group_instance_id: str | None = None
+    client_id: str = ""
+    client_host: str = ""
+    require_known_member_id: bool = True  # JoinGroup v4+ for a dynamic member
+    supports_skipping_assignment: bool = False  # JoinGroup v9+
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class LeavingMember:
+    member_id: str
+    group_instance_id: str | None = None
+    reason: str | None = None
+
+
+@dataclass
+class _DelayedJoin:
+    """The join phase's pending completion. ``initial``: the delay of a group leaving Empty, which only
+    ends at its deadline (then maybe extends); otherwise it ends as soon as every member has joined."""
+
+    timer: Timer | None
+    initial: bool
+    delay_ms: int = 0
+    remaining_ms: int = 0
+
+
+@dataclass
+class _GroupTimers:
+    join: _DelayedJoin | None = None
+    sync: Timer | None = None
+    pending: dict[str, Timer] = field(default_factory=dict)  # pending member id -> expiry
+
+
+def _storage_error(exc: Exception) -> ErrorCode:
+    """Kafka's mapping of a failed __consumer_offsets append: a disk failure means "ask the coordinator
+    again", anything else is a server error."""
+    return ErrorCode.not_coordinator if isinstance(exc, OSError) else ErrorCode.unknown_server_error
 
 
 class GroupCoordinator:
-    def __init__(self, store: Callable[[], OffsetStore], partition_exists: Callable[[str, int], bool]) -> None:
-        self._store = store  # lazily created: __consumer_offsets appears on first use, as in Kafka
-        self._partition_exists = partition_exists
+    """Owns every classic group. ``store()`` returns the offset store, creating ``__consumer_offsets`` on
+    first use; ``store_if_open()`` returns it only if it already exists (so that reading state never
+    creates the topic); ``partition_exists(topic, partition)`` says whether offsets can be committed."""
+
+    def __init__(
+        self,
+        store: Callable[[], OffsetStore],
+        partition_exists: Callable[[str, int], bool],
+        config: GroupConfig | None = None,
+        *,
+        store_if_open: Callable[[], OffsetStore | None] | None = None,
+        scheduler: Scheduler | None = None,
+    ) -> None:
+        self._store = store
+        self._store_if_open = store_if_open if store_if_open is not None else store
+        self.partition_exists = partition_exists
+        self.config = config or GroupConfig()
+        self._scheduler = scheduler or LoopScheduler()
+        self._groups: dict[str, ClassicGroup] = {}
+        self._timers: dict[str, _GroupTimers] = {}
+        self._loaded_from: OffsetStore | None = None
+
+    # ==================================================================================================
+    # Loading and background work
+
+    def _ensure_loaded(self) -> None:
+        """Rebuild groups from the offset store the first time it is open (at start, or when created)."""
+        store = self._store_if_open()
+        if store is None or store is self._loaded_from:
+            return
+        self._loaded_from = store
+        now = self._now()
+        for group_id, value in store.group_metadata().items():
+            if group_id in self._groups:
+                continue  # created in memory before the store existed; memory is newer
+            try:
+                group = group_from_record(group_id, decode_group_record(value))
+            except (ValueError, UnicodeDecodeError) as exc:
+                log.warning("group %s: unreadable group metadata, starting it empty: %s", group_id, exc)
+                group = ClassicGroup(group_id, GroupState.EMPTY, now)
+            self._groups[group_id] = group
+            self._on_group_loaded(group)
+        for group_id in store.groups():
+            if group_id not in self._groups:  # offsets only: a "simple" group
+                self._groups[group_id] = ClassicGroup(group_id, GroupState.EMPTY, now)
+        log.info("group coordinator loaded %d groups", len(self._groups))
+
+    def _on_group_loaded(self, group: ClassicGroup) -> None:
+        if group.size() > self.config.max_size:
+            self._prepare_rebalance(group, "freshly-loaded group is over capacity")
+        for member in list(group.members.values()):
+            self._complete_and_schedule_next_heartbeat(group, member)
+
+    async def run(self) -> None:
+        """The coordinator's background task: load groups, then expire offsets periodically."""
+        self._ensure_loaded()
+        try:
+            while True:
+                await asyncio.sleep(self.config.offsets_retention_check_interval_ms / 1000)
+                try:
+                    removed = self.expire_offsets()
+                    if removed:
+                        log.info("removed %d expired offsets", removed)
+                except Exception:
+                    log.exception("offset expiration failed")
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Cancel every timer (broker shutdown)."""
+        for timers in self._timers.values():
+            if timers.join and timers.join.timer:
+                timers.join.timer.cancel()
+            if timers.sync:
+                timers.sync.cancel()
+            for timer in timers.pending.values():
+                timer.cancel()
+        self._timers.clear()
+        for group in self._groups.values():
+            for member in group.members.values():
+                self._cancel_heartbeat(member)
+
+    # ==================================================================================================
+    # Helpers
+
+    def _now(self) -> int:
+        return self._scheduler.now_ms()
+
+    def _group_timers(self, group: ClassicGroup) -> _GroupTimers:
+        return self._timers.setdefault(group.group_id, _GroupTimers())
+
+    @staticmethod
+    def _invalid_group_id(group_id: str | None, api: str) -> ErrorCode | None:
+        if group_id is None or (not group_id and api not in _EMPTY_GROUP_ID_ALLOWED):
+            return ErrorCode.invalid_group_id
+        return None
+
+    def _add_group(self, group_id: str) -> ClassicGroup:
+        group = ClassicGroup(group_id, GroupState.EMPTY, self._now())
+        self._groups[group_id] = group
+        return group
+
+    def _drop_group(self, group: ClassicGroup) -> None:
+        """A Dead group leaves the coordinator (its records are already tombstoned)."""
+        if self._groups.get(group.group_id) is group:
+            del self._groups[group.group_id]
+        timers = self._timers.pop(group.group_id, None)
+        if timers is not None:
+            if timers.join and timers.join.timer:
+                timers.join.timer.cancel()
+            if timers.sync:
+                timers.sync.cancel()
+            for timer in timers.pending.values():
+                timer.cancel()
+
+    def group(self, group_id: str) -> ClassicGroup | None:
+        """The group, if this coordinator knows it (read-only use: tests, tools)."""
+        self._ensure_loaded()
+        return self._groups.get(group_id)
+
+    @staticmethod
+    def _validate_current_member(group: ClassicGroup, member_id: str, group_instance_id: str | None) -> ErrorCode | None:
+        """A static member's instance id must map to this member id (else FENCED_INSTANCE_ID, or
+        UNKNOWN_MEMBER_ID if the instance is unknown); a member id must be in the group."""
+        if group_instance_id is not None:
+            current = group.static_member_id(group_instance_id)
+            if current is None:
+                return ErrorCode.unknown_member_id
+            if current != member_id:
+                return ErrorCode.fenced_instance_id
+        if not group.has(member_id):
+            return ErrorCode.unknown_member_id
+        return None
+
+    def _store_group(self, group: ClassicGroup, assignment: Mapping[str, bytes]) -> ErrorCode:
+        try:
+            self._store().put_group_metadata(
+                group.group_id, encode_group_record(record_of(group, dict(assignment))), self._now())
+        except Exception as exc:
+            log.exception("group %s: writing group metadata failed", group.group_id)
+            return _storage_error(exc)
+        return ErrorCode.none
+
+    # ==================================================================================================
+    # JoinGroup
+
+    def _accept_joining_member(self, group: ClassicGroup, member_id: str) -> bool:
+        if group.is_state(GroupState.EMPTY, GroupState.DEAD):
+            return True
+        if group.is_state(GroupState.PREPARING_REBALANCE):
+            # Count members that have rejoined, so the last ones to rejoin an oversized group are shed.
+            return ((group.has(member_id) and group.get(member_id).is_awaiting_join)
+                    or group.num_awaiting_join < self.config.max_size)
+        return group.has(member_id) or group.size() < self.config.max_size
+
+    def join_group(self, request: JoinRequest, respond: JoinCallback) -> None:
+        """Handle a JoinGroup; ``respond`` is called once, now or when the join phase ends."""
+        self._ensure_loaded()
+        member_id = request.member_id
+        error = self._invalid_group_id(request.group_id, "join_group")
+        if error is not None:
+            respond(JoinResult(error, member_id))
+            return
+        if not self.config.min_session_timeout_ms <= request.session_timeout_ms <= self.config.max_session_timeout_ms:
+            respond(JoinResult(ErrorCode.invalid_session_timeout, member_id))
+            return
+        is_unknown_member = member_id == UNKNOWN_MEMBER_ID
+        group = self._groups.get(request.group_id)
+        if group is None:
+            if not is_unknown_member:  # a member id for a group that does not exist
+                respond(JoinResult(ErrorCode.unknown_member_id, member_id))
+                return
+            group = self._add_group(request.group_id)
+        if not self._accept_joining_member(group, member_id):
+            member = group.members.get(member_id)
+            group.remove(member_id)
+            if member is not None:
+                self._cancel_heartbeat(member)
+            respond(JoinResult(ErrorCode.group_max_size_reached, UNKNOWN_MEMBER_ID))
+        elif is_unknown_member:
+            self._new_member_join(group, request, respond)
+        else:
+            self._current_member_join(group, request, respond)
+        if group.is_state(GroupState.PREPARING_REBALANCE):
+            self._check_join_complete(group)
+
+    def _new_member_join(self, group: ClassicGroup, request: JoinRequest, respond: JoinCallback) -> None:
+        if group.is_state(GroupState.DEAD):
+            respond(JoinResult(ErrorCode.coordinator_not_available, UNKNOWN_MEMBER_ID))
+            return
+        if not group.supports_protocols(request.protocol_type, (name for name, _ in request.protocols)):
+            respond(JoinResult(ErrorCode.inconsistent_group_protocol, UNKNOWN_MEMBER_ID))
+            return
+        new_member_id = group.generate_member_id(request.client_id, request.group_instance_id)
+        if request.group_instance_id is not None:
+            old_member_id = group.static_member_id(request.group_instance_id)
+            if old_member_id is not None:
+                log.info("group %s: static member %s rejoins with a new member id %s, replacing %s",
+                         group.group_id, request.group_instance_id, new_member_id, old_member_id)
+                self._update_static_member_and_rebalance(group, old_member_id, new_member_id, request, respond)
+            else:
+                self._add_member_and_rebalance(group, new_member_id, request, respond)
+        elif request.require_known_member_id:
+            group.add_pending_member(new_member_id)
+            self._schedule_pending_member_expiration(group, new_member_id, request.session_timeout_ms)
+            respond(JoinResult(ErrorCode.member_id_required, new_member_id))
+        else:
+            self._add_member_and_rebalance(group, new_member_id, request, respond)
+
+    def _current_member_join(self, group: ClassicGroup, request: JoinRequest, respond: JoinCallback) -> None:
+        member_id = request.member_id
+        if group.is_state(GroupState.DEAD):
+            respond(JoinResult(ErrorCode.coordinator_not_available, member_id))
+            return
+        if not group.supports_protocols(request.protocol_type, (name for name, _ in request.protocols)):
+            respond(JoinResult(ErrorCode.inconsistent_group_protocol, member_id))
+            return
+        if member_id in group.pending_members:
+            if request.group_instance_id is not None:
+                # Kafka raises here (a pending id is never a static member's); the client sees this.
+                respond(JoinResult(ErrorCode.unknown_server_error, member_id))
+                return
+            self._add_member_and_rebalance(group, member_id, request, respond)
+            return
+        error = self._validate_current_member(group, member_id, request.group_instance_id)
+        if error is not None:
+            respond(JoinResult(error, member_id))
+            return
+        member = group.get(member_id)
+        if group.is_state(GroupState.PREPARING_REBALANCE):
+            self._update_member_and_rebalance(group, member, request, respond)
+        elif group.is_state(GroupState.COMPLETING_REBALANCE):
+            if member.matches(request.protocols):
+                # The member missed its JoinGroup answer: send the current generation again.
+                respond(self._join_result(group, member_id, leader_gets_members=True))
+            else:
+                self._update_member_and_rebalance(group, member, request, respond)
+        elif group.is_state(GroupState.STABLE):
+            if group.is_leader(member_id) or not member.matches(request.protocols):
+                # A rejoining leader forces a rebalance: that is how it reacts to metadata changes
+                # (new partitions) that do not change its own subscription.
+                self._update_member_and_rebalance(group, member, request, respond)
+            else:
+                respond(self._join_result(group, member_id, leader_gets_members=False))
+        else:  # Empty: the member is not in the group any more; let it start over
+            respond(JoinResult(ErrorCode.unknown_member_id, member_id))
+
+    def _join_result(self, group: ClassicGroup, member_id: str, *, leader_gets_members: bool) -> JoinResult:
+        members = group.current_member_metadata() if leader_gets_members and group.is_leader(member_id) else ()
+        return JoinResult(ErrorCode.none, member_id, group.generation_id, group.protocol_type, group.protocol_name,
+                          group.leader_id or "", False, members)
+
+    def _add_member_and_rebalance(self, group: ClassicGroup, member_id: str, request: JoinRequest,
+                                  respond: JoinCallback) -> None:
+        member = Member(member_id, request.group_instance_id, request.client_id, request.client_host,
+                        request.rebalance_timeout_ms, request.session_timeout_ms, request.protocol_type,
+                        list(request.protocols))
+        member.is_new = True
+        if group.is_state(GroupState.PREPARING_REBALANCE) and group.generation_id == 0:
+            group.new_member_added = True  # lets the initial delay extend
+        group.add(member, respond)
+        pending = self._group_timers(group).pending.pop(member_id, None)
+        if pending is not None:
+            pending.cancel()
+        # A new member cannot heartbeat before its first join completes, and a client that gave up on a
+        # long rebalance may retry under a new id: bound its first join instead of its session.
+        self._complete_and_schedule_next_expiration(group, member, NEW_MEMBER_JOIN_TIMEOUT_MS)
+        self._maybe_prepare_rebalance(group, f"adding new member {member_id} ({request.reason or 'no reason'})")
+
+    def _update_member_and_rebalance(self, group: ClassicGroup, member: Member, request: JoinRequest,
+                                     respond: JoinCallback) -> None:
+        group.update_member(member, request.protocols, request.rebalance_timeout_ms, request.session_timeout_ms,
+                            respond)
+        self._maybe_prepare_rebalance(group, f"member {member.member_id} rejoins ({request.reason or 'no reason'})")
+
+    def _update_static_member_and_rebalance(self, group: ClassicGroup, old_member_id: str, new_member_id: str,
+                                            request: JoinRequest, respond: JoinCallback) -> None:
+        instance_id = request.group_instance_id
+        assert instance_id is not None
+        current_leader = group.leader_id or ""
+        member = group.replace_static_member(instance_id, old_member_id, new_member_id)
+        self._complete_and_schedule_next_heartbeat(group, member)
+        old_protocols, old_rebalance, old_session = member.protocols, member.rebalance_timeout_ms, member.session_timeout_ms
+        group.update_member(member, request.protocols, request.rebalance_timeout_ms, request.session_timeout_ms, respond)
+        if group.is_state(GroupState.STABLE):
+            if group.protocol_name == group.select_protocol():
+                # Nothing the assignment depends on changed: persist the new member id, no rebalance.
+                error = self._store_group(group, {m.member_id: m.assignment for m in group.members.values()})
+                if error != ErrorCode.none:
+                    group.update_member(member, old_protocols, old_rebalance, old_session, None)
+                    old = group.replace_static_member(instance_id, new_member_id, old_member_id)
+                    self._complete_and_schedule_next_heartbeat(group, old)
+                    respond(JoinResult(error, UNKNOWN_MEMBER_ID, group.generation_id, group.protocol_type,
+                                       group.protocol_name, current_leader))
+                elif request.supports_skipping_assignment:
+                    # v9+: tell a returning leader it leads, but that it must not reassign (the group is
+                    # Stable and would ignore a new assignment).
+                    is_leader = group.is_leader(new_member_id)
+                    group.invoke_join_callback(member, JoinResult(
+                        ErrorCode.none, new_member_id, group.generation_id, group.protocol_type, group.protocol_name,
+                        group.leader_id or "", is_leader, group.current_member_metadata() if is_leader else ()))
+                else:
+                    # Before v9: answer with the old leader id, so a returning leader does not assign.
+                    group.invoke_join_callback(member, JoinResult(
+                        ErrorCode.none, new_member_id, group.generation_id, group.protocol_type, group.protocol_name,
+                        current_leader))
+            else:
+                self._maybe_prepare_rebalance(group, f"static member {instance_id} rejoins with other protocols")
+        elif group.is_state(GroupState.COMPLETING_REBALANCE):
+            # The old id may already be in the leader's assignment: rebalance so the new id gets one.
+            self._prepare_rebalance(group, f"static member {instance_id} rejoins during CompletingRebalance")
+        # PreparingRebalance: the member simply takes part in the join phase under its new id.
+
+    # -- the join phase ---------------------------------------------------------------------------------
+
+    def _maybe_prepare_rebalance(self, group: ClassicGroup, reason: str) -> None:
+        if group.can_rebalance():
+            self._prepare_rebalance(group, reason)
+
+    def _prepare_rebalance(self, group: ClassicGroup, reason: str) -> None:
+        if group.is_state(GroupState.COMPLETING_REBALANCE):
+            self._reset_and_propagate_assignment_error(group, ErrorCode.rebalance_in_progress)
+        self._remove_sync_expiration(group)
+        was_empty = group.is_state(GroupState.EMPTY)
+        rebalance_timeout = group.rebalance_timeout_ms()
+        group.transition_to(GroupState.PREPARING_REBALANCE, self._now())
+        log.info("group %s: preparing to rebalance, old generation %d (%s)", group.group_id, group.generation_id, reason)
+        if was_empty:
+            delay = self.config.initial_rebalance_delay_ms
+            self._schedule_initial_join(group, delay, max(rebalance_timeout - delay, 0))
+        else:
+            self._schedule_join(group, rebalance_timeout)
+
+    def _schedule_join(self, group: ClassicGroup, timeout_ms: int) -> None:
+        """Kafka's DelayedJoin: done now if everyone has joined, else at the deadline or when they have."""
+        timers = self._group_timers(group)
+        if group.has_all_members_joined():
+            timers.join = None
+            self._complete_join(group)
+            return
+        timers.join = _DelayedJoin(None, initial=False)
+        timers.join.timer = self._scheduler.call_later(timeout_ms, lambda: self._on_join_deadline(group))
+
+    def _schedule_initial_join(self, group: ClassicGroup, delay_ms: int, remaining_ms: int) -> None:
+        """Kafka's InitialDelayedJoin: waits out its delay whatever happens, then maybe extends."""
+        timers = self._group_timers(group)
+        join = _DelayedJoin(None, initial=True, delay_ms=delay_ms, remaining_ms=remaining_ms)
+        timers.join = join
+        join.timer = self._scheduler.call_later(delay_ms, lambda: self._on_join_deadline(group))
+
+    def _check_join_complete(self, group: ClassicGroup) -> None:
+        join = self._group_timers(group).join
+        if join is not None and not join.initial and group.has_all_members_joined():
+            if join.timer is not None:
+                join.timer.cancel()
+            self._group_timers(group).join = None
+            self._complete_join(group)
+
+    def _on_join_deadline(self, group: ClassicGroup) -> None:
+        timers = self._timers.get(group.group_id)
+        join = timers.join if timers is not None else None
+        if join is None or self._groups.get(group.group_id) is not group:
+            return
+        timers.join = None
+        if join.initial and group.new_member_added and join.remaining_ms != 0:
+            group.new_member_added = False
+            self._schedule_initial_join(group, min(self.config.initial_rebalance_delay_ms, join.remaining_ms),
+                                        max(join.remaining_ms - join.delay_ms, 0))
+            return
+        self._complete_join(group)
+
+    def _complete_join(self, group: ClassicGroup) -> None:
+        """The join phase is over: drop dynamic members that did not rejoin, start the next generation."""
+        for member in [m for m in group.not_yet_rejoined() if not m.is_static]:
+            log.info("group %s: removing member %s, which did not rejoin in time", group.group_id, member.member_id)
+            group.remove(member.member_id)
+            self._cancel_heartbeat(member)
+        if group.is_state(GroupState.DEAD):
+            return
+        if not group.maybe_elect_new_joined_leader() and group.members:
+            # Only static members are left and none rejoined: wait again until sessions expire them.
+            log.warning("group %s: no member rejoined; waiting another rebalance timeout", group.group_id)
+            self._schedule_join(group, group.rebalance_timeout_ms())
+            return
+        group.init_next_generation(self._now())
+        if group.is_state(GroupState.EMPTY):
+            log.info("group %s: generation %d is empty", group.group_id, group.generation_id)
+            if self._store_group(group, {}) != ErrorCode.none:
+                log.warning("group %s: could not persist the empty generation %d", group.group_id, group.generation_id)
+            return
+        log.info("group %s: generation %d with %d members, protocol %s, leader %s", group.group_id,
+                 group.generation_id, group.size(), group.protocol_name, group.leader_id)
+        for member in list(group.members.values()):
+            group.invoke_join_callback(member, self._join_result(group, member.member_id, leader_gets_members=True))
+            self._complete_and_schedule_next_heartbeat(group, member)
+            member.is_new = False
+            group.pending_sync_members.add(member.member_id)
+        self._schedule_pending_sync(group)
+
+    # ==================================================================================================
+    # SyncGroup
+
+    def sync_group(self, group_id: str, generation_id: int, member_id: str, protocol_type: str | None,
+                   protocol_name: str | None, group_instance_id: str | None, assignments: Mapping[str, bytes],
+                   respond: SyncCallback) -> None:
+        """Handle a SyncGroup; ``respond`` is called once, now or when the leader's assignment arrives."""
+        self._ensure_loaded()
+        error = self._invalid_group_id(group_id, "sync_group")
+        if error is not None:
+            respond(SyncResult(error))
+            return
+        group = self._groups.get(group_id)
+        if group is None:
+            respond(SyncResult(ErrorCode.unknown_member_id))
+            return
+        if group.is_state(GroupState.DEAD):
+            respond(SyncResult(ErrorCode.coordinator_not_available))
+            return
+        error = self._validate_current_member(group, member_id, group_instance_id)
+        if error is None and generation_id != group.generation_id:
+            error = ErrorCode.illegal_generation
+        if error is None and ((protocol_type is not None and protocol_type != group.protocol_type)
+                              or (protocol_name is not None and protocol_name != group.protocol_name)):
+            error = ErrorCode.inconsistent_group_protocol
+        if error is not None:
+            respond(SyncResult(error))
+            return
+        if group.is_state(GroupState.EMPTY):
+            respond(SyncResult(ErrorCode.unknown_member_id))
+        elif group.is_state(GroupState.PREPARING_REBALANCE):
+            respond(SyncResult(ErrorCode.rebalance_in_progress))
+        elif group.is_state(GroupState.COMPLETING_REBALANCE):
+            group.get(member_id).awaiting_sync = respond
+            self._remove_pending_sync_member(group, member_id)
+            if group.is_leader(member_id):
+                missing = [m for m in group.members if m not in assignments]
+                if missing:
+                    log.warning("group %s: empty assignment for members %s in generation %d", group_id, missing,
+                                generation_id)
+                assignment = {m: bytes(assignments.get(m, b"")) for m in group.members}
+                error = self._store_group(group, assignment)
+                if group.is_state(GroupState.COMPLETING_REBALANCE) and generation_id == group.generation_id:
+                    if error != ErrorCode.none:
+                        self._reset_and_propagate_assignment_error(group, error)
+                        self._maybe_prepare_rebalance(group, f"storing the assignment failed: {error.name}")
+                    else:
+                        self._set_and_propagate_assignment(group, assignment)
+                        group.transition_to(GroupState.STABLE, self._now())
+        else:  # Stable: hand out the current assignment again
+            self._remove_pending_sync_member(group, member_id)
+            member = group.get(member_id)
+            respond(SyncResult(ErrorCode.none, group.protocol_type, group.protocol_name, member.assignment))
+            self._complete_and_schedule_next_heartbeat(group, member)
+
+    def _set_and_propagate_assignment(self, group: ClassicGroup, assignment: Mapping[str, bytes]) -> None:
+        for member in group.members.values():
+            member.assignment = assignment.get(member.member_id, b"")
+        self._propagate_assignment(group, ErrorCode.none)
+
+    def _reset_and_propagate_assignment_error(self, group: ClassicGroup, error: ErrorCode) -> None:
+        for member in group.members.values():
+            member.assignment = b""
+        self._propagate_assignment(group, error)
+
+    def _propagate_assignment(self, group: ClassicGroup, error: ErrorCode) -> None:
+        ok = error == ErrorCode.none
+        for member in list(group.members.values()):
+            result = SyncResult(error, group.protocol_type if ok else None, group.protocol_name if ok else None,
+                                member.assignment)
+            if group.invoke_sync_callback(member, result):
+                # Sessions that ran out while the member waited for this answer were ignored: restart them.
+                self._complete_and_schedule_next_heartbeat(group, member)
+
+    def _schedule_pending_sync(self, group: ClassicGroup) -> None:
+        timers = self._group_timers(group)
+        if timers.sync is not None:
+            timers.sync.cancel()
+        generation = group.generation_id
+        timers.sync = self._scheduler.call_later(group.rebalance_timeout_ms(),
+                                                 lambda: self._on_sync_deadline(group, generation))
+
+    def _remove_pending_sync_member(self, group: ClassicGroup, member_id: str) -> None:
+        group.pending_sync_members.discard(member_id)
+        if group.has_received_sync_from_all_members():
+            self._cancel_sync_timer(group)
+
+    def _remove_sync_expiration(self, group: ClassicGroup) -> None:
+        group.pending_sync_members.clear()
+        self._cancel_sync_timer(group)
+
+    def _cancel_sync_timer(self, group: ClassicGroup) -> None:
+        timers = self._timers.get(group.group_id)
+        if timers is not None and timers.sync is not None:
+            timers.sync.cancel()
+            timers.sync = None
+
+    def _on_sync_deadline(self, group: ClassicGroup, generation: int) -> None:
+        timers = self._timers.get(group.group_id)
+        if timers is not None:
+            timers.sync = None
+        if generation != group.generation_id or self._groups.get(group.group_id) is not group:
+            return
+        if group.is_state(GroupState.COMPLETING_REBALANCE, GroupState.STABLE) and group.pending_sync_members:
+            late = list(group.pending_sync_members)
+            for member_id in late:
+                member = group.members.get(member_id)
+                group.remove(member_id)
+                if member is not None:
+                    self._cancel_heartbeat(member)
+            self._prepare_rebalance(group, f"members {late} sent no SyncGroup in time")
+
+    # ==================================================================================================
+    # Heartbeats and sessions
+
+    def heartbeat(self, group_id: str, member_id: str, group_instance_id: str | None, generation_id: int) -> ErrorCode:
+        self._ensure_loaded()
+        error = self._invalid_group_id(group_id, "heartbeat")
+        if error is not None:
+            return error
+        group = self._groups.get(group_id)
+        if group is None:
+            return ErrorCode.unknown_member_id
+        if group.is_state(GroupState.DEAD):
+            return ErrorCode.coordinator_not_available
+        error = self._validate_current_member(group, member_id, group_instance_id)
+        if error is not None:
+            return error
+        if generation_id != group.generation_id:
+            return ErrorCode.illegal_generation
+        if group.is_state(GroupState.EMPTY):
+            return ErrorCode.unknown_member_id
+        self._complete_and_schedule_next_heartbeat(group, group.get(member_id))
+        if group.is_state(GroupState.PREPARING_REBALANCE):
+            return ErrorCode.rebalance_in_progress
+        return ErrorCode.none
+
+    def _complete_and_schedule_next_heartbeat(self, group: ClassicGroup, member: Member) -> None:
+        self._complete_and_schedule_next_expiration(group, member, member.session_timeout_ms)
+
+    def _complete_and_schedule_next_expiration(self, group: ClassicGroup, member: Member, timeout_ms: int) -> None:
+        """The member showed it is alive: restart its session timer. As in Kafka's purgatory, no timer is
+        kept while the member waits in JoinGroup/SyncGroup (unless it is new): it is alive by definition,
+        and the next rebalance step arms the timer again."""
+        self._cancel_heartbeat(member)
+        member.heartbeat_satisfied = False
+        if member.has_satisfied_heartbeat():
+            return
+        member.heartbeat_timer = self._scheduler.call_later(
+            timeout_ms, lambda: self._on_session_deadline(group, member))
+
+    @staticmethod
+    def _cancel_heartbeat(member: Member) -> None:
+        if member.heartbeat_timer is not None:
+            member.heartbeat_timer.cancel()
+            member.heartbeat_timer = None
+
+    def _on_session_deadline(self, group: ClassicGroup, member: Member) -> None:
+        member.heartbeat_timer = None
+        if group.is_state(GroupState.DEAD) or group.members.get(member.member_id) is not member:
+            return
+        if not member.has_satisfied_heartbeat():
+            log.info("group %s: member %s failed (no heartbeat within %d ms), removing it", group.group_id,
+                     member.member_id, member.session_timeout_ms)
+            self._remove_member_and_update_group(group, member, "session timeout")
+
+    def _schedule_pending_member_expiration(self, group: ClassicGroup, member_id: str, timeout_ms: int) -> None:
+        def expire() -> None:
+            timers.pending.pop(member_id, None)
+            if member_id in group.pending_members and self._groups.get(group.group_id) is group:
+                log.info("group %s: pending member %s did not join within its session timeout", group.group_id,
+                         member_id)
+                self._remove_pending_member_and_update_group(group, member_id)
+
+        timers = self._group_timers(group)
+        timers.pending[member_id] = self._scheduler.call_later(timeout_ms, expire)
+
+    def _remove_member_and_update_group(self, group: ClassicGroup, member: Member, reason: str) -> None:
+        # A new member may still wait for its first join: answer it so it can retry.
+        group.invoke_join_callback(member, JoinResult(ErrorCode.unknown_member_id, UNKNOWN_MEMBER_ID))
+        group.remove(member.member_id)
+        self._cancel_heartbeat(member)
+        if group.is_state(GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
+            self._maybe_prepare_rebalance(group, f"removing member {member.member_id}: {reason}")
+        elif group.is_state(GroupState.PREPARING_REBALANCE):
+            self._check_join_complete(group)
+
+    def _remove_pending_member_and_update_group(self, group: ClassicGroup, member_id: str) -> None:
+        group.remove(member_id)
+        timer = self._group_timers(group).pending.pop(member_id, None)
+        if timer is not None:
+            timer.cancel()
+        if group.is_state(GroupState.PREPARING_REBALANCE):
+            self._check_join_complete(group)
+
+    # ==================================================================================================
+    # LeaveGroup
+
+    def leave_group(self, group_id: str, members: Iterable[LeavingMember]) -> tuple[ErrorCode, list[tuple[LeavingMember, ErrorCode]]]:
+        """Remove members (by member id, or by group instance id alone, as admin tools do). Returns the
+        top-level error and one error per member."""
+        self._ensure_loaded()
+        members = list(members)
+        error = self._invalid_group_id(group_id, "leave_group")
+        if error is not None:
+            return error, []
+        group = self._groups.get(group_id)
+        if group is None:
+            return ErrorCode.none, [(m, ErrorCode.unknown_member_id) for m in members]
+        if group.is_state(GroupState.DEAD):
+            return ErrorCode.coordinator_not_available, []
+        results = []
+        for leaving in members:
+            if leaving.member_id == UNKNOWN_MEMBER_ID:
+                current = group.static_member_id(leaving.group_instance_id)
+                if current is None:
+                    results.append((leaving, ErrorCode.unknown_member_id))
+                else:
+                    self._remove_current_member(group, current, leaving.reason)
+                    results.append((leaving, ErrorCode.none))
+            elif leaving.member_id in group.pending_members:
+                self._remove_pending_member_and_update_group(group, leaving.member_id)
+                results.append((leaving, ErrorCode.none))
+            else:
+                error = self._validate_current_member(group, leaving.member_id, leaving.group_instance_id)
+                if error is None:
+                    self._remove_current_member(group, leaving.member_id, leaving.reason)
+                results.append((leaving, error or ErrorCode.none))
+        return ErrorCode.none, results
+
+    def _remove_current_member(self, group: ClassicGroup, member_id: str, reason: str | None) -> None:
+        log.info("group %s: member %s leaves (%s)", group.group_id, member_id, reason or "no reason given")
+        self._remove_member_and_update_group(group, group.get(member_id), f"LeaveGroup: {reason or 'no reason'}")
+
+    # ==================================================================================================
+    # Offsets
 
     def commit_offsets(
         self,
         group_id: str,
         generation: int,
         member_id: str,
-        offsets: Mapping[tuple[str, int], tuple[int, int, str | None]],
-    ) -> dict[tuple[str, int], ErrorCode]:
+        offsets: Mapping[TopicPartition, tuple[int, int, str | None]],
+        *,
+        group_instance_id: str | None = None,
+        expire_timestamp_ms: int = -1,
+    ) -> dict[TopicPartition, ErrorCode]:
         """offsets: (topic, partition) -> (offset, leader epoch, metadata). Returns an error per partition."""
-        if not group_id:
-            return {tp: ErrorCode.invalid_group_id for tp in offsets}
-        if generation != NO_GENERATION or member_id:
-            return {tp: ErrorCode.illegal_generation for tp in offsets}
-        now = int(time.time() * 1000)
-        results: dict[tuple[str, int], ErrorCode] = {}
-        accepted: dict[tuple[str, int], CommittedOffset] = {}
-        for tp, (offset, leader_epoch, metadata) in offsets.items():
-            if not self._partition_exists(*tp):
+        self._ensure_loaded()
+        error = self._invalid_group_id(group_id, "offset_commit")
+        if error is not None:
+            return {tp: error for tp in offsets}
+        results: dict[TopicPartition, ErrorCode] = {}
+        known = {}
+        for tp, value in offsets.items():  # unknown partitions are answered first, whatever the group says
+            if self.partition_exists(*tp):
+                known[tp] = value
+            else:
                 results[tp] = ErrorCode.unknown_topic_or_partition
-            elif metadata is not None and len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
+        if not known:
+            return results  # Kafka does not consult the coordinator then (no group is created)
+        group = self._groups.get(group_id)
+        if group is None:
+            if generation >= 0:  # a generation of a group that does not exist: stale, reject
+                results.update({tp: ErrorCode.illegal_generation for tp in known})
+                return results
+            group = self._add_group(group_id)  # a "simple" group: Kafka only for offset storage
+        error = self._validate_offset_commit(group, generation, member_id, group_instance_id)
+        if error is None and group.is_state(GroupState.COMPLETING_REBALANCE):
+            # The member has its new generation but no assignment yet: it must not commit for the old one.
+            error = ErrorCode.rebalance_in_progress
+        if error is not None:
+            results.update({tp: error for tp in known})
+            return results
+        if group.is_state(GroupState.STABLE, GroupState.PREPARING_REBALANCE):
+            # Commits are allowed while preparing: the next heartbeat tells the member to rejoin.
+            self._complete_and_schedule_next_heartbeat(group, group.get(member_id))
+        now = self._now()
+        accepted: dict[TopicPartition, CommittedOffset] = {}
+        for tp, (offset, leader_epoch, metadata) in known.items():
+            if metadata is not None and len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
                 results[tp] = ErrorCode.offset_metadata_too_large
             else:
-                accepted[tp] = CommittedOffset(offset, leader_epoch, metadata, now)
-                results[tp] = ErrorCode.none
+                accepted[tp] = CommittedOffset(offset, leader_epoch, metadata, now, expire_timestamp_ms)
         if accepted:
-            self._store().commit(group_id, accepted, now)
+            try:
+                self._store().commit(group_id, accepted, now)
+                outcome = ErrorCode.none
+            except Exception as exc:
+                log.exception("group %s: storing offsets failed", group_id)
+                outcome = _storage_error(exc)
+            results.update({tp: outcome for tp in accepted})
         return results
 
+    def _validate_offset_commit(self, group: ClassicGroup, generation: int, member_id: str,
+                                group_instance_id: str | None) -> ErrorCode | None:
+        if group.is_state(GroupState.DEAD):
+            return ErrorCode.coordinator_not_available
+        if generation < 0 and group.is_state(GroupState.EMPTY):
+            return None  # admin tools and consumers without group management
+        if generation >= 0 or member_id != UNKNOWN_MEMBER_ID or group_instance_id is not None:
+            error = self._validate_current_member(group, member_id, group_instance_id)
+            if error is None and generation != group.generation_id:
+                error = ErrorCode.illegal_generation
+            return error
+        if not group.is_state(GroupState.EMPTY):
+            return ErrorCode.unknown_member_id  # only members may commit to a group that has members
+        return None
+
     def fetch_offsets(
-        self, group_id: str, partitions: Iterable[tuple[str, int]] | None
-    ) -> dict[tuple[str, int], CommittedOffset | None]:
-        """Committed offsets of the group; None for a requested partition without one."""
-        committed = self._store().fetch(group_id, None if partitions is None else list(partitions))
-        if partitions is None:
+        self, group_id: str, partitions: Iterable[TopicPartition] | None
+    ) -> dict[TopicPartition, CommittedOffset | None]:
+        """Committed offsets of the group, whatever its state; None for a requested partition without one."""
+        self._ensure_loaded()
+        wanted = None if partitions is None else list(partitions)
+        store = self._store_if_open()
+        committed = store.fetch(group_id, wanted) if store is not None else {}
+        if wanted is None:
             return dict(committed)
-        return {tp: committed.get(tp) for tp in partitions}
+        return {tp: committed.get(tp) for tp in wanted}
+
+    def delete_offsets(self, group_id: str, partitions: Iterable[TopicPartition]) -> tuple[ErrorCode, dict[TopicPartition, ErrorCode]]:
+        """OffsetDelete: offsets of topics the group does not consume (any, if it is Empty)."""
+        self._ensure_loaded()
+        partitions = list(partitions)
+        error = self._invalid_group_id(group_id, "offset_delete")
+        if error is not None:
+            return error, {}
+        group = self._groups.get(group_id)
+        if group is None or group.is_state(GroupState.DEAD):
+            return ErrorCode.group_id_not_found, {}
+        results: dict[TopicPartition, ErrorCode] = {}
+        if group.is_state(GroupState.EMPTY):
+            eligible = partitions
+        elif group.is_consumer_group():
+            eligible = [tp for tp in partitions if not group.is_subscribed_to(tp[0])]
+            results.update({tp: ErrorCode.group_subscribed_to_topic for tp in partitions if group.is_subscribed_to(tp[0])})
+        else:
+            return ErrorCode.non_empty_group, {}
+        if eligible:
+            store = self._store_if_open()
+            if store is not None:
+                store.delete(group_id, eligible, self._now())
+            results.update({tp: ErrorCode.none for tp in eligible})
+            self._remove_if_finished(group)
+        return ErrorCode.none, results
+
+    def expire_offsets(self, now_ms: int | None = None) -> int:
+        """Kafka's periodic cleanup (``offsets.retention.minutes``); returns how many offsets were removed."""
+        self._ensure_loaded()
+        store = self._store_if_open()
+        if store is None:
+            return 0
+        now = self._now() if now_ms is None else now_ms
+        retention = self.config.offsets_retention_ms
+
+        def is_empty(group_id: str) -> bool:
+            group = self._groups.get(group_id)
+            return group is None or group.is_state(GroupState.EMPTY)
+
+        def empty_since(group_id: str) -> int | None:
+            group = self._groups.get(group_id)
+            # A consumer group counts from when it lost its last member; a "simple" group (no protocol
+            # type) from each commit.
+            return group.state_timestamp_ms if group is not None and group.protocol_type else None
+
+        removed = store.expire(now, retention, is_empty, empty_since)
+        for group in list(self._groups.values()):
+            if group.is_state(GroupState.STABLE) and group.is_consumer_group() and group.subscribed_topics is not None:
+                stale = [
+                    tp for tp, c in store.fetch(group.group_id).items()
+                    if tp[0] not in group.subscribed_topics
+                    and (now >= c.expire_timestamp_ms if c.expire_timestamp_ms != -1
+                         else now - c.commit_timestamp_ms >= retention)
+                ]
+                if stale:
+                    store.delete(group.group_id, stale, now)
+                    removed += len(stale)
+            self._remove_if_finished(group)
+        return removed
+
+    def _remove_if_finished(self, group: ClassicGroup) -> None:
+        """An Empty group without offsets is Dead: forget it and tombstone its metadata."""
+        store = self._store_if_open()
+        if not group.is_state(GroupState.EMPTY) or (store is not None and store.fetch(group.group_id)):
+            return
+        group.transition_to(GroupState.DEAD, self._now())
+        if store is not None:
+            store.put_group_metadata(group.group_id, None, self._now())
+        self._drop_group(group)
+        log.info("group %s: no members and no offsets left, removed", group.group_id)
+
+    # ==================================================================================================
+    # Admin: ListGroups, DescribeGroups, DeleteGroups
+
+    def list_groups(self, states: Iterable[str] = ()) -> list[GroupOverview]:
+        """Every group, or those in the given states (compared case-insensitively, as Kafka does)."""
+        self._ensure_loaded()
+        wanted = {state.lower() for state in states}
+        return [group.overview() for group in self._groups.values()
+                if not wanted or group.state.value.lower() in wanted]
+
+    def describe_group(self, group_id: str) -> tuple[ErrorCode, GroupSummary]:
+        self._ensure_loaded()
+        error = self._invalid_group_id(group_id, "describe_groups")
+        if error is not None:
+            return error, GroupSummary("", "", "")
+        group = self._groups.get(group_id)
+        return ErrorCode.none, group.summary() if group is not None else DEAD_GROUP_SUMMARY
+
+    def delete_groups(self, group_ids: Iterable[str]) -> dict[str, ErrorCode]:
+        """Delete Empty groups with their offsets; NON_EMPTY_GROUP for groups with members."""
+        self._ensure_loaded()
+        results: dict[str, ErrorCode] = {}
+        for group_id in dict.fromkeys(group_ids):
+            error = self._invalid_group_id(group_id, "delete_groups")
+            group = self._groups.get(group_id) if error is None else None
+            if error is not None:
+                results[group_id] = error
+            elif group is None or group.is_state(GroupState.DEAD):
+                results[group_id] = ErrorCode.group_id_not_found
+            elif not group.is_state(GroupState.EMPTY):
+                results[group_id] = ErrorCode.non_empty_group
+            else:
+                try:
+                    store = self._store_if_open()
+                    if store is not None:
+                        store.delete(group_id, None, self._now())  # offsets and group metadata
+                except Exception as exc:
+                    log.exception("group %s: deleting failed", group_id)
+                    results[group_id] = _storage_error(exc)
+                    continue
+                group.transition_to(GroupState.DEAD, self._now())
+                self._drop_group(group)
+                results[group_id] = ErrorCode.none
+        return results
+
+
+__all__ = [
+    "GroupConfig", "GroupCoordinator", "JoinRequest", "LeavingMember", "LoopScheduler", "Scheduler",
+    "JoinResult", "SyncResult", "NO_GENERATION",
+]

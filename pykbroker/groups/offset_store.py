@@ -100,14 +100,17 @@ def partition_for_group(group_id: str, num_partitions: int) -> int:
 # Record encoding (Kafka's coordinator schemas).
 
 
-def _string(text: str) -> bytes:
+def encode_string(text: str) -> bytes:
+    """A Kafka ``string``: int16 length + UTF-8."""
     data = text.encode()
     if len(data) > 0x7FFF:
         raise ValueError(f"string of {len(data)} bytes does not fit an int16 length")
     return _INT16.pack(len(data)) + data
 
 
-class _Reader:
+class RecordReader:
+    """Reads the fields of Kafka's coordinator record schemas (big-endian, int16-length strings)."""
+
     def __init__(self, data: bytes) -> None:
         self.data = data
         self.pos = 0
@@ -134,6 +137,18 @@ class _Reader:
             raise ValueError("null in a non-nullable string field")
         return self._take(length).decode()
 
+    def nullable_string(self) -> str | None:
+        length = self.int16()
+        return None if length < 0 else self._take(length).decode()
+
+    def bytes_field(self) -> bytes:
+        """A Kafka ``bytes``: int32 length + data (a null reads as empty)."""
+        length = self.int32()
+        return b"" if length < 0 else self._take(length)
+
+    def at_end(self) -> bool:
+        return self.pos == len(self.data)
+
     def uvarint(self) -> int:
         shift = result = 0
         while True:
@@ -149,6 +164,14 @@ class _Reader:
             raise ValueError("null in a non-nullable string field")
         return self._take(length).decode()
 
+    def compact_nullable_string(self) -> str | None:
+        length = self.uvarint() - 1
+        return None if length < 0 else self._take(length).decode()
+
+    def compact_bytes(self) -> bytes:
+        length = self.uvarint() - 1
+        return b"" if length < 0 else self._take(length)
+
     def skip_tagged_fields(self) -> None:
         for _ in range(self.uvarint()):
             self.uvarint()  # tag
@@ -156,16 +179,16 @@ class _Reader:
 
 
 def encode_offset_key(group: str, topic: str, partition: int) -> bytes:
-    return _INT16.pack(OFFSET_COMMIT_KEY_VERSION) + _string(group) + _string(topic) + _INT32.pack(partition)
+    return _INT16.pack(OFFSET_COMMIT_KEY_VERSION) + encode_string(group) + encode_string(topic) + _INT32.pack(partition)
 
 
 def encode_group_metadata_key(group: str) -> bytes:
-    return _INT16.pack(GROUP_METADATA_KEY_VERSION) + _string(group)
+    return _INT16.pack(GROUP_METADATA_KEY_VERSION) + encode_string(group)
 
 
 def decode_key(data: bytes) -> OffsetKey | GroupMetadataKey | None:
     """The key of a ``__consumer_offsets`` record; None for record types this store does not own."""
-    reader = _Reader(data)
+    reader = RecordReader(data)
     version = reader.int16()
     if version in (0, 1):
         return OffsetKey(reader.string(), reader.string(), reader.int32())
@@ -175,7 +198,7 @@ def decode_key(data: bytes) -> OffsetKey | GroupMetadataKey | None:
 
 
 def encode_offset_value(committed: CommittedOffset) -> bytes:
-    metadata = _string(committed.metadata or "")
+    metadata = encode_string(committed.metadata or "")
     if committed.expire_timestamp_ms != -1:
         # Only version 1 has the field; like Kafka, such a commit does not record the leader epoch.
         return (
@@ -189,7 +212,7 @@ def encode_offset_value(committed: CommittedOffset) -> bytes:
 
 
 def decode_offset_value(data: bytes) -> CommittedOffset:
-    reader = _Reader(data)
+    reader = RecordReader(data)
     version = reader.int16()
     offset = reader.int64()
     leader_epoch, expire = -1, -1

@@ -18,7 +18,7 @@ from pykbroker.cluster.metadata import EmbeddedMetadata
 from pykbroker.cluster.producer_ids import ProducerIdAllocator, ProducerRegistry
 from pykbroker.cluster.topic_admin import TopicAdmin
 from pykbroker.config import BrokerConfig
-from pykbroker.groups.coordinator import GroupCoordinator
+from pykbroker.groups.coordinator import GroupConfig, GroupCoordinator
 from pykbroker.groups.offset_store import OffsetStore
 from pykbroker.log.manager import LogManager
 from pykbroker.replication.replica_manager import ReplicaManager
@@ -50,7 +50,8 @@ class Broker:
         self.offsets_partitions = int(config.get("offsets.topic.num.partitions"))
         self._offset_store: OffsetStore | None = None
         self.groups = GroupCoordinator(
-            lambda: self.offset_store, lambda topic, index: self.replicas.partition(topic, index) is not None
+            lambda: self.offset_store, lambda topic, index: self.replicas.partition(topic, index) is not None,
+            GroupConfig.from_broker_config(config), store_if_open=lambda: self._offset_store,
         )
         self.connections: set[KafkaConnection] = set()
         self.handlers = load_handlers()
@@ -96,6 +97,7 @@ class Broker:
         )
         self._background.append(asyncio.ensure_future(self.log_manager.run_background()))
         self._background.append(asyncio.ensure_future(self._expire_producers()))
+        self._background.append(asyncio.ensure_future(self.groups.run()))
         log.info(
             "pykbroker broker %d listening on %s:%d (advertised %s), data dir %s, cluster id %s",
             self.broker_id, self.config.host, self.config.port, self.config.advertised_host,

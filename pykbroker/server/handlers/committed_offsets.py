@@ -1,12 +1,20 @@
-"""OffsetCommit (key 8) v2-8 and OffsetFetch (key 9) v1-8: committed offsets of consumer groups.
+"""OffsetCommit (key 8) v2-9 and OffsetFetch (key 9) v1-9: committed offsets of consumer groups.
 
-Behaviour: commits go to the group coordinator, which stores them in __consumer_offsets; errors are per
-partition (INVALID_GROUP_ID, ILLEGAL_GENERATION, UNKNOWN_TOPIC_OR_PARTITION, OFFSET_METADATA_TOO_LARGE).
+Behaviour: commits go to the group coordinator, which checks member id, generation and group instance id
+(v7+) against the group and stores them in __consumer_offsets; errors are per partition
+(UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS,
+FENCED_INSTANCE_ID, OFFSET_METADATA_TOO_LARGE). A "simple" commit (generation -1, empty member id) is valid
+while the group has no members. v2-4 may set retention_time: the offset then expires that long after the
+commit (Kafka's expire timestamp) instead of by the broker's offsets retention.
 OffsetFetch answers offset -1 and empty metadata for partitions without a commit; a null topic list
-(v2+) returns everything the group committed; v8 batches several groups in one request.
+(v2+) returns everything the group committed; v8 batches several groups in one request. v9's member id
+and epoch belong to the new consumer protocol (KIP-848) and are not checked for classic groups, as in Kafka.
 """
 
 from __future__ import annotations
+
+import time
+from datetime import timedelta
 
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
@@ -14,20 +22,23 @@ from pykbroker.server.handlers._build import make, response_module
 
 NO_OFFSET = -1
 NO_EPOCH = -1
+DEFAULT_RETENTION_TIME = -1  # OffsetCommit v2-4: use the broker's retention
 
 
 @handles(8)
 def offset_commit(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
-    generation = getattr(request, "generation_id_or_member_epoch", None)
-    if generation is None:
-        generation = request.generation_id
+    retention = getattr(request, "retention_time", DEFAULT_RETENTION_TIME)
+    retention_ms = retention // timedelta(milliseconds=1) if isinstance(retention, timedelta) else int(retention)
+    expire_timestamp = -1 if retention_ms == DEFAULT_RETENTION_TIME else int(time.time() * 1000) + retention_ms
     offsets = {
         (topic.name, p.partition_index): (p.committed_offset, getattr(p, "committed_leader_epoch", NO_EPOCH), p.committed_metadata)
         for topic in request.topics
         for p in topic.partitions
     }
-    errors = ctx.broker.groups.commit_offsets(request.group_id, generation, request.member_id, offsets)
+    errors = ctx.broker.groups.commit_offsets(
+        request.group_id, request.generation_id_or_member_epoch, request.member_id, offsets,
+        group_instance_id=getattr(request, "group_instance_id", None), expire_timestamp_ms=expire_timestamp)
     topics = tuple(
         make(
             schema.OffsetCommitResponseTopic,
