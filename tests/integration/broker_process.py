@@ -352,9 +352,13 @@ class Rec(NamedTuple):
     headers: tuple[tuple[str, bytes | None], ...] = ()
 
 
-def keyed_workload(keys: int = 20, per_key: int = 10) -> list[tuple[bytes, bytes]]:
-    """(key, value) pairs, keys interleaved, each value naming its key and its rank for that key."""
-    return [(f"key-{k}".encode(), f"key-{k}:{n}".encode()) for n in range(per_key) for k in range(keys)]
+def keyed_workload(keys: int = 20, per_key: int = 10, padding: int = 0) -> list[tuple[bytes, bytes]]:
+    """(key, value) pairs, keys interleaved, each value naming its key and its rank for that key.
+
+    padding appends that many repetitive bytes to each value: clients send a batch uncompressed when
+    compression would not shrink it, so compression tests need values that compress even alone."""
+    pad = b"|" + b"abcd" * (padding // 4) if padding else b""
+    return [(f"key-{k}".encode(), f"key-{k}:{n}".encode() + pad) for n in range(per_key) for k in range(keys)]
 
 
 def assert_keyed_order(sent: list[tuple[bytes, bytes]], acked: list[Rec]) -> None:

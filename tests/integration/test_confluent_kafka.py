@@ -47,13 +47,13 @@ class AckCollector:
         self.reports: dict[int, tuple] = {}
         self.errors: list = []
 
-    def callback_for(self, index: int):
+    def callback_for(self, index: int, headers):
+        # librdkafka detaches headers from a message once it is produced, so take them from the input.
         def on_delivery(err, msg):
             if err is not None:
                 self.errors.append((index, err))
             else:
-                self.reports[index] = (msg.partition(), msg.offset(), msg.key(), msg.value(),
-                                       tuple(msg.headers() or ()))
+                self.reports[index] = (msg.partition(), msg.offset(), msg.key(), msg.value(), tuple(headers or ()))
         return on_delivery
 
     def acked(self, expected: int) -> list[Rec]:
@@ -65,7 +65,7 @@ class AckCollector:
 def send_all(producer: Producer, topic: str, messages: list[dict]) -> list[Rec]:
     collector = AckCollector()
     for index, message in enumerate(messages):
-        producer.produce(topic, on_delivery=collector.callback_for(index), **message)
+        producer.produce(topic, on_delivery=collector.callback_for(index, message.get("headers")), **message)
         producer.poll(0)
     remaining = producer.flush(TIMEOUT_S)
     assert remaining == 0, f"{remaining} messages still queued after {TIMEOUT_S} s"
@@ -172,7 +172,7 @@ def test_headers_null_key_null_value_and_large_value_round_trip(shared_broker, t
 @pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
 def test_compressed_batches_round_trip(shared_broker, topic_name, codec):
     create_topic(shared_broker.bootstrap, topic_name)
-    sent = keyed_workload(keys=8, per_key=25)
+    sent = keyed_workload(keys=8, per_key=25, padding=200)
     acked = produce(shared_broker.bootstrap, topic_name, keyed_messages(sent), **{"compression.type": codec})
     assert_keyed_order(sent, acked)
     assert_dense(acked)

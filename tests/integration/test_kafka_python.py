@@ -154,7 +154,7 @@ def test_headers_null_key_null_value_and_large_value_round_trip(shared_broker, t
 @pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
 def test_compressed_batches_round_trip(shared_broker, topic_name, codec):
     create_topic(shared_broker.bootstrap, topic_name)
-    sent = keyed_workload(keys=8, per_key=25)
+    sent = keyed_workload(keys=8, per_key=25, padding=200)
     acked = produce(shared_broker.bootstrap, topic_name, keyed_messages(sent), compression_type=codec)
     assert_keyed_order(sent, acked)
     assert_dense(acked)
