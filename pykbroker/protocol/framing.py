@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from pykbroker.protocol.apis import API_VERSIONS_KEY, SUPPORTED_APIS, ApiCodec, codec_for
+from pykbroker.protocol.apis import SUPPORTED_APIS, ApiCodec, codec_for
 
 SIZE = struct.Struct(">i")
 _HEADER_PREFIX = struct.Struct(">hhi")
@@ -67,9 +67,8 @@ def decode_request(frame, prefix: RequestPrefix) -> Request:
         body, used = codec.read_request_body(frame, position)
     except Exception as exc:  # kio raises assorted errors on truncated or garbled input
         raise FrameError(f"cannot decode {support.name} v{prefix.api_version}: {exc!r}") from exc
-    if position + used != len(frame) and prefix.api_key != API_VERSIONS_KEY:
-        # Trailing bytes mean client and broker disagree about the schema: answering would be a guess.
-        raise FrameError(f"{support.name} v{prefix.api_version}: {len(frame) - position - used} trailing bytes")
+    # Bytes after the body are ignored, as Kafka ignores them: librdkafka's Metadata request for all
+    # topics reserves a 4-byte array count and leaves three zero bytes behind after writing the null marker.
     return Request(
         prefix.api_key, prefix.api_version, prefix.correlation_id, header.client_id, header, body, codec
     )

@@ -59,16 +59,16 @@ def test_unknown_api_key_and_version_are_unsupported():
         decode_request(frame, read_prefix(frame))
 
 
-def test_truncated_and_trailing_bytes_are_frame_errors():
+def test_truncated_request_is_a_frame_error_but_trailing_bytes_are_ignored():
     schema = load_request_schema(3, 12)
     body = schema(topics=None, allow_auto_topic_creation=True, include_topic_authorized_operations=False)
     frame = _request_frame(3, 12, body)
     with pytest.raises(FrameError):
         decode_request(frame[:-2], read_prefix(frame))
     with pytest.raises(FrameError):
-        decode_request(frame + b"\x00\x01", read_prefix(frame))
-    with pytest.raises(FrameError):
         read_prefix(b"\x00\x03")
+    # librdkafka's all-topics Metadata v12 leaves three zero bytes after the body; Kafka answers it.
+    assert decode_request(frame + b"\x00\x00\x00", read_prefix(frame)).body == body
 
 
 @pytest.mark.parametrize("api_key,version,flexible", [(18, 3, False), (18, 0, False), (3, 12, True), (3, 8, False)])
