@@ -1,9 +1,17 @@
-"""Leader-epoch fencing shared by Fetch, ListOffsets and OffsetForLeaderEpoch (KIP-320).
+"""Finding the partition a request names and fencing it by leader epoch (KIP-320).
 
-Not an API handler itself: the matrix names no API for it, so the dispatcher never imports it as one.
+Shared by Fetch, ListOffsets and OffsetForLeaderEpoch. Not an API handler: the matrix names no API for
+this module, so the dispatcher never imports it as one.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from pykbroker.protocol.errors import ErrorCode
+
+if TYPE_CHECKING:
+    from pykbroker.replication.replica_manager import Partition, ReplicaManager
 
 NO_EPOCH = -1
 
@@ -13,3 +21,14 @@ def epoch_error(requested: int, current: int) -> ErrorCode:
     if requested == NO_EPOCH or requested == current:
         return ErrorCode.none
     return ErrorCode.fenced_leader_epoch if requested < current else ErrorCode.unknown_leader_epoch
+
+
+def leader_partition(
+    replicas: "ReplicaManager", topic: str, index: int, current_leader_epoch: int = NO_EPOCH
+) -> tuple["Partition | None", ErrorCode]:
+    """The hosted partition and NONE, or None and why it cannot serve this request."""
+    partition = replicas.partition(topic, index)
+    if partition is None:
+        return None, ErrorCode.unknown_topic_or_partition
+    error = epoch_error(current_leader_epoch, partition.leader_epoch)
+    return (partition if error == ErrorCode.none else None), error

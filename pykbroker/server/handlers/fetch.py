@@ -22,7 +22,7 @@ from pykbroker.protocol.errors import ErrorCode
 from pykbroker.replication.replica_manager import Partition
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
-from pykbroker.server.handlers._epochs import epoch_error
+from pykbroker.server.handlers._epochs import NO_EPOCH, leader_partition
 
 FINAL_EPOCH = -1  # session_epoch -1 closes a fetch session
 NO_SESSION = 0
@@ -53,11 +53,11 @@ def _resolve(ctx: RequestContext, request) -> list[list[_Wanted]]:
             key, missing = topic.topic, ErrorCode.unknown_topic_or_partition
         wanted = []
         for p in topic.partitions:
-            partition = broker.replicas.partition(info.name, p.partition) if info is not None else None
-            error = ErrorCode.none if partition is not None else missing
-            epoch = getattr(p, "current_leader_epoch", -1)
-            if partition is not None:
-                error = epoch_error(epoch, partition.leader_epoch)
+            epoch = getattr(p, "current_leader_epoch", NO_EPOCH)
+            if info is None:
+                partition, error = None, missing
+            else:
+                partition, error = leader_partition(broker.replicas, info.name, p.partition, epoch)
             wanted.append(_Wanted(key, p.partition, partition, error, p.fetch_offset, p.partition_max_bytes, epoch))
         topics.append(wanted)
     return topics

@@ -9,11 +9,10 @@ none. Errors: UNKNOWN_TOPIC_OR_PARTITION, FENCED_LEADER_EPOCH / UNKNOWN_LEADER_E
 
 from __future__ import annotations
 
-from pykbroker.protocol.errors import ErrorCode
 from pykbroker.replication.replica_manager import Partition
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
-from pykbroker.server.handlers._epochs import epoch_error
+from pykbroker.server.handlers._epochs import NO_EPOCH, leader_partition
 
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -1, -2, -3, -4, -5
 
@@ -43,13 +42,13 @@ def list_offsets(ctx: RequestContext, request) -> object:
     for topic in request.topics:
         partitions = []
         for p in topic.partitions:
-            partition = broker.replicas.partition(topic.name, p.partition_index)
-            error, timestamp, offset, epoch = ErrorCode.unknown_topic_or_partition, -1, -1, -1
+            partition, error = leader_partition(
+                broker.replicas, topic.name, p.partition_index, getattr(p, "current_leader_epoch", NO_EPOCH)
+            )
+            timestamp, offset, epoch = -1, -1, -1
             if partition is not None:
-                error = epoch_error(getattr(p, "current_leader_epoch", -1), partition.leader_epoch)
-                if error == ErrorCode.none:
-                    timestamp, offset = _lookup(partition, p.timestamp)
-                    epoch = partition.leader_epoch
+                timestamp, offset = _lookup(partition, p.timestamp)
+                epoch = partition.leader_epoch
             partitions.append(
                 make(
                     schema.ListOffsetsPartitionResponse,

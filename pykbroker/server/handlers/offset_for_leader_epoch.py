@@ -8,11 +8,10 @@ A requested epoch newer than ours answers (-1, -1); current_leader_epoch fences 
 
 from __future__ import annotations
 
-from pykbroker.protocol.errors import ErrorCode
 from pykbroker.replication.replica_manager import Partition
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
-from pykbroker.server.handlers._epochs import epoch_error
+from pykbroker.server.handlers._epochs import leader_partition
 
 
 def end_offset_for(partition: Partition, requested_epoch: int) -> tuple[int, int]:
@@ -35,12 +34,8 @@ def offset_for_leader_epoch(ctx: RequestContext, request) -> object:
     for topic in request.topics:
         partitions = []
         for p in topic.partitions:
-            partition = broker.replicas.partition(topic.topic, p.partition)
-            error, epoch, end_offset = ErrorCode.unknown_topic_or_partition, -1, -1
-            if partition is not None:
-                error = epoch_error(p.current_leader_epoch, partition.leader_epoch)
-                if error == ErrorCode.none:
-                    epoch, end_offset = end_offset_for(partition, p.leader_epoch)
+            partition, error = leader_partition(broker.replicas, topic.topic, p.partition, p.current_leader_epoch)
+            epoch, end_offset = end_offset_for(partition, p.leader_epoch) if partition is not None else (-1, -1)
             partitions.append(
                 make(schema.EpochEndOffset, error_code=error, partition=p.partition, leader_epoch=epoch, end_offset=end_offset)
             )
