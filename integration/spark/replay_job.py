@@ -86,7 +86,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {counts.count()} window counts to {args.output}")
     else:
         counts.show(1000, truncate=False)
-    spark.stop()
     return 0
 
 

@@ -10,21 +10,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from kafka.partitioner.default import murmur2
 
 import generate_events
 from city_pipeline.events import SCHEMA_HEADER, make_events, parse_time_ms
-from kafka_helpers import read_topic
+from kafka_helpers import java_partition, read_topic
 
 pytestmark = pytest.mark.timeout(120)
 
 START = "2026-11-22T10:00:00Z"
 PARTITIONS = 3
-
-
-def java_partition(key: bytes, partitions: int) -> int:
-    """The Java client's default partition for a keyed record (murmur2, positive, modulo)."""
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 def test_generator_writes_city_keyed_events_with_either_client(module_broker, unique_name, capsys):
