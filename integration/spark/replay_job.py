@@ -17,7 +17,12 @@ import sys
 
 from pyspark.sql import DataFrame, SparkSession
 
-from city_pipeline.cli import add_bootstrap_argument, add_connector_arguments, session_from_args
+from city_pipeline.cli import (
+    add_bootstrap_argument,
+    add_connector_arguments,
+    missing_connector_hint,
+    session_from_args,
+)
 from city_pipeline.events import parse_time_ms
 from city_pipeline.replay import parse_partition_offsets, replay_options
 from city_pipeline.transforms import DEFAULT_WINDOW, offset_coverage, parse_events, windowed_counts
@@ -79,7 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     print("source options: " + ", ".join(f"{k}={v}" for k, v in options.items()))
 
     spark = session_from_args("city-counts-replay", args)
-    coverage, counts = replay(spark, args.bootstrap, options, window=args.window)
+    try:
+        coverage, counts = replay(spark, args.bootstrap, options, window=args.window)
+    except Exception as exc:
+        hint = missing_connector_hint(exc)
+        if hint is None:
+            raise
+        print(f"replay_job: {hint}", file=sys.stderr)
+        return 2
     coverage.show(truncate=False)
     if args.output:
         counts.write.mode("overwrite").parquet(args.output)

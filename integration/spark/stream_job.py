@@ -19,7 +19,13 @@ from pathlib import Path
 from pyspark.sql import DataFrame
 from pyspark.sql.streaming import StreamingQuery
 
-from city_pipeline.cli import add_bootstrap_argument, add_connector_arguments, session_from_args, trigger_kwargs
+from city_pipeline.cli import (
+    add_bootstrap_argument,
+    add_connector_arguments,
+    missing_connector_hint,
+    session_from_args,
+    trigger_kwargs,
+)
 from city_pipeline.transforms import DEFAULT_WATERMARK, DEFAULT_WINDOW, parse_events, windowed_counts
 from city_pipeline.wiring import read_kafka_stream, start_kafka_sink, start_parquet_sink
 
@@ -61,8 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     trigger = trigger_kwargs(args.trigger)
     spark = session_from_args("city-counts-stream", args)
-    source = read_kafka_stream(spark, args.bootstrap, args.topic, starting_offsets=args.starting_offsets,
-                               max_offsets_per_trigger=args.max_offsets_per_trigger)
+    try:
+        source = read_kafka_stream(spark, args.bootstrap, args.topic, starting_offsets=args.starting_offsets,
+                                   max_offsets_per_trigger=args.max_offsets_per_trigger)
+    except Exception as exc:
+        hint = missing_connector_hint(exc)
+        if hint is None:
+            raise
+        print(f"stream_job: {hint}", file=sys.stderr)
+        return 2
     queries = start_queries(source, bootstrap=args.bootstrap, counts_topic=args.counts_topic,
                             parquet=args.parquet, checkpoint=args.checkpoint, trigger=trigger,
                             window=args.window, watermark=args.watermark)

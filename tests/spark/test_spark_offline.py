@@ -153,6 +153,15 @@ def test_connector_jars_found_for_matching_spark(tmp_path):
     assert sorted(path.name for path in jars) == sorted(FULL_40)
 
 
+def test_connector_jars_in_sparks_ivy_cache_layout(tmp_path):
+    names = ["org.apache.spark_spark-sql-kafka-0-10_2.13-4.0.1.jar",
+             "org.apache.spark_spark-token-provider-kafka-0-10_2.13-4.0.1.jar",
+             "org.apache.kafka_kafka-clients-3.9.0.jar", "org.apache.commons_commons-pool2-2.12.0.jar",
+             "org.lz4_lz4-java-1.8.0.jar"]
+    jars = find_connector_jars(_jar_dir(tmp_path, names), "4.0.1")
+    assert sorted(path.name for path in jars) == sorted(names[:4])
+
+
 def test_connector_jars_pick_the_version_that_matches_spark(tmp_path):
     names = FULL_40 + ["spark-sql-kafka-0-10_2.13-4.1.0.jar", "spark-token-provider-kafka-0-10_2.13-4.1.0.jar"]
     jars = {path.name for path in find_connector_jars(_jar_dir(tmp_path, names), "4.1.1")}

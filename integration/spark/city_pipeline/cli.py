@@ -25,6 +25,16 @@ def add_connector_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--master", default=None, help="Spark master (default: spark-submit's, else local[*])")
 
 
+def missing_connector_hint(exc: BaseException) -> str | None:
+    """A hint when `exc` is Spark saying it has no Kafka connector, else None."""
+    if "Failed to find data source: kafka" not in str(exc):
+        return None
+    from .session import connector_package
+
+    return (f"Spark has no Kafka connector on its classpath. Add --packages (needs internet), --jars DIR "
+            f"(or ${JARS_ENV}), or run under spark-submit --packages {connector_package()}")
+
+
 def session_from_args(app_name: str, args: argparse.Namespace):
     from .session import build_session
 

@@ -18,13 +18,17 @@ from typing import Mapping
 
 SCALA_BINARY_VERSION = "2.13"  # the only Scala build of Spark 4
 CONNECTOR_ARTIFACT = "spark-sql-kafka-0-10"
-# Artifact name -> file-name pattern (no classifier: -sources/-tests/-javadoc jars do not match).
+# Artifact name -> file-name pattern. Maven names a jar artifact-version.jar; Spark's Ivy cache
+# (what --packages fills) prefixes the group: org.apache.spark_artifact-version.jar. Jars with a
+# classifier (-sources, -tests, -javadoc) do not match.
+_VERSION = r"-(\d+(?:\.\d+)+)\.jar$"
 CONNECTOR_JARS = {
-    CONNECTOR_ARTIFACT: re.compile(rf"^spark-sql-kafka-0-10_{re.escape(SCALA_BINARY_VERSION)}-(\d+(?:\.\d+)+)\.jar$"),
+    CONNECTOR_ARTIFACT: re.compile(
+        rf"^(?:org\.apache\.spark_)?spark-sql-kafka-0-10_{re.escape(SCALA_BINARY_VERSION)}{_VERSION}"),
     "spark-token-provider-kafka-0-10": re.compile(
-        rf"^spark-token-provider-kafka-0-10_{re.escape(SCALA_BINARY_VERSION)}-(\d+(?:\.\d+)+)\.jar$"),
-    "kafka-clients": re.compile(r"^kafka-clients-(\d+(?:\.\d+)+)\.jar$"),
-    "commons-pool2": re.compile(r"^commons-pool2-(\d+(?:\.\d+)+)\.jar$"),
+        rf"^(?:org\.apache\.spark_)?spark-token-provider-kafka-0-10_{re.escape(SCALA_BINARY_VERSION)}{_VERSION}"),
+    "kafka-clients": re.compile(rf"^(?:org\.apache\.kafka_)?kafka-clients{_VERSION}"),
+    "commons-pool2": re.compile(rf"^(?:org\.apache\.commons_)?commons-pool2{_VERSION}"),
 }
 SPARK_VERSIONED = (CONNECTOR_ARTIFACT, "spark-token-provider-kafka-0-10")
 MIN_COMMONS_POOL2 = (2, 12)
