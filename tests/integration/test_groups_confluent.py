@@ -13,11 +13,6 @@ member that prints its assignment as JSON lines: the tests kill it with SIGKILL 
 
 from __future__ import annotations
 
-import itertools
-import json
-import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -27,25 +22,26 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from test_confluent_kafka import create_topic
+from test_groups_common import (
+    ALL,
+    BROKER_CONFIG,
+    HEARTBEAT_INTERVAL_MS,
+    PARTITIONS,
+    SESSION_TIMEOUT_MS,
+    TIMEOUT_S,
+    MemberLog,
+    MemberProcess,
+    assert_no_message_read_twice_between_commits,
+    one_owner_each,
+    print_assignment,
+    split_among,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
-PARTITIONS = 4
-TIMEOUT_S = 40
-BROKER_CONFIG = {"group.initial.rebalance.delay.ms": 0, "group.min.session.timeout.ms": 1000}
-FAST_GROUP = {"session.timeout.ms": 3000, "heartbeat.interval.ms": 250, "auto.offset.reset": "earliest",
-              "topic.metadata.refresh.interval.ms": 1000}
-ALL = frozenset(range(PARTITIONS))
-
-_order = itertools.count()  # one sequence for every event of every member: what happened before what
-
-
-def wait_until(condition, what: str, timeout: float = TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
+FAST_GROUP = {"session.timeout.ms": SESSION_TIMEOUT_MS, "heartbeat.interval.ms": HEARTBEAT_INTERVAL_MS,
+              "auto.offset.reset": "earliest", "topic.metadata.refresh.interval.ms": 1000}
 
 
 def produce_values(bootstrap: str, topic: str, values: list[str]) -> None:
@@ -55,40 +51,26 @@ def produce_values(bootstrap: str, topic: str, values: list[str]) -> None:
     assert producer.flush(TIMEOUT_S) == 0
 
 
-class Member(threading.Thread):
-    """One group member polling in its own thread; records what it owns, reads and commits."""
+class Member(MemberLog, threading.Thread):
+    """One group member polling in its own thread, recording what it owns, reads and commits."""
 
     def __init__(self, bootstrap: str, group: str, topic: str, name: str, *, commit_each: bool = False,
                  **config) -> None:
-        super().__init__(name=name, daemon=True)
+        threading.Thread.__init__(self, name=name, daemon=True)
+        MemberLog.__init__(self, name)
         settings = {"bootstrap.servers": bootstrap, "group.id": group, "client.id": name, **FAST_GROUP, **config}
         if commit_each:
             settings["enable.auto.commit"] = False
         self.consumer = Consumer(settings)
         self.topic = topic
         self.commit_each = commit_each
-        self.lock = threading.Lock()
-        self.owned: set[int] = set()
-        self.revocations: list[set[int]] = []
-        self.records: list[tuple[int, int, str, int]] = []  # partition, offset, value, order
-        self.commits: list[tuple[int, int, int]] = []  # partition, committed offset, order (successes)
-        self.errors: list = []
         self.stopping = threading.Event()
-        self.cooperative = config.get("partition.assignment.strategy") == "cooperative-sticky"
-
-    def _on_assign(self, consumer, partitions) -> None:
-        with self.lock:
-            self.owned |= {p.partition for p in partitions}
-
-    def _on_revoke(self, consumer, partitions) -> None:
-        with self.lock:
-            revoked = {p.partition for p in partitions}
-            self.revocations.append(revoked)
-            self.owned -= revoked
 
     def run(self) -> None:
-        self.consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                on_lost=self._on_revoke)
+        self.consumer.subscribe(
+            [self.topic], on_assign=lambda c, partitions: self.assigned(p.partition for p in partitions),
+            on_revoke=lambda c, partitions: self.revoked(p.partition for p in partitions),
+            on_lost=lambda c, partitions: self.revoked(p.partition for p in partitions))
         try:
             while not self.stopping.is_set():
                 msg = self.consumer.poll(0.05)
@@ -98,15 +80,13 @@ class Member(threading.Thread):
                     if msg.error().code() != KafkaError._PARTITION_EOF:
                         self.errors.append(msg.error())
                     continue
-                with self.lock:
-                    self.records.append((msg.partition(), msg.offset(), msg.value().decode(), next(_order)))
+                self.read(msg.partition(), msg.offset(), msg.value().decode())
                 if self.commit_each:
                     try:
                         self.consumer.commit(message=msg, asynchronous=False)
                     except KafkaException:
                         continue  # e.g. REBALANCE_IN_PROGRESS: the message was not committed
-                    with self.lock:
-                        self.commits.append((msg.partition(), msg.offset() + 1, next(_order)))
+                    self.committed(msg.partition(), msg.offset() + 1)
         finally:
             self.consumer.close()  # leaves the group (LeaveGroup), committing first with auto-commit
 
@@ -114,20 +94,6 @@ class Member(threading.Thread):
         self.stopping.set()
         self.join(TIMEOUT_S)
         assert not self.is_alive(), f"{self.name} did not close"
-
-    def partitions(self) -> set[int]:
-        with self.lock:
-            return set(self.owned)
-
-    def values(self) -> list[str]:
-        with self.lock:
-            return [r[2] for r in self.records]
-
-
-def split_among(*members: Member) -> bool:
-    """Every partition owned by exactly one of the members, and each owns some."""
-    owned = [m.partitions() for m in members]
-    return all(owned) and sum(len(o) for o in owned) == PARTITIONS and set().union(*owned) == ALL
 
 
 @pytest.fixture
@@ -170,32 +136,24 @@ def test_two_members_split_the_topic_and_the_one_left_after_a_leave_gets_everyth
     assert not a.errors and not b.errors
 
 
-def run_member_process(bootstrap: str, group: str, topic: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, __file__, "member", bootstrap, group, topic],
-                            stdout=subprocess.PIPE, text=True, cwd=os.path.dirname(__file__))
-
-
 def test_a_member_that_dies_is_evicted_at_its_session_timeout_and_the_other_gets_everything(group_broker,
                                                                                               topic_name):
     create_topic(group_broker.bootstrap, topic_name, PARTITIONS)
     group = f"{topic_name}-g"
     a = Member(group_broker.bootstrap, group, topic_name, "a")
     a.start()
-    victim = run_member_process(group_broker.bootstrap, group, topic_name)
+    victim = None
     try:
         wait_until(lambda: a.partitions() == ALL, "a to own every partition first")
-        reported = []
-        threading.Thread(target=lambda: reported.extend(json.loads(line) for line in victim.stdout),
-                         daemon=True).start()
-        wait_until(lambda: reported and reported[-1] and a.partitions() and not a.partitions() & set(reported[-1]),
-                   "the second member to take its share")
-        victim.send_signal(signal.SIGKILL)  # no LeaveGroup: only the session timeout can tell
-        victim.wait(TIMEOUT_S)
+        victim = MemberProcess(__file__, group_broker.bootstrap, group, topic_name)
+        wait_until(lambda: victim.partitions() and a.partitions() and a.partitions().isdisjoint(victim.partitions())
+                   and a.partitions() | victim.partitions() == ALL, "the second member to take its share")
+        victim.kill()  # no LeaveGroup: only the session timeout can tell
         wait_until(lambda: a.partitions() == ALL, "a to get every partition back after the session timeout")
         produce_values(group_broker.bootstrap, topic_name, [f"after-{i}" for i in range(20)])
         wait_until(lambda: {f"after-{i}" for i in range(20)} <= set(a.values()), "a to read everything")
     finally:
-        if victim.poll() is None:
+        if victim is not None:
             victim.kill()
         a.stop()
 
@@ -280,30 +238,6 @@ def test_cooperative_sticky_moves_only_the_partitions_that_change_owner(group_br
 # -- concurrency: simultaneous joins, a join during a rebalance -----------------------------------------------
 
 
-def assert_no_message_read_twice_between_commits(members: list[Member]) -> None:
-    """A message read by two members is allowed only if the first never committed past it before the
-    second read it (at-least-once); otherwise two members owned the partition at the same time."""
-    first_reader: dict[tuple[int, int], tuple[Member, int]] = {}
-    for member in members:
-        for partition, offset, _, order in member.records:
-            earlier = first_reader.get((partition, offset))
-            if earlier is None or order < earlier[1]:
-                first_reader[(partition, offset)] = (member, order)
-    for member in members:
-        for partition, offset, value, order in member.records:
-            first, first_order = first_reader[(partition, offset)]
-            if first is member:
-                continue
-            covered = [c for c in first.commits if c[0] == partition and c[1] > offset and first_order < c[2] < order]
-            assert not covered, (f"{value} read by {first.name} and committed {covered[0][1]}, then read again by "
-                                 f"{member.name}")
-
-
-def one_owner_each(members: list[Member]) -> bool:
-    owned = [m.partitions() for m in members]
-    return sum(map(len, owned)) == PARTITIONS and set().union(*owned) == ALL
-
-
 def group_state(admin: AdminClient, group: str) -> str:
     return admin.describe_consumer_groups([group])[group].result(TIMEOUT_S).state.name
 
@@ -324,14 +258,12 @@ def test_simultaneous_joins_and_joins_during_a_rebalance_keep_one_owner_per_part
         start(members[0], members[1])  # two members at the same moment
         wait_until(lambda: group_state(admin, group) in rebalancing, "the first rebalance to begin")
         members[2].start()  # joins the rebalance in progress
-        wait_until(lambda: one_owner_each(members[:3]), "a, b and c to settle")
+        wait_until(lambda: one_owner_each(*members[:3]), "a, b and c to settle")
         members[3].start()
         wait_until(lambda: group_state(admin, group) in rebalancing, "d's rebalance to begin")
         members[4].start()  # joins while d's rebalance is in progress
         producer.join(TIMEOUT_S)
-        wait_until(lambda: one_owner_each(members) and not any(m.partitions() & n.partitions()
-                                                               for m, n in itertools.combinations(members, 2)),
-                   "every partition to have exactly one owner")
+        wait_until(lambda: one_owner_each(*members), "every partition to have exactly one owner")
         read = lambda: {v for m in members for v in m.values()}  # noqa: E731
         wait_until(lambda: read() == set(values), "every message to be read")
         assert_no_message_read_twice_between_commits(members)
@@ -351,13 +283,15 @@ def _member_main(bootstrap: str, group: str, topic: str) -> None:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, **FAST_GROUP})
     owned: set[int] = set()
 
-    def report(change):
-        def callback(consumer, partitions):
-            change(owned, {p.partition for p in partitions})
-            print(json.dumps(sorted(owned)), flush=True)
-        return callback
+    def on_assign(consumer, partitions):
+        owned.update(p.partition for p in partitions)
+        print_assignment(owned)
 
-    consumer.subscribe([topic], on_assign=report(set.update), on_revoke=report(set.difference_update))
+    def on_revoke(consumer, partitions):
+        owned.difference_update(p.partition for p in partitions)
+        print_assignment(owned)
+
+    consumer.subscribe([topic], on_assign=on_assign, on_revoke=on_revoke)
     while True:
         consumer.poll(0.1)
 
