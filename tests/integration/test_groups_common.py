@@ -83,6 +83,17 @@ class MemberLog:
         with self.lock:
             return [r[2] for r in self.records]
 
+    def all_reads_committed(self) -> bool:
+        """Every partition read has a successful commit past the last message read from it."""
+        with self.lock:
+            last_read: dict[int, int] = {}
+            for partition, offset, _, _ in self.records:
+                last_read[partition] = max(last_read.get(partition, -1), offset)
+            committed: dict[int, int] = {}
+            for partition, offset, _ in self.commits:
+                committed[partition] = max(committed.get(partition, 0), offset)
+        return all(committed.get(partition, 0) > offset for partition, offset in last_read.items())
+
 
 def one_owner_each(*logs: MemberLog) -> bool:
     """Every partition owned by exactly one of the members."""
