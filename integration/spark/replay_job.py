@@ -20,7 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from city_pipeline.cli import (
     add_bootstrap_argument,
     add_connector_arguments,
-    missing_connector_hint,
+    exit_for_missing_connector,
     session_from_args,
 )
 from city_pipeline.events import parse_time_ms
@@ -87,11 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         coverage, counts = replay(spark, args.bootstrap, options, window=args.window)
     except Exception as exc:
-        hint = missing_connector_hint(exc)
-        if hint is None:
-            raise
-        print(f"replay_job: {hint}", file=sys.stderr)
-        return 2
+        return exit_for_missing_connector("replay_job", exc)
     coverage.show(truncate=False)
     if args.output:
         counts.write.mode("overwrite").parquet(args.output)

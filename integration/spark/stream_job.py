@@ -22,7 +22,7 @@ from pyspark.sql.streaming import StreamingQuery
 from city_pipeline.cli import (
     add_bootstrap_argument,
     add_connector_arguments,
-    missing_connector_hint,
+    exit_for_missing_connector,
     session_from_args,
     trigger_kwargs,
 )
@@ -71,11 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         source = read_kafka_stream(spark, args.bootstrap, args.topic, starting_offsets=args.starting_offsets,
                                    max_offsets_per_trigger=args.max_offsets_per_trigger)
     except Exception as exc:
-        hint = missing_connector_hint(exc)
-        if hint is None:
-            raise
-        print(f"stream_job: {hint}", file=sys.stderr)
-        return 2
+        return exit_for_missing_connector("stream_job", exc)
     queries = start_queries(source, bootstrap=args.bootstrap, counts_topic=args.counts_topic,
                             parquet=args.parquet, checkpoint=args.checkpoint, trigger=trigger,
                             window=args.window, watermark=args.watermark)

@@ -7,7 +7,7 @@ turns timestamps into naive datetimes in the Python process's local zone.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F

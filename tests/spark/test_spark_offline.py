@@ -9,10 +9,10 @@ import json
 
 import pytest
 
+from city_pipeline.cli import trigger_kwargs
 from city_pipeline.events import CITIES, CityEvent, iso_millis, make_events, parse_time_ms
 from city_pipeline.replay import EARLIEST, LATEST, offsets_json, parse_partition_offsets, replay_options
 from city_pipeline.session import ConnectorJarsError, connector_package, find_connector_jars
-from city_pipeline.cli import trigger_kwargs
 
 START_MS = 1_795_000_000_000  # 2026-11-18T...Z, a whole second
 

@@ -45,7 +45,7 @@ def kafka_rows(spark, events, *, partition=0, first_offset=0, extra_values=()):
     values = [(event.key, event.value, event.event_time_ms) for event in events]
     values += [(b"junk", raw, T0) for raw in extra_values]
     rows = [(key, value, "city-events", partition, first_offset + i,
-             datetime.datetime.fromtimestamp(ts / 1000, tz=datetime.timezone.utc), 0)
+             datetime.datetime.fromtimestamp(ts / 1000, tz=datetime.UTC), 0)
             for i, (key, value, ts) in enumerate(values)]
     return spark.createDataFrame(rows, KAFKA_ROW_SCHEMA)
 

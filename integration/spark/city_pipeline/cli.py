@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 JARS_ENV = "PYKBROKER_SPARK_JARS"
 
@@ -25,14 +26,15 @@ def add_connector_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--master", default=None, help="Spark master (default: spark-submit's, else local[*])")
 
 
-def missing_connector_hint(exc: BaseException) -> str | None:
-    """A hint when `exc` is Spark saying it has no Kafka connector, else None."""
+def exit_for_missing_connector(prog: str, exc: Exception) -> int:
+    """Exit status 2 with a hint when `exc` is Spark saying it has no Kafka connector; re-raise otherwise."""
     if "Failed to find data source: kafka" not in str(exc):
-        return None
+        raise exc
     from .session import connector_package
 
-    return (f"Spark has no Kafka connector on its classpath. Add --packages (needs internet), --jars DIR "
-            f"(or ${JARS_ENV}), or run under spark-submit --packages {connector_package()}")
+    print(f"{prog}: Spark has no Kafka connector on its classpath. Add --packages (needs internet), --jars DIR "
+          f"(or ${JARS_ENV}), or run under spark-submit --packages {connector_package()}", file=sys.stderr)
+    return 2
 
 
 def session_from_args(app_name: str, args: argparse.Namespace):

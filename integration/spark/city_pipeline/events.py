@@ -17,8 +17,8 @@ from __future__ import annotations
 import datetime
 import json
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 CITIES = ("Amsterdam", "Berlin", "Lisbon", "Madrid", "Oslo", "Paris", "Rome", "Vienna")
 KINDS = ("view", "click", "purchase")
@@ -50,7 +50,7 @@ class CityEvent:
 
 def iso_millis(epoch_ms: int) -> str:
     """ISO-8601 in UTC with milliseconds and a Z, the format the Spark parser is told to expect."""
-    moment = datetime.datetime.fromtimestamp(epoch_ms / 1000, tz=datetime.timezone.utc)
+    moment = datetime.datetime.fromtimestamp(epoch_ms / 1000, tz=datetime.UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"
 
 
@@ -61,7 +61,7 @@ def parse_time_ms(text: str) -> int:
         return int(text)
     moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.timezone.utc)
+        moment = moment.replace(tzinfo=datetime.UTC)
     return round(moment.timestamp() * 1000)
 
 

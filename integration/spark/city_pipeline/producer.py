@@ -9,7 +9,8 @@ key) always lands on the same partition, and on the same one whichever client wr
 from __future__ import annotations
 
 import time
-from typing import Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import NamedTuple
 
 from .events import SCHEMA_HEADER, CityEvent
 

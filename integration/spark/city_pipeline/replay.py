@@ -15,7 +15,7 @@ record contributes nothing (startingOffsetsByTimestampStrategy=latest instead of
 from __future__ import annotations
 
 import json
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 EARLIEST = -2
 LATEST = -1

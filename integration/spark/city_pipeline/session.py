@@ -13,8 +13,8 @@ before the JVM starts, and a mismatch is an error that names both versions.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 SCALA_BINARY_VERSION = "2.13"  # the only Scala build of Spark 4
 CONNECTOR_ARTIFACT = "spark-sql-kafka-0-10"
