@@ -43,8 +43,6 @@ SPARK_TEST_CONF = {
     "spark.default.parallelism": "2",
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
-    # Keep the state store's file churn small: these queries have few batches.
-    "spark.sql.streaming.minBatchesToRetain": "10",
 }
 
 

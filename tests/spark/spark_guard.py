@@ -5,6 +5,7 @@ Kept out of conftest.py so test modules can call the guards at import time, befo
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 from pathlib import Path
@@ -19,9 +20,7 @@ skipped_connector_reasons: list[str] = []
 
 
 def spark_missing_reason() -> str | None:
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("pyspark") is None:
         return "pyspark is not installed: pip install -r integration/spark/requirements.txt"
     java_home = os.environ.get("JAVA_HOME")
     if not shutil.which("java") and not (java_home and (Path(java_home) / "bin" / "java").exists()):
