@@ -4,6 +4,7 @@
 #   - Debian packages: kcat (integration tests), zookeeper (cluster tests; pulls in a Java runtime)
 #   - this project in editable mode with its `test` extra (pytest, the Kafka clients, codecs, kazoo)
 #   - KafkaJS for the node tests in tests/js
+#   - pyspark for tests/spark, pinned to the Kafka connector's minor version (Java from default-jre-headless)
 # Idempotent and quiet: it only runs apt-get update when a package is missing and apt does not know it,
 # and skips the npm install when the pinned KafkaJS is already there. It never runs the tests.
 set -euo pipefail
@@ -42,6 +43,10 @@ fi
 # --- Python: the project and its test extra ---------------------------------------------------------
 say "pip install -e .[test]"
 "$PYTHON" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-input -e "${REPO_ROOT}[test]"
+
+# --- Spark pipeline (integration/spark): pyspark pinned to the Kafka connector's minor version --------
+say "pip install -r integration/spark/requirements.txt"
+"$PYTHON" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-input -r "${REPO_ROOT}/integration/spark/requirements.txt"
 
 # --- KafkaJS (version pinned in tests/js/package.json) ------------------------------------------------
 js_dir="${REPO_ROOT}/tests/js"
