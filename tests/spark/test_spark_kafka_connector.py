@@ -179,9 +179,17 @@ def test_fail_on_data_loss_when_retention_removed_the_start_of_the_range(spark, 
         read_kafka_batch(spark, bootstrap, from_zero).collect()
     assert "failOnDataLoss" in str(excinfo.value), str(excinfo.value)[-2000:]
 
-    lenient = read_kafka_batch(spark, bootstrap, {**from_zero, "failOnDataLoss": "false"})
-    kept = [a for a in acked if a.offset >= start]
-    assert rows_as_records(lenient, headers=False) == acked_as_records(unique_name, kept, headers=False)
+    lenient = rows_as_records(read_kafka_batch(spark, bootstrap, {**from_zero, "failOnDataLoss": "false"}),
+                              headers=False)
+    # Retention keeps running (every 100 ms) while Spark reads, and the first segments may have been
+    # deleted while the producer was still rolling new ones: the log start can move past `start` at any
+    # time until only the active segment is left. So the lenient read must begin somewhere between the
+    # start seen before it and the start seen after it, and from there hold every later record exactly.
+    assert lenient, "the lenient read returned nothing, yet the active segment is never deleted"
+    first = lenient[0][4]  # (key, value, topic, partition, offset, timestamp, timestampType)
+    assert start <= first <= log_start_offset(bootstrap, unique_name)
+    kept = [a for a in acked if a.offset >= first]
+    assert lenient == acked_as_records(unique_name, kept, headers=False)
 
 
 # -- writes ---------------------------------------------------------------------------------------------
