@@ -6,7 +6,8 @@ default for the topic config ``segment.bytes``). Where pykbroker's default diffe
 ConfigDef's doc says so (``broker.id``, ``offsets.topic.replication.factor``, ``log.flush.interval.ms``).
 
 Sources, highest precedence first: command-line flags (and ``--override key=value``), environment
-variables ``PYKBROKER_*``, the ``--config`` file, the defaults. The same key names work everywhere:
+variables ``PYKBROKER_*`` (only those naming a known setting: the namespace is shared with tools
+around the broker), the ``--config`` file, the defaults. The same key names work everywhere:
 an environment variable is the key upper-cased with ``.`` as ``_`` (``PYKBROKER_NUM_PARTITIONS`` sets
 ``num.partitions``); a flag is the key with ``-`` (``--data-dir`` sets ``data.dir``). Besides Kafka's
 keys there are pykbroker's own settings (``PYKBROKER_SETTINGS``): ``host``, ``port``,
@@ -789,7 +790,10 @@ def load_config(
         _layer(
             (_env_key(name), value, name)
             for name, value in env.items()
+            # The PYKBROKER_ namespace is shared with tools around the broker (PYKBROKER_SPARK_JARS for
+            # the Spark tests, for one): only variables naming a known setting are configuration.
             if name.startswith(ENV_PREFIX) and name != ENV_CONFIG_FILE
+            and (_env_key(name) in PYKBROKER_SETTINGS or _env_key(name) in BROKER_CONFIGS)
         )
     )
     layers.append(
