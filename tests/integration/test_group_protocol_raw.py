@@ -8,13 +8,19 @@ on its own connection (as separate consumers would)."""
 
 from __future__ import annotations
 
+import io
+import socket
 import struct
 import sys
+import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
-from kio.index import load_request_schema
+from kio.index import load_request_schema, load_response_from_request
+from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
+from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
+from kio.serial import entity_reader, entity_writer
 
 from broker_process import BrokerProcess, send_request
 from pykbroker.protocol.errors import ErrorCode
@@ -124,6 +130,14 @@ class Client:
         return answer.topics[0].partitions[0].error_code
 
 
+def wait_for_state(client: Client, state: str) -> None:
+    """Until DescribeGroups shows the group in ``state`` (a parked join has reached the broker)."""
+    deadline = time.monotonic() + 30
+    while client.send(request(DESCRIBE, 0, groups=(client.group,))).groups[0].group_state != state:
+        assert time.monotonic() < deadline, f"group {client.group} never reached {state}"
+        time.sleep(0.02)
+
+
 def stable_member(client: Client, assignment: bytes = b"everything") -> None:
     joined = client.join_dance()
     assert joined.error_code == ErrorCode.none and joined.leader == client.member_id
@@ -222,6 +236,7 @@ def test_rebalance_in_progress_while_the_group_rebalances(group_broker, group_id
     b = Client(group_broker.address, group_id, client_id="b")
     assert b.join().error_code == ErrorCode.member_id_required
     b_join = b.join_async()  # parks until A rejoins
+    wait_for_state(a, "PreparingRebalance")
     assert a.heartbeat() == ErrorCode.rebalance_in_progress
     assert a.commit(7) == ErrorCode.none  # still the current generation: commits are accepted
     assert a.sync(generation=old_generation).error_code == ErrorCode.rebalance_in_progress
@@ -258,6 +273,63 @@ def test_a_static_member_replaced_by_a_new_instance_is_fenced(group_broker, grou
     leave = second.send(request(LEAVE, 4, group_id=group_id, members=(
         nested(LEAVE, 4, "MemberIdentity", member_id="", group_instance_id="instance-1"),)))
     assert leave.members[0].error_code == ErrorCode.none
+
+
+# -- pipelining ------------------------------------------------------------------------------------------------------
+
+
+def pipelined(address, *requests, client_id: str = "raw") -> list:
+    """Send every request on one connection before reading any answer; the answers, in order."""
+    frames = b""
+    for correlation_id, body in enumerate(requests):
+        header_type = RequestHeaderV2 if body.__flexible__ else RequestHeaderV1
+        out = io.BytesIO()
+        entity_writer(header_type)(out, header_type(request_api_key=body.__api_key__,
+                                                    request_api_version=body.__version__,
+                                                    correlation_id=correlation_id, client_id=client_id))
+        entity_writer(type(body))(out, body)
+        frames += struct.pack(">i", len(out.getvalue())) + out.getvalue()
+    answers = []
+    with socket.create_connection(address, timeout=30) as sock:
+        sock.sendall(frames)
+        stream = sock.makefile("rb")
+        for correlation_id, body in enumerate(requests):
+            (size,) = struct.unpack(">i", stream.read(4))
+            payload = stream.read(size)
+            response_type = load_response_from_request(type(body))
+            header, used = entity_reader(response_type.__header_schema__)(payload, 0)
+            assert header.correlation_id == correlation_id
+            answers.append(entity_reader(response_type)(payload, used)[0])
+    return answers
+
+
+def test_requests_pipelined_behind_a_parked_join_are_handled_after_it_as_kafka_does(group_broker, group_id):
+    a = Client(group_broker.address, group_id, client_id="a")
+    stable_member(a)
+    b = Client(group_broker.address, group_id, client_id="b")
+    b.join()
+    b_join = b.join_async()
+    assert a.join().generation_id == 2 and b_join.result(timeout=30).generation_id == 2
+    b_sync = b.sync_async()
+    a.sync({a.member_id: b"a", b.member_id: b"b"})
+    assert b_sync.result(timeout=30).error_code == ErrorCode.none
+    c = Client(group_broker.address, group_id, client_id="c")
+    c.join()
+    c_join = c.join_async()  # a rebalance: a's JoinGroup below parks until b rejoins too
+    wait_for_state(a, "PreparingRebalance")
+    rejoin = request(JOIN, 9, group_id=group_id, session_timeout=SESSION_MS, rebalance_timeout=10_000,
+                     member_id=a.member_id, protocol_type="consumer", group_instance_id=None, reason=None,
+                     protocols=(nested(JOIN, 9, "JoinGroupRequestProtocol", name="range", metadata=subscription("t")),))
+    heartbeat = request(HEARTBEAT, 4, group_id=group_id, generation_id=2, member_id=a.member_id,
+                        group_instance_id=None)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        answers = pool.submit(pipelined, group_broker.address, rejoin, heartbeat)
+        assert b.heartbeat() == ErrorCode.rebalance_in_progress
+        b_rejoin = b.join()
+        joined, beat = answers.result(timeout=30)
+    assert joined.generation_id == b_rejoin.generation_id == c_join.result(timeout=30).generation_id == 3
+    # Handled after the join, the heartbeat names the generation that just ended.
+    assert beat.error_code == ErrorCode.illegal_generation
 
 
 # -- protocol and timeout checks -------------------------------------------------------------------------------------
@@ -331,6 +403,7 @@ def test_membership_and_generation_survive_a_broker_kill(broker_factory):
     intruder = Client(broker.address, "survivor", client_id="late")
     intruder.join()
     late = intruder.join_async()
+    wait_for_state(client, "PreparingRebalance")
     assert client.heartbeat() == ErrorCode.rebalance_in_progress
     rejoined = client.join()
     assert rejoined.generation_id == 2 and late.result(timeout=30).generation_id == 2
