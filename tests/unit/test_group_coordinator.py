@@ -331,7 +331,7 @@ def test_a_member_that_never_sends_sync_group_is_removed_at_the_rebalance_timeou
 
 
 def test_a_pending_member_that_never_rejoins_stops_blocking_the_rebalance(h):
-    a, generation = h.stable_member()
+    a, _ = h.stable_member()
     ghost = h.join(client="ghost")  # MEMBER_ID_REQUIRED, then silence
     assert ghost.error == ErrorCode.member_id_required
     real = h.join_new(client="real")
@@ -499,7 +499,7 @@ def test_an_empty_group_keeps_its_generation_across_a_restart(h):
 
 
 def test_list_describe_and_delete_groups(h):
-    a, generation = h.stable_member("live")
+    a, _ = h.stable_member("live")
     h.commit("offsets-only", -1, "")
     listed = {g.group_id: (g.protocol_type, g.state) for g in h.coordinator.list_groups()}
     assert listed == {"live": ("consumer", "Stable"), "offsets-only": ("", "Empty")}
