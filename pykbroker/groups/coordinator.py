@@ -162,6 +162,14 @@ class _GroupTimers:
     sync: Timer | None = None
     pending: dict[str, Timer] = field(default_factory=dict)  # pending member id -> expiry
 
+    def cancel_all(self) -> None:
+        if self.join is not None and self.join.timer is not None:
+            self.join.timer.cancel()
+        if self.sync is not None:
+            self.sync.cancel()
+        for timer in self.pending.values():
+            timer.cancel()
+
 
 def _storage_error(exc: Exception) -> ErrorCode:
     """Kafka's mapping of a failed __consumer_offsets append: a disk failure means "ask the coordinator
@@ -241,12 +249,7 @@ class GroupCoordinator:
     def close(self) -> None:
         """Cancel every timer (broker shutdown)."""
         for timers in self._timers.values():
-            if timers.join and timers.join.timer:
-                timers.join.timer.cancel()
-            if timers.sync:
-                timers.sync.cancel()
-            for timer in timers.pending.values():
-                timer.cancel()
+            timers.cancel_all()
         self._timers.clear()
         for group in self._groups.values():
             for member in group.members.values():
@@ -278,12 +281,7 @@ class GroupCoordinator:
             del self._groups[group.group_id]
         timers = self._timers.pop(group.group_id, None)
         if timers is not None:
-            if timers.join and timers.join.timer:
-                timers.join.timer.cancel()
-            if timers.sync:
-                timers.sync.cancel()
-            for timer in timers.pending.values():
-                timer.cancel()
+            timers.cancel_all()
 
     def group(self, group_id: str) -> ClassicGroup | None:
         """The group, if this coordinator knows it (read-only use: tests, tools)."""
@@ -349,6 +347,10 @@ class GroupCoordinator:
             if member is not None:
                 self._cancel_heartbeat(member)
             respond(JoinResult(ErrorCode.group_max_size_reached, UNKNOWN_MEMBER_ID))
+        elif group.is_state(GroupState.DEAD):
+            respond(JoinResult(ErrorCode.coordinator_not_available, member_id))
+        elif not group.supports_protocols(request.protocol_type, (name for name, _ in request.protocols)):
+            respond(JoinResult(ErrorCode.inconsistent_group_protocol, member_id))
         elif is_unknown_member:
             self._new_member_join(group, request, respond)
         else:
@@ -357,12 +359,6 @@ class GroupCoordinator:
             self._check_join_complete(group)
 
     def _new_member_join(self, group: ClassicGroup, request: JoinRequest, respond: JoinCallback) -> None:
-        if group.is_state(GroupState.DEAD):
-            respond(JoinResult(ErrorCode.coordinator_not_available, UNKNOWN_MEMBER_ID))
-            return
-        if not group.supports_protocols(request.protocol_type, (name for name, _ in request.protocols)):
-            respond(JoinResult(ErrorCode.inconsistent_group_protocol, UNKNOWN_MEMBER_ID))
-            return
         new_member_id = group.generate_member_id(request.client_id, request.group_instance_id)
         if request.group_instance_id is not None:
             old_member_id = group.static_member_id(request.group_instance_id)
@@ -381,12 +377,6 @@ class GroupCoordinator:
 
     def _current_member_join(self, group: ClassicGroup, request: JoinRequest, respond: JoinCallback) -> None:
         member_id = request.member_id
-        if group.is_state(GroupState.DEAD):
-            respond(JoinResult(ErrorCode.coordinator_not_available, member_id))
-            return
-        if not group.supports_protocols(request.protocol_type, (name for name, _ in request.protocols)):
-            respond(JoinResult(ErrorCode.inconsistent_group_protocol, member_id))
-            return
         if member_id in group.pending_members:
             if request.group_instance_id is not None:
                 # Kafka raises here (a pending id is never a static member's); the client sees this.

@@ -1,12 +1,23 @@
-"""What the per-client consumer-group tests (test_groups_<client>.py) share: the broker settings, a record of
-what each member owned, read and committed, the checks made on those records, and a group member run as a
-separate process so that a test can kill it with SIGKILL (a member that dies, not one that leaves).
+"""The consumer-group scenarios of the issue, written once for every client, and what they share.
 
-No tests here: the checks are used by the client modules."""
+Each client module (test_groups_<client>.py) supplies a ``GroupClient``: how to create a topic, produce
+values, start a group member and start a member in another process (to kill it with SIGKILL: a member
+that dies, not one that leaves). Members record what they owned, read and committed (``MemberLog``); the
+scenarios check those records:
+
+* two members split a 4-partition topic; one leaves and the other gets everything, resuming at the
+  leaver's commits (nothing is read twice);
+* a member dies; the session timeout evicts it and the other gets everything;
+* committed offsets are resumed by a new member after a broker kill -9 and restart;
+* a second group reads everything independently;
+* two members join at the same moment and a third joins while that rebalance is in progress, then a
+  fourth and a fifth the same way: every partition ends with exactly one owner, and no message is read
+  by two members unless the first had not committed it yet.
+
+test_groups_scenarios.py runs them with every client; no tests here."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import os
@@ -15,6 +26,12 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from kio.schema.describe_groups.v0.request import DescribeGroupsRequest
+
+from broker_process import BrokerProcess, send_request
 
 PARTITIONS = 4
 ALL = frozenset(range(PARTITIONS))
@@ -22,6 +39,9 @@ TIMEOUT_S = 40
 # Rebalances start at once (Kafka's default waits 3 s for more members), and members may use session
 # timeouts of a few seconds so a dead one is noticed quickly (Kafka's minimum is 6 s).
 BROKER_CONFIG = {"group.initial.rebalance.delay.ms": 0, "group.min.session.timeout.ms": 1000}
+# For the join-during-a-rebalance scenario: an initial delay keeps the first rebalance open long enough
+# to join it for sure.
+SLOW_FIRST_REBALANCE = {**BROKER_CONFIG, "group.initial.rebalance.delay.ms": 1500}
 SESSION_TIMEOUT_MS = 3000
 HEARTBEAT_INTERVAL_MS = 250
 
@@ -34,15 +54,6 @@ def wait_until(condition, what: str, timeout: float = TIMEOUT_S) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.05)
-
-
-async def wait_for(condition, what: str, timeout: float = TIMEOUT_S) -> None:
-    """``wait_until`` for tests whose clients run on an asyncio loop."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 class MemberLog:
@@ -95,39 +106,218 @@ class MemberLog:
         return all(committed.get(partition, 0) > offset for partition, offset in last_read.items())
 
 
-def one_owner_each(*logs: MemberLog) -> bool:
+class Member(Protocol):
+    """A running group member: its ``MemberLog`` plus a clean close (commit, LeaveGroup)."""
+
+    name: str
+    records: list
+    commits: list
+    errors: list
+
+    def partitions(self) -> set[int]: ...
+
+    def values(self) -> list[str]: ...
+
+    def all_reads_committed(self) -> bool: ...
+
+    def stop(self) -> None: ...
+
+
+class Victim(Protocol):
+    """A member in another process, reporting its assignment; ``kill`` is a crash."""
+
+    def partitions(self) -> set[int]: ...
+
+    def kill(self) -> None: ...
+
+
+@dataclass
+class GroupClient:
+    """One client library, as the scenarios use it. ``member(bootstrap, group, topic, name, commit_each)``
+    starts a subscribed member (auto-commit, or a synchronous commit after each message). The client's
+    admin API, where it has one, looks at two groups while their members run (``admin_view``) and after
+    they closed (``admin_after``)."""
+
+    create_topic: Callable[[str, str], None]
+    produce_values: Callable[[str, str, list[str]], None]
+    member: Callable[..., Member]
+    victim: Callable[[str, str, str], Victim]
+    admin_view: Callable[[BrokerProcess, str, tuple[str, str]], None] | None = None
+    admin_after: Callable[[BrokerProcess, str, tuple[str, str]], None] | None = None
+
+
+def one_owner_each(*members: MemberLog) -> bool:
     """Every partition owned by exactly one of the members."""
-    owned = [log.partitions() for log in logs]
+    owned = [member.partitions() for member in members]
     return sum(map(len, owned)) == PARTITIONS and set().union(*owned) == ALL
 
 
-def split_among(*logs: MemberLog) -> bool:
+def split_among(*members: MemberLog) -> bool:
     """Every partition owned by exactly one of the members, and each member owns some."""
-    return one_owner_each(*logs) and all(log.partitions() for log in logs)
+    return one_owner_each(*members) and all(member.partitions() for member in members)
 
 
-def assert_no_message_read_twice_between_commits(logs: list[MemberLog]) -> None:
+def assert_no_message_read_twice_between_commits(members: list[MemberLog]) -> None:
     """A message read by two members is allowed only if the first had not committed past it before the
     second read it (at-least-once); otherwise two members owned the partition at the same time."""
     first_reader: dict[tuple[int, int], tuple[MemberLog, int]] = {}
-    for log in logs:
-        for partition, offset, _, order in log.records:
+    for member in members:
+        for partition, offset, _, order in member.records:
             earlier = first_reader.get((partition, offset))
             if earlier is None or order < earlier[1]:
-                first_reader[(partition, offset)] = (log, order)
-    for log in logs:
-        for partition, offset, value, order in log.records:
+                first_reader[(partition, offset)] = (member, order)
+    for member in members:
+        for partition, offset, value, order in member.records:
             first, first_order = first_reader[(partition, offset)]
-            if first is log:
+            if first is member:
                 continue
             covered = [c for c in first.commits if c[0] == partition and c[1] > offset and first_order < c[2] < order]
             assert not covered, (f"{value} read by {first.name}, committed up to {covered[0][1]}, then read again "
-                                 f"by {log.name}")
+                                 f"by {member.name}")
+
+
+def group_state(address: tuple[str, int], group: str) -> str:
+    """The group's state as DescribeGroups tells it (any client's admin would ask the same)."""
+    return send_request(address, DescribeGroupsRequest(groups=(group,))).groups[0].group_state
+
+
+def stop_all(*members: Member) -> None:
+    """Close every member (even after a failure), then require that none saw an error."""
+    for member in members:
+        member.stop()
+    for member in members:
+        assert not member.errors, f"{member.name}: {member.errors}"
+
+
+# -- the scenarios ---------------------------------------------------------------------------------------------
+
+
+def split_then_leave(client: GroupClient, broker: BrokerProcess, topic: str) -> None:
+    client.create_topic(broker.bootstrap, topic)
+    group = f"{topic}-g"
+    a = client.member(broker.bootstrap, group, topic, "a")
+    b = client.member(broker.bootstrap, group, topic, "b")
+    try:
+        wait_until(lambda: split_among(a, b), "a and b to split the partitions")
+        first = [f"first-{i}" for i in range(40)]
+        client.produce_values(broker.bootstrap, topic, first)
+        wait_until(lambda: sorted(a.values() + b.values()) == sorted(first), "the first batch, read once")
+        assert {r[0] for r in a.records} <= a.partitions() and {r[0] for r in b.records} <= b.partitions()
+        b.stop()  # a clean close: commit, then LeaveGroup
+        wait_until(lambda: a.partitions() == ALL, "a to own every partition")
+        second = [f"second-{i}" for i in range(40)]
+        client.produce_values(broker.bootstrap, topic, second)
+        wait_until(lambda: set(second) <= set(a.values()), "a to read the second batch")
+        # b committed what it read when it closed: a resumed there and read nothing twice.
+        assert sorted(a.values() + b.values()) == sorted(first + second)
+    finally:
+        stop_all(a, b)
+
+
+def member_dies(client: GroupClient, broker: BrokerProcess, topic: str) -> None:
+    client.create_topic(broker.bootstrap, topic)
+    group = f"{topic}-g"
+    a = client.member(broker.bootstrap, group, topic, "a")
+    victim = None
+    try:
+        wait_until(lambda: a.partitions() == ALL, "a to own every partition first")
+        victim = client.victim(broker.bootstrap, group, topic)
+        wait_until(lambda: victim.partitions() and a.partitions() and a.partitions().isdisjoint(victim.partitions())
+                   and a.partitions() | victim.partitions() == ALL, "the second member to take its share")
+        victim.kill()  # no LeaveGroup: only the session timeout can tell
+        wait_until(lambda: a.partitions() == ALL, "a to get every partition back after the session timeout")
+        after = [f"after-{i}" for i in range(20)]
+        client.produce_values(broker.bootstrap, topic, after)
+        wait_until(lambda: set(after) <= set(a.values()), "a to read everything")
+    finally:
+        if victim is not None:
+            victim.kill()
+        stop_all(a)
+
+
+def offsets_resumed_after_broker_kill(client: GroupClient, broker: BrokerProcess, topic: str) -> None:
+    client.create_topic(broker.bootstrap, topic)
+    group = f"{topic}-g"
+    first = [f"first-{i}" for i in range(30)]
+    client.produce_values(broker.bootstrap, topic, first)
+    reader = client.member(broker.bootstrap, group, topic, "reader", commit_each=True)
+    try:
+        wait_until(lambda: sorted(reader.values()) == sorted(first) and reader.all_reads_committed(),
+                   "every message read and committed")
+    finally:
+        stop_all(reader)
+    broker.restart(kill=True)
+    second = [f"second-{i}" for i in range(20)]
+    client.produce_values(broker.bootstrap, topic, second)
+    successor = client.member(broker.bootstrap, group, topic, "successor")
+    try:
+        wait_until(lambda: len(successor.values()) >= len(second), "the successor to read the new messages")
+        time.sleep(0.5)  # anything before the committed offsets would arrive with the rest
+        assert sorted(successor.values()) == sorted(second)
+    finally:
+        stop_all(successor)
+
+
+def second_group_reads_everything(client: GroupClient, broker: BrokerProcess, topic: str) -> None:
+    """Two groups of one member each both read every message; the client's admin API sees both."""
+    client.create_topic(broker.bootstrap, topic)
+    values = [f"v-{i}" for i in range(40)]
+    client.produce_values(broker.bootstrap, topic, values)
+    groups = (f"{topic}-one", f"{topic}-two")
+    one = client.member(broker.bootstrap, groups[0], topic, "one")
+    two = client.member(broker.bootstrap, groups[1], topic, "two")
+    try:
+        wait_until(lambda: len(one.values()) == len(two.values()) == len(values), "both groups to read all")
+        assert sorted(one.values()) == sorted(two.values()) == sorted(values)
+        if client.admin_view is not None:
+            client.admin_view(broker, topic, groups)
+    finally:
+        stop_all(one, two)
+    if client.admin_after is not None:
+        client.admin_after(broker, topic, groups)
+
+
+def joins_during_a_rebalance(client: GroupClient, broker: BrokerProcess, topic: str) -> None:
+    """a and b join at the same moment and c joins that first rebalance; once they settle, d joins and e
+    joins while d's rebalance is in progress. Messages flow the whole time. Run on a broker with
+    SLOW_FIRST_REBALANCE."""
+    client.create_topic(broker.bootstrap, topic)
+    group = f"{topic}-g"
+    values = [f"v-{i}" for i in range(200)]
+    members = []
+
+    def join(name: str) -> None:
+        members.append(client.member(broker.bootstrap, group, topic, name, commit_each=True))
+
+    def rebalancing() -> bool:
+        return group_state(broker.address, group) in ("PreparingRebalance", "CompletingRebalance")
+
+    try:
+        join("a")
+        join("b")
+        wait_until(rebalancing, "the first rebalance")
+        join("c")
+        client.produce_values(broker.bootstrap, topic, values[:100])
+        wait_until(lambda: one_owner_each(*members) and group_state(broker.address, group) == "Stable",
+                   "a, b and c to settle")
+        join("d")
+        wait_until(rebalancing, "d's rebalance")
+        join("e")
+        for i in range(100, len(values), 20):
+            client.produce_values(broker.bootstrap, topic, values[i:i + 20])
+        wait_until(lambda: one_owner_each(*members), "every partition to have exactly one owner")
+        wait_until(lambda: {v for m in members for v in m.values()} == set(values), "every message to be read")
+        assert_no_message_read_twice_between_commits(members)
+    finally:
+        stop_all(*members)
+
+
+# -- members in another process ---------------------------------------------------------------------------------
 
 
 class MemberProcess:
     """A group member in its own process (``python SCRIPT member ARGS...``) that prints its assignment as a
-    JSON list after every change; ``kill`` is a crash: no LeaveGroup, only the session timeout tells."""
+    JSON list after every change (``print_assignment``)."""
 
     def __init__(self, script: str, *args: str) -> None:
         self.process = subprocess.Popen([sys.executable, script, "member", *args], stdout=subprocess.PIPE, text=True,

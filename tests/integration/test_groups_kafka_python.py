@@ -1,41 +1,29 @@
-"""kafka-python consumers in groups against pykbroker: two members split a 4-partition topic, the member
-left after a leave or a crash (session timeout) gets everything, committed offsets are resumed by a new
-member after a broker kill -9, a second group reads everything independently (and kafka-python's admin
-client lists, describes and deletes the groups), and members joining at the same moment or during a
-rebalance never share a partition.
+"""kafka-python consumers in groups against pykbroker: ``KAFKA_PYTHON``, the client that
+test_groups_scenarios.py runs the group scenarios with; its admin client lists, describes and deletes the
+groups there.
 
 Settings beyond the defaults: short session timeouts and heartbeat intervals, and
 auto_offset_reset='earliest'. Run as ``python test_groups_kafka_python.py member BOOTSTRAP GROUP TOPIC`` this
-file is one group member that prints its assignment (the crash test kills it)."""
+file is one group member that prints its assignment (the crash scenario kills it)."""
 
 from __future__ import annotations
 
 import sys
 import threading
-import time
 
-import pytest
 from kafka import ConsumerRebalanceListener, KafkaAdminClient, KafkaConsumer, OffsetAndMetadata, TopicPartition
 from kafka.errors import CommitFailedError, KafkaError
 
 from test_groups_common import (
-    ALL,
-    BROKER_CONFIG,
     HEARTBEAT_INTERVAL_MS,
-    PARTITIONS,
     SESSION_TIMEOUT_MS,
     TIMEOUT_S,
+    GroupClient,
     MemberLog,
     MemberProcess,
-    assert_no_message_read_twice_between_commits,
-    one_owner_each,
     print_assignment,
-    split_among,
-    wait_until,
 )
 from test_kafka_python import create_topic, produce
-
-pytestmark = pytest.mark.timeout(120)
 
 FAST_GROUP = {"session_timeout_ms": SESSION_TIMEOUT_MS, "heartbeat_interval_ms": HEARTBEAT_INTERVAL_MS,
               "auto_offset_reset": "earliest", "metadata_max_age_ms": 1000}
@@ -94,136 +82,41 @@ class Member(MemberLog, threading.Thread):
         assert not self.is_alive(), f"{self.name} did not close"
 
 
-@pytest.fixture
-def group_broker(broker_factory):
-    return broker_factory.make(config=BROKER_CONFIG)
+def start_member(bootstrap: str, group: str, topic: str, name: str, commit_each: bool = False) -> Member:
+    member = Member(bootstrap, group, topic, name, commit_each=commit_each)
+    member.start()
+    return member
 
 
-def stop_all(*members: Member) -> None:
-    for member in members:
-        if member.is_alive():
-            member.stop()
-    for member in members:
-        assert not member.errors, member.errors
-
-
-def test_two_members_split_the_topic_and_the_one_left_after_a_leave_gets_everything(group_broker, topic_name):
-    create_topic(group_broker.bootstrap, topic_name, PARTITIONS)
-    group = f"{topic_name}-g"
-    a, b = (Member(group_broker.bootstrap, group, topic_name, name) for name in ("a", "b"))
-    a.start()
-    b.start()
+def admin_view(broker, topic: str, groups: tuple[str, str]) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
     try:
-        wait_until(lambda: split_among(a, b), "a and b to split the partitions")
-        first = [f"first-{i}" for i in range(40)]
-        produce_values(group_broker.bootstrap, topic_name, first)
-        wait_until(lambda: sorted(a.values() + b.values()) == sorted(first), "the first batch, read once")
-        assert {r[0] for r in a.records} <= a.partitions() and {r[0] for r in b.records} <= b.partitions()
-        b.stop()  # close(): commits, then LeaveGroup
-        wait_until(lambda: a.partitions() == ALL, "a to own every partition")
-        second = [f"second-{i}" for i in range(40)]
-        produce_values(group_broker.bootstrap, topic_name, second)
-        wait_until(lambda: set(second) <= set(a.values()), "a to read the second batch")
-        assert sorted(a.values() + b.values()) == sorted(first + second)  # resumed at b's commits
-    finally:
-        stop_all(a, b)
-
-
-def test_a_member_that_dies_is_evicted_at_its_session_timeout_and_the_other_gets_everything(group_broker,
-                                                                                              topic_name):
-    create_topic(group_broker.bootstrap, topic_name, PARTITIONS)
-    group = f"{topic_name}-g"
-    a = Member(group_broker.bootstrap, group, topic_name, "a")
-    a.start()
-    victim = None
-    try:
-        wait_until(lambda: a.partitions() == ALL, "a to own every partition first")
-        victim = MemberProcess(__file__, group_broker.bootstrap, group, topic_name)
-        wait_until(lambda: victim.partitions() and a.partitions() and a.partitions().isdisjoint(victim.partitions())
-                   and a.partitions() | victim.partitions() == ALL, "the second member to take its share")
-        victim.kill()
-        wait_until(lambda: a.partitions() == ALL, "a to get every partition back after the session timeout")
-        after = [f"after-{i}" for i in range(20)]
-        produce_values(group_broker.bootstrap, topic_name, after)
-        wait_until(lambda: set(after) <= set(a.values()), "a to read everything")
-    finally:
-        if victim is not None:
-            victim.kill()
-        stop_all(a)
-
-
-def test_committed_offsets_are_resumed_by_a_new_member_after_a_broker_kill9(group_broker, topic_name):
-    create_topic(group_broker.bootstrap, topic_name, PARTITIONS)
-    group = f"{topic_name}-g"
-    first = [f"first-{i}" for i in range(30)]
-    produce_values(group_broker.bootstrap, topic_name, first)
-    reader = Member(group_broker.bootstrap, group, topic_name, "reader", commit_each=True)
-    reader.start()
-    wait_until(lambda: len(reader.commits) == len(first), "every message read and committed")
-    stop_all(reader)
-    group_broker.restart(kill=True)
-    second = [f"second-{i}" for i in range(20)]
-    produce_values(group_broker.bootstrap, topic_name, second)
-    successor = Member(group_broker.bootstrap, group, topic_name, "successor")
-    successor.start()
-    try:
-        wait_until(lambda: len(successor.values()) >= len(second), "the successor to read the new messages")
-        time.sleep(0.5)  # anything before the committed offsets would arrive with the rest
-        assert sorted(successor.values()) == sorted(second)
-    finally:
-        stop_all(successor)
-
-
-def test_a_second_group_reads_everything_independently(group_broker, topic_name):
-    create_topic(group_broker.bootstrap, topic_name, PARTITIONS)
-    values = [f"v-{i}" for i in range(40)]
-    produce_values(group_broker.bootstrap, topic_name, values)
-    groups = (f"{topic_name}-one", f"{topic_name}-two")
-    one, two = (Member(group_broker.bootstrap, group, topic_name, group[-3:]) for group in groups)
-    one.start()
-    two.start()
-    admin = KafkaAdminClient(bootstrap_servers=group_broker.bootstrap)
-    try:
-        wait_until(lambda: len(one.values()) == len(two.values()) == len(values), "both groups to read all")
-        assert sorted(one.values()) == sorted(two.values()) == sorted(values)
-        listed = {g["group_id"] for g in admin.list_groups()}
-        assert set(groups) <= listed
+        assert set(groups) <= {g["group_id"] for g in admin.list_groups()}
         described = admin.describe_groups([groups[0]])[groups[0]]
         assert described["group_state"] == "Stable" and len(described["members"]) == 1
-        stop_all(one, two)
-        assert admin.delete_groups(list(groups)) == {group: "OK" for group in groups}
-        consumer = KafkaConsumer(bootstrap_servers=group_broker.bootstrap, group_id=groups[0])
-        try:  # the group's offsets went with it
-            assert consumer.committed(TopicPartition(topic_name, 0)) is None
-        finally:
-            consumer.close()
+        assert admin.delete_groups(list(groups)) == {group: "NonEmptyGroupError" for group in groups}
     finally:
-        stop_all(one, two)
         admin.close()
 
 
-def test_simultaneous_joins_and_a_join_during_a_rebalance_keep_one_owner_per_partition(broker_factory, topic_name):
-    # A real initial rebalance delay keeps the first rebalance open long enough to join it for sure.
-    broker = broker_factory.make(config={**BROKER_CONFIG, "group.initial.rebalance.delay.ms": 1500})
-    create_topic(broker.bootstrap, topic_name, PARTITIONS)
-    group = f"{topic_name}-g"
+def admin_after(broker, topic: str, groups: tuple[str, str]) -> None:
+    """The members are gone: the groups can be deleted, and their offsets go with them."""
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
-    members = [Member(broker.bootstrap, group, topic_name, name, commit_each=True) for name in "abc"]
-    values = [f"v-{i}" for i in range(200)]
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=groups[0])
     try:
-        members[0].start()
-        members[1].start()  # two members at the same moment
-        wait_until(lambda: admin.describe_groups([group])[group]["group_state"] == "PreparingRebalance",
-                   "the first rebalance to begin")
-        members[2].start()  # joins the rebalance in progress
-        for i in range(0, len(values), 20):
-            produce_values(broker.bootstrap, topic_name, values[i:i + 20])
-        wait_until(lambda: one_owner_each(*members), "every partition to have exactly one owner")
-        wait_until(lambda: {v for m in members for v in m.values()} == set(values), "every message to be read")
-        assert_no_message_read_twice_between_commits(members)
+        assert consumer.committed(TopicPartition(topic, 0)) is not None
+        assert admin.delete_groups(list(groups)) == {group: "OK" for group in groups}
+        assert consumer.committed(TopicPartition(topic, 0)) is None
     finally:
+        consumer.close()
         admin.close()
-        stop_all(*members)
+
+
+KAFKA_PYTHON = GroupClient(create_topic=create_topic, produce_values=produce_values, member=start_member,
+                           victim=lambda bootstrap, group, topic: MemberProcess(__file__, bootstrap, group, topic),
+                           admin_view=admin_view, admin_after=admin_after)
+
+
 
 
 def _member_main(bootstrap: str, group: str, topic: str) -> None:

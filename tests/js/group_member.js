@@ -1,9 +1,10 @@
 // One KafkaJS consumer-group member for pykbroker's integration tests (tests/integration/test_groups_kafkajs.py).
 //
 // Usage: node group_member.js '{"brokers": ["127.0.0.1:9092"], "groupId": "g", "topic": "t", "clientId": "a",
-//                              "sessionTimeout": 4000, "heartbeatInterval": 300}'
+//                              "sessionTimeout": 4000, "heartbeatInterval": 300, "commitEach": false}'
 //
-// Subscribes from the beginning with auto-commit and reports on stdout, one JSON object per line:
+// Subscribes from the beginning, with auto-commit or (commitEach) a commit after each message, and reports
+// on stdout, one JSON object per line:
 //   {"assigned": [partitions]}                   after each JoinGroup/SyncGroup (the whole assignment)
 //   {"read": [partition, offset, value]}         each message, before it is committed
 //   {"committed": [[partition, next offset]...]} each successful OffsetCommit
@@ -52,8 +53,15 @@ const main = async () => {
   await consumer.connect()
   await consumer.subscribe({ topics: [options.topic], fromBeginning: true })
   await consumer.run({
-    eachMessage: async ({ partition, message }) => {
+    autoCommit: !options.commitEach,
+    eachMessage: async ({ topic, partition, message }) => {
       report({ read: [partition, Number(message.offset), message.value.toString()] })
+      if (options.commitEach) {
+        const next = String(Number(message.offset) + 1)
+        // A failed commit (the group is rebalancing) leaves the message uncommitted; COMMIT_OFFSETS
+        // reports only the ones that succeed.
+        await consumer.commitOffsets([{ topic, partition, offset: next }]).catch(() => {})
+      }
     },
   })
 }
