@@ -34,7 +34,9 @@ delayed operation in a purgatory we arm a timer. The rules worth knowing:
   left without offsets is then removed.
 
 On a single broker this broker coordinates every group, so COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR and
-COORDINATOR_LOAD_IN_PROGRESS are not produced for routing reasons (groups load before the listener opens).
+COORDINATOR_LOAD_IN_PROGRESS are not produced for routing reasons: groups are rebuilt from the offset store
+(synchronously) before the first request that needs them is answered. A failed write to the offsets topic
+answers NOT_COORDINATOR (disk) or UNKNOWN_SERVER_ERROR, as Kafka maps its storage errors.
 """
 
 from __future__ import annotations
