@@ -28,8 +28,18 @@ def test_every_allow_list_entry_names_requests_of_its_capture():
         assert covered, f"{allowance} covers no request"
 
 
+# The settings of the Kafka 3.7.1 broker that recorded the captures (wire-captures/index.md).
+CAPTURE_BROKER_CONFIG = {
+    "num.partitions": 1,
+    "offsets.topic.num.partitions": 1,
+    "group.initial.rebalance.delay.ms": 0,
+    "auto.create.topics.enable": True,
+}
+
+
 @pytest.mark.parametrize("path", CAPTURE_PATHS, ids=lambda path: path.stem)
-def test_replayed_conversation_gets_kafkas_answers(path, broker):
+def test_replayed_conversation_gets_kafkas_answers(path, broker_factory):
+    broker = broker_factory.make(CAPTURE_BROKER_CONFIG)
     capture = wr.load_capture(path)
     result = wr.replay(capture, broker.address, preconditions=wr.preconditions_for(capture),
                        allowances=EXPECTED_UNSUPPORTED)
