@@ -238,7 +238,7 @@ class ProtocolError(RuntimeError):
     """The broker's answer could not be read as the expected response."""
 
 
-def _read_exact(sock: socket.socket, size: int) -> bytes:
+def read_exact(sock: socket.socket, size: int) -> bytes:
     chunks = bytearray()
     while len(chunks) < size:
         chunk = sock.recv(size - len(chunks))
@@ -262,8 +262,8 @@ def send_request(address: tuple[str, int], request, *, correlation_id: int = 1,
     response_type = load_response_from_request(type(request))
     with socket.create_connection(address, timeout=timeout) as sock:
         sock.sendall(struct.pack(">i", len(frame)) + frame)
-        (size,) = struct.unpack(">i", _read_exact(sock, 4))
-        payload = _read_exact(sock, size)
+        (size,) = struct.unpack(">i", read_exact(sock, 4))
+        payload = read_exact(sock, size)
     header, header_size = entity_reader(response_type.__header_schema__)(payload, 0)
     if header.correlation_id != correlation_id:
         raise ProtocolError(f"correlation id {header.correlation_id}, expected {correlation_id}")

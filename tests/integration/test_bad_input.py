@@ -14,7 +14,7 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
-from broker_process import fetch_raw, probe_api_versions, produce_raw
+from broker_process import fetch_raw, probe_api_versions, produce_raw, read_exact
 from pykbroker.protocol.records import build_batch, iter_headers
 
 
@@ -30,18 +30,8 @@ def _frame(api_key: int, version: int, body, correlation_id: int) -> bytes:
 
 
 def _read_response(sock: socket.socket) -> bytes:
-    size = struct.unpack(">i", _recv_exact(sock, 4))[0]
-    return _recv_exact(sock, size)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = bytearray()
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return bytes(data)
+    size = struct.unpack(">i", read_exact(sock, 4))[0]
+    return read_exact(sock, size)
 
 
 def _assert_closed(sock: socket.socket) -> None:
