@@ -37,7 +37,7 @@ class Broker:
         data_dir = Path(config.data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
         self.data_dir = data_dir
-        self.metadata = EmbeddedMetadata(data_dir, config.broker_id, config.advertised_host, config.port)
+        self.metadata = EmbeddedMetadata(data_dir, config.broker_id, config.advertised_host, config.advertised_port)
         self.log_manager = LogManager(
             data_dir,
             fsync=config.fsync,

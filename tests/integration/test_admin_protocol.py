@@ -176,3 +176,12 @@ def test_describe_cluster(address, shared_broker):
     assert response.error_code == ErrorCode.none
     assert [(b.broker_id, b.host, b.port) for b in response.brokers] == [(1, "127.0.0.1", shared_broker.port)]
     assert response.controller_id == 1 and len(response.cluster_id) == 22
+
+
+def test_metadata_and_describe_cluster_advertise_the_configured_address(broker_factory):
+    broker = broker_factory.make({"advertised.host": "kafka.example", "advertised.port": 19999})
+    brokers = metadata(broker.address).brokers
+    assert [(b.node_id, b.host, b.port) for b in brokers] == [(1, "kafka.example", 19999)]
+    described = send_request(broker.address, dc.DescribeClusterRequest(
+        include_cluster_authorized_operations=False, endpoint_type=1))
+    assert [(b.host, b.port) for b in described.brokers] == [("kafka.example", 19999)]
