@@ -161,8 +161,14 @@ class KafkaConnection(asyncio.Protocol):
     def _complete(self, slot: _Slot, request, result) -> None:
         if result is NO_RESPONSE:
             self._fill(slot, None)
-        else:
-            self._fill(slot, encode_response(request.codec, request.correlation_id, result))
+            return
+        try:
+            payload = encode_response(request.codec, request.correlation_id, result)
+        except Exception:
+            log.exception("cannot encode the answer to api %s v%s; closing %s", request.api_key, request.api_version, self.peer)
+            self._abort("response encoding failure")
+            return
+        self._fill(slot, payload)
 
     def _fill(self, slot: _Slot, payload: bytes | None) -> None:
         slot.payload = payload
