@@ -16,7 +16,7 @@ import os
 import time
 from functools import partial
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 MIB = 1 << 20
