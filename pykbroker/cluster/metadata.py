@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+from pykbroker.log.checkpoint import write_atomically
 
 TOPIC_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_NAME_LENGTH = 249
@@ -94,15 +95,6 @@ def new_cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 class EmbeddedMetadata:
     """Single-node metadata: this broker is the only broker, the controller and every partition's leader."""
 
@@ -132,7 +124,7 @@ class EmbeddedMetadata:
                 )
             return props["cluster.id"]
         cluster_id = new_cluster_id()
-        _write_atomically(path, f"#pykbroker\nversion=1\ncluster.id={cluster_id}\nnode.id={self.broker_id}\n")
+        write_atomically(path, f"#pykbroker\nversion=1\ncluster.id={cluster_id}\nnode.id={self.broker_id}\n")
         return cluster_id
 
     def _load_state(self) -> None:
@@ -162,7 +154,7 @@ class EmbeddedMetadata:
                 for info in self._topics.values()
             ],
         }
-        _write_atomically(self.data_dir / self.STATE_FILE, json.dumps(data, indent=1))
+        write_atomically(self.data_dir / self.STATE_FILE, json.dumps(data, indent=1))
 
     def _index(self, info: TopicInfo) -> None:
         self._topics[info.name] = info

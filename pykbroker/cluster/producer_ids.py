@@ -15,7 +15,7 @@ import logging
 import threading
 from pathlib import Path
 
-from pykbroker.log.leader_epoch import read_checkpoint, write_checkpoint
+from pykbroker.log.checkpoint import read_checkpoint, write_checkpoint
 
 log = logging.getLogger(__name__)
 

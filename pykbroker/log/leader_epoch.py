@@ -1,61 +1,15 @@
-"""The leader-epoch cache of one partition (epoch -> first offset written in it), and Kafka's checkpoint files.
-
-Kafka's checkpoint text format, used for ``leader-epoch-checkpoint`` and the data directory's
-``recovery-point-offset-checkpoint`` / ``log-start-offset-checkpoint``: a version line ("0"), a count line,
-then one whitespace-separated entry per line. Files are replaced atomically (temp file, fsync, rename).
-"""
+"""The leader-epoch cache of one partition (epoch -> first offset written in it), kept in Kafka's
+``leader-epoch-checkpoint`` file (format in pykbroker/log/checkpoint.py)."""
 
 from __future__ import annotations
 
-import os
 from bisect import bisect_right
 from pathlib import Path
-from typing import Iterable, Sequence
 
-CHECKPOINT_VERSION = 0
+from pykbroker.log.checkpoint import CorruptCheckpoint, read_checkpoint, write_checkpoint
+
 UNDEFINED_EPOCH = -1
 UNDEFINED_EPOCH_OFFSET = -1
-
-
-class CorruptCheckpoint(ValueError):
-    pass
-
-
-def write_checkpoint(path: Path, entries: Iterable[Sequence[object]]) -> None:
-    """Atomically replace ``path`` with a checkpoint holding ``entries`` (each a sequence of fields)."""
-    lines = [" ".join(str(field) for field in entry) for entry in entries]
-    text = f"{CHECKPOINT_VERSION}\n{len(lines)}\n" + "".join(line + "\n" for line in lines)
-    temp = path.with_name(path.name + ".tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself must survive a crash
-    finally:
-        os.close(dir_fd)
-
-
-def read_checkpoint(path: Path, fields: int) -> list[list[str]] | None:
-    """The entries of a checkpoint file (None if it does not exist); raises CorruptCheckpoint."""
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return None
-    try:
-        version, count = int(lines[0]), int(lines[1])
-    except (IndexError, ValueError) as exc:
-        raise CorruptCheckpoint(f"{path}: bad header") from exc
-    if version != CHECKPOINT_VERSION:
-        raise CorruptCheckpoint(f"{path}: unknown version {version}")
-    entries = [line.split() for line in lines[2:] if line.strip()]
-    if len(entries) != count or any(len(entry) != fields for entry in entries):
-        raise CorruptCheckpoint(f"{path}: expected {count} entries of {fields} fields")
-    return entries
 
 
 class LeaderEpochCache:

@@ -20,7 +20,7 @@ from typing import Callable
 
 from pykbroker.log.config import LogConfig
 from pykbroker.log.errors import LogDirectoryInUse
-from pykbroker.log.leader_epoch import CorruptCheckpoint, read_checkpoint, write_checkpoint
+from pykbroker.log.checkpoint import CorruptCheckpoint, read_checkpoint, write_checkpoint
 from pykbroker.log.partition_log import (
     FSYNC_POLICIES,
     DelayedClose,

@@ -15,7 +15,8 @@ from typing import Callable, Iterator
 
 from pykbroker.log.config import LogConfig
 from pykbroker.log.errors import OffsetOutOfRange, RecordTooLarge, UnexpectedAppendOffset
-from pykbroker.log.leader_epoch import CorruptCheckpoint, LeaderEpochCache
+from pykbroker.log.checkpoint import CorruptCheckpoint
+from pykbroker.log.leader_epoch import LeaderEpochCache
 from pykbroker.log.segment import (
     INT32_MAX,
     SEGMENT_SUFFIXES,

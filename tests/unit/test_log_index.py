@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from pykbroker.log.config import LogConfig
 from pykbroker.log.index import CorruptIndex, OffsetIndex, TimeIndex
-from pykbroker.log.leader_epoch import CorruptCheckpoint, LeaderEpochCache, read_checkpoint, write_checkpoint
+from pykbroker.log.checkpoint import CorruptCheckpoint, read_checkpoint, write_checkpoint
+from pykbroker.log.leader_epoch import LeaderEpochCache
 
 
 def test_offset_index_lookup_and_file_format(tmp_path):
