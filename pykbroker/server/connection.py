@@ -1,12 +1,10 @@
-"""One client connection: read frames continuously, run handlers in order, write responses in order.
+"""One client connection: read frames continuously, run handlers, write responses strictly in request order.
 
 Clients pipeline (librdkafka keeps several Produce requests in flight; the Java consumer sends a
 session-closing Fetch while a long poll is parked), so requests are decoded as soon as they arrive, and
 each gets a slot in a FIFO. A synchronous handler fills its slot at once; an asynchronous one (a long
-poll, a JoinGroup parked in a rebalance) fills it later; the writer drains slots from the head only, so
-responses leave in order. As in Kafka, which reads a connection's next request only after answering the
-current one, a request behind an unfinished asynchronous one is handled after it: a Heartbeat pipelined
-behind a JoinGroup then meets the new generation, as it would on Kafka. In-flight request bytes are bounded (socket.request.max.bytes): past the bound we stop reading
+poll, an acks=all wait) fills it later; the writer drains slots from the head only, so responses leave in
+order. In-flight request bytes are bounded (socket.request.max.bytes): past the bound we stop reading
 until responses drain. A malformed frame closes this connection only, with a log line.
 """
 
@@ -59,8 +57,6 @@ class KafkaConnection(asyncio.Protocol):
         self._write_paused = False
         self._closed = False
         self._tasks: set[asyncio.Task] = set()
-        self._in_progress: asyncio.Task | None = None  # the asynchronous handler later requests wait for
-        self._waiting: collections.deque[tuple[_Slot, Any]] = collections.deque()
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -136,12 +132,6 @@ class KafkaConnection(asyncio.Protocol):
         except FrameError as exc:
             self._abort(str(exc))
             return
-        if self._in_progress is not None:
-            self._waiting.append((slot, request))
-        else:
-            self._dispatch(slot, request)
-
-    def _dispatch(self, slot: _Slot, request) -> None:
         handler = self.handlers[request.api_key]
         context = RequestContext(self.broker, request, self.peer)
         try:
@@ -154,16 +144,8 @@ class KafkaConnection(asyncio.Protocol):
             task = asyncio.ensure_future(self._complete_later(slot, request, result))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-            self._in_progress = task
         else:
             self._complete(slot, request, result)
-
-    def _resume_waiting(self) -> None:
-        """The asynchronous request in progress is answered: handle the ones queued behind it, in order."""
-        self._in_progress = None
-        while self._waiting and self._in_progress is None and not self._closed:
-            slot, request = self._waiting.popleft()
-            self._dispatch(slot, request)
 
     async def _complete_later(self, slot: _Slot, request, awaitable) -> None:
         try:
@@ -175,7 +157,6 @@ class KafkaConnection(asyncio.Protocol):
             self._abort("handler failure")
             return
         self._complete(slot, request, result)
-        self._resume_waiting()
 
     def _complete(self, slot: _Slot, request, result) -> None:
         if result is NO_RESPONSE:
