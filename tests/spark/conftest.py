@@ -5,7 +5,8 @@ Three tiers, so that CI always runs what it can:
     always run;
   * the pipeline's DataFrame logic on a local SparkSession: needs pyspark and Java. Missing either is a
     skip on a developer machine and a failure under CI (env CI set), where the install script provides both;
-  * the stock Kafka connector against pykbroker: needs $PYKBROKER_SPARK_JARS, a directory holding
+  * the stock Kafka connector against pykbroker: needs $PYKBROKER_SPARK_JARS (default: the reference
+    kit's ../shared/refkit/spark-jars beside the project, when it exists), a directory holding
     spark-sql-kafka-0-10, spark-token-provider-kafka-0-10, kafka-clients and commons-pool2 jars whose
     Spark version matches the installed pyspark. Otherwise those tests skip with the reason, which is
     also printed at the end of the run.
@@ -32,9 +33,10 @@ for _path in (SPARK_PIPELINE_DIR, INTEGRATION_TESTS_DIR):
         sys.path.insert(0, str(_path))
 
 from broker_process import BrokerProcess  # noqa: E402  (tests/integration: the broker subprocess harness)
-from city_pipeline.cli import JARS_ENV  # noqa: E402
 from city_pipeline.session import build_session  # noqa: E402
-from spark_guard import connector_missing_reason, require_spark, skipped_connector_reasons  # noqa: E402
+from spark_guard import (  # noqa: E402
+    connector_jars_dir, connector_missing_reason, require_spark, skipped_connector_reasons,
+)
 
 SPARK_TEST_CONF = {
     "spark.ui.enabled": "false",
@@ -59,7 +61,7 @@ def spark(tmp_path_factory):
     conf = dict(SPARK_TEST_CONF)
     conf["spark.sql.warehouse.dir"] = str(tmp_path_factory.mktemp("spark-warehouse"))
     conf["spark.local.dir"] = str(tmp_path_factory.mktemp("spark-local"))
-    jars_dir = os.environ.get(JARS_ENV) if connector_missing_reason() is None else None
+    jars_dir = connector_jars_dir() if connector_missing_reason() is None else None
     session = build_session("pykbroker-spark-tests", master="local[2]", jars_dir=jars_dir, conf=conf,
                             log_level="ERROR")
     yield session

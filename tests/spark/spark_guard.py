@@ -18,6 +18,17 @@ from city_pipeline.session import ConnectorJarsError, find_connector_jars
 # Reasons the connector tests were skipped in this run, printed again at the end by conftest.py.
 skipped_connector_reasons: list[str] = []
 
+# The development workspace keeps the connector jars beside the project (never inside it).
+REFKIT_SPARK_JARS = Path(__file__).resolve().parents[2].parent / "shared" / "refkit" / "spark-jars"
+
+
+def connector_jars_dir() -> str | None:
+    """$PYKBROKER_SPARK_JARS, else the reference kit's jars beside the project, else None."""
+    jars_dir = os.environ.get(JARS_ENV)
+    if jars_dir:
+        return jars_dir
+    return str(REFKIT_SPARK_JARS) if REFKIT_SPARK_JARS.is_dir() else None
+
 
 def spark_missing_reason() -> str | None:
     if importlib.util.find_spec("pyspark") is None:
@@ -33,11 +44,11 @@ def connector_missing_reason() -> str | None:
     missing = spark_missing_reason()
     if missing:
         return missing
-    jars_dir = os.environ.get(JARS_ENV)
+    jars_dir = connector_jars_dir()
     if not jars_dir:
-        return (f"${JARS_ENV} is not set: the Spark Kafka connector tests need a directory with the "
-                "spark-sql-kafka-0-10, spark-token-provider-kafka-0-10, kafka-clients and commons-pool2 jars "
-                "for this pyspark (see integration/spark/README.md)")
+        return (f"${JARS_ENV} is not set and {REFKIT_SPARK_JARS} does not exist: the Spark Kafka connector "
+                "tests need a directory with the spark-sql-kafka-0-10, spark-token-provider-kafka-0-10, "
+                "kafka-clients and commons-pool2 jars for this pyspark (see integration/spark/README.md)")
     try:
         find_connector_jars(jars_dir)
     except ConnectorJarsError as exc:

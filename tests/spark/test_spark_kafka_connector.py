@@ -1,6 +1,6 @@
 """Spark's stock Kafka connector (spark-sql-kafka-0-10 + the Java kafka-clients) against pykbroker.
 
-Runs only when $PYKBROKER_SPARK_JARS names a directory with the connector jars matching the installed
+Runs when $PYKBROKER_SPARK_JARS (or, by default, ../shared/refkit/spark-jars beside the project) names a directory with the connector jars matching the installed
 pyspark (see integration/spark/README.md); otherwise the whole module is skipped with that reason.
 Only `kafka.bootstrap.servers` points Spark at the broker; every other connector setting is Spark's default.
 

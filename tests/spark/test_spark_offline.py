@@ -153,6 +153,12 @@ def test_connector_jars_found_for_matching_spark(tmp_path):
     assert sorted(path.name for path in jars) == sorted(FULL_40)
 
 
+def test_connector_jars_include_what_an_unshaded_kafka_clients_needs(tmp_path):
+    extras = ["opentelemetry-proto-1.0.0-alpha.jar", "protobuf-java-3.23.4.jar"]
+    jars = find_connector_jars(_jar_dir(tmp_path, FULL_40 + extras + ["slf4j-api-2.0.9.jar"]), "4.0.0")
+    assert sorted(path.name for path in jars) == sorted(FULL_40 + extras)
+
+
 def test_connector_jars_in_sparks_ivy_cache_layout(tmp_path):
     names = ["org.apache.spark_spark-sql-kafka-0-10_2.13-4.0.1.jar",
              "org.apache.spark_spark-token-provider-kafka-0-10_2.13-4.0.1.jar",

@@ -31,6 +31,8 @@ CONNECTOR_JARS = {
     "commons-pool2": re.compile(rf"^(?:org\.apache\.commons_)?commons-pool2{_VERSION}"),
 }
 SPARK_VERSIONED = (CONNECTOR_ARTIFACT, "spark-token-provider-kafka-0-10")
+# Maven's kafka-clients shades these; a kafka-clients built from source (unshaded) needs them beside it.
+UNSHADED_CLIENT_DEPENDENCIES = (re.compile(r"^opentelemetry-proto-.*\.jar$"), re.compile(r"^protobuf-java-.*\.jar$"))
 MIN_COMMONS_POOL2 = (2, 12)
 
 DEFAULT_CONF = {
@@ -60,7 +62,8 @@ def connector_package(version: str | None = None) -> str:
 
 
 def find_connector_jars(directory: str | Path, version: str | None = None) -> list[Path]:
-    """The four jars in `directory` that make the Kafka connector work on Spark `version`.
+    """The four jars in `directory` that make the Kafka connector work on Spark `version`, plus the
+    opentelemetry-proto and protobuf-java jars an unshaded kafka-clients needs, when they are there.
 
     Raises ConnectorJarsError naming what is missing or mismatched. Where several versions of one jar
     are present, the newest that fits is taken.
@@ -99,7 +102,8 @@ def find_connector_jars(directory: str | Path, version: str | None = None) -> li
         chosen.append(max(fitting)[1])
     if problems:
         raise ConnectorJarsError(f"Kafka connector jars in {directory}: " + "; ".join(problems))
-    return chosen
+    extras = [p for p in sorted(directory.iterdir()) if any(r.match(p.name) for r in UNSHADED_CLIENT_DEPENDENCIES)]
+    return chosen + extras
 
 
 def build_session(app_name: str, *, master: str | None = None, jars_dir: str | Path | None = None,
