@@ -36,10 +36,12 @@ MAX_PARTITIONS_PER_REQUEST = 10_000  # Kafka's ReplicationControlManager.MAX_PAR
 _KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
 
 
-def check_partitions_per_request(total: int) -> None:
-    """Kafka's bound on the partitions one CreateTopics or CreatePartitions request may add."""
+def too_many_partitions_per_request(total: int) -> KafkaError | None:
+    """Kafka's bound on the partitions one CreateTopics or CreatePartitions request may add: the error
+    every topic of the request gets when ``total`` is beyond it, else None."""
     if total > MAX_PARTITIONS_PER_REQUEST:
-        raise KafkaError(ErrorCode.policy_violation, "Excessively large number of partitions per request.")
+        return KafkaError(ErrorCode.policy_violation, "Excessively large number of partitions per request.")
+    return None
 
 
 class TopicAdmin:
@@ -49,6 +51,7 @@ class TopicAdmin:
         self.replicas = replicas
         self._effective_cache: dict[str, dict[str, Any]] = {}
         self.max_partitions = int(config.get("max.broker.partitions"))
+        self._warned_compact: set[str] = set()
 
     # -- configs ----------------------------------------------------------------------------------
     def _overrides(self, name: str) -> dict[str, str]:
@@ -57,11 +60,13 @@ class TopicAdmin:
             return {}
         if "compact" not in info.configs.get("cleanup.policy", ""):
             return info.configs
-        log.warning(
-            "topic %s has cleanup.policy=%s, which pykbroker does not support yet: serving it with "
-            "cleanup.policy=delete and retention off, so that none of its data is deleted",
-            name, info.configs["cleanup.policy"],
-        )
+        if name not in self._warned_compact:
+            self._warned_compact.add(name)
+            log.warning(
+                "topic %s has cleanup.policy=%s, which pykbroker does not support yet: serving it with "
+                "cleanup.policy=delete and retention off, so that none of its data is deleted",
+                name, info.configs["cleanup.policy"],
+            )
         kept = {key: value for key, value in info.configs.items() if key != "cleanup.policy"}
         return {**kept, **_KEEP_FOREVER}
 

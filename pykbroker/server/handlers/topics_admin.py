@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pykbroker.cluster.topic_admin import check_partitions_per_request
+from pykbroker.cluster.topic_admin import too_many_partitions_per_request
 from pykbroker.protocol.errors import ErrorCode, KafkaError
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
@@ -43,13 +43,9 @@ async def create_topics(ctx: RequestContext, request) -> object:
     results = []
     seen: set[str] = set()
     default_partitions = int(ctx.broker.config.get("num.partitions"))
-    try:
-        check_partitions_per_request(
-            sum(default_partitions if t.num_partitions == -1 else max(t.num_partitions, 0) for t in request.topics)
-        )
-        too_many = None
-    except KafkaError as exc:
-        too_many = exc
+    too_many = too_many_partitions_per_request(
+        sum(default_partitions if t.num_partitions == -1 else max(t.num_partitions, 0) for t in request.topics)
+    )
     for topic in request.topics:
         error, message, info = ErrorCode.none, None, None
         try:
@@ -127,15 +123,11 @@ async def create_partitions(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
     results = []
     metadata = ctx.broker.metadata
-    try:
-        check_partitions_per_request(sum(
-            topic.count - len(info.partitions)
-            for topic in request.topics
-            if (info := metadata.topic(topic.name)) is not None and topic.count > len(info.partitions)
-        ))
-        too_many = None
-    except KafkaError as exc:
-        too_many = exc
+    too_many = too_many_partitions_per_request(sum(
+        topic.count - len(info.partitions)
+        for topic in request.topics
+        if (info := metadata.topic(topic.name)) is not None and topic.count > len(info.partitions)
+    ))
     for topic in request.topics:
         error, message = ErrorCode.none, None
         try:
