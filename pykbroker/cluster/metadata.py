@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from pykbroker.cluster.metadata_log import MetadataLog
+from pykbroker.cluster.metadata_log import RESTORE_HINT, MetadataLog
 from pykbroker.log.checkpoint import CorruptFile, write_atomically
 
 TOPIC_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9._-]+$")
@@ -191,7 +191,7 @@ class EmbeddedMetadata:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CorruptFile(
                 self._log.snapshot_path, f"or {self._log.journal_path.name} holds a malformed topic entry ({exc!r})",
-                "restore the data dir from a backup, or move it aside to start an empty broker",
+                RESTORE_HINT,
             ) from None
 
     def _index(self, info: TopicInfo) -> None:

@@ -14,13 +14,13 @@ truncated after it without any window where a crash loses a change.
 Writes leave the event loop: ``append`` only buffers, ``commit`` hands the buffer to one worker thread
 that writes and fsyncs it (changes made meanwhile share that fsync), and the returned future completes
 when the records are durable. Once the journal holds more records than ``max(SNAPSHOT_MIN_RECORDS,
-2 x topics)``, the next commit also writes a snapshot and empties the journal in the same worker, so
-snapshots cost O(1) amortised per change.
+2 x topics)``, the next commit serialises a snapshot (on the caller's thread, so it is consistent) and
+the worker writes it and empties the journal: snapshots cost O(1) amortised per change.
 
 On load, a journal whose end is torn (a crash in the middle of a write: a last line without its
-newline, or zeros) is cut back to its last whole record with a WARN; a whole line that is not a record, an unreadable snapshot, or a
-snapshot/legacy file that is not what we wrote raise ``CorruptFile`` (the broker refuses to start and
-says which file and what to do). A data dir of an older pykbroker holds ``__cluster_metadata.json`` (the
+newline, or zeros) is cut back to its last whole record with a WARN. A whole line that is not a record,
+or a snapshot/legacy file that is not what we wrote, raises ``CorruptFile`` (the broker refuses to
+start and says which file and what to do). A data dir of an older pykbroker holds ``__cluster_metadata.json`` (the
 snapshot format, rewritten on every change): it is read once, written as the snapshot, and removed.
 """
 
@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -45,7 +44,7 @@ LEGACY_FILE = "__cluster_metadata.json"
 SNAPSHOT_VERSION = 1
 SNAPSHOT_MIN_RECORDS = 1000
 
-_RESTORE_HINT = "restore the data dir from a backup, or move it aside to start an empty broker"
+RESTORE_HINT = "restore the data dir from a backup, or move it aside to start an empty broker"
 
 
 def encode_record(record: dict[str, Any]) -> bytes:
@@ -72,14 +71,14 @@ def read_snapshot_topics(path: Path) -> list[dict[str, Any]] | None:
     except FileNotFoundError:
         return None
     except UnicodeDecodeError:
-        raise CorruptFile(path, "is not text", _RESTORE_HINT) from None
+        raise CorruptFile(path, "is not text", RESTORE_HINT) from None
     try:
         data = json.loads(text)
         topics = data["topics"]
         if data.get("version") != SNAPSHOT_VERSION or not isinstance(topics, list):
             raise ValueError(f"unknown version {data.get('version')!r}")
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CorruptFile(path, f"is not a pykbroker metadata snapshot ({exc})", _RESTORE_HINT) from None
+        raise CorruptFile(path, f"is not a pykbroker metadata snapshot ({exc})", RESTORE_HINT) from None
     return topics
 
 
@@ -90,8 +89,7 @@ class MetadataLog:
         self.data_dir = Path(data_dir)
         self.journal_path = self.data_dir / JOURNAL_FILE
         self.snapshot_path = self.data_dir / SNAPSHOT_FILE
-        self._pending: list[bytes] = []
-        self._pending_lock = threading.Lock()  # held only to swap the buffer, never during I/O
+        self._pending: list[bytes] = []  # append and commit run on the event loop only; the worker gets bytes
         self._journal_records = 0
         self._fd: int | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metadata-log")
@@ -127,7 +125,7 @@ class MetadataLog:
                 tail = data[position:]
                 if end >= 0 and tail.strip(b"\0"):  # a whole line that is not a record: not a torn write
                     raise CorruptFile(
-                        self.journal_path, f"holds a damaged record at byte {position}", _RESTORE_HINT
+                        self.journal_path, f"holds a damaged record at byte {position}", RESTORE_HINT
                     )
                 log.warning(
                     "%s: cutting a torn last record (%d bytes at byte %d), left by a crash in the middle of a write",
@@ -142,9 +140,7 @@ class MetadataLog:
     # -- writing ---------------------------------------------------------------------------------------
     def append(self, record: dict[str, Any]) -> None:
         """Buffer one record (event loop); it is written by the next ``commit``."""
-        line = encode_record(record)
-        with self._pending_lock:
-            self._pending.append(line)
+        self._pending.append(encode_record(record))
 
     def commit(self, topic_count: int, snapshot_of: Callable[[], list[dict[str, Any]]]) -> Future:
         """Write what is buffered (in the worker thread); the future completes once it is fsynced.
@@ -153,8 +149,7 @@ class MetadataLog:
         the journal has outgrown ``max(SNAPSHOT_MIN_RECORDS, 2 x topic_count)``, so the snapshot is
         consistent with the buffered records.
         """
-        with self._pending_lock:
-            pending, self._pending = self._pending, []
+        pending, self._pending = self._pending, []
         if not pending:
             return self._last
         self._journal_records += len(pending)
