@@ -62,6 +62,13 @@ def _run_flush_jobs(jobs: list[FlushJob]) -> None:
         job.run()
 
 
+def aside_dir_name(topic: str, partition: int, suffix: str) -> str:
+    """``<topic>-<p>.<uuid><suffix>`` for a directory set aside, the topic cut so the name fits in 255
+    bytes (Kafka's logDirNameWithSuffixCappedLength: a 249-character topic would not fit otherwise)."""
+    tail = f"-{partition}.{uuid.uuid4().hex}{suffix}"
+    return topic[: 255 - len(tail)] + tail
+
+
 def kafka_uuid(topic_id: uuid.UUID) -> str:
     """Kafka's Uuid.toString: URL-safe base64 of the 16 bytes, without padding."""
     return base64.urlsafe_b64encode(topic_id.bytes).decode().rstrip("=")
@@ -158,7 +165,7 @@ class LogManager:
             parsed = parse_log_dir_name(entry.name)
             if parsed is None or parsed in self._logs:
                 continue
-            if topic_id_of is not None and not self._belongs(Path(entry.path), topic_id_of(*parsed)):
+            if topic_id_of is not None and not self._belongs(Path(entry.path), parsed, topic_id_of(*parsed)):
                 continue
             partition_log = PartitionLog.open(
                 Path(entry.path),
@@ -176,14 +183,14 @@ class LogManager:
         self.write_checkpoints()
         return loaded
 
-    def _belongs(self, directory: Path, expected: uuid.UUID | None) -> bool:
+    def _belongs(self, directory: Path, key: TopicPartition, expected: uuid.UUID | None) -> bool:
         """Whether ``directory`` is the log of a known partition; sets it aside (WARN) if not."""
         stored = read_partition_metadata(directory) if expected is not None else None
         if expected is not None and stored in (None, expected):
             if stored is None:
                 write_partition_metadata(directory, expected)
             return True
-        aside = directory.with_name(f"{directory.name}.{uuid.uuid4().hex}{STRAY_DIR_SUFFIX}")
+        aside = directory.with_name(aside_dir_name(*key, STRAY_DIR_SUFFIX))
         os.rename(directory, aside)
         reason = (
             "belongs to no topic partition in the cluster metadata" if expected is None
@@ -234,7 +241,7 @@ class LogManager:
         """
         for key in [key for key in self._logs if key[0] == topic]:
             partition_log = self._logs.pop(key)
-            doomed = self.data_dir / f"{log_dir_name(*key)}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}"
+            doomed = self.data_dir / aside_dir_name(*key, DELETE_DIR_SUFFIX)
             os.rename(partition_log.directory, doomed)
             self._remover.submit(shutil.rmtree, doomed, ignore_errors=True)
             self._deleted.add(partition_log.config.file_delete_delay_ms, partition_log.abandon)
