@@ -82,6 +82,11 @@ def read_snapshot_topics(path: Path) -> list[dict[str, Any]] | None:
     return topics
 
 
+def _log_failure(future: Future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("cannot write the metadata journal (retried with the next change): %s", future.exception())
+
+
 class MetadataLog:
     """The journal and snapshot of one data dir. ``load`` once, then ``append`` and ``commit``."""
 
@@ -93,6 +98,7 @@ class MetadataLog:
         self._journal_records = 0
         self._fd: int | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metadata-log")
+        self._unwritten = b""  # worker thread only: records of a failed write, written with the next one
         self._last: Future = Future()
         self._last.set_result(None)
 
@@ -158,19 +164,30 @@ class MetadataLog:
             snapshot = json.dumps({"version": SNAPSHOT_VERSION, "topics": snapshot_of()})
             self._journal_records = 0
         self._last = self._executor.submit(self._write, b"".join(pending), snapshot)
+        self._last.add_done_callback(_log_failure)
         return self._last
 
     def _write(self, data: bytes, snapshot: str | None) -> None:
+        """Worker thread. A failed write (disk full) is cut back and retried with the next commit."""
         assert self._fd is not None, "load() first"
+        data = self._unwritten = self._unwritten + data
         if snapshot is None:
-            os.write(self._fd, data)
+            size = os.fstat(self._fd).st_size
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._fd, view):]
+                os.fsync(self._fd)
+            except OSError:
+                os.ftruncate(self._fd, size)  # no half record left behind
+                raise
+        else:
+            # The snapshot holds everything buffered so far, these records included: write it, then empty
+            # the journal. A crash in between replays old (idempotent) records on the new snapshot.
+            write_atomically(self.snapshot_path, snapshot)
+            os.ftruncate(self._fd, 0)
             os.fsync(self._fd)
-            return
-        # The snapshot holds everything buffered so far, these records included: write it, then empty
-        # the journal. A crash in between replays old (idempotent) records on the new snapshot.
-        write_atomically(self.snapshot_path, snapshot)
-        os.ftruncate(self._fd, 0)
-        os.fsync(self._fd)
+        self._unwritten = b""
 
     def close(self) -> None:
         """Wait for every commit to be durable and release the journal."""

@@ -151,3 +151,20 @@ def test_commit_with_nothing_buffered_is_already_done(tmp_path):
     log.load()
     assert log.commit(0, list).done()
     log.close()
+
+
+def test_a_failed_journal_write_is_undone_and_retried_with_the_next_commit(tmp_path, monkeypatch):
+    store = open_store(tmp_path)
+    store.create_topic("first", 1, 1, {})
+    real_fsync = metadata_log.os.fsync
+    monkeypatch.setattr(metadata_log.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(28, "No space left")))
+    with pytest.raises(OSError):
+        store.commit().result(10)
+    assert (tmp_path / JOURNAL_FILE).read_bytes() == b""  # cut back: no half record
+    monkeypatch.setattr(metadata_log.os, "fsync", real_fsync)
+    store.create_topic("second", 1, 1, {})
+    store.commit().result(10)
+    store.close()
+    reopened = open_store(tmp_path)
+    assert sorted(state(reopened)) == ["first", "second"]
+    reopened.close()
