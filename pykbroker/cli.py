@@ -122,9 +122,13 @@ def serve(
     config = build_config(flags, overrides, config_file)
     configure_logging(config.log_level)
     _keep_hypothesis_out_of_the_broker()
+    from pykbroker.log.checkpoint import CorruptFile
     from pykbroker.server.broker import run_broker  # imported late: --help and --version stay fast
 
-    run_broker(config)
+    try:
+        run_broker(config)
+    except CorruptFile as exc:  # a data-dir file the broker cannot trust: one line, no traceback
+        raise click.ClickException(str(exc)) from None
 
 
 def build_config(flags: Mapping[str, Any], overrides: tuple[str, ...] = (), config_file: Path | None = None) -> BrokerConfig:

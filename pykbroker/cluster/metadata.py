@@ -3,21 +3,28 @@
 ``ClusterMetadata`` is what the rest of the broker asks; ``EmbeddedMetadata`` is the single-node backend,
 persisted in the data dir so topic ids and configs survive restarts (a ZooKeeper backend implements the
 same interface for cluster mode). Files, as Kafka lays them out where it can:
-    <data-dir>/meta.properties          cluster.id, node.id (Kafka's format)
-    <data-dir>/__cluster_metadata.json   topics, partition states, config overrides
+    <data-dir>/meta.properties               cluster.id, node.id (Kafka's format)
+    <data-dir>/__cluster_metadata.snapshot   topics, partition states, config overrides ...
+    <data-dir>/__cluster_metadata.log        ... and the changes since (see metadata_log.py)
+
+Changes are applied in memory at once (so the next request sees them) and journalled; ``commit`` returns
+a future that completes when they are durable, which CreateTopics and friends await before answering.
+Topic names that differ only by '.' versus '_' collide (Kafka's rule: both map to the same metric
+names), so the store indexes names by that key to answer ``colliding_topics`` in O(1).
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import re
 import uuid
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from pykbroker.log.checkpoint import write_atomically
+from pykbroker.cluster.metadata_log import RESTORE_HINT, MetadataLog
+from pykbroker.log.checkpoint import CorruptFile, write_atomically
 
 TOPIC_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_NAME_LENGTH = 249
@@ -35,6 +42,11 @@ def topic_name_error(name: str | None) -> str | None:
     if not TOPIC_NAME_PATTERN.match(name):
         return f"Topic name \"{name}\" is illegal, it contains a character other than ASCII alphanumerics, '.', '_' and '-'"
     return None
+
+
+def collision_key(name: str) -> str:
+    """Kafka's Topic.unifyCollisionChars: '.' and '_' are the same character in metric names."""
+    return name.replace(".", "_")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +87,23 @@ class TopicInfo:
     def replication_factor(self) -> int:
         return len(self.partitions[0].replicas) if self.partitions else 0
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "topic_id": str(self.topic_id),
+            "partitions": [p.to_json() for p in self.partitions],
+            "configs": self.configs,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "TopicInfo":
+        return cls(
+            data["name"],
+            uuid.UUID(data["topic_id"]),
+            [PartitionState.from_json(p) for p in data["partitions"]],
+            {str(k): str(v) for k, v in data.get("configs", {}).items()},
+        )
+
 
 class ClusterMetadata(Protocol):
     cluster_id: str
@@ -84,10 +113,14 @@ class ClusterMetadata(Protocol):
     def topics(self) -> list[TopicInfo]: ...
     def topic(self, name: str) -> TopicInfo | None: ...
     def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None: ...
+    def colliding_topics(self, name: str) -> list[str]: ...
+    def partition_count(self) -> int: ...
     def create_topic(self, name: str, partitions: int, replication_factor: int, configs: dict[str, str]) -> TopicInfo: ...
     def delete_topic(self, name: str) -> None: ...
     def add_partitions(self, name: str, total: int) -> TopicInfo: ...
     def set_topic_configs(self, name: str, configs: dict[str, str]) -> None: ...
+    def commit(self) -> Future: ...
+    def close(self) -> None: ...
 
 
 def new_cluster_id() -> str:
@@ -98,8 +131,6 @@ def new_cluster_id() -> str:
 class EmbeddedMetadata:
     """Single-node metadata: this broker is the only broker, the controller and every partition's leader."""
 
-    STATE_FILE = "__cluster_metadata.json"
-
     def __init__(self, data_dir: Path, broker_id: int, host: str, port: int) -> None:
         self.data_dir = data_dir
         self.broker_id = broker_id
@@ -107,58 +138,90 @@ class EmbeddedMetadata:
         self._endpoint = BrokerEndpoint(broker_id, host, port)
         self._topics: dict[str, TopicInfo] = {}
         self._by_id: dict[uuid.UUID, TopicInfo] = {}
+        self._by_collision_key: dict[str, set[str]] = {}
+        self._partitions = 0
         self.cluster_id = self._load_meta_properties()
+        self._log = MetadataLog(data_dir)
         self._load_state()
 
     # -- persistence ------------------------------------------------------------------------------
     def _load_meta_properties(self) -> str:
         path = self.data_dir / "meta.properties"
-        if path.exists():
-            props = dict(
-                line.split("=", 1) for line in path.read_text().splitlines() if "=" in line and not line.startswith("#")
+        try:
+            text = path.read_bytes().decode()
+        except FileNotFoundError:
+            cluster_id = new_cluster_id()
+            write_atomically(path, f"#pykbroker\nversion=1\ncluster.id={cluster_id}\nnode.id={self.broker_id}\n")
+            return cluster_id
+        except UnicodeDecodeError:
+            raise CorruptFile(path, "is not text", _META_PROPERTIES_HINT) from None
+        props: dict[str, str] = {}
+        for number, line in enumerate(text.splitlines(), 1):
+            line = line.strip()
+            if not line or line.startswith(("#", "!")):
+                continue
+            key, equals, value = line.partition("=")
+            if not equals:
+                raise CorruptFile(path, f"line {number} is not key=value", _META_PROPERTIES_HINT)
+            props[key.strip()] = value.strip()
+        if not props.get("cluster.id"):
+            raise CorruptFile(path, "has no cluster.id", _META_PROPERTIES_HINT)
+        raw_id = props.get("node.id", props.get("broker.id", str(self.broker_id)))
+        try:
+            stored_id = int(raw_id)
+        except ValueError:
+            raise CorruptFile(path, f"has a node.id that is not a number ({raw_id!r})", _META_PROPERTIES_HINT) from None
+        if stored_id != self.broker_id:
+            raise CorruptFile(
+                path, f"belongs to broker {stored_id}, not {self.broker_id}",
+                f"start with --broker-id {stored_id}, or use another data dir",
             )
-            stored_id = int(props.get("node.id", props.get("broker.id", self.broker_id)))
-            if stored_id != self.broker_id:
-                raise RuntimeError(
-                    f"{path} belongs to broker {stored_id}, not {self.broker_id}: refusing to mix data dirs"
-                )
-            return props["cluster.id"]
-        cluster_id = new_cluster_id()
-        write_atomically(path, f"#pykbroker\nversion=1\ncluster.id={cluster_id}\nnode.id={self.broker_id}\n")
-        return cluster_id
+        return props["cluster.id"]
 
     def _load_state(self) -> None:
-        path = self.data_dir / self.STATE_FILE
-        if not path.exists():
-            return
-        data = json.loads(path.read_text())
-        for entry in data["topics"]:
-            info = TopicInfo(
-                entry["name"],
-                uuid.UUID(entry["topic_id"]),
-                [PartitionState.from_json(p) for p in entry["partitions"]],
-                dict(entry.get("configs", {})),
-            )
-            self._index(info)
-
-    def _save(self) -> None:
-        data = {
-            "version": 1,
-            "topics": [
-                {
-                    "name": info.name,
-                    "topic_id": str(info.topic_id),
-                    "partitions": [p.to_json() for p in info.partitions],
-                    "configs": info.configs,
-                }
-                for info in self._topics.values()
-            ],
-        }
-        write_atomically(self.data_dir / self.STATE_FILE, json.dumps(data, indent=1))
+        topics, records = self._log.load()
+        try:
+            for entry in topics:
+                self._index(TopicInfo.from_json(entry))
+            for record in records:
+                if record["op"] == "topic":
+                    self._index(TopicInfo.from_json(record["topic"]))
+                elif record["name"] in self._topics:
+                    self._unindex(record["name"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CorruptFile(
+                self._log.snapshot_path, f"or {self._log.journal_path.name} holds a malformed topic entry ({exc!r})",
+                RESTORE_HINT,
+            ) from None
 
     def _index(self, info: TopicInfo) -> None:
+        if info.name in self._topics:
+            self._unindex(info.name)
         self._topics[info.name] = info
         self._by_id[info.topic_id] = info
+        self._by_collision_key.setdefault(collision_key(info.name), set()).add(info.name)
+        self._partitions += len(info.partitions)
+
+    def _unindex(self, name: str) -> TopicInfo:
+        info = self._topics.pop(name)
+        self._by_id.pop(info.topic_id, None)
+        names = self._by_collision_key[collision_key(name)]
+        names.discard(name)
+        if not names:
+            del self._by_collision_key[collision_key(name)]
+        self._partitions -= len(info.partitions)
+        return info
+
+    def _journal(self, info: TopicInfo) -> None:
+        self._log.append({"op": "topic", "topic": info.to_json()})
+
+    def commit(self) -> Future:
+        """Make every change so far durable, off the event loop; the future completes when it is."""
+        return self._log.commit(len(self._topics), lambda: [info.to_json() for info in self._topics.values()])
+
+    def close(self) -> None:
+        self.commit()
+        self._log.close()
 
     # -- queries ----------------------------------------------------------------------------------
     def brokers(self) -> list[BrokerEndpoint]:
@@ -173,6 +236,14 @@ class EmbeddedMetadata:
     def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
         return self._by_id.get(topic_id)
 
+    def colliding_topics(self, name: str) -> list[str]:
+        """Existing topics other than ``name`` whose names differ from it only by '.' versus '_'."""
+        return sorted(other for other in self._by_collision_key.get(collision_key(name), ()) if other != name)
+
+    def partition_count(self) -> int:
+        """Partitions of every topic together (all hosted here)."""
+        return self._partitions
+
     # -- changes ----------------------------------------------------------------------------------
     def _new_partition(self) -> PartitionState:
         return PartitionState(self.broker_id, 0, [self.broker_id], [self.broker_id])
@@ -182,20 +253,25 @@ class EmbeddedMetadata:
             raise ValueError(f"topic {name} exists")
         info = TopicInfo(name, uuid.uuid4(), [self._new_partition() for _ in range(partitions)], dict(configs))
         self._index(info)
-        self._save()
+        self._journal(info)
         return info
 
     def delete_topic(self, name: str) -> None:
-        info = self._topics.pop(name)
-        self._by_id.pop(info.topic_id, None)
-        self._save()
+        info = self._unindex(name)
+        self._log.append({"op": "delete", "name": name, "topic_id": str(info.topic_id)})
 
     def add_partitions(self, name: str, total: int) -> TopicInfo:
         info = self._topics[name]
-        info.partitions.extend(self._new_partition() for _ in range(total - len(info.partitions)))
-        self._save()
+        added = total - len(info.partitions)
+        info.partitions.extend(self._new_partition() for _ in range(added))
+        self._partitions += added
+        self._journal(info)
         return info
 
     def set_topic_configs(self, name: str, configs: dict[str, str]) -> None:
-        self._topics[name].configs = dict(configs)
-        self._save()
+        info = self._topics[name]
+        info.configs = dict(configs)
+        self._journal(info)
+
+
+_META_PROPERTIES_HINT = "restore it from a backup, or write cluster.id=<id> and node.id=<broker id> lines"

@@ -15,7 +15,7 @@ import logging
 import threading
 from pathlib import Path
 
-from pykbroker.log.checkpoint import read_checkpoint, write_checkpoint
+from pykbroker.log.checkpoint import CorruptFile, read_checkpoint, write_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +70,20 @@ class ProducerIdAllocator:
 
     def _read_reserved_end(self) -> int:
         """The last id of the last reserved block, or -1 when no block was ever reserved."""
-        # An unreadable file raises (CorruptCheckpoint is a ValueError): starting over from 0 would reuse ids.
-        entries = read_checkpoint(self._path, fields=2)
-        if not entries:
-            return -1
+        # An unreadable file stops the start: starting over from 0 would hand out ids already in use.
         try:
+            entries = read_checkpoint(self._path, fields=2)
+            if not entries:
+                return -1
             block_start, block_end = (int(field) for field in entries[-1])
-        except ValueError as exc:
-            raise ValueError(f"unreadable producer id block file {self._path}: {exc}") from exc
-        if block_start < 0 or block_end < block_start:
-            raise ValueError(f"producer id block file {self._path} holds an impossible block {block_start}-{block_end}")
+            if block_start < 0 or block_end < block_start:
+                raise ValueError(f"impossible block {block_start}-{block_end}")
+        except ValueError as exc:  # CorruptCheckpoint is one
+            raise CorruptFile(
+                self._path, f"is not a producer id block ({exc})",
+                "restore it from a backup, or write '0', '1', '<start> <end>' lines with a start above every "
+                "producer id in use (a lost block would hand out ids twice)",
+            ) from None
         return block_end
 
 

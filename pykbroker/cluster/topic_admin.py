@@ -2,11 +2,25 @@
 
 Handlers for Metadata, CreateTopics, CreatePartitions and DeleteTopics all come here, so the rules
 (legal names, partition counts, replication factor against live brokers, valid configs) live once.
+Kafka's rules followed here:
+- a name that differs from an existing topic's only by '.' versus '_' is refused (INVALID_TOPIC_EXCEPTION,
+  "Topic 'a_b' collides with existing topics: a.b"), also on auto-creation;
+- one request creates at most 10,000 partitions (Kafka's MAX_PARTITIONS_PER_BATCH: POLICY_VIOLATION,
+  "Excessively large number of partitions per request.");
+- ``cleanup.policy`` with ``compact`` is refused (INVALID_CONFIG, see config.py) until compaction exists.
+  A topic stored with it by an older pykbroker keeps its data: it is served with time and size
+  retention off, and a WARN says so.
+pykbroker's own limit: the broker hosts at most ``max.broker.partitions`` partitions (the name KIP-578
+proposed; Kafka 3.7 has no such limit); a change beyond it gets POLICY_VIOLATION naming the key.
+Changes are applied at once and made durable by ``commit()``, which the admin handlers await.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import uuid
+from concurrent.futures import Future
 from typing import Any
 
 from pykbroker.cluster.metadata import ClusterMetadata, TopicInfo, topic_name_error
@@ -17,7 +31,17 @@ from pykbroker.replication.replica_manager import ReplicaManager
 
 log = logging.getLogger(__name__)
 
-MAX_PARTITIONS = 100_000
+MAX_PARTITIONS_PER_REQUEST = 10_000  # Kafka's ReplicationControlManager.MAX_PARTITIONS_PER_BATCH
+# Stored overrides that replace a compact cleanup.policy of a topic created before it was refused.
+_KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
+
+
+def too_many_partitions_per_request(total: int) -> KafkaError | None:
+    """Kafka's bound on the partitions one CreateTopics or CreatePartitions request may add: the error
+    every topic of the request gets when ``total`` is beyond it, else None."""
+    if total > MAX_PARTITIONS_PER_REQUEST:
+        return KafkaError(ErrorCode.policy_violation, "Excessively large number of partitions per request.")
+    return None
 
 
 class TopicAdmin:
@@ -26,11 +50,25 @@ class TopicAdmin:
         self.metadata = metadata
         self.replicas = replicas
         self._effective_cache: dict[str, dict[str, Any]] = {}
+        self.max_partitions = int(config.get("max.broker.partitions"))
+        self._warned_compact: set[str] = set()
 
     # -- configs ----------------------------------------------------------------------------------
     def _overrides(self, name: str) -> dict[str, str]:
         info = self.metadata.topic(name)
-        return info.configs if info is not None else {}
+        if info is None:
+            return {}
+        if "compact" not in info.configs.get("cleanup.policy", ""):
+            return info.configs
+        if name not in self._warned_compact:
+            self._warned_compact.add(name)
+            log.warning(
+                "topic %s has cleanup.policy=%s, which pykbroker does not support yet: serving it with "
+                "cleanup.policy=delete and retention off, so that none of its data is deleted",
+                name, info.configs["cleanup.policy"],
+            )
+        kept = {key: value for key, value in info.configs.items() if key != "cleanup.policy"}
+        return {**kept, **_KEEP_FOREVER}
 
     def effective_configs(self, name: str) -> dict[str, tuple[Any, ConfigSource]]:
         """Every topic config with its typed value and DescribeConfigs source."""
@@ -72,11 +110,16 @@ class TopicAdmin:
             raise KafkaError(ErrorCode.invalid_topic_exception, error)
         if self.metadata.topic(name) is not None:
             raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
+        colliding = self.metadata.colliding_topics(name)
+        if colliding:
+            raise KafkaError(
+                ErrorCode.invalid_topic_exception, f"Topic '{name}' collides with existing topics: {', '.join(colliding)}"
+            )
         if partitions == -1:
             partitions = int(self.config.get("num.partitions"))
         if replication_factor == -1:
             replication_factor = int(self.config.get("default.replication.factor"))
-        if partitions <= 0 or partitions > MAX_PARTITIONS:
+        if partitions <= 0:
             raise KafkaError(ErrorCode.invalid_partitions, "Number of partitions must be larger than 0.")
         if replication_factor <= 0:
             raise KafkaError(ErrorCode.invalid_replication_factor, "Replication factor must be larger than 0.")
@@ -92,16 +135,34 @@ class TopicAdmin:
             validate_topic_configs(overrides)
         except ConfigError as exc:
             raise KafkaError(ErrorCode.invalid_config, str(exc)) from exc
+        self._check_broker_limit(partitions)
         if validate_only:
             return None
         self._effective_cache.pop(name, None)
         info = self.metadata.create_topic(name, partitions, replication_factor, overrides)
-        self._host(info)
         log.info("created topic %s with %d partitions", name, partitions)
         return info
 
     def auto_create(self, name: str) -> TopicInfo:
-        return self.create(name)  # type: ignore[return-value]
+        """Create with the broker defaults and host at once (Metadata); durable shortly after, unawaited."""
+        info = self.create(name)
+        assert info is not None
+        self._host(info)
+        self.metadata.commit()
+        return info
+
+    def commit(self) -> Future:
+        """Make every change so far durable (off the event loop); the future completes when it is."""
+        return self.metadata.commit()
+
+    def _check_broker_limit(self, adding: int) -> None:
+        total = self.metadata.partition_count() + adding
+        if total > self.max_partitions:
+            raise KafkaError(
+                ErrorCode.policy_violation,
+                f"Adding {adding} partition(s) would make this broker host {total} partitions, more than "
+                f"max.broker.partitions={self.max_partitions}; delete topics or raise the limit.",
+            )
 
     def ensure_internal(self, name: str, partitions: int) -> TopicInfo:
         info = self.metadata.topic(name)
@@ -110,10 +171,12 @@ class TopicAdmin:
             # its segments forever instead (time retention would silently drop committed offsets).
             self._effective_cache.pop(name, None)
             info = self.metadata.create_topic(name, partitions, 1, {"retention.ms": "-1"})
+            self.metadata.commit()
             self._host(info)
         return info
 
-    def add_partitions(self, name: str, total: int, *, validate_only: bool = False) -> None:
+    def add_partitions(self, name: str, total: int, *, validate_only: bool = False) -> TopicInfo | None:
+        """Validate and record the new partitions; host them with ``host_async``."""
         info = self.metadata.topic(name)
         if info is None:
             raise KafkaError(ErrorCode.unknown_topic_or_partition, f"The topic '{name}' does not exist.")
@@ -123,11 +186,10 @@ class TopicAdmin:
                 ErrorCode.invalid_partitions,
                 f"Topic currently has {current} partitions, which is higher than the requested {total}.",
             )
-        if total > MAX_PARTITIONS:
-            raise KafkaError(ErrorCode.invalid_partitions, f"At most {MAX_PARTITIONS} partitions per topic.")
+        self._check_broker_limit(total - current)
         if validate_only:
-            return
-        self._host(self.metadata.add_partitions(name, total))
+            return None
+        return self.metadata.add_partitions(name, total)
 
     def delete(self, name: str) -> None:
         info = self.metadata.topic(name)
@@ -147,7 +209,29 @@ class TopicAdmin:
         for info in self.metadata.topics():
             self._host(info)
 
+    def topic_id_of(self, name: str, partition: int) -> uuid.UUID | None:
+        """The topic id a log directory of (name, partition) must carry, or None if no such partition exists."""
+        info = self.metadata.topic(name)
+        return info.topic_id if info is not None and 0 <= partition < len(info.partitions) else None
+
+    async def host_async(self, info: TopicInfo) -> None:
+        """Host a topic's partitions one at a time, letting other requests run in between: a new
+        partition's files cost a few fsyncs, and a big topic must not stall every other client."""
+        for index in range(len(info.partitions)):
+            if self.metadata.topic(info.name) is not info:  # deleted (or re-created) meanwhile
+                return
+            self._host_partition(info, index)
+            await asyncio.sleep(0)
+
     def _host(self, info: TopicInfo) -> None:
-        for index, state in enumerate(info.partitions):
-            if state.leader == self.replicas.broker_id:
-                self.replicas.host(info.name, index, state.leader_epoch, len(state.isr))
+        for index in range(len(info.partitions)):
+            self._host_partition(info, index)
+
+    def _host_partition(self, info: TopicInfo, index: int) -> None:
+        state = info.partitions[index]
+        if state.leader != self.replicas.broker_id:
+            return
+        log_manager = self.replicas.log_manager
+        if log_manager.get(info.name, index) is None:  # a new partition's log carries its topic id
+            log_manager.create(info.name, index, self.log_config(info.name), topic_id=info.topic_id)
+        self.replicas.host(info.name, index, state.leader_epoch, len(state.isr))

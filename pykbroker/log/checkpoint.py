@@ -4,6 +4,7 @@ Kafka's checkpoint format, used for ``leader-epoch-checkpoint`` and the data dir
 ``recovery-point-offset-checkpoint`` / ``log-start-offset-checkpoint`` (and pykbroker's producer-id block):
 a version line ("0"), a count line, then one whitespace-separated entry per line. Every file here is
 replaced atomically: temp file, fsync, rename, fsync of the directory so the rename survives a crash.
+``CorruptFile`` is how any data-dir file that cannot be trusted stops the broker at start with one line.
 """
 
 from __future__ import annotations
@@ -33,7 +34,18 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 class CorruptCheckpoint(ValueError):
-    pass
+    """A checkpoint file that cannot be parsed; the caller decides whether to rebuild or refuse."""
+
+
+class CorruptFile(ValueError):
+    """A data-dir file that is not what the broker wrote and cannot be rebuilt: the broker refuses to start.
+
+    The message is one line: the file, what is wrong with it, and what the operator can do.
+    """
+
+    def __init__(self, path: Path, problem: str, remedy: str) -> None:
+        super().__init__(f"{path} {problem}: {remedy}")
+        self.path = path
 
 
 def write_checkpoint(path: Path, entries: Iterable[Sequence[object]]) -> None:
@@ -48,6 +60,8 @@ def read_checkpoint(path: Path, fields: int) -> list[list[str]] | None:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
         return None
+    except UnicodeDecodeError as exc:
+        raise CorruptCheckpoint(f"{path}: not text") from exc
     try:
         version, count = int(lines[0]), int(lines[1])
     except (IndexError, ValueError) as exc:

@@ -3,11 +3,24 @@
 Data-directory files, as Kafka writes them: ``recovery-point-offset-checkpoint`` and
 ``log-start-offset-checkpoint`` (checkpoint text format, "topic partition offset" lines),
 ``.kafka_cleanshutdown`` (present only between a clean shutdown and the next start) and ``.lock``.
+A corrupt offset checkpoint stops the start with one line (``CorruptFile``) saying it may be deleted.
+
+Each partition directory holds Kafka's ``partition.metadata`` ("version: 0" / "topic_id: <base64 id>"),
+written when the log is created. On load, given the topic id each partition must carry, a directory of
+no known partition, or whose ``partition.metadata`` names another topic id (a deleted topic's log, or
+every log after the metadata was lost), is never served: it is renamed aside to
+``<topic>-<p>.<uuid>-stray`` with a WARN naming it, as Kafka does, so a re-created topic of that name
+starts empty and the old data stays on disk for the operator. A log without the file (written by an
+older pykbroker) is adopted by its topic and gets the file.
+
+Deleting a topic renames its directories to ``*-delete`` at once (O(1) each); the files are removed by a
+worker thread, so a large topic's deletion never stalls the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import fcntl
 import logging
 import os
@@ -20,7 +33,7 @@ from typing import Callable
 
 from pykbroker.log.config import LogConfig
 from pykbroker.log.errors import LogDirectoryInUse
-from pykbroker.log.checkpoint import CorruptCheckpoint, read_checkpoint, write_checkpoint
+from pykbroker.log.checkpoint import CorruptCheckpoint, CorruptFile, read_checkpoint, write_checkpoint
 from pykbroker.log.partition_log import (
     FSYNC_POLICIES,
     DelayedClose,
@@ -37,6 +50,9 @@ LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
 CLEAN_SHUTDOWN_MARKER = ".kafka_cleanshutdown"
 LOCK_FILE = ".lock"
 DELETE_DIR_SUFFIX = "-delete"
+STRAY_DIR_SUFFIX = "-stray"
+PARTITION_METADATA = "partition.metadata"
+_PARTITION_METADATA_VERSION = 0
 
 TopicPartition = tuple[str, int]
 
@@ -44,6 +60,46 @@ TopicPartition = tuple[str, int]
 def _run_flush_jobs(jobs: list[FlushJob]) -> None:
     for job in jobs:
         job.run()
+
+
+def aside_dir_name(topic: str, partition: int, suffix: str) -> str:
+    """``<topic>-<p>.<uuid><suffix>`` for a directory set aside, the topic cut so the name fits in 255
+    bytes (Kafka's logDirNameWithSuffixCappedLength: a 249-character topic would not fit otherwise)."""
+    tail = f"-{partition}.{uuid.uuid4().hex}{suffix}"
+    return topic[: 255 - len(tail)] + tail
+
+
+def kafka_uuid(topic_id: uuid.UUID) -> str:
+    """Kafka's Uuid.toString: URL-safe base64 of the 16 bytes, without padding."""
+    return base64.urlsafe_b64encode(topic_id.bytes).decode().rstrip("=")
+
+
+def write_partition_metadata(directory: Path, topic_id: uuid.UUID) -> None:
+    (directory / PARTITION_METADATA).write_text(
+        f"version: {_PARTITION_METADATA_VERSION}\ntopic_id: {kafka_uuid(topic_id)}\n"
+    )
+
+
+def read_partition_metadata(directory: Path) -> uuid.UUID | None:
+    """The topic id in ``directory``'s partition.metadata; None if there is none; CorruptFile if unreadable."""
+    path = directory / PARTITION_METADATA
+    try:
+        text = path.read_bytes().decode()
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError:
+        text = ""
+    fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+    try:
+        if int(fields["version"]) != _PARTITION_METADATA_VERSION:
+            raise ValueError(fields["version"])
+        raw = base64.urlsafe_b64decode(fields["topic_id"] + "==")
+        return uuid.UUID(bytes=raw)
+    except (KeyError, ValueError) as exc:
+        raise CorruptFile(
+            path, f"is not Kafka's partition.metadata (version: 0 / topic_id: <id>) ({exc!r})",
+            "delete it to let the topic of this name adopt the log, or move the directory aside",
+        ) from None
 
 
 class LogManager:
@@ -68,6 +124,8 @@ class LogManager:
         self._deleted = DelayedClose()  # deleted topics' logs: their descriptors close after a delay
         # One worker: fsyncs and checkpoint writes leave the event loop but never overlap each other.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-flush")
+        # Removing deleted topics' files can take long: its own worker, so flushes never wait for it.
+        self._remover = ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-delete")
         self._closed = False
         self._lock_fd = self._lock_data_dir()
 
@@ -82,10 +140,16 @@ class LogManager:
 
     # -- loading -----------------------------------------------------------------------------------------
 
-    def load_all(self, config_for_topic: Callable[[str], LogConfig]) -> list[PartitionLog]:
+    def load_all(
+        self,
+        config_for_topic: Callable[[str], LogConfig],
+        topic_id_of: Callable[[str, int], uuid.UUID | None] | None = None,
+    ) -> list[PartitionLog]:
         """Open every ``<topic>-<partition>`` directory, recovering past the recovery point after a crash.
 
-        Finishes deleting ``*-delete`` directories. Removes the clean-shutdown marker once loaded.
+        With ``topic_id_of`` (the id a partition's log must carry, None for no such partition), logs of
+        unknown partitions or of another topic id are set aside as ``-stray``. Finishes deleting
+        ``*-delete`` directories. Removes the clean-shutdown marker once loaded.
         """
         marker = self.data_dir / CLEAN_SHUTDOWN_MARKER
         clean_shutdown = marker.exists()
@@ -100,6 +164,8 @@ class LogManager:
                 continue
             parsed = parse_log_dir_name(entry.name)
             if parsed is None or parsed in self._logs:
+                continue
+            if topic_id_of is not None and not self._belongs(Path(entry.path), parsed, topic_id_of(*parsed)):
                 continue
             partition_log = PartitionLog.open(
                 Path(entry.path),
@@ -117,13 +183,34 @@ class LogManager:
         self.write_checkpoints()
         return loaded
 
+    def _belongs(self, directory: Path, key: TopicPartition, expected: uuid.UUID | None) -> bool:
+        """Whether ``directory`` is the log of a known partition; sets it aside (WARN) if not."""
+        stored = read_partition_metadata(directory) if expected is not None else None
+        if expected is not None and stored in (None, expected):
+            if stored is None:
+                write_partition_metadata(directory, expected)
+            return True
+        aside = directory.with_name(aside_dir_name(*key, STRAY_DIR_SUFFIX))
+        os.rename(directory, aside)
+        reason = (
+            "belongs to no topic partition in the cluster metadata" if expected is None
+            else f"holds topic id {kafka_uuid(stored)}, not the topic's {kafka_uuid(expected)}"
+        )
+        log.warning(
+            "log directory %s %s: not served, renamed to %s (delete it, or restore the metadata it belongs to)",
+            directory, reason, aside.name,
+        )
+        return False
+
     def _read_offsets(self, name: str) -> dict[TopicPartition, int]:
+        path = self.data_dir / name
         try:
-            rows = read_checkpoint(self.data_dir / name, 3) or []
+            rows = read_checkpoint(path, 3) or []
             return {(topic, int(partition)): int(offset) for topic, partition, offset in rows}
-        except (CorruptCheckpoint, ValueError):
-            log.warning("ignoring corrupt %s in %s: recovering every log fully", name, self.data_dir)
-            return {}
+        except (CorruptCheckpoint, ValueError) as exc:
+            raise CorruptFile(
+                path, f"is corrupt ({exc})", "delete it and every log is recovered from its segments at the next start"
+            ) from None
 
     # -- registry ----------------------------------------------------------------------------------------
 
@@ -133,27 +220,30 @@ class LogManager:
     def logs(self) -> list[PartitionLog]:
         return list(self._logs.values())
 
-    def create(self, topic: str, partition: int, config: LogConfig) -> PartitionLog:
-        """The log of (topic, partition), created if it does not exist yet (idempotent)."""
+    def create(self, topic: str, partition: int, config: LogConfig, topic_id: uuid.UUID | None = None) -> PartitionLog:
+        """The log of (topic, partition), created if it does not exist yet (idempotent); a new log of a
+        topic with an id gets its partition.metadata."""
         existing = self._logs.get((topic, partition))
         if existing is not None:
             return existing
         if not topic or topic in (".", "..") or os.sep in topic or partition < 0:
             raise ValueError(f"invalid topic partition {topic!r}/{partition}")
         partition_log = PartitionLog.open(self.data_dir / log_dir_name(topic, partition), config, fsync=self.fsync)
+        if topic_id is not None:
+            write_partition_metadata(partition_log.directory, topic_id)
         self._logs[(topic, partition)] = partition_log
         return partition_log
 
     def delete_topic(self, topic: str) -> None:
-        """Remove the topic's logs: rename each directory to ``<topic>-<p>.<uuid>-delete``, then delete it.
-
-        The open descriptors close only after file.delete.delay.ms, so fetches in flight can finish.
+        """Remove the topic's logs: rename each directory to ``<topic>-<p>.<uuid>-delete`` now, and delete
+        its files in the remover thread. The open descriptors close only after file.delete.delay.ms, so
+        fetches in flight can finish.
         """
         for key in [key for key in self._logs if key[0] == topic]:
             partition_log = self._logs.pop(key)
-            doomed = self.data_dir / f"{log_dir_name(*key)}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}"
+            doomed = self.data_dir / aside_dir_name(*key, DELETE_DIR_SUFFIX)
             os.rename(partition_log.directory, doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
+            self._remover.submit(shutil.rmtree, doomed, ignore_errors=True)
             self._deleted.add(partition_log.config.file_delete_delay_ms, partition_log.abandon)
 
     # -- upkeep ------------------------------------------------------------------------------------------
@@ -231,6 +321,7 @@ class LogManager:
             return
         self._closed = True
         self._executor.shutdown(wait=True)  # an fsync or checkpoint write still running finishes first
+        self._remover.shutdown(wait=True)
         for partition_log in self._logs.values():
             partition_log.close()
         self._deleted.run_due(everything=True)

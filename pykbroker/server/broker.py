@@ -60,7 +60,7 @@ class Broker:
 
     # -- start ------------------------------------------------------------------------------------
     def load(self) -> None:
-        self.log_manager.load_all(self.topics.log_config)
+        self.log_manager.load_all(self.topics.log_config, self.topics.topic_id_of)
         self.topics.host_all()
         if self.metadata.topic(OFFSETS_TOPIC) is not None:
             self._open_offset_store()
@@ -124,6 +124,7 @@ class Broker:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
         self.log_manager.shutdown()
+        self.metadata.close()
         log.info("pykbroker broker %d stopped cleanly", self.broker_id)
 
 

@@ -5,11 +5,16 @@ its KafkaError code and message on that topic's entry. CreateTopics v5+ echoes t
 replication factor and the full config list with sources (what the Java admin shows after create), v7
 the new topic id; num_partitions / replication_factor -1 take the broker defaults. Manual replica
 assignments are refused with INVALID_REQUEST (the embedded broker places every replica itself).
-DeleteTopics v6 accepts topics by name or id.
+DeleteTopics v6 accepts topics by name or id. A request that would add more than 10,000 partitions is
+refused whole with POLICY_VIOLATION, as Kafka does. Each handler answers only after its metadata
+changes are durable (awaited off the event loop, so other clients are served meanwhile).
 """
 
 from __future__ import annotations
 
+import asyncio
+
+from pykbroker.cluster.topic_admin import too_many_partitions_per_request
 from pykbroker.protocol.errors import ErrorCode, KafkaError
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
@@ -33,13 +38,19 @@ def _created_configs(ctx: RequestContext, schema, name: str) -> tuple | None:
 
 
 @handles(19)
-def create_topics(ctx: RequestContext, request) -> object:
+async def create_topics(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
     results = []
     seen: set[str] = set()
+    default_partitions = int(ctx.broker.config.get("num.partitions"))
+    too_many = too_many_partitions_per_request(
+        sum(default_partitions if t.num_partitions == -1 else max(t.num_partitions, 0) for t in request.topics)
+    )
     for topic in request.topics:
         error, message, info = ErrorCode.none, None, None
         try:
+            if too_many is not None:
+                raise too_many
             if topic.name in seen:
                 raise KafkaError(ErrorCode.invalid_request, f"Duplicate topic name {topic.name} in request")
             seen.add(topic.name)
@@ -52,6 +63,8 @@ def create_topics(ctx: RequestContext, request) -> object:
                 {c.name: c.value for c in topic.configs},
                 validate_only=request.validate_only if hasattr(request, "validate_only") else False,
             )
+            if info is not None:
+                await ctx.broker.topics.host_async(info)
         except KafkaError as exc:
             error, message = exc.code, exc.message
         ok = error == ErrorCode.none
@@ -69,11 +82,12 @@ def create_topics(ctx: RequestContext, request) -> object:
                 configs=_created_configs(ctx, schema, topic.name) if info else None,
             )
         )
+    await asyncio.wrap_future(ctx.broker.topics.commit())
     return make(schema.CreateTopicsResponse, throttle_time=0, topics=tuple(results))
 
 
 @handles(20)
-def delete_topics(ctx: RequestContext, request) -> object:
+async def delete_topics(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
     metadata = ctx.broker.metadata
     if ctx.version >= 6:
@@ -100,20 +114,32 @@ def delete_topics(ctx: RequestContext, request) -> object:
         results.append(
             make(schema.DeletableTopicResult, name=name, topic_id=topic_id, error_code=error, error_message=message)
         )
+    await asyncio.wrap_future(ctx.broker.topics.commit())
     return make(schema.DeleteTopicsResponse, throttle_time=0, responses=tuple(results))
 
 
 @handles(37)
-def create_partitions(ctx: RequestContext, request) -> object:
+async def create_partitions(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
     results = []
+    metadata = ctx.broker.metadata
+    too_many = too_many_partitions_per_request(sum(
+        topic.count - len(info.partitions)
+        for topic in request.topics
+        if (info := metadata.topic(topic.name)) is not None and topic.count > len(info.partitions)
+    ))
     for topic in request.topics:
         error, message = ErrorCode.none, None
         try:
+            if too_many is not None:
+                raise too_many
             if topic.assignments:
                 raise KafkaError(ErrorCode.invalid_request, "Manual replica assignment is not supported")
-            ctx.broker.topics.add_partitions(topic.name, topic.count, validate_only=request.validate_only)
+            info = ctx.broker.topics.add_partitions(topic.name, topic.count, validate_only=request.validate_only)
+            if info is not None:
+                await ctx.broker.topics.host_async(info)
         except KafkaError as exc:
             error, message = exc.code, exc.message
         results.append(make(schema.CreatePartitionsTopicResult, name=topic.name, error_code=error, error_message=message))
+    await asyncio.wrap_future(ctx.broker.topics.commit())
     return make(schema.CreatePartitionsResponse, throttle_time=0, results=tuple(results))

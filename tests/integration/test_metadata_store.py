@@ -1,0 +1,255 @@
+"""The metadata store and the topic lifecycle, against a real broker process.
+
+- creating thousands of topics never stalls other clients (the journal is fsynced off the event loop);
+- logs carry Kafka's partition.metadata, and logs of unknown topics are set aside (``-stray``), never adopted;
+- an older data dir (``__cluster_metadata.json``) is converted, keeping its topics and data;
+- garbage in any data-dir file stops the start with one line naming it; a torn journal tail is recovered;
+- Kafka's rules on topic-name collisions, ``cleanup.policy=compact`` (refused until compaction exists) and
+  partition limits.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import os
+import subprocess
+import threading
+import time
+import uuid
+
+import pytest
+from kio.schema.api_versions.v0.request import ApiVersionsRequest
+from kio.schema.create_partitions.v3 import request as cp
+from kio.schema.create_topics.v7 import request as ct
+from kio.schema.errors import ErrorCode
+from kio.schema.metadata.v12 import request as md
+
+from broker_process import REPO_ROOT, BrokerProcess, list_offset, produce_raw, send_request
+from pykbroker.protocol.records import build_batch
+
+TIMEOUT = datetime.timedelta(seconds=60)
+SNAPSHOT = "__cluster_metadata.snapshot"
+JOURNAL = "__cluster_metadata.log"
+
+
+def create_many(address, names, partitions=1, configs=()):
+    request = ct.CreateTopicsRequest(
+        topics=tuple(
+            ct.CreatableTopic(
+                name=name, num_partitions=partitions, replication_factor=-1, assignments=(),
+                configs=tuple(ct.CreatableTopicConfig(name=k, value=v) for k, v in configs))
+            for name in names),
+        timeout=TIMEOUT, validate_only=False)
+    return send_request(address, request, timeout=120).topics
+
+
+def create(address, name, partitions=1, configs=()):
+    return create_many(address, [name], partitions, configs)[0]
+
+
+def add_partitions(address, name, total):
+    request = cp.CreatePartitionsRequest(
+        topics=(cp.CreatePartitionsTopic(name=name, count=total, assignments=None),), timeout=TIMEOUT, validate_only=False)
+    return send_request(address, request).results[0]
+
+
+def metadata(address, *names, auto_create=False):
+    topics = tuple(md.MetadataRequestTopic(topic_id=None, name=n) for n in names) if names else None
+    return send_request(address, md.MetadataRequest(
+        topics=topics, allow_auto_topic_creation=auto_create, include_topic_authorized_operations=False)).topics
+
+
+def produce(address, topic, count):
+    for i in range(count):
+        assert produce_raw(address, topic, 0, build_batch([(None, b"v%d" % i)])).error_code == ErrorCode.none
+
+
+def refused_start(broker: BrokerProcess) -> tuple[int, list[str]]:
+    """Start the broker in the foreground; it must exit by itself: (exit code, non-empty output lines)."""
+    result = subprocess.run(broker.command(), capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,
+                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdin=subprocess.DEVNULL)
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    return result.returncode, lines
+
+
+@pytest.fixture
+def stopped_broker(tmp_path):
+    """A broker that ran once (one topic 't' with 3 records) and is stopped: its data dir is ours to damage."""
+    broker = BrokerProcess(tmp_path / "b")
+    with broker:
+        assert create(broker.address, "t").error_code == ErrorCode.none
+        produce(broker.address, "t", 3)
+        broker.stop()
+        yield broker
+
+
+# -- the event loop is never blocked by metadata changes ---------------------------------------------
+
+
+def test_creating_2000_topics_in_batches_never_stalls_api_versions(broker):
+    latencies: list[float] = []
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def probe():
+        while not done.is_set():
+            started = time.monotonic()
+            try:
+                send_request(broker.address, ApiVersionsRequest(), timeout=10)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                failures.append(exc)
+            latencies.append(time.monotonic() - started)
+            done.wait(0.5)
+
+    prober = threading.Thread(target=probe, daemon=True)
+    prober.start()
+    try:
+        for batch in range(20):
+            names = [f"many-{batch}-{i}" for i in range(100)]
+            results = create_many(broker.address, names)
+            assert [r.error_code for r in results] == [ErrorCode.none] * 100
+    finally:
+        done.set()
+        prober.join(15)
+    assert not failures, failures[:3]
+    assert len(latencies) >= 2
+    assert max(latencies) < 2.0, f"slowest ApiVersions {max(latencies):.2f} s over {len(latencies)} probes"
+    assert sum(1 for t in metadata(broker.address) if t.name.startswith("many-")) == 2000
+    # The store survives a restart with every topic, from the journal and its snapshot.
+    broker.restart()
+    assert sum(1 for t in metadata(broker.address) if t.name.startswith("many-")) == 2000
+
+
+# -- partition.metadata and logs of unknown topics ---------------------------------------------------------
+
+
+def test_partition_metadata_is_written_in_kafkas_format(broker):
+    result = create(broker.address, "pm", partitions=2)
+    expected = base64.urlsafe_b64encode(uuid.UUID(str(result.topic_id)).bytes).decode().rstrip("=")
+    for partition in (0, 1):
+        text = (broker.data_dir / f"pm-{partition}" / "partition.metadata").read_text()
+        assert text == f"version: 0\ntopic_id: {expected}\n"
+
+
+def test_metadata_deleted_logs_are_set_aside_and_a_recreated_topic_is_empty(stopped_broker):
+    broker = stopped_broker
+    (broker.data_dir / SNAPSHOT).unlink(missing_ok=True)
+    (broker.data_dir / JOURNAL).unlink()
+    broker.start()
+    assert metadata(broker.address, "t")[0].error_code == ErrorCode.unknown_topic_or_partition
+    strays = [p.name for p in broker.data_dir.iterdir() if p.name.startswith("t-0.") and p.name.endswith("-stray")]
+    assert len(strays) == 1, sorted(p.name for p in broker.data_dir.iterdir())
+    log = broker.log_path.read_text()
+    assert "WARNING" in log and strays[0] in log and "t-0" in log
+    assert create(broker.address, "t").error_code == ErrorCode.none
+    assert list_offset(broker.address, "t", 0, -1) == 0  # empty, not the old log
+    assert any((broker.data_dir / strays[0]).glob("*.log"))  # the old data stays on disk for the operator
+
+
+def test_a_log_of_another_topic_id_is_set_aside(stopped_broker):
+    broker = stopped_broker
+    (broker.data_dir / "t-0" / "partition.metadata").write_text(
+        "version: 0\ntopic_id: " + base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=") + "\n")
+    broker.start()
+    assert list_offset(broker.address, "t", 0, -1) == 0
+    assert "not the topic's" in broker.log_path.read_text()
+
+
+def test_an_older_data_dir_is_converted_keeping_topics_data_and_compacted_topics(stopped_broker):
+    broker = stopped_broker
+    from pykbroker.cluster.metadata import EmbeddedMetadata
+
+    store = EmbeddedMetadata(broker.data_dir, 1, "127.0.0.1", broker.port)
+    topics = [info.to_json() for info in store.topics()]
+    store.close()
+    topics[0]["configs"] = {"cleanup.policy": "compact"}  # accepted by older versions: keep its data
+    (broker.data_dir / "__cluster_metadata.json").write_text(json.dumps({"version": 1, "topics": topics}, indent=1))
+    (broker.data_dir / SNAPSHOT).unlink(missing_ok=True)
+    (broker.data_dir / JOURNAL).unlink()
+    (broker.data_dir / "t-0" / "partition.metadata").unlink()  # older versions did not write it
+    broker.start()
+    assert list_offset(broker.address, "t", 0, -1) == 3
+    assert not (broker.data_dir / "__cluster_metadata.json").exists()
+    assert (broker.data_dir / "t-0" / "partition.metadata").read_text().startswith("version: 0\ntopic_id: ")
+    log = broker.log_path.read_text()
+    assert "converted" in log and "cleanup.policy=compact" in log
+
+
+# -- damaged files ----------------------------------------------------------------------------------
+
+
+GARBAGE = {
+    "meta.properties": b"\x00\x17garbage\xff",
+    SNAPSHOT: b"{not json",
+    JOURNAL: b"this is not a record\n",
+    "recovery-point-offset-checkpoint": b"0\n2\nt 0 x\n",
+    "log-start-offset-checkpoint": b"zero\n",
+    "producer-id-block": b"0\n1\n1000 5\n",
+    "t-0/partition.metadata": b"version: 7\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(GARBAGE))
+def test_a_garbage_file_stops_the_start_with_one_line_naming_it(stopped_broker, name):
+    broker = stopped_broker
+    if name == SNAPSHOT:  # make sure there is one: force the journal into a snapshot
+        (broker.data_dir / SNAPSHOT).write_text(json.dumps({"version": 1, "topics": []}))
+    (broker.data_dir / name).write_bytes(GARBAGE[name])
+    code, lines = refused_start(broker)
+    assert code != 0
+    assert len(lines) == 1, lines
+    assert str(broker.data_dir / name) in lines[0]
+    assert "Traceback" not in lines[0]
+
+
+def test_a_torn_journal_tail_is_cut_and_the_broker_starts(stopped_broker):
+    broker = stopped_broker
+    with open(broker.data_dir / JOURNAL, "ab") as journal:
+        journal.write(b'0badc0de {"op":"topic","topic":{"name":"half')
+    broker.start()
+    assert list_offset(broker.address, "t", 0, -1) == 3
+    assert "torn" in broker.log_path.read_text()
+
+
+def test_log_cleanup_policy_compact_as_broker_default_stops_the_start(tmp_path):
+    broker = BrokerProcess(tmp_path / "b", config={"log.cleanup.policy": "compact"})
+    code, lines = refused_start(broker)
+    assert code != 0 and len(lines) == 1, lines
+    assert "log.cleanup.policy" in lines[0] and "compact" in lines[0]
+
+
+# -- Kafka's topic rules ----------------------------------------------------------------------------
+
+
+def test_topic_names_colliding_on_dot_and_underscore_are_refused(broker):
+    assert create(broker.address, "a.b").error_code == ErrorCode.none
+    refused = create(broker.address, "a_b")
+    assert refused.error_code == ErrorCode.invalid_topic_exception
+    assert refused.error_message == "Topic 'a_b' collides with existing topics: a.b"
+    assert metadata(broker.address, "a_b", auto_create=True)[0].error_code == ErrorCode.invalid_topic_exception
+    assert metadata(broker.address, "a_b")[0].error_code == ErrorCode.unknown_topic_or_partition
+
+
+def test_cleanup_policy_compact_is_refused_naming_the_key(broker):
+    refused = create(broker.address, "compacted", configs=[("cleanup.policy", "compact")])
+    assert refused.error_code == ErrorCode.invalid_config
+    assert "cleanup.policy" in refused.error_message and "compact" in refused.error_message
+    assert metadata(broker.address, "compacted")[0].error_code == ErrorCode.unknown_topic_or_partition
+
+
+def test_more_than_10000_partitions_in_one_request_are_refused_whole(broker):
+    results = create_many(broker.address, ["big-a", "big-b"], partitions=5001)
+    assert [r.error_code for r in results] == [ErrorCode.policy_violation] * 2
+    assert results[0].error_message == "Excessively large number of partitions per request."
+
+
+def test_max_broker_partitions_bounds_create_topics_and_create_partitions(broker_factory):
+    broker = broker_factory(config={"max.broker.partitions": 10})
+    assert create(broker.address, "fits", partitions=8).error_code == ErrorCode.none
+    refused = create(broker.address, "too-many", partitions=3)
+    assert refused.error_code == ErrorCode.policy_violation and "max.broker.partitions=10" in refused.error_message
+    grown = add_partitions(broker.address, "fits", 11)
+    assert grown.error_code == ErrorCode.policy_violation and "max.broker.partitions" in grown.error_message
+    assert add_partitions(broker.address, "fits", 10).error_code == ErrorCode.none
