@@ -143,6 +143,19 @@ def saturation_warnings(target: str, figures: dict[str, float], cpus: int) -> li
     return warnings
 
 
+def config_differences(configs: dict[str, dict[str, str]]) -> list[str]:
+    """Topic settings on which pykbroker and Kafka differ ("key: pykbroker=X, kafka=Y"), keys that only
+    one of them describes included."""
+    ours, theirs = configs.get(PYKBROKER), configs.get(KAFKA)
+    if ours is None or theirs is None:
+        return []
+    return [
+        f"{key}: {PYKBROKER}={ours.get(key, '(absent)')}, {KAFKA}={theirs.get(key, '(absent)')}"
+        for key in sorted(ours.keys() | theirs.keys())
+        if ours.get(key) != theirs.get(key)
+    ]
+
+
 def verdicts(median_by_target: dict[str, dict[str, float]]) -> list[dict[str, object]]:
     """One entry per goal: both medians, the ratio, and whether pykbroker meets it (None: not measured)."""
     ratio = ratios(median_by_target)

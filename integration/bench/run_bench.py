@@ -58,6 +58,7 @@ from report import (
     D,
     KAFKA,
     PYKBROKER,
+    config_differences,
     derived_figures,
     medians,
     ratios,
@@ -71,6 +72,7 @@ from workloads import (
     create_topic,
     delivery_latency,
     produce_throughput,
+    topic_config,
     warm_group_coordinator,
 )
 
@@ -126,6 +128,7 @@ class Round:
         self.workloads = workloads
         self.profile = profile  # (workload name, collapsed-stacks path) to sample with py-spy
         self.figures: dict[str, float] = {}
+        self.topic_config: dict[str, str] = {}  # as the broker describes the benchmark topics
         self.errors: list[str] = []
 
     def run(self) -> None:
@@ -135,6 +138,7 @@ class Round:
             for topic in topics.values():
                 create_topic(bootstrap, topic, partitions)
             warm_group_coordinator(bootstrap, topics[D])
+            self.topic_config = topic_config(bootstrap, topics[B])
             # Unmeasured: the first requests of a fresh broker pay one-time costs (the JVM's JIT
             # compiler, Python's lazy imports and caches) that a running broker does not.
             produce_throughput(bootstrap, topics["warm-up"], sizes.produce_small_count // 10, 100, "1")
@@ -334,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     round_figures: dict[str, list[dict[str, float]]] = {target: [] for target in targets}
     start_samples: dict[str, list[float]] = {target: [] for target in targets}
+    topic_configs: dict[str, dict[str, str]] = {}
     errors: list[str] = []
     warnings: list[str] = []
     environment = describe_environment(args.refkit / KAFKA_DIST if KAFKA in targets else None)
@@ -354,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"  {target} failed: {exc}")
                 continue
             round_figures[target].append(this_round.figures)
+            topic_configs[target] = this_round.topic_config
             errors.extend(f"round {number} {target}: {error}" for error in this_round.errors)
             round_warnings = saturation_warnings(target, this_round.figures, os.cpu_count() or 1)
             warnings.extend(f"round {number} {warning}" for warning in round_warnings)
@@ -365,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
 
     median_figures = {target: medians(round_figures[target], start_samples[target]) for target in targets}
     note = durability_note(args.broker_arg, args.kafka_property)
+    differences = config_differences(topic_configs)
     command = " ".join(["python3", "integration/bench/run_bench.py", *(argv if argv is not None else sys.argv[1:])])
     results = {
         "command": command,
@@ -377,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
         "targets": targets,
         "skipped": skipped,
         "durability": note,
+        "topic_configs": topic_configs,
+        "topic_config_differences": differences,
         "medians": median_figures,
         "ratios_pykbroker_over_kafka": ratios(median_figures),
         "goals": verdicts(median_figures),
@@ -395,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(median_figures))
     print(f"\n{rounds} round(s), medians; ratio = pykbroker / Kafka; 1 MB = 2**20 bytes of values.")
     print(note)
+    if differences:
+        print("topic settings that differ (DescribeConfigs of the benchmark topics):\n  " + "\n  ".join(differences))
     print(f"command: {command}\nJSON: {json_paths[0]}")
     for target, reason in skipped.items():
         print(f"{target} skipped: {reason}")

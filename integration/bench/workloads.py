@@ -25,8 +25,8 @@ from functools import partial
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
 MIB = 1 << 20
 PRODUCER_LINGER_MS = 5
@@ -34,6 +34,9 @@ CLIENT_TIMEOUT_S = 30.0
 # A workload that makes no progress for this long has hung; fail it instead of waiting forever.
 STALL_TIMEOUT_S = 60.0
 POLL_GRANULARITY_S = 0.001
+COORDINATOR_NOT_READY = frozenset(
+    (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE)
+)
 
 
 class WorkloadFailed(RuntimeError):
@@ -73,6 +76,15 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     raise WorkloadFailed(f"topic {topic} has no leader for every partition after {CLIENT_TIMEOUT_S} s")
 
 
+def topic_config(bootstrap: str, topic: str) -> dict[str, str]:
+    """The topic's effective configuration as the broker describes it (DescribeConfigs), so that the
+    settings the two brokers gave the same topic can be compared."""
+    resource = ConfigResource("topic", topic)
+    admin = _admin(bootstrap)  # held until the answer: a destroyed client fails its pending futures
+    entries = admin.describe_configs([resource])[resource].result(timeout=CLIENT_TIMEOUT_S)
+    return {name: entry.value for name, entry in sorted(entries.items())}
+
+
 def stored_message_count(bootstrap: str, topic: str, partitions: int) -> int:
     """Sum over the topic's partitions of latest minus earliest offset (AdminClient ListOffsets, so no
     consumer group and no group-coordinator work on the broker)."""
@@ -94,10 +106,22 @@ def check_stored(bootstrap: str, topic: str, partitions: int, sent: int) -> None
 
 def warm_group_coordinator(bootstrap: str, topic: str) -> None:
     """Commit one offset as a group, so the broker creates __consumer_offsets (50 partitions by default)
-    now and not inside the first workload whose consumer has a group.id."""
+    now and not inside the first workload whose consumer has a group.id. While the topic's partitions
+    are being created and loaded, a broker answers commits with a retriable error (Kafka:
+    NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS): retry those until the deadline."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-warm-up"})
+    deadline = time.monotonic() + CLIENT_TIMEOUT_S
     try:
-        consumer.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
+        while True:
+            try:
+                consumer.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
+                return
+            except KafkaException as exc:
+                error = exc.args[0]
+                retriable = error.retriable() or error.code() in COORDINATOR_NOT_READY
+                if not retriable or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.1)
     finally:
         consumer.close()
 

@@ -16,6 +16,7 @@ from report import (  # noqa: E402
     KAFKA,
     PYKBROKER,
     Figure,
+    config_differences,
     derived_figures,
     medians,
     ratios,
@@ -100,3 +101,15 @@ def test_verdicts_carry_both_medians_and_the_ratio():
     (consume,) = [v for v in verdicts(median_by_target) if v["key"] == f"{C}.mb_per_s"]
     assert consume["pykbroker"] == 150.0 and consume["kafka"] == 200.0 and consume["ratio"] == 0.75
     assert consume["pass"] is False  # meets the absolute 150 MB/s but not 1.5x Kafka
+
+
+def test_config_differences_list_what_differs_and_what_one_side_lacks():
+    configs = {
+        PYKBROKER: {"flush.ms": "1000", "segment.bytes": "1073741824", "ours.only": "x"},
+        KAFKA: {"flush.ms": "9223372036854775807", "segment.bytes": "1073741824"},
+    }
+    assert config_differences(configs) == [
+        "flush.ms: pykbroker=1000, kafka=9223372036854775807",
+        "ours.only: pykbroker=x, kafka=(absent)",
+    ]
+    assert config_differences({PYKBROKER: configs[PYKBROKER]}) == []
