@@ -183,6 +183,8 @@ def table(median_by_target: dict[str, dict[str, float]]) -> str:
     """The Markdown table: one row per figure, a column per target, the ratio and the goal."""
     ratio = ratios(median_by_target)
     targets = [t for t in (PYKBROKER, KAFKA) if t in median_by_target]
+    if not targets:
+        return "(no broker measured)"
     header = ("figure", "unit", *targets, "ratio", "better", "goal", "result")
     rows = [header]
     for figure in FIGURES:
@@ -194,7 +196,7 @@ def table(median_by_target: dict[str, dict[str, float]]) -> str:
         better = ""
         if r is not None and figure.higher_is_better is not None and r != 1:
             better = PYKBROKER if (r > 1) == figure.higher_is_better else KAFKA
-        passed = figure.verdict(values[0] if targets and targets[0] == PYKBROKER else None, r)
+        passed = figure.verdict(values[0] if targets[0] == PYKBROKER else None, r)
         result = "" if passed is None else ("PASS" if passed else "FAIL")
         if has_goal and values[0] is None:
             result = "NOT MEASURED"  # a goal nobody measured must not vanish from the table

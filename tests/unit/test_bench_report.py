@@ -9,21 +9,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integration" / "bench"))
 
-from report import (  # noqa: E402
-    A,
-    C,
-    D,
-    KAFKA,
-    PYKBROKER,
-    Figure,
-    config_differences,
-    derived_figures,
-    medians,
-    ratios,
-    saturation_warnings,
-    table,
-    verdicts,
-)
+from report import A, C, D, KAFKA, PYKBROKER, Figure  # noqa: E402
+from report import config_differences, derived_figures, medians, ratios, saturation_warnings, table, verdicts  # noqa: E402
 
 
 def test_ratio_is_pykbroker_over_kafka_and_skips_what_kafka_lacks_or_has_as_zero():
@@ -113,3 +100,7 @@ def test_config_differences_list_what_differs_and_what_one_side_lacks():
         "ours.only: pykbroker=x, kafka=(absent)",
     ]
     assert config_differences({PYKBROKER: configs[PYKBROKER]}) == []
+
+
+def test_table_of_nothing_says_so():
+    assert table({}) == "(no broker measured)"
