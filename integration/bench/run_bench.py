@@ -233,8 +233,8 @@ def describe_environment(kafka_home: Path | None) -> dict[str, object]:
     return environment
 
 
-def durability_note(broker_args: list[str], kafka_properties: list[str]) -> str:
-    """How the two brokers' fsync settings differ in this run (the figures depend on it)."""
+def durability_note(targets: list[str], broker_args: list[str], kafka_properties: list[str]) -> str:
+    """The fsync settings of the brokers in this run, which differ by default (the figures depend on it)."""
     ours = next((arg for arg in broker_args if arg.startswith("--fsync")), None)
     theirs = [p for p in kafka_properties if p.startswith(("log.flush.", "flush."))]
     ours_text = (
@@ -243,9 +243,10 @@ def durability_note(broker_args: list[str], kafka_properties: list[str]) -> str:
         else "pykbroker ran with its default fsync=interval (each partition fsynced at least every 1 s)"
     )
     theirs_text = (
-        f"Kafka with {', '.join(theirs)}" if theirs else "Kafka with its default (no fsync: the page cache only)"
+        f"Kafka ran with {', '.join(theirs)}" if theirs else "Kafka ran with its default (no fsync: the page cache only)"
     )
-    return f"durability: {ours_text}; {theirs_text}."
+    texts = {PYKBROKER: ours_text, KAFKA: theirs_text}
+    return "durability: " + "; ".join(texts[target] for target in targets) + "."
 
 
 def round_summary(figures: dict[str, float]) -> str:
@@ -370,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     profile_report = profile_pykbroker(args, sizes, errors) if args.profile else None
 
     median_figures = {target: medians(round_figures[target], start_samples[target]) for target in targets}
-    note = durability_note(args.broker_arg, args.kafka_property)
+    note = durability_note(targets, args.broker_arg, args.kafka_property)
     differences = config_differences(topic_configs)
     command = " ".join(["python3", "integration/bench/run_bench.py", *(argv if argv is not None else sys.argv[1:])])
     results = {
