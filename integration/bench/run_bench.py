@@ -1,16 +1,23 @@
 #!/usr/bin/env python3
-"""pykbroker benchmark: start the broker on a fresh data dir and drive it with confluent-kafka.
+"""pykbroker against Apache Kafka 3.7.1, side by side: the same confluent-kafka load generator, the same
+settings, the same topics, rounds interleaved, medians and ratios.
 
-    python integration/bench/run_bench.py [--rounds N] [--quick] [--json out.json] [--profile stacks.txt]
+    python integration/bench/run_bench.py [--target both|pykbroker|kafka] [--quick] [--rounds N]
+                                          [--generators N] [--json out.json] [--profile stacks.txt]
 
 Workloads, each on its own pre-created topic (3 partitions, replication factor 1):
   (a) produce 100-byte values, acks=1              -> msgs/s
   (b) produce 1 KiB values, acks=all               -> MB/s
   (c) consume (b)'s topic from offset 0, assign    -> MB/s
   (d) delivery latency at a steady 5,000 msgs/s    -> p50 / p99 / max ms
-plus broker CPU seconds per workload, broker peak RSS and start-to-ready time. Every round runs on a
-new broker with a new data dir; the table shows medians over the rounds next to the targets.
-See README.md beside this file for what is measured exactly and why.
+plus broker CPU seconds per million messages (from /proc of the broker process: the JVM for Kafka),
+load-generator CPU, broker peak RSS and start-to-ready time.
+
+Each round runs every target once, in a fixed order (pykbroker, then Kafka), each on a new broker with
+a new data dir, so that drift of the machine during the run hits both alike. Kafka comes from
+../shared/refkit (KRaft, one node, Kafka's default 1 GiB heap); without the kit or java it is skipped
+with the reason. The table prints medians per target, pykbroker / Kafka and the goals; the JSON under
+results/ keeps every round. See README.md beside this file for what is measured exactly and why.
 """
 
 from __future__ import annotations
@@ -21,8 +28,10 @@ import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
+import time
 import traceback
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -30,34 +39,60 @@ from typing import Callable
 
 import confluent_kafka
 
-from broker_process import REPO_ROOT, BrokerFailed, BrokerProcess, measure_start_to_ready
+from brokers import (
+    KAFKA_DIST,
+    KAFKA_HEAP_OPTS,
+    REPO_ROOT,
+    BrokerFailed,
+    BrokerProcess,
+    KafkaBroker,
+    default_refkit,
+    kafka_unavailable_reason,
+    measure_start_to_ready,
+)
 from pyspy_profile import PySpyRecorder, format_summary, summarize
-from report import A, B, C, D, medians, table, verdicts
+from report import (
+    A,
+    B,
+    C,
+    D,
+    KAFKA,
+    PYKBROKER,
+    config_differences,
+    derived_figures,
+    medians,
+    ratios,
+    saturation_warnings,
+    table,
+    verdicts,
+)
 from workloads import (
     check_stored,
     consume_throughput,
     create_topic,
     delivery_latency,
     produce_throughput,
+    topic_config,
     warm_group_coordinator,
 )
 
 PARTITIONS = 3
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"  # results/ is git-ignored
+RESULTS_DIR = Path(__file__).resolve().parent / "results"  # git-ignored
 LATENCY_RATE = 5_000
 
 
 @dataclass(frozen=True)
 class Sizes:
     rounds: int
-    produce_small_count: int  # (a)
+    produce_small_count: int  # (a); a tenth of it is sent first, unmeasured, to warm the broker up
     produce_large_count: int  # (b), read back by (c)
     latency_warmup_s: float  # (d), sent but not counted
     latency_measure_s: float
-    extra_start_samples: int  # per round, besides the start of the round's own broker
+    extra_start_samples: int  # per round and target, besides the start of the round's own broker
 
 
-# Full: about 2-4 minutes when the targets are met (a: 1 M messages, b/c: 400 MiB, d: 55,000 messages).
+# Full: about 2-4 minutes per target when the targets are met (a: 1 M messages, b/c: 400 MiB,
+# d: 55,000 messages), plus Kafka's start-ups (5-10 s each).
 FULL = Sizes(rounds=3, produce_small_count=1_000_000, produce_large_count=400_000,
              latency_warmup_s=1.0, latency_measure_s=10.0, extra_start_samples=2)  # fmt: skip
 QUICK = Sizes(rounds=1, produce_small_count=100_000, produce_large_count=40_000,
@@ -82,38 +117,45 @@ class Round:
         broker: BrokerProcess,
         sizes: Sizes,
         partitions: int,
+        generators: int = 1,
         workloads: frozenset[str] = frozenset((A, B, C, D)),
         profile: tuple[str, Path] | None = None,
     ):
         self.broker = broker
         self.sizes = sizes
         self.partitions = partitions
+        self.generators = generators
         self.workloads = workloads
         self.profile = profile  # (workload name, collapsed-stacks path) to sample with py-spy
         self.figures: dict[str, float] = {}
+        self.topic_config: dict[str, str] = {}  # as the broker describes the benchmark topics
         self.errors: list[str] = []
 
     def run(self) -> None:
-        bootstrap, partitions, sizes = self.broker.bootstrap, self.partitions, self.sizes
-        topics = {A: "bench-a-100b", B: "bench-b-1k", D: "bench-d-latency"}
+        bootstrap, partitions, sizes, generators = self.broker.bootstrap, self.partitions, self.sizes, self.generators
+        topics = {A: "bench-a-100b", B: "bench-b-1k", D: "bench-d-latency", "warm-up": "bench-warm-up"}
         try:
             for topic in topics.values():
                 create_topic(bootstrap, topic, partitions)
             warm_group_coordinator(bootstrap, topics[D])
+            self.topic_config = topic_config(bootstrap, topics[B])
+            # Unmeasured: the first requests of a fresh broker pay one-time costs (the JVM's JIT
+            # compiler, Python's lazy imports and caches) that a running broker does not.
+            produce_throughput(bootstrap, topics["warm-up"], sizes.produce_small_count // 10, 100, "1")
         except Exception as exc:  # nothing can run without topics
             self._record_failure("set-up", exc)
             return
         if A in self.workloads:
             self._measure(
                 A,
-                lambda: produce_throughput(bootstrap, topics[A], sizes.produce_small_count, 100, "1"),
+                lambda: produce_throughput(bootstrap, topics[A], sizes.produce_small_count, 100, "1", generators),
                 lambda: check_stored(bootstrap, topics[A], partitions, sizes.produce_small_count),
             )
         b_filled = False  # (c) reads what (b) wrote
         if B in self.workloads or C in self.workloads:
             b_filled = self._measure(
                 B,
-                lambda: produce_throughput(bootstrap, topics[B], sizes.produce_large_count, 1024, "all"),
+                lambda: produce_throughput(bootstrap, topics[B], sizes.produce_large_count, 1024, "all", generators),
                 lambda: check_stored(bootstrap, topics[B], partitions, sizes.produce_large_count),
             )
         if C in self.workloads and b_filled:
@@ -133,7 +175,7 @@ class Round:
     def _measure(
         self, name: str, workload: Callable[[], dict[str, float]], check: Callable[[], None] | None = None
     ) -> bool:
-        """Run one workload, take the broker's and this process's CPU around it, then run its check
+        """Run one workload, take the broker's and the generator's CPU around it, then run its check
         (outside the CPU window: the check is not the workload)."""
         try:
             self.broker.check_alive()
@@ -144,13 +186,15 @@ class Round:
             else:
                 result = workload()
             broker_cpu = self.broker.cpu().since(broker_cpu_before)
-            client_cpu = client_cpu_seconds() - client_cpu_before
+            # This process, plus the generator processes the workload spawned (they report their own).
+            client_cpu = client_cpu_seconds() - client_cpu_before + result.pop("generator_processes_cpu_s", 0.0)
             if check is not None:
                 check()
         except Exception as exc:
             self._record_failure(name, exc)
             return False
         self.figures.update({f"{name}.{key}": value for key, value in result.items()})
+        self.figures.update({f"{name}.{key}": value for key, value in derived_figures(result, broker_cpu).items()})
         self.figures[f"{name}.broker_cpu_s"] = broker_cpu
         self.figures[f"{name}.client_cpu_s"] = client_cpu
         return True
@@ -158,16 +202,23 @@ class Round:
     def _record_failure(self, what: str, exc: Exception) -> None:
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         self.errors.append(f"{what}: {detail}")
-        log(f"  FAILED {what}: {detail}\n  broker log tail:\n{self.broker.log_tail(15)}")
+        log(f"  FAILED {what}: {detail}\n  {self.broker.name} log tail:\n{self.broker.log_tail(15)}")
 
 
-def describe_environment() -> dict[str, object]:
+def describe_environment(kafka_home: Path | None) -> dict[str, object]:
+    def run(*command: str) -> str:
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return (done.stdout + done.stderr).strip()
+
     def git(*args: str) -> str:
-        done = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True)
-        return done.stdout.strip()
+        return run("git", "-C", str(REPO_ROOT), *args)
 
-    return {
+    environment: dict[str, object] = {
         "cpus": os.cpu_count(),
+        "load_average_at_start": os.getloadavg(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "confluent_kafka": confluent_kafka.version(),  # a string; libversion() is a (string, int) pair
@@ -175,6 +226,27 @@ def describe_environment() -> dict[str, object]:
         "broker_commit": git("rev-parse", "--short", "HEAD"),
         "broker_tree_dirty": bool(git("status", "--porcelain", "--", "pykbroker")),
     }
+    if kafka_home is not None:
+        environment["kafka"] = str(kafka_home)
+        environment["java"] = run("java", "-version").splitlines()[0] if shutil.which("java") else ""
+        environment["kafka_heap_opts"] = KAFKA_HEAP_OPTS
+    return environment
+
+
+def durability_note(targets: list[str], broker_args: list[str], kafka_properties: list[str]) -> str:
+    """The fsync settings of the brokers in this run, which differ by default (the figures depend on it)."""
+    ours = next((arg for arg in broker_args if arg.startswith("--fsync")), None)
+    theirs = [p for p in kafka_properties if p.startswith(("log.flush.", "flush."))]
+    ours_text = (
+        f"pykbroker ran with {ours}"
+        if ours
+        else "pykbroker ran with its default fsync=interval (each partition fsynced at least every 1 s)"
+    )
+    theirs_text = (
+        f"Kafka ran with {', '.join(theirs)}" if theirs else "Kafka ran with its default (no fsync: the page cache only)"
+    )
+    texts = {PYKBROKER: ours_text, KAFKA: theirs_text}
+    return "durability: " + "; ".join(texts[target] for target in targets) + "."
 
 
 def round_summary(figures: dict[str, float]) -> str:
@@ -193,101 +265,159 @@ def round_summary(figures: dict[str, float]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, help="rounds, each on a fresh broker (default 3, --quick 1; 0 with --profile: profile only)")
-    parser.add_argument("--quick", action="store_true", help="a fast smoke run: a tenth of the messages")
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where to write the results (default {DEFAULT_JSON})")
+    parser.add_argument("--target", choices=("both", PYKBROKER, KAFKA), default="both",
+                        help="which broker(s) to measure (default both, interleaved)")  # fmt: skip
+    parser.add_argument("--rounds", type=int, help="rounds, each on fresh brokers (default 3, --quick 1; 0 with --profile: profile only)")
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run: a tenth of the messages, one round")
+    parser.add_argument("--json", type=Path, help=f"where to write the results (default {RESULTS_DIR}/bench-<time>.json and latest.json)")
     parser.add_argument("--partitions", type=int, default=PARTITIONS, help="partitions per benchmark topic")
+    parser.add_argument("--generators", type=int, default=1,
+                        help="load-generator processes for the produce workloads (a) and (b) (default 1)")  # fmt: skip
     parser.add_argument("--broker-arg", action="append", default=[], metavar="ARG",
                         help="extra argument for `pykbroker serve` (repeatable), e.g. --broker-arg=--fsync=never")  # fmt: skip
+    parser.add_argument("--kafka-property", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra server.properties line for Kafka (repeatable), e.g. --kafka-property=log.flush.interval.ms=1000")  # fmt: skip
+    parser.add_argument("--refkit", type=Path, default=default_refkit(), help="the reference kit holding Kafka (default %(default)s)")
     parser.add_argument("--profile", type=Path, metavar="STACKS",
-                        help="after the rounds, run one more (unmeasured) round and sample the broker with "
+                        help="after the rounds, run one more (unmeasured) pykbroker round and sample it with "
                              "py-spy during --profile-workload; write collapsed stacks here and print the hot spots")  # fmt: skip
     parser.add_argument("--profile-workload", choices="abcd", default="a")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.generators < 1:
+        parser.error("--generators must be at least 1")
+    return args
+
+
+def profile_pykbroker(args: argparse.Namespace, sizes: Sizes, errors: list[str]) -> dict[str, object] | None:
+    """One unmeasured pykbroker round with py-spy sampling the broker during one workload."""
+    if not PySpyRecorder.available():
+        log("py-spy is not installed (pip install py-spy): no profile taken")
+        return None
+    workload = dict(zip("abcd", (A, B, C, D)))[args.profile_workload]
+    log(f"profile round: py-spy on pykbroker during {workload}")
+    # Three times the messages, so that the sampled stretch is long enough to rank hot spots;
+    # (c) needs (b)'s topic filled first.
+    profile_sizes = replace(
+        sizes, produce_small_count=3 * sizes.produce_small_count, produce_large_count=3 * sizes.produce_large_count
+    )
+    needed = frozenset((workload, B)) if workload == C else frozenset((workload,))
+    try:
+        args.profile.unlink(missing_ok=True)
+        with BrokerProcess(extra_args=list(args.broker_arg)) as broker:
+            profile_round = Round(broker, profile_sizes, args.partitions, args.generators, needed, (workload, args.profile))
+            profile_round.run()
+    except BrokerFailed as exc:
+        errors.append(f"profile round: {exc}")
+        return None
+    errors.extend(f"profile round: {error}" for error in profile_round.errors)
+    if not args.profile.exists():
+        return None
+    return {
+        **summarize(args.profile),
+        "workload": workload,
+        "stacks_file": str(args.profile),
+        "figures": profile_round.figures,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sizes = QUICK if args.quick else FULL
     rounds = sizes.rounds if args.rounds is None else args.rounds
-    workload_names = dict(zip("abcd", (A, B, C, D)))
-    started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    round_figures: list[dict[str, float]] = []
+    started_at = datetime.datetime.now(datetime.timezone.utc)
+    targets = [PYKBROKER, KAFKA] if args.target == "both" else [args.target]
+    skipped: dict[str, str] = {}
+    if KAFKA in targets:
+        reason = kafka_unavailable_reason(args.refkit)
+        if reason is not None:
+            log(f"Apache Kafka skipped: {reason}")
+            skipped[KAFKA] = reason
+            targets.remove(KAFKA)
+    make_broker: dict[str, Callable[[], BrokerProcess]] = {
+        PYKBROKER: lambda: BrokerProcess(extra_args=list(args.broker_arg)),
+        KAFKA: lambda: KafkaBroker(extra_args=list(args.kafka_property), refkit=args.refkit),
+    }
+    round_figures: dict[str, list[dict[str, float]]] = {target: [] for target in targets}
+    start_samples: dict[str, list[float]] = {target: [] for target in targets}
+    topic_configs: dict[str, dict[str, str]] = {}
     errors: list[str] = []
-    start_samples: list[float] = []
+    warnings: list[str] = []
+    environment = describe_environment(args.refkit / KAFKA_DIST if KAFKA in targets else None)
+    clock = time.perf_counter()
 
     for number in range(1, rounds + 1):
-        log(f"round {number}/{rounds}")
-        try:
-            for _ in range(sizes.extra_start_samples):
-                start_samples.append(measure_start_to_ready(args.broker_arg))
-            with BrokerProcess(extra_args=list(args.broker_arg)) as broker:
-                start_samples.append(broker.start_to_ready_s)
-                this_round = Round(broker, sizes, args.partitions)
-                this_round.run()
-        except BrokerFailed as exc:
-            errors.append(f"round {number}: {exc}")
-            log(f"  broker failed: {exc}")
-            continue
-        round_figures.append(this_round.figures)
-        errors.extend(f"round {number}: {error}" for error in this_round.errors)
-        log(f"  {round_summary(this_round.figures)}")
-
-    profile_report = None
-    if args.profile:
-        if not PySpyRecorder.available():
-            log("py-spy is not installed (pip install py-spy): no profile taken")
-        else:
-            workload = workload_names[args.profile_workload]
-            log(f"profile round: py-spy on the broker during {workload}")
-            # Three times the messages, so that the sampled stretch is long enough to rank hot spots;
-            # (c) needs (b)'s topic filled first.
-            profile_sizes = replace(
-                sizes,
-                produce_small_count=3 * sizes.produce_small_count,
-                produce_large_count=3 * sizes.produce_large_count,
-            )
-            needed = frozenset((workload, B)) if workload == C else frozenset((workload,))
+        for target in targets:  # interleaved: pykbroker, Kafka, pykbroker, Kafka, ...
+            log(f"round {number}/{rounds}: {target}")
             try:
-                args.profile.unlink(missing_ok=True)
-                with BrokerProcess(extra_args=list(args.broker_arg)) as broker:
-                    profile_round = Round(broker, profile_sizes, args.partitions, needed, (workload, args.profile))
-                    profile_round.run()
-                errors.extend(f"profile round: {error}" for error in profile_round.errors)
-                if args.profile.exists():
-                    profile_report = summarize(args.profile)
-                    profile_report["workload"] = workload
-                    profile_report["stacks_file"] = str(args.profile)
-                    profile_report["figures"] = profile_round.figures
+                for _ in range(sizes.extra_start_samples):
+                    start_samples[target].append(measure_start_to_ready(make_broker[target]))
+                with make_broker[target]() as broker:
+                    start_samples[target].append(broker.start_to_ready_s)
+                    this_round = Round(broker, sizes, args.partitions, args.generators)
+                    this_round.run()
             except BrokerFailed as exc:
-                errors.append(f"profile round: {exc}")
+                errors.append(f"round {number} {target}: {exc}")
+                log(f"  {target} failed: {exc}")
+                continue
+            round_figures[target].append(this_round.figures)
+            topic_configs[target] = this_round.topic_config
+            errors.extend(f"round {number} {target}: {error}" for error in this_round.errors)
+            round_warnings = saturation_warnings(target, this_round.figures, os.cpu_count() or 1)
+            warnings.extend(f"round {number} {warning}" for warning in round_warnings)
+            log(f"  {round_summary(this_round.figures)}")
+            for warning in round_warnings:
+                log(f"  WARNING {warning}")
 
-    median_figures = medians(round_figures, start_samples)
+    profile_report = profile_pykbroker(args, sizes, errors) if args.profile else None
+
+    median_figures = {target: medians(round_figures[target], start_samples[target]) for target in targets}
+    note = durability_note(targets, args.broker_arg, args.kafka_property)
+    differences = config_differences(topic_configs)
+    command = " ".join(["python3", "integration/bench/run_bench.py", *(argv if argv is not None else sys.argv[1:])])
     results = {
-        "command": " ".join(["python", sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
-        "started_at": started_at,
-        "environment": describe_environment(),
-        "settings": {**asdict(sizes), "rounds": rounds, "partitions": args.partitions,
-                     "latency_rate": LATENCY_RATE, "broker_args": args.broker_arg},  # fmt: skip
+        "command": command,
+        "started_at": started_at.isoformat(timespec="seconds"),
+        "duration_s": round(time.perf_counter() - clock, 1),
+        "environment": environment,
+        "settings": {**asdict(sizes), "rounds": rounds, "partitions": args.partitions, "generators": args.generators,
+                     "latency_rate": LATENCY_RATE, "broker_args": args.broker_arg,
+                     "kafka_properties": args.kafka_property},  # fmt: skip
+        "targets": targets,
+        "skipped": skipped,
+        "durability": note,
+        "topic_configs": topic_configs,
+        "topic_config_differences": differences,
         "medians": median_figures,
-        "targets": verdicts(median_figures),
+        "ratios_pykbroker_over_kafka": ratios(median_figures),
+        "goals": verdicts(median_figures),
         "rounds": round_figures,
         "start_to_ready_samples_s": start_samples,
+        "warnings": warnings,
         "errors": errors,
         "profile": profile_report,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2) + "\n")
+    json_paths = [args.json] if args.json else [RESULTS_DIR / f"bench-{started_at:%Y%m%dT%H%M%SZ}.json", RESULTS_DIR / "latest.json"]
+    for path in json_paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=2) + "\n")
 
     print()
-    print(table(round_figures, median_figures, start_samples))
-    print(f"\n{rounds} round(s), medians; 1 MB = 2**20 bytes of values. JSON: {args.json}")
+    print(table(median_figures))
+    print(f"\n{rounds} round(s), medians; ratio = pykbroker / Kafka; 1 MB = 2**20 bytes of values.")
+    print(note)
+    if differences:
+        print("topic settings that differ (DescribeConfigs of the benchmark topics):\n  " + "\n  ".join(differences))
+    print(f"command: {command}\nJSON: {json_paths[0]}")
+    for target, reason in skipped.items():
+        print(f"{target} skipped: {reason}")
+    if warnings:
+        print("\nwarnings:\n  " + "\n  ".join(warnings))
     if profile_report:
         print(f"\nprofile of {profile_report['workload']} (collapsed stacks in {args.profile}):")
         print(format_summary(profile_report))
     if errors:
         print("\nerrors:\n  " + "\n  ".join(error.splitlines()[0] for error in errors))
-    return 1 if errors or (rounds and not round_figures) else 0
+    return 1 if errors or (rounds and not all(round_figures.values())) else 0
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@ except linger.ms=5 on producers and acks where a workload names it.
 Each workload returns a dict of plain figures (JSON-ready). Throughput counts value bytes only, as
 Kafka's own perf tools do, and 1 MB = 2**20 bytes.
 
+Whether the load generator is the bottleneck: each throughput workload reports the share of a core
+its sending (or consuming) Python loop used (`client_loop_core_share`; near 1.0 the figure measures the
+client). produce_throughput() can split its messages over several generator processes for that case.
+
 The throughput producers register no delivery callback: a Python callback per message would cost the
 client more CPU than the broker spends on it and measure the binding, not the broker. Instead every
 run is checked afterwards with check_stored(): the fresh topic must hold exactly the messages sent.
@@ -12,18 +16,27 @@ run is checked afterwards with check_stored(): the fresh topic must hold exactly
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
+import queue
+import resource
 import time
 from functools import partial
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Event
 
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
 MIB = 1 << 20
 PRODUCER_LINGER_MS = 5
 CLIENT_TIMEOUT_S = 30.0
 # A workload that makes no progress for this long has hung; fail it instead of waiting forever.
 STALL_TIMEOUT_S = 60.0
+POLL_GRANULARITY_S = 0.001
+COORDINATOR_NOT_READY = frozenset(
+    (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE)
+)
 
 
 class WorkloadFailed(RuntimeError):
@@ -38,9 +51,15 @@ def _producer(bootstrap: str, **settings: object) -> tuple[Producer, list[str]]:
     return Producer(config), client_errors
 
 
+def _admin(bootstrap: str) -> AdminClient:
+    # log_level 5 (notice): leave out librdkafka's informational lines, such as the "Purging unserved
+    # events" a short-lived admin client logs on close against Kafka.
+    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 5})
+
+
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     """Create the topic with the AdminClient and wait until every partition has a leader."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = _admin(bootstrap)
     futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
     futures[topic].result(timeout=CLIENT_TIMEOUT_S)
     deadline = time.monotonic() + CLIENT_TIMEOUT_S
@@ -57,10 +76,19 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     raise WorkloadFailed(f"topic {topic} has no leader for every partition after {CLIENT_TIMEOUT_S} s")
 
 
+def topic_config(bootstrap: str, topic: str) -> dict[str, str]:
+    """The topic's effective configuration as the broker describes it (DescribeConfigs), so that the
+    settings the two brokers gave the same topic can be compared."""
+    resource = ConfigResource("topic", topic)
+    admin = _admin(bootstrap)  # held until the answer: a destroyed client fails its pending futures
+    entries = admin.describe_configs([resource])[resource].result(timeout=CLIENT_TIMEOUT_S)
+    return {name: entry.value for name, entry in sorted(entries.items())}
+
+
 def stored_message_count(bootstrap: str, topic: str, partitions: int) -> int:
     """Sum over the topic's partitions of latest minus earliest offset (AdminClient ListOffsets, so no
     consumer group and no group-coordinator work on the broker)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = _admin(bootstrap)
     total = 0
     for spec, sign in ((OffsetSpec.latest(), 1), (OffsetSpec.earliest(), -1)):
         futures = admin.list_offsets({TopicPartition(topic, p): spec for p in range(partitions)})
@@ -78,23 +106,30 @@ def check_stored(bootstrap: str, topic: str, partitions: int, sent: int) -> None
 
 def warm_group_coordinator(bootstrap: str, topic: str) -> None:
     """Commit one offset as a group, so the broker creates __consumer_offsets (50 partitions by default)
-    now and not inside the first workload whose consumer has a group.id."""
+    now and not inside the first workload whose consumer has a group.id. While the topic's partitions
+    are being created and loaded, a broker answers commits with a retriable error (Kafka:
+    NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS): retry those until the deadline."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-warm-up"})
+    deadline = time.monotonic() + CLIENT_TIMEOUT_S
     try:
-        consumer.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
+        while True:
+            try:
+                consumer.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
+                return
+            except KafkaException as exc:
+                error = exc.args[0]
+                retriable = error.retriable() or error.code() in COORDINATOR_NOT_READY
+                if not retriable or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.1)
     finally:
         consumer.close()
 
 
-def produce_throughput(bootstrap: str, topic: str, count: int, value_size: int, acks: str) -> dict[str, float]:
-    """Send `count` values of `value_size` bytes as fast as the client can; clock stops when all are acked.
-    Check the result with check_stored() afterwards."""
-    producer, client_errors = _producer(bootstrap, acks=acks)
-    # Connect and learn the leaders before the clock starts, so the run measures steady-state sending.
-    producer.list_topics(topic, timeout=CLIENT_TIMEOUT_S)
-    value = os.urandom(value_size)
+def _send(producer: Producer, topic: str, value: bytes, count: int) -> int:
+    """Send `count` copies of `value` as fast as produce() takes them; the number left unacknowledged
+    after flush()."""
     produce, poll = producer.produce, producer.poll
-    started = time.perf_counter()
     sent = 0
     while sent < count:
         try:
@@ -105,14 +140,103 @@ def produce_throughput(bootstrap: str, topic: str, count: int, value_size: int, 
         sent += 1
         if not sent & 0x3FF:
             poll(0)
-    unacked = producer.flush(STALL_TIMEOUT_S)
-    elapsed = time.perf_counter() - started
+    return producer.flush(STALL_TIMEOUT_S)
+
+
+def _generator_process(
+    bootstrap: str, topic: str, count: int, value_size: int, acks: str, ready: Queue, go: Event, results: Queue
+) -> None:
+    """One load-generator process of produce_throughput(): connect, say ready, wait for go, send."""
+    producer, client_errors = _producer(bootstrap, acks=acks)
+    producer.list_topics(topic, timeout=CLIENT_TIMEOUT_S)
+    value = os.urandom(value_size)
+    ready.put(os.getpid())
+    go.wait(CLIENT_TIMEOUT_S)
+    cpu_before, loop_cpu_before = _process_cpu_seconds(), time.thread_time()
+    started = time.perf_counter()  # CLOCK_MONOTONIC: comparable between processes
+    unacked = _send(producer, topic, value, count)
+    finished = time.perf_counter()
+    results.put(
+        {
+            "started": started,
+            "finished": finished,
+            "unacked": unacked,
+            "client_errors": client_errors[:5],
+            "cpu_s": _process_cpu_seconds() - cpu_before,
+            "loop_cpu_s": time.thread_time() - loop_cpu_before,
+        }
+    )
+
+
+def _process_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _produce_in_processes(
+    bootstrap: str, topic: str, count: int, value_size: int, acks: str, generators: int
+) -> dict[str, float]:
+    """Split `count` over `generators` spawned processes that start sending at one signal; the clock runs
+    from the first process's start to the last one's flush()."""
+    context = multiprocessing.get_context("spawn")  # no fork of a process that runs librdkafka threads
+    ready, results, go = context.Queue(), context.Queue(), context.Event()
+    shares = [count // generators + (1 if index < count % generators else 0) for index in range(generators)]
+    processes = [
+        context.Process(target=_generator_process, args=(bootstrap, topic, share, value_size, acks, ready, go, results))
+        for share in shares
+    ]
+    for process in processes:
+        process.start()
+    try:
+        for _ in processes:
+            ready.get(timeout=CLIENT_TIMEOUT_S)
+        go.set()
+        reports = [results.get(timeout=STALL_TIMEOUT_S + CLIENT_TIMEOUT_S) for _ in processes]
+    except queue.Empty as exc:
+        raise WorkloadFailed("a load-generator process did not report in time") from exc
+    finally:
+        for process in processes:
+            process.join(CLIENT_TIMEOUT_S)
+            if process.is_alive():
+                process.kill()
+    unacked = sum(report["unacked"] for report in reports)
     if unacked:
-        raise WorkloadFailed(f"{unacked} of {count} messages unacknowledged; client errors: {client_errors}")
+        errors = [error for report in reports for error in report["client_errors"]]
+        raise WorkloadFailed(f"{unacked} of {count} messages unacknowledged; client errors: {errors}")
+    elapsed = max(r["finished"] for r in reports) - min(r["started"] for r in reports)
     return {
+        "seconds": elapsed,
+        "generator_processes_cpu_s": sum(r["cpu_s"] for r in reports),
+        "client_loop_core_share": max(r["loop_cpu_s"] / (r["finished"] - r["started"]) for r in reports),
+    }
+
+
+def produce_throughput(
+    bootstrap: str, topic: str, count: int, value_size: int, acks: str, generators: int = 1
+) -> dict[str, float]:
+    """Send `count` values of `value_size` bytes as fast as the client can, from this process or split
+    over `generators` processes; the clock stops when all are acked. Check the result with
+    check_stored() afterwards."""
+    if generators > 1:
+        figures = _produce_in_processes(bootstrap, topic, count, value_size, acks, generators)
+    else:
+        producer, client_errors = _producer(bootstrap, acks=acks)
+        # Connect and learn the leaders before the clock starts, so the run measures steady-state sending.
+        producer.list_topics(topic, timeout=CLIENT_TIMEOUT_S)
+        value = os.urandom(value_size)
+        loop_cpu_before = time.thread_time()
+        started = time.perf_counter()
+        unacked = _send(producer, topic, value, count)
+        elapsed = time.perf_counter() - started
+        if unacked:
+            raise WorkloadFailed(f"{unacked} of {count} messages unacknowledged; client errors: {client_errors}")
+        figures = {"seconds": elapsed, "client_loop_core_share": (time.thread_time() - loop_cpu_before) / elapsed}
+    elapsed = figures["seconds"]
+    return {
+        **figures,
         "messages": count,
         "value_bytes": value_size,
-        "seconds": elapsed,
+        "generators": generators,
         "msgs_per_s": count / elapsed,
         "mb_per_s": count * value_size / MIB / elapsed,
     }
@@ -123,6 +247,7 @@ def consume_throughput(bootstrap: str, topic: str, partitions: int, expected: in
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-consume-{topic}"})
     try:
         consumer.list_topics(topic, timeout=CLIENT_TIMEOUT_S)
+        loop_cpu_before = time.thread_time()
         started = time.perf_counter()
         consumer.assign([TopicPartition(topic, partition, 0) for partition in range(partitions)])
         received = value_bytes = 0
@@ -140,11 +265,13 @@ def consume_throughput(bootstrap: str, topic: str, partitions: int, expected: in
             elif time.perf_counter() - last_progress > STALL_TIMEOUT_S:
                 raise WorkloadFailed(f"consumer stalled at {received} of {expected} messages")
         elapsed = time.perf_counter() - started
+        loop_cpu = time.thread_time() - loop_cpu_before
     finally:
         consumer.close()
     return {
         "messages": received,
         "seconds": elapsed,
+        "client_loop_core_share": loop_cpu / elapsed,
         "msgs_per_s": received / elapsed,
         "mb_per_s": value_bytes / MIB / elapsed,
     }
@@ -176,6 +303,7 @@ def delivery_latency(
     warmup_count = int(rate * warmup_s)
     total = warmup_count + int(rate * measure_s)
     produce, poll = producer.produce, producer.poll
+    loop_cpu_before = time.thread_time()
     started = time.perf_counter()
     sent = 0
     while sent < total:
@@ -184,15 +312,21 @@ def delivery_latency(
             produce(topic, value, on_delivery=partial(delivered, time.perf_counter(), sent >= warmup_count))
             sent += 1
         # Sleep in poll() until the next message is due: delivery callbacks run the moment they arrive.
-        poll(max(0.0, started + sent / rate - time.perf_counter()))
+        # poll() counts whole milliseconds (a shorter timeout does not block), so wait at least 1 ms and
+        # send what fell due meanwhile: without that the loop spins a whole core, which on a small
+        # machine is taken from the broker under test.
+        poll(max(POLL_GRANULARITY_S, started + sent / rate - time.perf_counter()))
     send_seconds = time.perf_counter() - started
+    loop_cpu = time.thread_time() - loop_cpu_before
     unacked = producer.flush(STALL_TIMEOUT_S)
     if unacked or errors:
         raise WorkloadFailed(f"{unacked} unacknowledged, delivery errors: {errors[:5]} client errors: {client_errors}")
     latencies.sort()
     return {
+        "messages": total,  # the warm-up's included: the broker handled them all
         "rate_target": rate,
         "rate_achieved": total / send_seconds,
+        "client_loop_core_share": loop_cpu / send_seconds,
         "measured_messages": len(latencies),
         "p50_ms": _percentile(latencies, 0.50) * 1000,
         "p99_ms": _percentile(latencies, 0.99) * 1000,

@@ -1,0 +1,26 @@
+"""The benchmark runner's statement of the brokers' durability settings (integration/bench/run_bench.py),
+which the figures depend on. No broker is started."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integration" / "bench"))
+
+from run_bench import durability_note  # noqa: E402
+
+
+def test_default_durability_states_both_brokers_defaults():
+    note = durability_note(["pykbroker", "kafka"], [], [])
+    assert "fsync=interval" in note and "no fsync" in note
+
+
+def test_durability_names_the_settings_given():
+    note = durability_note(["pykbroker", "kafka"], ["--fsync=never"], ["log.flush.interval.ms=1000", "num.io.threads=4"])
+    assert "pykbroker ran with --fsync=never" in note
+    assert "Kafka ran with log.flush.interval.ms=1000" in note and "num.io.threads" not in note
+
+
+def test_durability_of_one_broker_mentions_only_that_one():
+    assert "Kafka" not in durability_note(["pykbroker"], [], [])
