@@ -34,15 +34,7 @@ from typing import Iterable
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_writer
-from kio.serial._introspect import (
-    EntityField,
-    EntityTupleField,
-    PrimitiveTupleField,
-    classify_field,
-    get_field_tag,
-    get_schema_field_type,
-    is_optional,
-)
+from kio.serial import _introspect as introspect
 from kio.static.primitive import i32Timedelta, i64Timedelta
 
 from pykbroker.protocol.apis import SUPPORTED_APIS
@@ -119,19 +111,19 @@ def build_entity(entity_type: type, rng: random.Random):
     for field in dataclasses.fields(entity_type):
         if field.name.startswith("__"):
             continue
-        kind = classify_field(field)
-        nullable = is_optional(field) and get_field_tag(field) is None
+        kind = introspect.classify_field(field)
+        nullable = introspect.is_optional(field) and introspect.get_field_tag(field) is None
         if nullable and rng.random() < 0.2:
             values[field.name] = None
-        elif isinstance(kind, EntityTupleField):
+        elif isinstance(kind, introspect.EntityTupleField):
             values[field.name] = tuple(build_entity(kind.type_, rng) for _ in range(rng.randrange(4)))
-        elif isinstance(kind, PrimitiveTupleField):
-            kafka_type = get_schema_field_type(field)
+        elif isinstance(kind, introspect.PrimitiveTupleField):
+            kafka_type = introspect.get_schema_field_type(field)
             values[field.name] = tuple(_primitive_value(kafka_type, rng) for _ in range(rng.randrange(4)))
-        elif isinstance(kind, EntityField):
+        elif isinstance(kind, introspect.EntityField):
             values[field.name] = build_entity(kind.type_, rng)
         else:
-            values[field.name] = _primitive_value(get_schema_field_type(field), rng)
+            values[field.name] = _primitive_value(introspect.get_schema_field_type(field), rng)
     return entity_type(**values)
 
 
