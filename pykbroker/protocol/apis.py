@@ -3,7 +3,8 @@
 One table answers both "what do we advertise in ApiVersions" and "which schema decodes this request";
 the server's dispatcher checks at start that every API here has a handler and no handler lacks an entry.
 Codecs come from kio, which is generated from Kafka's JSON message specs; readers and writers are built
-once per (api, version) and cached.
+once per (api, version) and cached, together with the frame guard (protocol/guard.py) that checks a
+request body's lengths and counts before kio's native reader sees it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any, Callable
 
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
+
+from pykbroker.protocol.guard import compile_request_check
 
 API_VERSIONS_KEY = 18
 
@@ -52,6 +55,7 @@ class ApiCodec:
     request_type: type
     response_type: type
     read_request_header: Callable[[Any, int], tuple[Any, int]]
+    check_request_body: Callable[[Any, int], int]
     read_request_body: Callable[[Any, int], tuple[Any, int]]
     write_response_body: Callable[[Any, Any], None]
     flexible_response_header: bool
@@ -68,6 +72,7 @@ def codec_for(api_key: int, version: int) -> ApiCodec:
         request_type=request_type,
         response_type=response_type,
         read_request_header=entity_reader(request_type.__header_schema__),
+        check_request_body=compile_request_check(request_type),
         read_request_body=entity_reader(request_type),
         write_response_body=entity_writer(response_type),
         # ApiVersions responses always use header v0, whatever the request version: kio's schemas carry

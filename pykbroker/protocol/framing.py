@@ -63,9 +63,12 @@ def decode_request(frame, prefix: RequestPrefix) -> Request:
         )
     codec = codec_for(prefix.api_key, prefix.api_version)
     try:
+        # The header holds no arrays, and kio bounds-checks its strings; the body's lengths and counts are
+        # checked by the guard first, since kio's native reader reserves memory for any array count it reads.
         header, position = codec.read_request_header(frame, 0)
+        codec.check_request_body(frame, position)
         body, used = codec.read_request_body(frame, position)
-    except Exception as exc:  # kio raises assorted errors on truncated or garbled input
+    except Exception as exc:  # the guard and kio raise assorted errors on truncated or garbled input
         raise FrameError(f"cannot decode {support.name} v{prefix.api_version}: {exc!r}") from exc
     # Bytes after the body are ignored, as Kafka ignores them: librdkafka's Metadata request for all
     # topics reserves a 4-byte array count and leaves three zero bytes behind after writing the null marker.
