@@ -15,6 +15,7 @@ import collections
 import logging
 from typing import TYPE_CHECKING, Any
 
+from pykbroker.config import DEFAULT_LISTENER_NAME
 from pykbroker.protocol.apis import API_VERSIONS_KEY
 from pykbroker.protocol.framing import (
     SIZE,
@@ -44,8 +45,11 @@ class _Slot:
 
 
 class KafkaConnection(asyncio.Protocol):
-    def __init__(self, broker: "Broker", handlers: dict[int, Handler], max_request_bytes: int) -> None:
+    def __init__(
+        self, broker: "Broker", handlers: dict[int, Handler], max_request_bytes: int, listener: str = DEFAULT_LISTENER_NAME
+    ) -> None:
         self.broker = broker
+        self.listener = listener  # the listener name this connection arrived on (RequestContext.listener)
         self.handlers = handlers
         self.max_request_bytes = max_request_bytes
         self.transport: asyncio.Transport | None = None
@@ -133,7 +137,7 @@ class KafkaConnection(asyncio.Protocol):
             self._abort(str(exc))
             return
         handler = self.handlers[request.api_key]
-        context = RequestContext(self.broker, request, self.peer)
+        context = RequestContext(self.broker, request, self.peer, self.listener)
         try:
             result = handler(context, request.body)
         except Exception:
