@@ -22,7 +22,6 @@ import logging
 import signal
 import socket
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from pykbroker.cluster.metadata import BrokerEndpoint, EmbeddedMetadata
@@ -142,8 +141,8 @@ class Broker:
             ))
             endpoint = self.advertised.get(listener.name)
             if listener.binds_all and endpoint is not None:
-                log.info("listener %s binds every interface; advertised as %s:%d (the canonical host name)",
-                         listener, endpoint.host, endpoint.port)
+                log.info("listener %s binds every interface; advertised as %s (the canonical host name)",
+                         listener, _host_port(endpoint.host, endpoint.port))
             if endpoint is None:
                 log.warning("listener %s is not in advertised.listeners: clients that connect through it are told of "
                             "no brokers", listener)
@@ -153,8 +152,8 @@ class Broker:
         log.info(
             "pykbroker broker %d listening on %s (advertised %s), data dir %s, cluster id %s",
             self.broker_id,
-            ", ".join(f"{listener.name}://{_address(sock)}" for listener, sock in listening),
-            ", ".join(f"{name}://{e.host}:{e.port}" for name, e in self.advertised.items()),
+            ", ".join(f"{listener.name}://{_host_port(*sock.getsockname()[:2])}" for listener, sock in listening),
+            ", ".join(f"{name}://{_host_port(e.host, e.port)}" for name, e in self.advertised.items()),
             self.data_dir,
             self.metadata.cluster_id,
         )
@@ -205,8 +204,7 @@ def open_broker(config: BrokerConfig) -> Broker:
         raise StartupError(f"data dir {config.data_dir} {problem}: {exc.filename}: {exc.strerror}") from None
 
 
-def _address(sock: socket.socket) -> str:
-    host, port = sock.getsockname()[:2]
+def _host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
