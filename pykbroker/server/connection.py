@@ -15,7 +15,6 @@ import collections
 import logging
 from typing import TYPE_CHECKING, Any
 
-from pykbroker.config import DEFAULT_LISTENER_NAME
 from pykbroker.protocol.apis import API_VERSIONS_KEY
 from pykbroker.protocol.framing import (
     SIZE,
@@ -45,9 +44,7 @@ class _Slot:
 
 
 class KafkaConnection(asyncio.Protocol):
-    def __init__(
-        self, broker: "Broker", handlers: dict[int, Handler], max_request_bytes: int, listener: str = DEFAULT_LISTENER_NAME
-    ) -> None:
+    def __init__(self, broker: "Broker", handlers: dict[int, Handler], max_request_bytes: int, listener: str) -> None:
         self.broker = broker
         self.listener = listener  # the listener name this connection arrived on (RequestContext.listener)
         self.handlers = handlers
