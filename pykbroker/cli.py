@@ -57,7 +57,8 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--host", help="Address to listen on.  [default: 127.0.0.1; env PYKBROKER_HOST]")
+@click.version_option(__version__, "--version", prog_name="pykbroker", message="%(prog)s %(version)s")
+@click.option("--host", help="Address to listen on (0.0.0.0: every interface).  [default: 127.0.0.1; env PYKBROKER_HOST]")
 @click.option("--port", type=int, help="Port to listen on.  [default: 9092; env PYKBROKER_PORT]")
 @click.option(
     "--data-dir",
@@ -66,9 +67,17 @@ def main() -> None:
 )
 @click.option(
     "--advertised-host",
-    help="Host clients are told to connect to.  [default: the listen host, 127.0.0.1 for 0.0.0.0]",
+    help="Host clients are told to connect to.  [default: the listen host; the canonical host name for 0.0.0.0]",
 )
 @click.option("--advertised-port", type=int, help="Port clients are told to connect to.  [default: the listen port]")
+@click.option(
+    "--listeners",
+    help="Kafka's listeners, NAME://host:port,... (one socket each; replaces --host/--port).  [env PYKBROKER_LISTENERS]",
+)
+@click.option(
+    "--advertised-listeners",
+    help="Kafka's advertised.listeners, NAME://host:port,...  [default: the listeners; env PYKBROKER_ADVERTISED_LISTENERS]",
+)
 @click.option("--broker-id", type=int, help="This broker's id (Kafka's broker.id).  [default: 1]")
 @click.option(
     "--config",
@@ -96,6 +105,8 @@ def serve(
     data_dir: Path | None,
     advertised_host: str | None,
     advertised_port: int | None,
+    listeners: str | None,
+    advertised_listeners: str | None,
     broker_id: int | None,
     config_file: Path | None,
     log_level: str | None,
@@ -105,7 +116,8 @@ def serve(
     """Run a broker until SIGTERM or SIGINT.
 
     Settings come from flags, then PYKBROKER_* environment variables (PYKBROKER_NUM_PARTITIONS sets
-    num.partitions), then the --config file, then Kafka's defaults.
+    num.partitions), then the --config file, then Kafka's defaults. A broker that cannot start (port in
+    use, unresolvable host, data dir locked or not writable) says why in one line and exits 1.
     """
     flags = {
         "host": host,
@@ -113,6 +125,8 @@ def serve(
         "data_dir": data_dir,
         "advertised_host": advertised_host,
         "advertised_port": advertised_port,
+        "listeners": listeners,
+        "advertised_listeners": advertised_listeners,
         "broker_id": broker_id,
         "log_level": log_level,
         "fsync": fsync,
@@ -123,11 +137,11 @@ def serve(
     configure_logging(config.log_level)
     _keep_hypothesis_out_of_the_broker()
     from pykbroker.log.checkpoint import CorruptFile
-    from pykbroker.server.broker import run_broker  # imported late: --help and --version stay fast
+    from pykbroker.server.broker import StartupError, run_broker  # imported late: --help and --version stay fast
 
     try:
         run_broker(config)
-    except CorruptFile as exc:  # a data-dir file the broker cannot trust: one line, no traceback
+    except (StartupError, CorruptFile) as exc:  # one line naming the thing, no traceback
         raise click.ClickException(str(exc)) from None
 
 

@@ -14,6 +14,11 @@ keys there are pykbroker's own settings (``PYKBROKER_SETTINGS``): ``host``, ``po
 ``advertised.host``, ``advertised.port``, ``data.dir`` (Kafka's ``log.dir``/``log.dirs`` are accepted as
 names for it), ``log.level`` and ``fsync``.
 
+Listeners: ``host``/``port`` give one PLAINTEXT listener; Kafka's ``listeners`` (``NAME://host:port,...``,
+one server socket each), ``advertised.listeners`` and ``listener.security.protocol.map`` take over when
+set (host/port are then ignored with a warning). Listeners whose protocol is not PLAINTEXT are refused at
+start. A listener on every interface is advertised under the canonical host name (see resolve_listeners).
+
 The config file is TOML when its name ends in ``.toml`` (flat quoted keys ``"num.partitions" = 3`` or
 tables that join to the dotted name, ``[log] segment.bytes = 1048576``), otherwise Kafka's
 ``server.properties`` format (``key=value``, ``#`` comments).
@@ -41,8 +46,9 @@ import logging
 import math
 import os
 import re
+import socket
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from pathlib import Path
 from types import MappingProxyType
@@ -338,6 +344,15 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
     _broker("zookeeper.session.timeout.ms", "int", 18000, "ZooKeeper session timeout.", _AT_LEAST_1),
     _broker("zookeeper.connection.timeout.ms", "int", None, "Max wait to connect to ZooKeeper; unset uses the session timeout."),
     _broker("controller.socket.timeout.ms", "int", 30000, "Socket timeout for controller-to-broker requests."),
+    # listeners (see resolve_listeners)
+    _broker("listeners", "string", None, "NAME://host:port,... to listen on; unset: one PLAINTEXT listener on host:port."),
+    _broker("advertised.listeners", "string", None, "NAME://host:port,... given to clients; unset: the listeners."),
+    _broker(
+        "listener.security.protocol.map",
+        "string",
+        "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
+        "Each listener name's security protocol (NAME:PROTOCOL,...); pykbroker serves PLAINTEXT only.",
+    ),
     # topics
     _broker("num.partitions", "int", 1, "Default number of partitions of a new topic.", _AT_LEAST_1),
     _broker("default.replication.factor", "int", 1, "Default replication factor of a new topic.", _AT_LEAST_1),
@@ -605,7 +620,7 @@ _PORT = Range(0, 65535)
 PYKBROKER_SETTINGS: dict[str, ConfigDef] = _table(
     ConfigDef("host", "string", "127.0.0.1", "Address to listen on."),
     ConfigDef("port", "int", 9092, "Port to listen on (0: any free port).", _PORT),
-    ConfigDef("advertised.host", "string", None, "Host clients are told to connect to; default: host (127.0.0.1 for a wildcard)."),
+    ConfigDef("advertised.host", "string", None, "Host clients are told to connect to; default: host (the canonical host name for a wildcard)."),
     ConfigDef("advertised.port", "int", None, "Port clients are told to connect to; default: port.", _PORT),
     ConfigDef("data.dir", "string", "./data", "Directory holding the partition logs (Kafka's log.dirs, one directory)."),
     ConfigDef("log.level", "string", "INFO", "Python logging level.", OneOf(LOG_LEVELS)),
@@ -614,11 +629,6 @@ PYKBROKER_SETTINGS: dict[str, ConfigDef] = _table(
 
 # Kafka names for pykbroker settings; within one source the later name wins (log.dirs beats log.dir, as in Kafka).
 _SETTING_ALIASES = {"log.dir": "data.dir", "log.dirs": "data.dir"}
-# Known Kafka keys that pykbroker does not use, with what to use instead.
-_IGNORED_WITH_HINT = {
-    "listeners": "set host and port (--host/--port) instead",
-    "advertised.listeners": "set advertised.host and advertised.port (--advertised-host) instead",
-}
 _FSYNC_FLUSH_DEFAULTS: dict[str, dict[str, Any]] = {
     "always": {"log.flush.interval.messages": 1},
     "interval": {"log.flush.interval.ms": 1000},
@@ -640,7 +650,9 @@ class BrokerConfig:
 
     ``values`` holds every BROKER_CONFIGS key; ``explicit`` the keys the user set (DescribeConfigs reports
     those as STATIC_BROKER_CONFIG, the rest as DEFAULT_CONFIG). ``advertised_host`` "" and
-    ``advertised_port`` 0 mean "derive from host and port".
+    ``advertised_port`` 0 mean "derive from host and port". ``listeners`` and ``advertised_listeners``
+    are derived (see resolve_listeners); afterwards host, port and the advertised pair are the first
+    listener's.
     """
 
     host: str = "127.0.0.1"
@@ -653,6 +665,8 @@ class BrokerConfig:
     values: Mapping[str, Any] = field(default_factory=dict)
     explicit: frozenset[str] = frozenset()
     advertised_port: int = 0
+    listeners: tuple["Listener", ...] = ()
+    advertised_listeners: tuple["Listener", ...] = ()
 
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_MODES:
@@ -665,10 +679,15 @@ class BrokerConfig:
         object.__setattr__(self, "values", MappingProxyType(full))
         object.__setattr__(self, "explicit", frozenset(self.explicit))
         object.__setattr__(self, "data_dir", Path(self.data_dir))
-        if not self.advertised_host:
-            object.__setattr__(self, "advertised_host", "127.0.0.1" if self.host in _WILDCARD_HOSTS else self.host)
-        if not self.advertised_port:
-            object.__setattr__(self, "advertised_port", self.port)
+        if not self.listeners:
+            listeners, advertised = resolve_listeners(self.host, self.port, self.advertised_host, self.advertised_port, full)
+            object.__setattr__(self, "listeners", listeners)
+            object.__setattr__(self, "advertised_listeners", advertised)
+        # host/port and their advertised twins name the first listener (the only one unless `listeners` is set).
+        object.__setattr__(self, "host", self.listeners[0].host)
+        object.__setattr__(self, "port", self.listeners[0].port)
+        object.__setattr__(self, "advertised_host", self.advertised_listeners[0].host)
+        object.__setattr__(self, "advertised_port", self.advertised_listeners[0].port)
 
     def get(self, name: str) -> Any:
         """The typed value of a broker config key."""
@@ -744,6 +763,131 @@ def _to_topic_unit(broker_key: str, value: Any) -> Any:
         return value
     # As Kafka: a negative hours/minutes value (log.retention.hours=-1) means "forever", i.e. -1 ms.
     return -1 if value < 0 else value * factor
+
+
+# ---------------------------------------------------------------------------------------------------
+# Listeners, as Kafka configures them: ``listeners`` and ``advertised.listeners`` are lists of
+# ``NAME://host:port``, ``listener.security.protocol.map`` gives each name its security protocol.
+
+
+DEFAULT_LISTENER_NAME = "PLAINTEXT"
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SUPPORTED_SECURITY_PROTOCOLS = ("PLAINTEXT",)
+# Kafka's endpoint syntax (CoreUtils.listenerListToEndPoints): an IPv6 host may be bracketed.
+_ENDPOINT = re.compile(r"(?P<name>[^:/]+)://\[?(?P<host>[0-9a-zA-Z\-%._:]*?)\]?:(?P<port>-?\d+)")
+_NON_ROUTABLE = ("0.0.0.0", "::")
+
+
+@dataclass(frozen=True)
+class Listener:
+    """One listener: ``name`` (upper case, as Kafka normalises it), ``host`` ("" or a wildcard binds every
+    interface), ``port`` (0: any free port) and the security protocol its name maps to."""
+
+    name: str
+    host: str
+    port: int
+    security_protocol: str = "PLAINTEXT"
+
+    @property
+    def binds_all(self) -> bool:
+        return self.host in _WILDCARD_HOSTS
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.name}://{host}:{self.port}"
+
+
+def canonical_host_name() -> str:
+    """This machine's canonical (fully qualified) host name, which Kafka advertises for a listener that
+    binds every interface (InetAddress.getLocalHost().getCanonicalHostName())."""
+    return socket.getfqdn()
+
+
+def parse_security_protocol_map(text: str) -> dict[str, str]:
+    """``NAME:PROTOCOL,...`` -> {NAME: PROTOCOL}. Raises ConfigError naming the bad entry."""
+    key = "listener.security.protocol.map"
+    protocols: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, separator, protocol = item.partition(":")
+        protocol = protocol.strip().upper()
+        if not separator or not name.strip():
+            raise ConfigError(key, f"Invalid value {item!r} in {key}: expected LISTENER_NAME:SECURITY_PROTOCOL")
+        if protocol not in SECURITY_PROTOCOLS:
+            raise ConfigError(key, f"Invalid security protocol {protocol!r} for listener {name.strip()} in {key}; "
+                              f"known protocols: {', '.join(SECURITY_PROTOCOLS)}")
+        protocols[name.strip().upper()] = protocol
+    return protocols
+
+
+def parse_listeners(key: str, text: str, protocols: Mapping[str, str]) -> tuple[Listener, ...]:
+    """Kafka's listener list ``NAME://host:port,...`` (``key`` names the setting in messages). Names must
+    be unique and mapped to a protocol, ports unique (0 excepted). Raises ConfigError."""
+    listeners: list[Listener] = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        match = _ENDPOINT.fullmatch(item)
+        if match is None:
+            raise ConfigError(key, f"Unable to parse {item!r} in {key} to a broker endpoint: expected NAME://host:port")
+        name, host, port = match["name"].upper(), match["host"], int(match["port"])
+        if not 0 <= port <= 65535:
+            raise ConfigError(key, f"Invalid port {port} in {key} ({item}): must be 0-65535")
+        if name not in protocols:
+            raise ConfigError(key, f"No security protocol defined for listener {name} ({key}); "
+                              "add it to listener.security.protocol.map")
+        listeners.append(Listener(name, host, port, protocols[name]))
+    if not listeners:
+        raise ConfigError(key, f"{key} is empty: expected NAME://host:port,...")
+    names = [listener.name for listener in listeners]
+    if len(set(names)) != len(names):
+        raise ConfigError(key, f"Each listener must have a different name, {key}: {text}")
+    ports = [listener.port for listener in listeners if listener.port]
+    if key == "listeners" and len(set(ports)) != len(ports):
+        raise ConfigError(key, f"Each listener must have a different port, {key}: {text}")
+    return tuple(listeners)
+
+
+def resolve_listeners(
+    host: str, port: int, advertised_host: str, advertised_port: int, values: Mapping[str, Any]
+) -> tuple[tuple[Listener, ...], tuple[Listener, ...]]:
+    """(listeners, advertised listeners) from Kafka's listener keys, else from pykbroker's host/port.
+
+    ``listeners`` wins over host/port (as it did over Kafka's old ``host.name``/``port``). Advertised
+    listeners default to the listeners; their names must be a subset of the listeners' and, as in Kafka,
+    they may not name the non-routable 0.0.0.0. A listener on every interface (an empty host, or
+    ``--host 0.0.0.0`` without an advertised host) is advertised under the canonical host name. A
+    security protocol other than PLAINTEXT is refused here, before anything starts.
+    """
+    protocols = parse_security_protocol_map(values["listener.security.protocol.map"])
+    if values.get("listeners"):
+        listeners = parse_listeners("listeners", values["listeners"], protocols)
+    else:
+        listeners = (Listener(DEFAULT_LISTENER_NAME, host, port, protocols.get(DEFAULT_LISTENER_NAME, "PLAINTEXT")),)
+    for listener in listeners:
+        if listener.security_protocol not in SUPPORTED_SECURITY_PROTOCOLS:
+            raise ConfigError(
+                "listeners",
+                f"listener {listener} uses security protocol {listener.security_protocol}, which pykbroker does not "
+                f"support yet (only {', '.join(SUPPORTED_SECURITY_PROTOCOLS)})",
+            )
+    if values.get("advertised.listeners"):
+        advertised = parse_listeners("advertised.listeners", values["advertised.listeners"], protocols)
+        unknown = sorted({a.name for a in advertised} - {listener.name for listener in listeners})
+        if unknown:
+            raise ConfigError("advertised.listeners", f"advertised.listeners names {', '.join(unknown)} are not in "
+                              "listeners: advertised listener names must be equal to or a subset of the listeners'")
+    elif values.get("listeners"):
+        advertised = listeners
+    else:
+        advertised = (Listener(listeners[0].name, advertised_host or host, advertised_port or port, listeners[0].security_protocol),)
+    if values.get("listeners") or values.get("advertised.listeners"):
+        for listener in advertised:
+            if listener.host in _NON_ROUTABLE:
+                raise ConfigError("advertised.listeners", f"advertised.listeners cannot use the nonroutable meta-address "
+                                  f"{listener.host} ({listener}); set advertised.listeners to a routable address")
+    if any(listener.binds_all for listener in advertised):
+        host_name = canonical_host_name()
+        advertised = tuple(replace(a, host=host_name) if a.binds_all else a for a in advertised)
+    return listeners, advertised
+
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -823,6 +967,11 @@ def load_config(
     for layer in layers:
         merged.update(layer)
 
+    for kafka_key, own_keys in (("listeners", ("host", "port")), ("advertised.listeners", ("advertised.host", "advertised.port"))):
+        overridden = [f"{key} ({merged[key].origin})" for key in own_keys if key in merged and kafka_key in merged]
+        if overridden:
+            log.warning("%s (from %s) is set, so %s %s ignored, as Kafka ignores its old host.name and port",
+                        kafka_key, merged[kafka_key].origin, " and ".join(overridden), "is" if len(overridden) == 1 else "are")
     settings = {name: _parse(definition, merged.get(name)) for name, definition in PYKBROKER_SETTINGS.items()}
     values = {name: _parse(definition, merged[name]) for name, definition in BROKER_CONFIGS.items() if name in merged}
     explicit = set(values)
@@ -855,8 +1004,6 @@ def _layer(entries: Iterable[tuple[str, Any, str]]) -> dict[str, _Setting]:
             if name == "log.level" and isinstance(raw, str):  # logging's names are upper case; accept any case
                 raw = raw.strip().upper()
             layer[name] = _Setting(raw, origin)
-        elif key in _IGNORED_WITH_HINT:
-            log.warning("configuration key %s (from %s) is not used by pykbroker; %s", key, origin, _IGNORED_WITH_HINT[key])
         elif key in TOPIC_CONFIGS and TOPIC_CONFIGS[key].synonyms:
             log.warning(
                 "configuration key %s (from %s) is a topic config and is ignored here; the broker-wide default is %s",

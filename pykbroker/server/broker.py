@@ -1,26 +1,37 @@
 """The composition root: builds the broker's parts from a BrokerConfig, serves, and shuts down cleanly.
 
-Start-up order matters for durability: logs are loaded (and recovered) before anything is hosted,
-producer state is rebuilt from the logs, committed offsets are replayed, and only then does the
-listener accept connections. Shutdown stops accepting, closes connections, flushes every log and writes
-the clean-shutdown marker.
+Start-up order: every listener's port is bound first (so a port in use or an unresolvable host fails
+before anything is written into a fresh data dir), then the data dir is created and locked with its
+``.lock`` file as Kafka does (by the log manager, built first; a second broker on the same dir is
+refused), then logs are loaded (and recovered) before anything is hosted, producer state is rebuilt from
+the logs, committed offsets are replayed, and only then do the listeners accept connections. Each of those start-up failures is a
+StartupError whose message names the thing (the CLI prints it as one line and exits 1).
+
+Each listener is one server socket; a connection knows the listener it arrived on, and Metadata,
+DescribeCluster and FindCoordinator answer with that listener's advertised endpoints (``brokers_on``).
+
+Shutdown stops accepting, closes connections, flushes every log, writes the clean-shutdown marker and
+releases the data dir lock (the log manager's shutdown).
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
+import socket
 import time
 from pathlib import Path
 
-from pykbroker.cluster.metadata import EmbeddedMetadata
+from pykbroker.cluster.metadata import BrokerEndpoint, EmbeddedMetadata
 from pykbroker.cluster.producer_ids import ProducerIdAllocator, ProducerRegistry
 from pykbroker.cluster.topic_admin import TopicAdmin
-from pykbroker.config import BrokerConfig
+from pykbroker.config import BrokerConfig, Listener
 from pykbroker.groups.coordinator import GroupConfig, GroupCoordinator
 from pykbroker.groups.offset_store import OffsetStore
-from pykbroker.log.manager import LogManager
+from pykbroker.log.errors import LogDirectoryInUse
+from pykbroker.log.manager import LOCK_FILE, LogManager
 from pykbroker.replication.replica_manager import ReplicaManager
 from pykbroker.server.connection import KafkaConnection
 from pykbroker.server.dispatch import load_handlers
@@ -28,6 +39,31 @@ from pykbroker.server.dispatch import load_handlers
 log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
+LISTEN_BACKLOG = 100
+
+
+class StartupError(Exception):
+    """The broker cannot start; the message names what is wrong (a port, a host, the data dir)."""
+
+
+def bind_listener(listener: Listener) -> socket.socket:
+    """A listening socket for ``listener``. An empty host binds every interface (IPv6 and IPv4 where the
+    machine has both), a host name binds the first address it resolves to, as Kafka does."""
+    try:
+        if listener.host == "":
+            dual = socket.has_dualstack_ipv6()
+            family, address = (socket.AF_INET6, ("::", listener.port)) if dual else (socket.AF_INET, ("0.0.0.0", listener.port))
+        else:
+            dual = False
+            info = socket.getaddrinfo(listener.host, listener.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+            family, address = info[0], info[4]
+    except socket.gaierror as exc:
+        raise StartupError(f"cannot resolve host {listener.host!r} of listener {listener}: {exc.strerror}") from None
+    try:
+        return socket.create_server(address, family=family, backlog=LISTEN_BACKLOG, dualstack_ipv6=dual)
+    except OSError as exc:
+        reason = "the port is in use by another process" if exc.errno == errno.EADDRINUSE else exc.strerror
+        raise StartupError(f"cannot listen on {listener}: {reason}") from None
 
 
 class Broker:
@@ -35,15 +71,15 @@ class Broker:
         self.config = config
         self.broker_id = config.broker_id
         data_dir = Path(config.data_dir)
-        data_dir.mkdir(parents=True, exist_ok=True)
         self.data_dir = data_dir
-        self.metadata = EmbeddedMetadata(data_dir, config.broker_id, config.advertised_host, config.advertised_port)
+        # The log manager first: it takes the data dir's lock before anything else writes there.
         self.log_manager = LogManager(
             data_dir,
             fsync=config.fsync,
             flush_interval_ms=int(config.get("log.flush.interval.ms") or 1000),
             retention_check_interval_ms=int(config.get("log.retention.check.interval.ms")),
         )
+        self.metadata = EmbeddedMetadata(data_dir, config.broker_id, config.advertised_host, config.advertised_port)
         self.replicas = ReplicaManager(self.log_manager, config.broker_id, lambda topic: self.topics.log_config(topic))
         self.topics = TopicAdmin(config, self.metadata, self.replicas)
         self.producer_ids = ProducerRegistry(ProducerIdAllocator(data_dir / "producer-id-block"))
@@ -55,7 +91,8 @@ class Broker:
         )
         self.connections: set[KafkaConnection] = set()
         self.handlers = load_handlers()
-        self._server: asyncio.AbstractServer | None = None
+        self._servers: list[asyncio.AbstractServer] = []
+        self.advertised: dict[str, BrokerEndpoint] = {}  # listener name -> this broker's endpoint there
         self._background: list[asyncio.Task] = []
 
     # -- start ------------------------------------------------------------------------------------
@@ -85,24 +122,52 @@ class Broker:
         if self._offset_store is not None:
             self._offset_store.delete_topic(name)
 
-    async def start(self) -> None:
+    async def start(self, listening: list[tuple[Listener, socket.socket]]) -> None:
+        """Load the logs, then serve every listener on its bound socket (see bind_listener)."""
         self.load()
         loop = asyncio.get_running_loop()
         max_request = int(self.config.get("socket.request.max.bytes"))
-        self._server = await loop.create_server(
-            lambda: KafkaConnection(self, self.handlers, max_request),
-            self.config.host,
-            self.config.port,
-            reuse_address=True,
-        )
+        bound_ports = {listener.name: sock.getsockname()[1] for listener, sock in listening}
+        for advertised in self.config.advertised_listeners:
+            # Port 0 means any free port: advertise the one the listener of that name got.
+            self.advertised[advertised.name] = BrokerEndpoint(
+                self.broker_id, advertised.host, advertised.port or bound_ports[advertised.name], self.config.get("broker.rack")
+            )
+        for listener, sock in listening:
+            self._servers.append(await loop.create_server(
+                lambda name=listener.name: KafkaConnection(self, self.handlers, max_request, listener=name),
+                sock=sock,
+                backlog=LISTEN_BACKLOG,
+            ))
+            endpoint = self.advertised.get(listener.name)
+            if listener.binds_all and endpoint is not None:
+                log.info("listener %s binds every interface; advertised as %s (the canonical host name)",
+                         listener, _host_port(endpoint.host, endpoint.port))
+            if endpoint is None:
+                log.warning("listener %s is not in advertised.listeners: clients that connect through it are told of "
+                            "no brokers", listener)
         self._background.append(asyncio.ensure_future(self.log_manager.run_background()))
         self._background.append(asyncio.ensure_future(self._expire_producers()))
         self._background.append(asyncio.ensure_future(self.groups.run()))
         log.info(
-            "pykbroker broker %d listening on %s:%d (advertised %s), data dir %s, cluster id %s",
-            self.broker_id, self.config.host, self.config.port, self.config.advertised_host,
-            self.data_dir, self.metadata.cluster_id,
+            "pykbroker broker %d listening on %s (advertised %s), data dir %s, cluster id %s",
+            self.broker_id,
+            ", ".join(f"{listener.name}://{_host_port(*sock.getsockname()[:2])}" for listener, sock in listening),
+            ", ".join(f"{name}://{_host_port(e.host, e.port)}" for name, e in self.advertised.items()),
+            self.data_dir,
+            self.metadata.cluster_id,
         )
+
+    def brokers_on(self, listener: str) -> list[BrokerEndpoint]:
+        """The live brokers as a client connected through ``listener`` must reach them (Kafka answers with
+        the endpoints of the listener a request arrived on); a broker not advertised there is left out."""
+        brokers = []
+        for broker in self.metadata.brokers():
+            if broker.broker_id != self.broker_id:
+                brokers.append(broker)
+            elif listener in self.advertised:
+                brokers.append(self.advertised[listener])
+        return brokers
 
     async def _expire_producers(self) -> None:
         """Forget idle producers' sequence state, as Kafka does (producer.id.expiration.ms)."""
@@ -116,8 +181,8 @@ class Broker:
 
     # -- stop -------------------------------------------------------------------------------------
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         for connection in list(self.connections):
             connection.close()
         for task in self._background:
@@ -128,24 +193,50 @@ class Broker:
         log.info("pykbroker broker %d stopped cleanly", self.broker_id)
 
 
+def open_broker(config: BrokerConfig) -> Broker:
+    """Broker(config), with the data dir's problems (locked by another broker, not writable) as StartupError."""
+    try:
+        return Broker(config)
+    except LogDirectoryInUse:
+        raise StartupError(f"data dir {config.data_dir} is locked by another broker ({config.data_dir / LOCK_FILE}); "
+                           "stop that broker or choose another data dir") from None
+    except OSError as exc:
+        problem = "is not writable" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else "cannot be used"
+        raise StartupError(f"data dir {config.data_dir} {problem}: {exc.filename}: {exc.strerror}") from None
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> None:
-    broker = Broker(config)
+    """Run a broker until SIGTERM/SIGINT. Raises StartupError if it cannot start."""
     started = time.monotonic()
-    await broker.start()
-    log.debug("ready in %.3f s", time.monotonic() - started)
+    # Signals first: the ports accept connections (into the backlog) from the moment they are bound, and a
+    # SIGTERM that arrives while the logs load must still end in a clean shutdown.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    if ready is not None:
-        ready.set()
-    await stop.wait()
-    log.info("shutting down")
-    await broker.stop()
+    listening: list[tuple[Listener, socket.socket]] = []
+    try:
+        for listener in config.listeners:
+            listening.append((listener, bind_listener(listener)))
+        broker = open_broker(config)
+        await broker.start(listening)
+        log.info("ready in %.3f s", time.monotonic() - started)
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        log.info("shutting down")
+        await broker.stop()
+    finally:
+        for _, sock in listening:
+            sock.close()
 
 
 def run_broker(config: BrokerConfig) -> None:
-    """Run until SIGTERM/SIGINT. Uses uvloop where it is installed."""
+    """Run until SIGTERM/SIGINT. Uses uvloop where it is installed. Raises StartupError."""
     try:
         import uvloop
 

@@ -44,8 +44,9 @@ class _Slot:
 
 
 class KafkaConnection(asyncio.Protocol):
-    def __init__(self, broker: "Broker", handlers: dict[int, Handler], max_request_bytes: int) -> None:
+    def __init__(self, broker: "Broker", handlers: dict[int, Handler], max_request_bytes: int, listener: str) -> None:
         self.broker = broker
+        self.listener = listener  # the listener name this connection arrived on (RequestContext.listener)
         self.handlers = handlers
         self.max_request_bytes = max_request_bytes
         self.transport: asyncio.Transport | None = None
@@ -133,7 +134,7 @@ class KafkaConnection(asyncio.Protocol):
             self._abort(str(exc))
             return
         handler = self.handlers[request.api_key]
-        context = RequestContext(self.broker, request, self.peer)
+        context = RequestContext(self.broker, request, self.peer, self.listener)
         try:
             result = handler(context, request.body)
         except Exception:

@@ -11,6 +11,7 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Union
 
+from pykbroker.config import DEFAULT_LISTENER_NAME
 from pykbroker.protocol.apis import SUPPORTED_APIS
 from pykbroker.protocol.framing import Request
 
@@ -23,6 +24,7 @@ class RequestContext:
     broker: "Broker"
     request: Request
     peer: str
+    listener: str = DEFAULT_LISTENER_NAME  # the name of the listener the request arrived on
 
     @property
     def version(self) -> int:

@@ -22,6 +22,8 @@ NO_FLAGS = {
     "data_dir": None,
     "advertised_host": None,
     "advertised_port": None,
+    "listeners": None,
+    "advertised_listeners": None,
     "broker_id": None,
     "log_level": None,
     "fsync": None,
@@ -57,6 +59,26 @@ def test_version_via_python_m():
     assert result.returncode == 0
     assert result.stdout == f"pykbroker {__version__}\n"
     assert __version__ == "0.1.0"
+
+
+def test_serve_version():
+    result = CliRunner().invoke(main, ["serve", "--version"])
+    assert result.exit_code == 0
+    assert result.stdout == f"pykbroker {__version__}\n"
+
+
+def test_listener_flags_map_onto_kafka_keys(tmp_path, monkeypatch):
+    monkeypatch.delenv("PYKBROKER_CONFIG", raising=False)
+    flags = {
+        **NO_FLAGS,
+        "data_dir": tmp_path,
+        "listeners": "PLAINTEXT://127.0.0.1:9092,INTERNAL://127.0.0.1:9093",
+        "advertised_listeners": "PLAINTEXT://kafka.example:9092,INTERNAL://127.0.0.1:9093",
+    }
+    config = build_config(flags, ("listener.security.protocol.map=PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT",))
+    assert [(lst.name, lst.port) for lst in config.listeners] == [("PLAINTEXT", 9092), ("INTERNAL", 9093)]
+    assert [lst.host for lst in config.advertised_listeners] == ["kafka.example", "127.0.0.1"]
+    assert {"listeners", "advertised.listeners", "listener.security.protocol.map"} <= config.explicit
 
 
 def test_serve_with_invalid_config_file_exits_2_with_message(tmp_path):

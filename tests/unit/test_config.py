@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from pykbroker.config import (
     BrokerConfig,
     ConfigError,
     ConfigSource,
+    Listener,
     load_config,
     parse_properties,
     validate_topic_configs,
@@ -57,9 +59,10 @@ def test_unknown_key_lookup_is_a_key_error():
 
 
 @pytest.mark.parametrize(
-    ("host", "advertised"), [("0.0.0.0", "127.0.0.1"), ("::", "127.0.0.1"), ("10.1.2.3", "10.1.2.3")]
+    ("host", "advertised"), [("0.0.0.0", socket.getfqdn()), ("::", socket.getfqdn()), ("10.1.2.3", "10.1.2.3")]
 )
 def test_advertised_host_follows_host_unless_wildcard(host, advertised):
+    """Bind-all advertises the machine's canonical host name, as Kafka does for a listener without a host."""
     assert load(cli={"host": host}).advertised_host == advertised
 
 
@@ -224,7 +227,7 @@ def test_properties_escapes_and_last_value_wins():
 
 def test_unknown_keys_warn_and_are_ignored(tmp_path, caplog):
     file = tmp_path / "server.properties"
-    file.write_text("num.network.threads=3\nlisteners=PLAINTEXT://:9092\nretention.ms=5\nnum.partitions=2\n")
+    file.write_text("num.network.threads=3\nretention.ms=5\nnum.partitions=2\n")
     with caplog.at_level(logging.WARNING, logger="pykbroker.config"):
         config = load(file=file, env={"PYKBROKER_NO_SUCH_THING": "1"}, cli={"bogus.key": "x"})
     assert config.get("num.partitions") == 2
@@ -233,7 +236,6 @@ def test_unknown_keys_warn_and_are_ignored(tmp_path, caplog):
     # The environment is shared with other tools (PYKBROKER_SPARK_JARS): unknown variables are not config.
     assert not any("no.such.thing" in m or "PYKBROKER_NO_SUCH_THING" in m for m in messages)
     assert any("bogus.key" in m for m in messages)
-    assert any("listeners" in m and "--host/--port" in m for m in messages)
     assert any("retention.ms" in m and "log.retention.ms" in m for m in messages)
 
 
@@ -444,3 +446,57 @@ def test_topic_config_sources_match_kafka_create_topics():
     for entry in topic.configs:
         value, source = config.topic_config_source(entry.name)
         assert (TOPIC_CONFIGS[entry.name].format(value), source) == (entry.value, entry.config_source), entry.name
+
+
+# -- listeners ---------------------------------------------------------------------------------------
+
+
+def test_server_properties_listeners_are_honoured(tmp_path):
+    file = tmp_path / "server.properties"
+    file.write_text(
+        "listeners=PLAINTEXT://:9092,internal://127.0.0.1:9093\n"
+        "advertised.listeners=PLAINTEXT://kafka.example:29092,INTERNAL://127.0.0.1:9093\n"
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT\n"
+    )
+    config = load(file=file)
+    assert config.listeners == (Listener("PLAINTEXT", "", 9092), Listener("INTERNAL", "127.0.0.1", 9093))
+    assert config.advertised_listeners == (
+        Listener("PLAINTEXT", "kafka.example", 29092),
+        Listener("INTERNAL", "127.0.0.1", 9093),
+    )
+    assert (config.host, config.port, config.advertised_host, config.advertised_port) == ("", 9092, "kafka.example", 29092)
+
+
+def test_listeners_from_env_and_empty_host_advertises_the_canonical_host_name():
+    config = load(env={"PYKBROKER_LISTENERS": "PLAINTEXT://:19092"})
+    assert config.listeners == (Listener("PLAINTEXT", "", 19092),)
+    assert config.advertised_listeners == (Listener("PLAINTEXT", socket.getfqdn(), 19092),)
+
+
+def test_listeners_win_over_host_and_port_with_a_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="pykbroker.config"):
+        config = load(cli={"host": "127.0.0.1", "port": 1111, "listeners": "PLAINTEXT://127.0.0.1:2222"})
+    assert config.listeners == (Listener("PLAINTEXT", "127.0.0.1", 2222),)
+    assert any("listeners" in r.getMessage() and "--port" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("values", "key", "words"),
+    [
+        ({"listeners": "SSL://:9093"}, "listeners", "security protocol SSL"),
+        ({"listeners": "PLAINTEXT://:9092,SASL_SSL://:9094"}, "listeners", "security protocol SASL_SSL"),
+        ({"listeners": "OTHER://:9092"}, "listeners", "No security protocol defined for listener OTHER"),
+        ({"listeners": "localhost:9092"}, "listeners", "Unable to parse"),
+        ({"listeners": "A://:1,A://:2", "listener.security.protocol.map": "A:PLAINTEXT"}, "listeners", "different name"),
+        ({"listeners": "A://:1,B://:1", "listener.security.protocol.map": "A:PLAINTEXT,B:PLAINTEXT"}, "listeners", "different port"),
+        ({"listeners": "PLAINTEXT://:70000"}, "listeners", "Invalid port"),
+        ({"listeners": "PLAINTEXT://0.0.0.0:9092"}, "advertised.listeners", "nonroutable meta-address 0.0.0.0"),
+        ({"listeners": "PLAINTEXT://:9092", "advertised.listeners": "OTHER://h:1",
+          "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,OTHER:PLAINTEXT"}, "advertised.listeners", "subset"),
+        ({"listener.security.protocol.map": "PLAINTEXT:TLS"}, "listener.security.protocol.map", "Invalid security protocol"),
+    ],
+)
+def test_listener_errors_name_the_key(values, key, words):
+    with pytest.raises(ConfigError, match=words) as raised:
+        load(cli=values)
+    assert raised.value.name == key

@@ -1,7 +1,7 @@
 """DescribeCluster (key 60), v0-1.
 
-Behaviour: cluster id, controller and live brokers; the Java admin client and Spark's driver call it
-before every offset query. endpoint_type (v1) 1 = brokers is the only kind served; 2 (controllers)
+Behaviour: cluster id, controller and live brokers (their endpoints on the listener the request arrived
+on); the Java admin client and Spark's driver call it before every offset query. endpoint_type (v1) 1 = brokers is the only kind served; 2 (controllers)
 gets UNSUPPORTED_ENDPOINT_TYPE, as a broker answers in Kafka.
 """
 
@@ -23,7 +23,7 @@ def describe_cluster(ctx: RequestContext, request) -> object:
     error = ErrorCode.none if endpoint_type == BROKER_ENDPOINTS else ErrorCode.unsupported_endpoint_type
     brokers = tuple(
         make(schema.DescribeClusterBroker, broker_id=b.broker_id, host=b.host, port=b.port, rack=b.rack)
-        for b in (metadata.brokers() if error == ErrorCode.none else [])
+        for b in (ctx.broker.brokers_on(ctx.listener) if error == ErrorCode.none else [])
     )
     return make(
         schema.DescribeClusterResponse,

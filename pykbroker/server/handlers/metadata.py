@@ -1,7 +1,8 @@
 """Metadata (key 3), v0-12.
 
-Behaviour: brokers, cluster id, controller, and for each requested topic its id, partitions, leader,
-leader epoch (v7+), replicas and ISR. A null topic list (v1+) or an empty one (v0) means every topic.
+Behaviour: brokers (their endpoints on the listener the request arrived on, as Kafka answers), cluster
+id, controller, and for each requested topic its id, partitions, leader, leader epoch (v7+), replicas
+and ISR. A null topic list (v1+) or an empty one (v0) means every topic.
 Unknown topics are created when the request allows it (always before v4, the flag from v4) and
 auto.create.topics.enable is on; a name Kafka would reject gets INVALID_TOPIC_EXCEPTION. Topics can be
 asked for by id from v10 (unknown id: UNKNOWN_TOPIC_ID).
@@ -93,7 +94,7 @@ def metadata(ctx: RequestContext, request) -> object:
         topics = tuple(entries)
     brokers = tuple(
         make(schema.MetadataResponseBroker, node_id=b.broker_id, host=b.host, port=b.port, rack=b.rack)
-        for b in broker.metadata.brokers()
+        for b in broker.brokers_on(ctx.listener)
     )
     return make(
         schema.MetadataResponse,
