@@ -4,4 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-test-deps.sh
+# Bytecode once, even where PYTHONDONTWRITEBYTECODE is set: every test broker then starts without
+# compiling the package again (a pip-installed broker has its bytecode anyway).
+python3 -m compileall -q pykbroker
 exec python3 -m pytest -q -p no:cacheprovider "$@"
