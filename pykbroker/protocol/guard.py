@@ -17,6 +17,12 @@ tagged fields). Walking a frame reads only lengths and counts, never builds valu
   other than the -1 null marker, or a known tagged field does not fill exactly its declared size.
 Unknown tagged fields are skipped by their size, as Kafka does (kio then decides about them).
 
+A request may also name at most MAX_REQUEST_ELEMENTS array elements in all (counted outside tagged
+fields). Kafka has no such bound, but a frame within socket.request.max.bytes can otherwise name millions
+of tiny elements: a 10 MB Metadata request listing 5,000,000 empty topic names took ~10 s of the event
+loop to decode and 313 MB of memory. The bound is far above what any client sends (a Metadata request
+naming every topic of a 250,000-topic cluster).
+
 Cost: the walk is generated as Python source, one flat function per schema: consecutive fixed-size fields
 are one addition, arrays of fixed-size elements are skipped by multiplication, a records blob (Produce)
 is one length read whatever its size, and reading past the end is caught once (IndexError/struct.error)
@@ -62,6 +68,9 @@ _FIXED_SIZES = {
 _VARIABLE_TYPES = ("string", "bytes", "records")
 
 
+MAX_REQUEST_ELEMENTS = 250_000
+
+
 class MalformedRequest(ValueError):
     """A declared length or count does not fit the bytes left in the frame."""
 
@@ -87,6 +96,10 @@ def _too_many(count: int, element_size: int, position: int, end: int) -> Malform
         f"array count {count} at byte {position} needs at least {count * element_size} bytes, "
         f"{max(end - position, 0)} left"
     )
+
+
+def _too_many_elements(position: int) -> MalformedRequest:
+    return MalformedRequest(f"the array at byte {position} takes the request past {MAX_REQUEST_ELEMENTS} elements")
 
 
 def _negative(value: int, position: int) -> MalformedRequest:
@@ -153,7 +166,8 @@ def _field_size(field: dataclasses.Field, flexible: bool) -> _Size:
 class _Compiler:
     """Emits the Python source of one walk; the generated code keeps the position in `p`."""
 
-    def __init__(self) -> None:
+    def __init__(self, counting: bool = False) -> None:
+        self.counting = counting  # the walk keeps `budget`, the elements it may still meet
         self.lines: list[str] = []
         self.names = 0
         self.namespace: dict = {
@@ -162,6 +176,7 @@ class _Compiler:
             "_i32": struct.Struct(">i").unpack_from,
             "_too_many": _too_many,
             "_negative": _negative,
+            "_too_many_elements": _too_many_elements,
             "_tagged_fields": _tagged_fields,
             "MalformedRequest": MalformedRequest,
             "StructError": struct.error,
@@ -247,6 +262,10 @@ class _Compiler:
             smallest = max(element.minimum, 1)
             self.emit(indent + 1, f"if {n} * {smallest} > end - p:")
             self.emit(indent + 2, f"raise _too_many({n}, {smallest}, p, end)")
+            if self.counting:
+                self.emit(indent + 1, f"budget -= {n}")
+                self.emit(indent + 1, "if budget < 0:")
+                self.emit(indent + 2, "raise _too_many_elements(p)")
             if element.exact:
                 self.emit(indent + 1, f"p += {n} * {element.minimum}")
                 return
@@ -282,9 +301,10 @@ def _compile_walk(body: Callable[[_Compiler], None]) -> Callable:
 
 def compile_request_check(request_type: type) -> Callable[[bytes, int], int]:
     """The guard for one request schema: check(frame, body_start) -> end of the body, or MalformedRequest."""
-    compiler = _Compiler()
+    compiler = _Compiler(counting=True)
     compiler.emit(0, "def check(f, p):")
     compiler.emit(1, "end = len(f)")
+    compiler.emit(1, f"budget = {MAX_REQUEST_ELEMENTS}")
     compiler.emit(1, "try:")
     compiler.entity(2, request_type)
     compiler.emit(1, "except (IndexError, StructError):")

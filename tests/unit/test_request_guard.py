@@ -22,7 +22,7 @@ from kio.serial import entity_reader, entity_writer
 
 from integration.fuzz.frames import build_entity, covered_versions, generated_frames
 from pykbroker.protocol.apis import SUPPORTED_APIS, codec_for
-from pykbroker.protocol.guard import MalformedRequest, compile_request_check, read_uvarint
+from pykbroker.protocol.guard import MAX_REQUEST_ELEMENTS, MalformedRequest, compile_request_check, read_uvarint
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,6 +73,22 @@ def test_legacy_array_count_beyond_the_frame_is_refused():
     # Metadata v4: int32 topic count 0x7fffffff (kio would reserve 16 GB), then allow_auto_topic_creation.
     _refused(load_request_schema(3, 4), b"\x7f\xff\xff\xff\x01", "array count 2147483647")
     _refused(load_request_schema(3, 4), b"\xff\xff\xff\xfe\x01", "negative length or count -2")
+
+
+def test_a_request_naming_more_elements_than_the_bound_is_refused_in_all_arrays_together():
+    # Metadata v1: an int32 topic count, then empty topic names (int16 length 0): 2 bytes an element.
+    schema = load_request_schema(3, 1)
+    check = compile_request_check(schema)
+    at_bound = MAX_REQUEST_ELEMENTS.to_bytes(4, "big") + bytes(2 * MAX_REQUEST_ELEMENTS)
+    assert check(at_bound, 0) == len(at_bound)
+    over = (MAX_REQUEST_ELEMENTS + 1).to_bytes(4, "big") + bytes(2 * (MAX_REQUEST_ELEMENTS + 1))
+    _refused(schema, over, f"past {MAX_REQUEST_ELEMENTS} elements")
+    # ListOffsets v1: topics x partitions count together.
+    half = MAX_REQUEST_ELEMENTS // 2
+    partition = bytes(12)  # partition index int32 + timestamp int64
+    topic = b"\x00\x01t" + half.to_bytes(4, "big") + partition * half
+    body = b"\xff\xff\xff\xff" + (2).to_bytes(4, "big") + topic * 2
+    _refused(load_request_schema(2, 1), body, "elements")
 
 
 def test_null_arrays_and_strings_pass_the_guard():
