@@ -4,6 +4,11 @@ Start-up order matters for durability: logs are loaded (and recovered) before an
 producer state is rebuilt from the logs, committed offsets are replayed, and only then does the
 listener accept connections. Shutdown stops accepting, closes connections, flushes every log and writes
 the clean-shutdown marker.
+
+Connection bookkeeping lives here too: a new connection beyond ``max.connections`` or
+``max.connections.per.ip`` is closed with a log line (Kafka's names and defaults), and an idle sweep
+closes connections that made no progress for ``connections.max.idle.ms``. Buffered request bytes of all
+connections share one ``queued.max.request.bytes`` bound (see server/connection.py).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import asyncio
 import logging
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 
 from pykbroker.cluster.metadata import EmbeddedMetadata
@@ -22,7 +28,7 @@ from pykbroker.groups.coordinator import GroupConfig, GroupCoordinator
 from pykbroker.groups.offset_store import OffsetStore
 from pykbroker.log.manager import LogManager
 from pykbroker.replication.replica_manager import ReplicaManager
-from pykbroker.server.connection import KafkaConnection
+from pykbroker.server.connection import KafkaConnection, RequestMemory
 from pykbroker.server.dispatch import load_handlers
 
 log = logging.getLogger(__name__)
@@ -54,6 +60,8 @@ class Broker:
             GroupConfig.from_broker_config(config), store_if_open=lambda: self._offset_store,
         )
         self.connections: set[KafkaConnection] = set()
+        self._connections_per_host: Counter[str] = Counter()
+        self.request_memory = RequestMemory(int(config.get("queued.max.request.bytes")))
         self.handlers = load_handlers()
         self._server: asyncio.AbstractServer | None = None
         self._background: list[asyncio.Task] = []
@@ -90,7 +98,7 @@ class Broker:
         loop = asyncio.get_running_loop()
         max_request = int(self.config.get("socket.request.max.bytes"))
         self._server = await loop.create_server(
-            lambda: KafkaConnection(self, self.handlers, max_request),
+            lambda: KafkaConnection(self, self.handlers, max_request, self.request_memory),
             self.config.host,
             self.config.port,
             reuse_address=True,
@@ -98,11 +106,46 @@ class Broker:
         self._background.append(asyncio.ensure_future(self.log_manager.run_background()))
         self._background.append(asyncio.ensure_future(self._expire_producers()))
         self._background.append(asyncio.ensure_future(self.groups.run()))
+        self._background.append(asyncio.ensure_future(self._close_idle_connections()))
         log.info(
             "pykbroker broker %d listening on %s:%d (advertised %s), data dir %s, cluster id %s",
             self.broker_id, self.config.host, self.config.port, self.config.advertised_host,
             self.data_dir, self.metadata.cluster_id,
         )
+
+    # -- connections ------------------------------------------------------------------------------
+    def admit(self, connection: KafkaConnection) -> str | None:
+        """Count a new connection in, or say why it must be closed (max.connections, max.connections.per.ip)."""
+        max_total = int(self.config.get("max.connections"))
+        max_per_ip = int(self.config.get("max.connections.per.ip"))
+        if len(self.connections) >= max_total:
+            return f"max.connections {max_total} reached"
+        if self._connections_per_host[connection.host] >= max_per_ip:
+            return f"max.connections.per.ip {max_per_ip} reached for {connection.host}"
+        self.connections.add(connection)
+        self._connections_per_host[connection.host] += 1
+        return None
+
+    def release(self, connection: KafkaConnection) -> None:
+        if connection in self.connections:
+            self.connections.discard(connection)
+            self._connections_per_host[connection.host] -= 1
+            if not self._connections_per_host[connection.host]:
+                del self._connections_per_host[connection.host]
+
+    async def _close_idle_connections(self) -> None:
+        """Close connections that made no progress for connections.max.idle.ms, as Kafka's selector does."""
+        idle_s = int(self.config.get("connections.max.idle.ms")) / 1000
+        interval_s = min(max(idle_s / 4, 0.05), 30.0)
+        while True:
+            await asyncio.sleep(interval_s)
+            now = time.monotonic()
+            for connection in list(self.connections):
+                since = connection.idle_since
+                if since is not None and now - since > idle_s:
+                    log.info("closing connection from %s: idle for more than connections.max.idle.ms (%d ms)",
+                             connection.peer, idle_s * 1000)
+                    connection.close()
 
     async def _expire_producers(self) -> None:
         """Forget idle producers' sequence state, as Kafka does (producer.id.expiration.ms)."""
