@@ -11,7 +11,9 @@ generation, as on Kafka.
 
 Memory is bounded:
 * the socket is not read while a request is in processing or while the transport's unsent bytes are
-  above its high-water mark (a client that pipelines fetches and never reads holds one response);
+  above its high-water mark (``WRITE_HIGH_WATER``); a response's record data is read from the segment
+  files in ``CHUNK_BYTES`` chunks only as the transport drains, so a client that pipelines fetches and
+  never reads holds about one chunk and the high-water mark, not one response per request;
 * a frame larger than ``socket.request.max.bytes`` closes the connection; a frame is never allocated by
   its declared size, its bytes are kept as they arrive;
 * buffered request bytes, partial frames included, count against the broker-wide
@@ -30,9 +32,10 @@ body, an unsupported API) close the connection, with a log line.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator, Union
 
 from pykbroker.protocol.apis import API_VERSIONS_KEY
 from pykbroker.protocol.framing import (
@@ -55,6 +58,10 @@ log = logging.getLogger(__name__)
 # A connection may always buffer this much, whatever the broker-wide bound: ApiVersions, Metadata or a
 # Heartbeat from a well-behaved client passes while stalled clients hold the shared request memory.
 RESERVED_BYTES = 64 * 1024
+# Unsent bytes the transport may hold before we stop writing (and reading); record data is read from the
+# segment files in chunks of CHUNK_BYTES.
+WRITE_HIGH_WATER = 1024 * 1024
+CHUNK_BYTES = 512 * 1024
 
 
 class RequestMemory:
@@ -104,6 +111,8 @@ class KafkaConnection(asyncio.Protocol):
         self._buffer = bytearray()
         self._busy = False  # a request is in processing: its response is not yet handed to the transport
         self._task: asyncio.Task | None = None
+        # The response being handed to the transport: bytes, and iterators over record data chunks.
+        self._outbox: collections.deque[Union[bytearray, Iterator[bytes]]] = collections.deque()
         self._reading_paused = False
         self._write_paused = False
         self._closed = False
@@ -111,6 +120,7 @@ class KafkaConnection(asyncio.Protocol):
     # -- asyncio.Protocol -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
         peer = transport.get_extra_info("peername")
         if peer:
             self.host = peer[0]
@@ -127,6 +137,7 @@ class KafkaConnection(asyncio.Protocol):
         self.memory.forget(self)
         self.memory.release(len(self._buffer))
         self._buffer = bytearray()
+        self._outbox.clear()
         if self._task is not None:
             self._task.cancel()
 
@@ -137,6 +148,7 @@ class KafkaConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._write_paused = False
         self.last_active = time.monotonic()
+        self._pump()
         self._process()
 
     def data_received(self, data: bytes) -> None:
@@ -153,11 +165,11 @@ class KafkaConnection(asyncio.Protocol):
 
     # -- requests ---------------------------------------------------------------------------------
     def _process(self) -> None:
-        """Handle buffered frames one at a time while nothing is in processing and the transport drains."""
+        """Handle buffered frames one at a time while nothing is in processing or left to hand over."""
         buffer = self._buffer
         start = 0
         size_len = SIZE.size
-        while not (self._busy or self._write_paused or self._closed):
+        while not (self._busy or self._outbox or self._write_paused or self._closed):
             available = len(buffer) - start
             if available < size_len:
                 break
@@ -236,16 +248,37 @@ class KafkaConnection(asyncio.Protocol):
         if result is NO_RESPONSE or self._closed:
             return
         try:
-            payload = encode_response(request.codec, request.correlation_id, result)
+            pieces = encode_response(request.codec, request.correlation_id, result)
         except Exception:
             log.exception("cannot encode the answer to api %s v%s; closing %s", request.api_key, request.api_version, self.peer)
             self._abort("response encoding failure")
             return
-        self._send(payload)
+        for piece in pieces:
+            self._outbox.append(piece if isinstance(piece, bytearray) else piece.chunks(CHUNK_BYTES))
+        self._pump()
 
     def _send(self, payload: bytes) -> None:
         self.last_active = time.monotonic()
         self.transport.write(payload)
+
+    def _pump(self) -> None:
+        """Hand the response over while the transport takes it: record data is read chunk by chunk here."""
+        outbox = self._outbox
+        while outbox and not (self._write_paused or self._closed):
+            head = outbox[0]
+            if isinstance(head, bytearray):
+                outbox.popleft()
+                self._send(head)
+                continue
+            try:
+                chunk = next(head, None)
+            except OSError as exc:  # the frame's length is promised: it cannot be finished any more
+                self._abort(f"cannot read record data for a response: {exc}")
+                return
+            if chunk is None:
+                outbox.popleft()
+            else:
+                self._send(chunk)
 
     # -- flow control -----------------------------------------------------------------------------
     def update_reading(self) -> None:

@@ -9,6 +9,7 @@ request memory is exhausted; a handler that raises or is cancelled is answered a
 import asyncio
 import functools
 import struct
+import types
 
 from kio.schema.api_versions.v0.response import ApiVersionsResponse
 from kio.schema.errors import ErrorCode
@@ -28,6 +29,9 @@ class FakeTransport(asyncio.Transport):
 
     def get_extra_info(self, name, default=None):
         return ("127.0.0.1", 40000) if name == "peername" else default
+
+    def set_write_buffer_limits(self, high=None, low=None) -> None:
+        self.high_water = high
 
     def write(self, data) -> None:
         self.written.append(bytes(data))
@@ -164,3 +168,39 @@ async def test_an_oversized_frame_closes_the_connection_without_allocating_it():
     connection, transport = connect({}, max_request_bytes=1000)
     connection.data_received(struct.pack(">i", 1001) + b"\0" * 10)
     assert transport.closed
+
+
+class Chunked:
+    """A Deferred body value: its length now, its bytes only when asked for, three at a time."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.asked = 0
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def chunks(self, size):
+        for start in range(0, len(self.data), 3):
+            self.asked += 1
+            yield self.data[start:start + 3]
+
+
+@in_loop
+async def test_deferred_record_data_is_read_only_as_the_transport_drains_and_holds_the_next_request():
+    deferred = Chunked(b"abcdefgh")
+    codec = types.SimpleNamespace(flexible_response_header=False,
+                                  write_response_body=lambda out, body: (out.write(b"xy"), out.write(body)))
+    request = types.SimpleNamespace(api_key=1, api_version=4, correlation_id=9, codec=codec)
+    connection, transport = connect({API_VERSIONS: lambda ctx, body: ANSWER})
+    transport.write = lambda data: (transport.written.append(bytes(data)), connection.pause_writing())
+    connection._complete(request, deferred)
+    assert deferred.asked == 0 and transport.written == [struct.pack(">ii", 14, 9) + b"xy"]
+    connection.data_received(api_versions_frame(2))  # waits: the response before it is not handed over
+    connection.resume_writing()
+    connection.resume_writing()
+    assert deferred.asked == 2 and len(transport.written) == 3  # header, two chunks; request 2 waits
+    connection.resume_writing()
+    connection.resume_writing()
+    assert b"".join(transport.written[:4]) == struct.pack(">ii", 14, 9) + b"xyabcdefgh"
+    assert struct.unpack_from(">i", transport.written[-1], 4)[0] == 2 and len(transport.written) == 5

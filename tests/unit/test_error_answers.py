@@ -94,7 +94,7 @@ def test_every_api_version_gets_an_encodable_error_answer_with_the_code_everywhe
         body = dataclasses.replace(body, acks=1)
     answer, code = error_response(_request(api_key, version, body))
     assert code == ErrorCode.unknown_server_error  # a complete request: the failure is ours
-    frame = encode_response(codec, 11, answer)
+    frame = b"".join(encode_response(codec, 11, answer))
     (size, correlation_id) = struct.unpack_from(">ii", frame)
     assert size == len(frame) - 4 and correlation_id == 11
     body_start = 8 + (1 if codec.flexible_response_header else 0)
