@@ -136,6 +136,8 @@ class Broker:
     async def _close_idle_connections(self) -> None:
         """Close connections that made no progress for connections.max.idle.ms, as Kafka's selector does."""
         idle_s = int(self.config.get("connections.max.idle.ms")) / 1000
+        if idle_s < 0:
+            return  # Kafka's -1: connections never expire
         interval_s = min(max(idle_s / 4, 0.05), 30.0)
         while True:
             await asyncio.sleep(interval_s)
