@@ -458,7 +458,13 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
     # network
     _broker("socket.request.max.bytes", "int", 104857600, "Largest request the broker reads.", _AT_LEAST_1),
     _broker("fetch.max.bytes", "int", 57671680, "Largest fetch response the broker builds.", Range(1024)),
-    _broker("connections.max.idle.ms", "long", 600000, "Close connections idle this long."),
+    _broker("connections.max.idle.ms", "long", 600000, "Close connections idle this long (no request received, no response progress; a connection stuck mid-frame is idle); -1: never."),
+    _broker("queued.max.request.bytes", "long", 209715200,
+            "Broker-wide bound on buffered request bytes, partial frames included (Kafka's default -1 is unbounded; "
+            "ours is 200 MiB). Past it, connections holding more than 64 KiB stop being read until memory frees; -1 disables.",
+            Range(-1)),
+    _broker("max.connections", "int", 2147483647, "Connections the broker accepts; new ones beyond it are closed.", _AT_LEAST_0),
+    _broker("max.connections.per.ip", "int", 2147483647, "Connections accepted from one IP address; new ones beyond it are closed.", _AT_LEAST_0),
 )
 
 _TOPIC_CONFIG_DEFS = (

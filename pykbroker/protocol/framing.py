@@ -3,14 +3,17 @@
 A request frame is `int32 size` + header + body. The header starts with api_key, api_version and
 correlation_id in every version, so those are read first by hand: they decide which header version and
 body schema apply, and they let us answer (or log) even when the rest cannot be decoded.
+
+A response is encoded into pieces: bytes, and the body's Deferred values (a Fetch's record data left in
+the segment files) kept by reference with their length counted, so that the record data is read only
+when the connection writes it, chunk by chunk as the socket drains, and never copied into the frame.
 """
 
 from __future__ import annotations
 
-import io
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator, Protocol, Union
 
 from pykbroker.protocol.apis import SUPPORTED_APIS, ApiCodec, codec_for
 
@@ -77,15 +80,40 @@ def decode_request(frame, prefix: RequestPrefix) -> Request:
     )
 
 
-def encode_response(codec: ApiCodec, correlation_id: int, body: Any) -> bytes:
-    """Size prefix + response header (v0, or v1 with an empty tagged-field section) + body."""
-    out = io.BytesIO()
+class Deferred(Protocol):
+    """Response bytes that are produced only as the socket drains (a Fetch's record data, still in the
+    segment files): the encoder needs their length, the connection asks for them chunk by chunk."""
+
+    def __len__(self) -> int: ...
+
+    def chunks(self, size: int) -> Iterator[bytes]: ...
+
+
+Piece = Union[bytearray, Deferred]
+
+
+class _Pieces:
+    """What kio writes into: plain bytes gather in one bytearray, a Deferred value is kept by reference."""
+
+    def __init__(self) -> None:
+        self.pieces: list[Piece] = [bytearray()]
+
+    def write(self, data: Any) -> None:
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            self.pieces[-1] += data
+        else:
+            self.pieces += (data, bytearray())
+
+
+def encode_response(codec: ApiCodec, correlation_id: int, body: Any) -> list[Piece]:
+    """Size prefix + response header (v0, or v1 with an empty tagged-field section) + body, as pieces to
+    write in order: bytes, and the Deferred values of the body (record data) where they go."""
+    out = _Pieces()
     out.write(b"\x00\x00\x00\x00")
     out.write(_CORRELATION.pack(correlation_id))
     if codec.flexible_response_header:
         out.write(b"\x00")
     codec.write_response_body(out, body)
-    frame = out.getbuffer()
-    SIZE.pack_into(frame, 0, len(frame) - 4)
-    del frame
-    return out.getvalue()
+    pieces = [piece for piece in out.pieces if len(piece)]
+    SIZE.pack_into(pieces[0], 0, sum(len(piece) for piece in pieces) - SIZE.size)
+    return pieces

@@ -3,15 +3,19 @@
 Handlers call this, never the log directly: it is where acks, the high-water mark, the idempotent
 producer's sequence checks and long-poll wake-ups meet. On a single broker the ISR is just this broker,
 so the high-water mark is the log end offset; in cluster mode followers' fetch positions move it.
+
+A consumer's read is handed back as :class:`FileRecords`: the record data stays in the segment files
+until the connection writes the response, and is then read chunk by chunk as the socket drains.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from pykbroker.log.config import LogConfig
 from pykbroker.log.errors import OffsetOutOfRange, RecordTooLarge
@@ -37,6 +41,36 @@ class AppendOutcome:
     log_append_time_ms: int = -1
     log_start_offset: int = -1
     message: str | None = None
+
+
+class FileRecords:
+    """The record data of a read, left in the segment files: its length now, its bytes chunk by chunk
+    when the response is written (``pread`` on the log's descriptors, which stay open at least
+    ``file.delete.delay.ms`` after a segment is deleted, so a response being sent can still finish)."""
+
+    __slots__ = ("slices", "_size")
+
+    def __init__(self, read: ReadResult) -> None:
+        self.slices = read.slices
+        self._size = read.size
+
+    def __len__(self) -> int:
+        return self._size
+
+    def chunks(self, size: int) -> Iterator[bytes]:
+        for piece in self.slices:
+            fd = piece.fd if piece.fd >= 0 else os.open(piece.path, os.O_RDONLY)
+            try:
+                position, end = piece.position, piece.position + piece.length
+                while position < end:
+                    chunk = os.pread(fd, min(size, end - position), position)
+                    if not chunk:
+                        raise OSError(f"{piece.path} ends at {position}, before the {end} bytes being sent")
+                    position += len(chunk)
+                    yield chunk
+            finally:
+                if fd != piece.fd:
+                    os.close(fd)
 
 
 class ControlBatchFromClient(InvalidRecordBatch):
@@ -190,4 +224,4 @@ class ReplicaManager:
                 partition.remove_waiter(waiter)
 
 
-__all__ = ["ReplicaManager", "Partition", "AppendOutcome", "OffsetOutOfRange", "now_ms"]
+__all__ = ["ReplicaManager", "Partition", "AppendOutcome", "FileRecords", "OffsetOutOfRange", "now_ms"]

@@ -12,6 +12,11 @@ DescribeCluster and FindCoordinator answer with that listener's advertised endpo
 
 Shutdown stops accepting, closes connections, flushes every log, writes the clean-shutdown marker and
 releases the data dir lock (the log manager's shutdown).
+
+Connection bookkeeping lives here too: a new connection beyond ``max.connections`` or
+``max.connections.per.ip`` is closed with a log line (Kafka's names and defaults), and an idle sweep
+closes connections that made no progress for ``connections.max.idle.ms``. Buffered request bytes of all
+connections share one ``queued.max.request.bytes`` bound (see server/connection.py).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import logging
 import signal
 import socket
 import time
+from collections import Counter
 from pathlib import Path
 
 from pykbroker.cluster.metadata import BrokerEndpoint, EmbeddedMetadata
@@ -33,7 +39,7 @@ from pykbroker.groups.offset_store import OffsetStore
 from pykbroker.log.errors import LogDirectoryInUse
 from pykbroker.log.manager import LOCK_FILE, LogManager
 from pykbroker.replication.replica_manager import ReplicaManager
-from pykbroker.server.connection import KafkaConnection
+from pykbroker.server.connection import KafkaConnection, RequestMemory
 from pykbroker.server.dispatch import load_handlers
 
 log = logging.getLogger(__name__)
@@ -90,6 +96,8 @@ class Broker:
             GroupConfig.from_broker_config(config), store_if_open=lambda: self._offset_store,
         )
         self.connections: set[KafkaConnection] = set()
+        self._connections_per_host: Counter[str] = Counter()
+        self.request_memory = RequestMemory(int(config.get("queued.max.request.bytes")))
         self.handlers = load_handlers()
         self._servers: list[asyncio.AbstractServer] = []
         self.advertised: dict[str, BrokerEndpoint] = {}  # listener name -> this broker's endpoint there
@@ -135,7 +143,7 @@ class Broker:
             )
         for listener, sock in listening:
             self._servers.append(await loop.create_server(
-                lambda name=listener.name: KafkaConnection(self, self.handlers, max_request, listener=name),
+                lambda name=listener.name: KafkaConnection(self, self.handlers, max_request, self.request_memory, listener=name),
                 sock=sock,
                 backlog=LISTEN_BACKLOG,
             ))
@@ -149,6 +157,7 @@ class Broker:
         self._background.append(asyncio.ensure_future(self.log_manager.run_background()))
         self._background.append(asyncio.ensure_future(self._expire_producers()))
         self._background.append(asyncio.ensure_future(self.groups.run()))
+        self._background.append(asyncio.ensure_future(self._close_idle_connections()))
         log.info(
             "pykbroker broker %d listening on %s (advertised %s), data dir %s, cluster id %s",
             self.broker_id,
@@ -168,6 +177,42 @@ class Broker:
             elif listener in self.advertised:
                 brokers.append(self.advertised[listener])
         return brokers
+
+    # -- connections ------------------------------------------------------------------------------
+    def admit(self, connection: KafkaConnection) -> str | None:
+        """Count a new connection in, or say why it must be closed (max.connections, max.connections.per.ip)."""
+        max_total = int(self.config.get("max.connections"))
+        max_per_ip = int(self.config.get("max.connections.per.ip"))
+        if len(self.connections) >= max_total:
+            return f"max.connections {max_total} reached"
+        if self._connections_per_host[connection.host] >= max_per_ip:
+            return f"max.connections.per.ip {max_per_ip} reached for {connection.host}"
+        self.connections.add(connection)
+        self._connections_per_host[connection.host] += 1
+        return None
+
+    def release(self, connection: KafkaConnection) -> None:
+        if connection in self.connections:
+            self.connections.discard(connection)
+            self._connections_per_host[connection.host] -= 1
+            if not self._connections_per_host[connection.host]:
+                del self._connections_per_host[connection.host]
+
+    async def _close_idle_connections(self) -> None:
+        """Close connections that made no progress for connections.max.idle.ms, as Kafka's selector does."""
+        idle_s = int(self.config.get("connections.max.idle.ms")) / 1000
+        if idle_s < 0:
+            return  # Kafka's -1: connections never expire
+        interval_s = min(max(idle_s / 4, 0.05), 30.0)
+        while True:
+            await asyncio.sleep(interval_s)
+            now = time.monotonic()
+            for connection in list(self.connections):
+                since = connection.idle_since
+                if since is not None and now - since > idle_s:
+                    log.info("closing connection from %s: idle for more than connections.max.idle.ms (%d ms)",
+                             connection.peer, idle_s * 1000)
+                    connection.close()
 
     async def _expire_producers(self) -> None:
         """Forget idle producers' sequence state, as Kafka does (producer.id.expiration.ms)."""

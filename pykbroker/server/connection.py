@@ -1,11 +1,32 @@
-"""One client connection: read frames continuously, run handlers, write responses strictly in request order.
+"""One client connection: Kafka's muted channel, bounded memory, and an answer for every request.
 
-Clients pipeline (librdkafka keeps several Produce requests in flight; the Java consumer sends a
-session-closing Fetch while a long poll is parked), so requests are decoded as soon as they arrive, and
-each gets a slot in a FIFO. A synchronous handler fills its slot at once; an asynchronous one (a long
-poll, an acks=all wait) fills it later; the writer drains slots from the head only, so responses leave in
-order. In-flight request bytes are bounded (socket.request.max.bytes): past the bound we stop reading
-until responses drain. A malformed frame closes this connection only, with a log line.
+Requests of one connection are processed one at a time, in order, as Kafka does (it mutes a channel from
+a request's arrival until its response is queued): a frame is taken from the connection's buffer only
+after the previous request's response has been handed to the transport. A synchronous handler answers
+at once, so a pipelined burst (librdkafka's produce requests) runs back to back from one read; an
+asynchronous one (a long poll, a JoinGroup parked in a rebalance) keeps the connection busy until it
+answers, and then the frames already buffered are processed at once, without waiting for more bytes.
+Responses therefore leave in request order, and a Heartbeat pipelined behind a JoinGroup meets the new
+generation, as on Kafka.
+
+Memory is bounded:
+* the socket is not read while a request is in processing or while the transport's unsent bytes are
+  above its high-water mark (``WRITE_HIGH_WATER``); a response's record data is read from the segment
+  files in ``CHUNK_BYTES`` chunks only as the transport drains, so a client that pipelines fetches and
+  never reads holds about one chunk and the high-water mark, not one response per request;
+* a frame larger than ``socket.request.max.bytes`` closes the connection; a frame is never allocated by
+  its declared size, its bytes are kept as they arrive;
+* buffered request bytes, partial frames included, count against the broker-wide
+  ``queued.max.request.bytes`` (:class:`RequestMemory`): while it is exhausted, a connection holding more
+  than ``RESERVED_BYTES`` is not read, so small requests of other clients still pass;
+* a connection with no request received and no response progress for ``connections.max.idle.ms`` is
+  closed by the broker's idle sweep (a connection stuck mid-frame is idle; one waiting on its own
+  request in processing is not).
+
+A request that decodes but cannot be served (the handler raises, e.g. on a null array the schema does not
+allow) gets Kafka's error answer built from the response schema (server/error_answers.py), one log line,
+and the connection stays open. Only bytes that are not a request (bad frame size, undecodable header or
+body, an unsupported API) close the connection, with a log line.
 """
 
 from __future__ import annotations
@@ -13,8 +34,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import TYPE_CHECKING, Any
+import time
+from typing import TYPE_CHECKING, Any, Iterator, Union
 
+from pykbroker.config import DEFAULT_LISTENER_NAME
 from pykbroker.protocol.apis import API_VERSIONS_KEY
 from pykbroker.protocol.framing import (
     SIZE,
@@ -25,6 +48,7 @@ from pykbroker.protocol.framing import (
     read_prefix,
 )
 from pykbroker.server.dispatch import NO_RESPONSE, Handler, RequestContext
+from pykbroker.server.error_answers import error_response
 from pykbroker.server.handlers.api_versions import unsupported_api_versions_response
 
 if TYPE_CHECKING:
@@ -32,163 +56,241 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_PENDING = object()
+# A connection may always buffer this much, whatever the broker-wide bound: ApiVersions, Metadata or a
+# Heartbeat from a well-behaved client passes while stalled clients hold the shared request memory.
+RESERVED_BYTES = 64 * 1024
+# Unsent bytes the transport may hold before we stop writing (and reading); record data is read from the
+# segment files in chunks of CHUNK_BYTES.
+WRITE_HIGH_WATER = 1024 * 1024
+CHUNK_BYTES = 512 * 1024
 
 
-class _Slot:
-    __slots__ = ("payload", "size")
+class RequestMemory:
+    """The broker-wide bound on buffered request bytes (``queued.max.request.bytes``; -1: unbounded).
 
-    def __init__(self, size: int) -> None:
-        self.payload: Any = _PENDING  # bytes to send, None for "no response", or _PENDING
-        self.size = size
+    Connections add what they buffer and release what they consume or drop; a connection paused because
+    the bound is exhausted is resumed when bytes are released.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._paused: set["KafkaConnection"] = set()
+
+    @property
+    def exhausted(self) -> bool:
+        return 0 <= self.limit <= self.used
+
+    def add(self, count: int) -> None:
+        self.used += count
+
+    def release(self, count: int) -> None:
+        self.used -= count
+        if self._paused and not self.exhausted:
+            paused, self._paused = self._paused, set()
+            for connection in paused:
+                connection.update_reading()
+
+    def wait(self, connection: "KafkaConnection") -> None:
+        self._paused.add(connection)
+
+    def forget(self, connection: "KafkaConnection") -> None:
+        self._paused.discard(connection)
 
 
 class KafkaConnection(asyncio.Protocol):
-    def __init__(self, broker: "Broker", handlers: dict[int, Handler], max_request_bytes: int, listener: str) -> None:
+    def __init__(self, broker: "Broker", handlers: dict[int, Handler], max_request_bytes: int,
+                 memory: RequestMemory, listener: str = DEFAULT_LISTENER_NAME) -> None:
         self.broker = broker
         self.listener = listener  # the listener name this connection arrived on (RequestContext.listener)
         self.handlers = handlers
         self.max_request_bytes = max_request_bytes
+        self.memory = memory
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        self.host = "?"
+        self.last_active = time.monotonic()
         self._buffer = bytearray()
-        self._slots: collections.deque[_Slot] = collections.deque()
-        self._in_flight_bytes = 0
+        self._busy = False  # a request is in processing: its response is not yet handed to the transport
+        self._task: asyncio.Task | None = None
+        # The response being handed to the transport: bytes, and iterators over record data chunks.
+        self._outbox: collections.deque[Union[bytearray, Iterator[bytes]]] = collections.deque()
         self._reading_paused = False
         self._write_paused = False
         self._closed = False
-        self._tasks: set[asyncio.Task] = set()
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
         peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self.broker.connections.add(self)
+        if peer:
+            self.host = peer[0]
+            self.peer = f"{peer[0]}:{peer[1]}"
+        refusal = self.broker.admit(self)
+        if refusal is not None:
+            log.warning("refusing connection from %s: %s", self.peer, refusal)
+            self._closed = True
+            transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
-        self.broker.connections.discard(self)
-        for task in list(self._tasks):
-            task.cancel()
+        self.broker.release(self)
+        self.memory.forget(self)
+        self.memory.release(len(self._buffer))
+        self._buffer = bytearray()
+        self._outbox.clear()
+        if self._task is not None:
+            self._task.cancel()
 
     def pause_writing(self) -> None:
         self._write_paused = True
-        self._update_reading()
+        self.update_reading()
 
     def resume_writing(self) -> None:
         self._write_paused = False
-        self._update_reading()
+        self.last_active = time.monotonic()
+        self._pump()
+        self._process()
 
     def data_received(self, data: bytes) -> None:
-        # Common case: nothing buffered, so frames are sliced straight out of ``data`` (one copy per frame);
-        # only an incomplete tail is kept in the buffer for the next read.
+        if self._closed:
+            return
+        self._buffer += data
+        self.memory.add(len(data))
+        self._process()
+
+    @property
+    def idle_since(self) -> float | None:
+        """When this connection last made progress, or None while it waits on its own request."""
+        return None if self._busy else self.last_active
+
+    # -- requests ---------------------------------------------------------------------------------
+    def _process(self) -> None:
+        """Handle buffered frames one at a time while nothing is in processing or left to hand over."""
         buffer = self._buffer
-        if buffer:
-            buffer += data
-            if len(buffer) >= SIZE.size:
-                (size,) = SIZE.unpack_from(buffer, 0)
-                if 0 <= size <= self.max_request_bytes and len(buffer) < SIZE.size + size:
-                    return  # still inside one frame: wait without copying the buffer again
-            data = bytes(buffer)
-            buffer.clear()
-        position = 0
+        start = 0
         size_len = SIZE.size
-        while len(data) - position >= size_len:
-            (size,) = SIZE.unpack_from(data, position)
+        while not (self._busy or self._outbox or self._write_paused or self._closed):
+            available = len(buffer) - start
+            if available < size_len:
+                break
+            (size,) = SIZE.unpack_from(buffer, start)
             if size < 0 or size > self.max_request_bytes:
                 self._abort(f"frame of {size} bytes exceeds socket.request.max.bytes {self.max_request_bytes}")
                 return
-            end = position + size_len + size
-            if len(data) < end:
+            end = start + size_len + size
+            if available < size_len + size:
                 break
-            frame = data[position + size_len : end]
-            position = end
+            with memoryview(buffer) as view:
+                frame = bytes(view[start + size_len:end])
+            start = end
+            self.last_active = time.monotonic()
             self._handle_frame(frame)
-            if self._closed:
-                return
-        if position < len(data):
-            self._buffer += memoryview(data)[position:]
-        self._update_reading()
+        if start and not self._closed:
+            del buffer[:start]
+            self.memory.release(start)
+        self.update_reading()
 
-    # -- requests ---------------------------------------------------------------------------------
     def _handle_frame(self, frame: bytes) -> None:
         try:
             prefix = read_prefix(frame)
         except FrameError as exc:
             self._abort(str(exc))
             return
-        slot = _Slot(len(frame))
-        self._slots.append(slot)
-        self._in_flight_bytes += slot.size
         try:
             request = decode_request(frame, prefix)
         except UnsupportedRequest as exc:
             if prefix.api_key == API_VERSIONS_KEY:
                 # KIP-511: answer an unknown ApiVersions version in v0 format so the client can retry lower.
-                self._fill(slot, unsupported_api_versions_response(prefix.correlation_id))
+                self._send(unsupported_api_versions_response(prefix.correlation_id))
                 return
             self._abort(f"{exc} (correlation id {prefix.correlation_id})")
             return
         except FrameError as exc:
             self._abort(str(exc))
             return
-        handler = self.handlers[request.api_key]
         context = RequestContext(self.broker, request, self.peer, self.listener)
         try:
-            result = handler(context, request.body)
-        except Exception:
-            log.exception("handler for api %s v%s failed; closing %s", request.api_key, request.api_version, self.peer)
-            self._abort("handler failure")
-            return
+            result = self.handlers[request.api_key](context, request.body)
+        except Exception as exc:
+            result = self._failed(request, exc)
         if asyncio.iscoroutine(result):
-            task = asyncio.ensure_future(self._complete_later(slot, request, result))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._busy = True
+            self._task = asyncio.ensure_future(self._complete_later(request, result))
         else:
-            self._complete(slot, request, result)
+            self._complete(request, result)
 
-    async def _complete_later(self, slot: _Slot, request, awaitable) -> None:
+    async def _complete_later(self, request, awaitable) -> None:
         try:
-            result = await awaitable
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("handler for api %s v%s failed; closing %s", request.api_key, request.api_version, self.peer)
-            self._abort("handler failure")
-            return
-        self._complete(slot, request, result)
+            try:
+                result = await awaitable
+            except asyncio.CancelledError:
+                if self._closed:
+                    raise  # the connection is gone: connection_lost cancelled us
+                result = self._failed(request, RuntimeError("the handler was cancelled"))
+            except Exception as exc:
+                result = self._failed(request, exc)
+            self._complete(request, result)
+        finally:
+            # Whatever became of the request, the connection goes on with the next one.
+            self._task = None
+            self._busy = False
+        if not self._closed:
+            self._process()
 
-    def _complete(self, slot: _Slot, request, result) -> None:
-        if result is NO_RESPONSE:
-            self._fill(slot, None)
+    def _failed(self, request, exc: Exception) -> Any:
+        """The answer to a request whose handler raised: Kafka's error response, one log line."""
+        answer, code = error_response(request)
+        log.warning("api %s v%s (correlation id %s) from %s answered %s: handler raised %r",
+                    request.api_key, request.api_version, request.correlation_id, self.peer, code.name, exc)
+        return answer
+
+    def _complete(self, request, result) -> None:
+        if result is NO_RESPONSE or self._closed:
             return
         try:
-            payload = encode_response(request.codec, request.correlation_id, result)
+            pieces = encode_response(request.codec, request.correlation_id, result)
         except Exception:
             log.exception("cannot encode the answer to api %s v%s; closing %s", request.api_key, request.api_version, self.peer)
             self._abort("response encoding failure")
             return
-        self._fill(slot, payload)
+        for piece in pieces:
+            self._outbox.append(piece if isinstance(piece, bytearray) else piece.chunks(CHUNK_BYTES))
+        self._pump()
 
-    def _fill(self, slot: _Slot, payload: bytes | None) -> None:
-        slot.payload = payload
-        if self._closed:
-            return
-        slots = self._slots
-        transport = self.transport
-        while slots and slots[0].payload is not _PENDING:
-            head = slots.popleft()
-            self._in_flight_bytes -= head.size
-            if head.payload is not None:
-                transport.write(head.payload)
-        self._update_reading()
+    def _send(self, payload: bytes) -> None:
+        self.last_active = time.monotonic()
+        self.transport.write(payload)
+
+    def _pump(self) -> None:
+        """Hand the response over while the transport takes it: record data is read chunk by chunk here."""
+        outbox = self._outbox
+        while outbox and not (self._write_paused or self._closed):
+            head = outbox[0]
+            if isinstance(head, bytearray):
+                outbox.popleft()
+                self._send(head)
+                continue
+            try:
+                chunk = next(head, None)
+            except OSError as exc:  # the frame's length is promised: it cannot be finished any more
+                self._abort(f"cannot read record data for a response: {exc}")
+                return
+            if chunk is None:
+                outbox.popleft()
+            else:
+                self._send(chunk)
 
     # -- flow control -----------------------------------------------------------------------------
-    def _update_reading(self) -> None:
+    def update_reading(self) -> None:
+        """Read only when idle (muted channel), draining, and within the request memory bound."""
         if self._closed or self.transport is None:
             return
-        should_pause = self._write_paused or self._in_flight_bytes > self.max_request_bytes
+        starved = self.memory.exhausted and len(self._buffer) >= RESERVED_BYTES
+        if starved:
+            self.memory.wait(self)
+        should_pause = self._busy or self._write_paused or starved
         if should_pause and not self._reading_paused:
             self._reading_paused = True
             self.transport.pause_reading()
@@ -198,9 +300,7 @@ class KafkaConnection(asyncio.Protocol):
 
     def _abort(self, reason: str) -> None:
         log.warning("closing connection from %s: %s", self.peer, reason)
-        self._closed = True
-        if self.transport is not None:
-            self.transport.close()
+        self.close()
 
     def close(self) -> None:
         if self.transport is not None and not self._closed:

@@ -88,7 +88,7 @@ def test_encoded_response_decodes_with_kio():
         throttle_time=datetime.timedelta(0), error_code=ErrorCode.none, error_message=None, endpoint_type=1,
         cluster_id="c", controller_id=1, brokers=(), cluster_authorized_operations=-(2**31),
     )
-    frame = encode_response(codec, 42, body)
+    frame = b"".join(encode_response(codec, 42, body))
     (size,) = struct.unpack_from(">i", frame)
     assert size == len(frame) - 4
     header, used = entity_reader(schema.__header_schema__)(frame, 4)

@@ -9,7 +9,6 @@ commit (Kafka's expire timestamp) instead of by the broker's offsets retention.
 OffsetFetch answers offset -1 and empty metadata for partitions without a commit; a null topic list
 (v2+) returns everything the group committed; v8 batches several groups in one request. v9's member id
 and epoch belong to the new consumer protocol (KIP-848) and are not checked for classic groups, as in Kafka.
-Both wait behind this connection's coordinator requests still in progress (see groups.in_connection_order).
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from datetime import timedelta
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
-from pykbroker.server.handlers.groups import in_connection_order
 
 NO_OFFSET = -1
 NO_EPOCH = -1
@@ -29,10 +27,6 @@ DEFAULT_RETENTION_TIME = -1  # OffsetCommit v2-4: use the broker's retention
 
 @handles(8)
 def offset_commit(ctx: RequestContext, request) -> object:
-    return in_connection_order(ctx, lambda: _offset_commit(ctx, request))
-
-
-def _offset_commit(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
     retention = getattr(request, "retention_time", DEFAULT_RETENTION_TIME)
     retention_ms = retention // timedelta(milliseconds=1) if isinstance(retention, timedelta) else int(retention)
@@ -85,10 +79,6 @@ def _group_topics(ctx: RequestContext, schema, group_id: str, requested, partiti
 
 @handles(9)
 def offset_fetch(ctx: RequestContext, request) -> object:
-    return in_connection_order(ctx, lambda: _offset_fetch(ctx, request))
-
-
-def _offset_fetch(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
     if ctx.version >= 8:
         groups = tuple(

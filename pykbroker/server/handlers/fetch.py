@@ -5,7 +5,8 @@ the high-water mark for consumers (followers, replica_id >= 0, read to the log e
 request's max_bytes across partitions and partition_max_bytes per partition, except that the first
 batch found is returned whole even if larger (KIP-74), so a consumer never stalls on a big batch. Long
 polls: with fewer than min_bytes available, the request parks until an append on one of its partitions or
-max_wait_ms, then answers with what there is. v13+ names topics by id (UNKNOWN_TOPIC_ID when unknown).
+max_wait_ms, then answers with what there is. Record data is not read here: the response carries
+FileRecords, read from the segment files as the connection sends them. v13+ names topics by id (UNKNOWN_TOPIC_ID when unknown).
 Fetch sessions (KIP-227): we never create one and answer session id 0, which tells clients to send full
 fetches; closing a session (epoch -1) is answered with an empty response, an unknown session id with
 FETCH_SESSION_ID_NOT_FOUND. Errors per partition: OFFSET_OUT_OF_RANGE outside [log start, log end],
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 from pykbroker.log.errors import OffsetOutOfRange
 from pykbroker.protocol.errors import ErrorCode
-from pykbroker.replication.replica_manager import Partition
+from pykbroker.replication.replica_manager import FileRecords, Partition
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
 from pykbroker.server.handlers._epochs import NO_EPOCH, leader_partition
@@ -82,7 +83,7 @@ def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, 
                     read = replicas.read(
                         partition, wanted.offset, max(limit, 0), min_one=total == 0, up_to_hwm=not is_follower
                     )
-                    records = read.read_bytes() if read.slices else b""
+                    records = FileRecords(read) if read.slices else b""
                 except OffsetOutOfRange:
                     error = ErrorCode.offset_out_of_range
             if error != ErrorCode.none:

@@ -46,7 +46,8 @@ def _client_host(ctx: RequestContext) -> str:
 
 def _answer_later(start: Callable[[Callable[[Any], None]], None], build: Callable[[Any], Any]) -> Any:
     """Run a coordinator call that answers through a callback: the response now if it answered at once,
-    else a coroutine that waits for the answer (the connection keeps responses in order)."""
+    else a coroutine that waits for the answer (the connection handles nothing else meanwhile, as Kafka's
+    muted channel: a Heartbeat pipelined behind a parked JoinGroup meets the new generation)."""
     future = asyncio.get_running_loop().create_future()
 
     def respond(result: Any) -> None:
@@ -61,44 +62,6 @@ def _answer_later(start: Callable[[Callable[[Any], None]], None], build: Callabl
         return build(await future)
 
     return wait()
-
-
-# Kafka reads the next request of a connection only after answering the current one, so a client that
-# pipelines (a Heartbeat or OffsetCommit behind a JoinGroup parked in a rebalance) has them handled in
-# order: after the join, against the new generation. This broker reads ahead, so the coordinator's
-# requests of one connection queue here behind the last one that is still waiting.
-_pending_by_connection: dict[str, asyncio.Future] = {}
-
-
-def in_connection_order(ctx: RequestContext, handle: Callable[[], Any]) -> Any:
-    """Run ``handle`` (a coordinator request; it may return a coroutine) once the earlier coordinator
-    requests of this connection are answered."""
-    earlier = _pending_by_connection.get(ctx.peer)
-    if earlier is None or earlier.done():
-        result = handle()
-        if not asyncio.iscoroutine(result):
-            return result
-        awaitable = result
-    else:
-        async def after_earlier() -> Any:
-            await asyncio.wait([earlier])  # whatever became of it: cancelled with its client, failed
-            answer = handle()
-            return await answer if asyncio.iscoroutine(answer) else answer
-
-        awaitable = after_earlier()
-    task = asyncio.ensure_future(awaitable)
-    _pending_by_connection[ctx.peer] = task
-
-    def forget(done: asyncio.Future) -> None:
-        if _pending_by_connection.get(ctx.peer) is done:
-            del _pending_by_connection[ctx.peer]
-
-    task.add_done_callback(forget)
-
-    async def answer() -> Any:
-        return await task
-
-    return answer()
 
 
 # -- JoinGroup ------------------------------------------------------------------------------------------
@@ -148,8 +111,7 @@ def join_group(ctx: RequestContext, request) -> Any:
             ),
         )
 
-    return in_connection_order(ctx, lambda: _answer_later(lambda respond: ctx.broker.groups.join_group(join, respond),
-                                                          build))
+    return _answer_later(lambda respond: ctx.broker.groups.join_group(join, respond), build)
 
 
 # -- SyncGroup ------------------------------------------------------------------------------------------
@@ -169,12 +131,12 @@ def sync_group(ctx: RequestContext, request) -> Any:
     if ctx.version >= 5 and (protocol_type is None or protocol_name is None):
         return build(SyncResult(ErrorCode.inconsistent_group_protocol))
     assignments = {a.member_id: bytes(a.assignment) for a in request.assignments}
-    return in_connection_order(ctx, lambda: _answer_later(
+    return _answer_later(
         lambda respond: ctx.broker.groups.sync_group(
             request.group_id, request.generation_id, request.member_id, protocol_type, protocol_name,
             getattr(request, "group_instance_id", None), assignments, respond),
         build,
-    ))
+    )
 
 
 # -- Heartbeat, LeaveGroup --------------------------------------------------------------------------------
@@ -182,20 +144,13 @@ def sync_group(ctx: RequestContext, request) -> Any:
 
 @handles(12)
 def heartbeat(ctx: RequestContext, request) -> Any:
-    def handle() -> Any:
-        error = ctx.broker.groups.heartbeat(request.group_id, request.member_id,
-                                            getattr(request, "group_instance_id", None), request.generation_id)
-        return make(response_module(ctx).HeartbeatResponse, throttle_time=0, error_code=error)
-
-    return in_connection_order(ctx, handle)
+    error = ctx.broker.groups.heartbeat(request.group_id, request.member_id,
+                                        getattr(request, "group_instance_id", None), request.generation_id)
+    return make(response_module(ctx).HeartbeatResponse, throttle_time=0, error_code=error)
 
 
 @handles(13)
 def leave_group(ctx: RequestContext, request) -> Any:
-    return in_connection_order(ctx, lambda: _leave_group(ctx, request))
-
-
-def _leave_group(ctx: RequestContext, request) -> Any:
     schema = response_module(ctx)
     if ctx.version < 3:
         leaving = [LeavingMember(request.member_id)]

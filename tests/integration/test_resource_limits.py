@@ -1,0 +1,180 @@
+"""Broker memory stays bounded against clients that do not read, do not finish their frames, or open too
+many connections, and the other clients are served meanwhile (issue 7, "memory grows without bound").
+
+* A client pipelining 200 Fetch requests of 30 MiB max_bytes over a topic holding 32 MiB and never
+  reading its socket: the connection handles one request at a time and stops while its response is
+  unsent, so the broker holds about one response. Asserted: RSS grows by less than FETCH_RSS_BOUND_MIB
+  (main grew to 5.9 GB in 20 s), and another client reads the whole topic meanwhile.
+* 20 connections each stalled half-way through a 90 MB frame: buffered request bytes are bounded
+  broker-wide (queued.max.request.bytes, set to 64 MiB here), so RSS grows by less than
+  STALLED_RSS_BOUND_MIB (main held 854 MB forever); a new client is answered; every stalled connection
+  is closed after connections.max.idle.ms (4 s here).
+* max.connections.per.ip: the connection beyond the limit is closed, the others keep working.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import select
+import socket
+import struct
+import time
+
+import pytest
+from kio.schema.fetch.v4.request import FetchPartition, FetchRequest, FetchTopic
+from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
+from kio.schema.request_header.v1.header import RequestHeader
+from kio.serial import entity_writer
+from kio.static.primitive import i32, i32Timedelta, i64
+
+from broker_process import fetch_raw, probe_api_versions, produce_raw, send_request
+from pykbroker.protocol.records import build_batch, iter_headers
+
+MIB = 1024 * 1024
+TOPIC_MIB = 32
+FETCH_MAX_BYTES = 30 * MIB
+PIPELINED_FETCHES = 200
+FETCH_RSS_BOUND_MIB = 200
+STALLED_CONNECTIONS = 20
+STALLED_FRAME_BYTES = 90 * 1000 * 1000
+QUEUED_MAX_REQUEST_BYTES = 64 * MIB
+STALLED_RSS_BOUND_MIB = 200
+IDLE_MS = 4000
+
+
+def _rss_mib(broker) -> float:
+    with open(f"/proc/{broker.process.pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS line")
+
+
+def _frame(request, correlation_id: int) -> bytes:
+    out = io.BytesIO()
+    entity_writer(RequestHeader)(out, RequestHeader(
+        request_api_key=request.__api_key__, request_api_version=request.__version__,
+        correlation_id=i32(correlation_id), client_id="limits"))
+    entity_writer(type(request))(out, request)
+    return struct.pack(">i", out.tell()) + out.getvalue()
+
+
+def _fill_topic(broker, topic: str) -> int:
+    send_request(broker.address, MetadataRequest(
+        topics=(MetadataRequestTopic(topic_id=None, name=topic),), allow_auto_topic_creation=True,
+        include_topic_authorized_operations=False))
+    value = b"v" * (100 * 1024)
+    for _ in range(TOPIC_MIB):
+        answer = produce_raw(broker.address, topic, 0, bytes(build_batch([(None, value)] * 10)), acks=1)
+        assert answer.error_code == 0
+    return TOPIC_MIB * 10
+
+
+def _closed_by_peer(sock: socket.socket, deadline: float) -> bool:
+    """Wait (until ``deadline``) for the broker to close ``sock``; True when it did."""
+    while time.monotonic() < deadline:
+        readable, _, _ = select.select([sock], [], [], max(0.0, deadline - time.monotonic()))
+        if not readable:
+            return False
+        try:
+            if sock.recv(65536) == b"":
+                return True
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+    return False
+
+
+@pytest.mark.timeout(240)
+def test_a_client_pipelining_fetches_without_reading_leaves_memory_bounded(broker_factory, topic_name):
+    broker = broker_factory.make({"num.partitions": 1})
+    records = _fill_topic(broker, topic_name)
+    baseline = _rss_mib(broker)
+    fetch = _frame(FetchRequest(
+        replica_id=i32(-1), max_wait=i32Timedelta.parse(datetime.timedelta(0)), min_bytes=i32(1),
+        max_bytes=i32(FETCH_MAX_BYTES), isolation_level=0, topics=(FetchTopic(topic=topic_name, partitions=(
+            FetchPartition(partition=i32(0), fetch_offset=i64(0), partition_max_bytes=i32(FETCH_MAX_BYTES)),)),)), 1)
+    with socket.socket() as greedy:
+        greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        greedy.connect(broker.address)
+        greedy.sendall(fetch * PIPELINED_FETCHES)  # ~20 KB: fits in the broker's socket buffer
+        peak = baseline
+        # Meanwhile another client reads the whole topic, megabyte by megabyte, and answers ApiVersions.
+        offset = 0
+        while offset < records:
+            batches = list(iter_headers(fetch_raw(broker.address, topic_name, 0, offset, max_bytes=MIB)))
+            assert batches, f"no batch at offset {offset}"
+            offset = batches[-1].base_offset + batches[-1].last_offset_delta + 1
+            probe_api_versions(broker.address, timeout=10)
+            peak = max(peak, _rss_mib(broker))
+    assert offset == records
+    assert peak - baseline < FETCH_RSS_BOUND_MIB, f"RSS grew from {baseline:.0f} to {peak:.0f} MiB"
+
+
+def _push_half_frames(broker) -> list[socket.socket]:
+    """Open the stalled connections and push each one half a frame, until the broker stops reading."""
+    half = STALLED_FRAME_BYTES // 2
+    chunk = b"\0" * MIB
+    sockets, sent = [], {}
+    for _ in range(STALLED_CONNECTIONS):
+        sock = socket.create_connection(broker.address, timeout=10)
+        sock.sendall(struct.pack(">i", STALLED_FRAME_BYTES))
+        sock.setblocking(False)
+        sockets.append(sock)
+        sent[sock] = 0
+    pending = list(sockets)
+    while pending:
+        # The broker stopped reading them all when none becomes writable within a second.
+        _, writable, _ = select.select([], pending, [], 1.0)
+        if not writable:
+            break
+        for sock in writable:
+            try:
+                sent[sock] += sock.send(chunk[: half - sent[sock]])
+            except BlockingIOError:
+                continue
+            except (ConnectionResetError, BrokenPipeError):
+                sent[sock] = half
+            if sent[sock] >= half:
+                pending.remove(sock)
+    return sockets
+
+
+@pytest.mark.timeout(240)
+def test_connections_stalled_mid_frame_are_bounded_and_closed_when_idle(broker_factory):
+    broker = broker_factory.make({"queued.max.request.bytes": QUEUED_MAX_REQUEST_BYTES,
+                                  "connections.max.idle.ms": IDLE_MS})
+    baseline = _rss_mib(broker)
+    sockets = _push_half_frames(broker)
+    try:
+        held = _rss_mib(broker)
+        assert probe_api_versions(broker.address, timeout=5).error_code == 0
+        assert held - baseline < STALLED_RSS_BOUND_MIB, f"RSS grew from {baseline:.0f} to {held:.0f} MiB"
+        deadline = time.monotonic() + IDLE_MS / 1000 + 60
+        still_open = [s for s in sockets if not _closed_by_peer(s, deadline)]
+        assert not still_open, f"{len(still_open)} stalled connections still open"
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert probe_api_versions(broker.address, timeout=5).error_code == 0
+    assert "idle for more than connections.max.idle.ms" in broker.log_tail(200)
+
+
+def test_connections_beyond_max_connections_per_ip_are_closed(broker_factory):
+    broker = broker_factory.make({"max.connections.per.ip": 3})
+    api_versions = bytes.fromhex("0012000000000001ffff")  # ApiVersions v0, correlation id 1, null client id
+    frame = struct.pack(">i", len(api_versions)) + api_versions
+    kept = [socket.create_connection(broker.address, timeout=10) for _ in range(3)]
+    try:
+        for sock in kept:  # each is accepted and answered before the next limit check
+            sock.sendall(frame)
+            assert len(sock.recv(4)) == 4
+        with socket.create_connection(broker.address, timeout=10) as refused:
+            assert _closed_by_peer(refused, time.monotonic() + 20)
+        for sock in kept:
+            sock.sendall(frame)
+            assert sock.recv(4)
+    finally:
+        for sock in kept:
+            sock.close()
+    assert "max.connections.per.ip 3 reached" in broker.log_tail(50)
