@@ -200,10 +200,7 @@ class LogManager:
         try:
             await asyncio.wrap_future(future)
         except BaseException:
-            if future.cancel():  # never started: its duplicated descriptors are ours to close
-                for _, job in jobs:
-                    for fd in job.fds:
-                        os.close(fd)
+            future.cancel()  # a job that never started holds no descriptor: it names files by path
             for partition_log, job in jobs:
                 partition_log.abort_flush(job)
             raise

@@ -1,7 +1,8 @@
 """The log of one partition: ordered segments in ``<data-dir>/<topic>-<partition>/``, Kafka's layout and rules.
 
-Everything here runs on the event loop thread except ``FlushJob.run`` (fsyncs of duplicated descriptors),
-which the LogManager may run in a worker thread. Appends and reads are therefore atomic to each other.
+Everything here runs on the event loop thread except ``FlushJob.run`` (fsyncs by path, one descriptor at
+a time), which the LogManager may run in a worker thread. Appends and reads are therefore atomic to each
+other.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Callable, Iterator
 from pykbroker.log.config import LogConfig
 from pykbroker.log.errors import OffsetOutOfRange, RecordTooLarge, UnexpectedAppendOffset
 from pykbroker.log.checkpoint import CorruptCheckpoint
+from pykbroker.log.files import Pin, shared_budget
 from pykbroker.log.leader_epoch import LeaderEpochCache
 from pykbroker.log.segment import (
     INT32_MAX,
@@ -57,14 +59,21 @@ def parse_log_dir_name(name: str) -> tuple[str, int] | None:
 class FileSlice:
     """A byte range of a segment file that ends at a batch boundary.
 
-    ``fd`` is the log's own descriptor for the file (use it for ``sendfile``); it stays open at least
-    ``file.delete.delay.ms`` after the segment is deleted, so a fetch in flight can still send it.
+    ``fd`` is the log's own descriptor for the file (use it for ``sendfile``); the slice pins it, so it
+    stays open (even if the segment is deleted meanwhile) for as long as the slice is referenced: keep the
+    slice, not just its ``fd``, until the bytes are sent.
     """
 
     path: Path
     position: int
     length: int
     fd: int = field(default=-1, compare=False, repr=False)
+    pin: Pin | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, segment: Segment, position: int, length: int) -> "FileSlice":
+        pin = segment.pin()
+        return cls(segment.log_path, position, length, pin.fd, pin)
 
 
 @dataclass
@@ -122,22 +131,29 @@ class AppendResult:
 
 @dataclass
 class FlushJob:
-    """What one flush must make durable: duplicated descriptors, so it is safe to fsync them off the loop."""
+    """What one flush must make durable: files by path, so it is safe to fsync them off the loop.
 
-    fds: list[int]
+    Each file is opened, fsynced and closed in turn, so a flush of thousands of segments (after recovery,
+    or after many rolls) holds one descriptor. A file deleted or renamed meanwhile (retention, topic
+    deletion) needs no fsync and is skipped.
+    """
+
+    paths: list[Path]
     target_offset: int
     segments: list[Segment]
     directory_changed: bool
     truncations: int
 
     def run(self) -> None:
-        try:
-            for fd in self.fds:
+        for path in self.paths:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
                 os.fsync(fd)
-        finally:
-            for fd in self.fds:
+            finally:
                 os.close(fd)
-            self.fds = []
 
 
 class PartitionLog:
@@ -448,7 +464,8 @@ class PartitionLog:
         """Whole batches from the one containing ``offset``, up to ``max_bytes`` and below ``upper_bound``.
 
         Stops before any batch whose last offset >= ``upper_bound`` (exclusive, e.g. the high-water mark;
-        None = log end). With ``min_one`` the first batch is returned whole even if larger than max_bytes.
+        None = log end), and before a further segment when the descriptor budget has no room for another
+        pinned file. With ``min_one`` the first batch is returned whole even if larger than max_bytes.
         Raises OffsetOutOfRange outside [log start, log end].
         """
         log_end = self._log_end_offset
@@ -462,8 +479,8 @@ class PartitionLog:
         remaining = max_bytes
         found_first = False
         for segment in self._segments[max(bisect_right(self._bases, offset) - 1, 0) :]:
-            if segment.base_offset >= limit:
-                break
+            if segment.base_offset >= limit or (slices and not shared_budget.can_pin_more()):
+                break  # (each slice pins a descriptor: a read over many tiny segments stops at the budget)
             end = segment.size
             if not found_first:
                 first = segment.locate(offset, end, interval)
@@ -475,7 +492,7 @@ class PartitionLog:
                 start = first.position
                 if first.size > remaining:
                     if min_one:
-                        slices.append(FileSlice(segment.log_path, start, first.size, segment.fd))
+                        slices.append(FileSlice.of(segment, start, first.size))
                     break
                 run_end, stopped = segment.extend_run(start + first.size, start + remaining, limit, end)
             else:
@@ -483,7 +500,7 @@ class PartitionLog:
                 segment.ensure_indexes(interval)
                 run_end, stopped = segment.extend_run(0, remaining, limit, end)
             if run_end > start:
-                slices.append(FileSlice(segment.log_path, start, run_end - start, segment.fd))
+                slices.append(FileSlice.of(segment, start, run_end - start))
                 remaining -= run_end - start
             if stopped or remaining <= 0:
                 break
@@ -509,16 +526,22 @@ class PartitionLog:
         """
         log_end = self._log_end_offset
         for segment, position in self._segments_from(start_offset):
-            for header in iter_file_headers(segment.fd, position, segment.size):
-                if header.base_offset >= log_end:
-                    return
-                if header.last_offset >= start_offset:
-                    yield header
+            with segment.pin() as fd:
+                for header in iter_file_headers(fd, position, segment.size):
+                    if header.base_offset >= log_end:
+                        return
+                    if header.last_offset >= start_offset:
+                        yield header
 
     def _segments_from(self, start_offset: int) -> Iterator[tuple[Segment, int]]:
-        """(segment, position to start reading) for the segments that may hold ``start_offset`` and later."""
+        """(segment, position to start reading) for the segments that may hold ``start_offset`` and later.
+
+        Segments deleted (by retention) while the caller iterates are skipped: their data is gone.
+        """
         first_index = max(bisect_right(self._bases, start_offset) - 1, 0)
         for number, segment in enumerate(list(self._segments[first_index:])):
+            if segment.deleted:
+                continue
             if number == 0:
                 segment.ensure_indexes(self._config.index_interval_bytes)
                 yield segment, segment.index.lookup(start_offset)[1]
@@ -699,21 +722,19 @@ class PartitionLog:
 
     def prepare_flush(self) -> FlushJob:
         """Write pending index entries and collect what to fsync; run the job (any thread), then complete it."""
-        fds: list[int] = []
+        paths: list[Path] = []
         included: list[Segment] = []
         for segment in self._segments:
             changed_indexes = segment.write_pending_indexes()
             if changed_indexes or segment in self._dirty:
                 included.append(segment)
-                fds.append(os.dup(segment.fd))
-                for suffix in SEGMENT_SUFFIXES[1:]:
-                    fds.append(os.open(segment.path_for(suffix), os.O_RDONLY))
+                paths.extend(segment.path_for(suffix) for suffix in SEGMENT_SUFFIXES)
         self._dirty.clear()
         directory_changed = self._directory_changed
         if directory_changed:
-            fds.append(os.open(self.directory, os.O_RDONLY))
+            paths.append(self.directory)
             self._directory_changed = False
-        return FlushJob(fds, self._log_end_offset, included, directory_changed, self._truncations)
+        return FlushJob(paths, self._log_end_offset, included, directory_changed, self._truncations)
 
     def complete_flush(self, job: FlushJob) -> None:
         """The job ran: advance the recovery point (unless the log was truncated meanwhile)."""

@@ -2,7 +2,12 @@
 
 The ``.log`` file is a plain concatenation of record batches v2. Reads never load batch bodies into Python:
 they walk 61-byte batch headers with ``pread`` of small chunks, starting from the sparse offset index, and
-hand back byte ranges for ``sendfile``. Writes are one ``write()`` per append call.
+hand back byte ranges for ``sendfile``. Writes are one ``pwrite()`` per append call, at the segment's
+valid size: a write that fails half-way (disk full) is cut off again, and even if that cut fails the next
+append overwrites the torn bytes instead of landing after them.
+
+The ``.log`` descriptor is a LazyFile (pykbroker/log/files.py): opened on first use, closed by the
+shared budget when the segment sits idle, and pinned while a generator or a FileSlice holds it.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Callable, Iterator
 
+from pykbroker.log.files import LazyFile, Pin
 from pykbroker.log.index import CorruptIndex, OffsetIndex, TimeIndex
 from pykbroker.protocol.records import (
     BATCH_HEADER_SIZE,
@@ -97,15 +103,16 @@ class Segment:
         self.rolling_base_ms: int | None = None  # when the segment.ms clock started (first append)
         self._max_timestamp: tuple[int, int] | None = (-1, base_offset) if size == 0 else None
         self._bytes_since_index_entry = 0
-        self._fd = -1
+        self._file = LazyFile(self.log_path, os.O_RDWR)
         self.needs_rebuild = False
+        self.deleted = False
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 
     @classmethod
     def create(cls, directory: Path, base_offset: int) -> "Segment":
         segment = cls(directory, base_offset, 0)
-        segment._fd = os.open(segment.log_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        segment._file = LazyFile.create(segment.log_path, os.O_RDWR)
         segment.index = OffsetIndex.create(segment.path_for(INDEX_SUFFIX), base_offset)
         segment.time_index = TimeIndex.create(segment.path_for(TIME_INDEX_SUFFIX), base_offset)
         return segment
@@ -129,18 +136,22 @@ class Segment:
 
     @property
     def fd(self) -> int:
-        """The ``.log`` file descriptor, opened on first use and kept until close."""
-        if self._fd < 0:
-            self._fd = os.open(self.log_path, os.O_RDWR | os.O_APPEND)
-        return self._fd
+        """The ``.log`` descriptor, opened if needed; valid until another segment file is opened.
+
+        Use ``pin()`` to hold it longer (across a yield, or in a FileSlice).
+        """
+        return self._file.fd
+
+    def pin(self) -> Pin:
+        return self._file.pin()
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        """Close the descriptor (when the last pin goes, if pinned)."""
+        self._file.close()
 
     def delete_files(self) -> None:
-        """Unlink the files. An open descriptor keeps the data readable for fetches still in flight."""
+        """Unlink the files. A pinned descriptor keeps the data readable for fetches still in flight."""
+        self.deleted = True
         for suffix in SEGMENT_SUFFIXES:
             self.path_for(suffix).unlink(missing_ok=True)
 
@@ -253,9 +264,9 @@ class Segment:
         start = self.size
         fd = self.fd
         try:
-            written = os.write(fd, buf)
+            written = os.pwrite(fd, buf, start)
             while written < len(buf):
-                written += os.write(fd, memoryview(buf)[written:])
+                written += os.pwrite(fd, memoryview(buf)[written:], start + written)
         except BaseException:
             os.ftruncate(fd, start)
             raise
@@ -324,6 +335,10 @@ class Segment:
 
     def iter_batches(self, position: int, end: int, chunk: int = 1 << 20) -> Iterator[tuple[BatchHeader, bytes]]:
         """(header, batch bytes) for each batch from ``position`` to ``end``; header positions are 0 (in the bytes)."""
+        with self.pin():
+            yield from self._iter_batches(position, end, chunk)
+
+    def _iter_batches(self, position: int, end: int, chunk: int) -> Iterator[tuple[BatchHeader, bytes]]:
         while position < end:
             buf = pread_exactly(self.fd, min(chunk, end - position), position)
             at = 0

@@ -20,6 +20,7 @@ from pykbroker.cluster.topic_admin import TopicAdmin
 from pykbroker.config import BrokerConfig
 from pykbroker.groups.coordinator import GroupConfig, GroupCoordinator
 from pykbroker.groups.offset_store import OffsetStore
+from pykbroker.log.files import raise_descriptor_limit
 from pykbroker.log.manager import LogManager
 from pykbroker.replication.replica_manager import ReplicaManager
 from pykbroker.server.connection import KafkaConnection
@@ -86,6 +87,7 @@ class Broker:
             self._offset_store.delete_topic(name)
 
     async def start(self) -> None:
+        raise_descriptor_limit()
         self.load()
         loop = asyncio.get_running_loop()
         max_request = int(self.config.get("socket.request.max.bytes"))
