@@ -7,6 +7,7 @@ other.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from bisect import bisect_right
@@ -22,8 +23,10 @@ from pykbroker.log.leader_epoch import LeaderEpochCache
 from pykbroker.log.segment import (
     INT32_MAX,
     SEGMENT_SUFFIXES,
+    RecoveryCut,
     Segment,
     iter_file_headers,
+    last_offset_in,
     parse_segment_file_name,
     pread_exactly,
 )
@@ -37,6 +40,8 @@ from pykbroker.protocol.records import (
     set_partition_leader_epoch,
     validate_batches,
 )
+
+log = logging.getLogger(__name__)
 
 FSYNC_POLICIES = ("always", "interval", "never")
 # Files Kafka (or an interrupted run of ours) may leave behind mid-operation; none holds needed data.
@@ -202,9 +207,9 @@ class PartitionLog:
         if parsed is None:
             raise ValueError(f"{directory.name!r} is not a <topic>-<partition> directory name")
         directory.mkdir(parents=True, exist_ok=True)
-        log = cls(directory, parsed[0], parsed[1], config, fsync)
-        log._load(recovery_point, clean_shutdown, log_start_offset)
-        return log
+        partition_log = cls(directory, parsed[0], parsed[1], config, fsync)
+        partition_log._load(recovery_point, clean_shutdown, log_start_offset)
+        return partition_log
 
     def _load(self, recovery_point: int, clean_shutdown: bool, log_start_offset: int | None) -> None:
         interval = self._config.index_interval_bytes
@@ -222,7 +227,7 @@ class PartitionLog:
         first_unflushed = len(segments) if clean_shutdown else max(bisect_right(bases, recovery_point) - 1, 0)
         for segment in segments[:first_unflushed]:
             if segment.needs_rebuild:
-                segment.recover(interval, note_epoch)
+                self._report_cut(segment, segment.recover(interval, note_epoch), [])
                 recovered.append(segment)
         position = first_unflushed
         while position < len(segments):
@@ -230,9 +235,11 @@ class PartitionLog:
             cut = segment.recover(interval, note_epoch)
             recovered.append(segment)
             if cut:  # what follows a corrupt batch cannot be trusted
-                for later in segments[position + 1 :]:
-                    later.close()
-                    later.delete_files()
+                later = segments[position + 1 :]
+                self._report_cut(segment, cut, later)
+                for dropped in later:
+                    dropped.close()
+                    dropped.delete_files()
                 del segments[position + 1 :]
             position += 1
 
@@ -243,7 +250,7 @@ class PartitionLog:
         try:
             active.load_tail(interval)  # appends need its indexes in memory
         except InvalidRecordBatch:
-            active.recover(interval, note_epoch)
+            self._report_cut(active, active.recover(interval, note_epoch), [])
             recovered.append(active)
 
         self._segments = segments
@@ -269,6 +276,22 @@ class PartitionLog:
         self._recovery_point = self._log_end_offset
         if recovered or self._directory_changed:
             self.flush()
+
+    def _report_cut(self, segment: Segment, cut: RecoveryCut | None, dropped: list[Segment]) -> None:
+        """A WARN naming the partition, the offsets and the bytes a recovery cut (as Kafka logs it)."""
+        if cut is None:
+            return
+        last = cut.last_offset
+        dropped_bytes = sum(later.size for later in dropped)
+        if dropped:
+            last = last_offset_in(dropped[-1].fd, 0, dropped[-1].size) or last
+        offsets = f"offsets {cut.first_offset}-{last}" if last is not None else f"offsets from {cut.first_offset}"
+        log.warning(
+            "%s-%d: recovery truncated the log to end offset %d, cutting %s, %d bytes: %s at byte %d of %s%s",
+            self.topic, self.partition, cut.first_offset, offsets, cut.bytes_cut + dropped_bytes, cut.reason,
+            cut.position, segment.log_path.name,
+            f"; {len(dropped)} later segment(s) ({dropped_bytes} bytes) deleted" if dropped else "",
+        )
 
     def _clean_directory(self) -> list[int]:
         """Remove leftovers and orphan index files; return the base offsets of the segments present."""
@@ -408,9 +431,23 @@ class PartitionLog:
         for header in headers:
             epoch = header.partition_leader_epoch
             if epoch > epochs.latest_epoch:  # latest_epoch is -1 when empty, so this also skips epoch -1
-                epochs.assign(epoch, header.base_offset)
+                self._assign_epoch(epoch, header.base_offset)
         if self._fsync == "always":
             os.fdatasync(segment.fd)
+
+    def _assign_epoch(self, epoch: int, start_offset: int) -> None:
+        """Record a new leader epoch met in an append that is already written.
+
+        The batch is in the log, so a failure to write the checkpoint (disk full) must not fail the append:
+        the cache stays right in memory and the stale file is removed, so a restart rebuilds it from the
+        batch headers. The next epoch change writes the file again.
+        """
+        try:
+            self._epochs.assign(epoch, start_offset)
+        except OSError as exc:
+            log.warning("%s-%d: could not write %s (%s); it will be rebuilt from the log if the broker restarts",
+                        self.topic, self.partition, self._epochs.path.name, exc)
+            self._epochs.path.unlink(missing_ok=True)
 
     def _should_roll(self, segment: Segment, append_size: int, last_offset: int, now_ms: int) -> bool:
         config = self._config
@@ -425,18 +462,21 @@ class PartitionLog:
         )
 
     def _roll(self, base_offset: int | None = None) -> Segment:
-        """Start a new active segment at ``base_offset`` (default: the log end offset)."""
+        """Start a new active segment at ``base_offset`` (default: the log end offset).
+
+        The new segment's files are created first: if that fails (disk full) the log is unchanged.
+        """
         base = self._log_end_offset if base_offset is None else base_offset
         old = self._active
+        if old.size == 0 and old.base_offset == base:
+            return old
+        segment = Segment.create(self.directory, base)
         if old.size == 0:
-            if old.base_offset == base:
-                return old
             self._segments.pop()
             self._bases.pop()
             self._retire([old])
         else:
             old.seal()
-        segment = Segment.create(self.directory, base)
         self._segments.append(segment)
         self._bases.append(base)
         self._directory_changed = True
@@ -725,7 +765,11 @@ class PartitionLog:
         paths: list[Path] = []
         included: list[Segment] = []
         for segment in self._segments:
-            changed_indexes = segment.write_pending_indexes()
+            try:
+                changed_indexes = segment.write_pending_indexes()
+            except OSError as exc:  # the entries stay pending; the log data is still flushed below
+                log.warning("%s-%d: could not write index entries (%s)", self.topic, self.partition, exc)
+                changed_indexes = []
             if changed_indexes or segment in self._dirty:
                 included.append(segment)
                 paths.extend(segment.path_for(suffix) for suffix in SEGMENT_SUFFIXES)

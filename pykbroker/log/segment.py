@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -70,6 +71,31 @@ def iter_file_headers(fd: int, position: int, end: int) -> Iterator[BatchHeader]
         yield header
 
 
+def last_offset_in(fd: int, position: int, end: int) -> int | None:
+    """The last offset of the batches from ``position`` as far as their headers can be read; None if none.
+
+    Trusts the headers without checking CRCs: for reporting what a recovery cut, not for serving it.
+    """
+    last = None
+    try:
+        for header in iter_file_headers(fd, position, end):
+            last = header.last_offset
+    except InvalidRecordBatch:
+        pass
+    return last
+
+
+@dataclass(frozen=True)
+class RecoveryCut:
+    """What recovery cut off a segment: from batch boundary ``position`` (offset ``first_offset``) on."""
+
+    bytes_cut: int
+    position: int
+    first_offset: int
+    last_offset: int | None  # the last offset the cut bytes' headers claim, None if none is readable
+    reason: str
+
+
 def pread_exactly(fd: int, length: int, position: int) -> bytes:
     data = os.pread(fd, length, position)
     if len(data) == length:
@@ -106,15 +132,22 @@ class Segment:
         self._file = LazyFile(self.log_path, os.O_RDWR)
         self.needs_rebuild = False
         self.deleted = False
+        self._scan_stop = ""  # why the last scan stopped before the file's end
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 
     @classmethod
     def create(cls, directory: Path, base_offset: int) -> "Segment":
+        """A new empty segment and its files; if creating them fails (disk full), none is left behind."""
         segment = cls(directory, base_offset, 0)
-        segment._file = LazyFile.create(segment.log_path, os.O_RDWR)
-        segment.index = OffsetIndex.create(segment.path_for(INDEX_SUFFIX), base_offset)
-        segment.time_index = TimeIndex.create(segment.path_for(TIME_INDEX_SUFFIX), base_offset)
+        try:
+            segment._file = LazyFile.create(segment.log_path, os.O_RDWR)
+            segment.index = OffsetIndex.create(segment.path_for(INDEX_SUFFIX), base_offset)
+            segment.time_index = TimeIndex.create(segment.path_for(TIME_INDEX_SUFFIX), base_offset)
+        except OSError:
+            segment.close()
+            segment.delete_files()
+            raise
         return segment
 
     @classmethod
@@ -189,16 +222,20 @@ class Segment:
         last_indexed = 0
         max_ts, max_ts_offset = -1, self.base_offset
         next_offset = self.base_offset
+        stop = ""
         if size:
             with mmap.mmap(self.fd, size, access=mmap.ACCESS_READ) as view:
                 while valid < size:
                     try:
                         header = read_header(view, valid)
-                    except InvalidRecordBatch:
+                    except InvalidRecordBatch as exc:
+                        stop = f"malformed or torn batch ({exc})"
                         break
                     if verify and not crc_matches(view, header):
+                        stop = f"CRC mismatch in the batch of offsets {header.base_offset}-{header.last_offset}"
                         break
                     if header.base_offset < next_offset or header.last_offset - self.base_offset > INT32_MAX:
+                        stop = f"batch offset {header.base_offset} does not follow {next_offset - 1}"
                         break
                     if header.max_timestamp > max_ts:
                         max_ts, max_ts_offset = header.max_timestamp, header.last_offset
@@ -215,16 +252,22 @@ class Segment:
         self.next_offset = next_offset
         self._max_timestamp = (max_ts, max_ts_offset)
         self._bytes_since_index_entry = valid - last_indexed
+        self._scan_stop = stop
         return valid
 
-    def recover(self, index_interval_bytes: int, on_batch: Callable[[BatchHeader], None] | None = None) -> int:
-        """Validate every batch (CRC included), rebuild the indexes and cut a bad tail; returns bytes cut."""
-        on_disk = os.fstat(self.fd).st_size
+    def recover(
+        self, index_interval_bytes: int, on_batch: Callable[[BatchHeader], None] | None = None
+    ) -> RecoveryCut | None:
+        """Validate every batch (CRC included), rebuild the indexes and cut a bad tail; what was cut, if any."""
+        fd = self.fd
+        on_disk = os.fstat(fd).st_size
         valid = self.scan(index_interval_bytes, verify=True, on_batch=on_batch)
-        if valid < on_disk:
-            os.ftruncate(self.fd, valid)
         self.rolling_base_ms = None
-        return on_disk - valid
+        if valid == on_disk:
+            return None
+        cut = RecoveryCut(on_disk - valid, valid, self.next_offset, last_offset_in(fd, valid, on_disk), self._scan_stop)
+        os.ftruncate(fd, valid)
+        return cut
 
     def load_tail(self, index_interval_bytes: int) -> None:
         """Make the segment ready to be active: indexes in memory, and after a clean shutdown the next offset

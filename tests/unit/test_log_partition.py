@@ -384,7 +384,7 @@ def test_recovery_after_a_torn_tail_keeps_a_prefix(sizes, cut):
         recovered.close()
 
 
-def test_corrupt_crc_in_the_tail_is_truncated(tmp_path):
+def test_corrupt_crc_in_the_tail_is_truncated(tmp_path, caplog):
     log = open_log(tmp_path, LogConfig())
     expected = fill(log, [2] * 6)
     log.close()
@@ -393,14 +393,21 @@ def test_corrupt_crc_in_the_tail_is_truncated(tmp_path):
     fourth = list(iter_headers(data))[3]
     data[fourth.position + fourth.size - 1] ^= 0x55
     path.write_bytes(data)
+    caplog.set_level("WARNING", logger="pykbroker.log.partition_log")
     recovered = open_log(tmp_path, LogConfig())
     assert read_all(recovered) == expected[:3]
     assert recovered.log_end_offset == 6
     assert os.path.getsize(path) == fourth.position
+    # The cut is not silent: partition, offsets, bytes and the reason, in one WARN.
+    cut = len(data) - fourth.position
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"topic.a-3: recovery truncated the log to end offset 6, cutting offsets 6-11, {cut} bytes: "
+        f"CRC mismatch in the batch of offsets 6-7 at byte {fourth.position} of 00000000000000000000.log"
+    ]
     recovered.close()
 
 
-def test_recovery_point_limits_the_scan_and_later_segments_go_after_corruption(tmp_path):
+def test_recovery_point_limits_the_scan_and_later_segments_go_after_corruption(tmp_path, caplog):
     log = open_log(tmp_path)
     expected = fill(log, [4] * 30)
     bases = log.segment_base_offsets
@@ -416,6 +423,10 @@ def test_recovery_point_limits_the_scan_and_later_segments_go_after_corruption(t
     assert got == expected[: len(got)]
     assert recovered.segment_base_offsets == bases[:2]
     assert got[-1][0] < bases[2]
+    end = got[-1][0] + len(got[-1][1])
+    warning = next(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    assert warning.startswith(f"topic.a-3: recovery truncated the log to end offset {end}, cutting offsets {end}-119, ")
+    assert f"; {len(bases) - 2} later segment(s) (" in warning
     recovered.close()
 
 
