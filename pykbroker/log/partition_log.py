@@ -180,6 +180,7 @@ class PartitionLog:
         self._directory_changed = False  # segment files created or deleted since the last flush
         self._retired = DelayedClose()  # deleted segments' descriptors
         self._truncations = 0
+        self._index_write_failed = False  # the last flush could not write index entries (warned once)
         self._closed = False
         self.rolled_since_flush = False  # lets a "never" fsync policy still flush at rolls, as Kafka does
 
@@ -764,16 +765,21 @@ class PartitionLog:
         """Write pending index entries and collect what to fsync; run the job (any thread), then complete it."""
         paths: list[Path] = []
         included: list[Segment] = []
+        index_write_failed = False
         for segment in self._segments:
             try:
                 changed_indexes = segment.write_pending_indexes()
             except OSError as exc:  # the entries stay pending; the log data is still flushed below
-                log.warning("%s-%d: could not write index entries (%s)", self.topic, self.partition, exc)
+                if not (self._index_write_failed or index_write_failed):
+                    log.warning("%s-%d: could not write index entries (%s); retrying at each flush",
+                                self.topic, self.partition, exc)
+                index_write_failed = True
                 changed_indexes = []
             if changed_indexes or segment in self._dirty:
                 included.append(segment)
                 paths.extend(segment.path_for(suffix) for suffix in SEGMENT_SUFFIXES)
         self._dirty.clear()
+        self._index_write_failed = index_write_failed
         directory_changed = self._directory_changed
         if directory_changed:
             paths.append(self.directory)
