@@ -31,12 +31,14 @@ log = logging.getLogger(__name__)
 # Never fewer than this many segment files open at once, whatever the limit: a log needs its active
 # segment and the segment being read, and a fetch spanning a few segments must not thrash.
 MIN_BUDGET = 8
+# What an unlimited (RLIM_INFINITY) hard limit is taken to be: Linux's default fs.nr_open.
+UNLIMITED_AS = 1 << 20
 
 
 def budget_for_limit(limit: int) -> int:
-    """How many segment files may be open for a descriptor limit (RLIM_INFINITY counts as 1M)."""
+    """How many segment files may be open under a descriptor limit."""
     if limit == resource.RLIM_INFINITY:
-        limit = 1 << 20
+        limit = UNLIMITED_AS
     return max(limit // 2, MIN_BUDGET)
 
 
@@ -78,14 +80,15 @@ shared_budget = DescriptorBudget(budget_for_limit(_soft_limit()))
 def raise_descriptor_limit(budget: DescriptorBudget = shared_budget) -> tuple[int, int]:
     """Raise the soft RLIMIT_NOFILE to the hard limit, size ``budget`` from it and log it; (soft, hard)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
+    target = UNLIMITED_AS if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         except (ValueError, OSError) as exc:
-            log.warning("could not raise the open-file limit from %d to %d: %s", soft, hard, exc)
+            log.warning("could not raise the open-file limit from %d to %d: %s", soft, target, exc)
         else:
-            log.info("raised the open-file limit (RLIMIT_NOFILE) from %d to the hard limit %d", soft, hard)
-            soft = hard
+            log.info("raised the open-file limit (RLIMIT_NOFILE) from %d to the hard limit %d", soft, target)
+            soft = target
     budget.resize(budget_for_limit(soft))
     log.info("open-file limit %d: up to %d segment files open at once, idle ones closed", soft, budget.limit)
     return soft, hard

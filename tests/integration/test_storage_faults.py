@@ -15,6 +15,7 @@ error code are seen exactly.
 
 from __future__ import annotations
 
+import datetime
 import errno
 import os
 import re
@@ -38,7 +39,7 @@ def create_topic(broker: BrokerProcess, topic: str, partitions: int) -> None:
     response = send_request(broker.address, CreateTopicsRequest(
         topics=(CreatableTopic(name=topic, num_partitions=i32(partitions), replication_factor=i16(-1),
                                assignments=(), configs=()),),
-        timeout=i32Timedelta.parse(__import__("datetime").timedelta(seconds=30)), validate_only=False))
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)), validate_only=False))
     assert response.topics[0].error_code == ErrorCode.none, response.topics[0]
 
 
