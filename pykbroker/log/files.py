@@ -129,14 +129,11 @@ class LazyFile:
         return fd
 
     def _open(self, flags: int) -> int:
+        """Open the file (never pinned here: a pinned file is never closed) as the most recently used."""
         budget = self._budget
         budget._make_room(1)
         self._fd = os.open(self.path, flags, 0o644)
-        self._close_when_unpinned = False
-        if self._pins:
-            budget.pinned += 1
-        else:
-            budget._idle[self] = None
+        budget._idle[self] = None
         return self._fd
 
     def pin(self) -> "Pin":
@@ -150,7 +147,7 @@ class LazyFile:
 
     def _unpin(self) -> None:
         self._pins -= 1
-        if self._pins or self._fd < 0:
+        if self._pins:
             return
         self._budget.pinned -= 1
         if self._close_when_unpinned:

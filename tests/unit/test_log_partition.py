@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import tempfile
@@ -639,3 +640,32 @@ def test_torn_active_segment_with_a_bad_index_is_cut_even_after_clean_shutdown(t
     again = open_log(tmp_path, LogConfig(index_interval_bytes=64))  # unclean: verifies every batch
     assert read_all(again) == expected + [(16, [b"next"])]
     again.close()
+
+
+def test_a_write_that_fails_part_way_is_cut_and_the_log_goes_on(tmp_path, monkeypatch):
+    """Disk full in the middle of an append: the partial batch is cut off, nothing is assigned, and the next
+    append (once space is back) lands right after the last whole batch, also as seen after a restart."""
+    log = open_log(tmp_path)
+    expected = fill(log, [2] * 3)
+    path = tmp_path / "topic.a-3" / f"{log.segment_base_offsets[-1]:020d}.log"
+    size = path.stat().st_size
+    real_pwrite = os.pwrite
+
+    def short_then_full(fd, data, offset):
+        if len(data) > 40:
+            return real_pwrite(fd, bytes(data[:40]), offset)  # a short write, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "pwrite", short_then_full)
+        with pytest.raises(OSError):
+            log.append(batch([b"does not fit"] * 3), leader_epoch=0, now_ms=1)
+    assert path.stat().st_size == size
+    assert log.log_end_offset == 6
+    result = log.append(batch([b"after"]), leader_epoch=0, now_ms=1)
+    assert result.base_offset == 6
+    assert read_all(log) == expected + [(6, [b"after"])]
+    log.abandon()
+    reopened = open_log(tmp_path)
+    assert read_all(reopened) == expected + [(6, [b"after"])]
+    reopened.close()
