@@ -175,11 +175,12 @@ def wait_for_log(broker: BrokerProcess, text: str, timeout: float = 30.0) -> Non
 
 
 def test_full_disk_answers_kafka_storage_error_and_recovers_when_space_returns(tmp_path, small_disk):
+    Producer = pytest.importorskip("confluent_kafka", reason="needs confluent-kafka for the stock-client part").Producer
     broker = BrokerProcess(tmp_path / "full")
     assert broker.data_dir == small_disk
     with broker:
         topic = "disk"
-        create_topic(broker, topic, 1)
+        create_topic(broker, topic, 2)
         acked = {}
         for number in range(20):
             value = b"before-%d-" % number + b"x" * 1000
@@ -207,8 +208,24 @@ def test_full_disk_answers_kafka_storage_error_and_recovers_when_space_returns(t
         # One WARN per failing episode (the cut batch, then the full disk), not one per refused request.
         assert log.count(f"{topic}-0: append failed") == 2, log
 
+        # A stock client (librdkafka) treats the answer as retriable: it keeps the message and retries,
+        # instead of reconnecting to a "down" broker, and delivers it once space is back.
+        delivered = []
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "message.timeout.ms": 60000,
+                             "retry.backoff.ms": 100, "enable.idempotence": False})
+        producer.produce(topic, b"from librdkafka", partition=1,
+                         on_delivery=lambda err, msg: delivered.append((err, msg.offset())))
+        deadline = time.monotonic() + 30
+        while f"{topic}-1: append failed" not in broker.log_path.read_text():
+            assert time.monotonic() < deadline, f"librdkafka's produce was not refused\n{broker.log_tail()}"
+            producer.poll(0.05)
+        assert delivered == []
+
         for filler in fillers:
             filler.unlink()
+        assert producer.flush(30) == 0
+        assert delivered == [(None, 0)]
+        assert read_values(broker, topic, 1) == [(0, b"from librdkafka")]
         for number in range(5):
             value = b"after-%d-" % number + os.urandom(200 * 1024)
             response = produce_one(broker, topic, 0, value)
