@@ -102,7 +102,8 @@ class LimitedBroker(BrokerProcess):
         return len(os.listdir(f"/proc/{self.process.pid}/fd"))
 
 
-@pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs util-linux prlimit to limit the broker's descriptors")
+@pytest.mark.skipif(shutil.which("prlimit") is None,
+                    reason="needs util-linux prlimit to limit the broker's descriptors")
 def test_thousands_of_segments_and_hundreds_of_partitions_under_a_low_descriptor_limit(tmp_path):
     soft, hard = 64, 128
     broker = LimitedBroker(tmp_path / "limited", soft, hard, config={"log.segment.bytes": 100})
