@@ -151,14 +151,19 @@ class FlushJob:
 
     def run(self) -> None:
         for path in self.paths:
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                continue
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_path(path)
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or directory by path, holding one descriptor for the call; a missing one is skipped."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class PartitionLog:
@@ -231,6 +236,7 @@ class PartitionLog:
                 self._report_cut(segment, segment.recover(interval, note_epoch), [])
                 recovered.append(segment)
         position = first_unflushed
+        dropped_after_corruption = False
         while position < len(segments):
             segment = segments[position]
             cut = segment.recover(interval, note_epoch)
@@ -241,6 +247,7 @@ class PartitionLog:
                 for dropped in later:
                     dropped.close()
                     dropped.delete_files()
+                dropped_after_corruption = bool(later)
                 del segments[position + 1 :]
             position += 1
 
@@ -274,9 +281,17 @@ class PartitionLog:
             self._epochs.write()
 
         self._dirty.update(segment for segment in recovered if segment in self._segments)
-        self._recovery_point = self._log_end_offset
         if recovered or self._directory_changed:
-            self.flush()
+            # As Kafka does, loading fsyncs nothing it recovered or created (thousands of small segments
+            # took seconds of fsyncs): they are dirty, the next flush (off the event loop) makes them durable
+            # and moves the recovery point, and a crash before that only recovers them again. Segments
+            # deleted after a corrupt batch must not come back after a power loss: that is synced now.
+            self._recovery_point = min(recovery_point, self._log_end_offset)
+            self._directory_changed = True
+            if dropped_after_corruption:
+                fsync_path(self.directory)
+        else:
+            self._recovery_point = self._log_end_offset
 
     def _report_cut(self, segment: Segment, cut: RecoveryCut | None, dropped: list[Segment]) -> None:
         """A WARN naming the partition, the offsets and the bytes a recovery cut (as Kafka logs it)."""
