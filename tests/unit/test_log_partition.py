@@ -669,3 +669,22 @@ def test_a_write_that_fails_part_way_is_cut_and_the_log_goes_on(tmp_path, monkey
     reopened = open_log(tmp_path)
     assert read_all(reopened) == expected + [(6, [b"after"])]
     reopened.close()
+
+
+def test_recovery_fsyncs_nothing_and_leaves_the_recovery_point_to_the_next_flush(tmp_path, monkeypatch):
+    """As Kafka: loading after a crash verifies and rebuilds, but syncs nothing (thousands of small segments
+    made that seconds of fsyncs before the broker could answer); the next flush syncs and moves the point."""
+    log = open_log(tmp_path)
+    expected = fill(log, [2] * 30)
+    assert len(log.segment_base_offsets) > 1
+    log.abandon()
+    synced = []
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "fsync", synced.append)
+        recovered = open_log(tmp_path, recovery_point=0)
+    assert len(synced) == 2  # only the leader-epoch checkpoint's atomic replace (file, directory), not per segment
+    assert recovered.recovery_point == 0
+    assert read_all(recovered) == expected
+    recovered.flush()
+    assert recovered.recovery_point == recovered.log_end_offset == 60
+    recovered.close()
