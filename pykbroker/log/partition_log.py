@@ -300,7 +300,8 @@ class PartitionLog:
         last = cut.last_offset
         dropped_bytes = sum(later.size for later in dropped)
         if dropped:
-            last = last_offset_in(dropped[-1].fd, 0, dropped[-1].size) or last
+            last_dropped = last_offset_in(dropped[-1].fd, 0, dropped[-1].size)
+            last = last if last_dropped is None else last_dropped
         offsets = f"offsets {cut.first_offset}-{last}" if last is not None else f"offsets from {cut.first_offset}"
         log.warning(
             "%s-%d: recovery truncated the log to end offset %d, cutting %s, %d bytes: %s at byte %d of %s%s",

@@ -265,7 +265,8 @@ class Segment:
         self.rolling_base_ms = None
         if valid == on_disk:
             return None
-        cut = RecoveryCut(on_disk - valid, valid, self.next_offset, last_offset_in(fd, valid, on_disk), self._scan_stop)
+        last_cut = last_offset_in(fd, valid, on_disk)
+        cut = RecoveryCut(on_disk - valid, valid, self.next_offset, last_cut, self._scan_stop)
         os.ftruncate(fd, valid)
         return cut
 
