@@ -13,6 +13,7 @@ segments that are not active are read from disk lazily, on their first lookup.
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from array import array
@@ -89,15 +90,20 @@ class _SparseIndex:
         self._loaded = True
 
     def write_pending(self) -> bool:
-        """Append the entries not yet in the file; True if anything was written."""
+        """Write the entries not yet in the file after those that are; True if anything was written.
+
+        The write lands at the end of the written entries, so after a failed or short write (disk full) the
+        entries stay pending and the next attempt overwrites whatever part of them reached the file.
+        """
         if not self._loaded or self._written == len(self._keys):
             return False
         pending = b"".join(
             self.ENTRY.pack(self._keys[i], self._values[i]) for i in range(self._written, len(self._keys))
         )
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            os.write(fd, pending)
+            if os.pwrite(fd, pending, self._written * self.ENTRY.size) != len(pending):
+                raise OSError(errno.ENOSPC, f"short write to {self.path}")
         finally:
             os.close(fd)
         self._written = len(self._keys)

@@ -257,23 +257,33 @@ class LogManager:
         tick_s = min(self.flush_interval_ms, self.retention_check_interval_ms, 1000) / 1000
         next_flush = time.monotonic() + self.flush_interval_ms / 1000
         next_retention = time.monotonic() + self.retention_check_interval_ms / 1000
+        failing = False  # a storage error (disk full) stops nothing: the next tick tries again
         while not self._closed:
             await asyncio.sleep(tick_s)
-            now_ms = int(time.time() * 1000)
-            for partition_log in self.logs():
-                partition_log.maybe_roll(now_ms)
-            if time.monotonic() >= next_retention:
-                self.apply_retention(now_ms)
-                next_retention = time.monotonic() + self.retention_check_interval_ms / 1000
-            if time.monotonic() >= next_flush:
-                if self.fsync == "never":  # Kafka's default: no timed fsync, but flush what a roll completed
-                    due = [partition_log for partition_log in self.logs() if partition_log.rolled_since_flush]
-                else:
-                    due = self.logs()
-                await self.flush_async(due)
-                await self.write_checkpoints_async()
-                next_flush = time.monotonic() + self.flush_interval_ms / 1000
-            self._deleted.run_due()
+            try:
+                now_ms = int(time.time() * 1000)
+                for partition_log in self.logs():
+                    partition_log.maybe_roll(now_ms)
+                if time.monotonic() >= next_retention:
+                    self.apply_retention(now_ms)
+                    next_retention = time.monotonic() + self.retention_check_interval_ms / 1000
+                if time.monotonic() >= next_flush:
+                    if self.fsync == "never":  # Kafka's default: no timed fsync, but flush what a roll completed
+                        due = [partition_log for partition_log in self.logs() if partition_log.rolled_since_flush]
+                    else:
+                        due = self.logs()
+                    await self.flush_async(due)
+                    await self.write_checkpoints_async()
+                    next_flush = time.monotonic() + self.flush_interval_ms / 1000
+                self._deleted.run_due()
+            except OSError as exc:
+                if not failing:
+                    log.warning("log upkeep in %s failed (%s); retrying every %.1f s", self.data_dir, exc, tick_s)
+                failing = True
+                continue
+            if failing:
+                log.info("log upkeep in %s works again", self.data_dir)
+                failing = False
 
     def apply_retention(self, now_ms: int) -> int:
         """One retention pass over every log; returns the number of segments deleted."""
@@ -290,10 +300,7 @@ class LogManager:
         try:
             await asyncio.wrap_future(future)
         except BaseException:
-            if future.cancel():  # never started: its duplicated descriptors are ours to close
-                for _, job in jobs:
-                    for fd in job.fds:
-                        os.close(fd)
+            future.cancel()  # a job that never started holds no descriptor: it names files by path
             for partition_log, job in jobs:
                 partition_log.abort_flush(job)
             raise

@@ -1,11 +1,13 @@
 """The log of one partition: ordered segments in ``<data-dir>/<topic>-<partition>/``, Kafka's layout and rules.
 
-Everything here runs on the event loop thread except ``FlushJob.run`` (fsyncs of duplicated descriptors),
-which the LogManager may run in a worker thread. Appends and reads are therefore atomic to each other.
+Everything here runs on the event loop thread except ``FlushJob.run`` (fsyncs by path, one descriptor at
+a time), which the LogManager may run in a worker thread. Appends and reads are therefore atomic to each
+other.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from bisect import bisect_right
@@ -16,12 +18,15 @@ from typing import Callable, Iterator
 from pykbroker.log.config import LogConfig
 from pykbroker.log.errors import OffsetOutOfRange, RecordTooLarge, UnexpectedAppendOffset
 from pykbroker.log.checkpoint import CorruptCheckpoint
+from pykbroker.log.files import Pin, shared_budget
 from pykbroker.log.leader_epoch import LeaderEpochCache
 from pykbroker.log.segment import (
     INT32_MAX,
     SEGMENT_SUFFIXES,
+    RecoveryCut,
     Segment,
     iter_file_headers,
+    last_offset_in,
     parse_segment_file_name,
     pread_exactly,
 )
@@ -35,6 +40,8 @@ from pykbroker.protocol.records import (
     set_partition_leader_epoch,
     validate_batches,
 )
+
+log = logging.getLogger(__name__)
 
 FSYNC_POLICIES = ("always", "interval", "never")
 # Files Kafka (or an interrupted run of ours) may leave behind mid-operation; none holds needed data.
@@ -57,14 +64,21 @@ def parse_log_dir_name(name: str) -> tuple[str, int] | None:
 class FileSlice:
     """A byte range of a segment file that ends at a batch boundary.
 
-    ``fd`` is the log's own descriptor for the file (use it for ``sendfile``); it stays open at least
-    ``file.delete.delay.ms`` after the segment is deleted, so a fetch in flight can still send it.
+    ``fd`` is the log's own descriptor for the file (use it for ``sendfile``); the slice pins it, so it
+    stays open (even if the segment is deleted meanwhile) for as long as the slice is referenced: keep the
+    slice, not just its ``fd``, until the bytes are sent.
     """
 
     path: Path
     position: int
     length: int
     fd: int = field(default=-1, compare=False, repr=False)
+    pin: Pin | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, segment: Segment, position: int, length: int) -> "FileSlice":
+        pin = segment.pin()
+        return cls(segment.log_path, position, length, pin.fd, pin)
 
 
 @dataclass
@@ -122,22 +136,34 @@ class AppendResult:
 
 @dataclass
 class FlushJob:
-    """What one flush must make durable: duplicated descriptors, so it is safe to fsync them off the loop."""
+    """What one flush must make durable: files by path, so it is safe to fsync them off the loop.
 
-    fds: list[int]
+    Each file is opened, fsynced and closed in turn, so a flush of thousands of segments (after recovery,
+    or after many rolls) holds one descriptor. A file deleted or renamed meanwhile (retention, topic
+    deletion) needs no fsync and is skipped.
+    """
+
+    paths: list[Path]
     target_offset: int
     segments: list[Segment]
     directory_changed: bool
     truncations: int
 
     def run(self) -> None:
-        try:
-            for fd in self.fds:
-                os.fsync(fd)
-        finally:
-            for fd in self.fds:
-                os.close(fd)
-            self.fds = []
+        for path in self.paths:
+            fsync_path(path)
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or directory by path, holding one descriptor for the call; a missing one is skipped."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class PartitionLog:
@@ -159,6 +185,7 @@ class PartitionLog:
         self._directory_changed = False  # segment files created or deleted since the last flush
         self._retired = DelayedClose()  # deleted segments' descriptors
         self._truncations = 0
+        self._index_write_failed = False  # the last flush could not write index entries (warned once)
         self._closed = False
         self.rolled_since_flush = False  # lets a "never" fsync policy still flush at rolls, as Kafka does
 
@@ -186,9 +213,9 @@ class PartitionLog:
         if parsed is None:
             raise ValueError(f"{directory.name!r} is not a <topic>-<partition> directory name")
         directory.mkdir(parents=True, exist_ok=True)
-        log = cls(directory, parsed[0], parsed[1], config, fsync)
-        log._load(recovery_point, clean_shutdown, log_start_offset)
-        return log
+        partition_log = cls(directory, parsed[0], parsed[1], config, fsync)
+        partition_log._load(recovery_point, clean_shutdown, log_start_offset)
+        return partition_log
 
     def _load(self, recovery_point: int, clean_shutdown: bool, log_start_offset: int | None) -> None:
         interval = self._config.index_interval_bytes
@@ -206,17 +233,21 @@ class PartitionLog:
         first_unflushed = len(segments) if clean_shutdown else max(bisect_right(bases, recovery_point) - 1, 0)
         for segment in segments[:first_unflushed]:
             if segment.needs_rebuild:
-                segment.recover(interval, note_epoch)
+                self._report_cut(segment, segment.recover(interval, note_epoch), [])
                 recovered.append(segment)
         position = first_unflushed
+        dropped_after_corruption = False
         while position < len(segments):
             segment = segments[position]
             cut = segment.recover(interval, note_epoch)
             recovered.append(segment)
             if cut:  # what follows a corrupt batch cannot be trusted
-                for later in segments[position + 1 :]:
-                    later.close()
-                    later.delete_files()
+                later = segments[position + 1 :]
+                self._report_cut(segment, cut, later)
+                for dropped in later:
+                    dropped.close()
+                    dropped.delete_files()
+                dropped_after_corruption = bool(later)
                 del segments[position + 1 :]
             position += 1
 
@@ -227,7 +258,7 @@ class PartitionLog:
         try:
             active.load_tail(interval)  # appends need its indexes in memory
         except InvalidRecordBatch:
-            active.recover(interval, note_epoch)
+            self._report_cut(active, active.recover(interval, note_epoch), [])
             recovered.append(active)
 
         self._segments = segments
@@ -250,9 +281,34 @@ class PartitionLog:
             self._epochs.write()
 
         self._dirty.update(segment for segment in recovered if segment in self._segments)
-        self._recovery_point = self._log_end_offset
         if recovered or self._directory_changed:
-            self.flush()
+            # As Kafka does, loading fsyncs nothing it recovered or created (thousands of small segments
+            # took seconds of fsyncs): they are dirty, the next flush (off the event loop) makes them durable
+            # and moves the recovery point, and a crash before that only recovers them again. Segments
+            # deleted after a corrupt batch must not come back after a power loss: that is synced now.
+            self._recovery_point = min(recovery_point, self._log_end_offset)
+            self._directory_changed = True
+            if dropped_after_corruption:
+                fsync_path(self.directory)
+        else:
+            self._recovery_point = self._log_end_offset
+
+    def _report_cut(self, segment: Segment, cut: RecoveryCut | None, dropped: list[Segment]) -> None:
+        """A WARN naming the partition, the offsets and the bytes a recovery cut (as Kafka logs it)."""
+        if cut is None:
+            return
+        last = cut.last_offset
+        dropped_bytes = sum(later.size for later in dropped)
+        if dropped:
+            last_dropped = last_offset_in(dropped[-1].fd, 0, dropped[-1].size)
+            last = last if last_dropped is None else last_dropped
+        offsets = f"offsets {cut.first_offset}-{last}" if last is not None else f"offsets from {cut.first_offset}"
+        log.warning(
+            "%s-%d: recovery truncated the log to end offset %d, cutting %s, %d bytes: %s at byte %d of %s%s",
+            self.topic, self.partition, cut.first_offset, offsets, cut.bytes_cut + dropped_bytes, cut.reason,
+            cut.position, segment.log_path.name,
+            f"; {len(dropped)} later segment(s) ({dropped_bytes} bytes) deleted" if dropped else "",
+        )
 
     def _clean_directory(self) -> list[int]:
         """Remove leftovers and orphan index files; return the base offsets of the segments present."""
@@ -392,9 +448,23 @@ class PartitionLog:
         for header in headers:
             epoch = header.partition_leader_epoch
             if epoch > epochs.latest_epoch:  # latest_epoch is -1 when empty, so this also skips epoch -1
-                epochs.assign(epoch, header.base_offset)
+                self._assign_epoch(epoch, header.base_offset)
         if self._fsync == "always":
             os.fdatasync(segment.fd)
+
+    def _assign_epoch(self, epoch: int, start_offset: int) -> None:
+        """Record a new leader epoch met in an append that is already written.
+
+        The batch is in the log, so a failure to write the checkpoint (disk full) must not fail the append:
+        the cache stays right in memory and the stale file is removed, so a restart rebuilds it from the
+        batch headers. The next epoch change writes the file again.
+        """
+        try:
+            self._epochs.assign(epoch, start_offset)
+        except OSError as exc:
+            log.warning("%s-%d: could not write %s (%s); it will be rebuilt from the log if the broker restarts",
+                        self.topic, self.partition, self._epochs.path.name, exc)
+            self._epochs.path.unlink(missing_ok=True)
 
     def _should_roll(self, segment: Segment, append_size: int, last_offset: int, now_ms: int) -> bool:
         config = self._config
@@ -409,18 +479,21 @@ class PartitionLog:
         )
 
     def _roll(self, base_offset: int | None = None) -> Segment:
-        """Start a new active segment at ``base_offset`` (default: the log end offset)."""
+        """Start a new active segment at ``base_offset`` (default: the log end offset).
+
+        The new segment's files are created first: if that fails (disk full) the log is unchanged.
+        """
         base = self._log_end_offset if base_offset is None else base_offset
         old = self._active
+        if old.size == 0 and old.base_offset == base:
+            return old
+        segment = Segment.create(self.directory, base)
         if old.size == 0:
-            if old.base_offset == base:
-                return old
             self._segments.pop()
             self._bases.pop()
             self._retire([old])
         else:
             old.seal()
-        segment = Segment.create(self.directory, base)
         self._segments.append(segment)
         self._bases.append(base)
         self._directory_changed = True
@@ -448,7 +521,8 @@ class PartitionLog:
         """Whole batches from the one containing ``offset``, up to ``max_bytes`` and below ``upper_bound``.
 
         Stops before any batch whose last offset >= ``upper_bound`` (exclusive, e.g. the high-water mark;
-        None = log end). With ``min_one`` the first batch is returned whole even if larger than max_bytes.
+        None = log end), and before a further segment when the descriptor budget has no room for another
+        pinned file. With ``min_one`` the first batch is returned whole even if larger than max_bytes.
         Raises OffsetOutOfRange outside [log start, log end].
         """
         log_end = self._log_end_offset
@@ -462,8 +536,8 @@ class PartitionLog:
         remaining = max_bytes
         found_first = False
         for segment in self._segments[max(bisect_right(self._bases, offset) - 1, 0) :]:
-            if segment.base_offset >= limit:
-                break
+            if segment.base_offset >= limit or (slices and not shared_budget.can_pin_more()):
+                break  # (each slice pins a descriptor: a read over many tiny segments stops at the budget)
             end = segment.size
             if not found_first:
                 first = segment.locate(offset, end, interval)
@@ -475,7 +549,7 @@ class PartitionLog:
                 start = first.position
                 if first.size > remaining:
                     if min_one:
-                        slices.append(FileSlice(segment.log_path, start, first.size, segment.fd))
+                        slices.append(FileSlice.of(segment, start, first.size))
                     break
                 run_end, stopped = segment.extend_run(start + first.size, start + remaining, limit, end)
             else:
@@ -483,7 +557,7 @@ class PartitionLog:
                 segment.ensure_indexes(interval)
                 run_end, stopped = segment.extend_run(0, remaining, limit, end)
             if run_end > start:
-                slices.append(FileSlice(segment.log_path, start, run_end - start, segment.fd))
+                slices.append(FileSlice.of(segment, start, run_end - start))
                 remaining -= run_end - start
             if stopped or remaining <= 0:
                 break
@@ -509,16 +583,22 @@ class PartitionLog:
         """
         log_end = self._log_end_offset
         for segment, position in self._segments_from(start_offset):
-            for header in iter_file_headers(segment.fd, position, segment.size):
-                if header.base_offset >= log_end:
-                    return
-                if header.last_offset >= start_offset:
-                    yield header
+            with segment.pin() as fd:
+                for header in iter_file_headers(fd, position, segment.size):
+                    if header.base_offset >= log_end:
+                        return
+                    if header.last_offset >= start_offset:
+                        yield header
 
     def _segments_from(self, start_offset: int) -> Iterator[tuple[Segment, int]]:
-        """(segment, position to start reading) for the segments that may hold ``start_offset`` and later."""
+        """(segment, position to start reading) for the segments that may hold ``start_offset`` and later.
+
+        Segments deleted (by retention) while the caller iterates are skipped: their data is gone.
+        """
         first_index = max(bisect_right(self._bases, start_offset) - 1, 0)
         for number, segment in enumerate(list(self._segments[first_index:])):
+            if segment.deleted:
+                continue
             if number == 0:
                 segment.ensure_indexes(self._config.index_interval_bytes)
                 yield segment, segment.index.lookup(start_offset)[1]
@@ -699,21 +779,28 @@ class PartitionLog:
 
     def prepare_flush(self) -> FlushJob:
         """Write pending index entries and collect what to fsync; run the job (any thread), then complete it."""
-        fds: list[int] = []
+        paths: list[Path] = []
         included: list[Segment] = []
+        index_write_failed = False
         for segment in self._segments:
-            changed_indexes = segment.write_pending_indexes()
+            try:
+                changed_indexes = segment.write_pending_indexes()
+            except OSError as exc:  # the entries stay pending; the log data is still flushed below
+                if not (self._index_write_failed or index_write_failed):
+                    log.warning("%s-%d: could not write index entries (%s); retrying at each flush",
+                                self.topic, self.partition, exc)
+                index_write_failed = True
+                changed_indexes = []
             if changed_indexes or segment in self._dirty:
                 included.append(segment)
-                fds.append(os.dup(segment.fd))
-                for suffix in SEGMENT_SUFFIXES[1:]:
-                    fds.append(os.open(segment.path_for(suffix), os.O_RDONLY))
+                paths.extend(segment.path_for(suffix) for suffix in SEGMENT_SUFFIXES)
         self._dirty.clear()
+        self._index_write_failed = index_write_failed
         directory_changed = self._directory_changed
         if directory_changed:
-            fds.append(os.open(self.directory, os.O_RDONLY))
+            paths.append(self.directory)
             self._directory_changed = False
-        return FlushJob(fds, self._log_end_offset, included, directory_changed, self._truncations)
+        return FlushJob(paths, self._log_end_offset, included, directory_changed, self._truncations)
 
     def complete_flush(self, job: FlushJob) -> None:
         """The job ran: advance the recovery point (unless the log was truncated meanwhile)."""

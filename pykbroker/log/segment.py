@@ -2,16 +2,23 @@
 
 The ``.log`` file is a plain concatenation of record batches v2. Reads never load batch bodies into Python:
 they walk 61-byte batch headers with ``pread`` of small chunks, starting from the sparse offset index, and
-hand back byte ranges for ``sendfile``. Writes are one ``write()`` per append call.
+hand back byte ranges for ``sendfile``. Writes are one ``pwrite()`` per append call, at the segment's
+valid size: a write that fails half-way (disk full) is cut off again, and even if that cut fails the next
+append overwrites the torn bytes instead of landing after them.
+
+The ``.log`` descriptor is a LazyFile (pykbroker/log/files.py): opened on first use, closed by the
+shared budget when the segment sits idle, and pinned while a generator or a FileSlice holds it.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from pykbroker.log.files import LazyFile, Pin
 from pykbroker.log.index import CorruptIndex, OffsetIndex, TimeIndex
 from pykbroker.protocol.records import (
     BATCH_HEADER_SIZE,
@@ -64,6 +71,31 @@ def iter_file_headers(fd: int, position: int, end: int) -> Iterator[BatchHeader]
         yield header
 
 
+def last_offset_in(fd: int, position: int, end: int) -> int | None:
+    """The last offset of the batches from ``position`` as far as their headers can be read; None if none.
+
+    Trusts the headers without checking CRCs: for reporting what a recovery cut, not for serving it.
+    """
+    last = None
+    try:
+        for header in iter_file_headers(fd, position, end):
+            last = header.last_offset
+    except InvalidRecordBatch:
+        pass
+    return last
+
+
+@dataclass(frozen=True)
+class RecoveryCut:
+    """What recovery cut off a segment: from batch boundary ``position`` (offset ``first_offset``) on."""
+
+    bytes_cut: int
+    position: int
+    first_offset: int
+    last_offset: int | None  # the last offset the cut bytes' headers claim, None if none is readable
+    reason: str
+
+
 def pread_exactly(fd: int, length: int, position: int) -> bytes:
     data = os.pread(fd, length, position)
     if len(data) == length:
@@ -97,17 +129,25 @@ class Segment:
         self.rolling_base_ms: int | None = None  # when the segment.ms clock started (first append)
         self._max_timestamp: tuple[int, int] | None = (-1, base_offset) if size == 0 else None
         self._bytes_since_index_entry = 0
-        self._fd = -1
+        self._file = LazyFile(self.log_path, os.O_RDWR)
         self.needs_rebuild = False
+        self.deleted = False
+        self._scan_stop = ""  # why the last scan stopped before the file's end
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 
     @classmethod
     def create(cls, directory: Path, base_offset: int) -> "Segment":
+        """A new empty segment and its files; if creating them fails (disk full), none is left behind."""
         segment = cls(directory, base_offset, 0)
-        segment._fd = os.open(segment.log_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        segment.index = OffsetIndex.create(segment.path_for(INDEX_SUFFIX), base_offset)
-        segment.time_index = TimeIndex.create(segment.path_for(TIME_INDEX_SUFFIX), base_offset)
+        try:
+            segment._file = LazyFile.create(segment.log_path, os.O_RDWR)
+            segment.index = OffsetIndex.create(segment.path_for(INDEX_SUFFIX), base_offset)
+            segment.time_index = TimeIndex.create(segment.path_for(TIME_INDEX_SUFFIX), base_offset)
+        except OSError:
+            segment.close()
+            segment.delete_files()
+            raise
         return segment
 
     @classmethod
@@ -129,18 +169,22 @@ class Segment:
 
     @property
     def fd(self) -> int:
-        """The ``.log`` file descriptor, opened on first use and kept until close."""
-        if self._fd < 0:
-            self._fd = os.open(self.log_path, os.O_RDWR | os.O_APPEND)
-        return self._fd
+        """The ``.log`` descriptor, opened if needed; valid until another segment file is opened.
+
+        Use ``pin()`` to hold it longer (across a yield, or in a FileSlice).
+        """
+        return self._file.fd
+
+    def pin(self) -> Pin:
+        return self._file.pin()
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        """Close the descriptor (when the last pin goes, if pinned)."""
+        self._file.close()
 
     def delete_files(self) -> None:
-        """Unlink the files. An open descriptor keeps the data readable for fetches still in flight."""
+        """Unlink the files. A pinned descriptor keeps the data readable for fetches still in flight."""
+        self.deleted = True
         for suffix in SEGMENT_SUFFIXES:
             self.path_for(suffix).unlink(missing_ok=True)
 
@@ -178,16 +222,20 @@ class Segment:
         last_indexed = 0
         max_ts, max_ts_offset = -1, self.base_offset
         next_offset = self.base_offset
+        stop = ""
         if size:
             with mmap.mmap(self.fd, size, access=mmap.ACCESS_READ) as view:
                 while valid < size:
                     try:
                         header = read_header(view, valid)
-                    except InvalidRecordBatch:
+                    except InvalidRecordBatch as exc:
+                        stop = f"malformed or torn batch ({exc})"
                         break
                     if verify and not crc_matches(view, header):
+                        stop = f"CRC mismatch in the batch of offsets {header.base_offset}-{header.last_offset}"
                         break
                     if header.base_offset < next_offset or header.last_offset - self.base_offset > INT32_MAX:
+                        stop = f"batch offset {header.base_offset} does not follow {next_offset - 1}"
                         break
                     if header.max_timestamp > max_ts:
                         max_ts, max_ts_offset = header.max_timestamp, header.last_offset
@@ -204,16 +252,23 @@ class Segment:
         self.next_offset = next_offset
         self._max_timestamp = (max_ts, max_ts_offset)
         self._bytes_since_index_entry = valid - last_indexed
+        self._scan_stop = stop
         return valid
 
-    def recover(self, index_interval_bytes: int, on_batch: Callable[[BatchHeader], None] | None = None) -> int:
-        """Validate every batch (CRC included), rebuild the indexes and cut a bad tail; returns bytes cut."""
-        on_disk = os.fstat(self.fd).st_size
+    def recover(
+        self, index_interval_bytes: int, on_batch: Callable[[BatchHeader], None] | None = None
+    ) -> RecoveryCut | None:
+        """Validate every batch (CRC included), rebuild the indexes and cut a bad tail; what was cut, if any."""
+        fd = self.fd
+        on_disk = os.fstat(fd).st_size
         valid = self.scan(index_interval_bytes, verify=True, on_batch=on_batch)
-        if valid < on_disk:
-            os.ftruncate(self.fd, valid)
         self.rolling_base_ms = None
-        return on_disk - valid
+        if valid == on_disk:
+            return None
+        last_cut = last_offset_in(fd, valid, on_disk)
+        cut = RecoveryCut(on_disk - valid, valid, self.next_offset, last_cut, self._scan_stop)
+        os.ftruncate(fd, valid)
+        return cut
 
     def load_tail(self, index_interval_bytes: int) -> None:
         """Make the segment ready to be active: indexes in memory, and after a clean shutdown the next offset
@@ -253,9 +308,9 @@ class Segment:
         start = self.size
         fd = self.fd
         try:
-            written = os.write(fd, buf)
+            written = os.pwrite(fd, buf, start)
             while written < len(buf):
-                written += os.write(fd, memoryview(buf)[written:])
+                written += os.pwrite(fd, memoryview(buf)[written:], start + written)
         except BaseException:
             os.ftruncate(fd, start)
             raise
@@ -324,6 +379,10 @@ class Segment:
 
     def iter_batches(self, position: int, end: int, chunk: int = 1 << 20) -> Iterator[tuple[BatchHeader, bytes]]:
         """(header, batch bytes) for each batch from ``position`` to ``end``; header positions are 0 (in the bytes)."""
+        with self.pin():
+            yield from self._iter_batches(position, end, chunk)
+
+    def _iter_batches(self, position: int, end: int, chunk: int) -> Iterator[tuple[BatchHeader, bytes]]:
         while position < end:
             buf = pread_exactly(self.fd, min(chunk, end - position), position)
             at = 0

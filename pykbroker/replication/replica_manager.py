@@ -6,6 +6,14 @@ so the high-water mark is the log end offset; in cluster mode followers' fetch p
 
 A consumer's read is handed back as :class:`FileRecords`: the record data stays in the segment files
 until the connection writes the response, and is then read chunk by chunk as the socket drains.
+
+Storage faults: an append whose write fails (disk full, I/O error, EMFILE) answers KAFKA_STORAGE_ERROR
+for that partition, a retriable error, so clients back off and retry instead of seeing a dropped
+connection. The log has cut the partial write, so nothing half-written is ever served or acknowledged.
+Kafka would mark the whole log dir offline and, with no log dir left, halt the broker; a single broker
+that stops on a full disk is the outage we want to avoid, so here only the failing append is refused and
+the partition retries the disk on its next append: it recovers by itself when space returns. One WARN
+when a partition starts failing and one INFO when it appends again (not a line per refused request).
 """
 
 from __future__ import annotations
@@ -45,8 +53,9 @@ class AppendOutcome:
 
 class FileRecords:
     """The record data of a read, left in the segment files: its length now, its bytes chunk by chunk
-    when the response is written (``pread`` on the log's descriptors, which stay open at least
-    ``file.delete.delay.ms`` after a segment is deleted, so a response being sent can still finish)."""
+    when the response is written (``pread`` on the log's descriptors: each slice pins its segment file
+    open, even if the segment is deleted meanwhile, for as long as this object is referenced, so a
+    response being sent can always finish)."""
 
     __slots__ = ("slices", "_size")
 
@@ -88,6 +97,7 @@ class Partition:
         self.isr_size = isr_size
         self.producer_state = ProducerStateManager()
         self._waiters: list[asyncio.Future] = []
+        self.storage_failing = False  # the last append failed on a storage error
 
     @property
     def high_watermark(self) -> int:
@@ -190,7 +200,13 @@ class ReplicaManager:
                 message=f"ISR has {partition.isr_size} replicas, min.insync.replicas is {min_insync_replicas}",
             )
         try:
-            return partition.append(records, now_ms())
+            outcome = partition.append(records, now_ms())
+        except OSError as exc:
+            if not partition.storage_failing:
+                log.warning("%s-%d: append failed (%s); answering KAFKA_STORAGE_ERROR until appends succeed again",
+                            topic, index, exc)
+                partition.storage_failing = True
+            return AppendOutcome(ErrorCode.kafka_storage_error, message=f"storage error: {exc.strerror or exc}")
         except ControlBatchFromClient as exc:
             return AppendOutcome(ErrorCode.invalid_record, message=str(exc))
         except CorruptRecordBatch as exc:
@@ -201,6 +217,10 @@ class ReplicaManager:
             return AppendOutcome(ErrorCode.message_too_large, message=str(exc))
         except ProducerStateError as exc:
             return AppendOutcome(ErrorCode(exc.error_code), message=str(exc))
+        if partition.storage_failing:
+            log.info("%s-%d: appends succeed again after storage errors", topic, index)
+            partition.storage_failing = False
+        return outcome
 
     # -- fetch ------------------------------------------------------------------------------------
     def read(self, partition: Partition, offset: int, max_bytes: int, *, min_one: bool, up_to_hwm: bool = True) -> ReadResult:

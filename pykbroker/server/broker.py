@@ -37,6 +37,7 @@ from pykbroker.config import BrokerConfig, Listener
 from pykbroker.groups.coordinator import GroupConfig, GroupCoordinator
 from pykbroker.groups.offset_store import OffsetStore
 from pykbroker.log.errors import LogDirectoryInUse
+from pykbroker.log.files import raise_descriptor_limit
 from pykbroker.log.manager import LOCK_FILE, LogManager
 from pykbroker.replication.replica_manager import ReplicaManager
 from pykbroker.server.connection import KafkaConnection, RequestMemory
@@ -132,6 +133,7 @@ class Broker:
 
     async def start(self, listening: list[tuple[Listener, socket.socket]]) -> None:
         """Load the logs, then serve every listener on its bound socket (see bind_listener)."""
+        raise_descriptor_limit()
         self.load()
         loop = asyncio.get_running_loop()
         max_request = int(self.config.get("socket.request.max.bytes"))

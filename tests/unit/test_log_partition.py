@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import tempfile
@@ -384,7 +385,7 @@ def test_recovery_after_a_torn_tail_keeps_a_prefix(sizes, cut):
         recovered.close()
 
 
-def test_corrupt_crc_in_the_tail_is_truncated(tmp_path):
+def test_corrupt_crc_in_the_tail_is_truncated(tmp_path, caplog):
     log = open_log(tmp_path, LogConfig())
     expected = fill(log, [2] * 6)
     log.close()
@@ -393,14 +394,21 @@ def test_corrupt_crc_in_the_tail_is_truncated(tmp_path):
     fourth = list(iter_headers(data))[3]
     data[fourth.position + fourth.size - 1] ^= 0x55
     path.write_bytes(data)
+    caplog.set_level("WARNING", logger="pykbroker.log.partition_log")
     recovered = open_log(tmp_path, LogConfig())
     assert read_all(recovered) == expected[:3]
     assert recovered.log_end_offset == 6
     assert os.path.getsize(path) == fourth.position
+    # The cut is not silent: partition, offsets, bytes and the reason, in one WARN.
+    cut = len(data) - fourth.position
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"topic.a-3: recovery truncated the log to end offset 6, cutting offsets 6-11, {cut} bytes: "
+        f"CRC mismatch in the batch of offsets 6-7 at byte {fourth.position} of 00000000000000000000.log"
+    ]
     recovered.close()
 
 
-def test_recovery_point_limits_the_scan_and_later_segments_go_after_corruption(tmp_path):
+def test_recovery_point_limits_the_scan_and_later_segments_go_after_corruption(tmp_path, caplog):
     log = open_log(tmp_path)
     expected = fill(log, [4] * 30)
     bases = log.segment_base_offsets
@@ -416,6 +424,10 @@ def test_recovery_point_limits_the_scan_and_later_segments_go_after_corruption(t
     assert got == expected[: len(got)]
     assert recovered.segment_base_offsets == bases[:2]
     assert got[-1][0] < bases[2]
+    end = got[-1][0] + len(got[-1][1])
+    warning = next(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    assert warning.startswith(f"topic.a-3: recovery truncated the log to end offset {end}, cutting offsets {end}-119, ")
+    assert f"; {len(bases) - 2} later segment(s) (" in warning
     recovered.close()
 
 
@@ -628,3 +640,51 @@ def test_torn_active_segment_with_a_bad_index_is_cut_even_after_clean_shutdown(t
     again = open_log(tmp_path, LogConfig(index_interval_bytes=64))  # unclean: verifies every batch
     assert read_all(again) == expected + [(16, [b"next"])]
     again.close()
+
+
+def test_a_write_that_fails_part_way_is_cut_and_the_log_goes_on(tmp_path, monkeypatch):
+    """Disk full in the middle of an append: the partial batch is cut off, nothing is assigned, and the next
+    append (once space is back) lands right after the last whole batch, also as seen after a restart."""
+    log = open_log(tmp_path)
+    expected = fill(log, [2] * 3)
+    path = tmp_path / "topic.a-3" / f"{log.segment_base_offsets[-1]:020d}.log"
+    size = path.stat().st_size
+    real_pwrite = os.pwrite
+
+    def short_then_full(fd, data, offset):
+        if len(data) > 40:
+            return real_pwrite(fd, bytes(data[:40]), offset)  # a short write, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "pwrite", short_then_full)
+        with pytest.raises(OSError):
+            log.append(batch([b"does not fit"] * 3), leader_epoch=0, now_ms=1)
+    assert path.stat().st_size == size
+    assert log.log_end_offset == 6
+    result = log.append(batch([b"after"]), leader_epoch=0, now_ms=1)
+    assert result.base_offset == 6
+    assert read_all(log) == expected + [(6, [b"after"])]
+    log.abandon()
+    reopened = open_log(tmp_path)
+    assert read_all(reopened) == expected + [(6, [b"after"])]
+    reopened.close()
+
+
+def test_recovery_fsyncs_nothing_and_leaves_the_recovery_point_to_the_next_flush(tmp_path, monkeypatch):
+    """As Kafka: loading after a crash verifies and rebuilds, but syncs nothing (thousands of small segments
+    made that seconds of fsyncs before the broker could answer); the next flush syncs and moves the point."""
+    log = open_log(tmp_path)
+    expected = fill(log, [2] * 30)
+    assert len(log.segment_base_offsets) > 1
+    log.abandon()
+    synced = []
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "fsync", synced.append)
+        recovered = open_log(tmp_path, recovery_point=0)
+    assert len(synced) == 2  # only the leader-epoch checkpoint's atomic replace (file, directory), not per segment
+    assert recovered.recovery_point == 0
+    assert read_all(recovered) == expected
+    recovered.flush()
+    assert recovered.recovery_point == recovered.log_end_offset == 60
+    recovered.close()
