@@ -22,6 +22,7 @@ The mapping from spec to Python follows kio's conventions, so these entities loo
 - field names in snake_case (`isKRaftController` -> `is_k_raft_controller`, `Type` -> `type_`);
 - `entityType` brokerId / topicName -> kio.schema.types.BrokerId / TopicName;
 - fields named ErrorCode -> kio.schema.errors.ErrorCode (kafka_type "error_code");
+- durations kio knows (ThrottleTimeMs, TimeoutMs, ...) -> i32Timedelta/i64Timedelta named without "Ms";
 - uuid fields are `uuid.UUID | None` (kio reads the all-zero uuid as None);
 - arrays are tuples (default `()`), nullable versions add `| None`;
 - spec defaults become dataclass defaults; tagged fields carry `metadata["tag"]`;
@@ -67,6 +68,13 @@ _SIMPLE_TYPES = {**_INT_TYPES, "float64": "f64", "bool": "bool", "string": "str"
 _ENTITY_TYPES = {"brokerId": "BrokerId", "topicName": "TopicName", "producerId": "ProducerId",
                  "groupId": "GroupId", "transactionalId": "TransactionalId"}
 _ERROR_CODE_NAMES = {"ErrorCode", "PartitionErrorCode"}
+# kio turns these durations into i32Timedelta / i64Timedelta fields and drops the "Ms" from their names.
+# None occurs in api keys 4-7; the rule is here so that other specs come out as kio's do.
+_TIMEDELTA_NAMES = {"ThrottleTimeMs", "TimeoutMs", "timeoutMs", "MaxWaitMs", "SessionTimeoutMs",
+                    "RebalanceTimeoutMs", "TransactionTimeoutMs", "SessionLifetimeMs", "MaxLifetimeMs",
+                    "ExpiryTimePeriodMs", "RenewPeriodMs", "RetentionTimeMs", "HeartbeatIntervalMs",
+                    "PushIntervalMs"}
+_TIMEDELTA_TYPES = {"int32": "i32Timedelta", "int64": "i64Timedelta"}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -209,6 +217,9 @@ class Module:
     # -- types ----------------------------------------------------------------------------------------
 
     def _scalar_hint(self, f: SpecField, kafka_type: str) -> str:
+        if _is_timedelta(f, kafka_type):
+            self.uses.add(_TIMEDELTA_TYPES[kafka_type])
+            return _TIMEDELTA_TYPES[kafka_type]
         if f.name in _ERROR_CODE_NAMES and kafka_type == "int16" and not f.is_array:
             self.uses.add("ErrorCode")
             return "ErrorCode"
@@ -221,6 +232,8 @@ class Module:
         return hint
 
     def _kafka_type(self, f: SpecField, kafka_type: str) -> str:
+        if _is_timedelta(f, kafka_type):
+            return f"timedelta_{_TIMEDELTA_TYPES[kafka_type][:3]}"
         if f.name in _ERROR_CODE_NAMES and kafka_type == "int16" and not f.is_array:
             return "error_code"
         return kafka_type
@@ -246,6 +259,9 @@ class Module:
             return "True" if text == "true" else "False"
         if kafka_type in _INT_TYPES:
             number = int(value, 0) if isinstance(value, str) else int(value)
+            if hint.endswith("Timedelta"):
+                self.uses.add("datetime")
+                return f"{hint}.parse(datetime.timedelta(milliseconds={number}))"
             if hint == "ErrorCode":
                 return f"ErrorCode({number})"
             return f"{hint}({number})"
@@ -295,7 +311,7 @@ class Module:
         return f"from kio.schema.request_header.v{2 if self.flexible else 1}.header import RequestHeader"
 
     def _field_lines(self, f: SpecField) -> list[str]:
-        py_name = snake_case(f.name)
+        py_name = snake_case(f.name[:-2] if _is_timedelta(f, f.item_type) else f.name)
         nullable = self.version in f.nullable
         tag = f.tag if self.version in f.tagged else None
         if tag is not None and not self.flexible:
@@ -345,8 +361,11 @@ class Module:
     def render(self) -> str:
         self.add_class(self.spec.name, self.spec.fields, top_level=True)
         imports = []
+        if "datetime" in self.uses:
+            imports.append("import datetime")
         if "uuid.UUID" in self.uses:
             imports.append("import uuid")
+        if imports:
             imports.append("")
         imports.append("from dataclasses import dataclass, field")
         imports.append("from typing import ClassVar")
@@ -360,7 +379,8 @@ class Module:
         for name in nominal:
             imports.append(f"from kio.schema.types import {name}")
         imports.append("from kio.static.constants import EntityType")
-        primitives = [p for p in ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f64", "Records")
+        primitives = [p for p in ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f64", "i32Timedelta",
+                                  "i64Timedelta", "Records")
                       if p in self.uses]
         for name in primitives:
             imports.append(f"from kio.static.primitive import {name}")
@@ -372,6 +392,10 @@ class Module:
                f"``{source}`` (Apache Kafka {KAFKA_VERSION}). Do not edit: change the spec or the generator.\n"
                '"""\n')
         return doc + "\n" + "\n".join(imports) + "\n\n\n" + "\n\n".join(self.classes)
+
+
+def _is_timedelta(f: SpecField, kafka_type: str) -> bool:
+    return f.name in _TIMEDELTA_NAMES and kafka_type in _TIMEDELTA_TYPES and not f.is_array
 
 
 def _package_init(doc: str, exports: list[tuple[str, str]]) -> str:
