@@ -162,6 +162,30 @@ def test_encode_request_builds_the_header_and_size_prefix():
     assert decoded == body
 
 
+
+def test_an_old_non_flexible_version_matches_bytes_written_by_hand_from_the_spec():
+    """No capture has the pre-flexible versions: UpdateMetadata v4 spelled out byte by byte instead
+    (int32 array counts, int16 string lengths, -1 for the null rack, no tagged fields)."""
+    from pykbroker.protocol.interbroker.update_metadata.v4.request import (
+        UpdateMetadataBroker, UpdateMetadataEndpoint, UpdateMetadataPartitionState, UpdateMetadataRequest)
+
+    body = UpdateMetadataRequest(
+        controller_id=1, controller_epoch=2,
+        ungrouped_partition_states=(UpdateMetadataPartitionState(
+            topic_name="t", partition_index=0, controller_epoch=2, leader=1, leader_epoch=3, isr=(1,),
+            zk_version=4, replicas=(1, 2), offline_replicas=(2,)),),
+        live_brokers=(UpdateMetadataBroker(id_=1, endpoints=(UpdateMetadataEndpoint(
+            port=9092, host="h", listener="L", security_protocol=0),), rack=None),))
+    expected = bytes.fromhex(
+        "00000001" "00000002"                                       # controller id, controller epoch
+        "00000001" "000174" "00000000" "00000002" "00000001" "00000003"  # 1 partition: t/0, ce 2, leader 1, le 3
+        "00000001" "00000001" "00000004" "00000002" "00000001" "00000002"  # isr [1], zk 4, replicas [1, 2]
+        "00000001" "00000002"                                       # offline [2]
+        "00000001" "00000001" "00000001" "00002384" "000168" "00014c" "0000" "ffff")  # broker 1: 9092 h L, no rack
+    frame = ib.encode_request(body, correlation_id=1, client_id="c", size_prefix=False)
+    assert frame == bytes.fromhex("0006" "0004" "00000001" "000163") + expected  # request header v1
+    assert ib.decode_request(frame)[1] == body
+
 def test_controlled_shutdown_v0_uses_request_header_v0_without_client_id():
     from pykbroker.protocol.interbroker.controlled_shutdown.v0.request import ControlledShutdownRequest
 

@@ -40,6 +40,12 @@ STOP_REPLICA = 5
 UPDATE_METADATA = 6
 CONTROLLED_SHUTDOWN = 7
 
+# LeaderAndIsr v5+ `type_` and UpdateMetadata v8 tagged `type_` (KIP-866, ZooKeeper-to-KRaft migration):
+# a ZooKeeper-mode controller always sends 0; KRaft controllers in migration send 1 or 2.
+REQUEST_TYPE_UNKNOWN = 0
+REQUEST_TYPE_INCREMENTAL = 1
+REQUEST_TYPE_FULL = 2
+
 _SIZE = struct.Struct(">i")
 _PREFIX = struct.Struct(">hh")
 
