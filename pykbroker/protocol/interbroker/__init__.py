@@ -29,6 +29,7 @@ from typing import Any, Callable
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32
 
+from pykbroker.protocol.guard import compile_request_check
 from pykbroker.protocol.interbroker._index import APIS, KAFKA_VERSION, ApiEntry
 
 __all__ = ("APIS", "KAFKA_VERSION", "ApiEntry", "InterBrokerCodec", "UnknownInterBrokerApi", "codec_for",
@@ -114,6 +115,7 @@ class InterBrokerCodec:
             read_request_body=self.read_request_body,
             write_response_body=self.write_response_body,
             flexible_response_header=self.response_header_type.__flexible__,
+            check_request_body=compile_request_check(self.request_type),
         )
 
     def request_header(self, correlation_id: int, client_id: str | None) -> Any:
