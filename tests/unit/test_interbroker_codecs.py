@@ -210,7 +210,7 @@ def test_api_codec_plugs_into_the_servers_response_framing():
     codec = ib.codec_for(6, 8).api_codec()
     from pykbroker.protocol.interbroker.update_metadata.v8.response import UpdateMetadataResponse
 
-    frame = framing.encode_response(codec, 3, UpdateMetadataResponse(error_code=ErrorCode.none))
+    frame = b"".join(framing.encode_response(codec, 3, UpdateMetadataResponse(error_code=ErrorCode.none)))
     assert frame == bytes.fromhex("00000008" "00000003" "00" "0000" "00")
     request = _by_seq(EXCERPT_FRAMES)[0]
     header, _ = codec.read_request_header(bytes.fromhex(request["hex"]), 0)
