@@ -34,6 +34,7 @@ from pykbroker.protocol.records import (
     set_log_append_time,
     set_partition_leader_epoch,
     validate_batches,
+    validate_client_records,
 )
 
 FSYNC_POLICIES = ("always", "interval", "never")
@@ -338,13 +339,23 @@ class PartitionLog:
     def append(self, records: bytes | bytearray | memoryview, *, leader_epoch: int, now_ms: int) -> AppendResult:
         """Append a producer's batches as leader: validate, assign offsets and epoch in place, write once.
 
-        Raises CorruptRecordBatch / InvalidRecordBatch / RecordTooLarge before anything is written.
+        Raises CorruptRecordBatch / InvalidRecordBatch (InvalidRecords, RecordErrors) / RecordTooLarge
+        before anything is written.
         """
+        config = self._config
         headers = validate_batches(records)
-        limit = self._config.max_message_bytes
+        limit = config.max_message_bytes
         for header in headers:
             if header.size > limit:
                 raise RecordTooLarge(f"batch of {header.size} bytes exceeds max.message.bytes {limit}")
+        validate_client_records(
+            records,
+            headers,
+            now_ms=now_ms,
+            log_append_time=config.log_append_time,
+            timestamp_before_max_ms=config.message_timestamp_before_max_ms,
+            timestamp_after_max_ms=config.message_timestamp_after_max_ms,
+        )
         buf = bytearray(records)
         log_append_time = self._config.log_append_time
         next_offset = self._log_end_offset
