@@ -12,7 +12,7 @@ Codecs (the batch attributes' low three bits):
   xerial reader falls back to raw too). A raw block states its uncompressed length up front, which is
   checked against the bound before anything is allocated (cramjam).
 - 3 lz4: the LZ4 frame format (Kafka's KafkaLZ4BlockOutputStream for magic v2 writes standard frames).
-- 4 zstd: one or more zstd frames (zstandard).
+- 4 zstd: one or more zstd frames (zstandard), fed in slices so that the output bound holds.
 Codecs 5-7 do not exist: ``UnknownCodec``.
 """
 
@@ -30,6 +30,7 @@ GZIP, SNAPPY, LZ4, ZSTD = 1, 2, 3, 4
 XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_HEADER_SIZE = 16  # magic, int32 version, int32 minimum compatible version
 _INT32 = struct.Struct(">i")
+_ZSTD_SLICE = 4096
 
 
 class DecompressionError(ValueError):
@@ -108,21 +109,25 @@ def _lz4(data: bytes, limit: int) -> bytes:
 
 
 def _zstd(data: bytes, limit: int) -> bytes:
-    reader = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True)
-    chunks = []
-    size = 0
-    try:
-        while size <= limit:
-            chunk = reader.read(limit + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except zstandard.ZstdError as exc:
-        raise DecompressionError(f"zstd: {exc}") from None
-    if size > limit:
-        raise _too_large(limit)
-    return b"".join(chunks)
+    # zstandard's decompressobj has no output bound, so input goes in small slices and the output is
+    # checked after each: one slice can inflate to at most ~256 times its size (RLE blocks).
+    out = bytearray()
+    view = memoryview(data)
+    while view:
+        decompressor = zstandard.ZstdDecompressor().decompressobj()
+        try:
+            while view and not decompressor.eof:
+                out += decompressor.decompress(view[:_ZSTD_SLICE])
+                view = view[_ZSTD_SLICE:]
+                if len(out) > limit:
+                    raise _too_large(limit)
+        except zstandard.ZstdError as exc:
+            raise DecompressionError(f"zstd: {exc}") from None
+        if not decompressor.eof:
+            raise DecompressionError("zstd: truncated frame")
+        if decompressor.unused_data:  # the next frame began inside the last slice
+            view = memoryview(decompressor.unused_data + view.tobytes())
+    return bytes(out)
 
 
 _CODECS = {GZIP: _gzip, SNAPPY: _snappy, LZ4: _lz4, ZSTD: _zstd}

@@ -46,7 +46,7 @@ from typing import Iterator, NamedTuple
 
 import crc32c as _crc32c
 
-from pykbroker.protocol.compression import DecompressionError, decompress
+from pykbroker.protocol.compression import DecompressionError, compress, decompress
 
 BATCH_HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # baseOffset + batchLength: the part not counted in batchLength
@@ -466,8 +466,9 @@ def build_batch(
     base_sequence: int = NO_SEQUENCE,
     partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
     attributes: int = 0,
+    compression: int = COMPRESSION_NONE,
 ) -> bytearray:
-    """Encode an uncompressed record batch v2 of (key, value[, headers]) tuples."""
+    """Encode a record batch v2 of (key, value[, headers]) tuples, its records compressed with ``compression``."""
     if not records:
         raise ValueError("a batch needs at least one record")
     body = bytearray()
@@ -485,9 +486,11 @@ def build_batch(
             _write_bytes(record, header_value)
         _write_varint(body, len(record))
         body += record
+    if compression != COMPRESSION_NONE:
+        body = compress(compression, body)
     batch = bytearray(BATCH_HEADER_SIZE) + body
     _HEADER.pack_into(
-        batch, 0, base_offset, len(batch) - LOG_OVERHEAD, partition_leader_epoch, MAGIC_V2, 0, attributes,
+        batch, 0, base_offset, len(batch) - LOG_OVERHEAD, partition_leader_epoch, MAGIC_V2, 0, attributes | compression,
         len(records) - 1, timestamp_ms, timestamp_ms, producer_id, producer_epoch, base_sequence, len(records),
     )
     _UINT32.pack_into(batch, 17, crc32c(memoryview(batch)[CRC_START:]))
