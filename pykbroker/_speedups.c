@@ -56,7 +56,7 @@ static int read_int64(const unsigned char *p, Py_ssize_t limit, Py_ssize_t *pos,
 }
 
 /* Skips a length-prefixed field that may be null (negative length); -1 if it runs past the record. */
-static int skip_nullable(const unsigned char *p, Py_ssize_t limit, Py_ssize_t *pos, int32_t length)
+static int skip_nullable(Py_ssize_t limit, Py_ssize_t *pos, int32_t length)
 {
     if (length < 0)
         return 0;
@@ -95,9 +95,9 @@ static PyObject *scan_records(PyObject *self, PyObject *args)
             FAIL("record %lld: a field runs past the record", i);
         if (offset_delta != i)
             FAIL("record %lld: offset delta %d, expected %lld", i, (int)offset_delta, i);
-        if (read_int32(p, record_end, &pos, &length) < 0 || skip_nullable(p, record_end, &pos, length) < 0)
+        if (read_int32(p, record_end, &pos, &length) < 0 || skip_nullable(record_end, &pos, length) < 0)
             FAIL("record %lld: a field runs past the record", i);
-        if (read_int32(p, record_end, &pos, &length) < 0 || skip_nullable(p, record_end, &pos, length) < 0)
+        if (read_int32(p, record_end, &pos, &length) < 0 || skip_nullable(record_end, &pos, length) < 0)
             FAIL("record %lld: a field runs past the record", i);
         if (read_int32(p, record_end, &pos, &header_count) < 0)
             FAIL("record %lld: a field runs past the record", i);
@@ -108,8 +108,8 @@ static PyObject *scan_records(PyObject *self, PyObject *args)
                 FAIL("record %lld: a field runs past the record", i);
             if (length < 0)
                 FAIL("record %lld: invalid negative header key size %d", i, (int)length);
-            if (skip_nullable(p, record_end, &pos, length) < 0 || read_int32(p, record_end, &pos, &length) < 0
-                || skip_nullable(p, record_end, &pos, length) < 0)
+            if (skip_nullable(record_end, &pos, length) < 0 || read_int32(p, record_end, &pos, &length) < 0
+                || skip_nullable(record_end, &pos, length) < 0)
                 FAIL("record %lld: a field runs past the record", i);
         }
         if (pos != record_end)

@@ -31,7 +31,7 @@ from pykbroker.protocol.records import (
     read_header,
     read_records,
     set_base_offset,
-    set_log_append_time,
+    set_max_timestamp,
     set_partition_leader_epoch,
     validate_batches,
     validate_client_records,
@@ -348,7 +348,7 @@ class PartitionLog:
         for header in headers:
             if header.size > limit:
                 raise RecordTooLarge(f"batch of {header.size} bytes exceeds max.message.bytes {limit}")
-        validate_client_records(
+        max_timestamps = validate_client_records(
             records,
             headers,
             now_ms=now_ms,
@@ -359,11 +359,13 @@ class PartitionLog:
         buf = bytearray(records)
         log_append_time = self._config.log_append_time
         next_offset = self._log_end_offset
-        for header in headers:
+        for header, max_timestamp in zip(headers, max_timestamps):
             set_base_offset(buf, header.position, next_offset)
             set_partition_leader_epoch(buf, header.position, leader_epoch)
             if log_append_time:
-                set_log_append_time(buf, header.position, now_ms)
+                set_max_timestamp(buf, header.position, now_ms, log_append_time=True)
+            elif header.max_timestamp != max_timestamp:  # the time index must not trust a wrong header
+                set_max_timestamp(buf, header.position, max_timestamp)
             next_offset += header.last_offset_delta + 1
         assigned = [read_header(buf, header.position) for header in headers]
         self._write(buf, assigned, now_ms)

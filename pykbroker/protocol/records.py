@@ -231,14 +231,17 @@ def validate_client_records(
     timestamp_before_max_ms: int = LONG_MAX,
     timestamp_after_max_ms: int = LONG_MAX,
     max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES,
-) -> None:
+) -> list[int]:
     """Validate the records of a producer's batches as Kafka's LogValidator does for client appends.
 
     ``headers`` come from ``validate_batches`` (framing and CRC already checked). ``log_append_time``
     is the topic's message.timestamp.type: with LogAppendTime the broker stamps the batch and record
-    timestamps are not checked. Raises InvalidRecords or RecordErrors; returns when everything holds.
+    timestamps are not checked. Raises InvalidRecords or RecordErrors. Returns each batch's true max
+    timestamp (base timestamp + the largest record delta): Kafka rewrites a CreateTime batch's
+    maxTimestamp to it when the producer's differs, and so does the log.
     """
     view = memoryview(buf)
+    max_timestamps = []
     for header in headers:
         count = header.record_count
         if count <= 0:
@@ -262,12 +265,14 @@ def validate_client_records(
             raise InvalidRecords(result)
         if header.log_append_time:
             _refuse_log_append_time(header)
+        min_delta, max_delta = result
         if not log_append_time:
-            min_delta, max_delta = result
             lowest = now_ms - timestamp_before_max_ms
             highest = now_ms + timestamp_after_max_ms
             if header.base_timestamp + min_delta < lowest or header.base_timestamp + max_delta > highest:
                 _refuse_timestamps(header, data, lowest, highest)
+        max_timestamps.append(header.base_timestamp + max_delta)
+    return max_timestamps
 
 
 def _refuse_log_append_time(header: BatchHeader) -> None:
@@ -391,10 +396,11 @@ def set_partition_leader_epoch(buf: bytearray, position: int, epoch: int) -> Non
     _INT32.pack_into(buf, position + 12, epoch)
 
 
-def set_log_append_time(buf: bytearray, position: int, timestamp_ms: int) -> None:
-    """Mark the batch as LogAppendTime with ``timestamp_ms`` as its max timestamp, and recompute the CRC."""
-    attributes = struct.unpack_from(">h", buf, position + 21)[0]
-    struct.pack_into(">h", buf, position + 21, attributes | TIMESTAMP_TYPE_MASK)
+def set_max_timestamp(buf: bytearray, position: int, timestamp_ms: int, *, log_append_time: bool = False) -> None:
+    """Set the batch's max timestamp (and LogAppendTime type if asked), and recompute the CRC."""
+    if log_append_time:
+        attributes = struct.unpack_from(">h", buf, position + 21)[0]
+        struct.pack_into(">h", buf, position + 21, attributes | TIMESTAMP_TYPE_MASK)
     _INT64.pack_into(buf, position + 35, timestamp_ms)
     batch_length = _INT32.unpack_from(buf, position + 8)[0]
     end = position + LOG_OVERHEAD + batch_length
