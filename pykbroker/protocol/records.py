@@ -201,6 +201,17 @@ def iter_headers(buf, position: int = 0, end: int | None = None) -> Iterator[Bat
         position += header.size
 
 
+def more_than_one_batch(buf) -> bool:
+    """True when bytes follow a well-framed first batch: Produce v3+ allows exactly one batch per partition.
+
+    A first batch that is not well framed answers False; validate_batches then reports it.
+    """
+    try:
+        return peek_header(buf).size < len(buf)
+    except InvalidRecordBatch:
+        return False
+
+
 def validate_batches(buf) -> list[BatchHeader]:
     """Check a producer's records field: at least one batch, every batch well framed with a valid CRC.
 

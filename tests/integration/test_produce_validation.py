@@ -111,3 +111,13 @@ def test_timestamps_out_of_the_topics_window_get_record_errors(shared_broker, to
     assert [e.batch_index for e in answer.record_errors] == [0, 1]
     assert all("is out of range" in e.batch_index_error_message for e in answer.record_errors)
     assert produce_raw(address, topic_name, 0, _good(b"fresh"), acks=1).base_offset == 0
+
+
+def test_two_batches_for_one_partition_are_refused(shared_broker, topic_name):
+    # Produce v3+ carries exactly one batch per partition (Kafka's ProduceRequest.validateRecords).
+    address = shared_broker.address
+    _create_topic(shared_broker.bootstrap, topic_name)
+    answer = produce_raw(address, topic_name, 0, _good(b"a") + _good(b"b"), acks=1)
+    assert answer.error_code == ErrorCode.invalid_record
+    assert "exactly one record batch per partition" in answer.error_message
+    assert fetch_raw(address, topic_name, 0) == b""

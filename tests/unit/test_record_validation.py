@@ -282,3 +282,11 @@ def test_the_log_refuses_a_lying_batch_and_corrects_a_wrong_max_timestamp(tmp_pa
         assert read_header(stored).max_timestamp == NOW + 5 and validate_batches(stored)
     finally:
         log.close()
+
+
+def test_more_than_one_batch_is_seen_only_after_a_whole_first_batch():
+    one = bytes(build_batch(_records(1)))
+    assert not records.more_than_one_batch(one)
+    assert records.more_than_one_batch(one + one)
+    assert records.more_than_one_batch(one + b"\x00")
+    assert not records.more_than_one_batch(one[:30])  # not framed: validate_batches reports it

@@ -5,8 +5,9 @@ max.message.bytes, then every record against its batch header as Kafka's LogVali
 pykbroker.protocol.records), checked against the idempotent producer's sequence rules, and appended with
 offsets assigned in place. A retried idempotent batch gets its original base offset and appends nothing.
 Errors are per partition, and a partition with an error appends nothing: UNKNOWN_TOPIC_OR_PARTITION
-(Produce never auto-creates), CORRUPT_MESSAGE (bad framing or CRC), INVALID_RECORD (records that disagree
-with their header, malformed records, an unknown codec, a compressed batch that does not decompress or
+(Produce never auto-creates), CORRUPT_MESSAGE (bad framing or CRC), INVALID_RECORD (more than one batch
+for a partition, which Produce v3+ forbids as Kafka's ProduceRequest.validateRecords does; records that
+disagree with their header, malformed records, an unknown codec, a compressed batch that does not decompress or
 inflates past the bound, control batches; CORRUPT_MESSAGE below v8, which predates it), INVALID_TIMESTAMP
 with record_errors naming each refused record (v8+) and Kafka's summary as error_message,
 MESSAGE_TOO_LARGE, OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, NOT_ENOUGH_REPLICAS (acks=all
@@ -19,6 +20,7 @@ Transactions are not implemented: a transactional produce gets TRANSACTIONAL_ID_
 from __future__ import annotations
 
 from pykbroker.protocol.errors import ErrorCode
+from pykbroker.protocol.records import more_than_one_batch
 from pykbroker.replication.replica_manager import AppendOutcome
 from pykbroker.server.dispatch import NO_RESPONSE, RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
@@ -69,6 +71,12 @@ def produce(ctx: RequestContext, request) -> object:
                 outcome = AppendOutcome(ErrorCode.invalid_topic_exception, message=f"Cannot append to internal topic {name}")
             elif partition_data.records is None:
                 outcome = AppendOutcome(ErrorCode.corrupt_message, message="null records")
+            elif more_than_one_batch(partition_data.records):
+                outcome = AppendOutcome(
+                    ErrorCode.invalid_record,
+                    message=f"Produce requests with version {version} are only allowed to contain exactly one "
+                    "record batch per partition",
+                )
             else:
                 outcome = broker.replicas.append(
                     name, partition_data.index, partition_data.records, acks=request.acks, min_insync_replicas=min_isr
