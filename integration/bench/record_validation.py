@@ -12,10 +12,14 @@ Nothing asserts a time: run it on an idle machine and compare rows, not absolute
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
-from pykbroker.protocol import records
-from pykbroker.protocol.records import build_batch, validate_batches, validate_client_records
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's pykbroker, as run_bench.py uses
+
+from pykbroker.protocol import records  # noqa: E402
+from pykbroker.protocol.records import build_batch, validate_batches, validate_client_records  # noqa: E402
 
 RECORDS_PER_BATCH = 1000
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
