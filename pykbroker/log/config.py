@@ -17,6 +17,8 @@ class LogConfig:
     retention_ms: int = 604800000  # retention.ms (-1 = keep forever)
     retention_bytes: int = -1  # retention.bytes (-1 = unlimited)
     message_timestamp_type: str = "CreateTime"  # message.timestamp.type: CreateTime | LogAppendTime
+    message_timestamp_before_max_ms: int = (1 << 63) - 1  # message.timestamp.before.max.ms
+    message_timestamp_after_max_ms: int = (1 << 63) - 1  # message.timestamp.after.max.ms
     max_message_bytes: int = 1048588  # max.message.bytes (per batch, as Kafka checks it)
     file_delete_delay_ms: int = 60000  # file.delete.delay.ms
 

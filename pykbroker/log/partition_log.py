@@ -36,9 +36,10 @@ from pykbroker.protocol.records import (
     read_header,
     read_records,
     set_base_offset,
-    set_log_append_time,
+    set_max_timestamp,
     set_partition_leader_epoch,
     validate_batches,
+    validate_client_records,
 )
 
 log = logging.getLogger(__name__)
@@ -394,21 +395,33 @@ class PartitionLog:
     def append(self, records: bytes | bytearray | memoryview, *, leader_epoch: int, now_ms: int) -> AppendResult:
         """Append a producer's batches as leader: validate, assign offsets and epoch in place, write once.
 
-        Raises CorruptRecordBatch / InvalidRecordBatch / RecordTooLarge before anything is written.
+        Raises CorruptRecordBatch / InvalidRecordBatch (InvalidRecords, RecordErrors) / RecordTooLarge
+        before anything is written.
         """
+        config = self._config
         headers = validate_batches(records)
-        limit = self._config.max_message_bytes
+        limit = config.max_message_bytes
         for header in headers:
             if header.size > limit:
                 raise RecordTooLarge(f"batch of {header.size} bytes exceeds max.message.bytes {limit}")
+        max_timestamps = validate_client_records(
+            records,
+            headers,
+            now_ms=now_ms,
+            log_append_time=config.log_append_time,
+            timestamp_before_max_ms=config.message_timestamp_before_max_ms,
+            timestamp_after_max_ms=config.message_timestamp_after_max_ms,
+        )
         buf = bytearray(records)
         log_append_time = self._config.log_append_time
         next_offset = self._log_end_offset
-        for header in headers:
+        for header, max_timestamp in zip(headers, max_timestamps):
             set_base_offset(buf, header.position, next_offset)
             set_partition_leader_epoch(buf, header.position, leader_epoch)
             if log_append_time:
-                set_log_append_time(buf, header.position, now_ms)
+                set_max_timestamp(buf, header.position, now_ms, log_append_time=True)
+            elif header.max_timestamp != max_timestamp:  # the time index must not trust a wrong header
+                set_max_timestamp(buf, header.position, max_timestamp)
             next_offset += header.last_offset_delta + 1
         assigned = [read_header(buf, header.position) for header in headers]
         self._write(buf, assigned, now_ms)

@@ -1,9 +1,25 @@
-"""Record batch v2: a read-only view over batch headers, in-place patches, and a small builder.
+"""Record batch v2: a read-only view over batch headers, validation, in-place patches, and a small builder.
 
-The broker never decompresses or re-encodes what producers send: it reads the 61-byte header, checks the
-CRC32C, and patches base offset / partition leader epoch (outside the CRC) in place. Decoding records is
-only needed for the broker's own internal topics (committed offsets) and for tests, which is why the
-builder and reader below handle uncompressed batches (and decompress on read when a codec is installed).
+The broker never re-encodes what producers send: it reads the 61-byte header, checks the CRC32C, and
+patches base offset / partition leader epoch (outside the CRC) in place. Because offsets are assigned
+from the header alone, a batch whose records disagree with its header would give two records one offset;
+so a producer's batch is first validated as Kafka's LogValidator does for client appends
+(``validate_batches`` then ``validate_client_records``):
+- framing and CRC32C (``InvalidRecordBatch`` / ``CorruptRecordBatch`` -> CORRUPT_MESSAGE, as Kafka's
+  CorruptRecordException);
+- recordCount > 0 and equal to lastOffsetDelta + 1, a base sequence with a producer id, a known codec,
+  and every record walked (inside compressed batches too, after a bounded decompression): record lengths,
+  field lengths, offset delta i for record i, no bytes left over or missing (``InvalidRecords`` ->
+  INVALID_RECORD, as Kafka's InvalidRecordException). Kafka rebuilds a compressed batch whose inner
+  offsets are not dense; this broker never rebuilds, so it refuses such a batch instead;
+- timestamps per message.timestamp.before/after.max.ms, and no LogAppendTime flag from a producer
+  (``RecordErrors`` -> INVALID_TIMESTAMP with one record error per record, as Kafka's
+  RecordValidationException).
+The record walk is the C function ``pykbroker._speedups.scan_records`` when that extension was built, and
+its pure-Python twin ``_scan_records_py`` otherwise; both give the same answers and messages.
+
+Decoding records is only needed for the broker's own internal topics (committed offsets) and for tests:
+the builder and reader below handle that (decompressing with pykbroker.protocol.compression).
 
 Layout (big-endian), offsets from the batch start:
     0  baseOffset            int64
@@ -29,6 +45,8 @@ from dataclasses import dataclass
 from typing import Iterator, NamedTuple
 
 import crc32c as _crc32c
+
+from pykbroker.protocol.compression import DecompressionError, compress, decompress
 
 BATCH_HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # baseOffset + batchLength: the part not counted in batchLength
@@ -61,6 +79,22 @@ class InvalidRecordBatch(ValueError):
 
 class CorruptRecordBatch(InvalidRecordBatch):
     """The batch is well framed but its CRC32C does not match: Kafka's CORRUPT_MESSAGE."""
+
+
+class InvalidRecords(InvalidRecordBatch):
+    """A well-framed batch whose records disagree with its header or are malformed: Kafka's INVALID_RECORD."""
+
+
+class RecordErrors(InvalidRecordBatch):
+    """Some records break a per-record rule (timestamps): Kafka's RecordValidationException.
+
+    ``errors`` holds (index of the record in its batch, message) pairs for the produce response's
+    record_errors; the exception's own message is Kafka's summary line.
+    """
+
+    def __init__(self, message: str, errors: list[tuple[int, str]]):
+        super().__init__(message)
+        self.errors = errors
 
 
 def crc32c(data) -> int:
@@ -167,6 +201,17 @@ def iter_headers(buf, position: int = 0, end: int | None = None) -> Iterator[Bat
         position += header.size
 
 
+def more_than_one_batch(buf) -> bool:
+    """True when bytes follow a well-framed first batch: Produce v3+ allows exactly one batch per partition.
+
+    A first batch that is not well framed answers False; validate_batches then reports it.
+    """
+    try:
+        return peek_header(buf).size < len(buf)
+    except InvalidRecordBatch:
+        return False
+
+
 def validate_batches(buf) -> list[BatchHeader]:
     """Check a producer's records field: at least one batch, every batch well framed with a valid CRC.
 
@@ -178,12 +223,180 @@ def validate_batches(buf) -> list[BatchHeader]:
     for header in headers:
         if not crc_matches(buf, header):
             raise CorruptRecordBatch(f"CRC32C mismatch in batch at {header.position}")
-        if header.record_count != header.last_offset_delta + 1 and header.compression == COMPRESSION_NONE:
-            # Kafka rejects batches whose count and offset delta disagree (they would break dense offsets).
-            raise InvalidRecordBatch(
-                f"record count {header.record_count} does not match lastOffsetDelta {header.last_offset_delta}"
-            )
     return headers
+
+
+# A compressed batch is decompressed to be validated; past this many bytes it is refused (INVALID_RECORD)
+# so that a small batch that inflates enormously cannot exhaust memory. 64 MiB is 64 times Kafka's
+# default max.message.bytes.
+MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
+LONG_MAX = (1 << 63) - 1
+
+
+def validate_client_records(
+    buf,
+    headers: list[BatchHeader],
+    *,
+    now_ms: int,
+    log_append_time: bool = False,
+    timestamp_before_max_ms: int = LONG_MAX,
+    timestamp_after_max_ms: int = LONG_MAX,
+    max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES,
+) -> list[int]:
+    """Validate the records of a producer's batches as Kafka's LogValidator does for client appends.
+
+    ``headers`` come from ``validate_batches`` (framing and CRC already checked). ``log_append_time``
+    is the topic's message.timestamp.type: with LogAppendTime the broker stamps the batch and record
+    timestamps are not checked. Raises InvalidRecords or RecordErrors. Returns each batch's true max
+    timestamp (base timestamp + the largest record delta): Kafka rewrites a CreateTime batch's
+    maxTimestamp to it when the producer's differs, and so does the log.
+    """
+    view = memoryview(buf)
+    max_timestamps = []
+    for header in headers:
+        count = header.record_count
+        if count <= 0:
+            raise InvalidRecords(f"invalid reported count for record batch: {count}")
+        if count != header.last_offset_delta + 1:
+            raise InvalidRecords(
+                f"inconsistent batch offset range [0, {header.last_offset_delta}] and count of records {count}"
+            )
+        if header.has_producer_id and header.base_sequence < 0:
+            raise InvalidRecords(
+                f"invalid sequence number {header.base_sequence} in record batch with producerId {header.producer_id}"
+            )
+        data = view[header.position + BATCH_HEADER_SIZE : header.position + header.size]
+        if header.compression != COMPRESSION_NONE:
+            try:
+                data = decompress(header.compression, data, max_decompressed_bytes)
+            except DecompressionError as exc:
+                raise InvalidRecords(f"{CODEC_NAMES.get(header.compression, 'codec')} batch: {exc}") from None
+        result = scan_records(data, count)
+        if isinstance(result, str):
+            raise InvalidRecords(result)
+        if header.log_append_time:
+            _refuse_log_append_time(header)
+        min_delta, max_delta = result
+        if not log_append_time:
+            lowest = now_ms - timestamp_before_max_ms
+            highest = now_ms + timestamp_after_max_ms
+            if header.base_timestamp + min_delta < lowest or header.base_timestamp + max_delta > highest:
+                _refuse_timestamps(header, data, lowest, highest)
+        max_timestamps.append(header.base_timestamp + max_delta)
+    return max_timestamps
+
+
+def _refuse_log_append_time(header: BatchHeader) -> None:
+    reason = "Producer should not set timestamp type to LogAppendTime."
+    errors = [(index, f"Invalid timestamp type in record {index}. {reason}") for index in range(header.record_count)]
+    raise RecordErrors("One or more records have been rejected due to invalid timestamp", errors)
+
+
+def _refuse_timestamps(header: BatchHeader, data, lowest: int, highest: int) -> None:
+    """The slow path, taken only for a batch already known to hold a timestamp out of range."""
+    errors = []
+    for record in _parse_records(bytes(data), header):
+        if record.timestamp != -1 and not lowest <= record.timestamp <= highest:
+            index = record.offset - header.base_offset
+            errors.append((
+                index,
+                f"Timestamp {record.timestamp} of message with offset {record.offset} is out of range. "
+                f"The timestamp should be within [{lowest}, {highest}]",
+            ))
+    if errors:
+        raise RecordErrors("One or more records have been rejected due to invalid timestamp", errors)
+
+
+def _scan_records_py(data, count: int):
+    """The pure-Python twin of ``pykbroker._speedups.scan_records`` (the C file documents the rules)."""
+    data = bytes(data)
+    end = len(data)
+    pos = 0
+    min_delta = max_delta = 0
+    for i in range(count):
+        try:
+            size, pos = _varint32(data, pos, end)
+        except _Malformed:
+            return f"record {i}: malformed varint"
+        if size < 0 or size > end - pos:
+            return f"record {i}: invalid record size {size} with {end - pos} bytes left in the batch"
+        record_start = pos
+        record_end = pos + size
+        try:
+            if pos >= record_end:
+                raise _Malformed
+            pos += 1  # attributes: unused in v2
+            timestamp_delta, pos = _varint64(data, pos, record_end)
+            offset_delta, pos = _varint32(data, pos, record_end)
+            if offset_delta != i:
+                return f"record {i}: offset delta {offset_delta}, expected {i}"
+            for _ in range(2):  # key, value
+                length, pos = _varint32(data, pos, record_end)
+                pos = _skip_nullable(pos, record_end, length)
+            header_count, pos = _varint32(data, pos, record_end)
+            if header_count < 0:
+                return f"record {i}: invalid number of headers {header_count}"
+            for _ in range(header_count):
+                length, pos = _varint32(data, pos, record_end)
+                if length < 0:
+                    return f"record {i}: invalid negative header key size {length}"
+                pos = _skip_nullable(pos, record_end, length)
+                length, pos = _varint32(data, pos, record_end)
+                pos = _skip_nullable(pos, record_end, length)
+        except _Malformed:
+            return f"record {i}: a field runs past the record"
+        if pos != record_end:
+            return f"record {i}: size {size} does not match the {pos - record_start} bytes its fields take"
+        if i == 0 or timestamp_delta < min_delta:
+            min_delta = timestamp_delta
+        if i == 0 or timestamp_delta > max_delta:
+            max_delta = timestamp_delta
+    if pos != end:
+        return f"{end - pos} bytes remain after the declared {count} records"
+    return min_delta, max_delta
+
+
+class _Malformed(Exception):
+    """A varint or field of the pure-Python walk runs past its limit."""
+
+
+def _raw_varint(data: bytes, pos: int, limit: int, max_bytes: int) -> tuple[int, int]:
+    raw = 0
+    for shift in range(0, 7 * max_bytes, 7):
+        if pos >= limit:
+            raise _Malformed
+        byte = data[pos]
+        pos += 1
+        raw |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return raw, pos
+    raise _Malformed
+
+
+def _varint32(data: bytes, pos: int, limit: int) -> tuple[int, int]:
+    raw, pos = _raw_varint(data, pos, limit, 5)
+    raw &= 0xFFFFFFFF  # Kafka's readVarint keeps 32 bits
+    return (raw >> 1) ^ -(raw & 1), pos
+
+
+def _varint64(data: bytes, pos: int, limit: int) -> tuple[int, int]:
+    raw, pos = _raw_varint(data, pos, limit, 10)
+    raw &= 0xFFFFFFFFFFFFFFFF
+    return (raw >> 1) ^ -(raw & 1), pos
+
+
+def _skip_nullable(pos: int, limit: int, length: int) -> int:
+    if length < 0:
+        return pos
+    if length > limit - pos:
+        raise _Malformed
+    return pos + length
+
+
+try:
+    from pykbroker._speedups import scan_records
+except ImportError:  # built without a C compiler: the pure-Python twin does the same checks
+    scan_records = _scan_records_py
 
 
 def set_base_offset(buf: bytearray, position: int, base_offset: int) -> None:
@@ -194,10 +407,11 @@ def set_partition_leader_epoch(buf: bytearray, position: int, epoch: int) -> Non
     _INT32.pack_into(buf, position + 12, epoch)
 
 
-def set_log_append_time(buf: bytearray, position: int, timestamp_ms: int) -> None:
-    """Mark the batch as LogAppendTime with ``timestamp_ms`` as its max timestamp, and recompute the CRC."""
-    attributes = struct.unpack_from(">h", buf, position + 21)[0]
-    struct.pack_into(">h", buf, position + 21, attributes | TIMESTAMP_TYPE_MASK)
+def set_max_timestamp(buf: bytearray, position: int, timestamp_ms: int, *, log_append_time: bool = False) -> None:
+    """Set the batch's max timestamp (and LogAppendTime type if asked), and recompute the CRC."""
+    if log_append_time:
+        attributes = struct.unpack_from(">h", buf, position + 21)[0]
+        struct.pack_into(">h", buf, position + 21, attributes | TIMESTAMP_TYPE_MASK)
     _INT64.pack_into(buf, position + 35, timestamp_ms)
     batch_length = _INT32.unpack_from(buf, position + 8)[0]
     end = position + LOG_OVERHEAD + batch_length
@@ -269,8 +483,9 @@ def build_batch(
     base_sequence: int = NO_SEQUENCE,
     partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
     attributes: int = 0,
+    compression: int = COMPRESSION_NONE,
 ) -> bytearray:
-    """Encode an uncompressed record batch v2 of (key, value[, headers]) tuples."""
+    """Encode a record batch v2 of (key, value[, headers]) tuples, its records compressed with ``compression``."""
     if not records:
         raise ValueError("a batch needs at least one record")
     body = bytearray()
@@ -288,50 +503,30 @@ def build_batch(
             _write_bytes(record, header_value)
         _write_varint(body, len(record))
         body += record
+    if compression != COMPRESSION_NONE:
+        body = compress(compression, body)
     batch = bytearray(BATCH_HEADER_SIZE) + body
     _HEADER.pack_into(
-        batch, 0, base_offset, len(batch) - LOG_OVERHEAD, partition_leader_epoch, MAGIC_V2, 0, attributes,
+        batch, 0, base_offset, len(batch) - LOG_OVERHEAD, partition_leader_epoch, MAGIC_V2, 0, attributes | compression,
         len(records) - 1, timestamp_ms, timestamp_ms, producer_id, producer_epoch, base_sequence, len(records),
     )
     _UINT32.pack_into(batch, 17, crc32c(memoryview(batch)[CRC_START:]))
     return batch
 
 
-def _decompress(codec: int, data: bytes) -> bytes:
-    if codec == COMPRESSION_NONE:
-        return data
-    if codec == COMPRESSION_GZIP:
-        import gzip
-
-        return gzip.decompress(data)
-    if codec == COMPRESSION_SNAPPY:
-        import snappy  # python-snappy; Kafka's Java client frames snappy in xerial format
-
-        if data[:8] == b"\x82SNAPPY\x00":
-            out = bytearray()
-            pos = 16
-            while pos < len(data):
-                (chunk_len,) = struct.unpack_from(">i", data, pos)
-                out += snappy.decompress(data[pos + 4 : pos + 4 + chunk_len])
-                pos += 4 + chunk_len
-            return bytes(out)
-        return snappy.decompress(data)
-    if codec == COMPRESSION_LZ4:
-        import lz4.frame
-
-        return lz4.frame.decompress(data)
-    if codec == COMPRESSION_ZSTD:
-        import zstandard
-
-        return zstandard.ZstdDecompressor().decompressobj().decompress(data)
-    raise InvalidRecordBatch(f"unknown compression codec {codec}")
-
-
 def read_records(buf, header: BatchHeader) -> list[Record]:
     """Decode the records of one batch (decompressing if needed)."""
     start = header.position + BATCH_HEADER_SIZE
-    data = bytes(memoryview(buf)[start : header.position + header.size])
-    data = _decompress(header.compression, data)
+    data = memoryview(buf)[start : header.position + header.size]
+    if header.compression != COMPRESSION_NONE:
+        try:
+            data = decompress(header.compression, data, MAX_DECOMPRESSED_BYTES)
+        except DecompressionError as exc:
+            raise InvalidRecordBatch(str(exc)) from None
+    return _parse_records(bytes(data), header)
+
+
+def _parse_records(data: bytes, header: BatchHeader) -> list[Record]:
     records = []
     pos = 0
     for _ in range(header.record_count):

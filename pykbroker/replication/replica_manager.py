@@ -31,7 +31,13 @@ from pykbroker.log.manager import LogManager
 from pykbroker.log.partition_log import PartitionLog, ReadResult
 from pykbroker.log.producer_state import ProducerStateError, ProducerStateManager
 from pykbroker.protocol.errors import ErrorCode
-from pykbroker.protocol.records import CorruptRecordBatch, InvalidRecordBatch, iter_headers
+from pykbroker.protocol.records import (
+    CorruptRecordBatch,
+    InvalidRecordBatch,
+    InvalidRecords,
+    RecordErrors,
+    iter_headers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +55,7 @@ class AppendOutcome:
     log_append_time_ms: int = -1
     log_start_offset: int = -1
     message: str | None = None
+    record_errors: tuple[tuple[int, str], ...] = ()  # (batch index, message): Kafka's RecordValidationException
 
 
 class FileRecords:
@@ -211,6 +218,10 @@ class ReplicaManager:
             return AppendOutcome(ErrorCode.invalid_record, message=str(exc))
         except CorruptRecordBatch as exc:
             return AppendOutcome(ErrorCode.corrupt_message, message=str(exc))
+        except InvalidRecords as exc:
+            return AppendOutcome(ErrorCode.invalid_record, message=str(exc))
+        except RecordErrors as exc:
+            return AppendOutcome(ErrorCode.invalid_timestamp, message=str(exc), record_errors=tuple(exc.errors))
         except InvalidRecordBatch as exc:
             return AppendOutcome(ErrorCode.corrupt_message, message=str(exc))
         except RecordTooLarge as exc:

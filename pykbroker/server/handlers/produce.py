@@ -1,9 +1,15 @@
 """Produce (key 0), v3-11.
 
 Behaviour: each partition's records field (one or more record-batch v2) is validated (framing, CRC32C,
-max.message.bytes), checked against the idempotent producer's sequence rules, and appended with offsets
-assigned in place. A retried idempotent batch gets its original base offset and appends nothing.
-Errors are per partition: UNKNOWN_TOPIC_OR_PARTITION (Produce never auto-creates), CORRUPT_MESSAGE,
+max.message.bytes, then every record against its batch header as Kafka's LogValidator does: see
+pykbroker.protocol.records), checked against the idempotent producer's sequence rules, and appended with
+offsets assigned in place. A retried idempotent batch gets its original base offset and appends nothing.
+Errors are per partition, and a partition with an error appends nothing: UNKNOWN_TOPIC_OR_PARTITION
+(Produce never auto-creates), CORRUPT_MESSAGE (bad framing or CRC), INVALID_RECORD (more than one batch
+for a partition, which Produce v3+ forbids as Kafka's ProduceRequest.validateRecords does; records that
+disagree with their header, malformed records, an unknown codec, a compressed batch that does not decompress or
+inflates past the bound, control batches; CORRUPT_MESSAGE below v8, which predates it), INVALID_TIMESTAMP
+with record_errors naming each refused record (v8+) and Kafka's summary as error_message,
 MESSAGE_TOO_LARGE, OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, NOT_ENOUGH_REPLICAS (acks=all
 with fewer in-sync replicas than min.insync.replicas), INVALID_TOPIC_EXCEPTION for internal topics,
 INVALID_REQUIRED_ACKS for acks outside -1/0/1. acks=0 gets no response at all, as the protocol says.
@@ -14,6 +20,7 @@ Transactions are not implemented: a transactional produce gets TRANSACTIONAL_ID_
 from __future__ import annotations
 
 from pykbroker.protocol.errors import ErrorCode
+from pykbroker.protocol.records import more_than_one_batch
 from pykbroker.replication.replica_manager import AppendOutcome
 from pykbroker.server.dispatch import NO_RESPONSE, RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
@@ -27,10 +34,27 @@ def _outcome_for_request(ctx: RequestContext, request) -> ErrorCode | None:
     return None
 
 
+def _for_version(error: ErrorCode, version: int) -> ErrorCode:
+    """INVALID_RECORD came with Produce v8 (KIP-467); older clients get CORRUPT_MESSAGE for it."""
+    if error == ErrorCode.invalid_record and version < 8:
+        return ErrorCode.corrupt_message
+    return error
+
+
+def _record_errors(schema, errors: tuple[tuple[int, str], ...]) -> tuple:
+    """Per-record errors as v8+ responses carry them; older versions have no such field."""
+    if not errors or not hasattr(schema, "BatchIndexAndErrorMessage"):
+        return ()
+    return tuple(
+        make(schema.BatchIndexAndErrorMessage, batch_index=index, batch_index_error_message=text) for index, text in errors
+    )
+
+
 @handles(0)
 def produce(ctx: RequestContext, request) -> object:
     broker = ctx.broker
     schema = response_module(ctx)
+    version = ctx.version
     request_error = _outcome_for_request(ctx, request)
     topics = []
     for topic_data in request.topic_data:
@@ -47,6 +71,12 @@ def produce(ctx: RequestContext, request) -> object:
                 outcome = AppendOutcome(ErrorCode.invalid_topic_exception, message=f"Cannot append to internal topic {name}")
             elif partition_data.records is None:
                 outcome = AppendOutcome(ErrorCode.corrupt_message, message="null records")
+            elif more_than_one_batch(partition_data.records):
+                outcome = AppendOutcome(
+                    ErrorCode.invalid_record,
+                    message=f"Produce requests with version {version} are only allowed to contain exactly one "
+                    "record batch per partition",
+                )
             else:
                 outcome = broker.replicas.append(
                     name, partition_data.index, partition_data.records, acks=request.acks, min_insync_replicas=min_isr
@@ -55,11 +85,11 @@ def produce(ctx: RequestContext, request) -> object:
                 make(
                     schema.PartitionProduceResponse,
                     index=partition_data.index,
-                    error_code=outcome.error,
+                    error_code=_for_version(outcome.error, version),
                     base_offset=outcome.base_offset,
                     log_append_time=outcome.log_append_time_ms,
                     log_start_offset=outcome.log_start_offset,
-                    record_errors=(),
+                    record_errors=_record_errors(schema, outcome.record_errors),
                     error_message=outcome.message,
                 )
             )
