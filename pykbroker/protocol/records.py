@@ -398,6 +398,8 @@ try:
 except ImportError:  # built without a C compiler: the pure-Python twin does the same checks
     scan_records = _scan_records_py
 
+ACCELERATED = scan_records is not _scan_records_py
+
 
 def set_base_offset(buf: bytearray, position: int, base_offset: int) -> None:
     _BASE_OFFSET.pack_into(buf, position, base_offset)

@@ -39,6 +39,7 @@ from pykbroker.groups.offset_store import OffsetStore
 from pykbroker.log.errors import LogDirectoryInUse
 from pykbroker.log.files import raise_descriptor_limit
 from pykbroker.log.manager import LOCK_FILE, LogManager
+from pykbroker.protocol import records
 from pykbroker.replication.replica_manager import ReplicaManager
 from pykbroker.server.connection import KafkaConnection, RequestMemory
 from pykbroker.server.dispatch import load_handlers
@@ -134,6 +135,9 @@ class Broker:
     async def start(self, listening: list[tuple[Listener, socket.socket]]) -> None:
         """Load the logs, then serve every listener on its bound socket (see bind_listener)."""
         raise_descriptor_limit()
+        if not records.ACCELERATED:
+            log.warning("the C record walker (pykbroker._speedups) is not built: records are validated in pure "
+                        "Python, several times slower; install with a C compiler present to build it")
         self.load()
         loop = asyncio.get_running_loop()
         max_request = int(self.config.get("socket.request.max.bytes"))
