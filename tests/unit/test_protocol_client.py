@@ -1,6 +1,6 @@
 """The broker's own Kafka client (pykbroker/protocol/client.py) against fake servers written here: asyncio
 servers on free ports of 127.0.0.1 that answer with exactly the bytes a test needs, including the wrong ones.
-Tests against a real broker are in tests/integration/test_client.py."""
+Tests against a real broker are in tests/integration/test_broker_client.py."""
 
 from __future__ import annotations
 
