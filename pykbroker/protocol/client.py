@@ -171,9 +171,9 @@ def encode_request(request: Any, correlation_id: int, client_id: str | None) -> 
     out.write(b"\x00\x00\x00\x00")
     codec.write_header(out, codec.make_header(correlation_id, client_id))
     codec.write_body(out, request)
-    frame = bytearray(out.getvalue())
-    SIZE.pack_into(frame, 0, len(frame) - SIZE.size)
-    return bytes(frame)
+    with out.getbuffer() as frame:
+        SIZE.pack_into(frame, 0, len(frame) - SIZE.size)
+    return out.getvalue()
 
 
 def decode_response(api_key: int, version: int, frame) -> Any:
@@ -547,8 +547,7 @@ class NodeClients:
         if node.address != (host, port):
             node.address = (host, port)
             node.failures, node.next_attempt = 0, 0.0
-            if node.connection is not None:
-                node.connection.close()
+            self._discard(node)
 
     def remove(self, node_id: int) -> None:
         """Forget a broker: its connection is closed, its requests in flight fail with ConnectionLost."""
@@ -598,7 +597,15 @@ class NodeClients:
                     continue
                 node.connecting = loop.create_task(self._connect(node_id, node))
                 node.connecting.add_done_callback(_consume_exception)
-            return await asyncio.shield(node.connecting)
+            attempt = node.connecting
+            try:
+                return await asyncio.shield(attempt)
+            except asyncio.CancelledError:
+                # The attempt was cancelled by close()/remove()/set_address(), not this caller: say so.
+                if attempt.cancelled() and not asyncio.current_task().cancelling():
+                    raise ConnectionLost(f"connecting to broker {node_id} was abandoned: "
+                                         "the node or the pool changed") from None
+                raise
 
     async def send(self, node_id: int, request: Any, *, timeout: float | None = None) -> Any:
         """get(node_id), then send the request on that connection."""

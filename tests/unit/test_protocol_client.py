@@ -445,3 +445,31 @@ def test_node_clients_back_off_after_failures_and_reconnect_after_a_lost_connect
         await pool.close()
 
     run(scenario())
+
+
+def test_closing_the_pool_fails_a_connection_attempt_in_progress_with_connection_lost():
+    """A broker that accepts but never answers ApiVersions keeps the attempt going; closing the pool (or
+    forgetting the node) must fail the waiting callers with a ClientError, not a stray CancelledError."""
+    async def handler(reader, writer):
+        await read_request(reader)
+        await reader.read()
+
+    async def scenario():
+        async with FakeBroker(handler) as broker:
+            for end in ("close", "remove"):
+                pool = NodeClients(1, {2: (HOST, broker.port)}, negotiate_versions=True, request_timeout=30)
+                waiter = asyncio.ensure_future(pool.get(2))
+                expected = 1 if end == "close" else 2
+                deadline = time.monotonic() + 5
+                while broker.connections < expected and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                assert broker.connections == expected and not waiter.done()
+                if end == "close":
+                    await pool.close()
+                else:
+                    pool.remove(2)
+                with pytest.raises(ConnectionLost, match="abandoned"):
+                    await asyncio.wait_for(waiter, 5)
+                await pool.close()
+
+    run(scenario())
