@@ -514,11 +514,14 @@ class _Node:
 class NodeClients:
     """One connection per broker id, opened on first use and reopened with Kafka's reconnect backoff.
 
-    broker_id is this broker's id: connections send it as their client id. addresses maps broker ids to
-    (host, port); set_address/remove keep it current as the metadata changes.
+    broker_id is this broker's id; connections send it as their client id, as Kafka's controller channel
+    and AlterPartition channel do, unless client_id says otherwise (Kafka's follower fetchers send
+    "broker-<id>-fetcher-<n>"). addresses maps broker ids to (host, port); set_address/remove keep it
+    current as the metadata changes.
     """
 
     def __init__(self, broker_id: int, addresses: Mapping[int, tuple[str, int]] | None = None, *,
+                 client_id: str | None = None,
                  negotiate_versions: bool = True,
                  connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
                  request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S,
@@ -526,7 +529,7 @@ class NodeClients:
                  reconnect_backoff_max: float = DEFAULT_RECONNECT_BACKOFF_MAX_S,
                  max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
         self.broker_id = broker_id
-        self.client_id = str(broker_id)
+        self.client_id = str(broker_id) if client_id is None else client_id
         self.negotiate_versions = negotiate_versions
         self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout
