@@ -313,7 +313,9 @@ class KafkaClientConnection(asyncio.Protocol):
 
     def send_nowait(self, request: Any, *, timeout: float | None = None) -> asyncio.Future:
         """Write a request now and return the future of its response (None for Produce acks=0).
-        ConnectionLost at once if the connection is closed. timeout: seconds, default request_timeout."""
+        ConnectionLost at once if the connection is closed. timeout: seconds, default request_timeout.
+        No flow control here: a caller pipelining this way bounds its own requests in flight (``send``
+        waits while the transport's buffer is above its high-water mark)."""
         if self._closed or self._transport is None:
             raise ConnectionLost(f"connection to {self.peer} is closed"
                                  + (f" ({self._close_reason})" if self._close_reason else ""))

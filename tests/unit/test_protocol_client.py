@@ -473,3 +473,34 @@ def test_closing_the_pool_fails_a_connection_attempt_in_progress_with_connection
                 await pool.close()
 
     run(scenario())
+
+
+def test_a_request_stuck_behind_a_peer_that_does_not_read_still_times_out():
+    """The peer never reads: 16 MiB of Produce requests fill the socket buffers and the transport pauses
+    writing; `send` waits for the drain, and the request timeout still ends the wait."""
+    from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
+
+    release = asyncio.Event()
+
+    async def handler(reader, writer):
+        await release.wait()
+
+    async def scenario():
+        async with FakeBroker(handler) as broker:
+            connection = await broker.connect(request_timeout=0.5)
+            request = ProduceRequest(transactional_id=None, acks=i16(-1),
+                                     timeout=i32Timedelta.parse(datetime.timedelta(seconds=5)),
+                                     topic_data=(TopicProduceData(name="t", partition_data=(
+                                         PartitionProduceData(index=i32(0), records=b"\x00" * (1 << 20)),)),))
+            started = time.monotonic()
+            sends = [asyncio.ensure_future(connection.send(request)) for _ in range(16)]
+            while not connection._write_paused and time.monotonic() - started < 0.4:
+                await asyncio.sleep(0.01)
+            assert connection._write_paused and not any(s.done() for s in sends)  # backpressure reached
+            results = await asyncio.gather(*sends, return_exceptions=True)
+            assert time.monotonic() - started < 5
+            assert isinstance(results[0], RequestTimedOut), results[0]
+            assert all(isinstance(r, (RequestTimedOut, ConnectionLost)) for r in results), results
+            release.set()
+
+    run(scenario())
