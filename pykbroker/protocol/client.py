@@ -255,8 +255,11 @@ class KafkaClientConnection(asyncio.Protocol):
         factory = lambda: cls(client_id=client_id, request_timeout=request_timeout,  # noqa: E731
                               max_response_bytes=max_response_bytes, on_close=on_close)
         try:
-            _, connection = await asyncio.wait_for(loop.create_connection(factory, host, port), connect_timeout)
-        except asyncio.TimeoutError:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that arrives as
+            # the connection completes, and the attempt would then go on to wait for ApiVersions.
+            async with asyncio.timeout(connect_timeout):
+                _, connection = await loop.create_connection(factory, host, port)
+        except TimeoutError:
             raise ConnectError(f"connecting to {host}:{port} timed out after {connect_timeout} s") from None
         except OSError as exc:
             raise ConnectError(f"cannot connect to {host}:{port}: {exc}") from exc

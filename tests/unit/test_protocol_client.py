@@ -475,6 +475,37 @@ def test_closing_the_pool_fails_a_connection_attempt_in_progress_with_connection
     run(scenario())
 
 
+def test_an_attempt_abandoned_just_as_its_connection_completes_fails_at_once():
+    """The pool is closed at the very moment the TCP connection completes: the attempt must end there
+    (ConnectionLost), not go on to wait for an ApiVersions answer that never comes (Python 3.11's
+    asyncio.wait_for swallowed that cancellation)."""
+    async def handler(reader, writer):
+        await read_request(reader)
+        await reader.read()
+
+    async def scenario():
+        async with FakeBroker(handler) as broker:
+            pool = NodeClients(1, {2: (HOST, broker.port)}, negotiate_versions=True, request_timeout=30)
+            loop = asyncio.get_running_loop()
+            real_create_connection = loop.create_connection
+
+            async def completes_as_the_pool_closes(*args, **kwargs):
+                result = await real_create_connection(*args, **kwargs)
+                asyncio.ensure_future(pool.close())  # runs before the attempt sees its result
+                await asyncio.sleep(0)
+                return result
+
+            loop.create_connection = completes_as_the_pool_closes
+            try:
+                with pytest.raises(ConnectionLost):
+                    await asyncio.wait_for(pool.get(2), 5)
+            finally:
+                loop.create_connection = real_create_connection
+                await pool.close()
+
+    run(scenario())
+
+
 def test_a_request_stuck_behind_a_peer_that_does_not_read_still_times_out():
     """The peer never reads: 16 MiB of Produce requests fill the socket buffers and the transport pauses
     writing; `send` waits for the drain, and the request timeout still ends the wait."""
