@@ -168,7 +168,8 @@ def assert_commits_never_go_back(members: list[MemberLog]) -> None:
     committed offset it fetches after its generation began. A member evicted, or left behind by the next
     generation, may still hand out records it had already fetched (at-least-once: a message read again by
     another member is allowed), but its commits must be refused; if one were accepted, or two members owned
-    a partition in one generation, the committed offset would go back.
+    a partition in one generation, the committed offset would go back. (The members commit a record only
+    in the generation it was delivered in, as a poll-driven consumer does: see the aiokafka member.)
 
     Members here commit N right after reading offset N-1 (``commit_each``), so that read is a moment before
     the commit was sent. A commit counts as "afterwards" only if that read came after the other commit's
