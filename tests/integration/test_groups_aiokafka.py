@@ -78,8 +78,15 @@ class Member(MemberLog):
     async def _read(self) -> None:
         while True:
             batches = await self.consumer.getmany(timeout_ms=50)
+            # The group rejoins in the background while a batch is processed: records delivered before a
+            # revocation are dropped, as an aiokafka application must (whoever owns the partition next
+            # reads them again from the committed offset). Otherwise a commit for one of them would go out
+            # with the next generation, which is valid if the partition came back to this member.
+            delivered_in = len(self.revocations)
             for tp, records in batches.items():
                 for record in records:
+                    if len(self.revocations) != delivered_in:
+                        break
                     self.read(tp.partition, record.offset, record.value.decode())
                     if self.commit_each:
                         try:

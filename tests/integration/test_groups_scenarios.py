@@ -5,7 +5,7 @@ Per client: two members split a 4-partition topic and the one left after a leave
 that dies is evicted at its session timeout and the other gets everything; committed offsets are resumed by
 a new member after a broker kill -9; a second group reads everything independently (and the client's admin
 API sees the groups); members joining at the same moment and during a rebalance end with one owner per
-partition and never read a message committed by another."""
+partition and never see a committed offset go back (the coordinator fences members of an old generation)."""
 
 from __future__ import annotations
 

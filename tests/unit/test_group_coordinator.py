@@ -459,6 +459,33 @@ def test_commits_name_the_current_member_and_generation(h):
     assert h.commit("g", generation, a) == ErrorCode.illegal_generation
 
 
+def test_a_member_left_behind_by_a_rebalance_cannot_commit_once_the_next_generation_exists(h):
+    """The integration scenario's loaded-machine case: B's client gives up its member id (after an
+    ILLEGAL_GENERATION) and joins again under a new one while the old id, silent, holds the rebalance
+    until its session expires. The old id may commit while its generation is current (Kafka allows
+    commits during PreparingRebalance); from the moment it is evicted, and for every member once the next
+    generation exists, commits naming the old generation are refused, so no offset committed in the new
+    generation can be overwritten by a stale one."""
+    a, old_b, generation = two_stable_members(h)
+    first = h.join("g", client="b")
+    new_b = h.join("g", first.result.member_id, client="b")
+    assert h.state() is GroupState.PREPARING_REBALANCE and new_b.result is None
+    a_join = h.join("g", a)
+    assert a_join.result is None  # waits for the old id, which never rejoins
+    assert h.commit("g", generation, old_b, offset=7) == ErrorCode.none
+    h.clock.advance(SESSION_MS)  # the old id's session runs out: evicted, and the join completes
+    assert not h.coordinator.group("g").has(old_b)
+    new_generation = a_join.result.generation_id
+    assert new_generation == generation + 1 and new_b.result.generation_id == new_generation
+    assert h.commit("g", generation, old_b, offset=3) == ErrorCode.unknown_member_id
+    assert h.commit("g", generation, a, offset=3) == ErrorCode.illegal_generation
+    assert h.commit("g", new_generation, new_b.result.member_id, offset=3) == ErrorCode.rebalance_in_progress
+    h.sync("g", a, new_generation, {a: b"p0,p1", new_b.result.member_id: b"p2,p3"})
+    assert h.commit("g", new_generation, new_b.result.member_id, offset=9) == ErrorCode.none
+    assert h.commit("g", generation, old_b, offset=3) == ErrorCode.unknown_member_id
+    assert h.coordinator.fetch_offsets("g", [(TOPIC, 0)])[(TOPIC, 0)].offset == 9
+
+
 def test_unknown_partitions_and_large_metadata_are_refused_per_partition(h):
     errors = h.coordinator.commit_offsets("g", -1, "", {(TOPIC, 0): (1, -1, "x" * 4097), (TOPIC, 9): (1, -1, ""),
                                                        ("other", 0): (1, -1, ""), (TOPIC, 1): (1, -1, "ok")})
