@@ -5,7 +5,8 @@ response of the request's version with the error code set at every level that ha
 topic, per partition, per group), the entries echoing the request's own entries (topic names or ids,
 partition indexes, group ids, coordinator keys), everything else at its zero value. The code is
 INVALID_REQUEST when the request carries a null (-1) array or string where its schema does not allow one,
-UNKNOWN_SERVER_ERROR otherwise (the broker's own bug). A Produce with acks=0 still gets no answer.
+UNKNOWN_SERVER_ERROR otherwise (the broker's own bug). A Produce with acks=0 gets no answer: the
+connection is closed (CloseConnection), as Kafka does for an acks=0 produce that fails.
 
 The answer is built generically from kio's dataclasses, so every advertised API and version is covered
 without a per-API table: response arrays are paired with the request array of the same name, or of a
@@ -23,7 +24,7 @@ from functools import lru_cache
 from typing import Any
 
 from pykbroker.protocol.errors import ErrorCode
-from pykbroker.server.dispatch import NO_RESPONSE
+from pykbroker.server.dispatch import CloseConnection
 
 PRODUCE_KEY = 0
 
@@ -194,5 +195,6 @@ def error_response(request) -> tuple[Any, ErrorCode]:
     body = request.body
     code = ErrorCode.invalid_request if has_illegal_null(body) else ErrorCode.unknown_server_error
     if request.api_key == PRODUCE_KEY and getattr(body, "acks", None) == 0:
-        return NO_RESPONSE, code
+        # No answer is read for acks=0: Kafka closes the connection so that the producer notices.
+        return CloseConnection(f"acks=0 produce failed: {code.name}"), code
     return build(request.codec.response_type, body, code), code

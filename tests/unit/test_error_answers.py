@@ -21,7 +21,7 @@ from kio.serial import entity_reader
 from pykbroker.protocol.apis import codec_for
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.protocol.framing import Request, encode_response
-from pykbroker.server.dispatch import NO_RESPONSE
+from pykbroker.server.dispatch import CloseConnection
 from pykbroker.server.error_answers import build, error_response, has_illegal_null
 
 SUPPORT = Path(__file__).resolve().parents[2] / "protocol_specs" / "api_support.json"
@@ -139,7 +139,8 @@ def test_a_null_where_the_schema_forbids_one_is_an_invalid_request():
     assert has_illegal_null(nested)
 
 
-def test_produce_with_acks_0_still_gets_no_answer():
+def test_produce_with_acks_0_gets_no_answer_but_a_closed_connection():
     codec = codec_for(0, 9)
     body = dataclasses.replace(sample(codec.request_type), acks=0)
-    assert error_response(_request(0, 9, body))[0] is NO_RESPONSE
+    answer, code = error_response(_request(0, 9, body))
+    assert isinstance(answer, CloseConnection) and code.name in answer.reason
