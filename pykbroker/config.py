@@ -464,7 +464,7 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
             "a frame reserves its whole size when its length is read; while the reserved bytes reach the bound, a "
             "connection starting a frame larger than 64 KiB is not read until memory frees. A value <= 0 is unbounded; "
             "otherwise it must be at least socket.request.max.bytes, as in Kafka."),
-    _broker("max.connections", "int", 2147483647, "Connections the broker accepts; new ones beyond it are closed.", _AT_LEAST_0),
+    _broker("max.connections", "int", 2147483647, "Connections the broker holds open; at the limit it stops accepting until one closes (KIP-402).", _AT_LEAST_0),
     _broker("max.connections.per.ip", "int", 2147483647, "Connections accepted from one IP address; new ones beyond it are closed.", _AT_LEAST_0),
 )
 

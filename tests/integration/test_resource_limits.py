@@ -14,6 +14,8 @@ many connections, and the other clients are served meanwhile (issue 7, "memory g
   close would wait forever for its unsent bytes) and its slot is freed: with max.connections 1, another
   client connects afterwards.
 * Produce with acks=0 to a partition that does not exist: the broker closes the connection, as Kafka does.
+* max.connections: at the limit the broker stops accepting (KIP-402); a new connection waits in the backlog
+  and is served once another one closes.
 * max.connections.per.ip: the connection beyond the limit is closed, the others keep working.
 """
 
@@ -249,3 +251,24 @@ def test_connections_beyond_max_connections_per_ip_are_closed(broker_factory):
         for sock in kept:
             sock.close()
     assert "max.connections.per.ip 3 reached" in broker.log_tail(50)
+
+
+def test_at_max_connections_new_connections_wait_until_a_slot_frees(broker_factory):
+    broker = broker_factory.make({"max.connections": 2})
+    api_versions = bytes.fromhex("0012000000000001ffff")  # ApiVersions v0, correlation id 1, null client id
+    frame = struct.pack(">i", len(api_versions)) + api_versions
+    kept = [socket.create_connection(broker.address, timeout=10) for _ in range(2)]
+    try:
+        for sock in kept:
+            sock.sendall(frame)
+            assert len(sock.recv(4)) == 4
+        with socket.create_connection(broker.address, timeout=10) as waiting:  # lands in the listen backlog
+            waiting.sendall(frame)
+            readable, _, _ = select.select([waiting], [], [], 1.0)
+            assert not readable, "the connection beyond max.connections was answered or closed"
+            kept.pop().close()
+            waiting.settimeout(20)
+            assert len(waiting.recv(4)) == 4  # accepted and answered once a slot is free
+    finally:
+        for sock in kept:
+            sock.close()
