@@ -239,6 +239,9 @@ class KafkaConnection(asyncio.Protocol):
             self._waiting_memory = True
             memory.wait(self)
             return False
+        if self._waiting_memory:  # bytes were released and this connection got here before its wake-up
+            self._waiting_memory = False
+            memory.forget(self)
         memory.add(size)
         self._reserved = size
         return True

@@ -193,6 +193,20 @@ async def test_a_frame_is_reserved_whole_when_its_size_is_read_and_released_once
     assert memory.used == 0 and not memory.exhausted
 
 
+@in_loop
+async def test_bytes_arriving_before_the_wake_up_take_the_freed_memory_and_reading_resumes():
+    memory = RequestMemory(2 * RESERVED_BYTES)
+    memory.add(2 * RESERVED_BYTES)  # held by others
+    connection, transport = connect({}, memory)
+    connection.data_received(struct.pack(">i", 900_000))
+    assert not transport.reading
+    memory.release(2 * RESERVED_BYTES)
+    connection.data_received(b"\0" * 10)  # bytes the socket had already read arrive before the wake-up
+    assert transport.reading and memory.used == 900_000 and not memory._paused
+    await settle()
+    assert transport.reading and memory.used == 900_000
+
+
 def _two_honest_producers_send_half_way(memory):
     """The reviewer's repro (/tmp/rev/deadlock.py): two 900 KB frames, 600 KB of each received."""
     frame = struct.pack(">i", 900_000) + b"\0" * 900_000
