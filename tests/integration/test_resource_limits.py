@@ -233,15 +233,26 @@ def test_an_acks_0_produce_that_fails_closes_the_connection(broker_factory, topi
     assert "acks=0 produce failed" in broker.log_tail(50)
 
 
+_API_VERSIONS = bytes.fromhex("0012000000000001ffff")  # ApiVersions v0, correlation id 1, null client id
+API_VERSIONS_FRAME = struct.pack(">i", len(_API_VERSIONS)) + _API_VERSIONS
+
+
+def _answered_connections(broker, count: int) -> list[socket.socket]:
+    """``count`` connections, each answered (so accepted and counted) before the next one opens."""
+    kept = []
+    for _ in range(count):
+        sock = socket.create_connection(broker.address, timeout=10)
+        kept.append(sock)
+        sock.sendall(API_VERSIONS_FRAME)
+        assert len(sock.recv(4)) == 4
+    return kept
+
+
 def test_connections_beyond_max_connections_per_ip_are_closed(broker_factory):
     broker = broker_factory.make({"max.connections.per.ip": 3})
-    api_versions = bytes.fromhex("0012000000000001ffff")  # ApiVersions v0, correlation id 1, null client id
-    frame = struct.pack(">i", len(api_versions)) + api_versions
-    kept = [socket.create_connection(broker.address, timeout=10) for _ in range(3)]
+    frame = API_VERSIONS_FRAME
+    kept = _answered_connections(broker, 3)
     try:
-        for sock in kept:  # each is accepted and answered before the next limit check
-            sock.sendall(frame)
-            assert len(sock.recv(4)) == 4
         with socket.create_connection(broker.address, timeout=10) as refused:
             assert _closed_by_peer(refused, time.monotonic() + 20)
         for sock in kept:
@@ -255,15 +266,10 @@ def test_connections_beyond_max_connections_per_ip_are_closed(broker_factory):
 
 def test_at_max_connections_new_connections_wait_until_a_slot_frees(broker_factory):
     broker = broker_factory.make({"max.connections": 2})
-    api_versions = bytes.fromhex("0012000000000001ffff")  # ApiVersions v0, correlation id 1, null client id
-    frame = struct.pack(">i", len(api_versions)) + api_versions
-    kept = [socket.create_connection(broker.address, timeout=10) for _ in range(2)]
+    kept = _answered_connections(broker, 2)
     try:
-        for sock in kept:
-            sock.sendall(frame)
-            assert len(sock.recv(4)) == 4
         with socket.create_connection(broker.address, timeout=10) as waiting:  # lands in the listen backlog
-            waiting.sendall(frame)
+            waiting.sendall(API_VERSIONS_FRAME)
             readable, _, _ = select.select([waiting], [], [], 1.0)
             assert not readable, "the connection beyond max.connections was answered or closed"
             kept.pop().close()
