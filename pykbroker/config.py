@@ -460,10 +460,11 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
     _broker("fetch.max.bytes", "int", 57671680, "Largest fetch response the broker builds.", Range(1024)),
     _broker("connections.max.idle.ms", "long", 600000, "Close connections idle this long (no request received, no response progress; a connection stuck mid-frame is idle); -1: never."),
     _broker("queued.max.request.bytes", "long", 209715200,
-            "Broker-wide bound on buffered request bytes, partial frames included (Kafka's default -1 is unbounded; "
-            "ours is 200 MiB). Past it, connections holding more than 64 KiB stop being read until memory frees; -1 disables.",
-            Range(-1)),
-    _broker("max.connections", "int", 2147483647, "Connections the broker accepts; new ones beyond it are closed.", _AT_LEAST_0),
+            "Broker-wide bound on the bytes of requests being received (Kafka's default -1 is unbounded; ours is 200 MiB): "
+            "a frame reserves its whole size when its length is read; while the reserved bytes reach the bound, a "
+            "connection starting a frame larger than 64 KiB is not read until memory frees. A value <= 0 is unbounded; "
+            "otherwise it must be at least socket.request.max.bytes, as in Kafka."),
+    _broker("max.connections", "int", 2147483647, "Connections the broker holds open; at the limit it stops accepting until one closes (KIP-402).", _AT_LEAST_0),
     _broker("max.connections.per.ip", "int", 2147483647, "Connections accepted from one IP address; new ones beyond it are closed.", _AT_LEAST_0),
 )
 
@@ -645,6 +646,16 @@ ENV_PREFIX = "PYKBROKER_"
 ENV_CONFIG_FILE = "PYKBROKER_CONFIG"
 
 
+def _check_queued_max_request_bytes(values: Mapping[str, Any]) -> None:
+    """Kafka's KafkaConfig rule: queued.max.request.bytes <= 0 (unbounded) or >= socket.request.max.bytes, so
+    that the largest request the broker accepts can always be received."""
+    queued = int(values["queued.max.request.bytes"])
+    largest = int(values["socket.request.max.bytes"])
+    if 0 < queued < largest:
+        raise ConfigError("queued.max.request.bytes", f"queued.max.request.bytes ({queued}) must be <= 0 (unbounded) "
+                          f"or at least socket.request.max.bytes ({largest})")
+
+
 # ---------------------------------------------------------------------------------------------------
 # The resolved configuration.
 
@@ -683,6 +694,7 @@ class BrokerConfig:
         full["broker.id"] = self.broker_id
         # A frozen dataclass: fill the derived fields once, here, so every construction path agrees.
         object.__setattr__(self, "values", MappingProxyType(full))
+        _check_queued_max_request_bytes(full)
         object.__setattr__(self, "explicit", frozenset(self.explicit))
         object.__setattr__(self, "data_dir", Path(self.data_dir))
         if not self.listeners:

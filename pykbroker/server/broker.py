@@ -13,16 +13,22 @@ DescribeCluster and FindCoordinator answer with that listener's advertised endpo
 Shutdown stops accepting, closes connections, flushes every log, writes the clean-shutdown marker and
 releases the data dir lock (the log manager's shutdown).
 
-Connection bookkeeping lives here too: a new connection beyond ``max.connections`` or
-``max.connections.per.ip`` is closed with a log line (Kafka's names and defaults), and an idle sweep
-closes connections that made no progress for ``connections.max.idle.ms``. Buffered request bytes of all
-connections share one ``queued.max.request.bytes`` bound (see server/connection.py).
+Connection bookkeeping lives here too. Each listener is served by an accept loop of our own
+(``loop.sock_accept`` then ``loop.connect_accepted_socket``, both public asyncio API that uvloop also
+implements; asyncio's Server has no way to pause accepting): while ``max.connections`` connections are
+open, it stops accepting, as Kafka's Acceptor does since KIP-402, so new connections wait in the listen
+backlog until a connection closes instead of being accepted and closed. A new connection beyond
+``max.connections.per.ip`` is accepted and closed with a log line, as in Kafka. An idle sweep aborts
+connections with no socket activity for ``connections.max.idle.ms`` (unsent bytes are dropped, so a client
+that never reads is closed too). Request bytes of all connections share one ``queued.max.request.bytes``
+bound (see server/connection.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import logging
 import signal
 import socket
@@ -101,7 +107,8 @@ class Broker:
         self._connections_per_host: Counter[str] = Counter()
         self.request_memory = RequestMemory(int(config.get("queued.max.request.bytes")))
         self.handlers = load_handlers()
-        self._servers: list[asyncio.AbstractServer] = []
+        self._acceptors: list[asyncio.Task] = []  # one accept loop per listener
+        self._slot_freed = asyncio.Event()  # set when a connection closes: an acceptor at max.connections goes on
         self.advertised: dict[str, BrokerEndpoint] = {}  # listener name -> this broker's endpoint there
         self._background: list[asyncio.Task] = []
 
@@ -148,11 +155,9 @@ class Broker:
                 self.broker_id, advertised.host, advertised.port or bound_ports[advertised.name], self.config.get("broker.rack")
             )
         for listener, sock in listening:
-            self._servers.append(await loop.create_server(
-                lambda name=listener.name: KafkaConnection(self, self.handlers, max_request, self.request_memory, listener=name),
-                sock=sock,
-                backlog=LISTEN_BACKLOG,
-            ))
+            factory = functools.partial(KafkaConnection, self, self.handlers, max_request, self.request_memory,
+                                        listener=listener.name)
+            self._acceptors.append(asyncio.ensure_future(self._accept(sock, factory)))
             endpoint = self.advertised.get(listener.name)
             if listener.binds_all and endpoint is not None:
                 log.info("listener %s binds every interface; advertised as %s (the canonical host name)",
@@ -185,6 +190,27 @@ class Broker:
         return brokers
 
     # -- connections ------------------------------------------------------------------------------
+    async def _accept(self, sock: socket.socket, factory) -> None:
+        """Accept connections on ``sock`` while fewer than max.connections are open (Kafka's KIP-402)."""
+        loop = asyncio.get_running_loop()
+        max_total = int(self.config.get("max.connections"))
+        sock.setblocking(False)
+        while True:
+            while len(self.connections) >= max_total:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+            try:
+                accepted, _ = await loop.sock_accept(sock)
+            except OSError as exc:  # out of descriptors, or the peer gave up in the backlog: keep serving
+                log.warning("accepting a connection failed: %s", exc)
+                await asyncio.sleep(0.1)  # do not spin while descriptors are exhausted
+                continue
+            try:
+                await loop.connect_accepted_socket(factory, accepted)
+            except OSError as exc:
+                log.warning("cannot serve an accepted connection: %s", exc)
+                accepted.close()
+
     def admit(self, connection: KafkaConnection) -> str | None:
         """Count a new connection in, or say why it must be closed (max.connections, max.connections.per.ip)."""
         max_total = int(self.config.get("max.connections"))
@@ -200,6 +226,7 @@ class Broker:
     def release(self, connection: KafkaConnection) -> None:
         if connection in self.connections:
             self.connections.discard(connection)
+            self._slot_freed.set()
             self._connections_per_host[connection.host] -= 1
             if not self._connections_per_host[connection.host]:
                 del self._connections_per_host[connection.host]
@@ -232,8 +259,9 @@ class Broker:
 
     # -- stop -------------------------------------------------------------------------------------
     async def stop(self) -> None:
-        for server in self._servers:
-            server.close()
+        for acceptor in self._acceptors:
+            acceptor.cancel()
+        await asyncio.gather(*self._acceptors, return_exceptions=True)
         for connection in list(self.connections):
             connection.close()
         for task in self._background:

@@ -16,16 +16,29 @@ Memory is bounded:
   never reads holds about one chunk and the high-water mark, not one response per request;
 * a frame larger than ``socket.request.max.bytes`` closes the connection; a frame is never allocated by
   its declared size, its bytes are kept as they arrive;
-* buffered request bytes, partial frames included, count against the broker-wide
-  ``queued.max.request.bytes`` (:class:`RequestMemory`): while it is exhausted, a connection holding more
-  than ``RESERVED_BYTES`` is not read, so small requests of other clients still pass;
-* a connection with no request received and no response progress for ``connections.max.idle.ms`` is
-  closed by the broker's idle sweep (a connection stuck mid-frame is idle; one waiting on its own
-  request in processing is not).
+* request bytes are bounded broker-wide by ``queued.max.request.bytes`` (:class:`RequestMemory`), as
+  Kafka's non-strict SimpleMemoryPool does: when a frame's 4-byte size is read, the whole frame is reserved
+  from the pool (the reservation may overshoot the bound); it is released once the frame is decoded, or
+  when the connection is lost. While the reserved bytes reach the bound, a connection about to start a
+  frame is not read until memory is released; a connection whose frame is reserved is never paused for
+  memory, so every frame that was started can finish (no deadlock between half-received frames). One
+  difference from Kafka: a frame of at most ``RESERVED_BYTES`` is reserved even when the pool is exhausted,
+  so ApiVersions, Metadata or a Heartbeat of a well-behaved client passes while stalled clients hold the
+  pool (the overshoot is at most one such frame per connection);
+* a connection with no socket activity (bytes received, response progress) for
+  ``connections.max.idle.ms`` is closed by the broker's idle sweep (a connection stuck mid-frame is idle, a
+  slow but progressing upload is not; one waiting on its own request in processing is not).
+
+The broker closes a connection (bad frame, idle, an acks=0 produce that failed, its own failure) with
+``transport.abort()``: unsent response bytes are dropped, as Kafka's Selector.close does, so a client that
+never reads cannot keep the connection, its pending response and its pinned segment files alive (a graceful
+``transport.close()`` waits for the write buffer to drain, which never happens for such a client).
 
 A request that decodes but cannot be served (the handler raises, e.g. on a null array the schema does not
 allow) gets Kafka's error answer built from the response schema (server/error_answers.py), one log line,
-and the connection stays open. Only bytes that are not a request (bad frame size, undecodable header or
+and the connection stays open (if building that answer fails too, the connection is closed, one log line).
+A handler may return CLOSE_CONNECTION (Produce with acks=0 that has an error, as Kafka's
+KafkaApis.handleProduceRequest does, so the producer notices and refreshes its metadata). Only bytes that are not a request (bad frame size, undecodable header or
 body, an unsupported API) close the connection, with a log line.
 """
 
@@ -47,7 +60,7 @@ from pykbroker.protocol.framing import (
     encode_response,
     read_prefix,
 )
-from pykbroker.server.dispatch import NO_RESPONSE, Handler, RequestContext
+from pykbroker.server.dispatch import NO_RESPONSE, CloseConnection, Handler, RequestContext
 from pykbroker.server.error_answers import error_response
 from pykbroker.server.handlers.api_versions import unsupported_api_versions_response
 
@@ -56,8 +69,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# A connection may always buffer this much, whatever the broker-wide bound: ApiVersions, Metadata or a
-# Heartbeat from a well-behaved client passes while stalled clients hold the shared request memory.
+# A frame of at most this size is reserved even while the broker-wide bound is exhausted: ApiVersions,
+# Metadata or a Heartbeat from a well-behaved client passes while stalled clients hold the request memory.
 RESERVED_BYTES = 64 * 1024
 # Unsent bytes the transport may hold before we stop writing (and reading); record data is read from the
 # segment files in chunks of CHUNK_BYTES.
@@ -66,10 +79,13 @@ CHUNK_BYTES = 512 * 1024
 
 
 class RequestMemory:
-    """The broker-wide bound on buffered request bytes (``queued.max.request.bytes``; -1: unbounded).
+    """The broker-wide bound on the bytes of requests being received (``queued.max.request.bytes``; a
+    limit <= 0 is unbounded, as in Kafka), a non-strict pool like Kafka's SimpleMemoryPool.
 
-    Connections add what they buffer and release what they consume or drop; a connection paused because
-    the bound is exhausted is resumed when bytes are released.
+    A connection reserves a whole frame when it reads the frame's size and releases it once the frame is
+    decoded or the connection is lost. A reservation succeeds while the pool is not exhausted, even past
+    the limit; a connection that finds it exhausted waits and is retried (soon, from the event loop) when
+    bytes are released.
     """
 
     def __init__(self, limit: int) -> None:
@@ -79,17 +95,21 @@ class RequestMemory:
 
     @property
     def exhausted(self) -> bool:
-        return 0 <= self.limit <= self.used
+        return 0 < self.limit <= self.used
 
     def add(self, count: int) -> None:
         self.used += count
 
     def release(self, count: int) -> None:
+        if not count:
+            return
         self.used -= count
         if self._paused and not self.exhausted:
             paused, self._paused = self._paused, set()
+            loop = asyncio.get_running_loop()
             for connection in paused:
-                connection.update_reading()
+                # Not from inside the releasing connection's own processing: from the loop, soon.
+                loop.call_soon(connection.memory_available)
 
     def wait(self, connection: "KafkaConnection") -> None:
         self._paused.add(connection)
@@ -118,6 +138,8 @@ class KafkaConnection(asyncio.Protocol):
         self._reading_paused = False
         self._write_paused = False
         self._closed = False
+        self._reserved = 0  # bytes of RequestMemory reserved for the frame at the head of the buffer
+        self._waiting_memory = False  # the next frame's size is read and the pool is exhausted
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -131,15 +153,21 @@ class KafkaConnection(asyncio.Protocol):
         if refusal is not None:
             log.warning("refusing connection from %s: %s", self.peer, refusal)
             self._closed = True
-            transport.close()
+            transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self.broker.release(self)
         self.memory.forget(self)
-        self.memory.release(len(self._buffer))
+        self._waiting_memory = False
+        reserved, self._reserved = self._reserved, 0
+        self.memory.release(reserved)
         self._buffer = bytearray()
-        self._outbox.clear()
+        outbox, self._outbox = self._outbox, collections.deque()
+        for item in outbox:  # record data iterators: closing them releases their segment file pins now
+            close = getattr(item, "close", None)
+            if close is not None:
+                close()
         if self._task is not None:
             self._task.cancel()
 
@@ -157,7 +185,14 @@ class KafkaConnection(asyncio.Protocol):
         if self._closed:
             return
         self._buffer += data
-        self.memory.add(len(data))
+        self.last_active = time.monotonic()  # any socket activity counts, as in Kafka's idle expiry
+        self._process()
+
+    def memory_available(self) -> None:
+        """Called by RequestMemory when bytes were released while this connection waited for them."""
+        if self._closed or not self._waiting_memory:
+            return
+        self._waiting_memory = False
         self._process()
 
     @property
@@ -179,6 +214,8 @@ class KafkaConnection(asyncio.Protocol):
             if size < 0 or size > self.max_request_bytes:
                 self._abort(f"frame of {size} bytes exceeds socket.request.max.bytes {self.max_request_bytes}")
                 return
+            if not self._reserved and not self._reserve(size):
+                break  # the pool is exhausted: not read until memory is released
             end = start + size_len + size
             if available < size_len + size:
                 break
@@ -186,11 +223,28 @@ class KafkaConnection(asyncio.Protocol):
                 frame = bytes(view[start + size_len:end])
             start = end
             self.last_active = time.monotonic()
-            self._handle_frame(frame)
+            try:
+                self._handle_frame(frame)
+            finally:
+                reserved, self._reserved = self._reserved, 0
+                self.memory.release(reserved)  # decoded (or refused): the frame no longer counts
         if start and not self._closed:
             del buffer[:start]
-            self.memory.release(start)
         self.update_reading()
+
+    def _reserve(self, size: int) -> bool:
+        """Reserve a frame of ``size`` bytes from the request memory, or wait for it (False)."""
+        memory = self.memory
+        if memory.exhausted and size > RESERVED_BYTES:
+            self._waiting_memory = True
+            memory.wait(self)
+            return False
+        if self._waiting_memory:  # bytes were released and this connection got here before its wake-up
+            self._waiting_memory = False
+            memory.forget(self)
+        memory.add(size)
+        self._reserved = size
+        return True
 
     def _handle_frame(self, frame: bytes) -> None:
         try:
@@ -240,14 +294,30 @@ class KafkaConnection(asyncio.Protocol):
             self._process()
 
     def _failed(self, request, exc: Exception) -> Any:
-        """The answer to a request whose handler raised: Kafka's error response, one log line."""
-        answer, code = error_response(request)
+        """The answer to a request whose handler raised: Kafka's error response, one log line. If even that
+        answer cannot be built, the connection is closed (one log line) and nothing is answered."""
+        try:
+            answer, code = error_response(request)
+        except Exception:
+            log.exception("cannot build the error answer to api %s v%s (correlation id %s) whose handler raised %r; "
+                          "closing %s", request.api_key, request.api_version, request.correlation_id, exc, self.peer)
+            self.close()
+            return NO_RESPONSE
+        if isinstance(answer, CloseConnection):
+            log.warning("closing connection from %s: api %s v%s (correlation id %s) %s; handler raised %r",
+                        self.peer, request.api_key, request.api_version, request.correlation_id, answer.reason, exc)
+            self.close()
+            return NO_RESPONSE
         log.warning("api %s v%s (correlation id %s) from %s answered %s: handler raised %r",
                     request.api_key, request.api_version, request.correlation_id, self.peer, code.name, exc)
         return answer
 
     def _complete(self, request, result) -> None:
         if result is NO_RESPONSE or self._closed:
+            return
+        if isinstance(result, CloseConnection):
+            self._abort(f"api {request.api_key} v{request.api_version} (correlation id {request.correlation_id}) "
+                        f"{result.reason}")
             return
         try:
             pieces = encode_response(request.codec, request.correlation_id, result)
@@ -287,10 +357,7 @@ class KafkaConnection(asyncio.Protocol):
         """Read only when idle (muted channel), draining, and within the request memory bound."""
         if self._closed or self.transport is None:
             return
-        starved = self.memory.exhausted and len(self._buffer) >= RESERVED_BYTES
-        if starved:
-            self.memory.wait(self)
-        should_pause = self._busy or self._write_paused or starved
+        should_pause = self._busy or self._write_paused or self._waiting_memory
         if should_pause and not self._reading_paused:
             self._reading_paused = True
             self.transport.pause_reading()
@@ -303,6 +370,8 @@ class KafkaConnection(asyncio.Protocol):
         self.close()
 
     def close(self) -> None:
+        """Close now: unsent response bytes are dropped (``abort``), as Kafka's Selector.close does; the
+        transport calls connection_lost, which frees the connection's slot, memory and file pins."""
         if self.transport is not None and not self._closed:
             self._closed = True
-            self.transport.close()
+            self.transport.abort()

@@ -37,7 +37,21 @@ class NoResponse:
 
 NO_RESPONSE = NoResponse()
 
-HandlerResult = Union[Any, Awaitable[Any], NoResponse]
+
+class CloseConnection:
+    """Returned by a handler when the broker must answer by closing the connection (Produce with acks=0 that
+    has an error: Kafka's KafkaApis.handleProduceRequest closes the connection so that the producer, which
+    reads no answer, notices and refreshes its metadata). ``reason`` goes into the connection's log line."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+CLOSE_CONNECTION = CloseConnection("asked the broker to close the connection")
+
+HandlerResult = Union[Any, Awaitable[Any], NoResponse, CloseConnection]
 Handler = Callable[[RequestContext, Any], HandlerResult]
 
 _HANDLERS: dict[int, Handler] = {}

@@ -3,9 +3,13 @@
 When a handler raises, the client gets what Kafka's ``AbstractRequest.getErrorResponse`` gives: the
 response of the request's version with the error code set at every level that has one (top level, per
 topic, per partition, per group), the entries echoing the request's own entries (topic names or ids,
-partition indexes, group ids, coordinator keys), everything else at its zero value. The code is
+partition indexes, group ids, coordinator keys), everything else at the value Kafka's error responses
+use: -1 for the fields that name "none" that way (``_MINUS_ONE``: no node, no leader, no offset, no
+timestamp, no generation, no producer), the schema's default where it has one, zero otherwise (a throttle
+time stays 0). The code is
 INVALID_REQUEST when the request carries a null (-1) array or string where its schema does not allow one,
-UNKNOWN_SERVER_ERROR otherwise (the broker's own bug). A Produce with acks=0 still gets no answer.
+UNKNOWN_SERVER_ERROR otherwise (the broker's own bug). A Produce with acks=0 gets no answer: the
+connection is closed (CloseConnection), as Kafka does for an acks=0 produce that fails.
 
 The answer is built generically from kio's dataclasses, so every advertised API and version is covered
 without a per-API table: response arrays are paired with the request array of the same name, or of a
@@ -23,7 +27,7 @@ from functools import lru_cache
 from typing import Any
 
 from pykbroker.protocol.errors import ErrorCode
-from pykbroker.server.dispatch import NO_RESPONSE
+from pykbroker.server.dispatch import CloseConnection
 
 PRODUCE_KEY = 0
 
@@ -41,6 +45,16 @@ _VALUE_ALIASES = {
     "name": ("topic", "topic_name"),
     "topic": ("name",),
 }
+# Integer fields whose "none" is -1 in Kafka's getErrorResponse (Node.noNode(): id and port -1; INVALID_OFFSET,
+# INVALID_HIGH_WATERMARK, NO_TIMESTAMP, NO_CONTROLLER_ID, UNKNOWN_GENERATION_ID, NO_PRODUCER_ID/EPOCH,
+# NO_PARTITION_LEADER_EPOCH). Never echoed from the request (a Fetch's log_start_offset is the follower's);
+# -1 where the schema has no default of its own.
+_MINUS_ONE = frozenset({
+    "node_id", "port", "leader_id", "controller_id", "coordinator_id", "generation_id",
+    "offset", "base_offset", "committed_offset", "high_watermark", "last_stable_offset", "log_start_offset",
+    "end_offset", "timestamp", "log_append_time", "leader_epoch", "committed_leader_epoch",
+    "producer_id", "producer_epoch",
+})
 # The field of a response entry that takes a request's plain value (a topic name, a group id, a key).
 _KEY_FIELDS = ("name", "topic", "group_id", "key", "transactional_id", "partition_index", "index")
 
@@ -92,6 +106,8 @@ def _zero(field: _Field) -> Any:
         return datetime.timedelta(0)
     if kafka_type == "bool":
         return False
+    if kafka_type.startswith("int") and field.name in _MINUS_ONE:
+        return field.element(-1)
     if kafka_type.startswith(("int", "uint", "float")):
         return field.element(0)  # kio's phantom types check the range and give back a plain number
     if kafka_type == "string":
@@ -143,7 +159,7 @@ def build(cls: type, source: Any, code: ErrorCode) -> Any:
             values[field.name] = tuple(_entry(field.element, entry, code) for entry in entries or ())
         else:
             found, value = _request_value(source, (field.name, *_VALUE_ALIASES.get(field.name, ())))
-            if found and _fits(field, value):
+            if found and field.name not in _MINUS_ONE and _fits(field, value):  # offsets, epochs: never echoed
                 values[field.name] = value
             elif field.kind == "values":
                 values[field.name] = None if field.nullable else ()
@@ -194,5 +210,6 @@ def error_response(request) -> tuple[Any, ErrorCode]:
     body = request.body
     code = ErrorCode.invalid_request if has_illegal_null(body) else ErrorCode.unknown_server_error
     if request.api_key == PRODUCE_KEY and getattr(body, "acks", None) == 0:
-        return NO_RESPONSE, code
+        # No answer is read for acks=0: Kafka closes the connection so that the producer notices.
+        return CloseConnection(f"acks=0 produce failed: {code.name}"), code
     return build(request.codec.response_type, body, code), code

@@ -500,3 +500,12 @@ def test_listener_errors_name_the_key(values, key, words):
     with pytest.raises(ConfigError, match=words) as raised:
         load(cli=values)
     assert raised.value.name == key
+
+
+def test_queued_max_request_bytes_is_unbounded_at_or_below_0_or_at_least_socket_request_max_bytes():
+    # Kafka's KafkaConfig rule: the largest request the broker accepts must always fit in the pool.
+    for queued in (0, -1, -5, 100, 200):
+        BrokerConfig(values={"queued.max.request.bytes": queued, "socket.request.max.bytes": 100})
+    with pytest.raises(ConfigError, match="queued.max.request.bytes .*socket.request.max.bytes") as raised:
+        load(env={"PYKBROKER_QUEUED_MAX_REQUEST_BYTES": "1000"})
+    assert raised.value.name == "queued.max.request.bytes"

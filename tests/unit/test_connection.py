@@ -4,10 +4,14 @@ Kafka's muted channel: one request in processing per connection, the next buffer
 the previous answer is handed to the transport, buffered frames processed without more bytes arriving;
 reads paused while busy, while the transport is above its high-water mark, and while the broker-wide
 request memory is exhausted; a handler that raises or is cancelled is answered and the connection goes on.
+Request memory is reserved per frame (Kafka's non-strict pool): half-received frames always finish.
+The broker's closes abort the transport (unsent bytes dropped) and free the connection's file pins.
 """
 
 import asyncio
 import functools
+import logging
+import os
 import struct
 import types
 
@@ -15,7 +19,12 @@ from kio.schema.api_versions.v0.response import ApiVersionsResponse
 from kio.schema.errors import ErrorCode
 from kio.schema.heartbeat.v0.response import HeartbeatResponse
 
+from pykbroker.log.files import DescriptorBudget, LazyFile
+from pykbroker.log.partition_log import FileSlice, ReadResult
+from pykbroker.replication.replica_manager import FileRecords
+from pykbroker.server import connection as connection_module
 from pykbroker.server.connection import RESERVED_BYTES, KafkaConnection, RequestMemory
+from pykbroker.server.dispatch import CLOSE_CONNECTION, CloseConnection
 
 API_VERSIONS, HEARTBEAT = 18, 12
 
@@ -26,6 +35,8 @@ class FakeTransport(asyncio.Transport):
         self.written: list[bytes] = []
         self.reading = True
         self.closed = False
+        self.aborted = False
+        self.protocol = None  # told connection_lost on abort, as asyncio's transports do (soon, from the loop)
 
     def get_extra_info(self, name, default=None):
         return ("127.0.0.1", 40000) if name == "peername" else default
@@ -44,6 +55,11 @@ class FakeTransport(asyncio.Transport):
 
     def close(self) -> None:
         self.closed = True
+
+    def abort(self) -> None:
+        if not self.closed and self.protocol is not None:
+            asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
+        self.closed = self.aborted = True
 
     def correlation_ids(self) -> list[int]:
         return [struct.unpack_from(">i", frame, 4)[0] for frame in self.written]
@@ -74,8 +90,8 @@ def heartbeat_frame(correlation_id: int, group: bytes) -> bytes:
 def in_loop(test):
     """Run an async test in a fresh event loop (the connection needs a running loop)."""
     @functools.wraps(test)
-    def run():
-        asyncio.run(test())
+    def run(*args, **kwargs):  # pytest's fixtures, by the test's own signature (functools.wraps)
+        asyncio.run(test(*args, **kwargs))
     return run
 
 
@@ -85,8 +101,14 @@ ANSWER = ApiVersionsResponse(error_code=ErrorCode.none, api_keys=())
 def connect(handlers, memory=None, max_request_bytes=1 << 20):
     connection = KafkaConnection(FakeBroker(), handlers, max_request_bytes, memory or RequestMemory(-1))
     transport = FakeTransport()
+    transport.protocol = connection
     connection.connection_made(transport)
     return connection, transport
+
+
+async def settle(rounds: int = 5) -> None:
+    for _ in range(rounds):
+        await asyncio.sleep(0)
 
 
 @in_loop
@@ -150,17 +172,81 @@ async def test_a_handler_that_raises_or_is_cancelled_is_answered_and_the_connect
 
 
 @in_loop
-async def test_exhausted_request_memory_pauses_big_buffers_only_and_resumes_on_release():
+async def test_a_frame_is_reserved_whole_when_its_size_is_read_and_released_once_decoded():
     memory = RequestMemory(2 * RESERVED_BYTES)
-    big, big_transport = connect({}, memory)
+    big, big_transport = connect({API_VERSIONS: lambda ctx, body: ANSWER}, memory)
+    waiting, waiting_transport = connect({API_VERSIONS: lambda ctx, body: ANSWER}, memory)
     small, small_transport = connect({API_VERSIONS: lambda ctx, body: ANSWER}, memory)
-    partial = struct.pack(">i", 900_000) + b"\0" * (3 * RESERVED_BYTES)
-    big.data_received(partial)
-    assert memory.exhausted and not big_transport.reading
+    frame = api_versions_frame(5)
+    frame = struct.pack(">i", 900_000) + frame[4:] + b"\0" * (900_000 - len(frame) + 4)
+    big.data_received(frame[:10])  # the size is read: the whole frame is reserved (past the bound)
+    assert memory.used == 900_000 and memory.exhausted and big_transport.reading
+    waiting.data_received(frame[:10])  # starting a big frame while the pool is exhausted: not read
+    assert not waiting_transport.reading and memory.used == 900_000
     small.data_received(api_versions_frame(7))  # a small request still passes
-    assert small_transport.correlation_ids() == [7] and small_transport.reading
-    big.connection_lost(None)
+    assert small_transport.correlation_ids() == [7] and small_transport.reading and memory.used == 900_000
+    big.data_received(frame[10:])  # a reserved frame is never paused: it finishes and frees the pool
+    assert big_transport.correlation_ids() == [5]
+    await settle()
+    assert waiting_transport.reading and memory.used == 900_000  # the waiting one got its reservation
+    waiting.connection_lost(None)
     assert memory.used == 0 and not memory.exhausted
+
+
+@in_loop
+async def test_bytes_arriving_before_the_wake_up_take_the_freed_memory_and_reading_resumes():
+    memory = RequestMemory(2 * RESERVED_BYTES)
+    memory.add(2 * RESERVED_BYTES)  # held by others
+    connection, transport = connect({}, memory)
+    connection.data_received(struct.pack(">i", 900_000))
+    assert not transport.reading
+    memory.release(2 * RESERVED_BYTES)
+    connection.data_received(b"\0" * 10)  # bytes the socket had already read arrive before the wake-up
+    assert transport.reading and memory.used == 900_000 and not memory._paused
+    await settle()
+    assert transport.reading and memory.used == 900_000
+
+
+def _two_honest_producers_send_half_way(memory):
+    """The reviewer's repro (/tmp/rev/deadlock.py): two 900 KB frames, 600 KB of each received."""
+    frame = struct.pack(">i", 900_000) + b"\0" * 900_000
+    connections = [connect({}, memory) for _ in range(2)]
+    for connection, _ in connections:
+        connection.data_received(frame[:600_000])
+    return frame, connections
+
+
+@in_loop
+async def test_half_received_frames_never_deadlock_the_request_memory():
+    memory = RequestMemory(1024 * 1024)  # queued.max.request.bytes = 1 MiB
+    frame, connections = _two_honest_producers_send_half_way(memory)
+    # Both frames were reserved when their size was read (the second past the bound): both stay readable.
+    assert memory.used == 2 * 900_000 and memory.exhausted
+    assert [transport.reading for _, transport in connections] == [True, True]
+    for connection, transport in connections:
+        connection.data_received(frame[600_000:])
+        assert transport.closed  # the frame completed (and, being zeros, is not a request: closed)
+    await settle()
+    assert memory.used == 0 and not memory._paused
+
+
+@in_loop
+async def test_a_bound_of_0_or_less_is_unbounded():
+    for limit in (0, -1):
+        memory = RequestMemory(limit)
+        _, connections = _two_honest_producers_send_half_way(memory)
+        assert not memory.exhausted and all(transport.reading for _, transport in connections)
+
+
+@in_loop
+async def test_any_bytes_received_count_as_activity(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(connection_module.time, "monotonic", lambda: now[0])
+    connection, _ = connect({})
+    connection.data_received(struct.pack(">i", 900_000) + b"\0" * 10)
+    now[0] = 200.0
+    connection.data_received(b"\0" * 10)  # a slow upload that progresses is not idle
+    assert connection.idle_since == 200.0
 
 
 @in_loop
@@ -168,6 +254,71 @@ async def test_an_oversized_frame_closes_the_connection_without_allocating_it():
     connection, transport = connect({}, max_request_bytes=1000)
     connection.data_received(struct.pack(">i", 1001) + b"\0" * 10)
     assert transport.closed
+
+
+@in_loop
+async def test_close_aborts_and_frees_the_slot_and_the_pins_of_an_unsent_response(tmp_path):
+    budget = DescriptorBudget(10)
+    path = tmp_path / "00000000000000000000.log"
+    path.write_bytes(b"r" * (3 * connection_module.CHUNK_BYTES))
+    file = LazyFile(path, os.O_RDONLY, budget)
+    pin = file.pin()
+    records = FileRecords(ReadResult([FileSlice(path, 0, 3 * connection_module.CHUNK_BYTES, pin.fd, pin)]))
+    del pin
+    codec = types.SimpleNamespace(flexible_response_header=False, write_response_body=lambda out, body: out.write(body))
+    request = types.SimpleNamespace(api_key=1, api_version=4, correlation_id=9, codec=codec)
+    connection, transport = connect({})
+    # A client that never reads: the transport stays above its high-water mark after the first chunk.
+    transport.write = lambda data: (transport.written.append(bytes(data)), connection.pause_writing())
+    connection._complete(request, records)
+    del records
+    assert budget.pinned == 1 and connection in connection.broker.connections
+    connection.close()
+    assert transport.aborted  # not a graceful close, which would wait for a drain that never comes
+    await settle()
+    assert budget.pinned == 0 and not connection.broker.connections and not connection._outbox
+    file.close()
+
+
+@in_loop
+async def test_close_connection_from_a_handler_aborts_with_one_log_line(caplog):
+    connection, transport = connect({API_VERSIONS: lambda ctx, body: CLOSE_CONNECTION})
+    with caplog.at_level(logging.WARNING, logger=connection_module.__name__):
+        connection.data_received(api_versions_frame(1) + api_versions_frame(2))
+    assert transport.aborted and transport.written == []
+    assert len(caplog.records) == 1 and "correlation id 1" in caplog.records[0].getMessage()
+
+
+@in_loop
+async def test_a_failing_error_answer_closes_the_connection_once_and_never_leaves_it_paused(monkeypatch, caplog):
+    def broken(request):
+        raise ValueError("the error answer builder has a bug")
+
+    def handler(ctx, body):
+        if ctx.request.correlation_id == 1:
+            raise RuntimeError("a bug")
+
+        async def later():
+            raise RuntimeError("a later bug")
+        return later()
+
+    monkeypatch.setattr(connection_module, "error_response", broken)
+    for frames in (api_versions_frame(1), api_versions_frame(2)):  # synchronous, then asynchronous
+        caplog.clear()
+        connection, transport = connect({API_VERSIONS: handler})
+        with caplog.at_level(logging.WARNING, logger=connection_module.__name__):
+            connection.data_received(frames)
+            await settle()
+        assert transport.aborted and transport.written == []
+        assert [r.levelno for r in caplog.records] == [logging.ERROR]  # log.exception, once
+        assert not connection._busy and connection._task is None
+
+
+@in_loop
+async def test_an_acks_0_error_answer_closes_the_connection():
+    connection, transport = connect({API_VERSIONS: lambda ctx, body: CloseConnection("acks=0 produce failed")})
+    connection.data_received(api_versions_frame(3))
+    assert transport.aborted
 
 
 class Chunked:

@@ -21,7 +21,7 @@ from kio.serial import entity_reader
 from pykbroker.protocol.apis import codec_for
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.protocol.framing import Request, encode_response
-from pykbroker.server.dispatch import NO_RESPONSE
+from pykbroker.server.dispatch import CloseConnection
 from pykbroker.server.error_answers import build, error_response, has_illegal_null
 
 SUPPORT = Path(__file__).resolve().parents[2] / "protocol_specs" / "api_support.json"
@@ -139,7 +139,34 @@ def test_a_null_where_the_schema_forbids_one_is_an_invalid_request():
     assert has_illegal_null(nested)
 
 
-def test_produce_with_acks_0_still_gets_no_answer():
+def test_produce_with_acks_0_gets_no_answer_but_a_closed_connection():
     codec = codec_for(0, 9)
     body = dataclasses.replace(sample(codec.request_type), acks=0)
-    assert error_response(_request(0, 9, body))[0] is NO_RESPONSE
+    answer, code = error_response(_request(0, 9, body))
+    assert isinstance(answer, CloseConnection) and code.name in answer.reason
+
+
+def _answer(api_key: int, version: int, **changes):
+    codec = codec_for(api_key, version)
+    body = dataclasses.replace(sample(codec.request_type), **changes)
+    return error_response(_request(api_key, version, body))[0]
+
+
+def test_none_values_are_minus_one_as_in_kafkas_error_responses_and_throttle_time_stays_0():
+    coordinator = _answer(10, 4).coordinators[0]  # FindCoordinator v4: Node.noNode()
+    assert (coordinator.node_id, coordinator.port, coordinator.host) == (-1, -1, "")
+    coordinator = _answer(10, 2)  # v2: one coordinator at the top level
+    assert (coordinator.node_id, coordinator.port) == (-1, -1)
+    produced = _answer(0, 9, acks=1)
+    partition = produced.responses[0].partition_responses[0]
+    assert (partition.base_offset, partition.log_append_time, partition.log_start_offset) == (-1, None, -1)
+    assert produced.throttle_time == datetime.timedelta(0)
+    fetched = _answer(1, 12).responses[0].partitions[0]
+    assert (fetched.high_watermark, fetched.last_stable_offset, fetched.log_start_offset) == (-1, -1, -1)
+    listed = _answer(2, 7).topics[0].partitions[0]
+    assert (listed.offset, listed.timestamp, listed.leader_epoch) == (-1, -1, -1)
+    assert _answer(11, 5).generation_id == -1  # JoinGroup
+    committed = _answer(9, 8).groups[0].topics[0].partitions[0]  # OffsetFetch v8
+    assert (committed.committed_offset, committed.committed_leader_epoch) == (-1, -1)
+    producer = _answer(22, 4)  # InitProducerId
+    assert (producer.producer_id, producer.producer_epoch) == (-1, -1)

@@ -12,7 +12,8 @@ inflates past the bound, control batches; CORRUPT_MESSAGE below v8, which predat
 with record_errors naming each refused record (v8+) and Kafka's summary as error_message,
 MESSAGE_TOO_LARGE, OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, NOT_ENOUGH_REPLICAS (acks=all
 with fewer in-sync replicas than min.insync.replicas), INVALID_TOPIC_EXCEPTION for internal topics,
-INVALID_REQUIRED_ACKS for acks outside -1/0/1. acks=0 gets no response at all, as the protocol says.
+INVALID_REQUIRED_ACKS for acks outside -1/0/1. acks=0 gets no response at all, as the protocol says; if
+any of its partitions has an error, the connection is closed instead (CloseConnection), as Kafka does.
 Transactions are not implemented: a transactional produce gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 (clients cannot reach that point, since InitProducerId refuses transactional ids).
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.protocol.records import more_than_one_batch
 from pykbroker.replication.replica_manager import AppendOutcome
-from pykbroker.server.dispatch import NO_RESPONSE, RequestContext, handles
+from pykbroker.server.dispatch import NO_RESPONSE, CloseConnection, RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
 
 
@@ -95,5 +96,11 @@ def produce(ctx: RequestContext, request) -> object:
             )
         topics.append(make(schema.TopicProduceResponse, name=name, partition_responses=tuple(partitions)))
     if request.acks == 0:
+        # Kafka (KafkaApis.handleProduceRequest) closes the connection when an acks=0 request has any
+        # partition error: the producer reads no answer, but notices the close and refreshes its metadata.
+        failed = [f"{topic.name}-{p.index}: {p.error_code.name}" for topic in topics for p in topic.partition_responses
+                  if p.error_code != ErrorCode.none]
+        if failed:
+            return CloseConnection("acks=0 produce failed for " + ", ".join(failed))
         return NO_RESPONSE
     return make(schema.ProduceResponse, responses=tuple(topics), throttle_time=0)
