@@ -11,7 +11,9 @@ no known partition, or whose ``partition.metadata`` names another topic id (a de
 every log after the metadata was lost), is never served: it is renamed aside to
 ``<topic>-<p>.<uuid>-stray`` with a WARN naming it, as Kafka does, so a re-created topic of that name
 starts empty and the old data stays on disk for the operator. A log without the file (written by an
-older pykbroker) is adopted by its topic and gets the file.
+older pykbroker), or with an empty one (a power loss while an older pykbroker wrote it in place; it is
+now written to ``partition.metadata.tmp`` and renamed, as Kafka does), is adopted by its topic and gets
+the file, with a WARN for the empty one.
 
 Deleting a topic renames its directories to ``*-delete`` at once (O(1) each); the files are removed by a
 worker thread, so a large topic's deletion never stalls the event loop.
@@ -33,7 +35,7 @@ from typing import Callable
 
 from pykbroker.log.config import LogConfig
 from pykbroker.log.errors import LogDirectoryInUse
-from pykbroker.log.checkpoint import CorruptCheckpoint, CorruptFile, read_checkpoint, write_checkpoint
+from pykbroker.log.checkpoint import CorruptCheckpoint, CorruptFile, read_checkpoint, write_atomically, write_checkpoint
 from pykbroker.log.partition_log import (
     FSYNC_POLICIES,
     DelayedClose,
@@ -75,18 +77,27 @@ def kafka_uuid(topic_id: uuid.UUID) -> str:
 
 
 def write_partition_metadata(directory: Path, topic_id: uuid.UUID) -> None:
-    (directory / PARTITION_METADATA).write_text(
-        f"version: {_PARTITION_METADATA_VERSION}\ntopic_id: {kafka_uuid(topic_id)}\n"
+    """Write ``partition.metadata.tmp``, fsync it and rename it over the file (Kafka's PartitionMetadataFile):
+    a crash leaves the old file or the new one, never an empty one."""
+    write_atomically(
+        directory / PARTITION_METADATA, f"version: {_PARTITION_METADATA_VERSION}\ntopic_id: {kafka_uuid(topic_id)}\n"
     )
 
 
 def read_partition_metadata(directory: Path) -> uuid.UUID | None:
-    """The topic id in ``directory``'s partition.metadata; None if there is none; CorruptFile if unreadable."""
+    """The topic id in ``directory``'s partition.metadata; None if there is none (or it is empty: a crash
+    while an older pykbroker wrote it in place, WARN); CorruptFile if unreadable."""
     path = directory / PARTITION_METADATA
     try:
-        text = path.read_bytes().decode()
+        data = path.read_bytes()
     except FileNotFoundError:
         return None
+    if not data:
+        log.warning("%s is empty (a crash while it was written): the log is adopted by its topic as if it had none",
+                    path)
+        return None
+    try:
+        text = data.decode()
     except UnicodeDecodeError:
         text = ""
     fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)

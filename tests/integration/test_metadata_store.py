@@ -157,6 +157,18 @@ def test_a_log_of_another_topic_id_is_set_aside(stopped_broker):
     assert "not the topic's" in broker.log_path.read_text()
 
 
+def test_an_empty_partition_metadata_is_rewritten_and_the_log_served(stopped_broker):
+    """A power loss while an older pykbroker wrote the file in place leaves it empty: adopt, rewrite, WARN."""
+    broker = stopped_broker
+    path = broker.data_dir / "t-0" / "partition.metadata"
+    written = path.read_text()
+    os.truncate(path, 0)
+    broker.start()
+    assert list_offset(broker.address, "t", 0, -1) == 3
+    assert produce_raw(broker.address, "t", 0, build_batch([(None, b"after")])).base_offset == 3
+    assert path.read_text() == written
+    assert "partition.metadata is empty" in broker.log_path.read_text()
+
 def test_an_older_data_dir_is_converted_keeping_topics_data_and_compacted_topics(stopped_broker):
     broker = stopped_broker
     from pykbroker.cluster.metadata import EmbeddedMetadata
