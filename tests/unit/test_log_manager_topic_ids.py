@@ -50,7 +50,7 @@ def test_deleting_a_topic_with_the_longest_name(tmp_path):
     write_logs(tmp_path, {(LONG, 0): uuid.uuid4()})
     manager = LogManager(tmp_path)
     manager.load_all(config_for)
-    manager.delete_topic(LONG)
+    manager.remove_deleted(manager.delete_topic(LONG))
     manager.shutdown()
     assert not any(tmp_path.glob("x*"))
 
