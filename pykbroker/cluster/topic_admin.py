@@ -234,11 +234,23 @@ class TopicAdmin:
 
     async def host_async(self, info: TopicInfo) -> None:
         """Host a topic's partitions one at a time, letting other requests run in between: a new
-        partition's files cost a few fsyncs, and a big topic must not stall every other client."""
+        partition's files cost a few fsyncs, and a big topic must not stall every other client.
+
+        A storage error (disk full, EMFILE) stops at that partition with KafkaError KAFKA_STORAGE_ERROR,
+        as Kafka's LogManager answers ("Error while creating log for ..."); the topic stays in the metadata
+        and its partitions not hosted yet are hosted at the next start (Kafka: the log dir goes offline
+        until a restart).
+        """
         for index in range(len(info.partitions)):
             if self.metadata.topic(info.name) is not info:  # deleted (or re-created) meanwhile
                 return
-            self._host_partition(info, index)
+            try:
+                self._host_partition(info, index)
+            except OSError as exc:
+                message = (f"Error while creating log for {info.name}-{index} in dir "
+                           f"{self.replicas.log_manager.data_dir}: {exc.strerror or exc}")
+                log.warning("%s; the topic's partitions not hosted yet are hosted at the next start", message)
+                raise KafkaError(ErrorCode.kafka_storage_error, message) from exc
             await asyncio.sleep(0)
 
     def _host(self, info: TopicInfo) -> None:
