@@ -17,6 +17,11 @@ when the records are durable. Once the journal holds more records than ``max(SNA
 2 x topics)``, the next commit serialises a snapshot (on the caller's thread, so it is consistent) and
 the worker writes it and empties the journal: snapshots cost O(1) amortised per change.
 
+A write that fails (disk full) is cut back, and its records are written again by the next ``commit``,
+even one with nothing new to write (so a CreateTopics that changes nothing still gets a fresh attempt,
+never the stale failure); ``close`` makes a final attempt and logs an ERROR if the changes are still
+not durable (they are then lost: the next start does not know them).
+
 On load, a journal whose end is torn (a crash in the middle of a write: a last line without its
 newline, or zeros) is cut back to its last whole record with a WARN. A whole line that is not a record,
 or a snapshot/legacy file that is not what we wrote, raises ``CorruptFile`` (the broker refuses to
@@ -84,7 +89,7 @@ def read_snapshot_topics(path: Path) -> list[dict[str, Any]] | None:
 
 def _log_failure(future: Future) -> None:
     if not future.cancelled() and future.exception() is not None:
-        log.error("cannot write the metadata journal (retried with the next change): %s", future.exception())
+        log.error("cannot write the metadata journal (retried with the next commit): %s", future.exception())
 
 
 class MetadataLog:
@@ -156,7 +161,7 @@ class MetadataLog:
         consistent with the buffered records.
         """
         pending, self._pending = self._pending, []
-        if not pending:
+        if not pending and not self._last_failed():
             return self._last
         self._journal_records += len(pending)
         snapshot: str | None = None
@@ -166,6 +171,10 @@ class MetadataLog:
         self._last = self._executor.submit(self._write, b"".join(pending), snapshot)
         self._last.add_done_callback(_log_failure)
         return self._last
+
+    def _last_failed(self) -> bool:
+        last = self._last
+        return last.done() and (last.cancelled() or last.exception() is not None)
 
     def _write(self, data: bytes, snapshot: str | None) -> None:
         """Worker thread. A failed write (disk full) is cut back and retried with the next commit."""
@@ -190,8 +199,14 @@ class MetadataLog:
         self._unwritten = b""
 
     def close(self) -> None:
-        """Wait for every commit to be durable and release the journal."""
+        """Wait for every commit to be durable and release the journal. Call ``commit`` first: it is the
+        final attempt at a write that failed; if that fails too, the changes are lost and an ERROR says so."""
         self._executor.shutdown(wait=True)
+        if self._last_failed():
+            log.error(
+                "%s: metadata changes are lost, the last journal write failed at shutdown (%s); the next start "
+                "does not know them", self.journal_path, "cancelled" if self._last.cancelled() else self._last.exception(),
+            )
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

@@ -12,7 +12,8 @@ Kafka's rules followed here:
   retention off, and a WARN says so.
 pykbroker's own limit: the broker hosts at most ``max.broker.partitions`` partitions (the name KIP-578
 proposed; Kafka 3.7 has no such limit); a change beyond it gets POLICY_VIOLATION naming the key.
-Changes are applied at once and made durable by ``commit()``, which the admin handlers await.
+Changes are applied at once and made durable by ``commit()``, which the admin handlers await; a deleted
+topic stops being served at once, and its log directories are removed once the deletion is durable.
 """
 
 from __future__ import annotations
@@ -152,8 +153,25 @@ class TopicAdmin:
         return info
 
     def commit(self) -> Future:
-        """Make every change so far durable (off the event loop); the future completes when it is."""
-        return self.metadata.commit()
+        """Make every change so far durable (off the event loop); the future completes when it is.
+
+        Deleted topics' log directories are removed only once this commit succeeded (Kafka's order: the
+        deletion is committed before logs are deleted); if it fails they stay on disk, and the next start
+        serves them again or removes them, as the metadata then says.
+        """
+        log_manager = self.replicas.log_manager
+        doomed = log_manager.take_deleted()
+        future = self.metadata.commit()
+        if doomed:
+            def remove_if_durable(done: Future) -> None:  # runs in the metadata writer's thread
+                if not done.cancelled() and done.exception() is None:
+                    log_manager.remove_deleted(doomed)
+                else:
+                    log.warning("topic deletion not durable yet: %d log directories kept until the next start",
+                                len(doomed))
+
+            future.add_done_callback(remove_if_durable)
+        return future
 
     def _check_broker_limit(self, adding: int) -> None:
         total = self.metadata.partition_count() + adding
@@ -216,11 +234,23 @@ class TopicAdmin:
 
     async def host_async(self, info: TopicInfo) -> None:
         """Host a topic's partitions one at a time, letting other requests run in between: a new
-        partition's files cost a few fsyncs, and a big topic must not stall every other client."""
+        partition's files cost a few fsyncs, and a big topic must not stall every other client.
+
+        A storage error (disk full, EMFILE) stops at that partition with KafkaError KAFKA_STORAGE_ERROR,
+        as Kafka's LogManager answers ("Error while creating log for ..."); the topic stays in the metadata
+        and its partitions not hosted yet are hosted at the next start (Kafka: the log dir goes offline
+        until a restart).
+        """
         for index in range(len(info.partitions)):
             if self.metadata.topic(info.name) is not info:  # deleted (or re-created) meanwhile
                 return
-            self._host_partition(info, index)
+            try:
+                self._host_partition(info, index)
+            except OSError as exc:
+                message = (f"Error while creating log for {info.name}-{index} in dir "
+                           f"{self.replicas.log_manager.data_dir}: {exc.strerror or exc}")
+                log.warning("%s; the topic's partitions not hosted yet are hosted at the next start", message)
+                raise KafkaError(ErrorCode.kafka_storage_error, message) from exc
             await asyncio.sleep(0)
 
     def _host(self, info: TopicInfo) -> None:

@@ -11,10 +11,17 @@ no known partition, or whose ``partition.metadata`` names another topic id (a de
 every log after the metadata was lost), is never served: it is renamed aside to
 ``<topic>-<p>.<uuid>-stray`` with a WARN naming it, as Kafka does, so a re-created topic of that name
 starts empty and the old data stays on disk for the operator. A log without the file (written by an
-older pykbroker) is adopted by its topic and gets the file.
+older pykbroker), or with an empty one (a power loss while an older pykbroker wrote it in place; it is
+now written to ``partition.metadata.tmp`` and renamed, as Kafka does), is adopted by its topic and gets
+the file, with a WARN for the empty one.
 
-Deleting a topic renames its directories to ``*-delete`` at once (O(1) each); the files are removed by a
-worker thread, so a large topic's deletion never stalls the event loop.
+Deleting a topic renames its directories to ``*-delete`` at once (O(1) each, so a topic of that name can
+be created again at once), but the files are removed only once the deletion is durable in the metadata
+journal (Kafka's order: the deletion is committed before logs are deleted): the topic admin hands them to
+``remove_deleted`` after its commit succeeded, and a worker thread removes them, so a large topic's
+deletion never stalls the event loop. On load, a ``*-delete`` directory whose topic id is still the
+partition's in the metadata (a crash, or a failed journal write, before the deletion was durable) is
+renamed back and served, with a WARN; any other is removed.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from typing import Callable
 
 from pykbroker.log.config import LogConfig
 from pykbroker.log.errors import LogDirectoryInUse
-from pykbroker.log.checkpoint import CorruptCheckpoint, CorruptFile, read_checkpoint, write_checkpoint
+from pykbroker.log.checkpoint import CorruptCheckpoint, CorruptFile, read_checkpoint, write_atomically, write_checkpoint
 from pykbroker.log.partition_log import (
     FSYNC_POLICIES,
     DelayedClose,
@@ -75,18 +82,27 @@ def kafka_uuid(topic_id: uuid.UUID) -> str:
 
 
 def write_partition_metadata(directory: Path, topic_id: uuid.UUID) -> None:
-    (directory / PARTITION_METADATA).write_text(
-        f"version: {_PARTITION_METADATA_VERSION}\ntopic_id: {kafka_uuid(topic_id)}\n"
+    """Write ``partition.metadata.tmp``, fsync it and rename it over the file (Kafka's PartitionMetadataFile):
+    a crash leaves the old file or the new one, never an empty one."""
+    write_atomically(
+        directory / PARTITION_METADATA, f"version: {_PARTITION_METADATA_VERSION}\ntopic_id: {kafka_uuid(topic_id)}\n"
     )
 
 
 def read_partition_metadata(directory: Path) -> uuid.UUID | None:
-    """The topic id in ``directory``'s partition.metadata; None if there is none; CorruptFile if unreadable."""
+    """The topic id in ``directory``'s partition.metadata; None if there is none (or it is empty: a crash
+    while an older pykbroker wrote it in place, WARN); CorruptFile if unreadable."""
     path = directory / PARTITION_METADATA
     try:
-        text = path.read_bytes().decode()
+        data = path.read_bytes()
     except FileNotFoundError:
         return None
+    if not data:
+        log.warning("%s is empty (a crash while it was written): the log is adopted by its topic as if it had none",
+                    path)
+        return None
+    try:
+        text = data.decode()
     except UnicodeDecodeError:
         text = ""
     fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
@@ -122,6 +138,7 @@ class LogManager:
         self.high_watermark_of: Callable[[str, int], int | None] | None = None
         self._logs: dict[TopicPartition, PartitionLog] = {}
         self._deleted = DelayedClose()  # deleted topics' logs: their descriptors close after a delay
+        self._awaiting_removal: list[Path] = []  # deleted logs' directories, removed once the deletion is durable
         # One worker: fsyncs and checkpoint writes leave the event loop but never overlap each other.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-flush")
         # Removing deleted topics' files can take long: its own worker, so flushes never wait for it.
@@ -157,10 +174,10 @@ class LogManager:
         start_offsets = self._read_offsets(LOG_START_OFFSET_CHECKPOINT)
         loaded = []
         for entry in sorted(os.scandir(self.data_dir), key=lambda entry: entry.name):
-            if not entry.is_dir():
-                continue
-            if entry.name.endswith(DELETE_DIR_SUFFIX):
-                shutil.rmtree(entry.path, ignore_errors=True)
+            if entry.is_dir() and entry.name.endswith(DELETE_DIR_SUFFIX):
+                self._finish_deletion(Path(entry.path), topic_id_of)
+        for entry in sorted(os.scandir(self.data_dir), key=lambda entry: entry.name):
+            if not entry.is_dir() or entry.name.endswith(DELETE_DIR_SUFFIX):
                 continue
             parsed = parse_log_dir_name(entry.name)
             if parsed is None or parsed in self._logs:
@@ -182,6 +199,28 @@ class LogManager:
         marker.unlink(missing_ok=True)
         self.write_checkpoints()
         return loaded
+
+    def _finish_deletion(
+        self, directory: Path, topic_id_of: Callable[[str, int], uuid.UUID | None] | None
+    ) -> None:
+        """Remove a ``*-delete`` directory, or rename it back if the metadata still holds its topic id."""
+        key = parse_log_dir_name(directory.name[: -len(DELETE_DIR_SUFFIX)].rpartition(".")[0])
+        expected = topic_id_of(*key) if key is not None and topic_id_of is not None else None
+        if expected is not None:
+            try:
+                stored = read_partition_metadata(directory)
+            except CorruptFile:
+                stored = None
+            live = self.data_dir / log_dir_name(*key)
+            if stored == expected and not live.exists():
+                os.rename(directory, live)
+                log.warning(
+                    "log directory %s was being deleted, but the deletion of topic %s never became durable in "
+                    "the metadata (a crash or a failed metadata write): renamed back to %s and served",
+                    directory, key[0], live.name,
+                )
+                return
+        shutil.rmtree(directory, ignore_errors=True)
 
     def _belongs(self, directory: Path, key: TopicPartition, expected: uuid.UUID | None) -> bool:
         """Whether ``directory`` is the log of a known partition; sets it aside (WARN) if not."""
@@ -234,17 +273,36 @@ class LogManager:
         self._logs[(topic, partition)] = partition_log
         return partition_log
 
-    def delete_topic(self, topic: str) -> None:
-        """Remove the topic's logs: rename each directory to ``<topic>-<p>.<uuid>-delete`` now, and delete
-        its files in the remover thread. The open descriptors close only after file.delete.delay.ms, so
-        fetches in flight can finish.
+    def delete_topic(self, topic: str) -> list[Path]:
+        """Stop serving the topic's logs: rename each directory to ``<topic>-<p>.<uuid>-delete`` now and
+        return them. Their files stay until ``remove_deleted`` (after the deletion is durable in the
+        metadata; ``take_deleted`` hands them over) or the next load. The logs' descriptors close after
+        file.delete.delay.ms; a fetch still sending their segments holds pins (log/files.py), which keep
+        those files open until it is done, whatever the delay.
         """
+        doomed_dirs = []
         for key in [key for key in self._logs if key[0] == topic]:
             partition_log = self._logs.pop(key)
             doomed = self.data_dir / aside_dir_name(*key, DELETE_DIR_SUFFIX)
             os.rename(partition_log.directory, doomed)
-            self._remover.submit(shutil.rmtree, doomed, ignore_errors=True)
+            doomed_dirs.append(doomed)
             self._deleted.add(partition_log.config.file_delete_delay_ms, partition_log.abandon)
+        self._awaiting_removal.extend(doomed_dirs)
+        return doomed_dirs
+
+    def take_deleted(self) -> list[Path]:
+        """The directories of deleted logs not yet handed over for removal (see ``delete_topic``)."""
+        doomed, self._awaiting_removal = self._awaiting_removal, []
+        return doomed
+
+    def remove_deleted(self, directories: list[Path]) -> None:
+        """Remove deleted logs' directories in the remover thread (any thread may call this). After
+        shutdown they are left for the next load, which removes them."""
+        for directory in directories:
+            try:
+                self._remover.submit(shutil.rmtree, directory, ignore_errors=True)
+            except RuntimeError:  # shut down meanwhile
+                return
 
     # -- upkeep ------------------------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ import socket
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any, Coroutine, TypeVar
 
 from pykbroker.cluster.metadata import BrokerEndpoint, EmbeddedMetadata
 from pykbroker.cluster.producer_ids import ProducerIdAllocator, ProducerRegistry
@@ -53,6 +54,7 @@ from pykbroker.server.dispatch import load_handlers
 log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
+T = TypeVar("T")
 LISTEN_BACKLOG = 100
 
 
@@ -111,6 +113,7 @@ class Broker:
         self._slot_freed = asyncio.Event()  # set when a connection closes: an acceptor at max.connections goes on
         self.advertised: dict[str, BrokerEndpoint] = {}  # listener name -> this broker's endpoint there
         self._background: list[asyncio.Task] = []
+        self._owned: set[asyncio.Task] = set()  # work a request started that must finish (see run_owned)
 
     # -- start ------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -133,6 +136,19 @@ class Broker:
             self.topics.ensure_internal(OFFSETS_TOPIC, self.offsets_partitions)
             self._open_offset_store()
         return self._offset_store  # type: ignore[return-value]
+
+    def run_owned(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Run ``work`` in a task the broker owns: it finishes even if the request that started it is
+        cancelled (its client went away), and ``stop`` waits for it. Await it through ``asyncio.shield``."""
+        task = asyncio.ensure_future(work)
+        self._owned.add(task)
+        task.add_done_callback(self._owned_done)
+        return task
+
+    def _owned_done(self, task: asyncio.Task) -> None:
+        self._owned.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # retrieved, so never "never retrieved"
+            log.warning("broker-owned task failed: %r", task.exception())
 
     def forget_topic(self, name: str) -> None:
         """After a topic is deleted: drop the committed offsets that named it."""
@@ -267,6 +283,8 @@ class Broker:
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        while self._owned:  # topic creations whose clients left: their partitions get hosted and committed
+            await asyncio.gather(*self._owned, return_exceptions=True)
         self.log_manager.shutdown()
         self.metadata.close()
         log.info("pykbroker broker %d stopped cleanly", self.broker_id)

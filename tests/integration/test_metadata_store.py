@@ -163,6 +163,18 @@ def test_a_log_of_another_topic_id_is_set_aside(stopped_broker):
     assert "not the topic's" in broker.log_path.read_text()
 
 
+def test_an_empty_partition_metadata_is_rewritten_and_the_log_served(stopped_broker):
+    """A power loss while an older pykbroker wrote the file in place leaves it empty: adopt, rewrite, WARN."""
+    broker = stopped_broker
+    path = broker.data_dir / "t-0" / "partition.metadata"
+    written = path.read_text()
+    os.truncate(path, 0)
+    broker.start()
+    assert list_offset(broker.address, "t", 0, -1) == 3
+    assert produce_raw(broker.address, "t", 0, build_batch([(None, b"after")])).base_offset == 3
+    assert path.read_text() == written
+    assert "partition.metadata is empty" in broker.log_path.read_text()
+
 def test_an_older_data_dir_is_converted_keeping_topics_data_and_compacted_topics(stopped_broker):
     broker = stopped_broker
     from pykbroker.cluster.metadata import EmbeddedMetadata
@@ -259,3 +271,116 @@ def test_max_broker_partitions_bounds_create_topics_and_create_partitions(broker
     grown = add_partitions(broker.address, "fits", 11)
     assert grown.error_code == ErrorCode.policy_violation and "max.broker.partitions" in grown.error_message
     assert add_partitions(broker.address, "fits", 10).error_code == ErrorCode.none
+
+
+# -- CreateTopics whose client leaves, or whose storage fails, part-way (in process) ----------------------
+
+
+def in_process_broker(path):
+    from pykbroker.config import BrokerConfig
+    from pykbroker.server.broker import Broker
+
+    broker = Broker(BrokerConfig(data_dir=path, port=0))
+    broker.load()
+    return broker
+
+
+def call_create_topics(broker, topics):
+    """The CreateTopics v7 handler's coroutine, as the connection would run it."""
+    import types
+
+    from pykbroker.protocol.apis import codec_for
+    from pykbroker.server.dispatch import RequestContext
+    from pykbroker.server.handlers.topics_admin import create_topics
+
+    request = ct.CreateTopicsRequest(
+        topics=tuple(ct.CreatableTopic(name=name, num_partitions=count, replication_factor=-1, assignments=(),
+                                       configs=()) for name, count in topics),
+        timeout=TIMEOUT, validate_only=False)
+    envelope = types.SimpleNamespace(api_key=19, api_version=7, body=request, codec=codec_for(19, 7))
+    return create_topics(RequestContext(broker, envelope, "peer"), request)
+
+
+def test_create_topics_cancelled_part_way_still_hosts_and_commits_every_partition(tmp_path):
+    """The reviewer's repro: the client disconnects while 50 partitions are being hosted."""
+    import asyncio
+
+    async def scenario():
+        broker = in_process_broker(tmp_path)
+        handler = asyncio.ensure_future(call_create_topics(broker, [("t", 50)]))
+        for _ in range(1000):  # until hosting is under way, bounded
+            if broker.replicas.partition("t", 0) is not None:
+                break
+            await asyncio.sleep(0)
+        hosted = sum(1 for i in range(50) if broker.replicas.partition("t", i) is not None)
+        assert 0 < hosted < 50
+        handler.cancel()  # connection_lost cancels the handler task
+        with pytest.raises(asyncio.CancelledError):
+            await handler
+        await broker.stop()  # waits for the broker-owned creation
+        assert sum(1 for i in range(50) if broker.replicas.partition("t", i) is not None) == 50
+
+    asyncio.run(scenario())
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("t-")) == sorted(f"t-{i}" for i in range(50))
+    broker = in_process_broker(tmp_path)  # durable: the restart knows all 50 and sets none aside
+    assert len(broker.metadata.topic("t").partitions) == 50
+    assert all(broker.replicas.partition("t", i) is not None for i in range(50))
+    assert not any(p.name.endswith("-stray") for p in tmp_path.iterdir())
+    asyncio.run(broker.stop())
+
+
+def test_a_storage_error_while_hosting_fails_only_that_topic(tmp_path):
+    import asyncio
+
+    async def scenario():
+        broker = in_process_broker(tmp_path)
+        real_create = broker.log_manager.create
+
+        def create(topic, partition, *args, **kwargs):
+            if topic == "full":
+                raise OSError(28, "No space left on device")
+            return real_create(topic, partition, *args, **kwargs)
+
+        broker.log_manager.create = create
+        response = await call_create_topics(broker, [("before", 2), ("full", 3), ("after", 1)])
+        await broker.stop()
+        return {t.name: (t.error_code, t.error_message, t.num_partitions) for t in response.topics}
+
+    results = asyncio.run(scenario())
+    assert results["before"] == (ErrorCode.none, None, 2)
+    assert results["after"] == (ErrorCode.none, None, 1)
+    code, message, partitions = results["full"]
+    assert code == ErrorCode.kafka_storage_error and partitions == -1
+    assert message.startswith("Error while creating log for full-0") and "No space left on device" in message
+
+
+class JournalDiskFull:
+    """The ``os`` module as the metadata journal sees it, with a full disk (other writers are unaffected)."""
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    @staticmethod
+    def write(fd, data):
+        raise OSError(28, "No space left on device")
+
+
+def test_a_failed_journal_write_answers_kafka_storage_error_for_the_changed_topics(tmp_path, monkeypatch):
+    import asyncio
+
+    from pykbroker.cluster import metadata_log
+
+    async def scenario():
+        broker = in_process_broker(tmp_path)
+        monkeypatch.setattr(metadata_log, "os", JournalDiskFull())
+        response = await call_create_topics(broker, [("new", 1), ("new", 1)])
+        monkeypatch.undo()  # space returns: the stop's final attempt makes it durable
+        await broker.stop()
+        return [(t.error_code, t.error_message) for t in response.topics]
+
+    (created, duplicate) = asyncio.run(scenario())
+    assert created[0] == ErrorCode.kafka_storage_error and "not durable" in created[1]
+    assert duplicate[0] == ErrorCode.invalid_request
+    broker = in_process_broker(tmp_path)
+    assert broker.metadata.topic("new") is not None
+    asyncio.run(broker.stop())

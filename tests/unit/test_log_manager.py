@@ -113,11 +113,15 @@ def test_delete_topic_removes_directories_but_keeps_fetches_in_flight_readable(t
     produce(manager, "gone", 1, 5)
     produce(manager, "kept", 0, 5)
     in_flight = manager.get("gone", 1).read(0, 1 << 20)
-    manager.delete_topic("gone")
+    doomed = manager.delete_topic("gone")
     assert manager.get("gone", 0) is None and manager.get("gone", 1) is None
-    # Renamed aside at once; the files go in the remover thread, which shutdown waits for.
-    assert all(p.name == "kept-0" or p.name.endswith("-delete") for p in tmp_path.iterdir() if p.is_dir())
+    # Renamed aside at once; the files go (in the remover thread, which shutdown waits for) only when the
+    # deletion is durable and the topic admin hands them to remove_deleted.
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir() and p.name.endswith("-delete")) == \
+        sorted(d.name for d in doomed)
+    assert manager.take_deleted() == doomed and manager.take_deleted() == []
     assert [h.base_offset for h in iter_headers(in_flight.read_bytes())] == [0, 2, 4, 6, 8]
+    manager.remove_deleted(doomed)
     manager.shutdown()
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["kept-0"]
 

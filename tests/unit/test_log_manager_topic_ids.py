@@ -7,9 +7,10 @@ import uuid
 
 import pytest
 
+from pykbroker.log import checkpoint
 from pykbroker.log.checkpoint import CorruptFile
 from pykbroker.log.config import LogConfig
-from pykbroker.log.manager import LogManager, read_partition_metadata
+from pykbroker.log.manager import LogManager, read_partition_metadata, write_partition_metadata
 from pykbroker.protocol.records import build_batch
 
 CONFIG = LogConfig(segment_bytes=2048, index_interval_bytes=256)
@@ -49,7 +50,7 @@ def test_deleting_a_topic_with_the_longest_name(tmp_path):
     write_logs(tmp_path, {(LONG, 0): uuid.uuid4()})
     manager = LogManager(tmp_path)
     manager.load_all(config_for)
-    manager.delete_topic(LONG)
+    manager.remove_deleted(manager.delete_topic(LONG))
     manager.shutdown()
     assert not any(tmp_path.glob("x*"))
 
@@ -61,4 +62,35 @@ def test_an_unreadable_partition_metadata_stops_the_load(tmp_path):
     manager = LogManager(tmp_path)
     with pytest.raises(CorruptFile, match="partition.metadata"):
         manager.load_all(config_for, lambda topic, partition: ours)
+    manager.shutdown()
+
+
+def test_partition_metadata_is_replaced_atomically(tmp_path, monkeypatch):
+    """Written to partition.metadata.tmp and renamed over the file: a failure part-way keeps the old file."""
+    old, new = uuid.uuid4(), uuid.uuid4()
+    write_partition_metadata(tmp_path, old)
+
+    def crash(src, dst):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(checkpoint.os, "replace", crash)
+    with pytest.raises(OSError):
+        write_partition_metadata(tmp_path, new)
+    assert read_partition_metadata(tmp_path) == old
+    monkeypatch.undo()
+    write_partition_metadata(tmp_path, new)
+    assert read_partition_metadata(tmp_path) == new
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["partition.metadata"]
+
+
+def test_an_empty_partition_metadata_is_adopted_and_rewritten(tmp_path, caplog):
+    ours = uuid.uuid4()
+    write_logs(tmp_path, {("t", 0): ours})
+    (tmp_path / "t-0" / "partition.metadata").write_bytes(b"")
+    manager = LogManager(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        loaded = manager.load_all(config_for, lambda topic, partition: ours)
+    assert [(log.topic, log.partition, log.log_end_offset) for log in loaded] == [("t", 0, 1)]
+    assert read_partition_metadata(tmp_path / "t-0") == ours
+    assert "is empty" in caplog.text
     manager.shutdown()

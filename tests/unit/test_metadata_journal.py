@@ -168,3 +168,53 @@ def test_a_failed_journal_write_is_undone_and_retried_with_the_next_commit(tmp_p
     reopened = open_store(tmp_path)
     assert sorted(state(reopened)) == ["first", "second"]
     reopened.close()
+
+
+def _disk_full(fd, data):
+    raise OSError(28, "No space left on device")
+
+
+def test_a_failed_write_with_no_later_change_is_retried_and_kept_at_close(tmp_path, monkeypatch):
+    """The reviewer's repro: the journal write fails, space returns, nothing else changes, clean shutdown."""
+    store = open_store(tmp_path)
+    real_write = metadata_log.os.write
+    monkeypatch.setattr(metadata_log.os, "write", _disk_full)
+    store.create_topic("t", 1, 1, {})
+    with pytest.raises(OSError):
+        store.commit().result(10)
+    monkeypatch.setattr(metadata_log.os, "write", real_write)
+    store.close()  # nothing new pending: the final attempt writes the failed records
+    reopened = open_store(tmp_path)
+    assert list(state(reopened)) == ["t"]
+    reopened.close()
+
+
+def test_a_commit_with_nothing_new_after_a_failure_tries_again(tmp_path, monkeypatch):
+    store = open_store(tmp_path)
+    real_write = metadata_log.os.write
+    monkeypatch.setattr(metadata_log.os, "write", _disk_full)
+    store.create_topic("t", 1, 1, {})
+    failed = store.commit()
+    with pytest.raises(OSError):
+        failed.result(10)
+    again = store.commit()  # e.g. a CreateTopics whose topics all exist: it appends nothing
+    with pytest.raises(OSError):
+        again.result(10)
+    assert again is not failed
+    monkeypatch.setattr(metadata_log.os, "write", real_write)
+    assert store.commit().result(10) is None
+    assert store.commit().done()  # written: nothing to retry
+    store.close()
+    reopened = open_store(tmp_path)
+    assert list(state(reopened)) == ["t"]
+    reopened.close()
+
+
+def test_changes_still_not_durable_at_close_are_reported_as_lost(tmp_path, monkeypatch, caplog):
+    store = open_store(tmp_path)
+    monkeypatch.setattr(metadata_log.os, "write", _disk_full)
+    store.create_topic("t", 1, 1, {})
+    with caplog.at_level(logging.ERROR):
+        store.close()
+    lost = [r for r in caplog.records if r.levelno == logging.ERROR and "lost" in r.getMessage()]
+    assert len(lost) == 1 and JOURNAL_FILE in lost[0].getMessage()

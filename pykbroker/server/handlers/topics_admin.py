@@ -8,6 +8,14 @@ assignments are refused with INVALID_REQUEST (the embedded broker places every r
 DeleteTopics v6 accepts topics by name or id. A request that would add more than 10,000 partitions is
 refused whole with POLICY_VIOLATION, as Kafka does. Each handler answers only after its metadata
 changes are durable (awaited off the event loop, so other clients are served meanwhile).
+
+CreateTopics and CreatePartitions change the metadata, host the new partitions and commit in a task the
+broker owns (``Broker.run_owned``), awaited through ``asyncio.shield``: a client that disconnects
+mid-request (connection_lost cancels its handler) never leaves partitions in the metadata unhosted, and
+the broker's stop waits for the task. A storage error while hosting a topic's partitions answers
+KAFKA_STORAGE_ERROR for that topic only (Kafka's KafkaStorageException from its LogManager); a journal
+write that fails answers KAFKA_STORAGE_ERROR for every topic the request changed, also in DeleteTopics (the
+change is applied and retried with the next commit, but it is not durable).
 """
 
 from __future__ import annotations
@@ -37,17 +45,38 @@ def _created_configs(ctx: RequestContext, schema, name: str) -> tuple | None:
     )
 
 
+def _not_durable(exc: OSError) -> KafkaError:
+    return KafkaError(
+        ErrorCode.kafka_storage_error,
+        f"The change is applied but not durable: the metadata journal write failed ({exc.strerror or exc}); "
+        "it is retried with the next change.",
+    )
+
+
+async def _commit(ctx: RequestContext) -> KafkaError | None:
+    """Await the durability of every change so far; the error for the changed topics if it failed."""
+    try:
+        await asyncio.wrap_future(ctx.broker.topics.commit())
+    except OSError as exc:
+        return _not_durable(exc)
+    return None
+
+
 @handles(19)
 async def create_topics(ctx: RequestContext, request) -> object:
+    return await asyncio.shield(ctx.broker.run_owned(_create_topics(ctx, request)))
+
+
+async def _create_topics(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
-    results = []
+    outcomes: list[tuple[object, KafkaError | None, object]] = []  # (request topic, error, created info)
     seen: set[str] = set()
     default_partitions = int(ctx.broker.config.get("num.partitions"))
     too_many = too_many_partitions_per_request(
         sum(default_partitions if t.num_partitions == -1 else max(t.num_partitions, 0) for t in request.topics)
     )
     for topic in request.topics:
-        error, message, info = ErrorCode.none, None, None
+        info = None
         try:
             if too_many is not None:
                 raise too_many
@@ -66,23 +95,27 @@ async def create_topics(ctx: RequestContext, request) -> object:
             if info is not None:
                 await ctx.broker.topics.host_async(info)
         except KafkaError as exc:
-            error, message = exc.code, exc.message
-        ok = error == ErrorCode.none
-        partitions = len(info.partitions) if info else (topic.num_partitions if ok else -1)
-        replication = info.replication_factor if info else (topic.replication_factor if ok else -1)
+            outcomes.append((topic, exc, None))
+        else:
+            outcomes.append((topic, None, info))
+    not_durable = await _commit(ctx)
+    results = []
+    for topic, error, info in outcomes:
+        if info is not None and not_durable is not None:
+            error, info = not_durable, None
+        ok = error is None
         results.append(
             make(
                 schema.CreatableTopicResult,
                 name=topic.name,
                 topic_id=info.topic_id if info else None,
-                error_code=error,
-                error_message=message,
-                num_partitions=partitions,
-                replication_factor=replication,
+                error_code=ErrorCode.none if ok else error.code,
+                error_message=None if ok else error.message,
+                num_partitions=len(info.partitions) if info else (topic.num_partitions if ok else -1),
+                replication_factor=info.replication_factor if info else (topic.replication_factor if ok else -1),
                 configs=_created_configs(ctx, schema, topic.name) if info else None,
             )
         )
-    await asyncio.wrap_future(ctx.broker.topics.commit())
     return make(schema.CreateTopicsResponse, throttle_time=0, topics=tuple(results))
 
 
@@ -94,7 +127,7 @@ async def delete_topics(ctx: RequestContext, request) -> object:
         wanted = [(t.name, t.topic_id) for t in request.topics]
     else:
         wanted = [(name, None) for name in request.topic_names]
-    results = []
+    outcomes = []
     for name, topic_id in wanted:
         error, message = ErrorCode.none, None
         if name is None and topic_id is not None:
@@ -111,17 +144,26 @@ async def delete_topics(ctx: RequestContext, request) -> object:
                 ctx.broker.forget_topic(name)
             except KafkaError as exc:
                 error, message = exc.code, exc.message
+        outcomes.append((name, topic_id, error, message))
+    not_durable = await _commit(ctx)  # the deleted topics' directories are removed only if it succeeded
+    results = []
+    for name, topic_id, error, message in outcomes:
+        if error == ErrorCode.none and not_durable is not None:
+            error, message = not_durable.code, not_durable.message
         results.append(
             make(schema.DeletableTopicResult, name=name, topic_id=topic_id, error_code=error, error_message=message)
         )
-    await asyncio.wrap_future(ctx.broker.topics.commit())
     return make(schema.DeleteTopicsResponse, throttle_time=0, responses=tuple(results))
 
 
 @handles(37)
 async def create_partitions(ctx: RequestContext, request) -> object:
+    return await asyncio.shield(ctx.broker.run_owned(_create_partitions(ctx, request)))
+
+
+async def _create_partitions(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
-    results = []
+    outcomes: list[tuple[str, KafkaError | None, bool]] = []  # (topic, error, changed)
     metadata = ctx.broker.metadata
     too_many = too_many_partitions_per_request(sum(
         topic.count - len(info.partitions)
@@ -129,7 +171,7 @@ async def create_partitions(ctx: RequestContext, request) -> object:
         if (info := metadata.topic(topic.name)) is not None and topic.count > len(info.partitions)
     ))
     for topic in request.topics:
-        error, message = ErrorCode.none, None
+        info = None
         try:
             if too_many is not None:
                 raise too_many
@@ -139,7 +181,16 @@ async def create_partitions(ctx: RequestContext, request) -> object:
             if info is not None:
                 await ctx.broker.topics.host_async(info)
         except KafkaError as exc:
-            error, message = exc.code, exc.message
-        results.append(make(schema.CreatePartitionsTopicResult, name=topic.name, error_code=error, error_message=message))
-    await asyncio.wrap_future(ctx.broker.topics.commit())
+            outcomes.append((topic.name, exc, False))
+        else:
+            outcomes.append((topic.name, None, info is not None))
+    not_durable = await _commit(ctx)
+    results = []
+    for name, error, changed in outcomes:
+        if changed and not_durable is not None:
+            error = not_durable
+        results.append(make(
+            schema.CreatePartitionsTopicResult, name=name, error_code=error.code if error else ErrorCode.none,
+            error_message=error.message if error else None,
+        ))
     return make(schema.CreatePartitionsResponse, throttle_time=0, results=tuple(results))
