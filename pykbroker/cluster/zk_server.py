@@ -1,0 +1,251 @@
+"""Run a real, standalone Apache ZooKeeper server from Debian's ``zookeeper`` package.
+
+Used by the cluster tests (tests/cluster/conftest.py) and meant for the ``pykbroker cluster`` dev command.
+It starts ``java -cp <zookeeper.jar> org.apache.zookeeper.server.ZooKeeperServerMain <zoo.cfg>`` on a
+free port of 127.0.0.1 with its own data dir, the admin (Jetty) server disabled and a small heap, waits
+until the server answers the ``ruok`` four-letter word with ``imok`` and ``srvr`` says it serves, and
+stops it with SIGTERM, then SIGKILL after a grace period. For fault tests it can be paused (SIGSTOP: the
+process stays, clients' sessions run out because nobody answers their pings), resumed (SIGCONT) and
+restarted on the same port and data dir (znodes and sessions survive a restart, as on a real ensemble
+member).
+
+Debian's zookeeper.jar lists its dependencies in its manifest's Class-Path, so the jar alone is the
+class path; slf4j-simple is added when present so the server's warnings land in ``zookeeper.log``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+DEBIAN_JAR = Path("/usr/share/java/zookeeper.jar")
+DEBIAN_SLF4J_BINDING = Path("/usr/share/java/slf4j-simple.jar")
+INSTALL_HINT = (
+    "Apache ZooKeeper is not installed: install Debian's package (apt-get install zookeeper, or "
+    "scripts/install-test-deps.sh), which provides /usr/share/java/zookeeper.jar and a Java runtime"
+)
+
+
+class ZooKeeperUnavailable(RuntimeError):
+    """No ZooKeeper install (or no java) was found on this machine."""
+
+
+class ZooKeeperStartError(RuntimeError):
+    """The server process exited or never answered."""
+
+
+@dataclass(frozen=True)
+class ZooKeeperInstall:
+    java: str
+    classpath: str
+
+
+def find_install(jar: Path | str | None = None) -> ZooKeeperInstall:
+    """Locate java and Debian's ZooKeeper jar (or ``jar``, or $PYKBROKER_ZOOKEEPER_JAR); raise
+    ZooKeeperUnavailable saying what is missing."""
+    jar_path = Path(jar or os.environ.get("PYKBROKER_ZOOKEEPER_JAR") or DEBIAN_JAR)
+    if not jar_path.is_file():
+        raise ZooKeeperUnavailable(f"{INSTALL_HINT} ({jar_path} not found)")
+    java = shutil.which("java")
+    if java is None:
+        java_home = os.environ.get("JAVA_HOME")
+        if java_home and Path(java_home, "bin", "java").is_file():
+            java = str(Path(java_home, "bin", "java"))
+    if java is None:
+        raise ZooKeeperUnavailable("no java runtime found on PATH (apt-get install default-jre-headless)")
+    parts = [str(jar_path)]
+    if DEBIAN_SLF4J_BINDING.is_file():
+        parts.append(str(DEBIAN_SLF4J_BINDING))
+    return ZooKeeperInstall(java=java, classpath=os.pathsep.join(parts))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def four_letter_word(host: str, port: int, word: str, timeout: float = 1.0) -> str:
+    """Send a four-letter command (ruok, srvr, stat, mntr) and return the whole answer."""
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.sendall(word.encode("ascii"))
+        chunks = []
+        while True:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+@dataclass
+class ZooKeeperServer:
+    """One standalone ZooKeeper server process. Use as a context manager or call start()/stop()."""
+
+    data_dir: Path | None = None
+    port: int = 0
+    host: str = "127.0.0.1"
+    tick_time_ms: int = 500
+    min_session_timeout_ms: int = 1000
+    max_session_timeout_ms: int = 60000
+    heap: str = "128m"
+    install: ZooKeeperInstall | None = None
+    proc: subprocess.Popen | None = field(default=None, init=False)
+    _own_dir: bool = field(default=False, init=False)
+    _log_file: object | None = field(default=None, init=False)
+
+    @property
+    def connect_string(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def log_path(self) -> Path:
+        assert self.data_dir is not None
+        return self.data_dir / "zookeeper.log"
+
+    def _write_config(self) -> Path:
+        assert self.data_dir is not None
+        cfg = self.data_dir / "zoo.cfg"
+        cfg.write_text(
+            "\n".join(
+                [
+                    f"tickTime={self.tick_time_ms}",
+                    f"dataDir={self.data_dir / 'data'}",
+                    f"clientPort={self.port}",
+                    f"clientPortAddress={self.host}",
+                    f"minSessionTimeout={self.min_session_timeout_ms}",
+                    f"maxSessionTimeout={self.max_session_timeout_ms}",
+                    "admin.enableServer=false",
+                    "4lw.commands.whitelist=ruok,srvr,stat,mntr,cons",
+                    "maxClientCnxns=0",
+                    "",
+                ]
+            )
+        )
+        return cfg
+
+    def start(self, timeout: float = 30.0) -> "ZooKeeperServer":
+        if self.install is None:
+            self.install = find_install()
+        if self.data_dir is None:
+            self.data_dir = Path(tempfile.mkdtemp(prefix="pykbroker-zk-"))
+            self._own_dir = True
+        self.data_dir = Path(self.data_dir)
+        (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
+        if not self.port:
+            self.port = free_port(self.host)
+        self._spawn(timeout)
+        return self
+
+    def _spawn(self, timeout: float) -> None:
+        assert self.install is not None
+        cfg = self._write_config()
+        cmd = [
+            self.install.java,
+            f"-Xmx{self.heap}",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            "-Dzookeeper.admin.enableServer=false",
+            "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+            "-Dorg.slf4j.simpleLogger.showDateTime=true",
+            "-cp",
+            self.install.classpath,
+            MAIN_CLASS,
+            str(cfg),
+        ]
+        self._log_file = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            self.wait_serving(timeout)
+        except BaseException:
+            self._terminate()
+            raise
+
+    def answers(self) -> bool:
+        try:
+            return four_letter_word(self.host, self.port, "ruok", timeout=0.5) == "imok"
+        except OSError:
+            return False
+
+    def wait_serving(self, timeout: float = 30.0) -> None:
+        """Block until ruok answers imok and srvr reports a mode (the server accepts sessions)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise ZooKeeperStartError(
+                    f"ZooKeeper exited with {self.proc.returncode}; log:\n{self.log_tail()}"
+                )
+            if self.answers():
+                try:
+                    if "Mode:" in four_letter_word(self.host, self.port, "srvr", timeout=0.5):
+                        return
+                except OSError:
+                    pass
+            if time.monotonic() > deadline:
+                raise ZooKeeperStartError(
+                    f"ZooKeeper did not answer on {self.connect_string} within {timeout}s; log:\n{self.log_tail()}"
+                )
+            time.sleep(0.05)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def pause(self) -> None:
+        """SIGSTOP the server: connections stay open but nothing answers, so sessions expire."""
+        assert self.proc is not None and self.proc.poll() is None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def restart(self, timeout: float = 30.0) -> None:
+        """Stop the process and start it again on the same port and data dir."""
+        self._terminate()
+        self._spawn(timeout)
+
+    def _terminate(self, grace: float = 10.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            try:
+                os.kill(proc.pid, signal.SIGCONT)  # a paused JVM cannot handle SIGTERM
+                proc.terminate()
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(grace)
+            except ProcessLookupError:
+                pass
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after a grace period; remove the data dir if this object made it."""
+        self._terminate()
+        if self._own_dir and self.data_dir is not None:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> "ZooKeeperServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
