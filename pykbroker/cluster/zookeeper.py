@@ -17,7 +17,7 @@ real Kafka 3.7.1 in ZooKeeper mode (protocol_specs/fixtures/zookeeper/, tests/un
                                        its zkVersion is the partition epoch
     /config/topics/<t>                 {"version":1,"config":{"retention.ms":"86400000"}}
     /config/changes/config_change_<seq> {"version":2,"entity_path":"topics/<t>"}
-    /admin/delete_topics/<t>           (no data)
+    /admin/delete_topics/<t>           (null data, as every persistent path Kafka creates empty)
     /latest_producer_id_block          {"version":1,"broker":1,"block_start":"0","block_end":"999"}
 
 Rules taken from Kafka's KafkaZkClient:
@@ -600,8 +600,10 @@ class KafkaZkClient:
         return on_kazoo_thread
 
     async def _ensure_path(self, path: str) -> None:
+        # null data, as Kafka's createRecursive writes: Kafka tells "no data" (None) from b"" when it reads
+        # /latest_producer_id_block, and fails to parse an empty document.
         try:
-            await self._await(self._zk.create_async(path, b"", makepath=True))
+            await self._await(self._zk.create_async(path, None, makepath=True))
         except NodeExistsError:
             pass
 
@@ -881,9 +883,9 @@ class KafkaZkClient:
     # -- topic deletion --
 
     async def mark_topic_for_deletion(self, topic: str) -> None:
-        """Create /admin/delete_topics/<t> (Kafka writes it without data); the controller does the rest."""
+        """Create /admin/delete_topics/<t> with null data (as Kafka); the controller does the rest."""
         try:
-            await self._await(self._zk.create_async(delete_topic_path(topic), b"", makepath=True))
+            await self._await(self._zk.create_async(delete_topic_path(topic), None, makepath=True))
         except NodeExistsError:
             pass
 
@@ -972,10 +974,7 @@ class KafkaZkClient:
         while True:
             found = await self.get_or_none(PRODUCER_ID_BLOCK_PATH)
             if found is None:
-                try:
-                    await self._await(self._zk.create_async(PRODUCER_ID_BLOCK_PATH, b"", makepath=True))
-                except NodeExistsError:
-                    pass
+                await self._ensure_path(PRODUCER_ID_BLOCK_PATH)
                 continue
             data, stat = found
             first = decode_producer_id_block(data).last + 1 if data else 0

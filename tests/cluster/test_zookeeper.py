@@ -98,7 +98,9 @@ def test_chroot_is_created_with_kafkas_persistent_paths(zk_server, zk_connect, r
         try:
             assert c.chroot and zk_connect.endswith(c.chroot)
             for path in zkm.PERSISTENT_PATHS:
-                assert await c.get_or_none(path) is not None, path
+                found = await c.get_or_none(path)
+                assert found is not None, path
+                assert found[0] is None, f"{path} must hold null data as Kafka writes it, not {found[0]!r}"
         finally:
             await c.close()
         k = raw_client(zk_server.connect_string)  # outside the chroot: it is a real znode there
@@ -365,6 +367,7 @@ def test_topic_assignment_config_changes_and_deletion(zk_connect, run_async):
             c.watch_topic_deletions(deletions.append)
             await c.mark_topic_for_deletion("orders")
             await wait_for(lambda: deletions and deletions[-1] == ["orders"], what="deletion watch")
+            assert (await c.get(zkm.delete_topic_path("orders")))[0] is None  # null data, as Kafka
             await c.delete_topic_znodes("orders", lead.epoch_zk_version)
             assert await c.get_topic_assignment("orders") is None
             assert await c.get_or_none(zkm.topic_config_path("orders")) is None
