@@ -249,3 +249,36 @@ class ZooKeeperServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pykbroker.cluster.zk_server [--port N] [--data-dir D]``: a development ZooKeeper in the
+    foreground; prints the connect string, stops on Ctrl-C or SIGTERM."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m pykbroker.cluster.zk_server", description=main.__doc__)
+    parser.add_argument("--port", type=int, default=0, help="client port (default: a free one)")
+    parser.add_argument("--data-dir", type=Path, default=None, help="data dir (default: a temp dir, removed at exit)")
+    args = parser.parse_args(argv)
+    try:
+        server = ZooKeeperServer(data_dir=args.data_dir, port=args.port)
+        server.start()
+    except (ZooKeeperUnavailable, ZooKeeperStartError) as exc:
+        print(f"zk_server: {exc}", file=sys.stderr)
+        return 1
+    stop_requested = []
+    signal.signal(signal.SIGTERM, lambda *_: stop_requested.append(True))
+    print(f"ZooKeeper {server.connect_string} (data {server.data_dir}, log {server.log_path})", flush=True)
+    try:
+        while not stop_requested and server.proc is not None and server.proc.poll() is None:
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

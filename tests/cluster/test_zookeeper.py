@@ -406,6 +406,8 @@ def test_session_expiry_reaches_the_loop_and_removes_ephemerals(zk_connect, run_
         c.add_session_listener(lambda e: events.append((e, threading.get_ident())))
         brokers_seen: list[list[int]] = []
         observer.watch_brokers(brokers_seen.append)
+        own_seen: list[list[int]] = []
+        c.watch_brokers(own_seen.append)  # a watch of the expiring client: it must survive the new session
         try:
             epoch = await c.register_broker(1, EP)
             lead = await c.try_become_controller(1)
@@ -425,6 +427,8 @@ def test_session_expiry_reaches_the_loop_and_removes_ephemerals(zk_connect, run_
             assert await c.register_broker(1, EP) > epoch
             again = await c.try_become_controller(1)
             assert again is not None and again.epoch == lead.epoch + 1
+            await wait_for(lambda: own_seen[-1] == [1], what="the expired client's own watch to fire again")
+            assert [] in own_seen
         finally:
             await c.close()
             await observer.close()
@@ -527,7 +531,8 @@ def test_a_short_zookeeper_pause_suspends_but_keeps_the_session(zk_server_fresh,
     srv = zk_server_fresh
 
     async def scenario():
-        c = await started(srv.connect_string + "/kafka", session_timeout_ms=8000)
+        # kazoo notices the silence after 2/3 of the session timeout; the rest is the margin to reconnect
+        c = await started(srv.connect_string + "/kafka", session_timeout_ms=10000)
         events: list[str] = []
         c.add_session_listener(events.append)
         try:
