@@ -540,8 +540,8 @@ class KafkaZkClient:
 
     def _on_state_kazoo_thread(self, state: str) -> None:
         # Runs on kazoo's connection thread: must not block; hand over to the loop.
-        if self._loop is None or self._loop.is_closed():
-            return
+        if self._closed or self._loop is None or self._loop.is_closed():
+            return  # our own close() ends the session: not an expiry
         if state == KazooState.LOST:
             event = SessionEvent.EXPIRED
             self._expired = True
@@ -648,9 +648,20 @@ class KafkaZkClient:
         with Kafka's message. If it belongs to our own session (a retried create), it is ours."""
         path = broker_path(broker_id)
         data = encode_broker_registration(broker_id, endpoints, rack, features=features)
-        try:
-            await self._await(self._zk.create_async(path, data, ephemeral=True, makepath=True))
-        except NodeExistsError:
+        # Kafka's CheckedEphemeral: one transaction creates the ephemeral (Kafka: null data; kazoo's transaction
+        # only takes bytes, and the same transaction overwrites them) and sets the data at
+        # zkVersion 0, so the result carries the stat (czxid = broker epoch) and the znode is at zkVersion 1.
+        tx = self._zk.transaction()
+        tx.create(path, b"", ephemeral=True)
+        tx.set_data(path, data, version=0)
+        results = await self._await(tx.commit_async())
+        failed = [r for r in results if isinstance(r, Exception) and not isinstance(r, (RolledBackError, RuntimeInconsistency))]
+        if failed and isinstance(failed[0], NoNodeError):  # no /brokers/ids yet
+            await self._ensure_path(BROKER_IDS_PATH)
+            return await self.register_broker(broker_id, endpoints, rack, features=features)
+        if failed and not isinstance(failed[0], NodeExistsError):
+            raise failed[0]
+        if failed:
             found = await self.get_or_none(path)
             if found is None:  # vanished meanwhile (its session just ended): try once more
                 return await self.register_broker(broker_id, endpoints, rack, features=features)
@@ -661,9 +672,16 @@ class KafkaZkClient:
                     f"'{stat.ephemeralOwner}' does not match current session '{self.session_id}'"
                 ) from None
             return stat.czxid
-        _, stat = await self.get(path)
+        stat = results[1]
         log.info("Registered broker %d at path %s, czxid (broker epoch): %d", broker_id, path, stat.czxid)
         return stat.czxid
+
+    async def update_broker_registration(
+        self, broker_id: int, endpoints: Iterable[Endpoint], rack: str | None = None, *, features: dict | None = None
+    ) -> None:
+        """Kafka's updateBrokerInfo: rewrite our registration (any zkVersion); the broker epoch stays."""
+        data = encode_broker_registration(broker_id, endpoints, rack, features=features)
+        await self._await(self._zk.set_async(broker_path(broker_id), data, version=-1))
 
     async def get_broker(self, broker_id: int) -> BrokerRegistration | None:
         found = await self.get_or_none(broker_path(broker_id))

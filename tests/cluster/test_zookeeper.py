@@ -146,6 +146,7 @@ def test_registration_epoch_watch_duplicate_and_removal_on_close(zk_connect, run
         data, stat = await observer.get(zkm.broker_path(1))
         assert stat.ephemeralOwner == b1.session_id
         assert epoch == stat.czxid
+        assert stat.version == 1  # created, then its data set at version 0, in one transaction (as Kafka)
         doc = json.loads(data)
         assert doc["version"] == 5 and doc["host"] == "127.0.0.1" and doc["port"] == 19092
         assert doc["endpoints"] == ["PLAINTEXT://127.0.0.1:19092"] and doc["rack"] == "r1"
@@ -164,6 +165,9 @@ def test_registration_epoch_watch_duplicate_and_removal_on_close(zk_connect, run
             assert epoch2 > epoch
             await wait_for(lambda: seen[-1] == [1, 2], what="watch to report brokers 1 and 2")
             assert set(await observer.live_brokers()) == {1, 2}
+            await b2.update_broker_registration(2, [Endpoint("PLAINTEXT", "127.0.0.1", 19094)], rack="r2")
+            moved = await observer.get_broker(2)
+            assert moved.endpoint().port == 19094 and moved.rack == "r2" and moved.epoch == epoch2
 
             await b1.close()  # closing the session removes the ephemeral registration at once
             await wait_for(lambda: seen[-1] == [2], what="watch to report broker 1 gone")
