@@ -208,14 +208,38 @@ class ZooKeeperServer:
         except OSError:
             return "(no log)"
 
-    def pause(self) -> None:
-        """SIGSTOP the server: connections stay open but nothing answers, so sessions expire."""
+    def pause(self, timeout: float = 5.0) -> None:
+        """SIGSTOP the server: connections stay open but nothing answers. Returns once every thread of the
+        JVM is stopped (the signal is delivered asynchronously: a thread could still answer meanwhile)."""
         assert self.proc is not None and self.proc.poll() is None
         os.kill(self.proc.pid, signal.SIGSTOP)
+        self._wait_threads(stopped=True, timeout=timeout)
 
-    def resume(self) -> None:
+    def resume(self, timeout: float = 5.0) -> None:
         assert self.proc is not None
         os.kill(self.proc.pid, signal.SIGCONT)
+        self._wait_threads(stopped=False, timeout=timeout)
+
+    def _wait_threads(self, stopped: bool, timeout: float) -> None:
+        """Wait until all threads are (or none is) in state T, read from /proc (Linux); elsewhere, no wait."""
+        assert self.proc is not None
+        task_dir = Path(f"/proc/{self.proc.pid}/task")
+        if not task_dir.is_dir():
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            states = []
+            for task in task_dir.iterdir():
+                try:
+                    # the state follows the parenthesised command name, which may itself hold spaces
+                    states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+                except (OSError, IndexError):
+                    continue
+            if states and all((st in "tT") == stopped for st in states):
+                return
+            if time.monotonic() > deadline:
+                raise ZooKeeperStartError(f"ZooKeeper threads not {'stopped' if stopped else 'running'}: {states}")
+            time.sleep(0.01)
 
     def restart(self, timeout: float = 30.0) -> None:
         """Stop the process and start it again on the same port and data dir."""

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("kazoo", reason="kazoo is not installed (pip install kazoo, or the project's test extra)")
+
 from pykbroker.cluster import zookeeper as zkm
 from pykbroker.cluster.zk_server import free_port
 from pykbroker.cluster.zookeeper import Endpoint, KafkaZkClient

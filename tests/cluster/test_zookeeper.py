@@ -10,6 +10,8 @@ import threading
 import time
 
 import pytest
+
+pytest.importorskip("kazoo", reason="kazoo is not installed (pip install kazoo, or the project's test extra)")
 from kazoo.client import KazooClient
 
 from pykbroker.cluster import zookeeper as zkm

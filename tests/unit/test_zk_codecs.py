@@ -11,6 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
+pytest.importorskip("kazoo", reason="kazoo is not installed (pip install kazoo, or the project's test extra)")
+
 from pykbroker.cluster import zookeeper as zkm
 from pykbroker.cluster.zookeeper import Endpoint, PartitionState, ProducerIdBlock
 
