@@ -128,7 +128,7 @@ class ZooKeeperServer:
                     f"minSessionTimeout={self.min_session_timeout_ms}",
                     f"maxSessionTimeout={self.max_session_timeout_ms}",
                     "admin.enableServer=false",
-                    "4lw.commands.whitelist=ruok,srvr,stat,mntr,cons",
+                    "4lw.commands.whitelist=ruok,srvr,stat,mntr,cons,conf",
                     "maxClientCnxns=0",
                     "",
                 ]
@@ -151,6 +151,12 @@ class ZooKeeperServer:
 
     def _spawn(self, timeout: float) -> None:
         assert self.install is not None
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((self.host, self.port))
+            except OSError as exc:
+                raise ZooKeeperStartError(f"cannot start ZooKeeper on {self.connect_string}: {exc}") from None
         cfg = self._write_config()
         cmd = [
             self.install.java,
@@ -192,8 +198,10 @@ class ZooKeeperServer:
                 )
             if self.answers():
                 try:
-                    if "Mode:" in four_letter_word(self.host, self.port, "srvr", timeout=0.5):
-                        return
+                    # ours, not another server on the same port: `conf` names our data dir
+                    if str(self.data_dir / "data") in four_letter_word(self.host, self.port, "conf", timeout=0.5):
+                        if "Mode:" in four_letter_word(self.host, self.port, "srvr", timeout=0.5):
+                            return
                 except OSError:
                     pass
             if time.monotonic() > deadline:

@@ -557,3 +557,25 @@ def test_a_short_zookeeper_pause_suspends_but_keeps_the_session(zk_server_fresh,
             await c.close()
 
     run_async(scenario())
+
+
+def test_a_server_that_cannot_start_fails_with_its_log(zk_server, tmp_path):
+    """A port already taken is refused up front (the server there answers ruok, but it is not ours); a
+    server that dies at start fails start() with its log instead of hanging."""
+    from pykbroker.cluster.zk_server import ZooKeeperServer, ZooKeeperStartError
+
+    clash = ZooKeeperServer(data_dir=tmp_path / "clash", port=zk_server.port, install=zk_server.install)
+    broken = ZooKeeperServer(data_dir=tmp_path / "broken", install=zk_server.install, heap="1k")  # the JVM refuses
+    try:
+        with pytest.raises(ZooKeeperStartError, match="cannot start ZooKeeper on"):
+            clash.start(timeout=30)
+        assert clash.proc is None
+        assert zk_server.answers()  # the real one is untouched
+
+        with pytest.raises(ZooKeeperStartError, match="ZooKeeper exited with") as info:
+            broken.start(timeout=30)
+        assert broken.proc is None
+        assert "log:" in str(info.value)
+    finally:  # should start() wrongly succeed, no server may outlive the test
+        clash.stop()
+        broken.stop()
