@@ -42,6 +42,10 @@ class ZooKeeperStartError(RuntimeError):
     """The server process exited or never answered."""
 
 
+class ZooKeeperPortTaken(ZooKeeperStartError):
+    """Something listens on the port already."""
+
+
 @dataclass(frozen=True)
 class ZooKeeperInstall:
     java: str
@@ -144,9 +148,21 @@ class ZooKeeperServer:
             self._own_dir = True
         self.data_dir = Path(self.data_dir)
         (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
-        if not self.port:
-            self.port = free_port(self.host)
-        self._spawn(timeout)
+        chosen_port = not self.port
+        try:
+            for attempt in range(3):
+                if chosen_port:
+                    self.port = free_port(self.host)
+                try:
+                    self._spawn(timeout)
+                    return self
+                except ZooKeeperPortTaken:
+                    if not chosen_port or attempt == 2:
+                        raise  # a free port taken between our probe and the bind: try another
+        except BaseException:
+            if self._own_dir:
+                shutil.rmtree(self.data_dir, ignore_errors=True)
+            raise
         return self
 
     def _spawn(self, timeout: float) -> None:
@@ -156,7 +172,7 @@ class ZooKeeperServer:
             try:
                 probe.bind((self.host, self.port))
             except OSError as exc:
-                raise ZooKeeperStartError(f"cannot start ZooKeeper on {self.connect_string}: {exc}") from None
+                raise ZooKeeperPortTaken(f"cannot start ZooKeeper on {self.connect_string}: {exc}") from None
         cfg = self._write_config()
         cmd = [
             self.install.java,
