@@ -52,6 +52,15 @@ LOG_LEVEL = os.environ.get("PYKBROKER_TEST_LOG_LEVEL", "debug")
 _live_brokers: set["BrokerProcess"] = set()
 
 
+def wait_until(condition, what: str, timeout: float) -> None:
+    """Poll condition() until it is true; AssertionError naming what was awaited after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
 class BrokerError(RuntimeError):
     """The broker process did not start, did not stop, or died; the message carries its log tail."""
 

@@ -17,6 +17,7 @@ from kafka import KafkaProducer
 
 from broker_process import (
     Rec,
+    wait_until,
     assert_dense,
     assert_same_log,
     init_producer_id,
@@ -63,6 +64,9 @@ def test_offsets_continue_across_alternating_restarts_and_kills(broker, topic_na
         assert_same_log(acked, consume(broker.bootstrap, topic_name, len(acked)))
 
 
+ACKED_BEFORE_KILL = 400
+
+
 def test_kill9_during_produce_stream_loses_and_duplicates_nothing(broker, topic_name):
     """kill -9 while an idempotent producer has batches in flight, then restart: the producer's retries
     complete, every acknowledged record sits at its acknowledged offset, and batches that were written
@@ -75,12 +79,16 @@ def test_kill9_during_produce_stream_loses_and_duplicates_nothing(broker, topic_
         kill_index = None
         for index, (key, value) in enumerate(pairs):
             futures.append(producer.send(topic_name, key=key, value=value))
-            if kill_index is None and index >= 600 and index % 50 == 0 and sum(f.succeeded() for f in futures) >= 400:
+            if index == ACKED_BEFORE_KILL:
+                # Never assume how fast acknowledgements come: wait for them, then send on and kill while
+                # the producer's thread has the next records in flight.
+                wait_until(lambda: sum(f.succeeded() for f in futures) >= ACKED_BEFORE_KILL,
+                           f"{ACKED_BEFORE_KILL} acknowledged records", 60)
+            if index == ACKED_BEFORE_KILL + 200:
                 broker.kill()  # what is sent from here on is in flight, lost with the connection, or queued
                 kill_index = index
             if kill_index is not None and index == kill_index + 300:
                 broker.start()
-        assert kill_index is not None, "never reached 400 acknowledged records before the kill"
         if not broker.is_running():
             broker.start()
         producer.flush(timeout=90)

@@ -32,6 +32,7 @@ from typing import Callable, Protocol
 
 from kio.schema.describe_groups.v0.request import DescribeGroupsRequest
 
+import broker_process
 from broker_process import BrokerProcess, _compress_ranges, send_request
 
 PARTITIONS = 4
@@ -50,11 +51,7 @@ _order = itertools.count()  # one sequence for the events of every member: what 
 
 
 def wait_until(condition, what: str, timeout: float = TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
+    broker_process.wait_until(condition, what, timeout)
 
 
 class MemberLog:
