@@ -301,12 +301,21 @@ def _compile_walk(body: Callable[[_Compiler], None]) -> Callable:
 
 def compile_request_check(request_type: type) -> Callable[[bytes, int], int]:
     """The guard for one request schema: check(frame, body_start) -> end of the body, or MalformedRequest."""
-    compiler = _Compiler(counting=True)
+    return compile_entity_check(request_type, max_elements=MAX_REQUEST_ELEMENTS)
+
+
+def compile_entity_check(entity_type: type, *, max_elements: int | None) -> Callable[[bytes, int], int]:
+    """The same walk for any entity schema (a request, or a response that the broker's own client reads
+    from another broker): check(frame, body_start) -> end of the body, or MalformedRequest. max_elements
+    bounds the array elements named in all; None leaves only the per-array bound against the bytes left
+    (a Metadata or Fetch response of a large cluster names more elements than any request does)."""
+    compiler = _Compiler(counting=max_elements is not None)
     compiler.emit(0, "def check(f, p):")
     compiler.emit(1, "end = len(f)")
-    compiler.emit(1, f"budget = {MAX_REQUEST_ELEMENTS}")
+    if max_elements is not None:
+        compiler.emit(1, f"budget = {int(max_elements)}")
     compiler.emit(1, "try:")
-    compiler.entity(2, request_type)
+    compiler.entity(2, entity_type)
     compiler.emit(1, "except (IndexError, StructError):")
     compiler.emit(2, "raise MalformedRequest('a field runs past the end of the frame') from None")
     compiler.emit(1, "if p > end:")
