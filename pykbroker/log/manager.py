@@ -36,7 +36,6 @@ from pykbroker.log.errors import LogDirectoryInUse
 from pykbroker.log.checkpoint import CorruptCheckpoint, CorruptFile, read_checkpoint, write_checkpoint
 from pykbroker.log.partition_log import (
     FSYNC_POLICIES,
-    DelayedClose,
     FlushJob,
     PartitionLog,
     log_dir_name,
@@ -121,7 +120,6 @@ class LogManager:
         # Set by the replication layer: retention never deletes a segment at or above the high-water mark.
         self.high_watermark_of: Callable[[str, int], int | None] | None = None
         self._logs: dict[TopicPartition, PartitionLog] = {}
-        self._deleted = DelayedClose()  # deleted topics' logs: their descriptors close after a delay
         # One worker: fsyncs and checkpoint writes leave the event loop but never overlap each other.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-flush")
         # Removing deleted topics' files can take long: its own worker, so flushes never wait for it.
@@ -236,15 +234,15 @@ class LogManager:
 
     def delete_topic(self, topic: str) -> None:
         """Remove the topic's logs: rename each directory to ``<topic>-<p>.<uuid>-delete`` now, and delete
-        its files in the remover thread. The open descriptors close only after file.delete.delay.ms, so
-        fetches in flight can finish.
+        its files in the remover thread. The descriptors close now, except those pinned by fetches still
+        sending them (FileSlice): those close when the fetch lets go.
         """
         for key in [key for key in self._logs if key[0] == topic]:
             partition_log = self._logs.pop(key)
             doomed = self.data_dir / aside_dir_name(*key, DELETE_DIR_SUFFIX)
             os.rename(partition_log.directory, doomed)
             self._remover.submit(shutil.rmtree, doomed, ignore_errors=True)
-            self._deleted.add(partition_log.config.file_delete_delay_ms, partition_log.abandon)
+            partition_log.abandon()
 
     # -- upkeep ------------------------------------------------------------------------------------------
 
@@ -275,7 +273,6 @@ class LogManager:
                     await self.flush_async(due)
                     await self.write_checkpoints_async()
                     next_flush = time.monotonic() + self.flush_interval_ms / 1000
-                self._deleted.run_due()
             except OSError as exc:
                 if not failing:
                     log.warning("log upkeep in %s failed (%s); retrying every %.1f s", self.data_dir, exc, tick_s)
@@ -331,7 +328,6 @@ class LogManager:
         self._remover.shutdown(wait=True)
         for partition_log in self._logs.values():
             partition_log.close()
-        self._deleted.run_due(everything=True)
         self.write_checkpoints()
         marker = self.data_dir / CLEAN_SHUTDOWN_MARKER
         fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
@@ -60,9 +59,9 @@ class AppendOutcome:
 
 class FileRecords:
     """The record data of a read, left in the segment files: its length now, its bytes chunk by chunk
-    when the response is written (``pread`` on the log's descriptors: each slice pins its segment file
-    open, even if the segment is deleted meanwhile, for as long as this object is referenced, so a
-    response being sent can always finish)."""
+    when the response is written (FileSlice.chunks: ``pread`` on the log's descriptors; each slice pins its
+    segment file open, even if the segment is deleted meanwhile, for as long as this object is referenced,
+    so a response being sent can always finish)."""
 
     __slots__ = ("slices", "_size")
 
@@ -75,18 +74,7 @@ class FileRecords:
 
     def chunks(self, size: int) -> Iterator[bytes]:
         for piece in self.slices:
-            fd = piece.fd if piece.fd >= 0 else os.open(piece.path, os.O_RDONLY)
-            try:
-                position, end = piece.position, piece.position + piece.length
-                while position < end:
-                    chunk = os.pread(fd, min(size, end - position), position)
-                    if not chunk:
-                        raise OSError(f"{piece.path} ends at {position}, before the {end} bytes being sent")
-                    position += len(chunk)
-                    yield chunk
-            finally:
-                if fd != piece.fd:
-                    os.close(fd)
+            yield from piece.chunks(size)
 
 
 class ControlBatchFromClient(InvalidRecordBatch):
