@@ -12,8 +12,11 @@ for that partition, a retriable error, so clients back off and retry instead of 
 connection. The log has cut the partial write, so nothing half-written is ever served or acknowledged.
 Kafka would mark the whole log dir offline and, with no log dir left, halt the broker; a single broker
 that stops on a full disk is the outage we want to avoid, so here only the failing append is refused and
-the partition retries the disk on its next append: it recovers by itself when space returns. One WARN
-when a partition starts failing and one INFO when it appends again (not a line per refused request).
+the partition retries the disk on its next append: it recovers by itself when space returns. Logging is
+per log directory, not per partition (a full disk fails every partition on it: 10,000 partitions must not
+mean 10,000 lines): one WARN when appends in a directory start failing, then at most one WARN a minute
+with the count of appends and partitions refused meanwhile, and one INFO when an append in that directory
+succeeds again.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from pykbroker.log.config import LogConfig
@@ -77,6 +81,72 @@ class FileRecords:
             yield from piece.chunks(size)
 
 
+@dataclass(slots=True)
+class _DirectoryErrors:
+    """Storage errors in one log directory."""
+
+    failing: bool = False  # the last append in the directory failed
+    announced: bool = False  # ... and a WARN said so
+    refused: int = 0  # appends answered KAFKA_STORAGE_ERROR since the last line
+    partitions: set[TopicPartition] = field(default_factory=set)  # ... to these partitions
+    warned_at: float = float("-inf")  # clock time of the last WARN
+
+
+class StorageErrorLog:
+    """Storage-error lines per log directory, whatever the number of partitions: a WARN when appends there
+    start failing, then at most one WARN every ``interval_s`` (counting the appends and partitions refused
+    meanwhile), and an INFO when an append there succeeds again. A directory that flaps (one partition
+    failing, others appending) still gets at most one WARN an interval, and an INFO only after a WARN."""
+
+    def __init__(self, interval_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self._clock = clock
+        self._directories: dict[Path, _DirectoryErrors] = {}
+        self._failing = 0  # directories whose last append failed
+
+    @property
+    def any_failing(self) -> bool:
+        return self._failing > 0
+
+    def failed(self, directory: Path, tp: TopicPartition, exc: OSError) -> None:
+        state = self._directories.get(directory)
+        if state is None:
+            state = self._directories[directory] = _DirectoryErrors()
+        if not state.failing:
+            state.failing = True
+            self._failing += 1
+        state.refused += 1
+        state.partitions.add(tp)
+        now = self._clock()
+        if now - state.warned_at < self.interval_s:
+            return
+        counts = f"{state.refused} append(s) to {len(state.partitions)} partition(s) refused"
+        if state.announced:
+            log.warning("log dir %s: appends still fail: %s in the last %.0f s (last: %s-%d, %s)",
+                        directory, counts, now - state.warned_at, *tp, exc)
+        else:
+            log.warning("log dir %s: append to %s-%d failed (%s); answering KAFKA_STORAGE_ERROR for appends that fail "
+                        "there until one succeeds again, with one line a minute at most (%s so far)",
+                        directory, *tp, exc, counts)
+        state.announced = True
+        state.refused = 0
+        state.partitions.clear()
+        state.warned_at = now
+
+    def succeeded(self, directory: Path) -> None:
+        state = self._directories.get(directory)
+        if state is None or not state.failing:
+            return
+        state.failing = False
+        self._failing -= 1
+        if state.announced:
+            log.info("log dir %s: appends succeed again after storage errors (%d more append(s) to %d partition(s) "
+                     "refused since the last warning)", directory, state.refused, len(state.partitions))
+            state.announced = False
+            state.refused = 0
+            state.partitions.clear()
+
+
 class ControlBatchFromClient(InvalidRecordBatch):
     """Transaction markers are the broker's to write: Kafka answers INVALID_RECORD."""
 
@@ -92,7 +162,6 @@ class Partition:
         self.isr_size = isr_size
         self.producer_state = ProducerStateManager()
         self._waiters: list[asyncio.Future] = []
-        self.storage_failing = False  # the last append failed on a storage error
 
     @property
     def high_watermark(self) -> int:
@@ -145,6 +214,7 @@ class ReplicaManager:
         self.broker_id = broker_id
         self.log_config_for = log_config_for
         self._partitions: dict[TopicPartition, Partition] = {}
+        self.storage_errors = StorageErrorLog()
         # Retention must never delete data consumers cannot see yet (above the high-water mark).
         log_manager.high_watermark_of = self._high_watermark_of
 
@@ -197,10 +267,7 @@ class ReplicaManager:
         try:
             outcome = partition.append(records, now_ms())
         except OSError as exc:
-            if not partition.storage_failing:
-                log.warning("%s-%d: append failed (%s); answering KAFKA_STORAGE_ERROR until appends succeed again",
-                            topic, index, exc)
-                partition.storage_failing = True
+            self.storage_errors.failed(partition.log.directory.parent, (topic, index), exc)
             return AppendOutcome(ErrorCode.kafka_storage_error, message=f"storage error: {exc.strerror or exc}")
         except ControlBatchFromClient as exc:
             return AppendOutcome(ErrorCode.invalid_record, message=str(exc))
@@ -216,9 +283,8 @@ class ReplicaManager:
             return AppendOutcome(ErrorCode.message_too_large, message=str(exc))
         except ProducerStateError as exc:
             return AppendOutcome(ErrorCode(exc.error_code), message=str(exc))
-        if partition.storage_failing:
-            log.info("%s-%d: appends succeed again after storage errors", topic, index)
-            partition.storage_failing = False
+        if self.storage_errors.any_failing:  # (the produce path pays one attribute test)
+            self.storage_errors.succeeded(partition.log.directory.parent)
         return outcome
 
     # -- fetch ------------------------------------------------------------------------------------
