@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from typing import Any, Callable
 
 import cramjam
 import lz4.frame
@@ -60,29 +61,41 @@ def _too_many_frames(codec: str, what: str) -> DecompressionError:
     return DecompressionError(f"{codec}: more than {limit} concatenated {what}")
 
 
-def _gzip(data: bytes, limit: int) -> bytes:
-    # Each member is fed in slices from its start position: zlib copies whatever follows the end of a
-    # member into ``unused_data``, so feeding the whole rest would copy it again after every member.
+def _concatenated(data: bytes, limit: int, codec: str, unit: str, start: Callable[[], Any],
+                  feed: Callable[[Any, memoryview, int], bytes], error: type[Exception]) -> bytes:
+    """Decode up to MAX_FRAMES concatenated gzip members or zstd frames, walking by position.
+
+    Each ``unit`` is fed in slices of _SLICE bytes from its start (``feed(decoder, piece, room)``, where
+    ``room`` is how much more output the bound allows); where it ends inside a slice, the decoder holds the
+    rest in ``unused_data`` and the next one starts there. Feeding the whole rest at once instead would
+    copy it into ``unused_data`` again after every unit: quadratic in the number of units.
+    """
     out = bytearray()
     view = memoryview(data)
-    position, end, members = 0, len(data), 0
+    position, end, units = 0, len(data), 0
     while position < end:
-        members += 1
-        if members > MAX_FRAMES:
-            raise _too_many_frames("gzip", "members")
-        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-        while not inflater.eof:
-            if position >= end:
-                raise DecompressionError("gzip: truncated stream")
-            piece = view[position : position + _SLICE]
-            try:
-                out += inflater.decompress(piece, limit + 1 - len(out))
-            except zlib.error as exc:
-                raise DecompressionError(f"gzip: {exc}") from None
-            if len(out) > limit:  # output stops at limit + 1: the bound is passed
-                raise _too_large(limit)
-            position += len(piece) - len(inflater.unconsumed_tail) - len(inflater.unused_data)
+        units += 1
+        if units > MAX_FRAMES:
+            raise _too_many_frames(codec, unit + "s")
+        decoder = start()
+        try:
+            while not decoder.eof:
+                if position >= end:
+                    raise DecompressionError(f"{codec}: truncated {unit}")
+                piece = view[position : position + _SLICE]
+                out += feed(decoder, piece, limit + 1 - len(out))
+                position += len(piece)
+                if len(out) > limit:  # (zlib stops at limit + 1, with input left over)
+                    raise _too_large(limit)
+        except error as exc:
+            raise DecompressionError(f"{codec}: {exc}") from None
+        position -= len(decoder.unused_data)
     return bytes(out)
+
+
+def _gzip(data: bytes, limit: int) -> bytes:
+    return _concatenated(data, limit, "gzip", "member", lambda: zlib.decompressobj(wbits=16 + zlib.MAX_WBITS),
+                         lambda inflater, piece, room: inflater.decompress(piece, room), zlib.error)
 
 
 def _snappy_block(block, limit: int) -> bytes:
@@ -136,29 +149,10 @@ def _lz4(data: bytes, limit: int) -> bytes:
 
 def _zstd(data: bytes, limit: int) -> bytes:
     # zstandard's decompressobj has no output bound, so input goes in small slices and the output is
-    # checked after each: one slice can inflate to at most ~256 times its size (RLE blocks). A frame that
-    # ends inside a slice leaves the rest in ``unused_data``; the next frame starts at that position.
-    out = bytearray()
-    view = memoryview(data)
-    position, end, frames = 0, len(data), 0
-    while position < end:
-        frames += 1
-        if frames > MAX_FRAMES:
-            raise _too_many_frames("zstd", "frames")
-        decompressor = zstandard.ZstdDecompressor().decompressobj()
-        try:
-            while not decompressor.eof:
-                if position >= end:
-                    raise DecompressionError("zstd: truncated frame")
-                piece = view[position : position + _SLICE]
-                out += decompressor.decompress(piece)
-                position += len(piece)
-                if len(out) > limit:
-                    raise _too_large(limit)
-        except zstandard.ZstdError as exc:
-            raise DecompressionError(f"zstd: {exc}") from None
-        position -= len(decompressor.unused_data)
-    return bytes(out)
+    # checked after each: one slice can inflate to at most ~256 times its size (RLE blocks).
+    context = zstandard.ZstdDecompressor()  # one context for all frames, used by one frame at a time
+    return _concatenated(data, limit, "zstd", "frame", context.decompressobj,
+                         lambda decompressor, piece, room: decompressor.decompress(piece), zstandard.ZstdError)
 
 
 _CODECS = {GZIP: _gzip, SNAPPY: _snappy, LZ4: _lz4, ZSTD: _zstd}
