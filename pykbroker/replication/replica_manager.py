@@ -16,7 +16,7 @@ the partition retries the disk on its next append: it recovers by itself when sp
 per log directory, not per partition (a full disk fails every partition on it: 10,000 partitions must not
 mean 10,000 lines): one WARN when appends in a directory start failing, then at most one WARN a minute
 with the count of appends and partitions refused meanwhile, and one INFO when an append in that directory
-succeeds again.
+succeeds again (StorageErrorLog, which also bounds the lines of a directory that flaps).
 """
 
 from __future__ import annotations
@@ -90,16 +90,23 @@ class _DirectoryErrors:
     refused: int = 0  # appends answered KAFKA_STORAGE_ERROR since the last line
     partitions: set[TopicPartition] = field(default_factory=set)  # ... to these partitions
     warned_at: float = float("-inf")  # clock time of the last WARN
+    window_start: float = float("-inf")  # the current interval, for the WARNs of new episodes
+    window_warnings: int = 0
 
 
 class StorageErrorLog:
-    """Storage-error lines per log directory, whatever the number of partitions: a WARN when appends there
-    start failing, then at most one WARN every ``interval_s`` (counting the appends and partitions refused
-    meanwhile), and an INFO when an append there succeeds again. A directory that flaps (one partition
-    failing, others appending) still gets at most one WARN an interval, and an INFO only after a WARN."""
+    """Storage-error lines per log directory, whatever the number of partitions on it.
 
-    def __init__(self, interval_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+    A WARN when appends there start failing; while they go on, one WARN an interval at most, counting the
+    appends and partitions refused meanwhile; an INFO when an append there succeeds again. A directory
+    that flaps (one partition failing while others append) gets at most ``burst`` failing/succeeding
+    pairs an interval; failures beyond that are counted into the next WARN, and only an announced episode
+    gets its INFO.
+    """
+
+    def __init__(self, interval_s: float = 60.0, burst: int = 3, clock: Callable[[], float] = time.monotonic) -> None:
         self.interval_s = interval_s
+        self.burst = burst
         self._clock = clock
         self._directories: dict[Path, _DirectoryErrors] = {}
         self._failing = 0  # directories whose last append failed
@@ -118,17 +125,22 @@ class StorageErrorLog:
         state.refused += 1
         state.partitions.add(tp)
         now = self._clock()
-        if now - state.warned_at < self.interval_s:
-            return
-        counts = f"{state.refused} append(s) to {len(state.partitions)} partition(s) refused"
+        if now - state.window_start >= self.interval_s:
+            state.window_start, state.window_warnings = now, 0
         if state.announced:
-            log.warning("log dir %s: appends still fail: %s in the last %.0f s (last: %s-%d, %s)",
-                        directory, counts, now - state.warned_at, *tp, exc)
+            if now - state.warned_at < self.interval_s:
+                return
+            log.warning("log dir %s: appends still fail: %d append(s) to %d partition(s) refused in the last %.0f s "
+                        "(last: %s-%d, %s)", directory, state.refused, len(state.partitions), now - state.warned_at,
+                        *tp, exc)
         else:
+            if state.window_warnings >= self.burst:
+                return
             log.warning("log dir %s: append to %s-%d failed (%s); answering KAFKA_STORAGE_ERROR for appends that fail "
-                        "there until one succeeds again, with one line a minute at most (%s so far)",
-                        directory, *tp, exc, counts)
-        state.announced = True
+                        "there until one succeeds again, with one line a minute at most (%d append(s) to %d "
+                        "partition(s) refused so far)", directory, *tp, exc, state.refused, len(state.partitions))
+            state.announced = True
+        state.window_warnings += 1
         state.refused = 0
         state.partitions.clear()
         state.warned_at = now
@@ -267,6 +279,7 @@ class ReplicaManager:
         try:
             outcome = partition.append(records, now_ms())
         except OSError as exc:
+            log.debug("%s-%d: append refused with KAFKA_STORAGE_ERROR: %s", topic, index, exc)
             self.storage_errors.failed(partition.log.directory.parent, (topic, index), exc)
             return AppendOutcome(ErrorCode.kafka_storage_error, message=f"storage error: {exc.strerror or exc}")
         except ControlBatchFromClient as exc:

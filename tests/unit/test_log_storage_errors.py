@@ -83,12 +83,17 @@ def test_a_full_disk_under_many_partitions_logs_per_directory_not_per_partition(
     manager.shutdown()
 
 
-def test_a_directory_that_flaps_still_logs_at_most_one_warning_an_interval(tmp_path, caplog):
-    errors = StorageErrorLog(interval_s=60, clock=lambda: 5.0)
+def test_a_directory_that_flaps_logs_a_bounded_number_of_lines_an_interval(tmp_path, caplog):
+    clock = [5.0]
+    errors = StorageErrorLog(interval_s=60, burst=3, clock=lambda: clock[0])
     caplog.set_level("INFO", logger="pykbroker.replication.replica_manager")
     failure = OSError(errno.EIO, "Input/output error")
     for _ in range(100):  # one partition keeps failing while another appends
         errors.failed(tmp_path, ("t", 0), failure)
         errors.succeeded(tmp_path)
-    assert [r.levelname for r in caplog.records] == ["WARNING", "INFO"]
+    assert [r.levelname for r in caplog.records] == ["WARNING", "INFO"] * 3
     assert not errors.any_failing
+    clock[0] += 60
+    errors.failed(tmp_path, ("t", 1), failure)  # a new interval: the count of what went unlogged
+    assert errors.any_failing
+    assert caplog.records[-1].getMessage().endswith("(98 append(s) to 2 partition(s) refused so far)")
