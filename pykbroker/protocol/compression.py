@@ -10,9 +10,9 @@ so the work is linear in the payload and a batch of thousands of tiny frames is 
 Codecs (the batch attributes' low three bits):
 - 1 gzip: one or more gzip members (zlib, standard library), at most MAX_FRAMES.
 - 2 snappy: the xerial framing the Java client writes (magic ``\\x82SNAPPY\\x00``, two int32 versions,
-  then int32-length-prefixed raw snappy blocks, at most MAX_XERIAL_BLOCKS), or one raw snappy block (what librdkafka writes; Kafka's
-  xerial reader falls back to raw too). A raw block states its uncompressed length up front, which is
-  checked against the bound before anything is allocated (cramjam).
+  then int32-length-prefixed raw snappy blocks, at most MAX_XERIAL_BLOCKS), or one raw snappy block (what
+  librdkafka writes; Kafka's xerial reader falls back to raw too). A raw block states its uncompressed
+  length up front, which is checked against the bound before anything is allocated (cramjam).
 - 3 lz4: the LZ4 frame format (Kafka's KafkaLZ4BlockOutputStream for magic v2 writes standard frames).
 - 4 zstd: one or more zstd frames (zstandard), at most MAX_FRAMES, fed in slices so that the output bound
   holds.

@@ -216,7 +216,10 @@ def test_controller_requests_are_not_held_to_the_client_request_element_budget()
     # UpdateMetadata names every partition of the cluster with its replicas and ISR: past 250,000
     # elements at ~36,000 partitions. The per-array bound against the frame's bytes still holds.
     from pykbroker.protocol.guard import MAX_REQUEST_ELEMENTS
-    from pykbroker.protocol.interbroker.leader_and_isr.v7.request import LeaderAndIsrPartitionState, LeaderAndIsrTopicState
+    from pykbroker.protocol.interbroker.leader_and_isr.v7.request import (
+        LeaderAndIsrPartitionState,
+        LeaderAndIsrTopicState,
+    )
 
     replicas = tuple(range(MAX_REQUEST_ELEMENTS + 1))
     state = LeaderAndIsrPartitionState(partition_index=0, controller_epoch=1, leader=1, leader_epoch=1, isr=replicas,

@@ -76,10 +76,12 @@ def test_a_full_disk_under_many_partitions_logs_per_directory_not_per_partition(
         clock[0] += 31
         assert set(append_everywhere()) == {ErrorCode.kafka_storage_error}
     assert [r.levelname for r in caplog.records] == ["WARNING", "WARNING"]  # the first refusal past the minute
-    assert "appends still fail: 80 append(s) to 40 partition(s) refused in the last 61 s" in caplog.records[1].getMessage()
+    assert "appends still fail: 80 append(s) to 40 partition(s) refused in the last 61 s" in \
+        caplog.records[1].getMessage()
     assert set(append_everywhere()) == {ErrorCode.none}  # space is back: every partition appends again
     assert [r.levelname for r in caplog.records] == ["WARNING", "WARNING", "INFO"]
-    assert "appends succeed again after storage errors (39 more append(s) to 39 partition(s)" in caplog.records[2].getMessage()
+    assert "appends succeed again after storage errors (39 more append(s) to 39 partition(s)" in \
+        caplog.records[2].getMessage()
     manager.shutdown()
 
 
