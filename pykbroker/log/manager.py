@@ -43,7 +43,6 @@ from pykbroker.log.errors import LogDirectoryInUse
 from pykbroker.log.checkpoint import CorruptCheckpoint, CorruptFile, read_checkpoint, write_atomically, write_checkpoint
 from pykbroker.log.partition_log import (
     FSYNC_POLICIES,
-    DelayedClose,
     FlushJob,
     PartitionLog,
     log_dir_name,
@@ -137,7 +136,6 @@ class LogManager:
         # Set by the replication layer: retention never deletes a segment at or above the high-water mark.
         self.high_watermark_of: Callable[[str, int], int | None] | None = None
         self._logs: dict[TopicPartition, PartitionLog] = {}
-        self._deleted = DelayedClose()  # deleted topics' logs: their descriptors close after a delay
         self._awaiting_removal: list[Path] = []  # deleted logs' directories, removed once the deletion is durable
         # One worker: fsyncs and checkpoint writes leave the event loop but never overlap each other.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-flush")
@@ -276,9 +274,8 @@ class LogManager:
     def delete_topic(self, topic: str) -> list[Path]:
         """Stop serving the topic's logs: rename each directory to ``<topic>-<p>.<uuid>-delete`` now and
         return them. Their files stay until ``remove_deleted`` (after the deletion is durable in the
-        metadata; ``take_deleted`` hands them over) or the next load. The logs' descriptors close after
-        file.delete.delay.ms; a fetch still sending their segments holds pins (log/files.py), which keep
-        those files open until it is done, whatever the delay.
+        metadata; ``take_deleted`` hands them over) or the next load. The descriptors close now, except
+        those pinned by fetches still sending them (FileSlice): those close when the fetch lets go.
         """
         doomed_dirs = []
         for key in [key for key in self._logs if key[0] == topic]:
@@ -286,7 +283,7 @@ class LogManager:
             doomed = self.data_dir / aside_dir_name(*key, DELETE_DIR_SUFFIX)
             os.rename(partition_log.directory, doomed)
             doomed_dirs.append(doomed)
-            self._deleted.add(partition_log.config.file_delete_delay_ms, partition_log.abandon)
+            partition_log.abandon()
         self._awaiting_removal.extend(doomed_dirs)
         return doomed_dirs
 
@@ -333,7 +330,6 @@ class LogManager:
                     await self.flush_async(due)
                     await self.write_checkpoints_async()
                     next_flush = time.monotonic() + self.flush_interval_ms / 1000
-                self._deleted.run_due()
             except OSError as exc:
                 if not failing:
                     log.warning("log upkeep in %s failed (%s); retrying every %.1f s", self.data_dir, exc, tick_s)
@@ -389,7 +385,6 @@ class LogManager:
         self._remover.shutdown(wait=True)
         for partition_log in self._logs.values():
             partition_log.close()
-        self._deleted.run_due(everything=True)
         self.write_checkpoints()
         marker = self.data_dir / CLEAN_SHUTDOWN_MARKER
         fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

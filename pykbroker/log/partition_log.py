@@ -63,23 +63,34 @@ def parse_log_dir_name(name: str) -> tuple[str, int] | None:
 
 @dataclass(frozen=True)
 class FileSlice:
-    """A byte range of a segment file that ends at a batch boundary.
+    """A byte range of a segment file that ends at a batch boundary, read with ``pread`` on the segment's
+    descriptor when the response is written.
 
-    ``fd`` is the log's own descriptor for the file (use it for ``sendfile``); the slice pins it, so it
-    stays open (even if the segment is deleted meanwhile) for as long as the slice is referenced: keep the
-    slice, not just its ``fd``, until the bytes are sent.
+    The slice pins that descriptor: it stays open (even if retention or a topic deletion unlinks the file
+    meanwhile) for as long as the slice is referenced, and closes when the last pin goes if the segment was
+    closed meanwhile. Keep the slice, not just its ``fd``, until the bytes are sent.
     """
 
     path: Path
     position: int
     length: int
-    fd: int = field(default=-1, compare=False, repr=False)
-    pin: Pin | None = field(default=None, compare=False, repr=False)
+    fd: int = field(compare=False, repr=False)
+    pin: Pin = field(compare=False, repr=False)
 
     @classmethod
     def of(cls, segment: Segment, position: int, length: int) -> "FileSlice":
         pin = segment.pin()
         return cls(segment.log_path, position, length, pin.fd, pin)
+
+    def chunks(self, size: int) -> Iterator[bytes]:
+        """The slice's bytes, at most ``size`` at a time."""
+        position, end = self.position, self.position + self.length
+        while position < end:
+            chunk = os.pread(self.fd, min(size, end - position), position)
+            if not chunk:
+                raise OSError(f"{self.path} ends at {position}, before the {end} bytes being sent")
+            position += len(chunk)
+            yield chunk
 
 
 @dataclass
@@ -87,43 +98,12 @@ class ReadResult:
     slices: list[FileSlice]
 
     def read_bytes(self) -> bytes:
-        """The slices' bytes, concatenated (``pread`` on the log's open descriptors; no file is reopened)."""
-        parts = []
-        for piece in self.slices:
-            if piece.fd >= 0:
-                parts.append(os.pread(piece.fd, piece.length, piece.position))
-            else:
-                with open(piece.path, "rb") as file:
-                    file.seek(piece.position)
-                    parts.append(file.read(piece.length))
-        return b"".join(parts)
+        """The slices' bytes, concatenated (tests and tools; a fetch response sends them chunk by chunk)."""
+        return b"".join(chunk for piece in self.slices for chunk in piece.chunks(max(piece.length, 1)))
 
     @property
     def size(self) -> int:
         return sum(piece.length for piece in self.slices)
-
-
-class DelayedClose:
-    """Closers that run only after a delay: deleted files stay readable for fetches still sending them."""
-
-    def __init__(self) -> None:
-        self._pending: list[tuple[float, Callable[[], None]]] = []
-
-    def add(self, delay_ms: int, close: Callable[[], None]) -> None:
-        self._pending.append((time.monotonic() + delay_ms / 1000, close))
-        self.run_due()
-
-    def run_due(self, *, everything: bool = False) -> None:
-        if not self._pending:
-            return
-        now = time.monotonic()
-        keep = []
-        for deadline, close in self._pending:
-            if everything or deadline <= now:
-                close()
-            else:
-                keep.append((deadline, close))
-        self._pending = keep
 
 
 @dataclass(frozen=True)
@@ -184,7 +164,6 @@ class PartitionLog:
         self._epochs = LeaderEpochCache(directory / LeaderEpochCache.FILE_NAME)
         self._dirty: set[Segment] = set()  # appended to since the last flush
         self._directory_changed = False  # segment files created or deleted since the last flush
-        self._retired = DelayedClose()  # deleted segments' descriptors
         self._truncations = 0
         self._index_write_failed = False  # the last flush could not write index entries (warned once)
         self._closed = False
@@ -514,7 +493,7 @@ class PartitionLog:
         return segment
 
     def maybe_roll(self, now_ms: int) -> None:
-        """Roll by segment.ms even without appends (the background task calls this); close expired files."""
+        """Roll by segment.ms even without appends (the background task calls this)."""
         segment = self._active
         if (
             segment.size
@@ -522,7 +501,6 @@ class PartitionLog:
             and now_ms - segment.rolling_base_ms > self._config.segment_ms
         ):
             self._roll()
-        self._retired.run_due()
 
     def roll(self) -> None:
         """Force a new active segment now (if the current one has data)."""
@@ -536,14 +514,14 @@ class PartitionLog:
         Stops before any batch whose last offset >= ``upper_bound`` (exclusive, e.g. the high-water mark;
         None = log end), and before a further segment when the descriptor budget has no room for another
         pinned file. With ``min_one`` the first batch is returned whole even if larger than max_bytes.
-        Raises OffsetOutOfRange outside [log start, log end].
+        Raises OffsetOutOfRange outside [log start, log end]; a closed log (its topic deleted) reads empty.
         """
         log_end = self._log_end_offset
         if offset < self._log_start_offset or offset > log_end:
             raise OffsetOutOfRange(offset, self._log_start_offset, log_end)
         limit = log_end if upper_bound is None else min(upper_bound, log_end)
         slices: list[FileSlice] = []
-        if offset >= limit:
+        if offset >= limit or self._closed:  # closed: deleted under a long poll that still holds the log
             return ReadResult(slices)
         interval = self._config.index_interval_bytes
         remaining = max_bytes
@@ -752,7 +730,6 @@ class PartitionLog:
                 return True
 
             deleted += self._delete_leading(over_size, bound)
-        self._retired.run_due()
         return deleted
 
     def _segment_age_timestamp(self, segment: Segment) -> int:
@@ -780,11 +757,16 @@ class PartitionLog:
         return count
 
     def _retire(self, segments: list[Segment]) -> None:
-        """Unlink deleted segments now; close their descriptors after file.delete.delay.ms (fetches in flight)."""
+        """Unlink deleted segments and close their descriptors now.
+
+        A fetch still sending one holds its FileSlice's pin: the descriptor then closes when that pin goes,
+        so file.delete.delay.ms needs no timer here (Kafka renames the files and deletes them after that
+        delay for the same reason: reads in flight).
+        """
         for segment in segments:
             segment.delete_files()
             self._dirty.discard(segment)
-            self._retired.add(self._config.file_delete_delay_ms, segment.close)
+            segment.close()
         if segments:
             self._directory_changed = True
 
@@ -848,12 +830,7 @@ class PartitionLog:
         """Close every descriptor without writing anything (the log's directory is being deleted)."""
         for segment in self._segments:
             segment.close()
-        self._retired.run_due(everything=True)
         self._closed = True
-
-    def close_expired_files(self) -> None:
-        """Close descriptors of deleted segments whose file.delete.delay.ms has passed."""
-        self._retired.run_due()
 
     def __repr__(self) -> str:
         return (

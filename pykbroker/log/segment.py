@@ -2,7 +2,7 @@
 
 The ``.log`` file is a plain concatenation of record batches v2. Reads never load batch bodies into Python:
 they walk 61-byte batch headers with ``pread`` of small chunks, starting from the sparse offset index, and
-hand back byte ranges for ``sendfile``. Writes are one ``pwrite()`` per append call, at the segment's
+hand back byte ranges (FileSlice) that the connection reads with ``pread`` as the socket drains. Writes are one ``pwrite()`` per append call, at the segment's
 valid size: a write that fails half-way (disk full) is cut off again, and even if that cut fails the next
 append overwrites the torn bytes instead of landing after them.
 

@@ -3,16 +3,19 @@
 The broker stores what producers send as it is; it decompresses a batch only to check that its records
 agree with its header (count, offset deltas, lengths, timestamps), as Kafka's LogValidator does. Every
 codec here stops once the output would pass ``limit`` bytes and raises ``DecompressionError``, so a small
-"zip bomb" batch cannot make the broker allocate more than ``limit`` (+1) bytes.
+"zip bomb" batch cannot make the broker allocate more than ``limit`` (+1) bytes. Input is walked by
+position, never re-sliced by copying, and the number of concatenated frames, members or blocks is bounded,
+so the work is linear in the payload and a batch of thousands of tiny frames is refused, not spun on.
 
 Codecs (the batch attributes' low three bits):
-- 1 gzip: one or more gzip members (zlib, standard library).
+- 1 gzip: one or more gzip members (zlib, standard library), at most MAX_FRAMES.
 - 2 snappy: the xerial framing the Java client writes (magic ``\\x82SNAPPY\\x00``, two int32 versions,
-  then int32-length-prefixed raw snappy blocks), or one raw snappy block (what librdkafka writes; Kafka's
-  xerial reader falls back to raw too). A raw block states its uncompressed length up front, which is
-  checked against the bound before anything is allocated (cramjam).
+  then int32-length-prefixed raw snappy blocks, at most MAX_XERIAL_BLOCKS), or one raw snappy block (what
+  librdkafka writes; Kafka's xerial reader falls back to raw too). A raw block states its uncompressed
+  length up front, which is checked against the bound before anything is allocated (cramjam).
 - 3 lz4: the LZ4 frame format (Kafka's KafkaLZ4BlockOutputStream for magic v2 writes standard frames).
-- 4 zstd: one or more zstd frames (zstandard), fed in slices so that the output bound holds.
+- 4 zstd: one or more zstd frames (zstandard), at most MAX_FRAMES, fed in slices so that the output bound
+  holds.
 Codecs 5-7 do not exist: ``UnknownCodec``.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from typing import Any, Callable
 
 import cramjam
 import lz4.frame
@@ -30,7 +34,14 @@ GZIP, SNAPPY, LZ4, ZSTD = 1, 2, 3, 4
 XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_HEADER_SIZE = 16  # magic, int32 version, int32 minimum compatible version
 _INT32 = struct.Struct(">i")
-_ZSTD_SLICE = 4096
+_SLICE = 4096  # compressed bytes fed to gzip and zstd at a time
+# Producers write one gzip member or zstd frame per batch (the Java client and librdkafka alike); Kafka's
+# readers accept concatenated ones, and so does this module, up to this many. Without a bound a 1 MB batch
+# of empty 9-byte zstd frames is 115,000 frames: seconds of the event loop for nothing.
+MAX_FRAMES = 1000
+# Xerial blocks hold 32 KiB of input each (snappy-java's default block size): 4096 of them are twice the
+# 64 MiB the validator lets a batch inflate to. Empty blocks are otherwise ~200,000 a megabyte.
+MAX_XERIAL_BLOCKS = 4096
 
 
 class DecompressionError(ValueError):
@@ -45,22 +56,46 @@ def _too_large(limit: int) -> DecompressionError:
     return DecompressionError(f"decompresses to more than {limit} bytes")
 
 
-def _gzip(data: bytes, limit: int) -> bytes:
+def _too_many_frames(codec: str, what: str) -> DecompressionError:
+    limit = MAX_XERIAL_BLOCKS if codec == "snappy" else MAX_FRAMES
+    return DecompressionError(f"{codec}: more than {limit} concatenated {what}")
+
+
+def _concatenated(data: bytes, limit: int, codec: str, unit: str, start: Callable[[], Any],
+                  feed: Callable[[Any, memoryview, int], bytes], error: type[Exception]) -> bytes:
+    """Decode up to MAX_FRAMES concatenated gzip members or zstd frames, walking by position.
+
+    Each ``unit`` is fed in slices of _SLICE bytes from its start (``feed(decoder, piece, room)``, where
+    ``room`` is how much more output the bound allows); where it ends inside a slice, the decoder holds the
+    rest in ``unused_data`` and the next one starts there. Feeding the whole rest at once instead would
+    copy it into ``unused_data`` again after every unit: quadratic in the number of units.
+    """
     out = bytearray()
-    while data:
-        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    view = memoryview(data)
+    position, end, units = 0, len(data), 0
+    while position < end:
+        units += 1
+        if units > MAX_FRAMES:
+            raise _too_many_frames(codec, unit + "s")
+        decoder = start()
         try:
-            out += inflater.decompress(data, limit + 1 - len(out))
-        except zlib.error as exc:
-            raise DecompressionError(f"gzip: {exc}") from None
-        if len(out) > limit:
-            raise _too_large(limit)
-        if not inflater.eof:
-            if inflater.unconsumed_tail:  # output stopped at the bound with input left over
-                raise _too_large(limit)
-            raise DecompressionError("gzip: truncated stream")
-        data = inflater.unused_data
+            while not decoder.eof:
+                if position >= end:
+                    raise DecompressionError(f"{codec}: truncated {unit}")
+                piece = view[position : position + _SLICE]
+                out += feed(decoder, piece, limit + 1 - len(out))
+                position += len(piece)
+                if len(out) > limit:  # (zlib stops at limit + 1, with input left over)
+                    raise _too_large(limit)
+        except error as exc:
+            raise DecompressionError(f"{codec}: {exc}") from None
+        position -= len(decoder.unused_data)
     return bytes(out)
+
+
+def _gzip(data: bytes, limit: int) -> bytes:
+    return _concatenated(data, limit, "gzip", "member", lambda: zlib.decompressobj(wbits=16 + zlib.MAX_WBITS),
+                         lambda inflater, piece, room: inflater.decompress(piece, room), zlib.error)
 
 
 def _snappy_block(block, limit: int) -> bytes:
@@ -81,7 +116,11 @@ def _snappy(data: bytes, limit: int) -> bytes:
     pos = _XERIAL_HEADER_SIZE
     if len(data) < pos:
         raise DecompressionError("snappy: truncated xerial header")
+    blocks = 0
     while pos < len(data):
+        blocks += 1
+        if blocks > MAX_XERIAL_BLOCKS:
+            raise _too_many_frames("snappy", "xerial blocks")
         if pos + 4 > len(data):
             raise DecompressionError("snappy: truncated xerial block length")
         (length,) = _INT32.unpack_from(data, pos)
@@ -111,23 +150,9 @@ def _lz4(data: bytes, limit: int) -> bytes:
 def _zstd(data: bytes, limit: int) -> bytes:
     # zstandard's decompressobj has no output bound, so input goes in small slices and the output is
     # checked after each: one slice can inflate to at most ~256 times its size (RLE blocks).
-    out = bytearray()
-    view = memoryview(data)
-    while view:
-        decompressor = zstandard.ZstdDecompressor().decompressobj()
-        try:
-            while view and not decompressor.eof:
-                out += decompressor.decompress(view[:_ZSTD_SLICE])
-                view = view[_ZSTD_SLICE:]
-                if len(out) > limit:
-                    raise _too_large(limit)
-        except zstandard.ZstdError as exc:
-            raise DecompressionError(f"zstd: {exc}") from None
-        if not decompressor.eof:
-            raise DecompressionError("zstd: truncated frame")
-        if decompressor.unused_data:  # the next frame began inside the last slice
-            view = memoryview(decompressor.unused_data + view.tobytes())
-    return bytes(out)
+    context = zstandard.ZstdDecompressor()  # one context for all frames, used by one frame at a time
+    return _concatenated(data, limit, "zstd", "frame", context.decompressobj,
+                         lambda decompressor, piece, room: decompressor.decompress(piece), zstandard.ZstdError)
 
 
 _CODECS = {GZIP: _gzip, SNAPPY: _snappy, LZ4: _lz4, ZSTD: _zstd}

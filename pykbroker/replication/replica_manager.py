@@ -12,17 +12,20 @@ for that partition, a retriable error, so clients back off and retry instead of 
 connection. The log has cut the partial write, so nothing half-written is ever served or acknowledged.
 Kafka would mark the whole log dir offline and, with no log dir left, halt the broker; a single broker
 that stops on a full disk is the outage we want to avoid, so here only the failing append is refused and
-the partition retries the disk on its next append: it recovers by itself when space returns. One WARN
-when a partition starts failing and one INFO when it appends again (not a line per refused request).
+the partition retries the disk on its next append: it recovers by itself when space returns. Logging is
+per log directory, not per partition (a full disk fails every partition on it: 10,000 partitions must not
+mean 10,000 lines): one WARN when appends in a directory start failing, then at most one WARN a minute
+with the count of appends and partitions refused meanwhile, and one INFO when an append in that directory
+succeeds again (StorageErrorLog, which also bounds the lines of a directory that flaps).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from pykbroker.log.config import LogConfig
@@ -60,9 +63,9 @@ class AppendOutcome:
 
 class FileRecords:
     """The record data of a read, left in the segment files: its length now, its bytes chunk by chunk
-    when the response is written (``pread`` on the log's descriptors: each slice pins its segment file
-    open, even if the segment is deleted meanwhile, for as long as this object is referenced, so a
-    response being sent can always finish)."""
+    when the response is written (FileSlice.chunks: ``pread`` on the log's descriptors; each slice pins its
+    segment file open, even if the segment is deleted meanwhile, for as long as this object is referenced,
+    so a response being sent can always finish)."""
 
     __slots__ = ("slices", "_size")
 
@@ -75,18 +78,85 @@ class FileRecords:
 
     def chunks(self, size: int) -> Iterator[bytes]:
         for piece in self.slices:
-            fd = piece.fd if piece.fd >= 0 else os.open(piece.path, os.O_RDONLY)
-            try:
-                position, end = piece.position, piece.position + piece.length
-                while position < end:
-                    chunk = os.pread(fd, min(size, end - position), position)
-                    if not chunk:
-                        raise OSError(f"{piece.path} ends at {position}, before the {end} bytes being sent")
-                    position += len(chunk)
-                    yield chunk
-            finally:
-                if fd != piece.fd:
-                    os.close(fd)
+            yield from piece.chunks(size)
+
+
+@dataclass(slots=True)
+class _DirectoryErrors:
+    """Storage errors in one log directory."""
+
+    failing: bool = False  # the last append in the directory failed
+    announced: bool = False  # ... and a WARN said so
+    refused: int = 0  # appends answered KAFKA_STORAGE_ERROR since the last line
+    partitions: set[TopicPartition] = field(default_factory=set)  # ... to these partitions
+    warned_at: float = float("-inf")  # clock time of the last WARN
+    window_start: float = float("-inf")  # the current interval, for the WARNs of new episodes
+    window_warnings: int = 0
+
+
+class StorageErrorLog:
+    """Storage-error lines per log directory, whatever the number of partitions on it.
+
+    A WARN when appends there start failing; while they go on, one WARN an interval at most, counting the
+    appends and partitions refused meanwhile; an INFO when an append there succeeds again. A directory
+    that flaps (one partition failing while others append) gets at most ``burst`` failing/succeeding
+    pairs an interval; failures beyond that are counted into the next WARN, and only an announced episode
+    gets its INFO.
+    """
+
+    def __init__(self, interval_s: float = 60.0, burst: int = 3, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.burst = burst
+        self._clock = clock
+        self._directories: dict[Path, _DirectoryErrors] = {}
+        self._failing = 0  # directories whose last append failed
+
+    @property
+    def any_failing(self) -> bool:
+        return self._failing > 0
+
+    def failed(self, directory: Path, tp: TopicPartition, exc: OSError) -> None:
+        state = self._directories.get(directory)
+        if state is None:
+            state = self._directories[directory] = _DirectoryErrors()
+        if not state.failing:
+            state.failing = True
+            self._failing += 1
+        state.refused += 1
+        state.partitions.add(tp)
+        now = self._clock()
+        if now - state.window_start >= self.interval_s:
+            state.window_start, state.window_warnings = now, 0
+        if state.announced:
+            if now - state.warned_at < self.interval_s:
+                return
+            log.warning("log dir %s: appends still fail: %d append(s) to %d partition(s) refused in the last %.0f s "
+                        "(last: %s-%d, %s)", directory, state.refused, len(state.partitions), now - state.warned_at,
+                        *tp, exc)
+        else:
+            if state.window_warnings >= self.burst:
+                return
+            log.warning("log dir %s: append to %s-%d failed (%s); answering KAFKA_STORAGE_ERROR for appends that fail "
+                        "there until one succeeds again, with one line a minute at most (%d append(s) to %d "
+                        "partition(s) refused so far)", directory, *tp, exc, state.refused, len(state.partitions))
+            state.announced = True
+        state.window_warnings += 1
+        state.refused = 0
+        state.partitions.clear()
+        state.warned_at = now
+
+    def succeeded(self, directory: Path) -> None:
+        state = self._directories.get(directory)
+        if state is None or not state.failing:
+            return
+        state.failing = False
+        self._failing -= 1
+        if state.announced:
+            log.info("log dir %s: appends succeed again after storage errors (%d more append(s) to %d partition(s) "
+                     "refused since the last warning)", directory, state.refused, len(state.partitions))
+            state.announced = False
+            state.refused = 0
+            state.partitions.clear()
 
 
 class ControlBatchFromClient(InvalidRecordBatch):
@@ -104,7 +174,6 @@ class Partition:
         self.isr_size = isr_size
         self.producer_state = ProducerStateManager()
         self._waiters: list[asyncio.Future] = []
-        self.storage_failing = False  # the last append failed on a storage error
 
     @property
     def high_watermark(self) -> int:
@@ -157,6 +226,7 @@ class ReplicaManager:
         self.broker_id = broker_id
         self.log_config_for = log_config_for
         self._partitions: dict[TopicPartition, Partition] = {}
+        self.storage_errors = StorageErrorLog()
         # Retention must never delete data consumers cannot see yet (above the high-water mark).
         log_manager.high_watermark_of = self._high_watermark_of
 
@@ -209,10 +279,8 @@ class ReplicaManager:
         try:
             outcome = partition.append(records, now_ms())
         except OSError as exc:
-            if not partition.storage_failing:
-                log.warning("%s-%d: append failed (%s); answering KAFKA_STORAGE_ERROR until appends succeed again",
-                            topic, index, exc)
-                partition.storage_failing = True
+            log.debug("%s-%d: append refused with KAFKA_STORAGE_ERROR: %s", topic, index, exc)
+            self.storage_errors.failed(partition.log.directory.parent, (topic, index), exc)
             return AppendOutcome(ErrorCode.kafka_storage_error, message=f"storage error: {exc.strerror or exc}")
         except ControlBatchFromClient as exc:
             return AppendOutcome(ErrorCode.invalid_record, message=str(exc))
@@ -228,9 +296,8 @@ class ReplicaManager:
             return AppendOutcome(ErrorCode.message_too_large, message=str(exc))
         except ProducerStateError as exc:
             return AppendOutcome(ErrorCode(exc.error_code), message=str(exc))
-        if partition.storage_failing:
-            log.info("%s-%d: appends succeed again after storage errors", topic, index)
-            partition.storage_failing = False
+        if self.storage_errors.any_failing:  # (the produce path pays one attribute test)
+            self.storage_errors.succeeded(partition.log.directory.parent)
         return outcome
 
     # -- fetch ------------------------------------------------------------------------------------

@@ -144,6 +144,93 @@ def test_a_frame_decoded_with_bytes_left_over_is_refused():
     assert body.controller_id == 1
 
 
+# -- the frame guard ----------------------------------------------------------------------------------
+
+HOSTILE_COUNT = b"\xff\xff\xff\xff\x0f"  # a compact length of 2^32-2: kio alone reserves 34 GB and aborts
+
+
+def _leader_and_isr_v7(**values):
+    from pykbroker.protocol.interbroker.leader_and_isr.v7.request import LeaderAndIsrRequest
+
+    fields = dict(controller_id=1, controller_epoch=1, broker_epoch=5, type_=0, topic_states=(), live_leaders=())
+    return LeaderAndIsrRequest(**{**fields, **values})
+
+
+def _hostile_frames() -> dict[str, tuple]:
+    """(direction, api key, version, frame without size prefix) with one count the frame cannot hold."""
+    empty = ib.encode_request(_leader_and_isr_v7(), correlation_id=7, client_id="1", size_prefix=False)
+    assert empty.endswith(b"\x01\x01\x00")  # topic_states, live_leaders (empty compact arrays), no tags
+    return {
+        # LeaderAndIsr v7 request: topic_states count.
+        "leader_and_isr_request": ("request", 4, 7, empty[:-3] + HOSTILE_COUNT + b"\x01\x00"),
+        # LeaderAndIsr v7 response: correlation id, header tags, error code, then the topics count.
+        "leader_and_isr_response": ("response", 4, 7, bytes.fromhex("00000007" "00" "0000") + HOSTILE_COUNT + b"\x00"),
+        # UpdateMetadata v8 response: correlation id, header tags, error code, then the body's tag count.
+        "update_metadata_response": ("response", 6, 8, bytes.fromhex("00000007" "00" "0000") + HOSTILE_COUNT),
+    }
+
+
+def test_hostile_counts_are_refused_by_the_guard_before_kio_reads_them():
+    """In a subprocess, as tests/unit/test_request_guard.py does: should a frame reach kio's reader, the
+    process aborts, and that fails this test only."""
+    frames = {name: (direction, key, version, frame.hex()) for name, (direction, key, version, frame)
+              in _hostile_frames().items()}
+    script = f"""
+from pykbroker.protocol import interbroker as ib
+from pykbroker.protocol.guard import MalformedRequest
+for name, (direction, key, version, frame) in {frames!r}.items():
+    frame = bytes.fromhex(frame)
+    try:
+        if direction == "request":
+            ib.decode_request(frame)
+        else:
+            ib.decode_response(key, version, frame)
+    except MalformedRequest as exc:
+        print("refused", name, exc)
+    except Exception as exc:
+        print("other", name, repr(exc))
+"""
+    import subprocess
+
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"decoder died with {result.returncode}: {result.stderr[-2000:]}"
+    refused = sorted(line.split()[1] for line in result.stdout.splitlines() if line.startswith("refused "))
+    assert refused == sorted(frames), result.stdout
+
+
+def test_the_guard_is_built_once_per_api_version_and_passes_valid_frames():
+    codec = ib.codec_for(4, 7)
+    assert codec.api_codec().check_request_body is codec.api_codec().check_request_body is codec.check_request_body
+    for frame in EXCERPT_FRAMES:
+        raw = bytes.fromhex(frame["hex"])
+        codec = ib.codec_for(frame["api_key"], frame["api_version"])
+        if frame["dir"] == "request":
+            _, start = codec.read_request_header(raw, 0)
+            assert codec.check_request_body(raw, start) == len(raw)
+        else:
+            _, start = codec.read_response_header(raw, 0)
+            assert codec.check_response_body(raw, start) == len(raw)
+
+
+def test_controller_requests_are_not_held_to_the_client_request_element_budget():
+    # UpdateMetadata names every partition of the cluster with its replicas and ISR: past 250,000
+    # elements at ~36,000 partitions. The per-array bound against the frame's bytes still holds.
+    from pykbroker.protocol.guard import MAX_REQUEST_ELEMENTS
+    from pykbroker.protocol.interbroker.leader_and_isr.v7.request import (
+        LeaderAndIsrPartitionState,
+        LeaderAndIsrTopicState,
+    )
+
+    replicas = tuple(range(MAX_REQUEST_ELEMENTS + 1))
+    state = LeaderAndIsrPartitionState(partition_index=0, controller_epoch=1, leader=1, leader_epoch=1, isr=replicas,
+                                       partition_epoch=1, replicas=replicas)
+    topic = LeaderAndIsrTopicState(topic_name="t", topic_id=uuid.UUID(int=1), partition_states=(state,))
+    frame = ib.encode_request(_leader_and_isr_v7(topic_states=(topic,)), correlation_id=1, client_id="1",
+                              size_prefix=False)
+    _, body = ib.decode_request(frame)
+    assert len(body.topic_states[0].partition_states[0].isr) == MAX_REQUEST_ELEMENTS + 1
+
+
 # -- building frames ----------------------------------------------------------------------------------
 
 

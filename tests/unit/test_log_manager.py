@@ -107,12 +107,26 @@ def test_log_start_offset_survives_restart(tmp_path):
     again.shutdown()
 
 
+def _open_segments_named(fragment: str) -> int:
+    """This process's descriptors on segment files whose path contains ``fragment`` (not the directories
+    that the remover thread's rmtree may hold open)."""
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{name}")
+            count += fragment in link and ".log" in link
+        except OSError:  # the listing's own descriptor, gone already
+            pass
+    return count
+
+
 def test_delete_topic_removes_directories_but_keeps_fetches_in_flight_readable(tmp_path):
     manager = LogManager(tmp_path)
     produce(manager, "gone", 0, 5)
     produce(manager, "gone", 1, 5)
     produce(manager, "kept", 0, 5)
     in_flight = manager.get("gone", 1).read(0, 1 << 20)
+    long_poll = manager.get("gone", 0)  # a parked fetch still holds the partition's log
     doomed = manager.delete_topic("gone")
     assert manager.get("gone", 0) is None and manager.get("gone", 1) is None
     # Renamed aside at once; the files go (in the remover thread, which shutdown waits for) only when the
@@ -120,7 +134,12 @@ def test_delete_topic_removes_directories_but_keeps_fetches_in_flight_readable(t
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir() and p.name.endswith("-delete")) == \
         sorted(d.name for d in doomed)
     assert manager.take_deleted() == doomed and manager.take_deleted() == []
+    # Closed at once but for the pinned one, which the fetch in flight still reads.
+    assert _open_segments_named("/gone-") == 1
     assert [h.base_offset for h in iter_headers(in_flight.read_bytes())] == [0, 2, 4, 6, 8]
+    assert long_poll.read(0, 1 << 20).slices == []  # reads empty, does not reopen a deleted file
+    del in_flight
+    assert _open_segments_named("/gone-") == 0
     manager.remove_deleted(doomed)
     manager.shutdown()
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["kept-0"]

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from pykbroker.log.config import LogConfig
 from pykbroker.log.errors import OffsetOutOfRange, RecordTooLarge, UnexpectedAppendOffset
 from pykbroker.log.partition_log import PartitionLog
+from pykbroker.replication.replica_manager import FileRecords
 from pykbroker.protocol.records import (
     TIMESTAMP_TYPE_MASK,
     CorruptRecordBatch,
@@ -562,14 +563,45 @@ def test_retention_by_size_and_high_watermark(tmp_path):
     log.close()
 
 
-def test_deleted_segment_stays_readable_for_a_fetch_in_flight(tmp_path):
-    config = LogConfig(segment_bytes=1024, index_interval_bytes=128, retention_ms=0, file_delete_delay_ms=60_000)
+def _open_files_under(directory: Path) -> int:
+    """This process's descriptors on files that are, or were before being unlinked, under ``directory``."""
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{name}").startswith(str(directory) + "/")
+        except OSError:  # the listing's own descriptor, gone already
+            pass
+    return count
+
+
+def test_deleted_segment_stays_readable_for_a_fetch_in_flight_and_closes_when_the_fetch_lets_go(tmp_path):
+    # The default file.delete.delay.ms (60 s): pins, not a timer, keep in-flight reads working.
+    config = LogConfig(segment_bytes=1024, index_interval_bytes=128, retention_ms=0)
     log = open_log(tmp_path, config)
     expected = fill(log, [3] * 20, ts=0)
     in_flight = log.read(0, 1 << 20)
+    pinned = len(in_flight.slices)
+    assert pinned > 1
     assert log.apply_retention(now_ms=10**9) > 0
     assert not (tmp_path / "topic.a-3" / "00000000000000000000.log").exists()
     assert decode(in_flight.read_bytes()) == expected
+    files = FileRecords(in_flight)
+    assert b"".join(files.chunks(7)) == in_flight.read_bytes()  # one pread walk serves both
+    # Deleted segments' descriptors are held by the slices only, then closed when they go.
+    assert _open_files_under(tmp_path) <= pinned + 1  # + the active segment
+    del in_flight, files
+    assert _open_files_under(tmp_path) <= 1
+    log.close()
+    assert _open_files_under(tmp_path) == 0
+
+
+def test_a_file_slice_always_holds_its_pin(tmp_path):
+    log = open_log(tmp_path, SMALL)
+    fill(log, [3])
+    (piece,) = log.read(0, 1 << 20).slices
+    assert piece.fd == piece.pin.fd >= 0
+    with pytest.raises(TypeError):
+        type(piece)(piece.path, 0, 10)  # no descriptor, no pin: nothing could read it
     log.close()
 
 

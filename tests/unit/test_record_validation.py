@@ -6,12 +6,15 @@ pure-Python twin; a seeded corpus of valid and mutated batches shows that the tw
 
 from __future__ import annotations
 
+import gzip
 import random
 import struct
 import zlib
 
 import pytest
+import zstandard
 
+from pykbroker.log.config import LogConfig
 from pykbroker.protocol import compression, records
 from pykbroker.protocol.records import (
     BATCH_HEADER_SIZE,
@@ -174,6 +177,81 @@ def test_gzip_members_may_be_concatenated():
     one, two = b"a" * 100, b"b" * 50
     data = zlib.compress(one, wbits=31) + compression.compress(COMPRESSION_GZIP, two)
     assert compression.decompress(COMPRESSION_GZIP, data, 1000) == one + two
+
+
+class _CountingCodecs:
+    """Counts the calls into zlib's and zstandard's decompressors (the work a payload makes), whatever
+    object the compression module builds around them."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.calls = 0
+        counter = self
+
+        class Counted:
+            def __init__(self, inner) -> None:
+                self._inner = inner
+
+            def decompress(self, *args):
+                counter.calls += 1
+                return self._inner.decompress(*args)
+
+            def __getattr__(self, name):
+                return getattr(self._inner, name)
+
+        real_zlib = zlib.decompressobj
+        real_zstd = zstandard.ZstdDecompressor
+
+        class CountingZstd:
+            def decompressobj(self):
+                return Counted(real_zstd().decompressobj())
+
+        monkeypatch.setattr(zlib, "decompressobj", lambda *a, **k: Counted(real_zlib(*a, **k)))
+        monkeypatch.setattr(zstandard, "ZstdDecompressor", CountingZstd)
+
+
+def _empty_unit(codec: int) -> bytes:
+    """The smallest member or frame a codec has: 20-byte empty gzip members, 9-byte empty zstd frames."""
+    if codec == COMPRESSION_GZIP:
+        return gzip.compress(b"", mtime=0)
+    return zstandard.ZstdCompressor().compress(b"")
+
+
+@pytest.mark.parametrize("codec", [COMPRESSION_GZIP, COMPRESSION_ZSTD], ids=["gzip", "zstd"])
+def test_a_megabyte_of_empty_frames_is_refused_after_a_bounded_number_of_decompressor_calls(codec, monkeypatch):
+    # Within the default max.message.bytes; before the bound, zstd spun 14 s and gzip 1 s of event loop on it.
+    unit = _empty_unit(codec)
+    bomb = _reframe(unit * (1_040_000 // len(unit)), count=1, last_offset_delta=0, codec=codec)
+    assert len(bomb) <= LogConfig().max_message_bytes
+    counting = _CountingCodecs(monkeypatch)
+    with pytest.raises(InvalidRecords, match=f"more than {compression.MAX_FRAMES} concatenated"):
+        _validate(bomb)
+    assert 0 < counting.calls <= compression.MAX_FRAMES + 1
+
+
+@pytest.mark.parametrize("codec", [COMPRESSION_GZIP, COMPRESSION_ZSTD], ids=["gzip", "zstd"])
+def test_concatenated_frames_up_to_the_bound_decode_wherever_their_boundaries_fall(codec):
+    rng = random.Random(codec)
+    pieces = [rng.randbytes(rng.choice((0, 1, 50, 3000, 9000))) for _ in range(compression.MAX_FRAMES)]
+    frames = [compression.compress(codec, piece) for piece in pieces]
+    data = b"".join(frames)
+    assert len(data) > 4 * compression._SLICE  # boundaries fall inside and across the slices fed in
+    assert compression.decompress(codec, data, 64 << 20) == b"".join(pieces)
+    with pytest.raises(compression.DecompressionError, match="concatenated"):
+        compression.decompress(codec, data + frames[0], 64 << 20)
+    with pytest.raises(compression.DecompressionError):  # a truncated last frame is still refused
+        compression.decompress(codec, data[:-3], 64 << 20)
+
+
+def test_xerial_snappy_block_count_is_bounded():
+    import cramjam
+
+    block = bytes(cramjam.snappy.compress_raw(b"x"))
+    header = compression.XERIAL_MAGIC + struct.pack(">ii", 1, 1)
+    unit = struct.pack(">i", len(block)) + block
+    at_bound = header + unit * compression.MAX_XERIAL_BLOCKS
+    assert compression.decompress(COMPRESSION_SNAPPY, at_bound, 1 << 20) == b"x" * compression.MAX_XERIAL_BLOCKS
+    with pytest.raises(compression.DecompressionError, match="more than 4096 concatenated xerial blocks"):
+        compression.decompress(COMPRESSION_SNAPPY, at_bound + unit, 1 << 20)
 
 
 def test_producer_id_without_sequence_is_refused(walker):

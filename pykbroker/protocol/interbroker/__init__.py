@@ -29,7 +29,7 @@ from typing import Any, Callable
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32
 
-from pykbroker.protocol.guard import compile_request_check
+from pykbroker.protocol.guard import compile_entity_check
 from pykbroker.protocol.interbroker._index import APIS, KAFKA_VERSION, ApiEntry
 
 __all__ = ("APIS", "KAFKA_VERSION", "ApiEntry", "InterBrokerCodec", "UnknownInterBrokerApi", "codec_for",
@@ -97,6 +97,11 @@ class InterBrokerCodec:
     read_response_body: Callable[[Any, int], tuple[Any, int]]
     write_response_header: Callable[[Any, Any], None]
     write_response_body: Callable[[Any, Any], None]
+    # The frame guard (protocol/guard.py) of each body, run before kio's reader: kio reserves memory for
+    # any array count it reads, so one hostile count would abort the process. check(frame, body_start)
+    # -> end of the body, or MalformedRequest.
+    check_request_body: Callable[[Any, int], int]
+    check_response_body: Callable[[Any, int], int]
 
     @property
     def flexible(self) -> bool:
@@ -115,7 +120,7 @@ class InterBrokerCodec:
             read_request_body=self.read_request_body,
             write_response_body=self.write_response_body,
             flexible_response_header=self.response_header_type.__flexible__,
-            check_request_body=compile_request_check(self.request_type),
+            check_request_body=self.check_request_body,
         )
 
     def request_header(self, correlation_id: int, client_id: str | None) -> Any:
@@ -154,6 +159,11 @@ def codec_for(api_key: int, version: int) -> InterBrokerCodec:
         read_response_body=entity_reader(response_type),
         write_response_header=entity_writer(response_header),
         write_response_body=entity_writer(response_type),
+        # No element budget (MAX_REQUEST_ELEMENTS is for clients' requests): the controller's
+        # UpdateMetadata names every partition of the cluster with its replicas and ISR, 1.4 million
+        # elements for 200,000 partitions. Every count is still bounded by the bytes left in the frame.
+        check_request_body=compile_entity_check(request_type, max_elements=None),
+        check_response_body=compile_entity_check(response_type, max_elements=None),
     )
 
 
@@ -163,12 +173,14 @@ def _check_consumed(frame, used: int, what: str) -> None:
 
 
 def decode_request(frame, *, strict: bool = True) -> tuple[Any, Any]:
-    """(header, body) of a request frame given without its 4-byte size prefix."""
+    """(header, body) of a request frame given without its 4-byte size prefix; MalformedRequest
+    (protocol/guard.py) when a length or count in the body does not fit the frame."""
     if len(frame) < _PREFIX.size:
         raise ValueError(f"frame of {len(frame)} bytes is too short for a request header")
     api_key, version = _PREFIX.unpack_from(frame, 0)
     codec = codec_for(api_key, version)
-    header, header_size = codec.read_request_header(frame, 0)
+    header, header_size = codec.read_request_header(frame, 0)  # no arrays; kio bounds-checks its strings
+    codec.check_request_body(frame, header_size)  # MalformedRequest before kio reserves anything
     body, body_size = codec.read_request_body(frame, header_size)  # kio readers return sizes
     if strict:
         _check_consumed(frame, header_size + body_size, f"{codec.name} v{version} request")
@@ -177,9 +189,10 @@ def decode_request(frame, *, strict: bool = True) -> tuple[Any, Any]:
 
 def decode_response(api_key: int, version: int, frame, *, strict: bool = True) -> tuple[Any, Any]:
     """(header, body) of a response frame without its size prefix; the api key and version are the
-    request's (a response does not carry them)."""
+    request's (a response does not carry them). MalformedRequest as for decode_request."""
     codec = codec_for(api_key, version)
     header, header_size = codec.read_response_header(frame, 0)
+    codec.check_response_body(frame, header_size)
     body, body_size = codec.read_response_body(frame, header_size)
     if strict:
         _check_consumed(frame, header_size + body_size, f"{codec.name} v{version} response")
