@@ -460,8 +460,10 @@ class Partition:
             if self._maybe_increment_hwm(now):
                 self._hwm_moved()
         else:  # the HWM is the log end: it moved
-            self._wake(self._hwm_waiters)
-            self._wake(self._leo_waiters)
+            if self._hwm_waiters:
+                self._wake(self._hwm_waiters)
+            if self._leo_waiters:
+                self._wake(self._leo_waiters)
         return AppendOutcome(ErrorCode.none, result.base_offset, result.log_append_time_ms, result.log_start_offset,
                              last_offset=result.last_offset)
 

@@ -278,7 +278,7 @@ class ReplicaManager:
         if outcome.error != ErrorCode.none or outcome.last_offset < 0:
             return False
         partition = self._partitions.get((topic, index))
-        if partition is None:
+        if partition is None or not partition._remote:  # no follower: the HWM is already the log end
             return False
         done, _ = partition.check_enough_replicas_reach_offset(outcome.last_offset + 1, min_insync_replicas)
         return not done or len(partition.maximal_isr) < min_insync_replicas
