@@ -208,6 +208,12 @@ class Partition:
         return self.isr
 
     @property
+    def high_watermark_lags_epoch_start(self) -> bool:
+        """A new leader whose HWM is still below the start of its epoch: Kafka answers a consumer's ListOffsets
+        (latest, or by timestamp) OFFSET_NOT_AVAILABLE meanwhile (for the cluster layer's ListOffsets)."""
+        return self.role is Role.LEADER and self.leader_epoch_start_offset > self.high_watermark
+
+    @property
     def isr_size(self) -> int:
         return len(self.isr)
 

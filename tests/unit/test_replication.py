@@ -198,6 +198,7 @@ def test_expand_candidate_needs_the_hwm_and_the_leader_epoch_start(tmp_path):
     assert p.become_leader(2, (1, 2), (1, 2, 3), 1, now_ms=clock()) == ErrorCode.none
     assert p.leader_epoch_start_offset == 10
     assert p.log.leader_epochs[-1] == (2, 10)  # in the epoch cache before anything is written in it
+    assert p.high_watermark_lags_epoch_start
     fetched(p, 3, 6, clock)  # at the HWM, but short of this epoch's start: it could miss committed data
     assert not p.is_expand_candidate(3) and port.proposed == []
     fetched(p, 3, 9, clock)
@@ -210,6 +211,7 @@ def test_expand_candidate_needs_the_hwm_and_the_leader_epoch_start(tmp_path):
     fetched(p, 2, 15, clock)
     assert p.high_watermark == 10
     assert p.isr_expand_candidates() == ()  # one change in flight at a time
+    assert not p.high_watermark_lags_epoch_start
     p.isr_change_committed((1, 2, 3), 2, now_ms=clock())
     assert p.isr == (1, 2, 3) and p.pending_isr_change is None
     fetched(p, 3, 15, clock)
