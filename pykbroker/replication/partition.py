@@ -66,6 +66,7 @@ class AppendOutcome:
     message: str | None = None
     record_errors: tuple[tuple[int, str], ...] = ()  # (batch index, message): Kafka's RecordValidationException
     last_offset: int = -1  # the last offset appended (acks=all waits for the HWM to pass it)
+    has_followers: bool = False  # appended by a leader with remote replicas: acks=all may have to wait
 
 
 class ControlBatchFromClient(InvalidRecordBatch):
@@ -172,6 +173,8 @@ class Partition:
         self.storage_failing = False  # the last append failed on a storage error
         # Replication state.
         self.role = Role.NONE
+        self.is_leader = False
+        self._hwm_is_log_end = False  # a leader without remote replicas: the HWM is the log end, at once
         self.leader_id = NO_LEADER
         self.leader_epoch = NO_EPOCH
         self.partition_epoch = -1  # Kafka's partition epoch (the zkVersion of the partition's state znode)
@@ -191,13 +194,14 @@ class Partition:
     def high_watermark(self) -> int:
         # A leader with no remote replica (the single broker) exposes its whole log at once, as Kafka's
         # maybeIncrementLeaderHW would compute right after every append.
-        if self._remote or self.role is not Role.LEADER:
-            return self._hwm
-        return self.log.log_end_offset
+        return self.log.log_end_offset if self._hwm_is_log_end else self._hwm
 
-    @property
-    def is_leader(self) -> bool:
-        return self.role is Role.LEADER
+    def _set_role(self, role: Role) -> None:
+        if self._hwm_is_log_end:
+            self._hwm = self.log.log_end_offset  # what was exposed stays exposed
+        self.role = role
+        self.is_leader = role is Role.LEADER
+        self._hwm_is_log_end = self.is_leader and not self._remote
 
     @property
     def maximal_isr(self) -> tuple[int, ...]:
@@ -229,13 +233,13 @@ class Partition:
     # -- LeaderAndIsr -----------------------------------------------------------------------------
     def init_single_broker(self, leader_epoch: int) -> None:
         """The embedded single-node default: leader, sole replica and ISR; nothing written to the log."""
-        self.role = Role.LEADER
         self.leader_id = self.broker_id
         self.leader_epoch = leader_epoch
         self.replicas = (self.broker_id,)
         self.isr = (self.broker_id,)
         self.leader_epoch_start_offset = self.log.log_end_offset
         self._remote.clear()
+        self._set_role(Role.LEADER)
 
     def _stale(self, leader_epoch: int, action: str) -> ErrorCode | None:
         if leader_epoch <= self.leader_epoch:
@@ -268,7 +272,7 @@ class Partition:
         self.partition_epoch = partition_epoch
         self.leader_epoch = leader_epoch
         self.leader_id = self.broker_id
-        self.role = Role.LEADER
+        self._set_role(Role.LEADER)
         end = self.log.log_end_offset
         self.leader_epoch_start_offset = end
         # The new epoch starts at the log end, before anything is written in it (OffsetForLeaderEpoch).
@@ -303,7 +307,7 @@ class Partition:
         self.partition_epoch = partition_epoch
         self.leader_epoch = leader_epoch
         self.leader_id = leader
-        self.role = Role.FOLLOWER
+        self._set_role(Role.FOLLOWER)
         self.leader_epoch_start_offset = UNKNOWN_OFFSET
         self._hwm = max(min(self._hwm, self.log.log_end_offset), self.log.log_start_offset)
         log.info("%s-%d: follower of broker %d in epoch %d, log end %d, high-water mark %d",
@@ -313,9 +317,9 @@ class Partition:
 
     def stop(self) -> None:
         """No longer hosted here (StopReplica, topic deleted): waiting requests answer at once."""
-        self.role = Role.NONE
         self.leader_id = NO_LEADER
         self._remote.clear()
+        self._set_role(Role.NONE)
         self._after_state_change()
 
     def _after_state_change(self) -> None:
@@ -454,7 +458,7 @@ class Partition:
             if duplicate is not None:
                 return AppendOutcome(
                     ErrorCode.none, duplicate.base_offset, duplicate.log_append_time_ms, self.log.log_start_offset,
-                    last_offset=duplicate.last_offset,
+                    last_offset=duplicate.last_offset, has_followers=bool(self._remote),
                 )
         result = self.log.append(records, leader_epoch=self.leader_epoch, now_ms=now)
         if idempotent:
@@ -471,7 +475,7 @@ class Partition:
             if self._leo_waiters:
                 self._wake(self._leo_waiters)
         return AppendOutcome(ErrorCode.none, result.base_offset, result.log_append_time_ms, result.log_start_offset,
-                             last_offset=result.last_offset)
+                             last_offset=result.last_offset, has_followers=bool(self._remote))
 
     # -- follower side (for the fetcher) ----------------------------------------------------------
     def append_as_follower(self, records, *, now_ms: int | None = None) -> AppendResult:
@@ -538,7 +542,7 @@ class Partition:
     def check_enough_replicas_reach_offset(self, required_offset: int, min_insync_replicas: int) -> tuple[bool, ErrorCode]:
         """Kafka's checkEnoughReplicasReachOffset: (done, error) for an acks=all append ending at
         ``required_offset`` (exclusive)."""
-        if self.role is not Role.LEADER:
+        if not self.is_leader:
             return True, ErrorCode.not_leader_or_follower
         if self.high_watermark >= required_offset:
             if min_insync_replicas <= len(self.maximal_isr):

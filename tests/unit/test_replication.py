@@ -143,6 +143,13 @@ def test_single_broker_hwm_is_the_log_end_at_once_and_nothing_shrinks(tmp_path):
     assert p.isr_shrink_candidates(clock()) == ()
     assert p.maybe_shrink_isr(clock()) is None
     assert p.check_enough_replicas_reach_offset(12, 1) == (True, ErrorCode.none)
+    # Joined by followers (cluster mode): what was exposed stays exposed, what follows waits for the ISR.
+    assert p.become_leader(1, (1, 2), (1, 2), 0, now_ms=clock()) == ErrorCode.none
+    assert p.high_watermark == 12
+    p.append(batch(3), clock())
+    assert p.high_watermark == 12
+    fetched(p, 2, 15, clock)
+    assert p.high_watermark == 15
 
 
 # -- ISR decisions ----------------------------------------------------------------------------------------

@@ -96,15 +96,15 @@ def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, 
             if error == ErrorCode.none and partition is not None:
                 try:
                     limit = min(wanted.max_bytes, remaining)
-                    leader_end = partition.log.log_end_offset
-                    read = replicas.read(
-                        partition, wanted.offset, max(limit, 0), min_one=total == 0, up_to_hwm=not is_follower
-                    )
-                    records = FileRecords(read) if read.slices else b""
                     if is_follower:
+                        leader_end = partition.log.log_end_offset  # before the read, as Kafka's readRecords
+                        read = replicas.read(partition, wanted.offset, max(limit, 0), min_one=total == 0, up_to_hwm=False)
                         partition.update_follower_fetch_state(
                             replica_id, wanted.offset, wanted.log_start_offset, now, leader_end
                         )
+                    else:
+                        read = replicas.read(partition, wanted.offset, max(limit, 0), min_one=total == 0)
+                    records = FileRecords(read) if read.slices else b""
                 except OffsetOutOfRange:
                     error = ErrorCode.offset_out_of_range
             if error != ErrorCode.none:

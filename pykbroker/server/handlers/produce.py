@@ -58,20 +58,21 @@ def _record_errors(schema, errors: tuple[tuple[int, str], ...]) -> tuple:
 def _response(schema, version: int, topics: list[tuple[str, list[tuple[int, AppendOutcome]]]]) -> object:
     responses = []
     for name, outcomes in topics:
-        partitions = tuple(
-            make(
-                schema.PartitionProduceResponse,
-                index=index,
-                error_code=_for_version(outcome.error, version),
-                base_offset=outcome.base_offset,
-                log_append_time=outcome.log_append_time_ms,
-                log_start_offset=outcome.log_start_offset,
-                record_errors=_record_errors(schema, outcome.record_errors),
-                error_message=outcome.message,
+        partitions = []
+        for index, outcome in outcomes:
+            partitions.append(
+                make(
+                    schema.PartitionProduceResponse,
+                    index=index,
+                    error_code=_for_version(outcome.error, version),
+                    base_offset=outcome.base_offset,
+                    log_append_time=outcome.log_append_time_ms,
+                    log_start_offset=outcome.log_start_offset,
+                    record_errors=_record_errors(schema, outcome.record_errors),
+                    error_message=outcome.message,
+                )
             )
-            for index, outcome in outcomes
-        )
-        responses.append(make(schema.TopicProduceResponse, name=name, partition_responses=partitions))
+        responses.append(make(schema.TopicProduceResponse, name=name, partition_responses=tuple(partitions)))
     return make(schema.ProduceResponse, responses=tuple(responses), throttle_time=0)
 
 
@@ -109,7 +110,9 @@ def produce(ctx: RequestContext, request) -> object:
                 outcome = replicas.append(
                     name, partition_data.index, partition_data.records, acks=request.acks, min_insync_replicas=min_isr
                 )
-                if acks_all and replicas.needs_replication_wait(name, partition_data.index, outcome, min_isr):
+                if acks_all and outcome.has_followers and replicas.needs_replication_wait(
+                    name, partition_data.index, outcome, min_isr
+                ):
                     if waits is None:
                         waits = []
                     waits.append((name, partition_data.index, outcome.last_offset, min_isr, outcomes, len(outcomes)))
