@@ -152,11 +152,15 @@ class ReplicaManager:
     async def run_high_watermark_checkpoints(self, interval_ms: int) -> None:
         """Checkpoint the HWMs every ``interval_ms`` (the file is written off the event loop). Cancel-safe."""
         interval_s = max(interval_ms, 1) / 1000
+        written = None
         while True:
             await asyncio.sleep(interval_s)
             rows = self._checkpoint_rows()
+            if rows == written:
+                continue  # nothing moved: no write, no fsync
             try:
                 await asyncio.to_thread(write_checkpoint, self.checkpoint_path, rows)
+                written = rows
             except OSError as exc:
                 log.warning("could not write %s: %s", self.checkpoint_path, exc)
 
@@ -210,13 +214,21 @@ class ReplicaManager:
 
     def become_leader(self, topic: str, index: int, leader_epoch: int, isr: Iterable[int], replicas: Iterable[int],
                       partition_epoch: int, *, topic_id=None) -> ErrorCode:
-        """LeaderAndIsr naming this broker leader: NONE, or STALE_CONTROLLER_EPOCH for an old leader epoch."""
+        """LeaderAndIsr naming this broker leader: NONE, STALE_CONTROLLER_EPOCH for an old leader epoch, or
+        UNKNOWN_TOPIC_OR_PARTITION when this broker is not among the replicas (nothing is created then)."""
+        replicas = tuple(replicas)
+        if self.broker_id not in replicas:
+            return ErrorCode.unknown_topic_or_partition
         partition = self._open(topic, index, topic_id)
         return partition.become_leader(leader_epoch, isr, replicas, partition_epoch, now_ms=self.clock())
 
     def become_follower(self, topic: str, index: int, leader: int, leader_epoch: int, isr: Iterable[int],
                         replicas: Iterable[int], partition_epoch: int, *, topic_id=None) -> ErrorCode:
-        """LeaderAndIsr naming another leader: NONE (the caller restarts the fetcher), or STALE_CONTROLLER_EPOCH."""
+        """LeaderAndIsr naming another leader: NONE (the caller restarts the fetcher), STALE_CONTROLLER_EPOCH,
+        or UNKNOWN_TOPIC_OR_PARTITION when this broker is not among the replicas (Kafka's answers)."""
+        replicas = tuple(replicas)
+        if self.broker_id not in replicas:
+            return ErrorCode.unknown_topic_or_partition
         partition = self._open(topic, index, topic_id)
         return partition.become_follower(leader, leader_epoch, isr, replicas, partition_epoch)
 

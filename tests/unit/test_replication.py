@@ -441,7 +441,10 @@ def test_follower_fetches_and_appends_and_the_leader_completes_an_acks_all_produ
     clock = Clock()
     leader_rm = _manager(tmp_path / "b1", clock, broker_id=1)
     follower_rm = _manager(tmp_path / "b2", clock, broker_id=2)
+    assert leader_rm.become_leader("t", 0, 1, (2, 3), (2, 3), 0) == ErrorCode.unknown_topic_or_partition
+    assert leader_rm.partition("t", 0) is None  # not a replica here: nothing created
     assert leader_rm.become_leader("t", 0, 1, (1, 2), (1, 2), 0) == ErrorCode.none
+    assert leader_rm.become_leader("t", 0, 1, (1, 2), (1, 2), 0) == ErrorCode.stale_controller_epoch
     assert follower_rm.become_follower("t", 0, 1, 1, (1, 2), (1, 2), 0) == ErrorCode.none
     leader, follower = leader_rm.partition("t", 0), follower_rm.partition("t", 0)
 
@@ -518,3 +521,28 @@ def test_acks_all_produce_handler_waits_for_the_follower_and_keeps_acks_1_immedi
     asyncio.run(scenario())
     assert leader_rm.partition("t", 0).high_watermark == 6
     leader_rm.log_manager.shutdown()
+
+
+def test_high_water_marks_are_checkpointed_periodically(tmp_path):
+    clock = Clock()
+    rm = _manager(tmp_path, clock)
+    p = rm.host("t", 0, 0)
+    path = tmp_path / HWM_CHECKPOINT
+
+    async def until(condition, what):
+        deadline = asyncio.get_running_loop().time() + 10
+        while not condition():
+            assert asyncio.get_running_loop().time() < deadline, what
+            await asyncio.sleep(0.005)
+
+    async def scenario():
+        task = asyncio.ensure_future(rm.run_high_watermark_checkpoints(10))
+        try:
+            await until(lambda: path.exists() and path.read_text() == "0\n1\nt 0 0\n", "first checkpoint")
+            p.append(batch(4), clock())
+            await until(lambda: path.read_text() == "0\n1\nt 0 4\n", "checkpoint after the HWM moved")
+        finally:
+            task.cancel()
+
+    asyncio.run(scenario())
+    rm.log_manager.shutdown()
