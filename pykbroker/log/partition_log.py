@@ -444,6 +444,12 @@ class PartitionLog:
         if self._fsync == "always":
             os.fdatasync(segment.fd)
 
+    def assign_epoch_start(self, epoch: int, start_offset: int) -> None:
+        """A new leader's epoch starts at ``start_offset`` (its log end) before anything is written in it, so
+        OffsetForLeaderEpoch answers for it at once (Kafka's maybeAssignEpochStartOffset). Older epochs are ignored."""
+        if epoch > self._epochs.latest_epoch:
+            self._assign_epoch(epoch, start_offset)
+
     def _assign_epoch(self, epoch: int, start_offset: int) -> None:
         """Record a new leader epoch met in an append that is already written.
 

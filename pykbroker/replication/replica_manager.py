@@ -1,5 +1,12 @@
 """ReplicaManager: the partitions this broker hosts, their high-water marks, and the waits on them.
 
+The replication state of one partition (role, ISR, followers' progress, the HWM rules) is in
+partition.py; the waiting acks=all produces and long polls in purgatory.py. High-water marks are
+checkpointed in the data dir's ``replication-offset-checkpoint`` (Kafka's name and format: version 0, count,
+"topic partition offset" lines) every replica.high.watermark.checkpoint.interval.ms and at clean shutdown,
+and read at start: a partition's HWM starts there (bounded by its log), which is what a follower exposes
+until its leader tells it more. A checkpoint that cannot be parsed stops the start with one line.
+
 Handlers call this, never the log directly: it is where acks, the high-water mark, the idempotent
 producer's sequence checks and long-poll wake-ups meet. On a single broker the ISR is just this broker,
 so the high-water mark is the log end offset; in cluster mode followers' fetch positions move it.
@@ -28,19 +35,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from pykbroker.log.checkpoint import CorruptCheckpoint, CorruptFile, read_checkpoint, write_checkpoint
 from pykbroker.log.config import LogConfig
 from pykbroker.log.errors import OffsetOutOfRange, RecordTooLarge
 from pykbroker.log.manager import LogManager
-from pykbroker.log.partition_log import PartitionLog, ReadResult
-from pykbroker.log.producer_state import ProducerStateError, ProducerStateManager
+from pykbroker.log.partition_log import ReadResult
+from pykbroker.log.producer_state import ProducerStateError
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.protocol.records import (
     CorruptRecordBatch,
     InvalidRecordBatch,
     InvalidRecords,
     RecordErrors,
-    iter_headers,
 )
+from pykbroker.replication.partition import (
+    DEFAULT_REPLICA_LAG_TIME_MAX_MS,
+    AlterPartitionPort,
+    AppendOutcome,
+    ControlBatchFromClient,
+    Partition,
+)
+from pykbroker.replication.purgatory import DelayedProduce, ProducePurgatory, wait_for_partitions
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +64,6 @@ TopicPartition = tuple[str, int]
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-@dataclass(frozen=True, slots=True)
-class AppendOutcome:
-    error: ErrorCode
-    base_offset: int = -1
-    log_append_time_ms: int = -1
-    log_start_offset: int = -1
-    message: str | None = None
-    record_errors: tuple[tuple[int, str], ...] = ()  # (batch index, message): Kafka's RecordValidationException
 
 
 class FileRecords:
@@ -159,74 +164,30 @@ class StorageErrorLog:
             state.partitions.clear()
 
 
-class ControlBatchFromClient(InvalidRecordBatch):
-    """Transaction markers are the broker's to write: Kafka answers INVALID_RECORD."""
-
-
-class Partition:
-    """One hosted partition: its log, producer state, leader epoch, and the fetchers parked on it."""
-
-    def __init__(self, topic: str, index: int, log: PartitionLog, leader_epoch: int, isr_size: int = 1) -> None:
-        self.topic = topic
-        self.index = index
-        self.log = log
-        self.leader_epoch = leader_epoch
-        self.isr_size = isr_size
-        self.producer_state = ProducerStateManager()
-        self._waiters: list[asyncio.Future] = []
-
-    @property
-    def high_watermark(self) -> int:
-        return self.log.log_end_offset
-
-    def rebuild_producer_state(self) -> None:
-        self.producer_state.rebuild(self.log.headers(self.log.log_start_offset))
-
-    def add_waiter(self, waiter: asyncio.Future) -> None:
-        self._waiters.append(waiter)
-
-    def remove_waiter(self, waiter: asyncio.Future) -> None:
-        try:
-            self._waiters.remove(waiter)
-        except ValueError:
-            pass
-
-    def wake_waiters(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def append(self, records, now: int) -> AppendOutcome:
-        headers = list(iter_headers(records))
-        if not headers:
-            raise InvalidRecordBatch("no record batch in the records field")
-        if any(h.is_control for h in headers):
-            raise ControlBatchFromClient("control batches are written by the broker, not by producers")
-        idempotent = [h for h in headers if h.has_producer_id]
-        if idempotent:
-            # A retried batch is answered with its original offsets and nothing is appended (Kafka's rule).
-            duplicate = self.producer_state.check_batches(idempotent)
-            if duplicate is not None:
-                return AppendOutcome(
-                    ErrorCode.none, duplicate.base_offset, duplicate.log_append_time_ms, self.log.log_start_offset
-                )
-        result = self.log.append(records, leader_epoch=self.leader_epoch, now_ms=now)
-        if idempotent:
-            for header in result.headers:
-                if header.has_producer_id:
-                    self.producer_state.update(header, result.log_append_time_ms)
-        self.wake_waiters()
-        return AppendOutcome(ErrorCode.none, result.base_offset, result.log_append_time_ms, result.log_start_offset)
+HWM_CHECKPOINT = "replication-offset-checkpoint"
 
 
 class ReplicaManager:
-    def __init__(self, log_manager: LogManager, broker_id: int, log_config_for: Callable[[str], LogConfig]) -> None:
+    def __init__(
+        self,
+        log_manager: LogManager,
+        broker_id: int,
+        log_config_for: Callable[[str], LogConfig],
+        *,
+        replica_lag_time_max_ms: int = DEFAULT_REPLICA_LAG_TIME_MAX_MS,
+        alter_partition: AlterPartitionPort | None = None,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
         self.log_manager = log_manager
         self.broker_id = broker_id
         self.log_config_for = log_config_for
+        self.replica_lag_time_max_ms = replica_lag_time_max_ms
+        self.alter_partition = alter_partition  # the cluster layer's AlterPartition sender (None: single broker)
+        self.clock = clock
+        self.purgatory = ProducePurgatory(clock)
         self._partitions: dict[TopicPartition, Partition] = {}
         self.storage_errors = StorageErrorLog()
+        self._checkpointed_hwms: dict[TopicPartition, int] | None = None
         # Retention must never delete data consumers cannot see yet (above the high-water mark).
         log_manager.high_watermark_of = self._high_watermark_of
 
@@ -234,27 +195,117 @@ class ReplicaManager:
         partition = self._partitions.get((topic, index))
         return partition.high_watermark if partition is not None else None
 
+    # -- high-water mark checkpoint ---------------------------------------------------------------
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.log_manager.data_dir / HWM_CHECKPOINT
+
+    def load_high_watermarks(self) -> dict[TopicPartition, int]:
+        """Read replication-offset-checkpoint (once); raises CorruptFile (one line) if it cannot be parsed."""
+        if self._checkpointed_hwms is None:
+            path = self.checkpoint_path
+            try:
+                rows = read_checkpoint(path, 3) or []
+                self._checkpointed_hwms = {(topic, int(index)): int(offset) for topic, index, offset in rows}
+            except (CorruptCheckpoint, ValueError) as exc:
+                raise CorruptFile(
+                    path, f"is corrupt ({exc})",
+                    "delete it and high-water marks restart from the logs (leaders) or from the leaders (followers)",
+                ) from None
+        return self._checkpointed_hwms
+
+    def _checkpoint_rows(self) -> list[tuple[str, int, int]]:
+        return [(topic, index, p.high_watermark) for (topic, index), p in sorted(self._partitions.items())]
+
+    def write_high_watermarks(self) -> None:
+        write_checkpoint(self.checkpoint_path, self._checkpoint_rows())
+
+    async def run_high_watermark_checkpoints(self, interval_ms: int) -> None:
+        """Checkpoint the HWMs every ``interval_ms`` (the file is written off the event loop). Cancel-safe."""
+        interval_s = max(interval_ms, 1) / 1000
+        written = None
+        while True:
+            await asyncio.sleep(interval_s)
+            rows = self._checkpoint_rows()
+            if rows == written:
+                continue  # nothing moved: no write, no fsync
+            try:
+                await asyncio.to_thread(write_checkpoint, self.checkpoint_path, rows)
+                written = rows
+            except OSError as exc:
+                log.warning("could not write %s: %s", self.checkpoint_path, exc)
+
+    async def run_isr_checks(self) -> None:
+        """Every half replica.lag.time.max.ms, propose shrinking ISRs that hold lagging followers (Kafka's
+        isr-expiration task). A single broker has no followers: each check is a loop over nothing to do."""
+        interval_s = max(self.replica_lag_time_max_ms / 2, 1) / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            self.maybe_shrink_isrs()
+
+    def maybe_shrink_isrs(self, now: int | None = None) -> list:
+        now = self.clock() if now is None else now
+        changes = []
+        for partition in self._partitions.values():
+            if partition._remote:
+                change = partition.maybe_shrink_isr(now)
+                if change is not None:
+                    changes.append(change)
+        return changes
+
     # -- hosting ----------------------------------------------------------------------------------
     def partition(self, topic: str, index: int) -> Partition | None:
         return self._partitions.get((topic, index))
 
-    def host(self, topic: str, index: int, leader_epoch: int, isr_size: int = 1) -> Partition:
+    def _open(self, topic: str, index: int, topic_id=None) -> Partition:
         existing = self._partitions.get((topic, index))
         if existing is not None:
-            existing.leader_epoch = leader_epoch
-            existing.isr_size = isr_size
             return existing
         config = self.log_config_for(topic)
-        partition_log = self.log_manager.get(topic, index) or self.log_manager.create(topic, index, config)
+        partition_log = self.log_manager.get(topic, index) or self.log_manager.create(topic, index, config, topic_id=topic_id)
         partition_log.config = config
-        partition = Partition(topic, index, partition_log, leader_epoch, isr_size)
+        partition = Partition(
+            topic, index, partition_log, broker_id=self.broker_id,
+            high_watermark=self.load_high_watermarks().get((topic, index), 0),
+            replica_lag_time_max_ms=self.replica_lag_time_max_ms, alter_partition=self.alter_partition,
+        )
         partition.rebuild_producer_state()
         self._partitions[(topic, index)] = partition
         return partition
 
+    def host(self, topic: str, index: int, leader_epoch: int, isr_size: int = 1) -> Partition:
+        """Single-broker hosting (the embedded metadata): this broker leads, alone in the ISR."""
+        existing = self._partitions.get((topic, index))
+        if existing is not None:
+            existing.leader_epoch = leader_epoch
+            return existing
+        partition = self._open(topic, index)
+        partition.init_single_broker(leader_epoch)
+        return partition
+
+    def become_leader(self, topic: str, index: int, leader_epoch: int, isr: Iterable[int], replicas: Iterable[int],
+                      partition_epoch: int, *, topic_id=None) -> ErrorCode:
+        """LeaderAndIsr naming this broker leader: NONE, STALE_CONTROLLER_EPOCH for an old leader epoch, or
+        UNKNOWN_TOPIC_OR_PARTITION when this broker is not among the replicas (nothing is created then)."""
+        replicas = tuple(replicas)
+        if self.broker_id not in replicas:
+            return ErrorCode.unknown_topic_or_partition
+        partition = self._open(topic, index, topic_id)
+        return partition.become_leader(leader_epoch, isr, replicas, partition_epoch, now_ms=self.clock())
+
+    def become_follower(self, topic: str, index: int, leader: int, leader_epoch: int, isr: Iterable[int],
+                        replicas: Iterable[int], partition_epoch: int, *, topic_id=None) -> ErrorCode:
+        """LeaderAndIsr naming another leader: NONE (the caller restarts the fetcher), STALE_CONTROLLER_EPOCH,
+        or UNKNOWN_TOPIC_OR_PARTITION when this broker is not among the replicas (Kafka's answers)."""
+        replicas = tuple(replicas)
+        if self.broker_id not in replicas:
+            return ErrorCode.unknown_topic_or_partition
+        partition = self._open(topic, index, topic_id)
+        return partition.become_follower(leader, leader_epoch, isr, replicas, partition_epoch)
+
     def drop_topic(self, topic: str) -> None:
         for key in [key for key in self._partitions if key[0] == topic]:
-            self._partitions.pop(key).wake_waiters()
+            self._partitions.pop(key).stop()
         self.log_manager.delete_topic(topic)
 
     def update_config(self, topic: str) -> None:
@@ -271,10 +322,12 @@ class ReplicaManager:
         partition = self._partitions.get((topic, index))
         if partition is None:
             return AppendOutcome(ErrorCode.unknown_topic_or_partition)
-        if acks == -1 and partition.isr_size < min_insync_replicas:
+        if not partition.is_leader:
+            return AppendOutcome(ErrorCode.not_leader_or_follower)
+        if acks == -1 and len(partition.isr) < min_insync_replicas:
             return AppendOutcome(
                 ErrorCode.not_enough_replicas,
-                message=f"ISR has {partition.isr_size} replicas, min.insync.replicas is {min_insync_replicas}",
+                message=f"ISR has {len(partition.isr)} replicas, min.insync.replicas is {min_insync_replicas}",
             )
         try:
             outcome = partition.append(records, now_ms())
@@ -300,26 +353,34 @@ class ReplicaManager:
             self.storage_errors.succeeded(partition.log.directory.parent)
         return outcome
 
+    def needs_replication_wait(self, topic: str, index: int, outcome: AppendOutcome, min_insync_replicas: int) -> bool:
+        """Whether an acks=all append must wait for the ISR (never on a single broker: its HWM is the log end)."""
+        if outcome.error != ErrorCode.none or outcome.last_offset < 0:
+            return False
+        partition = self._partitions.get((topic, index))
+        if partition is None or not partition._remote:  # no follower: the HWM is already the log end
+            return False
+        done, _ = partition.check_enough_replicas_reach_offset(outcome.last_offset + 1, min_insync_replicas)
+        return not done or len(partition.maximal_isr) < min_insync_replicas
+
+    def delay_produce(self, waits: list[tuple[str, int, int, int]], timeout_ms: int) -> DelayedProduce:
+        """A delayed produce for ``(topic, index, last offset, min.insync.replicas)`` appends; await
+        ``self.purgatory.wait(operation)`` for one ErrorCode per entry."""
+        # Called in the same event-loop step as the appends: every partition is still hosted.
+        entries = [(self._partitions[(topic, index)], last_offset + 1, min_isr) for topic, index, last_offset, min_isr in waits]
+        return self.purgatory.watch(entries, timeout_ms)
+
     # -- fetch ------------------------------------------------------------------------------------
     def read(self, partition: Partition, offset: int, max_bytes: int, *, min_one: bool, up_to_hwm: bool = True) -> ReadResult:
         """Whole batches from ``offset``; consumers never see past the high-water mark. Raises OffsetOutOfRange."""
         upper = partition.high_watermark if up_to_hwm else None
         return partition.log.read(offset, max_bytes, upper_bound=upper, min_one=min_one)
 
-    async def wait_for_appends(self, partitions: list[Partition], timeout_s: float) -> None:
-        """Park until any of ``partitions`` gets an append, or the timeout passes."""
-        if timeout_s <= 0 or not partitions:
-            return
-        waiter = asyncio.get_running_loop().create_future()
-        for partition in partitions:
-            partition.add_waiter(waiter)
-        try:
-            await asyncio.wait_for(waiter, timeout_s)
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            for partition in partitions:
-                partition.remove_waiter(waiter)
+    async def wait_for_appends(self, partitions: list[Partition], timeout_s: float, *, follower: bool = False) -> None:
+        """Park until one of ``partitions`` moves its HWM (consumers) or log end (followers), or the timeout."""
+        await wait_for_partitions(partitions, timeout_s, follower=follower)
 
 
-__all__ = ["ReplicaManager", "Partition", "AppendOutcome", "FileRecords", "OffsetOutOfRange", "now_ms"]
+__all__ = [
+    "ReplicaManager", "Partition", "AppendOutcome", "FileRecords", "OffsetOutOfRange", "now_ms", "HWM_CHECKPOINT",
+]

@@ -96,7 +96,10 @@ class Broker:
             retention_check_interval_ms=int(config.get("log.retention.check.interval.ms")),
         )
         self.metadata = EmbeddedMetadata(data_dir, config.broker_id, config.advertised_host, config.advertised_port)
-        self.replicas = ReplicaManager(self.log_manager, config.broker_id, lambda topic: self.topics.log_config(topic))
+        self.replicas = ReplicaManager(
+            self.log_manager, config.broker_id, lambda topic: self.topics.log_config(topic),
+            replica_lag_time_max_ms=int(config.get("replica.lag.time.max.ms")),
+        )
         self.topics = TopicAdmin(config, self.metadata, self.replicas)
         self.producer_ids = ProducerRegistry(ProducerIdAllocator(data_dir / "producer-id-block"))
         self.offsets_partitions = int(config.get("offsets.topic.num.partitions"))
@@ -118,6 +121,7 @@ class Broker:
     # -- start ------------------------------------------------------------------------------------
     def load(self) -> None:
         self.log_manager.load_all(self.topics.log_config, self.topics.topic_id_of)
+        self.replicas.load_high_watermarks()  # a corrupt replication-offset-checkpoint stops the start here
         self.topics.host_all()
         if self.metadata.topic(OFFSETS_TOPIC) is not None:
             self._open_offset_store()
@@ -183,6 +187,9 @@ class Broker:
                             "no brokers", listener)
         self._background.append(asyncio.ensure_future(self.log_manager.run_background()))
         self._background.append(asyncio.ensure_future(self._expire_producers()))
+        self._background.append(asyncio.ensure_future(self.replicas.run_high_watermark_checkpoints(
+            int(self.config.get("replica.high.watermark.checkpoint.interval.ms")))))
+        self._background.append(asyncio.ensure_future(self.replicas.run_isr_checks()))
         self._background.append(asyncio.ensure_future(self.groups.run()))
         self._background.append(asyncio.ensure_future(self._close_idle_connections()))
         log.info(
@@ -285,6 +292,10 @@ class Broker:
         await asyncio.gather(*self._background, return_exceptions=True)
         while self._owned:  # topic creations whose clients left: their partitions get hosted and committed
             await asyncio.gather(*self._owned, return_exceptions=True)
+        try:
+            self.replicas.write_high_watermarks()
+        except OSError as exc:
+            log.warning("could not write %s at shutdown: %s", self.replicas.checkpoint_path, exc)
         self.log_manager.shutdown()
         self.metadata.close()
         log.info("pykbroker broker %d stopped cleanly", self.broker_id)

@@ -203,6 +203,7 @@ GARBAGE = {
     SNAPSHOT: b"{not json",
     JOURNAL: b"this is not a record\n",
     "recovery-point-offset-checkpoint": b"0\n2\nt 0 x\n",
+    "replication-offset-checkpoint": b"0\n1\nt 0 three\n",
     "log-start-offset-checkpoint": b"zero\n",
     "producer-id-block": b"0\n1\n1000 5\n",
     "t-0/partition.metadata": b"version: 7\n",
@@ -220,6 +221,10 @@ def test_a_garbage_file_stops_the_start_with_one_line_naming_it(stopped_broker, 
     assert len(lines) == 1, lines
     assert str(broker.data_dir / name) in lines[0]
     assert "Traceback" not in lines[0]
+
+
+def test_a_clean_shutdown_checkpoints_the_high_water_marks(stopped_broker):
+    assert (stopped_broker.data_dir / "replication-offset-checkpoint").read_text() == "0\n1\nt 0 3\n"
 
 
 def test_a_torn_journal_tail_is_cut_and_the_broker_starts(stopped_broker):

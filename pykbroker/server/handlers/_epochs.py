@@ -31,4 +31,6 @@ def leader_partition(
     if partition is None:
         return None, ErrorCode.unknown_topic_or_partition
     error = epoch_error(current_leader_epoch, partition.leader_epoch)
+    if error == ErrorCode.none and not partition.is_leader:
+        error = ErrorCode.not_leader_or_follower  # no fetching from followers (KIP-392) here
     return (partition if error == ErrorCode.none else None), error

@@ -4,8 +4,12 @@ Behaviour: for each partition, whole record batches from the one containing fetc
 the high-water mark for consumers (followers, replica_id >= 0, read to the log end). Limits: the
 request's max_bytes across partitions and partition_max_bytes per partition, except that the first
 batch found is returned whole even if larger (KIP-74), so a consumer never stalls on a big batch. Long
-polls: with fewer than min_bytes available, the request parks until an append on one of its partitions or
-max_wait_ms, then answers with what there is. Record data is not read here: the response carries
+polls: with fewer than min_bytes available, the request parks until the HWM of one of its partitions moves
+(a follower's: until the log end moves) or max_wait_ms, then answers with what there is. Followers: a
+fetch from a replica id that is not an assigned replica of the partition gets UNKNOWN_LEADER_EPOCH when it
+names a current leader epoch and NOT_LEADER_OR_FOLLOWER when it does not (Kafka's
+Partition.followerReplicaOrThrow); an assigned follower's fetch offset is its log end offset for the HWM
+and the ISR (replication/partition.py). Record data is not read here: the response carries
 FileRecords, read from the segment files as the connection sends them. v13+ names topics by id (UNKNOWN_TOPIC_ID when unknown).
 Fetch sessions (KIP-227): we never create one and answer session id 0, which tells clients to send full
 fetches; closing a session (epoch -1) is answered with an empty response, an unknown session id with
@@ -39,6 +43,7 @@ class _Wanted:
     offset: int
     max_bytes: int
     current_leader_epoch: int
+    log_start_offset: int  # a follower's (-1 from consumers)
 
 
 def _resolve(ctx: RequestContext, request) -> list[list[_Wanted]]:
@@ -59,14 +64,23 @@ def _resolve(ctx: RequestContext, request) -> list[list[_Wanted]]:
                 partition, error = None, missing
             else:
                 partition, error = leader_partition(broker.replicas, info.name, p.partition, epoch)
-            wanted.append(_Wanted(key, p.partition, partition, error, p.fetch_offset, p.partition_max_bytes, epoch))
+            wanted.append(_Wanted(
+                key, p.partition, partition, error, p.fetch_offset, p.partition_max_bytes, epoch,
+                getattr(p, "log_start_offset", -1),
+            ))
         topics.append(wanted)
     return topics
 
 
-def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, is_follower: bool):
-    """One pass over every partition; returns (per-partition results, bytes read, any error)."""
+def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, replica_id: int):
+    """One pass over every partition; returns (per-partition results, bytes read, any error).
+
+    A follower's read (replica_id >= 0) goes to the log end and tells the partition how far that replica
+    has come (which may move the HWM and the ISR); a replica that is not assigned gets Kafka's error.
+    """
     replicas = ctx.broker.replicas
+    is_follower = replica_id >= 0
+    now = replicas.clock() if is_follower else 0
     remaining = max_bytes
     total = 0
     any_error = False
@@ -77,12 +91,19 @@ def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, 
             records = b""
             error = wanted.error
             partition = wanted.partition
+            if is_follower and error == ErrorCode.none and partition is not None:
+                error = partition.follower_fetch_error(replica_id, wanted.current_leader_epoch)
             if error == ErrorCode.none and partition is not None:
                 try:
                     limit = min(wanted.max_bytes, remaining)
-                    read = replicas.read(
-                        partition, wanted.offset, max(limit, 0), min_one=total == 0, up_to_hwm=not is_follower
-                    )
+                    if is_follower:
+                        leader_end = partition.log.log_end_offset  # before the read, as Kafka's readRecords
+                        read = replicas.read(partition, wanted.offset, max(limit, 0), min_one=total == 0, up_to_hwm=False)
+                        partition.update_follower_fetch_state(
+                            replica_id, wanted.offset, wanted.log_start_offset, now, leader_end
+                        )
+                    else:
+                        read = replicas.read(partition, wanted.offset, max(limit, 0), min_one=total == 0)
                     records = FileRecords(read) if read.slices else b""
                 except OffsetOutOfRange:
                     error = ErrorCode.offset_out_of_range
@@ -142,21 +163,23 @@ def fetch(ctx: RequestContext, request) -> object:
     if replica_id is None or replica_id == -1:
         replica_state = getattr(request, "replica_state", None)
         replica_id = replica_state.replica_id if replica_state is not None else -1
-    is_follower = replica_id >= 0
-    results, total, any_error = _read_all(ctx, topics, request.max_bytes, is_follower)
+    if replica_id is None or replica_id < 0:
+        replica_id = -1
+    results, total, any_error = _read_all(ctx, topics, request.max_bytes, replica_id)
     max_wait_ms = int(request.max_wait.total_seconds() * 1000)
     if total >= request.min_bytes or any_error or max_wait_ms <= 0 or not topics:
         return _respond(ctx, schema, results)
-    return _long_poll(ctx, schema, request, topics, is_follower, max_wait_ms)
+    return _long_poll(ctx, schema, request, topics, replica_id, max_wait_ms)
 
 
-async def _long_poll(ctx: RequestContext, schema, request, topics, is_follower: bool, max_wait_ms: int) -> object:
+async def _long_poll(ctx: RequestContext, schema, request, topics, replica_id: int, max_wait_ms: int) -> object:
     deadline = time.monotonic() + max_wait_ms / 1000
     partitions = [w.partition for topic in topics for w in topic if w.partition is not None]
+    follower = replica_id >= 0
     while True:
         remaining = deadline - time.monotonic()
-        await ctx.broker.replicas.wait_for_appends(partitions, remaining)
-        results, total, any_error = _read_all(ctx, topics, request.max_bytes, is_follower)
+        await ctx.broker.replicas.wait_for_appends(partitions, remaining, follower=follower)
+        results, total, any_error = _read_all(ctx, topics, request.max_bytes, replica_id)
         if total >= request.min_bytes or any_error or time.monotonic() >= deadline:
             return _respond(ctx, schema, results)
 

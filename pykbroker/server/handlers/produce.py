@@ -14,11 +14,16 @@ MESSAGE_TOO_LARGE, OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, NOT_ENO
 with fewer in-sync replicas than min.insync.replicas), INVALID_TOPIC_EXCEPTION for internal topics,
 INVALID_REQUIRED_ACKS for acks outside -1/0/1. acks=0 gets no response at all, as the protocol says; if
 any of its partitions has an error, the connection is closed instead (CloseConnection), as Kafka does.
+acks=all with followers waits until the HWM passes the batch (replication/purgatory.py): then NONE,
+NOT_ENOUGH_REPLICAS_AFTER_APPEND if the ISR shrank below min.insync.replicas meanwhile, REQUEST_TIMED_OUT
+after the request's timeout; NOT_LEADER_OR_FOLLOWER from a broker that does not lead the partition.
 Transactions are not implemented: a transactional produce gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 (clients cannot reach that point, since InitProducerId refuses transactional ids).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.protocol.records import more_than_one_batch
@@ -51,18 +56,42 @@ def _record_errors(schema, errors: tuple[tuple[int, str], ...]) -> tuple:
     )
 
 
+def _response(schema, version: int, topics: list[tuple[str, list[tuple[int, AppendOutcome]]]]) -> object:
+    responses = []
+    for name, outcomes in topics:
+        partitions = []
+        for index, outcome in outcomes:
+            partitions.append(
+                make(
+                    schema.PartitionProduceResponse,
+                    index=index,
+                    error_code=_for_version(outcome.error, version),
+                    base_offset=outcome.base_offset,
+                    log_append_time=outcome.log_append_time_ms,
+                    log_start_offset=outcome.log_start_offset,
+                    record_errors=_record_errors(schema, outcome.record_errors),
+                    error_message=outcome.message,
+                )
+            )
+        responses.append(make(schema.TopicProduceResponse, name=name, partition_responses=tuple(partitions)))
+    return make(schema.ProduceResponse, responses=tuple(responses), throttle_time=0)
+
+
 @handles(0)
 def produce(ctx: RequestContext, request) -> object:
     broker = ctx.broker
+    replicas = broker.replicas
     schema = response_module(ctx)
     version = ctx.version
     request_error = _outcome_for_request(ctx, request)
+    acks_all = request.acks == -1
+    waits = None  # (topic, index, last offset, min.insync.replicas, where the outcome is) of appends awaiting the ISR
     topics = []
     for topic_data in request.topic_data:
         name = topic_data.name
         info = broker.metadata.topic(name)
         min_isr = broker.topics.min_insync_replicas(name) if info is not None else 1
-        partitions = []
+        outcomes = []
         for partition_data in topic_data.partition_data:
             if request_error is not None:
                 outcome = AppendOutcome(request_error)
@@ -79,28 +108,37 @@ def produce(ctx: RequestContext, request) -> object:
                     "record batch per partition",
                 )
             else:
-                outcome = broker.replicas.append(
+                outcome = replicas.append(
                     name, partition_data.index, partition_data.records, acks=request.acks, min_insync_replicas=min_isr
                 )
-            partitions.append(
-                make(
-                    schema.PartitionProduceResponse,
-                    index=partition_data.index,
-                    error_code=_for_version(outcome.error, version),
-                    base_offset=outcome.base_offset,
-                    log_append_time=outcome.log_append_time_ms,
-                    log_start_offset=outcome.log_start_offset,
-                    record_errors=_record_errors(schema, outcome.record_errors),
-                    error_message=outcome.message,
-                )
-            )
-        topics.append(make(schema.TopicProduceResponse, name=name, partition_responses=tuple(partitions)))
+                if acks_all and outcome.has_followers and replicas.needs_replication_wait(
+                    name, partition_data.index, outcome, min_isr
+                ):
+                    if waits is None:
+                        waits = []
+                    waits.append((name, partition_data.index, outcome.last_offset, min_isr, outcomes, len(outcomes)))
+            outcomes.append((partition_data.index, outcome))
+        topics.append((name, outcomes))
     if request.acks == 0:
         # Kafka (KafkaApis.handleProduceRequest) closes the connection when an acks=0 request has any
         # partition error: the producer reads no answer, but notices the close and refreshes its metadata.
-        failed = [f"{topic.name}-{p.index}: {p.error_code.name}" for topic in topics for p in topic.partition_responses
-                  if p.error_code != ErrorCode.none]
+        failed = [f"{name}-{index}: {outcome.error.name}" for name, outcomes in topics for index, outcome in outcomes
+                  if outcome.error != ErrorCode.none]
         if failed:
             return CloseConnection("acks=0 produce failed for " + ", ".join(failed))
         return NO_RESPONSE
-    return make(schema.ProduceResponse, responses=tuple(topics), throttle_time=0)
+    if waits is not None:
+        timeout_ms = int(request.timeout.total_seconds() * 1000)
+        operation = replicas.delay_produce([w[:4] for w in waits], timeout_ms)
+        return _after_replication(replicas, operation, schema, version, topics, waits)
+    return _response(schema, version, topics)
+
+
+async def _after_replication(replicas, operation, schema, version: int, topics, waits) -> object:
+    """acks=all: answer once the ISR has the records (or the error the wait ended with)."""
+    errors = await replicas.purgatory.wait(operation)
+    for (_, _, _, _, outcomes, position), error in zip(waits, errors):
+        if error != ErrorCode.none:
+            index, outcome = outcomes[position]
+            outcomes[position] = (index, dataclasses.replace(outcome, error=error))
+    return _response(schema, version, topics)
