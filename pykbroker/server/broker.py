@@ -166,7 +166,6 @@ class Broker:
             log.warning("the C record walker (pykbroker._speedups) is not built: records are validated in pure "
                         "Python, several times slower; install with a C compiler present to build it")
         self.load()
-        loop = asyncio.get_running_loop()
         max_request = int(self.config.get("socket.request.max.bytes"))
         bound_ports = {listener.name: sock.getsockname()[1] for listener, sock in listening}
         for advertised in self.config.advertised_listeners:

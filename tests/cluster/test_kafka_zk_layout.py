@@ -17,7 +17,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -27,20 +26,8 @@ pytest.importorskip("kazoo", reason="kazoo is not installed (pip install kazoo, 
 from pykbroker.cluster import zookeeper as zkm
 from pykbroker.cluster.zk_server import free_port
 from pykbroker.cluster.zookeeper import Endpoint, KafkaZkClient
+from cluster_helpers import wait_for
 
-
-
-async def wait_for(predicate, timeout: float = 15.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

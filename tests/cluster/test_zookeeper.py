@@ -25,21 +25,9 @@ from pykbroker.cluster.zookeeper import (
     SessionEvent,
     StaleZkVersion,
 )
+from cluster_helpers import wait_for
 
 EP = [Endpoint("PLAINTEXT", "127.0.0.1", 19092)]
-
-
-async def wait_for(predicate, timeout: float = 15.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def started(connect: str, **kw) -> KafkaZkClient:

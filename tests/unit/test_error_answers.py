@@ -8,7 +8,6 @@ when the request holds a null its schema forbids.
 
 import dataclasses
 import datetime
-import io
 import json
 import struct
 import typing
