@@ -12,6 +12,7 @@ of that state (see ``poll``)."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -34,6 +35,8 @@ from test_groups_common import (
     wait_until,
 )
 from test_kafka_python import create_topic, produce
+
+log = logging.getLogger(__name__)
 
 FAST_GROUP = {"session_timeout_ms": SESSION_TIMEOUT_MS, "heartbeat_interval_ms": HEARTBEAT_INTERVAL_MS,
               "auto_offset_reset": "earliest", "metadata_max_age_ms": 1000}
@@ -80,6 +83,8 @@ def poll(consumer: KafkaConsumer, timeout_ms: int) -> dict:
     if it had kept the flag: the next poll joins again (a new generation) and this time waits for it."""
     records = consumer.poll(timeout_ms=timeout_ms)
     if lost_join(consumer):
+        log.warning("%s: kafka-python lost its join (generation %s); asking for a rejoin",
+                    consumer.config["client_id"], consumer._coordinator._generation.generation_id)
         consumer._coordinator.request_rejoin()
     return records
 
