@@ -6,9 +6,8 @@ Settings beyond the defaults: short session timeouts and heartbeat intervals, an
 auto_offset_reset='earliest'. Run as ``python test_groups_kafka_python.py member BOOTSTRAP GROUP TOPIC`` this
 file is one group member that prints its assignment (the crash scenario kills it).
 
-kafka-python 3.0.12 loses a join it started itself, and the member then hangs without a word: members here
-subscribe once the topic's partitions are known and poll through ``poll`` below, which takes the client out
-of that state (see ``poll``)."""
+kafka-python 3.0.12 can lose a join it started itself, and the member then hangs without a word: members
+here poll through ``poll`` below, which takes the client out of that state (see ``lost_join``)."""
 
 from __future__ import annotations
 
@@ -42,25 +41,14 @@ FAST_GROUP = {"session_timeout_ms": SESSION_TIMEOUT_MS, "heartbeat_interval_ms":
               "auto_offset_reset": "earliest", "metadata_max_age_ms": 1000}
 
 
-def subscribe(consumer: KafkaConsumer, topic: str, listener: ConsumerRebalanceListener | None = None) -> None:
-    """Subscribe once the consumer knows the topic's partitions.
-
-    Subscribing first, kafka-python asks for the topic's metadata only at its next periodic refresh (up to
-    metadata_max_age_ms later), so with a broker that rebalances at once (no initial delay) the first
-    generation is assigned from metadata without the topic: every member gets nothing, and the leader
-    rejoins as soon as the metadata arrives. That rejoin is the one kafka-python can lose (see ``poll``)."""
-    deadline = time.monotonic() + TIMEOUT_S
-    while not consumer.partitions_for_topic(topic):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"kafka-python never saw the partitions of {topic}")
-        time.sleep(0.05)
-    consumer.subscribe([topic], listener=listener)
-
-
 def lost_join(consumer: KafkaConsumer) -> bool:
     """The client's join finished but its result was never taken in: kafka-python 3.0.12 will not go on.
 
     How it happens (kafka/coordinator/base.py and consumer.py of 3.0.12):
+    * the leader records the metadata its assignment used (consumer.py:473), but that snapshot is rebuilt only
+      when a metadata update arrives (consumer.py:203), so the first assignment after subscribe() records
+      one without the topic ({}); at the next metadata refresh (metadata_max_age_ms) need_rejoin() sees
+      the difference and the leader rejoins: a second rebalance right after the first, in every group;
     * a rejoin asked for by ConsumerCoordinator.need_rejoin because the metadata changed since the leader's
       assignment (consumer.py:605-609) leaves the base flag ``rejoin_needed`` False (set at base.py:544);
     * join_group_async (base.py:480) runs the JoinGroup -> SyncGroup task; poll's timer expires while it is
@@ -119,8 +107,8 @@ class Member(MemberLog, threading.Thread):
 
     def run(self) -> None:
         consumer = KafkaConsumer(**self.settings)
+        consumer.subscribe([self.topic], listener=_Listener(self))
         try:
-            subscribe(consumer, self.topic, _Listener(self))
             while not self.stopping.is_set():
                 for tp, records in poll(consumer, 50).items():
                     for record in records:
@@ -181,15 +169,14 @@ KAFKA_PYTHON = GroupClient(create_topic=create_topic, produce_values=produce_val
 def test_a_join_kafka_python_lost_is_made_again_by_the_members_poll(broker_factory, topic_name):
     """kafka-python's lost join (``lost_join``) made on purpose, on an idle machine: the client alone stays
     out of the group for good; the members' ``poll`` brings it back in a new generation with every
-    partition. On a loaded machine the same state arises by itself: before the members' ``subscribe`` and
-    ``poll``, 2 of 29 runs of the five kafka-python group scenarios under stress-ng (2 cores) hung a member
-    this way."""
+    partition. On a loaded machine the same state arises by itself: before the members' ``poll``, 2 of 29
+    runs of the five kafka-python group scenarios under stress-ng (2 cores) hung a member this way."""
     broker = broker_factory.make(config=BROKER_CONFIG)
     create_topic(broker.bootstrap, topic_name)
     group = f"{topic_name}-g"
     consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=group, **FAST_GROUP)
     try:
-        subscribe(consumer, topic_name)
+        consumer.subscribe([topic_name])
         coordinator = consumer._coordinator
         wait_until(lambda: poll(consumer, 50) is not None and coordinator.state is MemberState.STABLE
                    and {tp.partition for tp in consumer.assignment()} == ALL, "the first assignment")
@@ -231,7 +218,7 @@ def _member_main(bootstrap: str, group: str, topic: str) -> None:
             print_assignment(owned)
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, **FAST_GROUP)
-    subscribe(consumer, topic, Report())
+    consumer.subscribe([topic], listener=Report())
     while True:
         poll(consumer, 100)
 
