@@ -183,6 +183,19 @@ class TopicAdmin:
             )
 
     def ensure_internal(self, name: str, partitions: int) -> TopicInfo:
+        """The internal topic, created if absent and every partition hosted, at once (see
+        ``ensure_internal_async`` for the way that lets other requests run in between)."""
+        info = self._internal(name, partitions)
+        self._host(info)  # hosting is idempotent: finishes what an async creation has not hosted yet
+        return info
+
+    async def ensure_internal_async(self, name: str, partitions: int) -> TopicInfo:
+        """The internal topic, created if absent, its partitions hosted one at a time (``host_async``)."""
+        info = self._internal(name, partitions)
+        await self.host_async(info)
+        return info
+
+    def _internal(self, name: str, partitions: int) -> TopicInfo:
         info = self.metadata.topic(name)
         if info is None:
             # Kafka compacts __consumer_offsets; pykbroker has no compaction yet, so the internal topic keeps
@@ -190,7 +203,6 @@ class TopicAdmin:
             self._effective_cache.pop(name, None)
             info = self.metadata.create_topic(name, partitions, 1, {"retention.ms": "-1"})
             self.metadata.commit()
-            self._host(info)
         return info
 
     def add_partitions(self, name: str, total: int, *, validate_only: bool = False) -> TopicInfo | None:

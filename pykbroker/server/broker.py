@@ -104,6 +104,7 @@ class Broker:
         self.producer_ids = ProducerRegistry(ProducerIdAllocator(data_dir / "producer-id-block"))
         self.offsets_partitions = int(config.get("offsets.topic.num.partitions"))
         self._offset_store: OffsetStore | None = None
+        self._offsets_creation: asyncio.Task | None = None  # __consumer_offsets being created (open_offset_store)
         self.groups = GroupCoordinator(
             lambda: self.offset_store, lambda topic, index: self.replicas.partition(topic, index) is not None,
             GroupConfig.from_broker_config(config), store_if_open=lambda: self._offset_store,
@@ -135,11 +136,34 @@ class Broker:
 
     @property
     def offset_store(self) -> OffsetStore:
-        """The committed-offsets store; creates __consumer_offsets on first use, as Kafka does."""
+        """The committed-offsets store; creates __consumer_offsets on first use, as Kafka does, at once.
+        FindCoordinator, every client's first group request, uses ``open_offset_store`` instead."""
         if self._offset_store is None:
             self.topics.ensure_internal(OFFSETS_TOPIC, self.offsets_partitions)
             self._open_offset_store()
         return self._offset_store  # type: ignore[return-value]
+
+    @property
+    def offset_store_open(self) -> bool:
+        return self._offset_store is not None
+
+    async def open_offset_store(self) -> OffsetStore:
+        """The committed-offsets store; on first use __consumer_offsets (50 partitions by default, a few
+        fsyncs each) is created in a broker-owned task that hosts one partition at a time, so other
+        clients are served meanwhile; the requests that asked wait for it."""
+        if self._offset_store is None:
+            if self._offsets_creation is None:
+                self._offsets_creation = self.run_owned(self._create_offsets_topic())
+            await asyncio.shield(self._offsets_creation)
+        return self.offset_store
+
+    async def _create_offsets_topic(self) -> None:
+        try:
+            await self.topics.ensure_internal_async(OFFSETS_TOPIC, self.offsets_partitions)
+            if self._offset_store is None:  # (the synchronous path may have finished it meanwhile)
+                self._open_offset_store()
+        finally:
+            self._offsets_creation = None
 
     def run_owned(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         """Run ``work`` in a task the broker owns: it finishes even if the request that started it is

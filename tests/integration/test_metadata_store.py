@@ -25,7 +25,9 @@ from kio.schema.api_versions.v0.request import ApiVersionsRequest
 from kio.schema.create_partitions.v3 import request as cp
 from kio.schema.create_topics.v7 import request as ct
 from kio.schema.errors import ErrorCode
+from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
 from kio.schema.metadata.v12 import request as md
+from kio.static.primitive import i8
 
 from broker_process import REPO_ROOT, BrokerProcess, list_offset, produce_raw, send_request
 from pykbroker.protocol.records import build_batch
@@ -126,6 +128,33 @@ def test_creating_2000_topics_in_batches_never_stalls_api_versions(broker):
     # The store survives a restart with every topic, from the journal and its snapshot.
     broker.restart()
     assert sum(1 for t in metadata(broker.address) if t.name.startswith("many-")) == 2000
+
+
+def test_other_clients_are_served_while_the_first_find_coordinator_creates_the_offsets_topic(broker_factory):
+    """__consumer_offsets is created on first use: its partitions are hosted one at a time, so ApiVersions
+    on another connection is answered while the creation is half done (the old code held the event loop
+    for the whole topic: a probe saw either none or all of its partitions), and FindCoordinator answers
+    once every partition is there."""
+    partitions = 400
+    broker = broker_factory(config={"offsets.topic.num.partitions": partitions})
+    answers: list = []
+
+    def offsets_dirs() -> int:
+        return sum(1 for p in broker.data_dir.iterdir() if p.name.startswith("__consumer_offsets-"))
+
+    asking = threading.Thread(target=lambda: answers.append(send_request(
+        broker.address, FindCoordinatorRequest(key_type=i8(0), coordinator_keys=("first-group",)), timeout=60)))
+    asking.start()
+    seen_mid_creation = []
+    deadline = time.monotonic() + 60
+    while asking.is_alive() and time.monotonic() < deadline:
+        send_request(broker.address, ApiVersionsRequest(), timeout=10)
+        if 0 < offsets_dirs() < partitions:
+            seen_mid_creation.append(offsets_dirs())
+    asking.join(5)
+    assert answers and answers[0].coordinators[0].error_code == ErrorCode.none
+    assert offsets_dirs() == partitions
+    assert seen_mid_creation, "no ApiVersions was answered while __consumer_offsets was being created"
 
 
 # -- partition.metadata and logs of unknown topics ---------------------------------------------------------

@@ -1,7 +1,8 @@
 """FindCoordinator (key 10), v0-6 (batched coordinator_keys from v4).
 
 Behaviour: on a single broker this broker coordinates every group; asking creates __consumer_offsets
-if it does not exist yet (as Kafka does). The endpoint given is the one of the listener the request
+if it does not exist yet (as Kafka does): the answer waits until its partitions are hosted, which
+happens one partition at a time so that other clients are served meanwhile. The endpoint given is the one of the listener the request
 arrived on, as Kafka answers. An empty group id: INVALID_REQUEST; an unknown key type: INVALID_REQUEST.
 Success carries error_message "NONE" before v4 and "" from v4, as Kafka 3.7 answers.
 
@@ -37,12 +38,29 @@ def _locate(ctx: RequestContext, key: str, key_type: int) -> tuple[ErrorCode, st
     own = [b for b in ctx.broker.brokers_on(ctx.listener) if b.broker_id == ctx.broker.broker_id]
     if not own:  # this listener is not advertised: no endpoint to give
         return ErrorCode.coordinator_not_available, None, None
-    ctx.broker.offset_store  # creates __consumer_offsets on first use
     return ErrorCode.none, None, own[0]
 
 
 @handles(10)
 def find_coordinator(ctx: RequestContext, request) -> object:
+    answer = _answer(ctx, request)
+    if ctx.broker.offset_store_open or not _found_a_group_coordinator(answer, ctx.version):
+        return answer
+    return _after_offsets_topic(ctx, answer)
+
+
+def _found_a_group_coordinator(answer, version: int) -> bool:
+    if version >= 4:
+        return any(c.error_code == ErrorCode.none for c in answer.coordinators)
+    return answer.error_code == ErrorCode.none
+
+
+async def _after_offsets_topic(ctx: RequestContext, answer) -> object:
+    await ctx.broker.open_offset_store()  # creates __consumer_offsets on first use
+    return answer
+
+
+def _answer(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
     key_type = getattr(request, "key_type", GROUP_KEY)
     if ctx.version >= 4:
