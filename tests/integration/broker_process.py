@@ -261,6 +261,14 @@ def send_request(address: tuple[str, int], request, *, correlation_id: int = 1,
                  client_id: str = "pykbroker-tests", timeout: float = 10.0):
     """Encode `request` (a kio request entity) with the header version its API version requires, send it,
     and decode the answer as the matching kio response entity."""
+    return send_request_now(address, request, correlation_id=correlation_id, client_id=client_id,
+                            timeout=timeout)()
+
+
+def send_request_now(address: tuple[str, int], request, *, correlation_id: int = 1,
+                     client_id: str = "pykbroker-tests", timeout: float = 10.0):
+    """Send `request` now on a new connection; returns a function that waits for and decodes its answer
+    (so a test can do something else while the request is with the broker)."""
     header_type = RequestHeaderV2 if request.__flexible__ else RequestHeaderV1
     body = io.BytesIO()
     entity_writer(header_type)(body, header_type(
@@ -269,18 +277,23 @@ def send_request(address: tuple[str, int], request, *, correlation_id: int = 1,
     entity_writer(type(request))(body, request)
     frame = body.getvalue()
     response_type = load_response_from_request(type(request))
-    with socket.create_connection(address, timeout=timeout) as sock:
-        sock.sendall(struct.pack(">i", len(frame)) + frame)
-        (size,) = struct.unpack(">i", read_exact(sock, 4))
-        payload = read_exact(sock, size)
-    header, header_size = entity_reader(response_type.__header_schema__)(payload, 0)
-    if header.correlation_id != correlation_id:
-        raise ProtocolError(f"correlation id {header.correlation_id}, expected {correlation_id}")
-    response, body_size = entity_reader(response_type)(payload, header_size)
-    if header_size + body_size != len(payload):
-        raise ProtocolError(f"{response_type.__name__}: {len(payload) - header_size - body_size} "
-                            "trailing bytes after the response body")
-    return response
+    sock = socket.create_connection(address, timeout=timeout)
+    sock.sendall(struct.pack(">i", len(frame)) + frame)
+
+    def answer():
+        with sock:
+            (size,) = struct.unpack(">i", read_exact(sock, 4))
+            payload = read_exact(sock, size)
+        header, header_size = entity_reader(response_type.__header_schema__)(payload, 0)
+        if header.correlation_id != correlation_id:
+            raise ProtocolError(f"correlation id {header.correlation_id}, expected {correlation_id}")
+        response, body_size = entity_reader(response_type)(payload, header_size)
+        if header_size + body_size != len(payload):
+            raise ProtocolError(f"{response_type.__name__}: {len(payload) - header_size - body_size} "
+                                "trailing bytes after the response body")
+        return response
+
+    return answer
 
 
 def probe_api_versions(address: tuple[str, int], timeout: float = 1.0):

@@ -13,11 +13,13 @@ from kio.schema.delete_topics.v6 import request as dt
 from kio.schema.describe_cluster.v1 import request as dc
 from kio.schema.describe_configs.v4 import request as dcfg
 from kio.schema.errors import ErrorCode
+from kio.schema.fetch.v4 import request as fetch
 from kio.schema.list_offsets.v9 import request as lo
 from kio.schema.metadata.v12 import request as md
 from kio.schema.offset_for_leader_epoch.v4 import request as ofle
+from kio.static.primitive import i32, i32Timedelta, i64
 
-from broker_process import produce_raw, send_request
+from broker_process import produce_raw, send_request, send_request_now
 from pykbroker.protocol.records import build_batch
 
 TIMEOUT = datetime.timedelta(seconds=10)
@@ -101,6 +103,24 @@ def test_create_partitions_grows_and_refuses_to_shrink(address, topic_name):
     assert len(metadata(address, topic_name).topics[0].partitions) == 4
     assert grow(3) == ErrorCode.invalid_partitions
     assert produce_raw(address, topic_name, 3, build_batch([(b"k", b"v")]), acks=1).error_code == ErrorCode.none
+
+
+def test_a_long_poll_on_a_topic_being_deleted_answers_unknown_topic(address, topic_name):
+    """A Fetch parked on an empty partition (long poll) when its topic is deleted answers
+    UNKNOWN_TOPIC_OR_PARTITION, as Kafka does, not an empty read of a log that no longer exists."""
+    create(address, topic_name)
+    request = fetch.FetchRequest(
+        replica_id=-1, max_wait=i32Timedelta.parse(datetime.timedelta(seconds=20)), min_bytes=i32(1),
+        max_bytes=i32(1 << 20), isolation_level=0, topics=(fetch.FetchTopic(topic=topic_name, partitions=(
+            fetch.FetchPartition(partition=i32(0), fetch_offset=i64(0), partition_max_bytes=i32(1 << 20)),)),))
+    # The Fetch's bytes are with the broker before the deletion is sent; should the broker still take
+    # the deletion first, the Fetch finds no topic and the answer is the same.
+    parked = send_request_now(address, request, timeout=30)
+    response = send_request(address, dt.DeleteTopicsRequest(
+        topics=(dt.DeleteTopicState(name=topic_name, topic_id=None),), timeout=TIMEOUT))
+    assert response.responses[0].error_code == ErrorCode.none
+    answer = parked()
+    assert answer.responses[0].partitions[0].error_code == ErrorCode.unknown_topic_or_partition
 
 
 def test_delete_topic_by_name_and_id(address, topic_name):

@@ -91,6 +91,8 @@ def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, 
             records = b""
             error = wanted.error
             partition = wanted.partition
+            if error == ErrorCode.none and partition is not None and replicas.partition(partition.topic, partition.index) is not partition:
+                error = ErrorCode.unknown_topic_or_partition  # deleted while a long poll waited on it
             if is_follower and error == ErrorCode.none and partition is not None:
                 error = partition.follower_fetch_error(replica_id, wanted.current_leader_epoch)
             if error == ErrorCode.none and partition is not None:
