@@ -485,7 +485,7 @@ _TOPIC_CONFIG_DEFS = (
         "file.delete.delay.ms",
         "long",
         60000,
-        "Delay before a deleted segment's files are removed.",
+        "Accepted for Kafka compatibility; segment files being sent stay open until sent, whatever the delay.",
         _AT_LEAST_0,
         ("log.segment.delete.delay.ms",),
     ),

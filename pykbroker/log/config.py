@@ -20,7 +20,6 @@ class LogConfig:
     message_timestamp_before_max_ms: int = (1 << 63) - 1  # message.timestamp.before.max.ms
     message_timestamp_after_max_ms: int = (1 << 63) - 1  # message.timestamp.after.max.ms
     max_message_bytes: int = 1048588  # max.message.bytes (per batch, as Kafka checks it)
-    file_delete_delay_ms: int = 60000  # file.delete.delay.ms
 
     def __post_init__(self) -> None:
         if self.message_timestamp_type not in TIMESTAMP_TYPES:
@@ -30,8 +29,8 @@ class LogConfig:
             raise ValueError("segment.bytes must be at least 14")
         if self.segment_index_bytes < 12:
             raise ValueError("segment.index.bytes must be at least 12")
-        if self.index_interval_bytes < 0 or self.max_message_bytes < 0 or self.file_delete_delay_ms < 0:
-            raise ValueError("index.interval.bytes, max.message.bytes and file.delete.delay.ms must not be negative")
+        if self.index_interval_bytes < 0 or self.max_message_bytes < 0:
+            raise ValueError("index.interval.bytes and max.message.bytes must not be negative")
         if self.segment_ms < 1:
             raise ValueError("segment.ms must be positive")
 

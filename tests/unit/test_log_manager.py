@@ -166,7 +166,7 @@ def test_data_dir_lock(tmp_path):
 def test_background_task_flushes_checkpoints_and_applies_retention(tmp_path):
     async def scenario() -> None:
         manager = LogManager(tmp_path, flush_interval_ms=20, retention_check_interval_ms=20)
-        retained = LogConfig(segment_bytes=2048, index_interval_bytes=256, retention_ms=1_000, file_delete_delay_ms=0)
+        retained = LogConfig(segment_bytes=2048, index_interval_bytes=256, retention_ms=1_000)
         log = manager.create("t", 0, retained)
         for i in range(60):
             log.append(build_batch([(None, b"v" * 20)] * 2, timestamp_ms=i), leader_epoch=0, now_ms=i)

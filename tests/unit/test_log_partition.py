@@ -528,7 +528,7 @@ def test_delete_records_before_moves_log_start(tmp_path):
 
 
 def test_retention_by_time_moves_log_start(tmp_path):
-    config = LogConfig(segment_bytes=1024, index_interval_bytes=128, retention_ms=1_000, file_delete_delay_ms=0)
+    config = LogConfig(segment_bytes=1024, index_interval_bytes=128, retention_ms=1_000)
     log = open_log(tmp_path, config)
     fill(log, [3] * 20, ts=10_000)  # offsets 0-59, timestamps 10_000 .. 10_019
     recent = fill(log, [3] * 20, ts=50_000)  # offsets 60-119
@@ -575,7 +575,7 @@ def _open_files_under(directory: Path) -> int:
 
 
 def test_deleted_segment_stays_readable_for_a_fetch_in_flight_and_closes_when_the_fetch_lets_go(tmp_path):
-    # The default file.delete.delay.ms (60 s): pins, not a timer, keep in-flight reads working.
+    # Pins, not a file.delete.delay.ms timer, keep in-flight reads working.
     config = LogConfig(segment_bytes=1024, index_interval_bytes=128, retention_ms=0)
     log = open_log(tmp_path, config)
     expected = fill(log, [3] * 20, ts=0)
