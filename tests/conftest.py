@@ -7,6 +7,20 @@ on sys.path, so a stale installed copy can never be what the tests exercise.
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
+
+# Tests that start servers (brokers, ZooKeeper, Kafka): a hung client or server must fail the test, not
+# the CI run. Tests and modules may set their own timeout.
+SERVER_TEST_DIRS = (Path(__file__).parent / "integration", Path(__file__).parent / "cluster")
+DEFAULT_SERVER_TEST_TIMEOUT_S = 120
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        parents = Path(item.fspath).parents
+        if any(d in parents for d in SERVER_TEST_DIRS) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(DEFAULT_SERVER_TEST_TIMEOUT_S))

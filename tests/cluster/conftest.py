@@ -22,17 +22,6 @@ import pytest
 
 from pykbroker.cluster.zk_server import ZooKeeperServer, ZooKeeperUnavailable, find_install
 
-DEFAULT_CLUSTER_TIMEOUT_S = 120
-
-
-def pytest_collection_modifyitems(config, items):
-    from pathlib import Path
-
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(item.fspath).parents and item.get_closest_marker("timeout") is None:
-            item.add_marker(pytest.mark.timeout(DEFAULT_CLUSTER_TIMEOUT_S))
-
 
 def _install_or_skip():
     try:

@@ -20,16 +20,6 @@ import pytest
 
 from broker_process import BrokerProcess
 
-# A hung client must fail the test, not the CI run. Tests and modules may set their own timeout.
-DEFAULT_INTEGRATION_TIMEOUT_S = 120
-
-
-def pytest_collection_modifyitems(config, items):
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(item.fspath).parents and item.get_closest_marker("timeout") is None:
-            item.add_marker(pytest.mark.timeout(DEFAULT_INTEGRATION_TIMEOUT_S))
-
 
 class BrokerFactory:
     """Starts brokers in numbered subdirectories of one temp dir and closes them all at teardown."""
