@@ -442,20 +442,11 @@ def _write_varint(out: bytearray, value: int) -> None:
 
 
 def _read_varint(buf, pos: int) -> tuple[int, int]:
-    shift = 0
-    result = 0
-    while True:
-        if pos >= len(buf):
-            raise InvalidRecordBatch("truncated varint in record")
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            break
-        shift += 7
-        if shift > 63:
-            raise InvalidRecordBatch("varint too long")
-    return (result >> 1) ^ -(result & 1), pos
+    """A zigzag varint of a record being decoded (the validating walk's reader, its errors as InvalidRecordBatch)."""
+    try:
+        return _varint64(buf, pos, len(buf))
+    except _Malformed:
+        raise InvalidRecordBatch("truncated or over-long varint in record") from None
 
 
 def _write_bytes(out: bytearray, value: bytes | None) -> None:
