@@ -16,7 +16,6 @@ from __future__ import annotations
 import atexit
 import ctypes
 import datetime
-import io
 import os
 import signal
 import socket
@@ -34,11 +33,10 @@ from kio.schema.fetch.v4.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
 from kio.schema.list_offsets.v1.request import ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
 from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
-from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
-from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 from kio.static.primitive import i16, i32, i32Timedelta, i64
 
+from pykbroker.protocol.client import encode_request
 from pykbroker.protocol.records import CODEC_NAMES, LOG_OVERHEAD, read_header
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -269,16 +267,9 @@ def send_request_now(address: tuple[str, int], request, *, correlation_id: int =
                      client_id: str = "pykbroker-tests", timeout: float = 10.0):
     """Send `request` now on a new connection; returns a function that waits for and decodes its answer
     (so a test can do something else while the request is with the broker)."""
-    header_type = RequestHeaderV2 if request.__flexible__ else RequestHeaderV1
-    body = io.BytesIO()
-    entity_writer(header_type)(body, header_type(
-        request_api_key=request.__api_key__, request_api_version=request.__version__,
-        correlation_id=i32(correlation_id), client_id=client_id))
-    entity_writer(type(request))(body, request)
-    frame = body.getvalue()
     response_type = load_response_from_request(type(request))
     sock = socket.create_connection(address, timeout=timeout)
-    sock.sendall(struct.pack(">i", len(frame)) + frame)
+    sock.sendall(encode_request(request, correlation_id, client_id))
 
     def answer():
         with sock:

@@ -22,7 +22,6 @@ many connections, and the other clients are served meanwhile (issue 7, "memory g
 from __future__ import annotations
 
 import datetime
-import io
 import select
 import socket
 import struct
@@ -31,15 +30,11 @@ import time
 import pytest
 from kio.schema.fetch.v4.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
-from kio.schema.request_header.v1.header import RequestHeader
-from kio.schema.request_header.v2.header import RequestHeader as FlexibleRequestHeader
-from kio.serial import entity_writer
-from kio.static.primitive import i32, i32Timedelta, i64
-
 from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
-from kio.static.primitive import i16
+from kio.static.primitive import i16, i32, i32Timedelta, i64
 
 from broker_process import ProtocolError, fetch_raw, probe_api_versions, produce_raw, send_request
+from pykbroker.protocol.client import encode_request
 from pykbroker.protocol.records import build_batch, iter_headers
 
 MIB = 1024 * 1024
@@ -63,13 +58,7 @@ def _rss_mib(broker) -> float:
 
 
 def _frame(request, correlation_id: int) -> bytes:
-    out = io.BytesIO()
-    header = FlexibleRequestHeader if request.__flexible__ else RequestHeader
-    entity_writer(header)(out, header(
-        request_api_key=request.__api_key__, request_api_version=request.__version__,
-        correlation_id=i32(correlation_id), client_id="limits"))
-    entity_writer(type(request))(out, request)
-    return struct.pack(">i", out.tell()) + out.getvalue()
+    return encode_request(request, correlation_id, "limits")
 
 
 def _fill_topic(broker, topic: str) -> int:
