@@ -80,6 +80,11 @@ def main() -> None:
 )
 @click.option("--broker-id", type=int, help="This broker's id (Kafka's broker.id).  [default: 1]")
 @click.option(
+    "--zookeeper",
+    help="Join a cluster coordinated by ZooKeeper: HOST:PORT[,HOST:PORT][/chroot] (Kafka's zookeeper.connect). "
+    "[default: none, the embedded single-node metadata; env PYKBROKER_ZOOKEEPER_CONNECT]",
+)
+@click.option(
     "--config",
     "config_file",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -108,6 +113,7 @@ def serve(
     listeners: str | None,
     advertised_listeners: str | None,
     broker_id: int | None,
+    zookeeper: str | None,
     config_file: Path | None,
     log_level: str | None,
     fsync: str | None,
@@ -128,6 +134,7 @@ def serve(
         "listeners": listeners,
         "advertised_listeners": advertised_listeners,
         "broker_id": broker_id,
+        "zookeeper.connect": zookeeper,
         "log_level": log_level,
         "fsync": fsync,
     }

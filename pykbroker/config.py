@@ -344,6 +344,15 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
     _broker("zookeeper.session.timeout.ms", "int", 18000, "ZooKeeper session timeout.", _AT_LEAST_1),
     _broker("zookeeper.connection.timeout.ms", "int", None, "Max wait to connect to ZooKeeper; unset uses the session timeout."),
     _broker("controller.socket.timeout.ms", "int", 30000, "Socket timeout for controller-to-broker requests."),
+    _broker(
+        "inter.broker.listener.name",
+        "string",
+        None,
+        "The listener brokers and the controller reach each other on; unset: the first advertised listener.",
+    ),
+    _broker("controlled.shutdown.enable", "boolean", True, "Hand leaderships over to other brokers before stopping."),
+    _broker("controlled.shutdown.max.retries", "int", 3, "Controlled shutdown attempts before an unclean stop."),
+    _broker("controlled.shutdown.retry.backoff.ms", "long", 5000, "Wait between controlled shutdown attempts."),
     # listeners (see resolve_listeners)
     _broker("listeners", "string", None, "NAME://host:port,... to listen on; unset: one PLAINTEXT listener on host:port."),
     _broker("advertised.listeners", "string", None, "NAME://host:port,... given to clients; unset: the listeners."),

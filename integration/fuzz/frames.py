@@ -31,13 +31,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable
 
-from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_writer
 from kio.serial import _introspect as introspect
 from kio.static.primitive import i32Timedelta, i64Timedelta
 
-from pykbroker.protocol.apis import SUPPORTED_APIS
+from pykbroker.protocol.apis import SUPPORTED_APIS, codec_for
 from pykbroker.protocol.framing import FrameError, decode_request, read_prefix
 from pykbroker.protocol.records import build_batch
 
@@ -144,7 +143,7 @@ def generated_frames(per_version: int = GENERATED_PER_VERSION, seed: int = CORPU
     frames = []
     for api in sorted(SUPPORTED_APIS.values(), key=lambda a: a.key):
         for version in range(api.min_version, api.max_version + 1):
-            schema = load_request_schema(api.key, version)
+            schema = codec_for(api.key, version).request_type  # kio's, or the generated inter-broker ones
             for _ in range(per_version):
                 frames.append(request_frame(build_entity(schema, rng), rng.randrange(1 << 31)))
     return frames

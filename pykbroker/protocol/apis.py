@@ -18,6 +18,7 @@ from typing import Any, Callable
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
+from pykbroker.protocol import interbroker
 from pykbroker.protocol.guard import compile_request_check
 
 API_VERSIONS_KEY = 18
@@ -30,6 +31,7 @@ class ApiSupport:
     min_version: int
     max_version: int
     handler_module: str
+    cluster_only: bool = False  # advertised and served only by a broker in a ZooKeeper cluster
 
     def supports(self, version: int) -> bool:
         return self.min_version <= version <= self.max_version
@@ -39,11 +41,18 @@ def _load_matrix() -> dict[int, ApiSupport]:
     text = resources.files("pykbroker.protocol_specs").joinpath("api_support.json").read_text()
     apis = {}
     for entry in json.loads(text)["apis"]:
-        apis[entry["key"]] = ApiSupport(entry["key"], entry["name"], entry["min"], entry["max"], entry["handler"])
+        apis[entry["key"]] = ApiSupport(entry["key"], entry["name"], entry["min"], entry["max"], entry["handler"],
+                                        entry.get("cluster_only", False))
     return apis
 
 
 SUPPORTED_APIS: dict[int, ApiSupport] = _load_matrix()
+SINGLE_NODE_APIS: dict[int, ApiSupport] = {key: api for key, api in SUPPORTED_APIS.items() if not api.cluster_only}
+
+
+def apis_for(cluster: bool) -> dict[int, ApiSupport]:
+    """What a broker advertises and serves: the inter-broker and controller APIs only in a cluster."""
+    return SUPPORTED_APIS if cluster else SINGLE_NODE_APIS
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +72,8 @@ class ApiCodec:
 
 @lru_cache(maxsize=None)
 def codec_for(api_key: int, version: int) -> ApiCodec:
+    if api_key in interbroker.APIS:  # LeaderAndIsr, StopReplica, UpdateMetadata, ControlledShutdown: not in kio
+        return interbroker.codec_for(api_key, version).api_codec()
     request_type = load_request_schema(api_key, version)
     response_type = load_response_schema(api_key, version)
     response_header = response_type.__header_schema__

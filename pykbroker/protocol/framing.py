@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, Iterator, Protocol, Union
+from typing import Any, Iterator, Mapping, Protocol, Union
 
-from pykbroker.protocol.apis import SUPPORTED_APIS, ApiCodec, codec_for
+from pykbroker.protocol.apis import SUPPORTED_APIS, ApiCodec, ApiSupport, codec_for
 
 SIZE = struct.Struct(">i")
 _HEADER_PREFIX = struct.Struct(">hhi")
@@ -54,9 +54,9 @@ def read_prefix(frame) -> RequestPrefix:
     return RequestPrefix(*_HEADER_PREFIX.unpack_from(frame, 0))
 
 
-def decode_request(frame, prefix: RequestPrefix) -> Request:
-    """Decode header and body of a supported request; raises FrameError/UnsupportedRequest otherwise."""
-    support = SUPPORTED_APIS.get(prefix.api_key)
+def decode_request(frame, prefix: RequestPrefix, apis: Mapping[int, ApiSupport] = SUPPORTED_APIS) -> Request:
+    """Decode header and body of a request ``apis`` supports; raises FrameError/UnsupportedRequest otherwise."""
+    support = apis.get(prefix.api_key)
     if support is None:
         raise UnsupportedRequest(f"unknown api key {prefix.api_key}")
     if not support.supports(prefix.api_version):

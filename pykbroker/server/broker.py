@@ -35,9 +35,9 @@ import socket
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Coroutine, TypeVar
+from typing import TYPE_CHECKING, Any, Coroutine, TypeVar
 
-from pykbroker.cluster.metadata import BrokerEndpoint, EmbeddedMetadata
+from pykbroker.cluster.metadata import BrokerEndpoint, ClusterMetadata, EmbeddedMetadata
 from pykbroker.cluster.producer_ids import ProducerIdAllocator, ProducerRegistry
 from pykbroker.cluster.topic_admin import TopicAdmin
 from pykbroker.config import BrokerConfig, Listener
@@ -47,9 +47,13 @@ from pykbroker.log.errors import LogDirectoryInUse
 from pykbroker.log.files import raise_descriptor_limit
 from pykbroker.log.manager import LOCK_FILE, LogManager
 from pykbroker.protocol import records
+from pykbroker.protocol.apis import apis_for
 from pykbroker.replication.replica_manager import ReplicaManager
 from pykbroker.server.connection import KafkaConnection, RequestMemory
 from pykbroker.server.dispatch import load_handlers
+
+if TYPE_CHECKING:
+    from pykbroker.cluster.node import ClusterNode
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +99,19 @@ class Broker:
             flush_interval_ms=int(config.get("log.flush.interval.ms") or 1000),
             retention_check_interval_ms=int(config.get("log.retention.check.interval.ms")),
         )
-        self.metadata = EmbeddedMetadata(data_dir, config.broker_id, config.advertised_host, config.advertised_port)
         self.replicas = ReplicaManager(
             self.log_manager, config.broker_id, lambda topic: self.topics.log_config(topic),
             replica_lag_time_max_ms=int(config.get("replica.lag.time.max.ms")),
         )
+        self.cluster: ClusterNode | None = None  # the ZooKeeper cluster's parts, in cluster mode only
+        if config.zookeeper_connect:
+            from pykbroker.cluster import node  # kazoo and the controller: cluster mode only
+
+            self.cluster = node.ClusterNode(self)
+            self.metadata: ClusterMetadata = self.cluster.metadata
+        else:
+            self.metadata = EmbeddedMetadata(data_dir, config.broker_id, config.advertised_host, config.advertised_port)
+        self.apis = apis_for(cluster=self.cluster is not None)  # what ApiVersions advertises and we serve
         self.topics = TopicAdmin(config, self.metadata, self.replicas)
         self.producer_ids = ProducerRegistry(ProducerIdAllocator(data_dir / "producer-id-block"))
         self.offsets_partitions = int(config.get("offsets.topic.num.partitions"))
@@ -121,6 +133,11 @@ class Broker:
 
     # -- start ------------------------------------------------------------------------------------
     def load(self) -> None:
+        if self.cluster is not None:
+            # Every log is loaded; which ones this broker leads or follows, the controller says (LeaderAndIsr).
+            self.log_manager.load_all(self.topics.log_config)
+            self.replicas.load_high_watermarks()
+            return
         self.log_manager.load_all(self.topics.log_config, self.topics.topic_id_of)
         self.replicas.load_high_watermarks()  # a corrupt replication-offset-checkpoint stops the start here
         self.topics.host_all()
@@ -189,6 +206,8 @@ class Broker:
         if not records.ACCELERATED:
             log.warning("the C record walker (pykbroker._speedups) is not built: records are validated in pure "
                         "Python, several times slower; install with a C compiler present to build it")
+        if self.cluster is not None:
+            await self._join_cluster_first()
         self.load()
         max_request = int(self.config.get("socket.request.max.bytes"))
         bound_ports = {listener.name: sock.getsockname()[1] for listener, sock in listening}
@@ -215,6 +234,8 @@ class Broker:
         self._background.append(asyncio.ensure_future(self.replicas.run_isr_checks()))
         self._background.append(asyncio.ensure_future(self.groups.run()))
         self._background.append(asyncio.ensure_future(self._close_idle_connections()))
+        if self.cluster is not None:
+            await self._register_in_cluster()
         log.info(
             "pykbroker broker %d listening on %s (advertised %s), data dir %s, cluster id %s",
             self.broker_id,
@@ -224,9 +245,37 @@ class Broker:
             self.metadata.cluster_id,
         )
 
+    async def _join_cluster_first(self) -> None:
+        """Cluster mode, before the logs load: connect to ZooKeeper and agree on the cluster id."""
+        from pykbroker.cluster.node import ClusterStartError
+
+        try:
+            await self.cluster.connect(stored_cluster_id=None)
+        except ClusterStartError as exc:
+            raise StartupError(str(exc)) from None
+
+    async def _register_in_cluster(self) -> None:
+        """Cluster mode, once the listeners accept connections: register and run for controller."""
+        from pykbroker.cluster.node import ClusterStartError
+        from pykbroker.cluster.zookeeper import Endpoint
+
+        endpoints = [Endpoint(name, e.host, e.port, self._security_protocol(name)) for name, e in self.advertised.items()]
+        try:
+            await self.cluster.start(endpoints)
+        except ClusterStartError as exc:
+            raise StartupError(str(exc)) from None
+
+    def _security_protocol(self, listener_name: str) -> str:
+        for listener in self.config.advertised_listeners:
+            if listener.name == listener_name:
+                return listener.security_protocol
+        return "PLAINTEXT"
+
     def brokers_on(self, listener: str) -> list[BrokerEndpoint]:
         """The live brokers as a client connected through ``listener`` must reach them (Kafka answers with
         the endpoints of the listener a request arrived on); a broker not advertised there is left out."""
+        if self.cluster is not None:
+            return self.cluster.metadata.brokers_on(listener)
         brokers = []
         for broker in self.metadata.brokers():
             if broker.broker_id != self.broker_id:
@@ -305,6 +354,9 @@ class Broker:
 
     # -- stop -------------------------------------------------------------------------------------
     async def stop(self) -> None:
+        if self.cluster is not None:
+            # Controlled shutdown while still serving (the controller's requests reach us), then leave.
+            await self.cluster.stop(controlled=True)
         for acceptor in self._acceptors:
             acceptor.cancel()
         await asyncio.gather(*self._acceptors, return_exceptions=True)

@@ -253,7 +253,7 @@ class KafkaConnection(asyncio.Protocol):
             self._abort(str(exc))
             return
         try:
-            request = decode_request(frame, prefix)
+            request = decode_request(frame, prefix, self.broker.apis)
         except UnsupportedRequest as exc:
             if prefix.api_key == API_VERSIONS_KEY:
                 # KIP-511: answer an unknown ApiVersions version in v0 format so the client can retry lower.

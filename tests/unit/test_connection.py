@@ -20,6 +20,7 @@ from kio.schema.errors import ErrorCode
 from kio.schema.heartbeat.v0.response import HeartbeatResponse
 
 from pykbroker.log.files import DescriptorBudget, LazyFile
+from pykbroker.protocol.apis import SINGLE_NODE_APIS
 from pykbroker.log.partition_log import FileSlice, ReadResult
 from pykbroker.replication.replica_manager import FileRecords
 from pykbroker.server import connection as connection_module
@@ -66,6 +67,8 @@ class FakeTransport(asyncio.Transport):
 
 
 class FakeBroker:
+    apis = SINGLE_NODE_APIS
+
     def __init__(self) -> None:
         self.connections = set()
 

@@ -28,7 +28,7 @@ from kio.schema.errors import ErrorCode
 
 from pykbroker.protocol import framing
 from pykbroker.protocol import interbroker as ib
-from pykbroker.protocol.apis import SUPPORTED_APIS
+from pykbroker.protocol.apis import apis_for
 
 REPO = Path(__file__).resolve().parents[2]
 EXCERPT = REPO / "protocol_specs" / "fixtures" / "interbroker" / "16-zk-cluster-excerpt.jsonl"
@@ -310,11 +310,16 @@ def test_unknown_keys_and_versions_are_refused():
             ib.codec_for(api_key, version)
 
 
-def test_the_interbroker_apis_are_not_advertised_or_dispatched_to_clients():
-    assert INTERBROKER_KEYS.isdisjoint(SUPPORTED_APIS)
+def test_the_interbroker_apis_are_served_only_in_cluster_mode():
+    assert INTERBROKER_KEYS.isdisjoint(apis_for(cluster=False))
+    assert INTERBROKER_KEYS <= set(apis_for(cluster=True))
+    assert all(apis_for(cluster=True)[key].cluster_only for key in INTERBROKER_KEYS)
     request = bytes.fromhex(_by_seq(EXCERPT_FRAMES)[21]["hex"])
-    with pytest.raises(framing.UnsupportedRequest):
-        framing.decode_request(request, framing.read_prefix(request))
+    with pytest.raises(framing.UnsupportedRequest):  # a single broker closes the connection, as for any unknown API
+        framing.decode_request(request, framing.read_prefix(request), apis_for(cluster=False))
+    prefix = framing.read_prefix(request)
+    decoded = framing.decode_request(request, prefix, apis_for(cluster=True))
+    assert decoded.api_key == prefix.api_key and decoded.body.controller_epoch >= 0
 
 
 # -- generator ----------------------------------------------------------------------------------------

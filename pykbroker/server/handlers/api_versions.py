@@ -1,6 +1,8 @@
 """ApiVersions (key 18), v0-4.
 
-Behaviour: lists exactly the support matrix (protocol_specs/api_support.json). The response always uses
+Behaviour: lists exactly the support matrix (protocol_specs/api_support.json) of the broker's mode: the
+inter-broker and controller APIs (LeaderAndIsr, StopReplica, UpdateMetadata, ControlledShutdown,
+ElectLeaders, AlterPartition) only in a cluster. The response always uses
 response header v0. A request for a version we do not know is answered in the v0 body format with
 UNSUPPORTED_VERSION and our ApiVersions range (KIP-511), so the client retries with a version we know.
 """
@@ -21,7 +23,7 @@ def api_versions(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
     keys = tuple(
         make(schema.ApiVersion, api_key=api.key, min_version=api.min_version, max_version=api.max_version)
-        for api in sorted(SUPPORTED_APIS.values(), key=lambda api: api.key)
+        for api in sorted(ctx.broker.apis.values(), key=lambda api: api.key)
     )
     return make(schema.ApiVersionsResponse, error_code=ErrorCode.none, api_keys=keys, throttle_time=0)
 
