@@ -27,7 +27,9 @@ when the controller has acted on them and sent UpdateMetadata (``wait_until``):
 - add partitions: the assignment znode rewritten with the existing replicas plus the new partitions', placed
   from the broker at or after the first replica of partition 0 (AdminZkClient.createNewPartitionsAssignment);
   REASSIGNMENT_IN_PROGRESS while replicas are being moved. The write is conditional on the version read,
-  and retried if another write came in between.
+  and retried if another write came in between; it goes through KafkaZkClient.set_topic_assignment with
+  any controller epoch (-1), which still needs ``/controller_epoch`` to exist (a controller was elected).
+A wait still pending when the cache closes ends as a timeout does.
 Not done: rack-aware placement (racks are carried in endpoints but placement ignores them), and purging
 config change notifications older than 15 minutes (Kafka's brokers delete them; ours leave them).
 """
@@ -144,9 +146,9 @@ class ZkMetadata:
 
     async def close(self) -> None:
         self._closed = True
-        for _, waiter in self._waiters:
-            waiter.cancel()
-        self._waiters.clear()
+        for _, waiter in self._waiters:  # their admin requests answer now (REQUEST_TIMED_OUT, as at a timeout)
+            if not waiter.done():
+                waiter.set_result(None)
         tasks = [*self._tasks, *([self._changes_task] if self._changes_task else [])]
         for task in tasks:
             task.cancel()
@@ -302,12 +304,12 @@ class ZkMetadata:
         self._waiters.append(entry)
         try:
             await asyncio.wait_for(waiter, timeout_s)
-            return True
         except asyncio.TimeoutError:
             return False
         finally:
             if entry in self._waiters:
                 self._waiters.remove(entry)
+        return condition()  # woken by a matching update, or by close
 
     def _wake(self) -> None:
         for condition, waiter in list(self._waiters):
@@ -358,20 +360,28 @@ class ZkMetadata:
         others are read when they appear)."""
         while self._changes_pending and not self._closed:
             self._changes_pending = False
-            children = await self.zk.children(CONFIG_CHANGES_PATH)
-            changes = sorted(
-                (int(child[len(CONFIG_CHANGE_PREFIX):]), child)
-                for child in children
-                if child.startswith(CONFIG_CHANGE_PREFIX) and child[len(CONFIG_CHANGE_PREFIX):].isdigit()
-            )
-            for sequence, child in changes:
-                if sequence <= self._last_change:
-                    continue
-                found = await self.zk.get_or_none(f"{CONFIG_CHANGES_PATH}/{child}")
-                self._last_change = sequence
-                topic = _changed_topic(found[0] if found else None)
-                if topic is not None and topic in self._topics:
-                    await self._load_config(topic)
+            try:
+                await self._process_new_changes()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - ZooKeeper unreachable: the next notification retries
+                log.warning("cannot process config change notifications: %r", exc)
+
+    async def _process_new_changes(self) -> None:
+        children = await self.zk.children(CONFIG_CHANGES_PATH)
+        changes = sorted(
+            (int(child[len(CONFIG_CHANGE_PREFIX):]), child)
+            for child in children
+            if child.startswith(CONFIG_CHANGE_PREFIX) and child[len(CONFIG_CHANGE_PREFIX):].isdigit()
+        )
+        for sequence, child in changes:
+            if sequence <= self._last_change:
+                continue
+            found = await self.zk.get_or_none(f"{CONFIG_CHANGES_PATH}/{child}")
+            self._last_change = sequence
+            topic = _changed_topic(found[0] if found else None)
+            if topic is not None and topic in self._topics:
+                await self._load_config(topic)
 
     # -- admin writes (AdminZkClient) -------------------------------------------------------------
     async def create_topic_async(self, name: str, partitions: int, replication_factor: int,

@@ -271,7 +271,10 @@ def test_wait_until_completes_on_the_matching_update_and_times_out_without_it():
         assert await zkm.wait_until(lambda: zkm.topic("never") is not None, 0.05) is False
         assert await zkm.wait_until(lambda: zkm.topic("never") is not None, 0) is False
         assert zkm._waiters == []
-        await zkm.close()
+        pending = asyncio.ensure_future(zkm.wait_until(lambda: zkm.topic("never") is not None, 30))
+        await asyncio.sleep(0)
+        await zkm.close()  # a wait pending at close ends as a timeout
+        assert await asyncio.wait_for(pending, 5) is False
 
     asyncio.run(main())
 
