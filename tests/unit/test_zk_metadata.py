@@ -237,6 +237,12 @@ async def test_the_update_metadata_requests_of_a_real_cluster_leave_the_cache_as
 # -- topic configs ---------------------------------------------------------------------------------------
 
 
+async def _until(condition) -> None:
+    while not condition():
+        await asyncio.sleep(0.01)
+
+
+
 def test_a_topics_config_is_read_once_when_it_appears_and_the_listeners_are_told():
     async def main():
         zk = FakeZk({"t": {"retention.ms": "1000"}})
@@ -244,8 +250,7 @@ def test_a_topics_config_is_read_once_when_it_appears_and_the_listeners_are_told
         changed = []
         zkm.add_config_listener(changed.append)
         zkm.apply_update_metadata(update_metadata(THREE, {"t": (TOPIC_ID, {0: (1, [1], [1], [])})}))
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await asyncio.wait_for(_until(lambda: changed), 10)
         assert zkm.topic("t").configs == {"retention.ms": "1000"} and changed == ["t"]
         zkm.apply_update_metadata(update_metadata(THREE, {"t": (TOPIC_ID, {0: (2, [2], [1, 2], [])})}))
         assert zkm.topic("t").configs == {"retention.ms": "1000"} and zk.reads["t"] == 1
