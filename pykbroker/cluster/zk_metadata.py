@@ -258,9 +258,6 @@ class ZkMetadata:
         endpoint = self.endpoint(broker_id, self.inter_broker_listener)
         return (endpoint.host, endpoint.port) if endpoint is not None else None
 
-    def is_alive(self, broker_id: int) -> bool:
-        return broker_id in self._brokers
-
     def leader_of(self, topic: str, index: int) -> int | None:
         """The partition's leader, or None if the partition is unknown or has no leader (-1)."""
         state = self._states.get(topic, {}).get(index)
