@@ -1,8 +1,12 @@
 """Cluster metadata: brokers, topics (with stable UUIDs), partition leadership and topic config overrides.
 
 ``ClusterMetadata`` is what the rest of the broker asks; ``EmbeddedMetadata`` is the single-node backend,
-persisted in the data dir so topic ids and configs survive restarts (a ZooKeeper backend implements the
-same interface for cluster mode). Files, as Kafka lays them out where it can:
+persisted in the data dir so topic ids and configs survive restarts; ``ZkMetadata`` (zk_metadata.py) is
+the cluster backend, a cache of what the controller sends. Both make admin changes the same way for
+TopicAdmin: ``create_topic_async`` / ``delete_topic_async`` / ``add_partitions_async`` make a change
+durable, ``wait_until`` awaits its visibility (here: at once, the change is applied in memory when made),
+and ``local_leadership`` says whether this broker decides leadership and hosts partitions itself (here:
+yes; in cluster mode LeaderAndIsr from the controller does). Files, as Kafka lays them out where it can:
     <data-dir>/meta.properties               cluster.id, node.id (Kafka's format)
     <data-dir>/__cluster_metadata.snapshot   topics, partition states, config overrides ...
     <data-dir>/__cluster_metadata.log        ... and the changes since (see metadata_log.py)
@@ -21,7 +25,7 @@ import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from pykbroker.cluster.metadata_log import RESTORE_HINT, MetadataLog
 from pykbroker.log.checkpoint import CorruptFile, write_atomically
@@ -59,10 +63,16 @@ class BrokerEndpoint:
 
 @dataclass(slots=True)
 class PartitionState:
+    """A partition's leadership. ``offline_replicas`` (replicas on dead brokers, Metadata v5+) and
+    ``partition_epoch`` (the zkVersion of its state znode) come from UpdateMetadata in cluster mode; the
+    single node has neither, and does not persist them."""
+
     leader: int
     leader_epoch: int
     replicas: list[int]
     isr: list[int]
+    offline_replicas: list[int] = field(default_factory=list)
+    partition_epoch: int = 0
 
     def to_json(self) -> dict:
         return {"leader": self.leader, "leader_epoch": self.leader_epoch, "replicas": self.replicas, "isr": self.isr}
@@ -106,8 +116,12 @@ class TopicInfo:
 
 
 class ClusterMetadata(Protocol):
+    """What handlers and TopicAdmin ask, in both modes. ``controller_id`` is -1 while no controller is
+    known; ``brokers`` are the live brokers (one endpoint each)."""
+
     cluster_id: str
     controller_id: int
+    local_leadership: bool
 
     def brokers(self) -> list[BrokerEndpoint]: ...
     def topics(self) -> list[TopicInfo]: ...
@@ -115,12 +129,13 @@ class ClusterMetadata(Protocol):
     def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None: ...
     def colliding_topics(self, name: str) -> list[str]: ...
     def partition_count(self) -> int: ...
-    def create_topic(self, name: str, partitions: int, replication_factor: int, configs: dict[str, str]) -> TopicInfo: ...
-    def delete_topic(self, name: str) -> None: ...
-    def add_partitions(self, name: str, total: int) -> TopicInfo: ...
-    def set_topic_configs(self, name: str, configs: dict[str, str]) -> None: ...
+    async def create_topic_async(self, name: str, partitions: int, replication_factor: int,
+                                 configs: dict[str, str]) -> None: ...
+    async def delete_topic_async(self, name: str) -> None: ...
+    async def add_partitions_async(self, name: str, total: int) -> None: ...
+    async def wait_until(self, condition: Callable[[], bool], timeout_s: float) -> bool: ...
+    def add_config_listener(self, callback: Callable[[str], None]) -> None: ...
     def commit(self) -> Future: ...
-    def close(self) -> None: ...
 
 
 def new_cluster_id() -> str:
@@ -131,10 +146,13 @@ def new_cluster_id() -> str:
 class EmbeddedMetadata:
     """Single-node metadata: this broker is the only broker, the controller and every partition's leader."""
 
+    local_leadership = True  # this broker leads every partition and hosts it itself (TopicAdmin does)
+
     def __init__(self, data_dir: Path, broker_id: int, host: str, port: int) -> None:
         self.data_dir = data_dir
         self.broker_id = broker_id
         self.controller_id = broker_id
+        self._config_listeners: list[Callable[[str], None]] = []
         self._endpoint = BrokerEndpoint(broker_id, host, port)
         self._topics: dict[str, TopicInfo] = {}
         self._by_id: dict[uuid.UUID, TopicInfo] = {}
@@ -272,6 +290,27 @@ class EmbeddedMetadata:
         info = self._topics[name]
         info.configs = dict(configs)
         self._journal(info)
+        for callback in self._config_listeners:
+            callback(name)
+
+    def add_config_listener(self, callback: Callable[[str], None]) -> None:
+        """``callback(topic)`` after a topic's config overrides changed."""
+        self._config_listeners.append(callback)
+
+    # -- the admin interface both backends share (see the module docstring) ---------------------------
+    async def create_topic_async(self, name: str, partitions: int, replication_factor: int,
+                                 configs: dict[str, str]) -> None:
+        self.create_topic(name, partitions, replication_factor, configs)
+
+    async def delete_topic_async(self, name: str) -> None:
+        self.delete_topic(name)
+
+    async def add_partitions_async(self, name: str, total: int) -> None:
+        self.add_partitions(name, total)
+
+    async def wait_until(self, condition: Callable[[], bool], timeout_s: float) -> bool:
+        """Changes are visible as soon as they are made: nothing to wait for."""
+        return condition()
 
 
 _META_PROPERTIES_HINT = "restore it from a backup, or write cluster.id=<id> and node.id=<broker id> lines"

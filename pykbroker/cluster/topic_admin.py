@@ -1,8 +1,8 @@
 """Topic lifecycle: create (explicitly or by auto-creation), add partitions, delete, resolve configs.
 
 Handlers for Metadata, CreateTopics, CreatePartitions and DeleteTopics all come here, so the rules
-(legal names, partition counts, replication factor against live brokers, valid configs) live once.
-Kafka's rules followed here:
+(legal names, partition counts, replication factor against live brokers, valid configs) live once, for
+both modes. Kafka's rules followed here:
 - a name that differs from an existing topic's only by '.' versus '_' is refused (INVALID_TOPIC_EXCEPTION,
   "Topic 'a_b' collides with existing topics: a.b"), also on auto-creation;
 - one request creates at most 10,000 partitions (Kafka's MAX_PARTITIONS_PER_BATCH: POLICY_VIOLATION,
@@ -10,10 +10,20 @@ Kafka's rules followed here:
 - ``cleanup.policy`` with ``compact`` is refused (INVALID_CONFIG, see config.py) until compaction exists.
   A topic stored with it by an older pykbroker keeps its data: it is served with time and size
   retention off, and a WARN says so.
-pykbroker's own limit: the broker hosts at most ``max.broker.partitions`` partitions (the name KIP-578
-proposed; Kafka 3.7 has no such limit); a change beyond it gets POLICY_VIOLATION naming the key.
-Changes are applied at once and made durable by ``commit()``, which the admin handlers await; a deleted
-topic stops being served at once, and its log directories are removed once the deletion is durable.
+pykbroker's own limit: at most ``max.broker.partitions`` partitions (the name KIP-578 proposed; Kafka 3.7
+has no such limit; in cluster mode counted over the whole cluster); a change beyond it gets
+POLICY_VIOLATION naming the key.
+
+How a change becomes durable and visible is the metadata backend's part (cluster/metadata.py):
+- single node (EmbeddedMetadata): applied at once and made durable by ``commit()``, which the admin handlers
+  await; this broker hosts the new partitions itself; a deleted topic stops being served at once, and its
+  log directories are removed once the deletion is durable.
+- cluster (ZkMetadata): written to ZooKeeper as Kafka's AdminZkClient does, then awaited in the metadata
+  cache until the controller's UpdateMetadata shows it (every new partition with a leader, the deleted
+  topic gone), bounded by the request's timeout: past it the answer is REQUEST_TIMED_OUT, the change going
+  on anyway (Kafka's DelayedCreatePartitions / DelayedDeleteTopics; a timeout of 0 answers it at once).
+  Partitions are hosted by LeaderAndIsr from the controller, never here. Auto-creation (Metadata) writes
+  ZooKeeper and does not wait: LEADER_NOT_AVAILABLE until the leaders are known, as Kafka answers.
 """
 
 from __future__ import annotations
@@ -35,6 +45,11 @@ log = logging.getLogger(__name__)
 MAX_PARTITIONS_PER_REQUEST = 10_000  # Kafka's ReplicationControlManager.MAX_PARTITIONS_PER_BATCH
 # Stored overrides that replace a compact cleanup.policy of a topic created before it was refused.
 _KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
+# Kafka compacts __consumer_offsets; pykbroker has no compaction yet, so internal topics keep their segments
+# forever instead (time retention would silently drop committed offsets).
+_INTERNAL_CONFIGS = {"retention.ms": "-1"}
+_OFFSETS_REPLICATION_KEY = "offsets.topic.replication.factor"
+_KAFKA_OFFSETS_REPLICATION_FACTOR = 3  # Kafka's default of offsets.topic.replication.factor
 
 
 def too_many_partitions_per_request(total: int) -> KafkaError | None:
@@ -50,9 +65,11 @@ class TopicAdmin:
         self.config = config
         self.metadata = metadata
         self.replicas = replicas
-        self._effective_cache: dict[str, dict[str, Any]] = {}
+        # topic -> (the overrides dict it was resolved from, the effective configs)
+        self._effective_cache: dict[str, tuple[dict[str, str] | None, dict[str, Any]]] = {}
         self.max_partitions = int(config.get("max.broker.partitions"))
         self._warned_compact: set[str] = set()
+        metadata.add_config_listener(self.replicas.update_config)  # hosted logs take a topic's new configs
 
     # -- configs ----------------------------------------------------------------------------------
     def _overrides(self, name: str) -> dict[str, str]:
@@ -83,12 +100,15 @@ class TopicAdmin:
         return result
 
     def _effective(self, name: str) -> dict[str, Any]:
-        # Produce asks for min.insync.replicas on every request: resolve a topic's configs once, and
-        # forget them whenever the topic is created, deleted or reconfigured.
-        effective = self._effective_cache.get(name)
-        if effective is None:
-            effective = self._effective_cache[name] = self.config.effective_topic_config(self._overrides(name))
-        return effective
+        # Produce asks for min.insync.replicas on every request: resolve a topic's configs once, again
+        # whenever its overrides are another dict (both backends replace the dict when they change, and a
+        # topic created, re-created or deleted has another one, or none).
+        info = self.metadata.topic(name)
+        source = info.configs if info is not None else None
+        cached = self._effective_cache.get(name)
+        if cached is None or cached[0] is not source:
+            cached = self._effective_cache[name] = (source, self.config.effective_topic_config(self._overrides(name)))
+        return cached[1]
 
     def log_config(self, name: str) -> LogConfig:
         return LogConfig.from_topic_configs(self._effective(name))
@@ -96,16 +116,12 @@ class TopicAdmin:
     def min_insync_replicas(self, name: str) -> int:
         return int(self._effective(name)["min.insync.replicas"])
 
-    # -- lifecycle --------------------------------------------------------------------------------
-    def create(
-        self,
-        name: str,
-        partitions: int = -1,
-        replication_factor: int = -1,
-        configs: dict[str, str | None] | None = None,
-        *,
-        validate_only: bool = False,
-    ) -> TopicInfo | None:
+    # -- rules ------------------------------------------------------------------------------------
+    def _check_create(
+        self, name: str, partitions: int, replication_factor: int, configs: dict[str, str | None] | None
+    ) -> tuple[int, int, dict[str, str]]:
+        """Kafka's checks of a new topic; (partitions, replication factor, overrides) with the broker
+        defaults filled in, or KafkaError."""
         error = topic_name_error(name)
         if error:
             raise KafkaError(ErrorCode.invalid_topic_exception, error)
@@ -137,27 +153,146 @@ class TopicAdmin:
         except ConfigError as exc:
             raise KafkaError(ErrorCode.invalid_config, str(exc)) from exc
         self._check_broker_limit(partitions)
+        return partitions, replication_factor, overrides
+
+    def _check_add_partitions(self, name: str, total: int) -> None:
+        info = self.metadata.topic(name)
+        if info is None:
+            raise KafkaError(ErrorCode.unknown_topic_or_partition, f"The topic '{name}' does not exist.")
+        current = len(info.partitions)
+        if total <= current:
+            raise KafkaError(
+                ErrorCode.invalid_partitions,
+                f"Topic currently has {current} partitions, which is higher than the requested {total}.",
+            )
+        self._check_broker_limit(total - current)
+
+    def _check_delete(self, name: str) -> None:
+        info = self.metadata.topic(name)
+        if info is None:
+            raise KafkaError(ErrorCode.unknown_topic_or_partition, "This server does not host this topic-partition.")
+        if info.internal:
+            raise KafkaError(ErrorCode.invalid_topic_exception, f"Internal topic {name} cannot be deleted.")
+        if not self.config.get("delete.topic.enable"):
+            raise KafkaError(ErrorCode.topic_deletion_disabled, "Topic deletion is disabled.")
+
+    def _check_broker_limit(self, adding: int) -> None:
+        total = self.metadata.partition_count() + adding
+        if total > self.max_partitions:
+            raise KafkaError(
+                ErrorCode.policy_violation,
+                f"Adding {adding} partition(s) would make this broker host {total} partitions, more than "
+                f"max.broker.partitions={self.max_partitions}; delete topics or raise the limit.",
+            )
+
+    def _has_leaders(self, name: str, partitions: int) -> bool:
+        """The cache shows ``name`` with ``partitions`` partitions, each with a leader (Kafka's
+        DelayedCreatePartitions completes on that)."""
+        info = self.metadata.topic(name)
+        return info is not None and len(info.partitions) >= partitions and all(
+            state.leader >= 0 for state in info.partitions
+        )
+
+    async def _await_visible(self, condition, timeout_s: float) -> None:
+        if not await self.metadata.wait_until(condition, timeout_s):
+            raise KafkaError(ErrorCode.request_timed_out)
+
+    # -- lifecycle, both modes (the admin handlers) -------------------------------------------------
+    async def create_async(
+        self,
+        name: str,
+        partitions: int = -1,
+        replication_factor: int = -1,
+        configs: dict[str, str | None] | None = None,
+        *,
+        validate_only: bool = False,
+        timeout_s: float = 0.0,
+    ) -> TopicInfo | None:
+        """Create the topic and await it (every partition led, and hosted here in single-node mode), at
+        most ``timeout_s`` (REQUEST_TIMED_OUT past it); None when only validated."""
+        partitions, replication_factor, overrides = self._check_create(name, partitions, replication_factor, configs)
         if validate_only:
             return None
+        await self.metadata.create_topic_async(name, partitions, replication_factor, overrides)
+        log.info("created topic %s with %d partitions", name, partitions)
+        await self._await_visible(lambda: self._has_leaders(name, partitions), timeout_s)
+        info = self.metadata.topic(name)
+        assert info is not None
+        await self.host_async(info)
+        return info
+
+    async def auto_create_async(self, name: str) -> TopicInfo | None:
+        """Metadata's auto-creation with the broker defaults: the topic if its leaders are known already
+        (single node: created and hosted at once, durable shortly after, unawaited), None when the answer
+        is LEADER_NOT_AVAILABLE (cluster: written to ZooKeeper, or already there, leaders not known yet)."""
+        partitions, replication_factor, overrides = self._check_create(name, -1, -1, None)
+        try:
+            await self.metadata.create_topic_async(name, partitions, replication_factor, overrides)
+        except KafkaError as exc:
+            if exc.code != ErrorCode.topic_already_exists:
+                raise
+            return None
+        if not self._has_leaders(name, partitions):
+            return None
+        info = self.metadata.topic(name)
+        self._host(info)
+        self.metadata.commit()
+        return info
+
+    async def add_partitions_async(
+        self, name: str, total: int, *, validate_only: bool = False, timeout_s: float = 0.0
+    ) -> TopicInfo | None:
+        """Add partitions up to ``total`` and await them as ``create_async`` does; None when only validated."""
+        self._check_add_partitions(name, total)
+        if validate_only:
+            return None
+        await self.metadata.add_partitions_async(name, total)
+        await self._await_visible(lambda: self._has_leaders(name, total), timeout_s)
+        info = self.metadata.topic(name)
+        assert info is not None
+        await self.host_async(info)
+        return info
+
+    async def delete_async(self, name: str, *, timeout_s: float = 0.0) -> None:
+        """Delete the topic and await its disappearance from the metadata, at most ``timeout_s``."""
+        self._check_delete(name)
+        await self.metadata.delete_topic_async(name)
+        self._dropped(name)
+        await self._await_visible(lambda: self.metadata.topic(name) is None, timeout_s)
+
+    def _dropped(self, name: str) -> None:
         self._effective_cache.pop(name, None)
+        if self.metadata.local_leadership:
+            self.replicas.drop_topic(name)
+        log.info("deleted topic %s", name)
+
+    # -- single node, synchronous ---------------------------------------------------------------------
+    def create(
+        self,
+        name: str,
+        partitions: int = -1,
+        replication_factor: int = -1,
+        configs: dict[str, str | None] | None = None,
+    ) -> TopicInfo:
+        """Single node only: create at once (hosting with ``host_async`` or at the next start)."""
+        partitions, replication_factor, overrides = self._check_create(name, partitions, replication_factor, configs)
         info = self.metadata.create_topic(name, partitions, replication_factor, overrides)
         log.info("created topic %s with %d partitions", name, partitions)
         return info
 
-    def auto_create(self, name: str) -> TopicInfo:
-        """Create with the broker defaults and host at once (Metadata); durable shortly after, unawaited."""
-        info = self.create(name)
-        assert info is not None
-        self._host(info)
-        self.metadata.commit()
-        return info
+    def delete(self, name: str) -> None:
+        """Single node only: delete at once (no longer served; directories removed after ``commit``)."""
+        self._check_delete(name)
+        self.metadata.delete_topic(name)
+        self._dropped(name)
 
     def commit(self) -> Future:
         """Make every change so far durable (off the event loop); the future completes when it is.
 
         Deleted topics' log directories are removed only once this commit succeeded (Kafka's order: the
         deletion is committed before logs are deleted); if it fails they stay on disk, and the next start
-        serves them again or removes them, as the metadata then says.
+        serves them again or removes them, as the metadata then says. (In cluster mode the changes are
+        durable in ZooKeeper already, and StopReplica from the controller deletes logs.)
         """
         log_manager = self.replicas.log_manager
         doomed = log_manager.take_deleted()
@@ -173,67 +308,55 @@ class TopicAdmin:
             future.add_done_callback(remove_if_durable)
         return future
 
-    def _check_broker_limit(self, adding: int) -> None:
-        total = self.metadata.partition_count() + adding
-        if total > self.max_partitions:
-            raise KafkaError(
-                ErrorCode.policy_violation,
-                f"Adding {adding} partition(s) would make this broker host {total} partitions, more than "
-                f"max.broker.partitions={self.max_partitions}; delete topics or raise the limit.",
-            )
-
+    # -- internal topics ------------------------------------------------------------------------------
     def ensure_internal(self, name: str, partitions: int) -> TopicInfo:
-        """The internal topic, created if absent and every partition hosted, at once (see
+        """Single node only: the internal topic, created if absent and every partition hosted, at once (see
         ``ensure_internal_async`` for the way that lets other requests run in between)."""
-        info = self._internal(name, partitions)
+        info = self.metadata.topic(name)
+        if info is None:
+            self.metadata.create_topic(name, partitions, 1, dict(_INTERNAL_CONFIGS))
+            self.metadata.commit()
+            info = self.metadata.topic(name)
         self._host(info)  # hosting is idempotent: finishes what an async creation has not hosted yet
         return info
 
-    async def ensure_internal_async(self, name: str, partitions: int) -> TopicInfo:
-        """The internal topic, created if absent, its partitions hosted one at a time (``host_async``)."""
-        info = self._internal(name, partitions)
+    async def ensure_internal_async(
+        self, name: str, partitions: int, replication_factor: int | None = None
+    ) -> TopicInfo | None:
+        """The internal topic, created if absent. Single node: created and its partitions hosted one at a
+        time (``host_async``), returned. Cluster: written to ZooKeeper if absent, not awaited: None until
+        the cache has it with every leader (the groups coordinator asks again).
+
+        The replication factor, unless given: ``offsets.topic.replication.factor`` if the broker config sets
+        it, else Kafka's default 3 capped at the live brokers (so a small cluster works out of the box);
+        the single node has one replica whatever the setting, as before. An internal topic that cannot be
+        created (too few brokers for the configured factor) is logged and None returned."""
+        if self.metadata.topic(name) is None:
+            if replication_factor is None:
+                replication_factor = self._internal_replication_factor()
+            try:
+                await self.metadata.create_topic_async(name, partitions, replication_factor, dict(_INTERNAL_CONFIGS))
+                log.info("created internal topic %s with %d partitions, replication factor %d",
+                         name, partitions, replication_factor)
+            except KafkaError as exc:
+                if exc.code != ErrorCode.topic_already_exists:
+                    log.warning("cannot create internal topic %s: %s", name, exc)
+                    return None
+            self.metadata.commit()
+        if not self._has_leaders(name, 1):
+            return None
+        info = self.metadata.topic(name)
         await self.host_async(info)
         return info
 
-    def _internal(self, name: str, partitions: int) -> TopicInfo:
-        info = self.metadata.topic(name)
-        if info is None:
-            # Kafka compacts __consumer_offsets; pykbroker has no compaction yet, so the internal topic keeps
-            # its segments forever instead (time retention would silently drop committed offsets).
-            self._effective_cache.pop(name, None)
-            info = self.metadata.create_topic(name, partitions, 1, {"retention.ms": "-1"})
-            self.metadata.commit()
-        return info
+    def _internal_replication_factor(self) -> int:
+        if self.metadata.local_leadership:
+            return 1
+        if _OFFSETS_REPLICATION_KEY in self.config.explicit:
+            return int(self.config.get(_OFFSETS_REPLICATION_KEY))
+        return max(1, min(_KAFKA_OFFSETS_REPLICATION_FACTOR, len(self.metadata.brokers())))
 
-    def add_partitions(self, name: str, total: int, *, validate_only: bool = False) -> TopicInfo | None:
-        """Validate and record the new partitions; host them with ``host_async``."""
-        info = self.metadata.topic(name)
-        if info is None:
-            raise KafkaError(ErrorCode.unknown_topic_or_partition, f"The topic '{name}' does not exist.")
-        current = len(info.partitions)
-        if total <= current:
-            raise KafkaError(
-                ErrorCode.invalid_partitions,
-                f"Topic currently has {current} partitions, which is higher than the requested {total}.",
-            )
-        self._check_broker_limit(total - current)
-        if validate_only:
-            return None
-        return self.metadata.add_partitions(name, total)
-
-    def delete(self, name: str) -> None:
-        info = self.metadata.topic(name)
-        if info is None:
-            raise KafkaError(ErrorCode.unknown_topic_or_partition, "This server does not host this topic-partition.")
-        if info.internal:
-            raise KafkaError(ErrorCode.invalid_topic_exception, f"Internal topic {name} cannot be deleted.")
-        if not self.config.get("delete.topic.enable"):
-            raise KafkaError(ErrorCode.topic_deletion_disabled, "Topic deletion is disabled.")
-        self.metadata.delete_topic(name)
-        self._effective_cache.pop(name, None)
-        self.replicas.drop_topic(name)
-        log.info("deleted topic %s", name)
-
+    # -- hosting (single node: in cluster mode LeaderAndIsr from the controller hosts partitions) -----------
     def host_all(self) -> None:
         """On start: host every partition the metadata says is ours."""
         for info in self.metadata.topics():
@@ -253,6 +376,8 @@ class TopicAdmin:
         and its partitions not hosted yet are hosted at the next start (Kafka: the log dir goes offline
         until a restart).
         """
+        if not self.metadata.local_leadership:
+            return
         for index in range(len(info.partitions)):
             if self.metadata.topic(info.name) is not info:  # deleted (or re-created) meanwhile
                 return
@@ -266,6 +391,8 @@ class TopicAdmin:
             await asyncio.sleep(0)
 
     def _host(self, info: TopicInfo) -> None:
+        if not self.metadata.local_leadership:
+            return
         for index in range(len(info.partitions)):
             self._host_partition(info, index)
 

@@ -1,8 +1,9 @@
 """DescribeCluster (key 60), v0-1.
 
-Behaviour: cluster id, controller and live brokers (their endpoints on the listener the request arrived
-on); the Java admin client and Spark's driver call it before every offset query. endpoint_type (v1) 1 = brokers is the only kind served; 2 (controllers)
-gets UNSUPPORTED_ENDPOINT_TYPE, as a broker answers in Kafka.
+Behaviour: cluster id, controller (from the metadata: in cluster mode the id the last UpdateMetadata named,
+-1 while none is known) and live brokers (their endpoints on the listener the request arrived on); the
+Java admin client and Spark's driver call it before every offset query. endpoint_type (v1) 1 = brokers is
+the only kind served; 2 (controllers) gets UNSUPPORTED_ENDPOINT_TYPE, as a broker answers in Kafka.
 """
 
 from __future__ import annotations

@@ -1,47 +1,77 @@
 """Metadata (key 3), v0-12.
 
 Behaviour: brokers (their endpoints on the listener the request arrived on, as Kafka answers), cluster
-id, controller, and for each requested topic its id, partitions, leader, leader epoch (v7+), replicas
-and ISR. A null topic list (v1+) or an empty one (v0) means every topic.
+id, controller (-1 while none is known), and for each requested topic its id, partitions, leader, leader
+epoch (v7+), replicas, ISR and offline replicas (v5+). A null topic list (v1+) or an empty one (v0) means
+every topic. Partition errors as Kafka's MetadataCache.getPartitionMetadata gives them: a leader that is
+not a live broker (-1 while none is elected) answers LEADER_NOT_AVAILABLE with leader -1; a live leader
+not reachable on this listener answers LISTENER_NOT_FOUND (v6+; LEADER_NOT_AVAILABLE before); v0 lists
+only the replicas and ISR members reachable on this listener and answers REPLICA_NOT_AVAILABLE when
+some are not (later versions list them all).
 Unknown topics are created when the request allows it (always before v4, the flag from v4) and
-auto.create.topics.enable is on; a name Kafka would reject gets INVALID_TOPIC_EXCEPTION. Topics can be
-asked for by id from v10 (unknown id: UNKNOWN_TOPIC_ID).
+auto.create.topics.enable is on; the topic then appears at once when its leaders are known (single node),
+else LEADER_NOT_AVAILABLE until they are (cluster: the controller elects them, as in Kafka); a name Kafka
+would reject gets INVALID_TOPIC_EXCEPTION, a failed creation its error (e.g. INVALID_REPLICATION_FACTOR).
+Topics can be asked for by id from v10 (unknown id: UNKNOWN_TOPIC_ID).
 """
 
 from __future__ import annotations
 
 import uuid
 
-from pykbroker.cluster.metadata import TopicInfo, topic_name_error
+from pykbroker.cluster.metadata import PartitionState, TopicInfo, topic_name_error
 from pykbroker.protocol.errors import ErrorCode, KafkaError
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
 
 NO_TOPIC_ID = uuid.UUID(int=0)
+NO_LEADER = -1
 
 
-def _topic_entry(schema, info: TopicInfo) -> object:
-    partitions = tuple(
-        make(
+class _Reach:
+    """Which brokers are alive, and which of them can be reached on the request's listener."""
+
+    def __init__(self, ctx: RequestContext) -> None:
+        self.version = ctx.version
+        self.alive = {b.broker_id for b in ctx.broker.metadata.brokers()}
+        self.reachable = {b.broker_id for b in ctx.broker.brokers_on(ctx.listener)}
+
+    def partition(self, schema, index: int, state: PartitionState) -> object:
+        replicas, isr = state.replicas, state.isr
+        if self.version == 0:  # Kafka's errorUnavailableEndpoints
+            replicas = [r for r in replicas if r in self.reachable]
+            isr = [r for r in isr if r in self.reachable]
+        leader = state.leader
+        if leader not in self.reachable:
+            if leader in self.alive and self.version >= 6:
+                error = ErrorCode.listener_not_found
+            else:
+                error = ErrorCode.leader_not_available
+            leader = NO_LEADER
+        elif len(replicas) < len(state.replicas) or len(isr) < len(state.isr):
+            error = ErrorCode.replica_not_available
+        else:
+            error = ErrorCode.none
+        return make(
             schema.MetadataResponsePartition,
-            error_code=ErrorCode.none,
+            error_code=error,
             partition_index=index,
-            leader_id=state.leader,
+            leader_id=leader,
             leader_epoch=state.leader_epoch,
-            replica_nodes=tuple(state.replicas),
-            isr_nodes=tuple(state.isr),
-            offline_replicas=(),
+            replica_nodes=tuple(replicas),
+            isr_nodes=tuple(isr),
+            offline_replicas=tuple(state.offline_replicas),
         )
-        for index, state in enumerate(info.partitions)
-    )
-    return make(
-        schema.MetadataResponseTopic,
-        error_code=ErrorCode.none,
-        name=info.name,
-        topic_id=info.topic_id,
-        is_internal=info.internal,
-        partitions=partitions,
-    )
+
+    def topic(self, schema, info: TopicInfo) -> object:
+        return make(
+            schema.MetadataResponseTopic,
+            error_code=ErrorCode.none,
+            name=info.name,
+            topic_id=info.topic_id,
+            is_internal=info.internal,
+            partitions=tuple(self.partition(schema, index, state) for index, state in enumerate(info.partitions)),
+        )
 
 
 def _error_entry(schema, code: ErrorCode, name: str | None, topic_id: uuid.UUID | None = None) -> object:
@@ -56,13 +86,14 @@ def _error_entry(schema, code: ErrorCode, name: str | None, topic_id: uuid.UUID 
 
 
 @handles(3)
-def metadata(ctx: RequestContext, request) -> object:
+async def metadata(ctx: RequestContext, request) -> object:
     broker = ctx.broker
     schema = response_module(ctx)
     version = ctx.version
+    reach = _Reach(ctx)
     requested = request.topics
     if requested is None or (version == 0 and not requested):
-        topics = tuple(_topic_entry(schema, info) for info in broker.metadata.topics())
+        topics = tuple(reach.topic(schema, info) for info in broker.metadata.topics())
     else:
         allow_auto_create = getattr(request, "allow_auto_topic_creation", True) and bool(
             broker.config.get("auto.create.topics.enable")
@@ -74,7 +105,7 @@ def metadata(ctx: RequestContext, request) -> object:
             if name is None:
                 info = broker.metadata.topic_by_id(topic_id) if topic_id else None
                 entries.append(
-                    _topic_entry(schema, info) if info else _error_entry(schema, ErrorCode.unknown_topic_id, None, topic_id)
+                    reach.topic(schema, info) if info else _error_entry(schema, ErrorCode.unknown_topic_id, None, topic_id)
                 )
                 continue
             info = broker.metadata.topic(name)
@@ -86,11 +117,14 @@ def metadata(ctx: RequestContext, request) -> object:
                     entries.append(_error_entry(schema, ErrorCode.unknown_topic_or_partition, name))
                     continue
                 try:
-                    info = broker.topics.auto_create(name)
+                    info = await broker.topics.auto_create_async(name)
                 except KafkaError as exc:
                     entries.append(_error_entry(schema, exc.code, name))
                     continue
-            entries.append(_topic_entry(schema, info))
+                if info is None:
+                    entries.append(_error_entry(schema, ErrorCode.leader_not_available, name))
+                    continue
+            entries.append(reach.topic(schema, info))
         topics = tuple(entries)
     brokers = tuple(
         make(schema.MetadataResponseBroker, node_id=b.broker_id, host=b.host, port=b.port, rack=b.rack)

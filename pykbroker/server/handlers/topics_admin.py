@@ -7,7 +7,9 @@ the new topic id; num_partitions / replication_factor -1 take the broker default
 assignments are refused with INVALID_REQUEST (the embedded broker places every replica itself).
 DeleteTopics v6 accepts topics by name or id. A request that would add more than 10,000 partitions is
 refused whole with POLICY_VIOLATION, as Kafka does. Each handler answers only after its metadata
-changes are durable (awaited off the event loop, so other clients are served meanwhile).
+changes are durable (awaited off the event loop, so other clients are served meanwhile) and visible: in
+cluster mode, once the controller's UpdateMetadata shows them, within the request's timeout shared by its
+topics (REQUEST_TIMED_OUT for a topic not visible by then; the change goes on, as in Kafka).
 
 CreateTopics and CreatePartitions change the metadata, host the new partitions and commit in a task the
 broker owns (``Broker.run_owned``), awaited through ``asyncio.shield``: a client that disconnects
@@ -21,6 +23,7 @@ change is applied and retried with the next commit, but it is not durable).
 from __future__ import annotations
 
 import asyncio
+import time
 
 from pykbroker.cluster.topic_admin import too_many_partitions_per_request
 from pykbroker.protocol.errors import ErrorCode, KafkaError
@@ -62,6 +65,16 @@ async def _commit(ctx: RequestContext) -> KafkaError | None:
     return None
 
 
+class _Deadline:
+    """The request's timeout, shared by its topics (Kafka waits for all of them in one delayed operation)."""
+
+    def __init__(self, request) -> None:
+        self._end = time.monotonic() + request.timeout.total_seconds()
+
+    def remaining(self) -> float:
+        return max(0.0, self._end - time.monotonic())
+
+
 @handles(19)
 async def create_topics(ctx: RequestContext, request) -> object:
     return await asyncio.shield(ctx.broker.run_owned(_create_topics(ctx, request)))
@@ -70,6 +83,7 @@ async def create_topics(ctx: RequestContext, request) -> object:
 async def _create_topics(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
     outcomes: list[tuple[object, KafkaError | None, object]] = []  # (request topic, error, created info)
+    deadline = _Deadline(request)
     seen: set[str] = set()
     default_partitions = int(ctx.broker.config.get("num.partitions"))
     too_many = too_many_partitions_per_request(
@@ -85,15 +99,14 @@ async def _create_topics(ctx: RequestContext, request) -> object:
             seen.add(topic.name)
             if topic.assignments:
                 raise KafkaError(ErrorCode.invalid_request, "Manual replica assignment is not supported")
-            info = ctx.broker.topics.create(
+            info = await ctx.broker.topics.create_async(
                 topic.name,
                 topic.num_partitions,
                 topic.replication_factor,
                 {c.name: c.value for c in topic.configs},
                 validate_only=request.validate_only if hasattr(request, "validate_only") else False,
+                timeout_s=deadline.remaining(),
             )
-            if info is not None:
-                await ctx.broker.topics.host_async(info)
         except KafkaError as exc:
             outcomes.append((topic, exc, None))
         else:
@@ -123,6 +136,7 @@ async def _create_topics(ctx: RequestContext, request) -> object:
 async def delete_topics(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
     metadata = ctx.broker.metadata
+    deadline = _Deadline(request)
     if ctx.version >= 6:
         wanted = [(t.name, t.topic_id) for t in request.topics]
     else:
@@ -140,7 +154,7 @@ async def delete_topics(ctx: RequestContext, request) -> object:
             topic_id = info.topic_id if info else topic_id
         if error == ErrorCode.none:
             try:
-                ctx.broker.topics.delete(name)
+                await ctx.broker.topics.delete_async(name, timeout_s=deadline.remaining())
                 ctx.broker.forget_topic(name)
             except KafkaError as exc:
                 error, message = exc.code, exc.message
@@ -165,6 +179,7 @@ async def _create_partitions(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
     outcomes: list[tuple[str, KafkaError | None, bool]] = []  # (topic, error, changed)
     metadata = ctx.broker.metadata
+    deadline = _Deadline(request)
     too_many = too_many_partitions_per_request(sum(
         topic.count - len(info.partitions)
         for topic in request.topics
@@ -177,9 +192,9 @@ async def _create_partitions(ctx: RequestContext, request) -> object:
                 raise too_many
             if topic.assignments:
                 raise KafkaError(ErrorCode.invalid_request, "Manual replica assignment is not supported")
-            info = ctx.broker.topics.add_partitions(topic.name, topic.count, validate_only=request.validate_only)
-            if info is not None:
-                await ctx.broker.topics.host_async(info)
+            info = await ctx.broker.topics.add_partitions_async(
+                topic.name, topic.count, validate_only=request.validate_only, timeout_s=deadline.remaining()
+            )
         except KafkaError as exc:
             outcomes.append((topic.name, exc, False))
         else:

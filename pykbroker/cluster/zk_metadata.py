@@ -1,0 +1,474 @@
+"""The broker's metadata cache in cluster (ZooKeeper) mode, and the ZooKeeper side of topic admin.
+
+Kafka's ZkMetadataCache, rule for rule where it matters to clients:
+- The cache is filled ONLY by UpdateMetadata from the controller (``apply_update_metadata``, any version
+  0-8). Each request replaces the live brokers with their endpoints per listener; partition states are
+  upserted; a partition whose leader is -2 (LeaderAndIsr.LeaderDuringDelete) is removed, and a topic left
+  without partitions with it; topic ids come from v7+ topic states (a zero id forgets the topic's id); a
+  negative controller id means no controller is known (-1 in answers).
+- Before v3 endpoints carry no listener name: the listener is named after the security protocol
+  (ListenerName.forSecurityProtocol); v0 brokers have one PLAINTEXT host and port.
+- Topic configs are not part of UpdateMetadata: they are read from ``/config/topics/<t>`` when a topic first
+  appears in the cache (``load_topic_config`` lets the node load them before it creates a log) and re-read
+  when a ``/config/changes/config_change_<seq>`` notification names the topic (Kafka's
+  ZkConfigManager / ZkNodeChangeNotificationListener: notifications are processed in sequence order, each
+  once; the ones present at start-up are processed then). Config listeners are told after each change.
+- ``topic(name)`` shows the partitions known so far, from 0 up to the first one not known yet (the
+  controller sends every partition of a topic in one request, so in practice all of them).
+
+Admin changes are written to ZooKeeper as Kafka's AdminZkClient writes them, and become visible here only
+when the controller has acted on them and sent UpdateMetadata (``wait_until``):
+- create: ``/config/topics/<t>`` then ``/brokers/topics/<t>`` with a new topic id; replicas placed by
+  ``assign_replicas_to_brokers`` (Kafka's AdminUtils.assignReplicasToBrokers, rack-unaware) over the live
+  brokers of the cache; TOPIC_ALREADY_EXISTS if the assignment znode exists or the topic is marked for
+  deletion, INVALID_TOPIC_EXCEPTION for a name colliding with one in ZooKeeper (AdminZkClient's
+  validateTopicCreate).
+- delete: ``/admin/delete_topics/<t>`` (a marker already there is fine, as in Kafka).
+- add partitions: the assignment znode rewritten with the existing replicas plus the new partitions', placed
+  from the broker at or after the first replica of partition 0 (AdminZkClient.createNewPartitionsAssignment);
+  REASSIGNMENT_IN_PROGRESS while replicas are being moved. The write is conditional on the version read,
+  and retried if another write came in between; it goes through KafkaZkClient.set_topic_assignment with
+  any controller epoch (-1), which still needs ``/controller_epoch`` to exist (a controller was elected).
+A wait still pending when the cache closes ends as a timeout does.
+Not done: rack-aware placement (racks are carried in endpoints but placement ignores them), and purging
+config change notifications older than 15 minutes (Kafka's brokers delete them; ours leave them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import uuid
+from concurrent.futures import Future
+from typing import Callable, Sequence
+
+from pykbroker.cluster.metadata import BrokerEndpoint, PartitionState, TopicInfo, collision_key
+from pykbroker.cluster.zookeeper import (
+    CONFIG_CHANGE_PREFIX,
+    CONFIG_CHANGES_PATH,
+    KafkaZkClient,
+    StaleZkVersion,
+    TopicAssignment,
+    TopicExists,
+    delete_topic_path,
+)
+from pykbroker.protocol.errors import ErrorCode, KafkaError
+
+log = logging.getLogger(__name__)
+
+NO_CONTROLLER = -1  # MetadataResponse.NO_CONTROLLER_ID
+LEADER_DURING_DELETE = -2  # LeaderAndIsr.LeaderDuringDelete
+NO_TOPIC_ID = uuid.UUID(int=0)
+# Kafka's SecurityProtocol ids, whose names are the listener names of UpdateMetadata before v3.
+SECURITY_PROTOCOLS = {0: "PLAINTEXT", 1: "SSL", 2: "SASL_PLAINTEXT", 3: "SASL_SSL"}
+_ASSIGNMENT_WRITE_ATTEMPTS = 5
+
+
+def assign_replicas_to_brokers(
+    broker_ids: Sequence[int],
+    partitions: int,
+    replication_factor: int,
+    *,
+    start_index: int = -1,
+    start_partition: int = 0,
+    rng: random.Random | None = None,
+) -> dict[int, list[int]]:
+    """Kafka's AdminUtils.assignReplicasToBrokersRackUnaware: partition p's first replica is broker
+    ``(p + start) % n`` of the sorted broker list, the others follow it at a shift that grows by one every
+    n partitions, so leaders and followers spread evenly. ``start_index`` -1 picks the start and the shift
+    at random, as Kafka does for a new topic. The caller checks 0 < replication_factor <= len(broker_ids)."""
+    brokers = sorted(broker_ids)
+    n = len(brokers)
+    rng = rng or random.Random()
+    start = start_index if start_index >= 0 else rng.randrange(n)
+    shift = start_index if start_index >= 0 else rng.randrange(n)
+    assignment: dict[int, list[int]] = {}
+    for partition in range(max(0, start_partition), max(0, start_partition) + partitions):
+        if partition > 0 and partition % n == 0:
+            shift += 1
+        first = (partition + start) % n
+        replicas = [brokers[first]]
+        for j in range(replication_factor - 1):
+            replicas.append(brokers[(first + 1 + (shift + j) % (n - 1)) % n])
+        assignment[partition] = replicas
+    return assignment
+
+
+def _endpoint_listener(endpoint, version: int) -> str:
+    if version >= 3:
+        return endpoint.listener
+    return SECURITY_PROTOCOLS.get(endpoint.security_protocol, str(endpoint.security_protocol))
+
+
+def _partition_states(request) -> list[tuple[str, object]]:
+    """(topic, partition state entity) of an UpdateMetadata request of any version."""
+    ungrouped = getattr(request, "ungrouped_partition_states", None)
+    if ungrouped is not None:
+        return [(state.topic_name, state) for state in ungrouped]
+    return [(topic.topic_name, state) for topic in request.topic_states for state in topic.partition_states]
+
+
+class ZkMetadata:
+    """The metadata cache of a broker in a ZooKeeper cluster (see the module docstring)."""
+
+    local_leadership = False  # LeaderAndIsr from the controller hosts partitions, through the node
+
+    def __init__(self, zk: KafkaZkClient, broker_id: int, cluster_id: str, *, inter_broker_listener: str) -> None:
+        self.zk = zk
+        self.broker_id = broker_id
+        self.cluster_id = cluster_id
+        self.inter_broker_listener = inter_broker_listener
+        self.controller_id = NO_CONTROLLER
+        self._brokers: dict[int, dict[str, BrokerEndpoint]] = {}  # live broker -> listener -> endpoint
+        self._states: dict[str, dict[int, PartitionState]] = {}
+        self._topic_ids: dict[str, uuid.UUID] = {}
+        self._topics: dict[str, TopicInfo] = {}
+        self._by_id: dict[uuid.UUID, TopicInfo] = {}
+        self._by_collision_key: dict[str, set[str]] = {}
+        self._partitions = 0
+        self._configs: dict[str, dict[str, str]] = {}  # topic -> overrides, once read from ZooKeeper
+        self._config_generation: dict[str, int] = {}  # topic -> number of the last read started
+        self._last_change = -1  # sequence number of the last config change notification processed
+        self._changes_task: asyncio.Task | None = None
+        self._changes_pending = False
+        self._listeners: list[Callable[[], None]] = []
+        self._config_listeners: list[Callable[[str], None]] = []
+        self._waiters: list[tuple[Callable[[], bool], asyncio.Future]] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._closed = False
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Watch ``/config/changes`` (the watch fires once at once: notifications present now are processed)."""
+        self.zk.watch_config_changes(self._on_config_changes)
+
+    async def close(self) -> None:
+        self._closed = True
+        for _, waiter in self._waiters:  # their admin requests answer now (REQUEST_TIMED_OUT, as at a timeout)
+            if not waiter.done():
+                waiter.set_result(None)
+        tasks = [*self._tasks, *([self._changes_task] if self._changes_task else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- UpdateMetadata ---------------------------------------------------------------------------
+    def apply_update_metadata(self, request) -> None:
+        """Apply an UpdateMetadata request (v0-8 entity) as Kafka's ZkMetadataCache.updateMetadata does,
+        then wake the waiters and tell the listeners."""
+        version = int(type(request).__version__)
+        brokers: dict[int, dict[str, BrokerEndpoint]] = {}
+        for broker in request.live_brokers:
+            rack = getattr(broker, "rack", None)
+            if version == 0:
+                brokers[broker.id_] = {"PLAINTEXT": BrokerEndpoint(broker.id_, broker.v0_host, broker.v0_port, rack)}
+                continue
+            brokers[broker.id_] = {
+                _endpoint_listener(ep, version): BrokerEndpoint(broker.id_, ep.host, ep.port, rack)
+                for ep in broker.endpoints
+            }
+        self._brokers = brokers
+        self.controller_id = request.controller_id if request.controller_id >= 0 else NO_CONTROLLER
+        touched: set[str] = set()
+        for topic in getattr(request, "topic_states", ()):
+            topic_id = getattr(topic, "topic_id", None)
+            if topic_id is None:
+                continue
+            touched.add(topic.topic_name)
+            if topic_id == NO_TOPIC_ID:
+                self._topic_ids.pop(topic.topic_name, None)
+            else:
+                self._topic_ids[topic.topic_name] = topic_id
+        for name, state in _partition_states(request):
+            touched.add(name)
+            if state.leader == LEADER_DURING_DELETE:
+                partitions = self._states.get(name)
+                if partitions is not None:
+                    partitions.pop(state.partition_index, None)
+                    if not partitions:
+                        del self._states[name]
+                continue
+            self._states.setdefault(name, {})[state.partition_index] = PartitionState(
+                state.leader, state.leader_epoch, list(state.replicas), list(state.isr),
+                list(getattr(state, "offline_replicas", ())), state.zk_version,
+            )
+        for name in touched:
+            self._reindex(name)
+        self._wake()
+        for callback in list(self._listeners):
+            callback()
+
+    def _reindex(self, name: str) -> None:
+        """Rebuild ``name``'s TopicInfo from its partition states, or forget the topic if it has none."""
+        old = self._topics.pop(name, None)
+        if old is not None:
+            self._partitions -= len(old.partitions)
+            if self._by_id.get(old.topic_id) is old:
+                del self._by_id[old.topic_id]
+        partitions = self._states.get(name)
+        if not partitions:
+            self._topic_ids.pop(name, None)
+            self._configs.pop(name, None)
+            self._config_generation.pop(name, None)  # a read in flight is dropped
+            names = self._by_collision_key.get(collision_key(name))
+            if names is not None:
+                names.discard(name)
+                if not names:
+                    del self._by_collision_key[collision_key(name)]
+            return
+        known: list[PartitionState] = []
+        while len(known) in partitions:
+            known.append(partitions[len(known)])
+        topic_id = self._topic_ids.get(name, NO_TOPIC_ID)
+        info = TopicInfo(name, topic_id, known, self._configs.get(name, {}))
+        self._topics[name] = info
+        self._partitions += len(known)
+        if topic_id != NO_TOPIC_ID:
+            self._by_id[topic_id] = info
+        self._by_collision_key.setdefault(collision_key(name), set()).add(name)
+        if old is None and name not in self._configs:
+            self._spawn(self._load_config(name))
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        """``callback()`` after each applied UpdateMetadata."""
+        self._listeners.append(callback)
+
+    # -- queries ----------------------------------------------------------------------------------
+    def brokers(self) -> list[BrokerEndpoint]:
+        """The live brokers, each at its inter-broker listener (or its first endpoint if it has none there)."""
+        result = []
+        for broker_id in sorted(self._brokers):
+            endpoints = self._brokers[broker_id]
+            endpoint = endpoints.get(self.inter_broker_listener) or next(iter(endpoints.values()), None)
+            if endpoint is not None:
+                result.append(endpoint)
+        return result
+
+    def brokers_on(self, listener: str) -> list[BrokerEndpoint]:
+        """The live brokers' endpoints on ``listener``; a broker without that listener is left out (Kafka)."""
+        return [eps[listener] for _, eps in sorted(self._brokers.items()) if listener in eps]
+
+    def endpoint(self, broker_id: int, listener: str) -> BrokerEndpoint | None:
+        return self._brokers.get(broker_id, {}).get(listener)
+
+    def address_of(self, broker_id: int) -> tuple[str, int] | None:
+        """Host and port of a live broker's inter-broker listener, or None."""
+        endpoint = self.endpoint(broker_id, self.inter_broker_listener)
+        return (endpoint.host, endpoint.port) if endpoint is not None else None
+
+    def leader_of(self, topic: str, index: int) -> int | None:
+        """The partition's leader, or None if the partition is unknown or has no leader (-1)."""
+        state = self._states.get(topic, {}).get(index)
+        return state.leader if state is not None and state.leader >= 0 else None
+
+    def topics(self) -> list[TopicInfo]:
+        return list(self._topics.values())
+
+    def topic(self, name: str) -> TopicInfo | None:
+        return self._topics.get(name)
+
+    def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
+        return self._by_id.get(topic_id)
+
+    def topic_id_of(self, name: str) -> uuid.UUID | None:
+        """The topic's id, as the fetcher puts it in Fetch requests; None if unknown."""
+        return self._topic_ids.get(name)
+
+    def colliding_topics(self, name: str) -> list[str]:
+        return sorted(other for other in self._by_collision_key.get(collision_key(name), ()) if other != name)
+
+    def partition_count(self) -> int:
+        """Partitions of every topic of the cluster together."""
+        return self._partitions
+
+    def commit(self) -> Future:
+        """Admin changes are durable once ZooKeeper acknowledged them: nothing left to make durable."""
+        done: Future = Future()
+        done.set_result(None)
+        return done
+
+    # -- waiting for the controller ---------------------------------------------------------------
+    async def wait_until(self, condition: Callable[[], bool], timeout_s: float) -> bool:
+        """Whether ``condition()`` became true within ``timeout_s``, checked after each UpdateMetadata."""
+        if condition():
+            return True
+        if timeout_s <= 0 or self._closed:
+            return False
+        waiter = asyncio.get_running_loop().create_future()
+        entry = (condition, waiter)
+        self._waiters.append(entry)
+        try:
+            await asyncio.wait_for(waiter, timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            if entry in self._waiters:
+                self._waiters.remove(entry)
+        return condition()  # woken by a matching update, or by close
+
+    def _wake(self) -> None:
+        for condition, waiter in list(self._waiters):
+            if not waiter.done() and condition():
+                waiter.set_result(None)
+
+    # -- topic configs ----------------------------------------------------------------------------
+    def add_config_listener(self, callback: Callable[[str], None]) -> None:
+        """``callback(topic)`` after a topic's config overrides were (re)loaded from ZooKeeper."""
+        self._config_listeners.append(callback)
+
+    async def load_topic_config(self, name: str) -> dict[str, str]:
+        """The topic's overrides, read from ZooKeeper if not read yet (the node awaits this before it
+        creates a log for a LeaderAndIsr, which comes before the UpdateMetadata that shows the topic)."""
+        if name in self._configs:
+            return self._configs[name]
+        await self._load_config(name)
+        return self._configs.get(name, {})
+
+    async def _load_config(self, name: str) -> None:
+        """Read /config/topics/<name>; of two reads in flight, the one started last wins."""
+        generation = self._config_generation.get(name, 0) + 1
+        self._config_generation[name] = generation
+        try:
+            configs = await self.zk.get_topic_config(name)
+        except Exception as exc:  # noqa: BLE001 - a ZooKeeper failure keeps the configs known and is reported
+            log.warning("cannot read the config of topic %s from ZooKeeper: %r", name, exc)
+            return
+        if self._config_generation.get(name) != generation:
+            return
+        self._configs[name] = configs
+        info = self._topics.get(name)
+        if info is not None:
+            info.configs = configs
+        for callback in list(self._config_listeners):
+            callback(name)
+
+    def _on_config_changes(self, children: list[str]) -> None:
+        if self._closed:
+            return
+        self._changes_pending = True
+        if self._changes_task is None or self._changes_task.done():
+            self._changes_task = asyncio.ensure_future(self._process_config_changes())
+
+    async def _process_config_changes(self) -> None:
+        """Kafka's ZkNodeChangeNotificationListener: every notification newer than the last processed, in
+        sequence order; a ``topics/<t>`` entity reloads that topic's config (if the cache has the topic:
+        others are read when they appear)."""
+        while self._changes_pending and not self._closed:
+            self._changes_pending = False
+            try:
+                await self._process_new_changes()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - ZooKeeper unreachable: the next notification retries
+                log.warning("cannot process config change notifications: %r", exc)
+
+    async def _process_new_changes(self) -> None:
+        children = await self.zk.children(CONFIG_CHANGES_PATH)
+        changes = sorted(
+            (int(child[len(CONFIG_CHANGE_PREFIX):]), child)
+            for child in children
+            if child.startswith(CONFIG_CHANGE_PREFIX) and child[len(CONFIG_CHANGE_PREFIX):].isdigit()
+        )
+        for sequence, child in changes:
+            if sequence <= self._last_change:
+                continue
+            found = await self.zk.get_or_none(f"{CONFIG_CHANGES_PATH}/{child}")
+            self._last_change = sequence
+            topic = _changed_topic(found[0] if found else None)
+            if topic is not None and topic in self._topics:
+                await self._load_config(topic)
+
+    # -- admin writes (AdminZkClient) -------------------------------------------------------------
+    async def create_topic_async(self, name: str, partitions: int, replication_factor: int,
+                                 configs: dict[str, str]) -> None:
+        """Write the topic to ZooKeeper (config, then assignment with a new topic id)."""
+        found = await self.zk.get_or_none(delete_topic_path(name))
+        if found is not None:
+            raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{name}' is marked for deletion.")
+        colliding = sorted(
+            other for other in await self.zk.all_topics()
+            if other != name and collision_key(other) == collision_key(name)
+        )
+        if colliding:
+            raise KafkaError(
+                ErrorCode.invalid_topic_exception, f"Topic '{name}' collides with existing topics: {', '.join(colliding)}"
+            )
+        brokers = [b.broker_id for b in self.brokers()]
+        if replication_factor > len(brokers):  # the live brokers changed since TopicAdmin's check
+            raise KafkaError(
+                ErrorCode.invalid_replication_factor,
+                f"Replication factor: {replication_factor} larger than available brokers: {len(brokers)}.",
+            )
+        assignment = assign_replicas_to_brokers(brokers, partitions, replication_factor)
+        try:
+            await self.zk.create_topic(name, assignment, uuid.uuid4(), configs)
+        except TopicExists:
+            raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.") from None
+
+    async def delete_topic_async(self, name: str) -> None:
+        """Mark the topic for deletion; the controller deletes it and tells the brokers."""
+        await self.zk.mark_topic_for_deletion(name)
+
+    async def add_partitions_async(self, name: str, total: int) -> None:
+        """Rewrite the assignment znode with ``total`` partitions, conditional on the version read."""
+        for _ in range(_ASSIGNMENT_WRITE_ATTEMPTS):
+            current = await self.zk.get_topic_assignment(name)
+            if current is None:
+                raise KafkaError(ErrorCode.unknown_topic_or_partition, f"The topic '{name}' does not exist.")
+            if any(current.adding_replicas.values()) or any(current.removing_replicas.values()):
+                raise KafkaError(ErrorCode.reassignment_in_progress,
+                                 f"A partition reassignment is in progress for the topic '{name}'.")
+            existing = len(current.partitions)
+            if total <= existing:
+                raise KafkaError(
+                    ErrorCode.invalid_partitions,
+                    f"Topic currently has {existing} partitions, which is higher than the requested {total}.",
+                )
+            brokers = sorted(b.broker_id for b in self.brokers())
+            first = current.partitions.get(0, [])
+            replication_factor = len(first)
+            if not 0 < replication_factor <= len(brokers):
+                raise KafkaError(
+                    ErrorCode.invalid_replication_factor,
+                    f"Replication factor: {replication_factor} larger than available brokers: {len(brokers)}.",
+                )
+            start = next((i for i, b in enumerate(brokers) if b >= first[0]), 0)
+            added = assign_replicas_to_brokers(
+                brokers, total - existing, replication_factor, start_index=start, start_partition=existing
+            )
+            updated = TopicAssignment(name, current.topic_id, {**current.partitions, **added})
+            try:
+                await self.zk.set_topic_assignment(name, updated, current.zk_version, -1)
+                return
+            except StaleZkVersion:
+                continue  # another write came in between: read again
+        raise KafkaError(ErrorCode.unknown_server_error, f"The assignment of topic '{name}' kept changing; try again.")
+
+    def _spawn(self, work) -> None:
+        if self._closed:
+            work.close()
+            return
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _changed_topic(data: bytes | None) -> str | None:
+    """The topic a config change notification names: v2 ``{"entity_path":"topics/<t>"}``, v1
+    ``{"entity_type":"topics","entity_name":"<t>"}``; None for another entity or a malformed document."""
+    try:
+        doc = json.loads(data) if data else None
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    path = doc.get("entity_path")
+    if isinstance(path, str):
+        kind, _, name = path.partition("/")
+        return name if kind == "topics" and name else None
+    if doc.get("entity_type") == "topics" and isinstance(doc.get("entity_name"), str):
+        return doc["entity_name"]
+    return None
+
