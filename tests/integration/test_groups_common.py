@@ -358,8 +358,10 @@ class MemberProcess:
     JSON list after every change (``print_assignment``)."""
 
     def __init__(self, script: str, *args: str) -> None:
+        # The member imports broker_process, which imports pykbroker: from this checkout, installed or not.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(broker_process.REPO_ROOT), os.environ.get("PYTHONPATH")]))}
         self.process = subprocess.Popen([sys.executable, script, "member", *args], stdout=subprocess.PIPE, text=True,
-                                        cwd=os.path.dirname(os.path.abspath(script)))
+                                        cwd=os.path.dirname(os.path.abspath(script)), env=env)
         self.reports: list[list[int]] = []
         threading.Thread(target=self._read, daemon=True).start()
 
