@@ -127,6 +127,7 @@ class ClusterMetadata(Protocol):
     def topics(self) -> list[TopicInfo]: ...
     def topic(self, name: str) -> TopicInfo | None: ...
     def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None: ...
+    def topic_configs(self, name: str) -> dict[str, str] | None: ...  # a topic's overrides, None if unknown
     def colliding_topics(self, name: str) -> list[str]: ...
     def partition_count(self) -> int: ...
     async def create_topic_async(self, name: str, partitions: int, replication_factor: int,
@@ -253,6 +254,10 @@ class EmbeddedMetadata:
 
     def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
         return self._by_id.get(topic_id)
+
+    def topic_configs(self, name: str) -> dict[str, str] | None:
+        info = self._topics.get(name)
+        return info.configs if info is not None else None
 
     def colliding_topics(self, name: str) -> list[str]:
         """Existing topics other than ``name`` whose names differ from it only by '.' versus '_'."""

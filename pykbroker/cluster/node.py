@@ -84,13 +84,14 @@ class ClusterNode:
         )
         replicas.alter_partition = self.alter_partition
         self.on_leadership_change: list[LeadershipListener] = []
+        self._topic_ids: dict[str, uuid.UUID] = {}
         self._endpoints: list[Endpoint] = []
         self._reregistering: asyncio.Task | None = None
         self._stopping = False
 
     def _topic_id_of(self, topic: str) -> uuid.UUID | None:
-        info = self.metadata.topic(topic)
-        return info.topic_id if info is not None else None
+        """From LeaderAndIsr (which comes before the UpdateMetadata that shows a new topic), else the cache."""
+        return self._topic_ids.get(topic) or self.metadata.topic_id_of(topic)
 
     # -- start and stop ---------------------------------------------------------------------------
     async def connect(self, stored_cluster_id: str | None) -> str:
@@ -212,12 +213,20 @@ class ClusterNode:
         return schema.UpdateMetadataResponse(error_code=ErrorCode.none)
 
     # -- LeaderAndIsr -----------------------------------------------------------------------------
-    def handle_leader_and_isr(self, request, schema):
+    async def handle_leader_and_isr(self, request, schema):
         """Kafka's ReplicaManager.becomeLeaderOrFollower: leaders stop fetching and start serving; followers
-        start fetching from their leader (truncating what diverges); one error per partition."""
+        start fetching from their leader (truncating what diverges); one error per partition. A new
+        topic's config overrides are read from ZooKeeper first, so its log is created with them."""
         error = self._fence(request)
         if error is not None:
             return schema.LeaderAndIsrResponse(error_code=error, topics=())
+        for topic_state in request.topic_states:
+            if topic_state.topic_id is not None and topic_state.topic_id.int != 0:
+                self._topic_ids[topic_state.topic_name] = topic_state.topic_id
+            if self.metadata.topic_configs(topic_state.topic_name) is None:
+                await self.metadata.load_topic_config(topic_state.topic_name)
+        if self._fence(request) is not None:  # a newer controller spoke while the configs were read
+            return schema.LeaderAndIsrResponse(error_code=ErrorCode.stale_controller_epoch, topics=())
         replicas = self.broker.replicas
         topics = []
         follow: dict[tuple[str, int], int] = {}

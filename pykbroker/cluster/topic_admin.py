@@ -73,19 +73,19 @@ class TopicAdmin:
 
     # -- configs ----------------------------------------------------------------------------------
     def _overrides(self, name: str) -> dict[str, str]:
-        info = self.metadata.topic(name)
-        if info is None:
+        configs = self.metadata.topic_configs(name)
+        if configs is None:
             return {}
-        if "compact" not in info.configs.get("cleanup.policy", ""):
-            return info.configs
+        if "compact" not in configs.get("cleanup.policy", ""):
+            return configs
         if name not in self._warned_compact:
             self._warned_compact.add(name)
             log.warning(
                 "topic %s has cleanup.policy=%s, which pykbroker does not support yet: serving it with "
                 "cleanup.policy=delete and retention off, so that none of its data is deleted",
-                name, info.configs["cleanup.policy"],
+                name, configs["cleanup.policy"],
             )
-        kept = {key: value for key, value in info.configs.items() if key != "cleanup.policy"}
+        kept = {key: value for key, value in configs.items() if key != "cleanup.policy"}
         return {**kept, **_KEEP_FOREVER}
 
     def effective_configs(self, name: str) -> dict[str, tuple[Any, ConfigSource]]:
@@ -103,8 +103,7 @@ class TopicAdmin:
         # Produce asks for min.insync.replicas on every request: resolve a topic's configs once, again
         # whenever its overrides are another dict (both backends replace the dict when they change, and a
         # topic created, re-created or deleted has another one, or none).
-        info = self.metadata.topic(name)
-        source = info.configs if info is not None else None
+        source = self.metadata.topic_configs(name)
         cached = self._effective_cache.get(name)
         if cached is None or cached[0] is not source:
             cached = self._effective_cache[name] = (source, self.config.effective_topic_config(self._overrides(name)))

@@ -272,6 +272,10 @@ class ZkMetadata:
     def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
         return self._by_id.get(topic_id)
 
+    def topic_configs(self, name: str) -> dict[str, str] | None:
+        """The overrides read from ZooKeeper, also for a topic LeaderAndIsr names before UpdateMetadata does."""
+        return self._configs.get(name)
+
     def topic_id_of(self, name: str) -> uuid.UUID | None:
         """The topic's id, as the fetcher puts it in Fetch requests; None if unknown."""
         return self._topic_ids.get(name)

@@ -20,8 +20,8 @@ PREFERRED = 0
 
 
 @handles(4)
-def leader_and_isr(ctx: RequestContext, request) -> object:
-    return ctx.broker.cluster.handle_leader_and_isr(request, response_module(ctx))
+async def leader_and_isr(ctx: RequestContext, request) -> object:
+    return await ctx.broker.cluster.handle_leader_and_isr(request, response_module(ctx))
 
 
 @handles(5)
