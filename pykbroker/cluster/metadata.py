@@ -165,37 +165,11 @@ class EmbeddedMetadata:
 
     # -- persistence ------------------------------------------------------------------------------
     def _load_meta_properties(self) -> str:
-        path = self.data_dir / "meta.properties"
-        try:
-            text = path.read_bytes().decode()
-        except FileNotFoundError:
+        cluster_id = read_meta_properties(self.data_dir, self.broker_id)
+        if cluster_id is None:
             cluster_id = new_cluster_id()
-            write_atomically(path, f"#pykbroker\nversion=1\ncluster.id={cluster_id}\nnode.id={self.broker_id}\n")
-            return cluster_id
-        except UnicodeDecodeError:
-            raise CorruptFile(path, "is not text", _META_PROPERTIES_HINT) from None
-        props: dict[str, str] = {}
-        for number, line in enumerate(text.splitlines(), 1):
-            line = line.strip()
-            if not line or line.startswith(("#", "!")):
-                continue
-            key, equals, value = line.partition("=")
-            if not equals:
-                raise CorruptFile(path, f"line {number} is not key=value", _META_PROPERTIES_HINT)
-            props[key.strip()] = value.strip()
-        if not props.get("cluster.id"):
-            raise CorruptFile(path, "has no cluster.id", _META_PROPERTIES_HINT)
-        raw_id = props.get("node.id", props.get("broker.id", str(self.broker_id)))
-        try:
-            stored_id = int(raw_id)
-        except ValueError:
-            raise CorruptFile(path, f"has a node.id that is not a number ({raw_id!r})", _META_PROPERTIES_HINT) from None
-        if stored_id != self.broker_id:
-            raise CorruptFile(
-                path, f"belongs to broker {stored_id}, not {self.broker_id}",
-                f"start with --broker-id {stored_id}, or use another data dir",
-            )
-        return props["cluster.id"]
+            write_meta_properties(self.data_dir, cluster_id, self.broker_id, kraft_style=True)
+        return cluster_id
 
     def _load_state(self) -> None:
         topics, records = self._log.load()
@@ -319,3 +293,48 @@ class EmbeddedMetadata:
 
 
 _META_PROPERTIES_HINT = "restore it from a backup, or write cluster.id=<id> and node.id=<broker id> lines"
+META_PROPERTIES = "meta.properties"
+
+
+def read_meta_properties(data_dir: Path, broker_id: int) -> str | None:
+    """The cluster id stored in ``<data-dir>/meta.properties``, None if there is no such file. Raises
+    CorruptFile (one line) if it cannot be read or belongs to another broker id."""
+    path = data_dir / META_PROPERTIES
+    try:
+        text = path.read_bytes().decode()
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError:
+        raise CorruptFile(path, "is not text", _META_PROPERTIES_HINT) from None
+    props: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith(("#", "!")):
+            continue
+        key, equals, value = line.partition("=")
+        if not equals:
+            raise CorruptFile(path, f"line {number} is not key=value", _META_PROPERTIES_HINT)
+        props[key.strip()] = value.strip()
+    if not props.get("cluster.id"):
+        raise CorruptFile(path, "has no cluster.id", _META_PROPERTIES_HINT)
+    raw_id = props.get("node.id", props.get("broker.id", str(broker_id)))
+    try:
+        stored_id = int(raw_id)
+    except ValueError:
+        raise CorruptFile(path, f"has a node.id that is not a number ({raw_id!r})", _META_PROPERTIES_HINT) from None
+    if stored_id != broker_id:
+        raise CorruptFile(
+            path, f"belongs to broker {stored_id}, not {broker_id}",
+            f"start with --broker-id {stored_id}, or use another data dir",
+        )
+    return props["cluster.id"]
+
+
+def write_meta_properties(data_dir: Path, cluster_id: str, broker_id: int, *, kraft_style: bool) -> None:
+    """Kafka's two formats: version 1 with node.id (KRaft; the single node), version 0 with broker.id
+    (ZooKeeper mode)."""
+    if kraft_style:
+        text = f"#pykbroker\nversion=1\ncluster.id={cluster_id}\nnode.id={broker_id}\n"
+    else:
+        text = f"#pykbroker\nversion=0\nbroker.id={broker_id}\ncluster.id={cluster_id}\n"
+    write_atomically(data_dir / META_PROPERTIES, text)

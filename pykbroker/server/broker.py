@@ -247,12 +247,16 @@ class Broker:
 
     async def _join_cluster_first(self) -> None:
         """Cluster mode, before the logs load: connect to ZooKeeper and agree on the cluster id."""
+        from pykbroker.cluster.metadata import read_meta_properties, write_meta_properties
         from pykbroker.cluster.node import ClusterStartError
 
+        stored = read_meta_properties(self.data_dir, self.broker_id)  # CorruptFile: one line, as on a single node
         try:
-            await self.cluster.connect(stored_cluster_id=None)
+            cluster_id = await self.cluster.connect(stored_cluster_id=stored)
         except ClusterStartError as exc:
             raise StartupError(str(exc)) from None
+        if stored is None:
+            write_meta_properties(self.data_dir, cluster_id, self.broker_id, kraft_style=False)
 
     async def _register_in_cluster(self) -> None:
         """Cluster mode, once the listeners accept connections: register and run for controller."""
