@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Iterable, Protocol
 
+from pykbroker.log.errors import OffsetOutOfRange
 from pykbroker.log.partition_log import AppendResult, PartitionLog
 from pykbroker.log.producer_state import ProducerStateManager
 from pykbroker.protocol.errors import ErrorCode
@@ -371,6 +372,36 @@ class Partition:
             return ErrorCode.none
         return ErrorCode.unknown_leader_epoch if current_leader_epoch != NO_EPOCH else ErrorCode.not_leader_or_follower
 
+    # -- leader epochs (OffsetForLeaderEpoch, fetches naming their last fetched epoch) -------------
+    def last_offset_for_leader_epoch(self, requested_epoch: int) -> tuple[int, int]:
+        """(largest epoch <= ``requested_epoch``, the offset where it ends), (-1, -1) when unknown.
+
+        Kafka's UnifiedLog.endOffsetForEpoch over the leader-epoch cache: the current epoch ends at the log end,
+        a newer epoch than ours is unknown. A log nothing was ever appended to (the single broker's new
+        partition, whose cache is empty) belongs wholly to the current epoch."""
+        if requested_epoch == self.leader_epoch:
+            return self.leader_epoch, self.log.log_end_offset
+        if requested_epoch > self.leader_epoch:
+            return NO_EPOCH, UNKNOWN_OFFSET
+        epoch, end_offset = self.log.end_offset_for_epoch(requested_epoch)
+        if epoch < 0 and self.log.latest_epoch < 0:
+            return self.leader_epoch, self.log.log_end_offset
+        return epoch, end_offset
+
+    def diverging_epoch(self, fetch_offset: int, last_fetched_epoch: int) -> tuple[int, int] | None:
+        """Kafka's Partition.readRecords check for a fetch that names its last fetched epoch (Fetch v12+).
+
+        Returns None when the fetcher's log agrees with ours up to ``fetch_offset``, or the (epoch, end offset)
+        it must truncate to (the response's diverging_epoch, no records). Raises OffsetOutOfRange when that
+        epoch's end cannot be found or the fetch offset is below our log start, as Kafka does."""
+        epoch, end_offset = self.last_offset_for_leader_epoch(last_fetched_epoch)
+        log_start, log_end = self.log.log_start_offset, self.log.log_end_offset
+        if epoch == NO_EPOCH or end_offset == UNKNOWN_OFFSET or fetch_offset < log_start:
+            raise OffsetOutOfRange(fetch_offset, log_start, log_end)
+        if epoch < last_fetched_epoch or end_offset < fetch_offset:
+            return epoch, end_offset
+        return None
+
     # -- ISR decisions ----------------------------------------------------------------------------
     def isr_shrink_candidates(self, now_ms: int) -> tuple[int, ...]:
         """ISR followers that are no longer caught up (Kafka's getOutOfSyncReplicas); none while a change is
@@ -492,6 +523,16 @@ class Partition:
             return False
         self._hwm = new
         self._wake(self._hwm_waiters)
+        return True
+
+    def update_log_start_offset_from_leader(self, leader_log_start_offset: int) -> bool:
+        """A follower moves its log start up to its leader's (Kafka's maybeIncrementLogStartOffset with
+        LeaderOffsetIncremented), never past its own HWM (Kafka refuses that move; the next fetch's HWM
+        allows it). True if it moved."""
+        new = min(leader_log_start_offset, self.high_watermark)
+        if new <= self.log.log_start_offset:
+            return False
+        self.log.delete_records_before(new)
         return True
 
     def truncate_to(self, offset: int) -> None:
