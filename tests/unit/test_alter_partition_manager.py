@@ -10,6 +10,7 @@ import datetime
 import struct
 import sys
 
+import pytest
 from pykbroker.cluster.alter_partition import AlterPartitionManager
 from pykbroker.log.config import LogConfig
 from pykbroker.log.partition_log import PartitionLog
@@ -116,10 +117,22 @@ def make_manager(controller: FakeController, controller_id=lambda: 0) -> AlterPa
         lambda name: TOPIC_ID if name == "t" else None, clock=lambda: T0 + LAG + 1)
 
 
+_open_logs: list[PartitionLog] = []
+
+
+@pytest.fixture(autouse=True)
+def close_logs():
+    """Every log a test opened is closed after it (no descriptor left for a later test to see closing)."""
+    yield
+    while _open_logs:
+        _open_logs.pop().close()
+
+
 def leaders(tmp_path, manager, count: int) -> list[Partition]:
     out = []
     for index in range(count):
         log = PartitionLog.open(tmp_path / f"t-{index}", LogConfig())
+        _open_logs.append(log)
         p = Partition("t", index, log, broker_id=1, replica_lag_time_max_ms=LAG, alter_partition=manager)
         assert p.become_leader(1, (1, 2, 3), (1, 2, 3), 0, now_ms=T0) == ErrorCode.none
         out.append(p)

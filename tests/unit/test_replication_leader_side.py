@@ -217,3 +217,13 @@ def test_follower_log_start_follows_the_leader_up_to_its_hwm(tmp_path):
 
     asyncio.run(long_poll())
     rm.log_manager.shutdown()
+
+
+def test_acks_all_below_min_insync_replicas_is_refused_before_the_append(tmp_path):
+    rm = manager(tmp_path)
+    assert rm.become_leader("t", 0, 1, (1,), (1, 2), 0) == ErrorCode.none
+    refused = rm.append("t", 0, batch(2), acks=-1, min_insync_replicas=2)
+    assert refused.error == ErrorCode.not_enough_replicas and rm.partition("t", 0).log.log_end_offset == 0
+    accepted = rm.append("t", 0, batch(2), acks=1, min_insync_replicas=2)  # acks=1 does not look at the ISR
+    assert accepted.error == ErrorCode.none and accepted.last_offset == 1
+    rm.log_manager.shutdown()
