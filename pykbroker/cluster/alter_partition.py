@@ -85,7 +85,7 @@ class AlterPartitionManager:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._closed = False
-        self.requests_sent = 0  # AlterPartition requests written, for observation
+        self._controller: int | None = None  # the controller the last request went to
 
     @property
     def pending(self) -> int:
@@ -155,9 +155,11 @@ class AlterPartitionManager:
         if address is None:
             log.debug("broker %d: no controller reachable for AlterPartition (controller %s)", self.broker_id, controller)
             return False
+        if self._controller is not None and self._controller != controller:
+            self.clients.remove(self._controller)  # the controller moved: no connection kept to the old one
+        self._controller = controller
         self.clients.set_address(controller, *address)
         try:
-            self.requests_sent += 1
             response = await self.clients.send(controller, request)
         except ClientError as exc:
             log.info("broker %d: AlterPartition to controller %d failed (%s): retrying", self.broker_id, controller, exc)

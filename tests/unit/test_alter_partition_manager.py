@@ -269,3 +269,31 @@ def test_an_answer_for_a_change_the_partition_no_longer_has_is_ignored(tmp_path)
                 await manager.close()
 
     run(scenario())
+
+
+def test_a_change_follows_the_controller_when_it_moves(tmp_path):
+    async def scenario():
+        current = {"id": 0}
+
+        async def old_policy(body):
+            current["id"] = 1  # a new controller was elected meanwhile
+            return answer(body, top_error=ErrorCode.not_controller)
+
+        async def new_policy(body):
+            return answer(body)
+
+        async with FakeController(old_policy) as old, FakeController(new_policy) as new:
+            ports = {0: old.port, 1: new.port}
+            manager = AlterPartitionManager(
+                1, lambda: 5, lambda: current["id"], lambda node: ("127.0.0.1", ports[node]),
+                lambda name: TOPIC_ID, clock=lambda: T0 + LAG + 1)
+            (p0,) = leaders(tmp_path, manager, 1)
+            try:
+                shrink(p0)
+                await until(lambda: p0.pending_isr_change is None, "the change to be committed")
+                assert (len(old.requests), len(new.requests)) == (1, 1) and p0.isr == (1,)
+                assert manager.clients.connection(0) is None  # nothing kept open to the old controller
+            finally:
+                await manager.close()
+
+    run(scenario())
