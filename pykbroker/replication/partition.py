@@ -23,6 +23,11 @@ Kafka's ``kafka.cluster.Partition`` (3.7, ZooKeeper mode) is the reference for e
   PendingShrinkIsr / PendingExpandIsr: one change in flight at a time) and submitted; the cluster layer
   answers with :meth:`isr_change_committed` or :meth:`isr_change_failed`. Without a port (the single
   broker) nothing is ever submitted, and with no followers there is nothing to shrink.
+* Leader epochs (OffsetForLeaderEpoch, and fetches naming their last fetched epoch): the end of an epoch is the
+  next epoch's start in the leader-epoch cache, the log end for the current one; a fetch whose last epoch ended
+  below its fetch offset here gets that (epoch, end) back as its diverging epoch (Kafka's readRecords).
+* Follower side (replication/fetcher.py drives it): append the leader's batches as they are, take its HWM and
+  log start offset bounded by our own log, truncate to where the logs agree.
 * acks=all produces wait in this partition's delayed-produce list (see purgatory.py) until the HWM reaches
   the end of their batches; long polls wait for an HWM move (consumers) or a log end move (followers).
 """

@@ -178,6 +178,57 @@ def test_follower_with_uncommitted_records_of_an_old_epoch_truncates_on_the_dive
     run(scenario())
 
 
+def test_follower_that_never_had_the_leaders_epochs_truncates_step_by_step(tmp_path):
+    """Kafka's getOffsetTruncationState when the follower does not know the epoch the leader answers: back to
+    the end of its own largest epoch below it, fetch again naming that epoch, until the logs agree."""
+    async def scenario():
+        async with leader_broker(tmp_path / "leader") as (broker, port, topic_id):
+            leader = broker.replicas.partition("t", 0)
+            leader.append(batch(6), 0)  # epoch 1: 0-5
+            assert broker.replicas.become_leader("t", 0, 3, (1, 2), (1, 2), 1) == ErrorCode.none
+            leader.append(batch(3, 6), 0)  # epoch 3: 6-8
+            follower = Follower(tmp_path / "follower", port, topic_id)
+            try:
+                assert follower.replicas.become_follower("t", 0, LEADER, 3, (1, 2), (1, 2), 1) == ErrorCode.none
+                replica = follower.replicas.partition("t", 0)
+                replica.append_as_follower(batch(5, 50, partition_leader_epoch=0))  # epoch 0: 0-4
+                replica.append_as_follower(batch(3, 55, base_offset=5, partition_leader_epoch=2))  # epoch 2: 5-7
+                follower.fetchers.add_partitions({("t", 0): LEADER})
+                # (1, 6) from the leader → our epoch 0 ends at 5 → (0, 0) from the leader → truncate to 0.
+                await wait_for(lambda: replica.log.log_end_offset == 9, what="the follower to converge")
+                assert log_bytes(replica) == log_bytes(leader)
+                assert replica.log.leader_epochs == [(1, 0), (3, 6)]
+            finally:
+                await follower.close()
+
+    run(scenario())
+
+
+def test_a_leader_without_an_address_or_not_listening_is_retried_after_the_backoff(tmp_path):
+    async def scenario():
+        async with leader_broker(tmp_path / "leader") as (broker, port, topic_id):
+            broker.replicas.partition("t", 0).append(batch(4), 0)
+            follower = Follower(tmp_path / "follower", port, topic_id)
+            where = {"address": None}
+            follower.fetchers.address_of = lambda node: where["address"]
+            try:
+                replica = follower.follow()
+                state = follower.fetchers.fetch_state("t", 0)
+                await wait_for(lambda: state.delayed_until > 0, what="a backoff with no address known")
+                closed = bind_listener(broker.config.listeners[0])  # a port nobody accepts on
+                where["address"] = ("127.0.0.1", closed.getsockname()[1])
+                closed.close()
+                first_backoff = state.delayed_until
+                await wait_for(lambda: state.delayed_until > first_backoff, what="a backoff after a refused connection")
+                assert replica.log.log_end_offset == 0
+                where["address"] = ("127.0.0.1", port)
+                await wait_for(lambda: replica.log.log_end_offset == 4, what="replication once the leader is reachable")
+            finally:
+                await follower.close()
+
+    run(scenario())
+
+
 def test_follower_behind_the_leaders_log_start_starts_over_there(tmp_path):
     async def scenario():
         async with leader_broker(tmp_path / "leader", **{"segment.bytes": 1 << 20}) as (broker, port, topic_id):
