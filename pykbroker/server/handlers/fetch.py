@@ -89,7 +89,7 @@ def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, 
     now = replicas.clock() if is_follower else 0
     remaining = max_bytes
     total = 0
-    any_error = False
+    answer_now = False
     results = []
     for wanted_topic in topics:
         topic_results = []
@@ -112,12 +112,12 @@ def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, 
                 except OffsetOutOfRange:
                     error = ErrorCode.offset_out_of_range
             if error != ErrorCode.none or diverging is not None:
-                any_error = True
+                answer_now = True
             total += len(records)
             remaining -= len(records)
             topic_results.append((wanted, error, records, diverging))
         results.append(topic_results)
-    return results, total, any_error
+    return results, total, answer_now
 
 
 def _read_one(replicas, partition: Partition, wanted: _Wanted, limit: int, min_one: bool, replica_id: int, now: int):
@@ -182,9 +182,9 @@ def fetch(ctx: RequestContext, request) -> object:
         replica_id = replica_state.replica_id if replica_state is not None else -1
     if replica_id is None or replica_id < 0:
         replica_id = -1
-    results, total, any_error = _read_all(ctx, topics, request.max_bytes, replica_id)
+    results, total, answer_now = _read_all(ctx, topics, request.max_bytes, replica_id)
     max_wait_ms = int(request.max_wait.total_seconds() * 1000)
-    if total >= request.min_bytes or any_error or max_wait_ms <= 0 or not topics:
+    if total >= request.min_bytes or answer_now or max_wait_ms <= 0 or not topics:
         return _respond(ctx, schema, results)
     return _long_poll(ctx, schema, request, topics, replica_id, max_wait_ms)
 
@@ -196,7 +196,7 @@ async def _long_poll(ctx: RequestContext, schema, request, topics, replica_id: i
     while True:
         remaining = deadline - time.monotonic()
         await ctx.broker.replicas.wait_for_appends(partitions, remaining, follower=follower)
-        results, total, any_error = _read_all(ctx, topics, request.max_bytes, replica_id)
-        if total >= request.min_bytes or any_error or time.monotonic() >= deadline:
+        results, total, answer_now = _read_all(ctx, topics, request.max_bytes, replica_id)
+        if total >= request.min_bytes or answer_now or time.monotonic() >= deadline:
             return _respond(ctx, schema, results)
 
