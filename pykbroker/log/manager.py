@@ -277,15 +277,19 @@ class LogManager:
         metadata; ``take_deleted`` hands them over) or the next load. The descriptors close now, except
         those pinned by fetches still sending them (FileSlice): those close when the fetch lets go.
         """
-        doomed_dirs = []
-        for key in [key for key in self._logs if key[0] == topic]:
-            partition_log = self._logs.pop(key)
-            doomed = self.data_dir / aside_dir_name(*key, DELETE_DIR_SUFFIX)
-            os.rename(partition_log.directory, doomed)
-            doomed_dirs.append(doomed)
-            partition_log.abandon()
-        self._awaiting_removal.extend(doomed_dirs)
-        return doomed_dirs
+        return [doomed for key in [key for key in self._logs if key[0] == topic] if (doomed := self.delete(*key))]
+
+    def delete(self, topic: str, partition: int) -> Path | None:
+        """Stop serving one log as ``delete_topic`` does (StopReplica with delete_partition): its directory
+        renamed aside now and returned, removed later; None if there is no such log."""
+        partition_log = self._logs.pop((topic, partition), None)
+        if partition_log is None:
+            return None
+        doomed = self.data_dir / aside_dir_name(topic, partition, DELETE_DIR_SUFFIX)
+        os.rename(partition_log.directory, doomed)
+        partition_log.abandon()
+        self._awaiting_removal.append(doomed)
+        return doomed
 
     def take_deleted(self) -> list[Path]:
         """The directories of deleted logs not yet handed over for removal (see ``delete_topic``)."""

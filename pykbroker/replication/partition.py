@@ -23,6 +23,11 @@ Kafka's ``kafka.cluster.Partition`` (3.7, ZooKeeper mode) is the reference for e
   PendingShrinkIsr / PendingExpandIsr: one change in flight at a time) and submitted; the cluster layer
   answers with :meth:`isr_change_committed` or :meth:`isr_change_failed`. Without a port (the single
   broker) nothing is ever submitted, and with no followers there is nothing to shrink.
+* Leader epochs (OffsetForLeaderEpoch, and fetches naming their last fetched epoch): the end of an epoch is the
+  next epoch's start in the leader-epoch cache, the log end for the current one; a fetch whose last epoch ended
+  below its fetch offset here gets that (epoch, end) back as its diverging epoch (Kafka's readRecords).
+* Follower side (replication/fetcher.py drives it): append the leader's batches as they are, take its HWM and
+  log start offset bounded by our own log, truncate to where the logs agree.
 * acks=all produces wait in this partition's delayed-produce list (see purgatory.py) until the HWM reaches
   the end of their batches; long polls wait for an HWM move (consumers) or a log end move (followers).
 """
@@ -35,6 +40,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Iterable, Protocol
 
+from pykbroker.log.errors import OffsetOutOfRange
 from pykbroker.log.partition_log import AppendResult, PartitionLog
 from pykbroker.log.producer_state import ProducerStateManager
 from pykbroker.protocol.errors import ErrorCode
@@ -371,6 +377,36 @@ class Partition:
             return ErrorCode.none
         return ErrorCode.unknown_leader_epoch if current_leader_epoch != NO_EPOCH else ErrorCode.not_leader_or_follower
 
+    # -- leader epochs (OffsetForLeaderEpoch, fetches naming their last fetched epoch) -------------
+    def last_offset_for_leader_epoch(self, requested_epoch: int) -> tuple[int, int]:
+        """(largest epoch <= ``requested_epoch``, the offset where it ends), (-1, -1) when unknown.
+
+        Kafka's UnifiedLog.endOffsetForEpoch over the leader-epoch cache: the current epoch ends at the log end,
+        a newer epoch than ours is unknown. A log nothing was ever appended to (the single broker's new
+        partition, whose cache is empty) belongs wholly to the current epoch."""
+        if requested_epoch == self.leader_epoch:
+            return self.leader_epoch, self.log.log_end_offset
+        if requested_epoch > self.leader_epoch:
+            return NO_EPOCH, UNKNOWN_OFFSET
+        epoch, end_offset = self.log.end_offset_for_epoch(requested_epoch)
+        if epoch < 0 and self.log.latest_epoch < 0:
+            return self.leader_epoch, self.log.log_end_offset
+        return epoch, end_offset
+
+    def diverging_epoch(self, fetch_offset: int, last_fetched_epoch: int) -> tuple[int, int] | None:
+        """Kafka's Partition.readRecords check for a fetch that names its last fetched epoch (Fetch v12+).
+
+        Returns None when the fetcher's log agrees with ours up to ``fetch_offset``, or the (epoch, end offset)
+        it must truncate to (the response's diverging_epoch, no records). Raises OffsetOutOfRange when that
+        epoch's end cannot be found or the fetch offset is below our log start, as Kafka does."""
+        epoch, end_offset = self.last_offset_for_leader_epoch(last_fetched_epoch)
+        log_start, log_end = self.log.log_start_offset, self.log.log_end_offset
+        if epoch == NO_EPOCH or end_offset == UNKNOWN_OFFSET or fetch_offset < log_start:
+            raise OffsetOutOfRange(fetch_offset, log_start, log_end)
+        if epoch < last_fetched_epoch or end_offset < fetch_offset:
+            return epoch, end_offset
+        return None
+
     # -- ISR decisions ----------------------------------------------------------------------------
     def isr_shrink_candidates(self, now_ms: int) -> tuple[int, ...]:
         """ISR followers that are no longer caught up (Kafka's getOutOfSyncReplicas); none while a change is
@@ -492,6 +528,16 @@ class Partition:
             return False
         self._hwm = new
         self._wake(self._hwm_waiters)
+        return True
+
+    def update_log_start_offset_from_leader(self, leader_log_start_offset: int) -> bool:
+        """A follower moves its log start up to its leader's (Kafka's maybeIncrementLogStartOffset with
+        LeaderOffsetIncremented), never past its own HWM (Kafka refuses that move; the next fetch's HWM
+        allows it). True if it moved."""
+        new = min(leader_log_start_offset, self.high_watermark)
+        if new <= self.log.log_start_offset:
+            return False
+        self.log.delete_records_before(new)
         return True
 
     def truncate_to(self, offset: int) -> None:

@@ -182,7 +182,7 @@ class ReplicaManager:
         self.broker_id = broker_id
         self.log_config_for = log_config_for
         self.replica_lag_time_max_ms = replica_lag_time_max_ms
-        self.alter_partition = alter_partition  # the cluster layer's AlterPartition sender (None: single broker)
+        self._alter_partition = alter_partition  # the cluster layer's AlterPartition sender (None: single broker)
         self.clock = clock
         self.purgatory = ProducePurgatory(clock)
         self._partitions: dict[TopicPartition, Partition] = {}
@@ -190,6 +190,17 @@ class ReplicaManager:
         self._checkpointed_hwms: dict[TopicPartition, int] | None = None
         # Retention must never delete data consumers cannot see yet (above the high-water mark).
         log_manager.high_watermark_of = self._high_watermark_of
+
+    @property
+    def alter_partition(self) -> AlterPartitionPort | None:
+        return self._alter_partition
+
+    @alter_partition.setter
+    def alter_partition(self, port: AlterPartitionPort | None) -> None:
+        """Plug in (or out) the AlterPartition sender: partitions already hosted use it from now on too."""
+        self._alter_partition = port
+        for partition in self._partitions.values():
+            partition.alter_partition = port
 
     def _high_watermark_of(self, topic: str, index: int) -> int | None:
         partition = self._partitions.get((topic, index))
@@ -267,7 +278,7 @@ class ReplicaManager:
         partition = Partition(
             topic, index, partition_log, broker_id=self.broker_id,
             high_watermark=self.load_high_watermarks().get((topic, index), 0),
-            replica_lag_time_max_ms=self.replica_lag_time_max_ms, alter_partition=self.alter_partition,
+            replica_lag_time_max_ms=self.replica_lag_time_max_ms, alter_partition=self._alter_partition,
         )
         partition.rebuild_producer_state()
         self._partitions[(topic, index)] = partition
@@ -302,6 +313,24 @@ class ReplicaManager:
             return ErrorCode.unknown_topic_or_partition
         partition = self._open(topic, index, topic_id)
         return partition.become_follower(leader, leader_epoch, isr, replicas, partition_epoch)
+
+    def stop_replica(self, topic: str, index: int, *, delete: bool) -> ErrorCode:
+        """StopReplica for one partition (Kafka's ReplicaManager.stopReplicas; the caller removed its fetcher
+        first): stop serving it, so waiting produces and long polls answer at once (NOT_LEADER_OR_FOLLOWER,
+        an empty fetch). Without ``delete`` the partition stays hosted, role NONE, its log and leader epoch
+        kept for a later LeaderAndIsr (controlled shutdown); with it the partition is forgotten and its log
+        deleted (renamed aside now, removed in the background). NONE, also for a partition not hosted."""
+        partition = self._partitions.get((topic, index))
+        if partition is not None:
+            partition.stop()
+        if delete:
+            self._partitions.pop((topic, index), None)
+            doomed = self.log_manager.delete(topic, index)
+            if doomed is not None:
+                self.log_manager.remove_deleted([doomed])
+            if self._checkpointed_hwms is not None:
+                self._checkpointed_hwms.pop((topic, index), None)
+        return ErrorCode.none
 
     def drop_topic(self, topic: str) -> None:
         for key in [key for key in self._partitions if key[0] == topic]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pykbroker.protocol.errors import ErrorCode
+from pykbroker.replication.partition import Role
 
 if TYPE_CHECKING:
     from pykbroker.replication.replica_manager import Partition, ReplicaManager
@@ -24,13 +25,16 @@ def epoch_error(requested: int, current: int) -> ErrorCode:
 
 
 def leader_partition(
-    replicas: "ReplicaManager", topic: str, index: int, current_leader_epoch: int = NO_EPOCH
+    replicas: "ReplicaManager", topic: str, index: int, current_leader_epoch: int = NO_EPOCH, *,
+    require_leader: bool = True,
 ) -> tuple["Partition | None", ErrorCode]:
-    """The hosted partition and NONE, or None and why it cannot serve this request."""
+    """The hosted partition and NONE, or None and why it cannot serve this request (Kafka's
+    Partition.getLocalLog: the epoch check first, then leadership unless ``require_leader`` is False, as for
+    ListOffsets from the debugging replica id -2; a partition this broker stopped hosting is not served)."""
     partition = replicas.partition(topic, index)
     if partition is None:
         return None, ErrorCode.unknown_topic_or_partition
     error = epoch_error(current_leader_epoch, partition.leader_epoch)
-    if error == ErrorCode.none and not partition.is_leader:
+    if error == ErrorCode.none and (require_leader and not partition.is_leader or partition.role is Role.NONE):
         error = ErrorCode.not_leader_or_follower  # no fetching from followers (KIP-392) here
     return (partition if error == ErrorCode.none else None), error

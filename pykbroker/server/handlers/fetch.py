@@ -14,7 +14,9 @@ FileRecords, read from the segment files as the connection sends them. v13+ name
 Fetch sessions (KIP-227): we never create one and answer session id 0, which tells clients to send full
 fetches; closing a session (epoch -1) is answered with an empty response, an unknown session id with
 FETCH_SESSION_ID_NOT_FOUND. Errors per partition: OFFSET_OUT_OF_RANGE outside [log start, log end],
-FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH for a stale or future current_leader_epoch.
+FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH for a stale or future current_leader_epoch. v12+: a fetch whose
+last_fetched_epoch ended below its fetch offset on this leader gets diverging_epoch (KIP-595's truncation on
+fetch; followers truncate to it, see replication/fetcher.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class _Wanted:
     max_bytes: int
     current_leader_epoch: int
     log_start_offset: int  # a follower's (-1 from consumers)
+    last_fetched_epoch: int  # v12+: the epoch of the fetcher's last batch (-1: not given)
 
 
 def _resolve(ctx: RequestContext, request) -> list[list[_Wanted]]:
@@ -66,29 +69,33 @@ def _resolve(ctx: RequestContext, request) -> list[list[_Wanted]]:
                 partition, error = leader_partition(broker.replicas, info.name, p.partition, epoch)
             wanted.append(_Wanted(
                 key, p.partition, partition, error, p.fetch_offset, p.partition_max_bytes, epoch,
-                getattr(p, "log_start_offset", -1),
+                getattr(p, "log_start_offset", -1), getattr(p, "last_fetched_epoch", NO_EPOCH),
             ))
         topics.append(wanted)
     return topics
 
 
 def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, replica_id: int):
-    """One pass over every partition; returns (per-partition results, bytes read, any error).
+    """One pass over every partition; returns (per-partition results, bytes read, answer now).
 
     A follower's read (replica_id >= 0) goes to the log end and tells the partition how far that replica
-    has come (which may move the HWM and the ISR); a replica that is not assigned gets Kafka's error.
+    has come (which may move the HWM and the ISR); a replica that is not assigned gets Kafka's error. A
+    fetch naming its last fetched epoch whose log diverged from ours gets the diverging epoch and no
+    records (and, from a follower, does not count as progress), as Kafka's Partition.fetchRecords. An error
+    or a diverging epoch answers at once (no long poll).
     """
     replicas = ctx.broker.replicas
     is_follower = replica_id >= 0
     now = replicas.clock() if is_follower else 0
     remaining = max_bytes
     total = 0
-    any_error = False
+    answer_now = False
     results = []
     for wanted_topic in topics:
         topic_results = []
         for wanted in wanted_topic:
             records = b""
+            diverging = None
             error = wanted.error
             partition = wanted.partition
             if error == ErrorCode.none and partition is not None and replicas.partition(partition.topic, partition.index) is not partition:
@@ -97,25 +104,31 @@ def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, 
                 error = partition.follower_fetch_error(replica_id, wanted.current_leader_epoch)
             if error == ErrorCode.none and partition is not None:
                 try:
-                    limit = min(wanted.max_bytes, remaining)
-                    if is_follower:
-                        leader_end = partition.log.log_end_offset  # before the read, as Kafka's readRecords
-                        read = replicas.read(partition, wanted.offset, max(limit, 0), min_one=total == 0, up_to_hwm=False)
-                        partition.update_follower_fetch_state(
-                            replica_id, wanted.offset, wanted.log_start_offset, now, leader_end
-                        )
-                    else:
-                        read = replicas.read(partition, wanted.offset, max(limit, 0), min_one=total == 0)
-                    records = FileRecords(read) if read.slices else b""
+                    if wanted.last_fetched_epoch >= 0:
+                        diverging = partition.diverging_epoch(wanted.offset, wanted.last_fetched_epoch)
+                    if diverging is None:
+                        records = _read_one(replicas, partition, wanted, min(wanted.max_bytes, remaining),
+                                            total == 0, replica_id, now)
                 except OffsetOutOfRange:
                     error = ErrorCode.offset_out_of_range
-            if error != ErrorCode.none:
-                any_error = True
+            if error != ErrorCode.none or diverging is not None:
+                answer_now = True
             total += len(records)
             remaining -= len(records)
-            topic_results.append((wanted, error, records))
+            topic_results.append((wanted, error, records, diverging))
         results.append(topic_results)
-    return results, total, any_error
+    return results, total, answer_now
+
+
+def _read_one(replicas, partition: Partition, wanted: _Wanted, limit: int, min_one: bool, replica_id: int, now: int):
+    """One partition's records; a follower's read goes to the log end and records its progress."""
+    if replica_id >= 0:
+        leader_end = partition.log.log_end_offset  # before the read, as Kafka's readRecords
+        read = replicas.read(partition, wanted.offset, max(limit, 0), min_one=min_one, up_to_hwm=False)
+        partition.update_follower_fetch_state(replica_id, wanted.offset, wanted.log_start_offset, now, leader_end)
+    else:
+        read = replicas.read(partition, wanted.offset, max(limit, 0), min_one=min_one)
+    return FileRecords(read) if read.slices else b""
 
 
 def _respond(ctx: RequestContext, schema, results, session_id: int = NO_SESSION, error=ErrorCode.none) -> object:
@@ -125,7 +138,7 @@ def _respond(ctx: RequestContext, schema, results, session_id: int = NO_SESSION,
     responses = []
     for topic_results in results:
         partitions = []
-        for wanted, code, records in topic_results:
+        for wanted, code, records, diverging in topic_results:
             partition = wanted.partition
             hwm = partition.high_watermark if partition is not None else -1
             partitions.append(
@@ -139,6 +152,8 @@ def _respond(ctx: RequestContext, schema, results, session_id: int = NO_SESSION,
                     aborted_transactions=aborted,
                     preferred_read_replica=-1,
                     records=records,
+                    **({} if diverging is None else {
+                        "diverging_epoch": make(schema.EpochEndOffset, epoch=diverging[0], end_offset=diverging[1])}),
                 )
             )
         key = topic_results[0][0].topic_key if topic_results else None
@@ -167,9 +182,9 @@ def fetch(ctx: RequestContext, request) -> object:
         replica_id = replica_state.replica_id if replica_state is not None else -1
     if replica_id is None or replica_id < 0:
         replica_id = -1
-    results, total, any_error = _read_all(ctx, topics, request.max_bytes, replica_id)
+    results, total, answer_now = _read_all(ctx, topics, request.max_bytes, replica_id)
     max_wait_ms = int(request.max_wait.total_seconds() * 1000)
-    if total >= request.min_bytes or any_error or max_wait_ms <= 0 or not topics:
+    if total >= request.min_bytes or answer_now or max_wait_ms <= 0 or not topics:
         return _respond(ctx, schema, results)
     return _long_poll(ctx, schema, request, topics, replica_id, max_wait_ms)
 
@@ -181,7 +196,7 @@ async def _long_poll(ctx: RequestContext, schema, request, topics, replica_id: i
     while True:
         remaining = deadline - time.monotonic()
         await ctx.broker.replicas.wait_for_appends(partitions, remaining, follower=follower)
-        results, total, any_error = _read_all(ctx, topics, request.max_bytes, replica_id)
-        if total >= request.min_bytes or any_error or time.monotonic() >= deadline:
+        results, total, answer_now = _read_all(ctx, topics, request.max_bytes, replica_id)
+        if total >= request.min_bytes or answer_now or time.monotonic() >= deadline:
             return _respond(ctx, schema, results)
 
