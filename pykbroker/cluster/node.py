@@ -252,6 +252,7 @@ class ClusterNode:
                     code = replicas.become_follower(name, index, state.leader, state.leader_epoch, state.isr,
                                                     state.replicas, state.partition_epoch, topic_id=topic_state.topic_id)
                     if code == ErrorCode.none:
+                        # The fetch from the old leader stops now; the new one starts below, after every state.
                         self.fetchers.remove_partitions([(name, index)])
                         if state.leader >= 0:
                             follow[(name, index)] = state.leader
@@ -298,9 +299,8 @@ class ClusterNode:
                     results.append((name, index, ErrorCode.fenced_leader_epoch))
                     continue
                 stopped.append((name, index))
-                replicas.stop_replica(name, index, delete=state.delete_partition)
-                results.append((name, index, ErrorCode.none))
-        self.fetchers.remove_partitions(stopped)
+                self.fetchers.remove_partitions([(name, index)])
+                results.append((name, index, replicas.stop_replica(name, index, delete=state.delete_partition)))
         for name, index in stopped:
             for listener in self.on_leadership_change:
                 listener(name, index, False)
