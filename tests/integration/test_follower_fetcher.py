@@ -52,7 +52,7 @@ async def leader_broker(path: Path, topic: str = "t", *, isr=(LEADER, FOLLOWER),
     broker = Broker(config)
     try:
         await broker.start(listening)
-        info = broker.topics.auto_create(topic)
+        info = await broker.topics.auto_create_async(topic)
         assert broker.replicas.become_leader(topic, 0, epoch, isr, replicas, 0) == ErrorCode.none
         yield broker, listening[0][1].getsockname()[1], info.topic_id
     finally:
