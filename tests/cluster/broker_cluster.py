@@ -30,7 +30,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+# tests/integration/broker_process.py (BrokerProcess) and integration/faults/ (workload clients, checker),
+# which the cluster tests import too; neither directory is a package.
+REPO_ROOT = Path(__file__).resolve().parents[2]
+for _extra in (REPO_ROOT / "tests" / "integration", REPO_ROOT / "integration" / "faults"):
+    if str(_extra) not in sys.path:
+        sys.path.insert(0, str(_extra))
 
 from broker_process import (  # noqa: E402  (tests/integration is not a package)
     LOG_LEVEL,
