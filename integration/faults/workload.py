@@ -195,3 +195,27 @@ def read_log(bootstrap: str, topic: str, partitions: list[int], timeout: float =
         return log
     finally:
         consumer.close()
+
+
+def produce_batch(bootstrap: str, topic: str, partitions: list[int], name: str, count: int,
+                  timeout: float = 60.0, **config) -> tuple[list[Rec], list[tuple[bytes, KafkaError]]]:
+    """Send ``<name>:<seq>`` for seq in 0..count-1, round-robin over partitions, and wait for every answer:
+    (acknowledged records in acknowledgement order, (value, error) of each refused one). config overrides
+    producer_config (e.g. acks=1, enable.idempotence=False, retries=0)."""
+    acked: list[Rec] = []
+    refused: list[tuple[bytes, KafkaError]] = []
+
+    def delivered(error, message) -> None:
+        if error is None:
+            acked.append(Rec(message.partition(), message.offset(), message.value()))
+        else:
+            refused.append((message.value(), error))
+
+    producer = Producer(producer_config(bootstrap, **config))
+    for seq in range(count):
+        producer.produce(topic, f"{name}:{seq:09d}".encode(), partition=partitions[seq % len(partitions)],
+                         on_delivery=delivered)
+        producer.poll(0)
+    left = producer.flush(timeout)
+    assert left == 0, f"produce_batch({name}): {left} records without an answer after {timeout} s"
+    return acked, refused

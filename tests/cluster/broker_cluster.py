@@ -38,7 +38,6 @@ for _extra in (REPO_ROOT / "tests" / "integration", REPO_ROOT / "integration" / 
         sys.path.insert(0, str(_extra))
 
 from broker_process import (  # noqa: E402  (tests/integration is not a package)
-    LOG_LEVEL,
     BrokerError,
     BrokerProcess,
     ProtocolError,
@@ -60,6 +59,8 @@ READY_TIMEOUT_S = 60.0
 FAILOVER_TIMEOUT_S = 30.0
 CLOSE_TIMEOUT_S = 20.0
 METADATA_TIMEOUT_S = 2.0
+# info, not broker_process's debug: three brokers logging every request slow a loaded machine down
+LOG_LEVEL = os.environ.get("PYKBROKER_TEST_LOG_LEVEL", "info")
 
 
 @dataclass(frozen=True)
