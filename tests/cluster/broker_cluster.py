@@ -151,8 +151,9 @@ class BrokerCluster:
     """Brokers 1..n on free ports of 127.0.0.1 sharing zk_connect (give each test its own chroot)."""
 
     def __init__(self, zk_connect: str, tmp_path: Path, n: int = 3, overrides: dict | None = None,
-                 log_level: str = LOG_LEVEL):
+                 log_level: str = LOG_LEVEL, keep_files: bool = False):
         self.zk_connect = zk_connect
+        self.keep_files = keep_files  # close() leaves data and logs in place (a failed fault run keeps them)
         self.root = Path(tmp_path) / "cluster"
         self.brokers = {i: ClusterBroker(self.root / f"broker-{i}", i, zk_connect, overrides, log_level)
                         for i in range(1, n + 1)}
@@ -178,7 +179,7 @@ class BrokerCluster:
 
     def close(self) -> None:
         """SIGTERM all brokers at once (SIGCONT first for paused ones), SIGKILL after CLOSE_TIMEOUT_S, close
-        the ZooKeeper client, remove the files. Never raises for a slow broker: tests that care about a
+        the ZooKeeper client, remove the files (unless keep_files). Never raises for a slow broker: tests that care about a
         clean exit assert stop()'s status themselves."""
         for broker in self.brokers.values():
             if broker.is_running():
@@ -197,7 +198,8 @@ class BrokerCluster:
             self._zk.stop()
             self._zk.close()
             self._zk = None
-        shutil.rmtree(self.root, ignore_errors=True)
+        if not self.keep_files:
+            shutil.rmtree(self.root, ignore_errors=True)
 
     # -- faults --------------------------------------------------------------------------------------
 
