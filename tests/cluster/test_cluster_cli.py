@@ -127,6 +127,7 @@ def test_cluster_command_reports_a_broker_that_cannot_start(zookeeper_installed,
         assert command.proc.wait(START_TIMEOUT_S) == 1
         command._reader.join(10)
         assert "cluster did not start: broker" in command.output
+        assert "num.partitions" in command.output, command.output  # the broker's own reason, from its log
         assert not processes_using(data_dir)
     finally:
         if command.proc.poll() is None:
