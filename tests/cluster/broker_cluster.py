@@ -179,8 +179,8 @@ class BrokerCluster:
 
     def close(self) -> None:
         """SIGTERM all brokers at once (SIGCONT first for paused ones), SIGKILL after CLOSE_TIMEOUT_S, close
-        the ZooKeeper client, remove the files (unless keep_files). Never raises for a slow broker: tests that care about a
-        clean exit assert stop()'s status themselves."""
+        the ZooKeeper client, remove the files (unless keep_files). Never raises for a slow broker: tests that
+        care about a clean exit assert stop()'s status themselves."""
         for broker in self.brokers.values():
             if broker.is_running():
                 if broker.paused:

@@ -9,15 +9,11 @@ The full run: python3 integration/faults/run_fault_run.py --seed S --duration 12
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
-from broker_cluster import REPO_ROOT, BrokerCluster
-
-sys.path.insert(0, str(REPO_ROOT / "integration" / "faults"))
-
-from run_fault_run import FAULT_OVERRIDES, fault_run  # noqa: E402
+from broker_cluster import BrokerCluster  # also puts integration/faults on sys.path
+from run_fault_run import FAULT_OVERRIDES, fault_run
 
 SEED = int(os.environ.get("PYKBROKER_FAULT_SEED", "8"))
 DURATION_S = 60.0
