@@ -15,7 +15,8 @@ Invariants (each violation is listed, the counts are printed):
   duplicates   a value present at two offsets of the final log (an idempotent producer's retry written twice)
   reordered    one producer's records on one partition not in sequence order in the final log
   diverged     an offset a consumer saw with a value other than the final log's, or that later disappeared
-  skips        a consumer's offsets on a partition not dense and increasing (a skip or a step back)
+  skips        a consumer's offsets on a partition not dense and increasing (a skip or a step back), as
+               (consumer index, partition, previous offset, offset)
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def check(acknowledged: Iterable[Rec], final_log: dict[int, list[tuple[int, byte
                 result.reordered.append((producer, partition, previous[1], seq))
             last_seq[(producer, partition)] = (offset, seq)
 
-    for seen in observed:
+    for consumer, seen in enumerate(observed):
         last_offset: dict[int, int] = {}
         for rec in seen:
             held = final.get((rec.partition, rec.offset))
@@ -105,6 +106,6 @@ def check(acknowledged: Iterable[Rec], final_log: dict[int, list[tuple[int, byte
                 result.diverged.append((rec, held))
             previous = last_offset.get(rec.partition)
             if previous is not None and rec.offset != previous + 1:
-                result.skips.append((rec.partition, previous, rec.offset, id(seen)))
+                result.skips.append((consumer, rec.partition, previous, rec.offset))
             last_offset[rec.partition] = rec.offset
     return result

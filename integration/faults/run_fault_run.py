@@ -5,7 +5,7 @@
 
 Idempotent acks=all producers (workload.SeqProducer) and a consumer reading from the beginning
 (workload.TailConsumer) run the whole time, while a schedule drawn from the seed hits random live brokers:
-SIGKILL, SIGSTOP past the ZooKeeper session, or SIGTERM (controlled shutdown). Each fault is held for a random
+SIGKILL, SIGSTOP (shorter or longer than the 6 s ZooKeeper session), or SIGTERM (controlled shutdown). Each fault is held for a random
 time and healed (restart, SIGCONT); at most one broker is down at a time, except that now and then a second one
 goes down briefly (acks=all then waits: min.insync.replicas is 2). After each heal the run waits until every
 broker is back and every partition has its full ISR, so faults never pile up. At the end the producers flush,
@@ -40,8 +40,9 @@ from broker_cluster import BrokerCluster  # noqa: E402  (also puts integration/f
 from checker import CheckResult, check  # noqa: E402
 from workload import SeqProducer, TailConsumer, read_log  # noqa: E402
 
+SESSION_TIMEOUT_S = 6.0
 FAULT_OVERRIDES = {
-    "zookeeper.session.timeout.ms": 6000,
+    "zookeeper.session.timeout.ms": int(SESSION_TIMEOUT_S * 1000),
     "min.insync.replicas": 2,
     "default.replication.factor": 3,
     "offsets.topic.replication.factor": 3,
@@ -50,7 +51,6 @@ FAULT_OVERRIDES = {
     "auto.create.topics.enable": "false",
 }
 FAULTS = ("kill", "pause", "stop")
-PAUSE_PAST_SESSION_S = 8.0  # longer than the 6 s session: the paused broker loses its registration
 HEAL_TIMEOUT_S = 90.0
 SECOND_FAULT_PROBABILITY = 0.15
 
@@ -129,7 +129,8 @@ class FaultSchedule:
         victim = self.rng.choice(sorted(self.cluster.live_ids()))
         fault = self.rng.choice(FAULTS)
         self.hit(victim, fault)
-        hold = PAUSE_PAST_SESSION_S if fault == "pause" else self.rng.uniform(1.0, 6.0)
+        # a pause shorter than the session leaves a zombie that keeps its registration, a longer one loses it
+        hold = self.rng.uniform(1.0, SESSION_TIMEOUT_S + 4.0) if fault == "pause" else self.rng.uniform(1.0, 6.0)
         if self.rng.random() < SECOND_FAULT_PROBABILITY:
             self.hold(self.rng.uniform(0.5, 2.0))
             second = self.rng.choice(sorted(self.cluster.live_ids()))
