@@ -105,6 +105,7 @@ class ClusterBroker(BrokerProcess):
         self.overrides = dict(overrides or {})
         self.paused = False
         self.expected_up = False  # started and not deliberately stopped or killed: an exit is a crash
+        self._defer_ready = False
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "pykbroker", "serve", "--broker-id", str(self.broker_id),
@@ -114,9 +115,19 @@ class ClusterBroker(BrokerProcess):
             cmd += ["--override", f"{key}={value}"]
         return cmd
 
-    def start(self, timeout: float = READY_TIMEOUT_S) -> "ClusterBroker":
+    def start(self, timeout: float = READY_TIMEOUT_S, *, wait: bool = True) -> "ClusterBroker":
+        """Spawn the broker; with wait=False return at once (the caller calls wait_ready), so that the
+        brokers of a cluster start side by side."""
         self.expected_up = True
-        return super().start(timeout)
+        self._defer_ready = not wait
+        try:
+            return super().start(timeout)
+        finally:
+            self._defer_ready = False
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        if not self._defer_ready:
+            super().wait_ready(timeout)
 
     @property
     def live(self) -> bool:
@@ -163,7 +174,9 @@ class BrokerCluster:
 
     def start(self, timeout: float = READY_TIMEOUT_S) -> "BrokerCluster":
         for broker in self.brokers.values():
-            broker.start()
+            broker.start(wait=False)
+        for broker in self.brokers.values():
+            broker.wait_ready(timeout)  # answers ApiVersions
         self.wait_ready(timeout)
         return self
 
