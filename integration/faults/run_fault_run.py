@@ -163,23 +163,28 @@ def fault_run(cluster: BrokerCluster, *, seed: int, duration: float, topic: str 
     for writer in writers:
         writer.start()
     try:
-        end = time.monotonic() + duration
-        while time.monotonic() < end:
-            schedule.one_round(end - time.monotonic())
-            wait_healed(cluster, topic, partitions)
-            schedule.note("healed: all brokers up, full ISR")
-            schedule.hold(rng.uniform(0.5, 3.0))
+        try:
+            end = time.monotonic() + duration
+            while time.monotonic() < end:
+                schedule.one_round(end - time.monotonic())
+                wait_healed(cluster, topic, partitions)
+                schedule.note("healed: all brokers up, full ISR")
+                schedule.hold(rng.uniform(0.5, 3.0))
+        finally:
+            schedule.heal_all()
+            for writer in writers:
+                writer.stop()
+        wait_healed(cluster, topic, partitions)
+        log = read_log(cluster.bootstrap, topic, ids, timeout=120)
+        ends = {p: (records[-1][0] + 1 if records else 0) for p, records in log.items()}
+        deadline = time.monotonic() + 60
+        while any(reader.positions().get(p, 0) < end for p, end in ends.items()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        reader.stop()
     finally:
-        schedule.heal_all()
+        reader.close()
         for writer in writers:
-            writer.stop()
-    wait_healed(cluster, topic, partitions)
-    log = read_log(cluster.bootstrap, topic, ids, timeout=120)
-    ends = {p: (records[-1][0] + 1 if records else 0) for p, records in log.items()}
-    deadline = time.monotonic() + 60
-    while any(reader.positions().get(p, 0) < end for p, end in ends.items()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    reader.stop()
+            writer.close()
     acked = [rec for writer in writers for rec in writer.acked]
     result = check(acked, log, [reader.seen])
     missing_tail = {p: (reader.positions().get(p, 0), end) for p, end in ends.items()

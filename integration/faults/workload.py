@@ -97,6 +97,13 @@ class SeqProducer(threading.Thread):
         self.join(flush_timeout + 10)
         assert not self.is_alive(), f"{self.name} did not stop"
 
+    def close(self, timeout: float = 5.0) -> None:
+        """Teardown after a failure: stop without waiting long for answers; never raises."""
+        if self.is_alive():
+            self.flush_timeout = timeout
+            self._halt.set()
+            self.join(timeout + 5)
+
     def wait_acked(self, count: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while len(self.acked) < count:
@@ -159,6 +166,12 @@ class TailConsumer(threading.Thread):
         self._halt.set()
         self.join(30)
         assert not self.is_alive(), f"{self.name} did not stop"
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Teardown after a failure: stop reading; never raises."""
+        self._halt.set()
+        if self.is_alive():
+            self.join(timeout)
 
     def bad_errors(self) -> list[KafkaError]:
         return [e for e in self.errors if not is_benign(e)]

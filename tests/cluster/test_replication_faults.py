@@ -62,6 +62,15 @@ def cluster(zk_connect, tmp_path):
 
 
 @pytest.fixture
+def clients():
+    """Background producers and consumers a test starts: closed at teardown even when the test failed."""
+    started = []
+    yield started
+    for client in started:
+        client.close()
+
+
+@pytest.fixture
 def rng(request):
     seed = f"{SEED}-{request.node.name}"
     print(f"random seed: {seed!r} (PYKBROKER_FAULT_SEED={SEED})")
@@ -99,11 +108,12 @@ def outwait(seconds: float, why: str) -> None:
 # --- a. leader killed ------------------------------------------------------------------------------------
 
 
-def test_leader_killed_under_idempotent_produce_loses_nothing(cluster, topic, rng):
+def test_leader_killed_under_idempotent_produce_loses_nothing(cluster, topic, rng, clients):
     cluster.create_topic(topic, partitions=1, replication_factor=3)
     old_leader = cluster.wait_for_leader(topic, 0)
     tail = TailConsumer(cluster.bootstrap, topic, [0])
     producer = SeqProducer(cluster.bootstrap, topic, [0], "p0", rate=300)
+    clients += [tail, producer]
     tail.start()
     producer.start()
     try:
@@ -344,11 +354,12 @@ def test_group_resumes_from_committed_offsets_after_its_coordinator_dies(cluster
 # --- f. controlled shutdown ---------------------------------------------------------------------------------
 
 
-def test_controlled_shutdown_moves_leadership_before_the_leader_exits(cluster, topic, rng):
+def test_controlled_shutdown_moves_leadership_before_the_leader_exits(cluster, topic, rng, clients):
     cluster.create_topic(topic, partitions=3, replication_factor=3)
     leaving = cluster.wait_for_leader(topic, 0)
     led = [p for p in range(3) if cluster.partition(topic, p).leader == leaving]
     producer = SeqProducer(cluster.bootstrap, topic, [0, 1, 2], "p0", rate=300)
+    clients.append(producer)
     producer.start()
     try:
         producer.wait_acked(rng.randint(150, 400), 60)
@@ -371,10 +382,11 @@ def test_controlled_shutdown_moves_leadership_before_the_leader_exits(cluster, t
     assert_checked(producer.acked, read_log(cluster.bootstrap, topic, [0, 1, 2]))
 
 
-def test_rolling_restart_under_continuous_produce_loses_nothing(cluster, topic, rng):
+def test_rolling_restart_under_continuous_produce_loses_nothing(cluster, topic, rng, clients):
     cluster.create_topic(topic, partitions=3, replication_factor=3)
     tail = TailConsumer(cluster.bootstrap, topic, [0, 1, 2])
     producer = SeqProducer(cluster.bootstrap, topic, [0, 1, 2], "p0", rate=300)
+    clients += [tail, producer]
     tail.start()
     producer.start()
     try:
