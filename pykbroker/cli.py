@@ -161,3 +161,32 @@ def build_config(flags: Mapping[str, Any], overrides: tuple[str, ...] = (), conf
         return load_config(cli=cli_values, env=os.environ, file=config_file)
     except ConfigError as exc:
         raise ConfigUsageError(str(exc)) from None
+
+
+@main.command()
+@click.option("--brokers", type=click.IntRange(min=1), default=3, show_default=True, help="Number of brokers (ids 1..N).")
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Directory for ZooKeeper (D/zookeeper), the brokers' data (D/broker-N) and their logs (D/logs).",
+)
+@click.option("--zookeeper", help="Use this ZooKeeper (HOST:PORT[/chroot]) instead of starting one.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the brokers listen on and advertise.")
+@click.option("--base-port", type=click.IntRange(1, 65535), help="Broker N listens on BASE_PORT+N-1.  [default: free ports]")
+@click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default="INFO", show_default=True,
+              help="The brokers' logging level.")
+@click.option("--override", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="A Kafka broker config key for every broker (repeatable).")
+def cluster(brokers: int, data_dir: Path, zookeeper: str | None, host: str, base_port: int | None, log_level: str,
+            overrides: tuple[str, ...]) -> None:
+    """Run a local development cluster until Ctrl-C: ZooKeeper (unless --zookeeper) and N brokers.
+
+    Prints the bootstrap servers once every broker lists all N in Metadata. Ctrl-C or SIGTERM stops the
+    brokers (controlled shutdown, SIGKILL after a grace period) and then ZooKeeper. Exit status 1 when the
+    cluster cannot start or a broker dies."""
+    _parse_overrides(overrides)  # a malformed KEY=VALUE is a usage error here, not N broker failures
+    from pykbroker import devcluster  # imported late: --help stays fast
+
+    sys.exit(devcluster.run(brokers, data_dir, zookeeper=zookeeper, base_port=base_port, host=host,
+                            overrides=overrides, log_level=log_level))

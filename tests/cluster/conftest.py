@@ -72,6 +72,9 @@ def pytest_runtest_makereport(item, call):
             server = getattr(item, "funcargs", {}).get(name)
             if server is not None:
                 rep.sections.append((f"{name} log", server.log_tail(60)))
+        for value in getattr(item, "funcargs", {}).values():  # broker_cluster.BrokerCluster and the like
+            if callable(getattr(value, "failure_sections", None)):
+                rep.sections.extend(value.failure_sections())
 
 
 @pytest.fixture
