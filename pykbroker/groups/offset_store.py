@@ -67,7 +67,8 @@ Done = Callable[[ErrorCode], None]
 def coordinator_error(error: ErrorCode, *, offsets: bool) -> ErrorCode:
     """What a client is told when an append to __consumer_offsets failed, as Kafka's GroupMetadataManager
     maps it (storeOffsets for ``offsets``, storeGroup otherwise): no ISR or no answer in time means "the
-    coordinator is not available" (retry), a moved leader or a failed disk "ask for the coordinator again"."""
+    coordinator is not available" (retry), a moved leader or a failed disk "ask for the coordinator again",
+    a batch too large INVALID_COMMIT_OFFSET_SIZE for a commit and UNKNOWN_SERVER_ERROR for group metadata."""
     if error in (ErrorCode.unknown_topic_or_partition, ErrorCode.not_enough_replicas,
                  ErrorCode.not_enough_replicas_after_append, ErrorCode.request_timed_out):
         return ErrorCode.coordinator_not_available
@@ -75,9 +76,8 @@ def coordinator_error(error: ErrorCode, *, offsets: bool) -> ErrorCode:
         return ErrorCode.not_coordinator
     if error in (ErrorCode.message_too_large, ErrorCode.record_list_too_large, ErrorCode.invalid_fetch_size):
         return ErrorCode.invalid_commit_offset_size if offsets else ErrorCode.unknown_server_error
-    if error != ErrorCode.none:
+    if error != ErrorCode.none:  # Kafka passes anything else through, with an error in its log
         log.error("unexpected error %s appending to %s", error.name, OFFSETS_TOPIC)
-        return ErrorCode.unknown_server_error
     return error
 
 

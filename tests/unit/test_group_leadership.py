@@ -10,10 +10,11 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from kio.schema.fetch.v12 import request as fr
 
 from pykbroker.groups.coordinator import GroupConfig, GroupCoordinator, JoinRequest
-from pykbroker.groups.offset_store import LOAD_BATCHES_PER_STEP, OFFSETS_TOPIC, OffsetStore
+from pykbroker.groups.offset_store import LOAD_BATCHES_PER_STEP, OFFSETS_TOPIC, OffsetStore, coordinator_error
 from pykbroker.log.config import LogConfig
 from pykbroker.log.manager import LogManager
 from pykbroker.protocol.apis import codec_for
@@ -216,3 +217,21 @@ def test_a_sync_group_answer_waits_for_the_assignment_to_be_replicated(tmp_path)
         coordinator.close()
         leader.log_manager.shutdown()
         follower.log_manager.shutdown()
+
+
+@pytest.mark.parametrize("error, for_offsets, for_group", [
+    (ErrorCode.none, ErrorCode.none, ErrorCode.none),
+    (ErrorCode.not_enough_replicas, ErrorCode.coordinator_not_available, ErrorCode.coordinator_not_available),
+    (ErrorCode.not_enough_replicas_after_append, ErrorCode.coordinator_not_available,
+     ErrorCode.coordinator_not_available),
+    (ErrorCode.request_timed_out, ErrorCode.coordinator_not_available, ErrorCode.coordinator_not_available),
+    (ErrorCode.unknown_topic_or_partition, ErrorCode.coordinator_not_available, ErrorCode.coordinator_not_available),
+    (ErrorCode.not_leader_or_follower, ErrorCode.not_coordinator, ErrorCode.not_coordinator),
+    (ErrorCode.kafka_storage_error, ErrorCode.not_coordinator, ErrorCode.not_coordinator),
+    (ErrorCode.message_too_large, ErrorCode.invalid_commit_offset_size, ErrorCode.unknown_server_error),
+    (ErrorCode.record_list_too_large, ErrorCode.invalid_commit_offset_size, ErrorCode.unknown_server_error),
+    (ErrorCode.corrupt_message, ErrorCode.corrupt_message, ErrorCode.corrupt_message),  # passed through
+])
+def test_append_errors_are_mapped_as_kafkas_group_metadata_manager(error, for_offsets, for_group):
+    assert coordinator_error(error, offsets=True) == for_offsets
+    assert coordinator_error(error, offsets=False) == for_group
