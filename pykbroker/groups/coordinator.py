@@ -26,8 +26,8 @@ delayed operation in a purgatory we arm a timer. The rules worth knowing:
   has no members; otherwise member id and generation must be current (UNKNOWN_MEMBER_ID,
   ILLEGAL_GENERATION) and the group not waiting for its SyncGroup (REBALANCE_IN_PROGRESS).
 * A group's membership is written to ``__consumer_offsets`` (Kafka's GroupMetadataValue, see
-  group_record.py) when it becomes Stable or Empty, and reloaded on start: members of a loaded Stable
-  group keep their generation and must heartbeat within their session timeout.
+  group_record.py) when it becomes Stable or Empty, and reloaded with its partition (see below): members of
+  a loaded Stable group keep their generation and must heartbeat within their session timeout.
 * Every ``offsets.retention.check.interval.ms`` offsets expire: those of an Empty group
   ``offsets.retention.minutes`` after it became empty, those of a "simple" group that long after their
   commit, and in a Stable consumer group those of topics nobody subscribes to any more; an Empty group

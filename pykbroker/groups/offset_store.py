@@ -1,4 +1,5 @@
-"""Committed offsets, kept durably in the internal topic ``__consumer_offsets`` and replayed on start.
+"""Committed offsets, kept durably in the internal topic ``__consumer_offsets`` and replayed by the broker
+that leads their partition.
 
 The records use Kafka's own coordinator schemas, so Kafka's tools (kafka-console-consumer with the
 OffsetsMessageFormatter, kafka-dump-log --offsets-decoder) can read our partitions:
