@@ -1,20 +1,32 @@
 """Producer ids for idempotent producers, and the InitProducerId decision.
 
-Ids must never be handed out twice, not even across restarts: two producers sharing an id would have their
-sequence numbers mixed up on every partition. Like Kafka's ProducerIdManager, the allocator reserves ids in
-blocks of 1000 and persists only the reserved block (Kafka keeps it in the ZooKeeper znode
-``/latest_producer_id_block``; we keep "block_start block_end" in a local file in Kafka's checkpoint format,
-replaced atomically). The reservation is on disk
-before the first id of a block is handed out, so after a crash the next start continues after the block end:
-the unused rest of that block is skipped, never reused.
+Ids must never be handed out twice, not even across restarts or across brokers: two producers sharing an
+id would have their sequence numbers mixed up on every partition. Like Kafka's ProducerIdManager, ids are
+reserved in blocks of 1000 and only the reserved block is persisted, before the first id of a block is
+handed out; after a crash the unused rest of a block is skipped, never reused. Two sources:
+
+* ``ProducerIdAllocator`` (single broker): "block_start block_end" in a local file in Kafka's checkpoint
+  format, replaced atomically.
+* ``ZkProducerIdAllocator`` (cluster mode): blocks taken from the ZooKeeper znode
+  ``/latest_producer_id_block`` by a conditional write (KafkaZkClient.allocate_producer_id_block, Kafka's
+  ZkProducerIdManager), so blocks of different brokers never overlap. Like Kafka's RPCProducerIdManager it
+  fetches the next block in the background once 90% of the current one is used, so InitProducerId rarely
+  waits for ZooKeeper; when it must and ZooKeeper fails, the answer is the retriable
+  COORDINATOR_LOAD_IN_PROGRESS, as RPCProducerIdManager answers while no block is available.
+
+Both offer ``async next_id()``, which is all ProducerRegistry (and so the InitProducerId handler) uses.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
+from collections import deque
 from pathlib import Path
+from typing import Protocol
 
+from pykbroker.cluster.zookeeper import ZkError
 from pykbroker.log.checkpoint import CorruptFile, read_checkpoint, write_checkpoint
 
 log = logging.getLogger(__name__)
@@ -26,12 +38,26 @@ NO_PRODUCER_EPOCH = -1
 
 NONE = 0
 UNKNOWN_SERVER_ERROR = -1
+COORDINATOR_LOAD_IN_PROGRESS = 14
 INVALID_REQUEST = 42
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 
 
+PREFETCH_FRACTION = 0.9  # Kafka's RPCProducerIdManager asks for the next block once 90% of this one is used
+
+
 class ProducerIdsExhausted(RuntimeError):
     """No block of producer ids is left below 2**63."""
+
+
+class ProducerIdsUnavailable(RuntimeError):
+    """No block could be reserved just now (ZooKeeper unreachable); a later request may succeed."""
+
+
+class ProducerIdSource(Protocol):
+    """What ProducerRegistry needs: the next never-used producer id."""
+
+    async def next_id(self) -> int: ...
 
 
 class ProducerIdAllocator:
@@ -51,6 +77,13 @@ class ProducerIdAllocator:
     @property
     def path(self) -> Path:
         return self._path
+
+    async def next_id(self) -> int:
+        """The ProducerIdSource interface: a file write at most, done at once."""
+        return self.allocate()
+
+    def __str__(self) -> str:
+        return f"producer id blocks in {self._path}"
 
     def allocate(self) -> int:
         with self._lock:
@@ -87,6 +120,69 @@ class ProducerIdAllocator:
         return block_end
 
 
+class ZkProducerIdAllocator:
+    """Producer ids from blocks reserved in ZooKeeper (cluster mode).
+
+    ``zk`` is a started KafkaZkClient (only ``allocate_producer_id_block(broker_id, block_size)`` is used).
+    Blocks are kept in order; the next one is fetched in a background task once ``prefetch_fraction`` of
+    the current block is handed out, and at most one fetch is in flight (concurrent callers that find
+    every block used share it). Nothing is read at construction: the first ``next_id`` fetches a block.
+    """
+
+    def __init__(self, zk, broker_id: int, *, block_size: int = PRODUCER_ID_BLOCK_SIZE,
+                 prefetch_fraction: float = PREFETCH_FRACTION) -> None:
+        if block_size < 1:
+            raise ValueError("block_size must be at least 1")
+        self._zk = zk
+        self._broker_id = broker_id
+        self._block_size = block_size
+        self._prefetch_at = max(1, int(block_size * prefetch_fraction))
+        self._blocks: deque = deque()  # ProducerIdBlocks reserved for this broker, oldest first
+        self._next_id = -1  # the next id of self._blocks[0]
+        self._fetch: asyncio.Task | None = None
+
+    def __str__(self) -> str:
+        return f"ZooKeeper producer id blocks of broker {self._broker_id}"
+
+    async def next_id(self) -> int:
+        while True:
+            while self._blocks and self._next_id > self._blocks[0].last:
+                self._blocks.popleft()
+                if self._blocks:
+                    self._next_id = self._blocks[0].first
+            if self._blocks:
+                producer_id = self._next_id
+                self._next_id += 1
+                if producer_id - self._blocks[0].first + 1 >= self._prefetch_at and len(self._blocks) == 1:
+                    self._start_fetch()
+                return producer_id
+            await asyncio.shield(self._start_fetch())
+
+    def _start_fetch(self) -> asyncio.Task:
+        if self._fetch is None:
+            self._fetch = asyncio.ensure_future(self._fetch_block())
+            self._fetch.add_done_callback(self._fetch_done)
+        return self._fetch
+
+    async def _fetch_block(self) -> None:
+        try:
+            block = await self._zk.allocate_producer_id_block(self._broker_id, self._block_size)
+        except ZkError as exc:  # the only ZkError it raises: no block left below 2**63
+            raise ProducerIdsExhausted(str(exc)) from None
+        except Exception as exc:  # connection loss, session expiry: retriable
+            raise ProducerIdsUnavailable(f"cannot reserve a producer id block in ZooKeeper: {exc!r}") from None
+        log.info("broker %d reserved producer ids %d-%d", self._broker_id, block.first, block.last)
+        if not self._blocks:
+            self._next_id = block.first
+        self._blocks.append(block)
+
+    def _fetch_done(self, task: asyncio.Task) -> None:
+        self._fetch = None
+        if not task.cancelled() and task.exception() is not None and self._blocks:
+            # A prefetch nobody waited for: the current block still serves; the next request tries again.
+            log.warning("prefetching a producer id block failed: %s", task.exception())
+
+
 class ProducerRegistry:
     """InitProducerId for a broker without transactions.
 
@@ -103,18 +199,21 @@ class ProducerRegistry:
     transactional id gets INVALID_REQUEST (42), exactly as in Kafka.
     """
 
-    def __init__(self, allocator: ProducerIdAllocator) -> None:
+    def __init__(self, allocator: ProducerIdSource) -> None:
         self._allocator = allocator
 
-    def init_producer_id(
+    async def init_producer_id(
         self, transactional_id: str | None, producer_id: int = NO_PRODUCER_ID, producer_epoch: int = NO_PRODUCER_EPOCH
     ) -> tuple[int, int, int]:
         """Returns (error_code, producer_id, producer_epoch) for an InitProducerId response."""
         if transactional_id is None:
             try:
-                return NONE, self._allocator.allocate(), 0
+                return NONE, await self._allocator.next_id(), 0
+            except ProducerIdsUnavailable as exc:
+                log.warning("no producer id available yet: %s", exc)
+                return COORDINATOR_LOAD_IN_PROGRESS, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
             except (OSError, ProducerIdsExhausted):
-                log.exception("cannot allocate a producer id from %s", self._allocator.path)
+                log.exception("cannot allocate a producer id (%s)", self._allocator)
                 return UNKNOWN_SERVER_ERROR, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
         if transactional_id == "":
             return INVALID_REQUEST, NO_PRODUCER_ID, NO_PRODUCER_EPOCH

@@ -26,17 +26,24 @@ delayed operation in a purgatory we arm a timer. The rules worth knowing:
   has no members; otherwise member id and generation must be current (UNKNOWN_MEMBER_ID,
   ILLEGAL_GENERATION) and the group not waiting for its SyncGroup (REBALANCE_IN_PROGRESS).
 * A group's membership is written to ``__consumer_offsets`` (Kafka's GroupMetadataValue, see
-  group_record.py) when it becomes Stable or Empty, and reloaded on start: members of a loaded Stable
-  group keep their generation and must heartbeat within their session timeout.
+  group_record.py) when it becomes Stable or Empty, and reloaded with its partition (see below): members of
+  a loaded Stable group keep their generation and must heartbeat within their session timeout.
 * Every ``offsets.retention.check.interval.ms`` offsets expire: those of an Empty group
   ``offsets.retention.minutes`` after it became empty, those of a "simple" group that long after their
   commit, and in a Stable consumer group those of topics nobody subscribes to any more; an Empty group
   left without offsets is then removed.
 
-On a single broker this broker coordinates every group, so COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR and
-COORDINATOR_LOAD_IN_PROGRESS are not produced for routing reasons: groups are rebuilt from the offset store
-(synchronously) before the first request that needs them is answered. A failed write to the offsets topic
-answers NOT_COORDINATOR (disk) or UNKNOWN_SERVER_ERROR, as Kafka maps its storage errors.
+Which groups this broker coordinates (Kafka's GroupMetadataManager ownership): those whose
+``__consumer_offsets`` partition it leads. ``on_leadership_change`` is called for every such partition
+(by the cluster node after each LeaderAndIsr; on a single broker, for every partition at start and when the
+topic is created). Becoming leader loads the partition's groups and offsets from its log in a background
+task: COORDINATOR_LOAD_IN_PROGRESS for those groups meanwhile. Becoming follower unloads them as Kafka's
+onResignation does: each group goes Dead, members parked in JoinGroup/SyncGroup are answered
+NOT_COORDINATOR, timers stop. A group whose partition this broker does not lead gets NOT_COORDINATOR (the
+client asks FindCoordinator again). Commits and group metadata are answered only once their append to
+``__consumer_offsets`` is acknowledged (with followers: replicated to the ISR), with Kafka's error mapping
+(offset_store.coordinator_error): an answer may therefore come in a later loop step, through the same
+callbacks JoinGroup and SyncGroup already use.
 """
 
 from __future__ import annotations
@@ -63,7 +70,7 @@ from pykbroker.groups.group import (
     SyncResult,
 )
 from pykbroker.groups.group_record import decode_group_record, encode_group_record, group_from_record, record_of
-from pykbroker.groups.offset_store import CommittedOffset, OffsetStore
+from pykbroker.groups.offset_store import OFFSETS_TOPIC, CommittedOffset, OffsetStore
 from pykbroker.protocol.errors import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -173,48 +180,84 @@ class _GroupTimers:
             timer.cancel()
 
 
-def _storage_error(exc: Exception) -> ErrorCode:
-    """Kafka's mapping of a failed __consumer_offsets append: a disk failure means "ask the coordinator
-    again", anything else is a server error."""
-    return ErrorCode.not_coordinator if isinstance(exc, OSError) else ErrorCode.unknown_server_error
-
-
 class GroupCoordinator:
-    """Owns every classic group. ``store()`` returns the offset store, creating ``__consumer_offsets`` on
-    first use; ``store_if_open()`` returns it only if it already exists (so that reading state never
-    creates the topic); ``partition_exists(topic, partition)`` says whether offsets can be committed."""
+    """Owns the classic groups of the ``__consumer_offsets`` partitions this broker leads. ``store`` is the
+    offset store over them; ``partition_exists(topic, partition)`` says whether offsets can be committed.
+
+    ``lead_offsets_topic`` (single broker only) creates __consumer_offsets at once if needed and calls
+    ``on_leadership_change`` for its partitions: it is called when a group request finds its partition
+    neither led nor loading, so that a client that never asked FindCoordinator (which creates the topic, as
+    in Kafka) is still served, as pykbroker always did. In a cluster it is None: NOT_COORDINATOR then.
+    """
 
     def __init__(
         self,
-        store: Callable[[], OffsetStore],
+        store: OffsetStore,
         partition_exists: Callable[[str, int], bool],
         config: GroupConfig | None = None,
         *,
-        store_if_open: Callable[[], OffsetStore | None] | None = None,
+        lead_offsets_topic: Callable[[], None] | None = None,
         scheduler: Scheduler | None = None,
     ) -> None:
-        self._store = store
-        self._store_if_open = store_if_open if store_if_open is not None else store
+        self.store = store
+        self._lead_offsets_topic = lead_offsets_topic
         self.partition_exists = partition_exists
         self.config = config or GroupConfig()
         self._scheduler = scheduler or LoopScheduler()
         self._groups: dict[str, ClassicGroup] = {}
         self._timers: dict[str, _GroupTimers] = {}
-        self._loaded_from: OffsetStore | None = None
+        self._owned: set[int] = set()  # offsets partitions led here and loaded
+        self._loading: dict[int, asyncio.Task] = {}  # offsets partitions led here, being loaded
 
     # ==================================================================================================
-    # Loading and background work
+    # Leadership of __consumer_offsets partitions: loading and unloading groups
 
-    def _ensure_loaded(self) -> None:
-        """Rebuild groups from the offset store the first time it is open (at start, or when created)."""
-        store = self._store_if_open()
-        if store is None or store is self._loaded_from:
+    def on_leadership_change(self, topic: str, index: int, is_leader: bool) -> None:
+        """This broker became leader (``is_leader``) or follower of a partition. For an offsets partition:
+        load its groups (Kafka's onElection: nothing to do if already owned or loading) or unload them
+        (onResignation). A quick lead-follow-lead abandons the first load: the second starts over."""
+        if topic != OFFSETS_TOPIC or not 0 <= index < self.store.num_partitions:
             return
-        self._loaded_from = store
+        if is_leader:
+            if index in self._owned or index in self._loading:
+                return
+            if self.store.load_if_empty(index):  # a new partition: no need to make anyone wait
+                self._owned.add(index)
+                return
+            self._loading[index] = asyncio.ensure_future(self._load(index))
+            return
+        loading = self._loading.pop(index, None)
+        if loading is not None:
+            loading.cancel()
+        self._owned.discard(index)
+        self.store.unload_partition(index)
+        unloaded = [g for g in self._groups.values() if self.store.partition_for(g.group_id) == index]
+        for group in unloaded:
+            self._unload_group(group)
+        if unloaded:
+            log.info("group coordinator unloaded %d groups of %s-%d", len(unloaded), OFFSETS_TOPIC, index)
+
+    async def _load(self, index: int) -> None:
+        started = time.monotonic()
+        try:
+            loaded = await self.store.load_partition(index)
+        except Exception:
+            log.exception("loading the groups of %s-%d failed", OFFSETS_TOPIC, index)
+            loaded = False
+        finally:
+            if self._loading.get(index) is asyncio.current_task():
+                del self._loading[index]
+        if not loaded:
+            return
+        self._owned.add(index)
+        count = self._build_groups(index)
+        log.info("group coordinator loaded %d groups of %s-%d in %.0f ms", count, OFFSETS_TOPIC, index,
+                 (time.monotonic() - started) * 1000)
+
+    def _build_groups(self, index: int) -> int:
+        """Rebuild the groups of a freshly loaded offsets partition from the store."""
         now = self._now()
-        for group_id, value in store.group_metadata().items():
-            if group_id in self._groups:
-                continue  # created in memory before the store existed; memory is newer
+        for group_id, value in self.store.group_metadata(index).items():
             try:
                 group = group_from_record(group_id, decode_group_record(value))
             except (ValueError, UnicodeDecodeError) as exc:
@@ -222,10 +265,40 @@ class GroupCoordinator:
                 group = ClassicGroup(group_id, GroupState.EMPTY, now)
             self._groups[group_id] = group
             self._on_group_loaded(group)
-        for group_id in store.groups():
+        groups = self.store.groups(index)
+        for group_id in groups:
             if group_id not in self._groups:  # offsets only: a "simple" group
                 self._groups[group_id] = ClassicGroup(group_id, GroupState.EMPTY, now)
-        log.info("group coordinator loaded %d groups", len(self._groups))
+        return len(groups)
+
+    def _unload_group(self, group: ClassicGroup) -> None:
+        """Kafka's onGroupUnloaded: the group is Dead here; whoever waits in a rebalance step is told to
+        find the new coordinator."""
+        previous = group.state
+        group.transition_to(GroupState.DEAD, self._now())
+        for member in list(group.members.values()):
+            if previous is GroupState.PREPARING_REBALANCE:
+                group.invoke_join_callback(member, JoinResult(ErrorCode.not_coordinator, member.member_id))
+            elif previous in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
+                group.invoke_sync_callback(member, SyncResult(ErrorCode.not_coordinator))
+            self._cancel_heartbeat(member)
+        self._drop_group(group)
+
+    def _coordinator_error(self, group_id: str) -> ErrorCode | None:
+        """Kafka's validateGroupStatus, after the group id check: is this broker the group's coordinator?"""
+        partition = self.store.partition_for(group_id)
+        if partition not in self._owned and partition not in self._loading and self._lead_offsets_topic is not None:
+            self._lead_offsets_topic()
+        if partition in self._owned:
+            return None
+        if partition in self._loading:
+            return ErrorCode.coordinator_load_in_progress
+        return ErrorCode.not_coordinator
+
+    @property
+    def loading_partitions(self) -> frozenset[int]:
+        """The offsets partitions whose groups are being loaded."""
+        return frozenset(self._loading)
 
     def _on_group_loaded(self, group: ClassicGroup) -> None:
         if group.size() > self.config.max_size:
@@ -234,8 +307,7 @@ class GroupCoordinator:
             self._complete_and_schedule_next_heartbeat(group, member)
 
     async def run(self) -> None:
-        """The coordinator's background task: load groups, then expire offsets periodically."""
-        self._ensure_loaded()
+        """The coordinator's background task: expire offsets periodically."""
         try:
             while True:
                 await asyncio.sleep(self.config.offsets_retention_check_interval_ms / 1000)
@@ -249,7 +321,10 @@ class GroupCoordinator:
             self.close()
 
     def close(self) -> None:
-        """Cancel every timer (broker shutdown)."""
+        """Cancel every timer and load (broker shutdown)."""
+        for loading in self._loading.values():
+            loading.cancel()
+        self._loading.clear()
         for timers in self._timers.values():
             timers.cancel_all()
         self._timers.clear()
@@ -287,7 +362,6 @@ class GroupCoordinator:
 
     def group(self, group_id: str) -> ClassicGroup | None:
         """The group, if this coordinator knows it (read-only use: tests, tools)."""
-        self._ensure_loaded()
         return self._groups.get(group_id)
 
     @staticmethod
@@ -304,14 +378,15 @@ class GroupCoordinator:
             return ErrorCode.unknown_member_id
         return None
 
-    def _store_group(self, group: ClassicGroup, assignment: Mapping[str, bytes]) -> ErrorCode:
-        try:
-            self._store().put_group_metadata(
-                group.group_id, encode_group_record(record_of(group, dict(assignment))), self._now())
-        except Exception as exc:
-            log.exception("group %s: writing group metadata failed", group.group_id)
-            return _storage_error(exc)
-        return ErrorCode.none
+    def _store_group(self, group: ClassicGroup, assignment: Mapping[str, bytes], done: Callable[[ErrorCode], None]) -> None:
+        """Kafka's storeGroup: persist the group's membership; ``done`` gets the outcome once acknowledged."""
+        def stored(error: ErrorCode) -> None:
+            if error != ErrorCode.none:
+                log.warning("group %s: writing group metadata failed: %s", group.group_id, error.name)
+            done(error)
+
+        self.store.put_group_metadata(group.group_id, encode_group_record(record_of(group, dict(assignment))),
+                                      self._now(), stored)
 
     # ==================================================================================================
     # JoinGroup
@@ -327,9 +402,8 @@ class GroupCoordinator:
 
     def join_group(self, request: JoinRequest, respond: JoinCallback) -> None:
         """Handle a JoinGroup; ``respond`` is called once, now or when the join phase ends."""
-        self._ensure_loaded()
         member_id = request.member_id
-        error = self._invalid_group_id(request.group_id, "join_group")
+        error = self._invalid_group_id(request.group_id, "join_group") or self._coordinator_error(request.group_id)
         if error is not None:
             respond(JoinResult(error, member_id))
             return
@@ -449,25 +523,30 @@ class GroupCoordinator:
         if group.is_state(GroupState.STABLE):
             if group.protocol_name == group.select_protocol():
                 # Nothing the assignment depends on changed: persist the new member id, no rebalance.
-                error = self._store_group(group, {m.member_id: m.assignment for m in group.members.values()})
-                if error != ErrorCode.none:
-                    group.update_member(member, old_protocols, old_rebalance, old_session, None)
-                    old = group.replace_static_member(instance_id, new_member_id, old_member_id)
-                    self._complete_and_schedule_next_heartbeat(group, old)
-                    respond(JoinResult(error, UNKNOWN_MEMBER_ID, group.generation_id, group.protocol_type,
-                                       group.protocol_name, current_leader))
-                elif request.supports_skipping_assignment:
-                    # v9+: tell a returning leader it leads, but that it must not reassign (the group is
-                    # Stable and would ignore a new assignment).
-                    is_leader = group.is_leader(new_member_id)
-                    group.invoke_join_callback(member, JoinResult(
-                        ErrorCode.none, new_member_id, group.generation_id, group.protocol_type, group.protocol_name,
-                        group.leader_id or "", is_leader, group.current_member_metadata() if is_leader else ()))
-                else:
-                    # Before v9: answer with the old leader id, so a returning leader does not assign.
-                    group.invoke_join_callback(member, JoinResult(
-                        ErrorCode.none, new_member_id, group.generation_id, group.protocol_type, group.protocol_name,
-                        current_leader))
+                def stored(error: ErrorCode) -> None:
+                    if group.is_state(GroupState.DEAD):
+                        group.invoke_join_callback(member, JoinResult(ErrorCode.not_coordinator, new_member_id))
+                    elif error != ErrorCode.none:
+                        group.update_member(member, old_protocols, old_rebalance, old_session, None)
+                        old = group.replace_static_member(instance_id, new_member_id, old_member_id)
+                        self._complete_and_schedule_next_heartbeat(group, old)
+                        respond(JoinResult(error, UNKNOWN_MEMBER_ID, group.generation_id, group.protocol_type,
+                                           group.protocol_name, current_leader))
+                    elif request.supports_skipping_assignment:
+                        # v9+: tell a returning leader it leads, but that it must not reassign (the group is
+                        # Stable and would ignore a new assignment).
+                        is_leader = group.is_leader(new_member_id)
+                        group.invoke_join_callback(member, JoinResult(
+                            ErrorCode.none, new_member_id, group.generation_id, group.protocol_type,
+                            group.protocol_name, group.leader_id or "", is_leader,
+                            group.current_member_metadata() if is_leader else ()))
+                    else:
+                        # Before v9: answer with the old leader id, so a returning leader does not assign.
+                        group.invoke_join_callback(member, JoinResult(
+                            ErrorCode.none, new_member_id, group.generation_id, group.protocol_type,
+                            group.protocol_name, current_leader))
+
+                self._store_group(group, {m.member_id: m.assignment for m in group.members.values()}, stored)
             else:
                 self._maybe_prepare_rebalance(group, f"static member {instance_id} rejoins with other protocols")
         elif group.is_state(GroupState.COMPLETING_REBALANCE):
@@ -549,8 +628,7 @@ class GroupCoordinator:
         group.init_next_generation(self._now())
         if group.is_state(GroupState.EMPTY):
             log.info("group %s: generation %d is empty", group.group_id, group.generation_id)
-            if self._store_group(group, {}) != ErrorCode.none:
-                log.warning("group %s: could not persist the empty generation %d", group.group_id, group.generation_id)
+            self._store_group(group, {}, lambda error: None)  # a failure is logged; nobody waits for it
             return
         log.info("group %s: generation %d with %d members, protocol %s, leader %s", group.group_id,
                  group.generation_id, group.size(), group.protocol_name, group.leader_id)
@@ -568,8 +646,7 @@ class GroupCoordinator:
                    protocol_name: str | None, group_instance_id: str | None, assignments: Mapping[str, bytes],
                    respond: SyncCallback) -> None:
         """Handle a SyncGroup; ``respond`` is called once, now or when the leader's assignment arrives."""
-        self._ensure_loaded()
-        error = self._invalid_group_id(group_id, "sync_group")
+        error = self._invalid_group_id(group_id, "sync_group") or self._coordinator_error(group_id)
         if error is not None:
             respond(SyncResult(error))
             return
@@ -602,14 +679,18 @@ class GroupCoordinator:
                     log.warning("group %s: empty assignment for members %s in generation %d", group_id, missing,
                                 generation_id)
                 assignment = {m: bytes(assignments.get(m, b"")) for m in group.members}
-                error = self._store_group(group, assignment)
-                if group.is_state(GroupState.COMPLETING_REBALANCE) and generation_id == group.generation_id:
-                    if error != ErrorCode.none:
-                        self._reset_and_propagate_assignment_error(group, error)
-                        self._maybe_prepare_rebalance(group, f"storing the assignment failed: {error.name}")
-                    else:
-                        self._set_and_propagate_assignment(group, assignment)
-                        group.transition_to(GroupState.STABLE, self._now())
+
+                def stored(error: ErrorCode) -> None:
+                    # The group may have moved on (or been unloaded) while the assignment was written.
+                    if group.is_state(GroupState.COMPLETING_REBALANCE) and generation_id == group.generation_id:
+                        if error != ErrorCode.none:
+                            self._reset_and_propagate_assignment_error(group, error)
+                            self._maybe_prepare_rebalance(group, f"storing the assignment failed: {error.name}")
+                        else:
+                            self._set_and_propagate_assignment(group, assignment)
+                            group.transition_to(GroupState.STABLE, self._now())
+
+                self._store_group(group, assignment, stored)
         else:  # Stable: hand out the current assignment again
             self._remove_pending_sync_member(group, member_id)
             member = group.get(member_id)
@@ -677,8 +758,7 @@ class GroupCoordinator:
     # Heartbeats and sessions
 
     def heartbeat(self, group_id: str, member_id: str, group_instance_id: str | None, generation_id: int) -> ErrorCode:
-        self._ensure_loaded()
-        error = self._invalid_group_id(group_id, "heartbeat")
+        error = self._invalid_group_id(group_id, "heartbeat") or self._coordinator_error(group_id)
         if error is not None:
             return error
         group = self._groups.get(group_id)
@@ -762,9 +842,8 @@ class GroupCoordinator:
     def leave_group(self, group_id: str, members: Iterable[LeavingMember]) -> tuple[ErrorCode, list[tuple[LeavingMember, ErrorCode]]]:
         """Remove members (by member id, or by group instance id alone, as admin tools do). Returns the
         top-level error and one error per member."""
-        self._ensure_loaded()
         members = list(members)
-        error = self._invalid_group_id(group_id, "leave_group")
+        error = self._invalid_group_id(group_id, "leave_group") or self._coordinator_error(group_id)
         if error is not None:
             return error, []
         group = self._groups.get(group_id)
@@ -804,15 +883,17 @@ class GroupCoordinator:
         generation: int,
         member_id: str,
         offsets: Mapping[TopicPartition, tuple[int, int, str | None]],
+        respond: Callable[[dict[TopicPartition, ErrorCode]], None],
         *,
         group_instance_id: str | None = None,
         expire_timestamp_ms: int = -1,
-    ) -> dict[TopicPartition, ErrorCode]:
-        """offsets: (topic, partition) -> (offset, leader epoch, metadata). Returns an error per partition."""
-        self._ensure_loaded()
+    ) -> None:
+        """offsets: (topic, partition) -> (offset, leader epoch, metadata). ``respond`` gets an error per
+        partition, once the commit is stored (at once when nothing is written or nothing must wait)."""
         error = self._invalid_group_id(group_id, "offset_commit")
         if error is not None:
-            return {tp: error for tp in offsets}
+            respond({tp: error for tp in offsets})
+            return
         results: dict[TopicPartition, ErrorCode] = {}
         known = {}
         for tp, value in offsets.items():  # unknown partitions are answered first, whatever the group says
@@ -821,12 +902,19 @@ class GroupCoordinator:
             else:
                 results[tp] = ErrorCode.unknown_topic_or_partition
         if not known:
-            return results  # Kafka does not consult the coordinator then (no group is created)
+            respond(results)  # Kafka does not consult the coordinator then (no group is created)
+            return
+        error = self._coordinator_error(group_id)
+        if error is not None:
+            results.update({tp: error for tp in known})
+            respond(results)
+            return
         group = self._groups.get(group_id)
         if group is None:
             if generation >= 0:  # a generation of a group that does not exist: stale, reject
                 results.update({tp: ErrorCode.illegal_generation for tp in known})
-                return results
+                respond(results)
+                return
             group = self._add_group(group_id)  # a "simple" group: Kafka only for offset storage
         error = self._validate_offset_commit(group, generation, member_id, group_instance_id)
         if error is None and group.is_state(GroupState.COMPLETING_REBALANCE):
@@ -834,7 +922,8 @@ class GroupCoordinator:
             error = ErrorCode.rebalance_in_progress
         if error is not None:
             results.update({tp: error for tp in known})
-            return results
+            respond(results)
+            return
         if group.is_state(GroupState.STABLE, GroupState.PREPARING_REBALANCE):
             # Commits are allowed while preparing: the next heartbeat tells the member to rejoin.
             self._complete_and_schedule_next_heartbeat(group, group.get(member_id))
@@ -845,15 +934,17 @@ class GroupCoordinator:
                 results[tp] = ErrorCode.offset_metadata_too_large
             else:
                 accepted[tp] = CommittedOffset(offset, leader_epoch, metadata, now, expire_timestamp_ms)
-        if accepted:
-            try:
-                self._store().commit(group_id, accepted, now)
-                outcome = ErrorCode.none
-            except Exception as exc:
-                log.exception("group %s: storing offsets failed", group_id)
-                outcome = _storage_error(exc)
+        if not accepted:
+            respond(results)
+            return
+
+        def stored(outcome: ErrorCode) -> None:
+            if outcome != ErrorCode.none:
+                log.warning("group %s: storing offsets failed: %s", group_id, outcome.name)
             results.update({tp: outcome for tp in accepted})
-        return results
+            respond(results)
+
+        self.store.commit(group_id, accepted, now, stored)
 
     def _validate_offset_commit(self, group: ClassicGroup, generation: int, member_id: str,
                                 group_instance_id: str | None) -> ErrorCode | None:
@@ -872,21 +963,22 @@ class GroupCoordinator:
 
     def fetch_offsets(
         self, group_id: str, partitions: Iterable[TopicPartition] | None
-    ) -> dict[TopicPartition, CommittedOffset | None]:
-        """Committed offsets of the group, whatever its state; None for a requested partition without one."""
-        self._ensure_loaded()
+    ) -> tuple[ErrorCode, dict[TopicPartition, CommittedOffset | None]]:
+        """Committed offsets of the group, whatever its state; None for a requested partition without one.
+        The error is the coordinator's (NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS), with no offsets."""
+        error = self._coordinator_error(group_id)
+        if error is not None:
+            return error, {}
         wanted = None if partitions is None else list(partitions)
-        store = self._store_if_open()
-        committed = store.fetch(group_id, wanted) if store is not None else {}
+        committed = self.store.fetch(group_id, wanted)
         if wanted is None:
-            return dict(committed)
-        return {tp: committed.get(tp) for tp in wanted}
+            return ErrorCode.none, dict(committed)
+        return ErrorCode.none, {tp: committed.get(tp) for tp in wanted}
 
     def delete_offsets(self, group_id: str, partitions: Iterable[TopicPartition]) -> tuple[ErrorCode, dict[TopicPartition, ErrorCode]]:
         """OffsetDelete: offsets of topics the group does not consume (any, if it is Empty)."""
-        self._ensure_loaded()
         partitions = list(partitions)
-        error = self._invalid_group_id(group_id, "offset_delete")
+        error = self._invalid_group_id(group_id, "offset_delete") or self._coordinator_error(group_id)
         if error is not None:
             return error, {}
         group = self._groups.get(group_id)
@@ -901,19 +993,14 @@ class GroupCoordinator:
         else:
             return ErrorCode.non_empty_group, {}
         if eligible:
-            store = self._store_if_open()
-            if store is not None:
-                store.delete(group_id, eligible, self._now())
+            self.store.delete(group_id, eligible, self._now())
             results.update({tp: ErrorCode.none for tp in eligible})
             self._remove_if_finished(group)
         return ErrorCode.none, results
 
     def expire_offsets(self, now_ms: int | None = None) -> int:
         """Kafka's periodic cleanup (``offsets.retention.minutes``); returns how many offsets were removed."""
-        self._ensure_loaded()
-        store = self._store_if_open()
-        if store is None:
-            return 0
+        store = self.store
         now = self._now() if now_ms is None else now_ms
         retention = self.config.offsets_retention_ms
 
@@ -944,28 +1031,26 @@ class GroupCoordinator:
 
     def _remove_if_finished(self, group: ClassicGroup) -> None:
         """An Empty group without offsets is Dead: forget it and tombstone its metadata."""
-        store = self._store_if_open()
-        if not group.is_state(GroupState.EMPTY) or (store is not None and store.fetch(group.group_id)):
+        if not group.is_state(GroupState.EMPTY) or self.store.fetch(group.group_id):
             return
         group.transition_to(GroupState.DEAD, self._now())
-        if store is not None:
-            store.put_group_metadata(group.group_id, None, self._now())
+        self.store.delete_group_metadata(group.group_id, self._now())
         self._drop_group(group)
         log.info("group %s: no members and no offsets left, removed", group.group_id)
 
     # ==================================================================================================
     # Admin: ListGroups, DescribeGroups, DeleteGroups
 
-    def list_groups(self, states: Iterable[str] = ()) -> list[GroupOverview]:
-        """Every group, or those in the given states (compared case-insensitively, as Kafka does)."""
-        self._ensure_loaded()
+    def list_groups(self, states: Iterable[str] = ()) -> tuple[ErrorCode, list[GroupOverview]]:
+        """Every group coordinated here, or those in the given states (compared case-insensitively, as Kafka
+        does); COORDINATOR_LOAD_IN_PROGRESS while a partition is loading (with the groups known so far)."""
         wanted = {state.lower() for state in states}
-        return [group.overview() for group in self._groups.values()
+        error = ErrorCode.coordinator_load_in_progress if self._loading else ErrorCode.none
+        return error, [group.overview() for group in self._groups.values()
                 if not wanted or group.state.value.lower() in wanted]
 
     def describe_group(self, group_id: str) -> tuple[ErrorCode, GroupSummary]:
-        self._ensure_loaded()
-        error = self._invalid_group_id(group_id, "describe_groups")
+        error = self._invalid_group_id(group_id, "describe_groups") or self._coordinator_error(group_id)
         if error is not None:
             return error, GroupSummary("", "", "")
         group = self._groups.get(group_id)
@@ -973,10 +1058,9 @@ class GroupCoordinator:
 
     def delete_groups(self, group_ids: Iterable[str]) -> dict[str, ErrorCode]:
         """Delete Empty groups with their offsets; NON_EMPTY_GROUP for groups with members."""
-        self._ensure_loaded()
         results: dict[str, ErrorCode] = {}
         for group_id in dict.fromkeys(group_ids):
-            error = self._invalid_group_id(group_id, "delete_groups")
+            error = self._invalid_group_id(group_id, "delete_groups") or self._coordinator_error(group_id)
             group = self._groups.get(group_id) if error is None else None
             if error is not None:
                 results[group_id] = error
@@ -985,14 +1069,7 @@ class GroupCoordinator:
             elif not group.is_state(GroupState.EMPTY):
                 results[group_id] = ErrorCode.non_empty_group
             else:
-                try:
-                    store = self._store_if_open()
-                    if store is not None:
-                        store.delete(group_id, None, self._now())  # offsets and group metadata
-                except Exception as exc:
-                    log.exception("group %s: deleting failed", group_id)
-                    results[group_id] = _storage_error(exc)
-                    continue
+                self.store.delete(group_id, None, self._now())  # offsets and group metadata, tombstoned
                 group.transition_to(GroupState.DEAD, self._now())
                 self._drop_group(group)
                 results[group_id] = ErrorCode.none

@@ -1,4 +1,5 @@
-"""Committed offsets, kept durably in the internal topic ``__consumer_offsets`` and replayed on start.
+"""Committed offsets, kept durably in the internal topic ``__consumer_offsets`` and replayed by the broker
+that leads their partition.
 
 The records use Kafka's own coordinator schemas, so Kafka's tools (kafka-console-consumer with the
 OffsetsMessageFormatter, kafka-dump-log --offsets-decoder) can read our partitions:
@@ -14,19 +15,31 @@ OffsetsMessageFormatter, kafka-dump-log --offsets-decoder) can read our partitio
 Strings are int16 length + UTF-8. A record with a null value (tombstone) deletes its key. All records of a
 group live in partition ``abs(groupId.hashCode()) % partitions``, so a group's history is totally ordered.
 
-Each call that changes state appends ONE batch per touched partition before it changes memory: a commit
-request is atomic, and an exception from the log leaves memory as it was.
+Writes go through the ReplicaManager like any produce, never straight into a log, as Kafka's
+GroupMetadataManager does: commits and group metadata are appended with acks=all (the offsets topic's
+min.insync.replicas applies) as one batch per request, and memory changes only once the append is
+acknowledged; with followers in the ISR that is when the high-water mark passes the batch (the
+ReplicaManager's produce purgatory, bounded by offsets.commit.timeout.ms). On a single broker nothing waits:
+the answer comes in the same loop step. Tombstones of deletions and expiry are Kafka's cleanupGroupMetadata:
+memory first, then the append, not waited on (Kafka appends them with requiredAcks=0). Failed appends are
+mapped as GroupMetadataManager maps them (``coordinator_error``).
+
+Memory holds only the partitions this broker leads and has loaded: ``load_partition`` replays one
+partition's log (yielding to the loop), ``unload_partition`` forgets it. A per-partition epoch, bumped by
+both, keeps a write acknowledged after its partition was unloaded (or reloaded) out of memory.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import struct
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Mapping, NamedTuple, Protocol
+from typing import Callable, Iterable, Mapping, NamedTuple
 
-from pykbroker.protocol.records import BatchHeader, build_batch, read_records
+from pykbroker.protocol.errors import ErrorCode
+from pykbroker.protocol.records import build_batch, read_records
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +59,27 @@ _INT64 = struct.Struct(">q")
 TopicPartition = tuple[str, int]
 
 
-class PartitionLogLike(Protocol):
-    """What the store needs of a ``pykbroker.log`` PartitionLog."""
+DEFAULT_COMMIT_TIMEOUT_MS = 5000  # offsets.commit.timeout.ms
+LOAD_BATCHES_PER_STEP = 64  # batches replayed between two yields to the loop while loading a partition
 
-    def append(self, records, *, leader_epoch: int, now_ms: int): ...
+Done = Callable[[ErrorCode], None]
 
-    def batches(self, start_offset: int = 0) -> Iterable[tuple[BatchHeader, bytes]]: ...
+
+def coordinator_error(error: ErrorCode, *, offsets: bool) -> ErrorCode:
+    """What a client is told when an append to __consumer_offsets failed, as Kafka's GroupMetadataManager
+    maps it (storeOffsets for ``offsets``, storeGroup otherwise): no ISR or no answer in time means "the
+    coordinator is not available" (retry), a moved leader or a failed disk "ask for the coordinator again",
+    a batch too large INVALID_COMMIT_OFFSET_SIZE for a commit and UNKNOWN_SERVER_ERROR for group metadata."""
+    if error in (ErrorCode.unknown_topic_or_partition, ErrorCode.not_enough_replicas,
+                 ErrorCode.not_enough_replicas_after_append, ErrorCode.request_timed_out):
+        return ErrorCode.coordinator_not_available
+    if error in (ErrorCode.not_leader_or_follower, ErrorCode.kafka_storage_error):
+        return ErrorCode.not_coordinator
+    if error in (ErrorCode.message_too_large, ErrorCode.record_list_too_large, ErrorCode.invalid_fetch_size):
+        return ErrorCode.invalid_commit_offset_size if offsets else ErrorCode.unknown_server_error
+    if error != ErrorCode.none:  # Kafka passes anything else through, with an error in its log
+        log.error("unexpected error %s appending to %s", error.name, OFFSETS_TOPIC)
+    return error
 
 
 @dataclass(frozen=True)
@@ -243,72 +271,99 @@ def _now_ms() -> int:
 
 
 class OffsetStore:
-    """The committed offsets (and opaque group metadata) of every group, backed by ``__consumer_offsets``.
+    """The committed offsets (and opaque group metadata) of the groups whose ``__consumer_offsets``
+    partition this broker leads and has loaded.
 
-    ``logs(p)`` returns the log of partition p (the caller creates it); ``leader_epoch(p)`` the epoch to
-    stamp on appended batches (0 for a single node).
+    ``replicas`` is the broker's ReplicaManager (``append``, ``needs_replication_wait``, ``delay_produce``,
+    ``purgatory``, ``partition``); ``min_insync_replicas()`` the offsets topic's min.insync.replicas;
+    ``commit_timeout_ms`` bounds the wait for followers (offsets.commit.timeout.ms).
     """
 
     def __init__(
         self,
-        logs: Callable[[int], PartitionLogLike],
+        replicas,
         num_partitions: int = DEFAULT_OFFSETS_PARTITIONS,
         *,
-        leader_epoch: Callable[[int], int] = lambda partition: 0,
+        min_insync_replicas: Callable[[], int] = lambda: 1,
+        commit_timeout_ms: int = DEFAULT_COMMIT_TIMEOUT_MS,
     ) -> None:
         if num_partitions < 1:
             raise ValueError("the offsets topic needs at least one partition")
-        self._logs = logs
+        self._replicas = replicas
         self.num_partitions = num_partitions
-        self._leader_epoch = leader_epoch
+        self._min_insync_replicas = min_insync_replicas
+        self._commit_timeout_ms = commit_timeout_ms
         self._offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
         self._group_metadata: dict[str, bytes] = {}
+        self._epochs = [0] * num_partitions  # bumped by every load and unload of a partition
+        self._waiting: set[asyncio.Task] = set()  # appends waiting for the ISR
 
     def partition_for(self, group_id: str) -> int:
         return partition_for_group(group_id, self.num_partitions)
 
-    # -- start ------------------------------------------------------------------------------------------
+    # -- loading and unloading (leadership of a partition) -------------------------------------------------
 
-    def load(self) -> None:
-        """Forget memory and replay every partition of the offsets topic, oldest record first."""
-        self._offsets.clear()
-        self._group_metadata.clear()
-        for partition in range(self.num_partitions):
-            for header, data in self._logs(partition).batches():
-                if header.is_control:
-                    continue  # transaction markers: no offsets in them
-                for record in read_records(data, header):  # batches() yields each batch alone, at position 0
-                    self._apply(record.key, record.value, partition, record.offset)
+    def load_if_empty(self, partition: int) -> bool:
+        """Load the partition at once if its log is empty (a new offsets topic: nobody needs to wait);
+        returns whether it did."""
+        hosted = self._replicas.partition(OFFSETS_TOPIC, partition)
+        if hosted is None or hosted.log.log_end_offset != hosted.log.log_start_offset:
+            return False
+        self.unload_partition(partition)  # a new epoch, and nothing in memory
+        return True
 
-    def _apply(self, key_bytes: bytes | None, value: bytes | None, partition: int, offset: int) -> None:
-        if key_bytes is None:
-            return
-        try:
-            key = decode_key(key_bytes)
-            if isinstance(key, OffsetKey):
-                tp = (key.topic, key.partition)
-                if value is None:
-                    self._forget_offset(key.group, tp)
-                else:
-                    self._offsets.setdefault(key.group, {})[tp] = decode_offset_value(value)
-            elif isinstance(key, GroupMetadataKey):
-                if value is None:
-                    self._group_metadata.pop(key.group, None)
-                else:
-                    self._group_metadata[key.group] = value
-        except (ValueError, UnicodeDecodeError) as exc:
-            # One bad record must not keep every group of this partition from loading.
-            log.warning("skipping unreadable record at %s-%d offset %d: %s", OFFSETS_TOPIC, partition, offset, exc)
+    async def load_partition(self, partition: int) -> bool:
+        """Replay one partition's log, oldest record first, up to its log end when the load starts (as
+        Kafka's doLoadGroupsAndOffsets), yielding to the loop every few batches. The replayed state replaces
+        that partition's groups in memory at the end, and only if nothing unloaded or reloaded the partition
+        meanwhile: returns False then (the load was abandoned)."""
+        self._epochs[partition] += 1
+        epoch = self._epochs[partition]
+        offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
+        metadata: dict[str, bytes] = {}
+        hosted = self._replicas.partition(OFFSETS_TOPIC, partition)
+        if hosted is not None:
+            for count, (header, data) in enumerate(hosted.log.batches(), 1):
+                if not header.is_control:  # transaction markers: no offsets in them
+                    for record in read_records(data, header):  # batches() yields each batch alone, at position 0
+                        _replay(offsets, metadata, record.key, record.value, partition, record.offset)
+                if count % LOAD_BATCHES_PER_STEP == 0:
+                    await asyncio.sleep(0)
+                    if self._epochs[partition] != epoch:
+                        return False
+        if self._epochs[partition] != epoch:
+            return False
+        self._forget_partition(partition)
+        self._offsets.update(offsets)
+        self._group_metadata.update(metadata)
+        return True
+
+    def unload_partition(self, partition: int) -> list[str]:
+        """Forget the partition's groups (this broker no longer leads it); returns the groups forgotten.
+        Writes still waiting for followers will not change memory when they complete."""
+        self._epochs[partition] += 1
+        return self._forget_partition(partition)
+
+    def _forget_partition(self, partition: int) -> list[str]:
+        groups = [g for g in self._offsets.keys() | self._group_metadata.keys() if self.partition_for(g) == partition]
+        for group in groups:
+            self._offsets.pop(group, None)
+            self._group_metadata.pop(group, None)
+        return sorted(groups)
 
     # -- offsets --------------------------------------------------------------------------------------
 
-    def commit(self, group_id: str, offsets: Mapping[TopicPartition, CommittedOffset], now_ms: int) -> None:
-        """Persist one request's offsets as one batch in the group's partition, then make them visible.
+    def commit(self, group_id: str, offsets: Mapping[TopicPartition, CommittedOffset], now_ms: int,
+               done: Done) -> None:
+        """Persist one request's offsets as one batch in the group's partition; they become visible, and
+        ``done`` is called, once the append is acknowledged (at once on a single broker). ``done`` gets NONE
+        or the client's error (``coordinator_error``).
 
         A null metadata is stored as "" (the field is not nullable in Kafka's schema), so what a fetch
         returns is the same before and after a restart.
         """
         if not offsets:
+            done(ErrorCode.none)
             return
         normalized = {
             tp: committed if committed.metadata is not None else replace(committed, metadata="")
@@ -318,8 +373,11 @@ class OffsetStore:
             (encode_offset_key(group_id, topic, partition), encode_offset_value(committed))
             for (topic, partition), committed in normalized.items()
         ]
-        self._append(self.partition_for(group_id), records, now_ms)
-        self._offsets.setdefault(group_id, {}).update(normalized)
+
+        def apply() -> None:
+            self._offsets.setdefault(group_id, {}).update(normalized)
+
+        self._write(self.partition_for(group_id), records, now_ms, apply, done, offsets=True)
 
     def fetch(
         self, group_id: str, partitions: Iterable[TopicPartition] | None = None
@@ -336,16 +394,13 @@ class OffsetStore:
         committed = self._offsets.get(group_id, {})
         targets = list(committed) if partitions is None else [tp for tp in partitions if tp in committed]
         records = [(encode_offset_key(group_id, topic, partition), None) for topic, partition in targets]
-        drop_metadata = partitions is None and group_id in self._group_metadata
-        if drop_metadata:
+        if partitions is None and group_id in self._group_metadata:
             records.append((encode_group_metadata_key(group_id), None))
-        if not records:
-            return
-        self._append(self.partition_for(group_id), records, _now_ms() if now_ms is None else now_ms)
+            del self._group_metadata[group_id]
         for tp in targets:
             self._forget_offset(group_id, tp)
-        if drop_metadata:
-            del self._group_metadata[group_id]
+        if records:
+            self._tombstone(self.partition_for(group_id), records, _now_ms() if now_ms is None else now_ms)
 
     def delete_topic(self, topic: str, now_ms: int | None = None) -> int:
         """Tombstone every group's offsets for a deleted topic; returns how many offsets were removed."""
@@ -355,9 +410,10 @@ class OffsetStore:
         }
         return self._remove({group: tps for group, tps in doomed.items() if tps}, _now_ms() if now_ms is None else now_ms)
 
-    def groups(self) -> list[str]:
-        """Every group with committed offsets or stored group metadata."""
-        return sorted(self._offsets.keys() | self._group_metadata.keys())
+    def groups(self, partition: int | None = None) -> list[str]:
+        """Every group (of one offsets partition) with committed offsets or stored group metadata."""
+        groups = self._offsets.keys() | self._group_metadata.keys()
+        return sorted(g for g in groups if partition is None or self.partition_for(g) == partition)
 
     def expire(
         self,
@@ -389,41 +445,45 @@ class OffsetStore:
 
     # -- opaque group metadata for the group coordinator -----------------------------------------------
 
-    def put_group_metadata(self, group_id: str, value: bytes | None, now_ms: int | None = None) -> None:
-        """Persist the coordinator's serialized group state (a GroupMetadataValue); ``None`` deletes it."""
-        if value is None and group_id not in self._group_metadata:
-            return
-        self._append(
-            self.partition_for(group_id),
-            [(encode_group_metadata_key(group_id), None if value is None else bytes(value))],
-            _now_ms() if now_ms is None else now_ms,
-        )
-        if value is None:
-            del self._group_metadata[group_id]
-        else:
-            self._group_metadata[group_id] = bytes(value)
+    def put_group_metadata(self, group_id: str, value: bytes, now_ms: int, done: Done) -> None:
+        """Persist the coordinator's serialized group state (a GroupMetadataValue), as Kafka's storeGroup:
+        kept in memory and ``done`` called once the append is acknowledged."""
+        value = bytes(value)
+
+        def apply() -> None:
+            self._group_metadata[group_id] = value
+
+        self._write(self.partition_for(group_id), [(encode_group_metadata_key(group_id), value)], now_ms, apply,
+                    done, offsets=False)
+
+    def delete_group_metadata(self, group_id: str, now_ms: int | None = None) -> None:
+        """Tombstone a group's metadata (a group that died), forgotten at once."""
+        if self._group_metadata.pop(group_id, None) is not None:
+            self._tombstone(self.partition_for(group_id), [(encode_group_metadata_key(group_id), None)],
+                            _now_ms() if now_ms is None else now_ms)
 
     def get_group_metadata(self, group_id: str) -> bytes | None:
         return self._group_metadata.get(group_id)
 
-    def group_metadata(self) -> dict[str, bytes]:
-        """Every group's stored metadata, as replayed by ``load``: what the coordinator rebuilds from."""
-        return dict(self._group_metadata)
+    def group_metadata(self, partition: int | None = None) -> dict[str, bytes]:
+        """The stored metadata of every loaded group (of one offsets partition): what the coordinator
+        rebuilds groups from."""
+        return {g: v for g, v in self._group_metadata.items()
+                if partition is None or self.partition_for(g) == partition}
 
     # -- internals ------------------------------------------------------------------------------------
 
     def _remove(self, doomed: Mapping[str, list[TopicPartition]], now_ms: int) -> int:
-        """Tombstone the given offsets with one batch per offsets partition, forgetting each batch's offsets
-        as soon as it is appended (so a failure part-way leaves memory matching the log)."""
+        """Forget the given offsets and tombstone them with one batch per offsets partition."""
         by_partition: dict[int, list[tuple[str, TopicPartition]]] = {}
         for group, tps in doomed.items():
             by_partition.setdefault(self.partition_for(group), []).extend((group, tp) for tp in tps)
         removed = 0
         for partition, entries in by_partition.items():
-            records = [(encode_offset_key(group, topic, p), None) for group, (topic, p) in entries]
-            self._append(partition, records, now_ms)
             for group, tp in entries:
                 self._forget_offset(group, tp)
+            self._tombstone(partition, [(encode_offset_key(group, topic, p), None) for group, (topic, p) in entries],
+                            now_ms)
             removed += len(entries)
         return removed
 
@@ -434,7 +494,67 @@ class OffsetStore:
             if not committed:
                 del self._offsets[group]
 
-    def _append(self, partition: int, records: list[tuple[bytes, bytes | None]], now_ms: int) -> None:
-        batch = build_batch(records, timestamp_ms=now_ms)
-        self._logs(partition).append(batch, leader_epoch=self._leader_epoch(partition), now_ms=now_ms)
+    def _tombstone(self, partition: int, records: list[tuple[bytes, bytes | None]], now_ms: int) -> None:
+        """Kafka's cleanupGroupMetadata: append the tombstones on the leader, wait for nobody."""
+        outcome = self._replicas.append(OFFSETS_TOPIC, partition, build_batch(records, timestamp_ms=now_ms),
+                                        acks=1, min_insync_replicas=1)
+        if outcome.error != ErrorCode.none:
+            log.warning("writing %d tombstones to %s-%d failed: %s", len(records), OFFSETS_TOPIC, partition,
+                        outcome.error.name)
 
+    def _write(self, partition: int, records: list[tuple[bytes, bytes | None]], now_ms: int,
+               apply: Callable[[], None], done: Done, *, offsets: bool) -> None:
+        """Append with acks=all; once acknowledged, ``apply`` (unless the partition was unloaded or
+        reloaded meanwhile: NOT_COORDINATOR then), then ``done``."""
+        epoch = self._epochs[partition]
+        min_isr = self._min_insync_replicas()
+        outcome = self._replicas.append(OFFSETS_TOPIC, partition, build_batch(records, timestamp_ms=now_ms),
+                                        acks=-1, min_insync_replicas=min_isr)
+        if outcome.has_followers and self._replicas.needs_replication_wait(OFFSETS_TOPIC, partition, outcome, min_isr):
+            operation = self._replicas.delay_produce([(OFFSETS_TOPIC, partition, outcome.last_offset, min_isr)],
+                                                     self._commit_timeout_ms)
+            task = asyncio.ensure_future(self._after_replication(operation, partition, epoch, apply, done, offsets))
+            self._waiting.add(task)
+            task.add_done_callback(self._waiting.discard)
+            return
+        self._complete(outcome.error, partition, epoch, apply, done, offsets)
+
+    async def _after_replication(self, operation, partition: int, epoch: int, apply: Callable[[], None], done: Done,
+                                 offsets: bool) -> None:
+        (error,) = await self._replicas.purgatory.wait(operation)
+        self._complete(error, partition, epoch, apply, done, offsets)
+
+    def _complete(self, error: ErrorCode, partition: int, epoch: int, apply: Callable[[], None], done: Done,
+                  offsets: bool) -> None:
+        if error == ErrorCode.none and self._epochs[partition] != epoch:
+            error = ErrorCode.not_leader_or_follower  # unloaded meanwhile: the new coordinator has it
+        if error == ErrorCode.none:
+            apply()
+        done(coordinator_error(error, offsets=offsets))
+
+
+def _replay(offsets: dict[str, dict[TopicPartition, CommittedOffset]], metadata: dict[str, bytes],
+            key_bytes: bytes | None, value: bytes | None, partition: int, offset: int) -> None:
+    """Apply one record of __consumer_offsets to the state being loaded; a tombstone deletes its key."""
+    if key_bytes is None:
+        return
+    try:
+        key = decode_key(key_bytes)
+        if isinstance(key, OffsetKey):
+            tp = (key.topic, key.partition)
+            if value is None:
+                committed = offsets.get(key.group)
+                if committed is not None:
+                    committed.pop(tp, None)
+                    if not committed:
+                        del offsets[key.group]
+            else:
+                offsets.setdefault(key.group, {})[tp] = decode_offset_value(value)
+        elif isinstance(key, GroupMetadataKey):
+            if value is None:
+                metadata.pop(key.group, None)
+            else:
+                metadata[key.group] = value
+    except (ValueError, UnicodeDecodeError) as exc:
+        # One bad record must not keep every group of this partition from loading.
+        log.warning("skipping unreadable record at %s-%d offset %d: %s", OFFSETS_TOPIC, partition, offset, exc)

@@ -4,7 +4,9 @@ Start-up order: every listener's port is bound first (so a port in use or an unr
 before anything is written into a fresh data dir), then the data dir is created and locked with its
 ``.lock`` file as Kafka does (by the log manager, built first; a second broker on the same dir is
 refused), then logs are loaded (and recovered) before anything is hosted, producer state is rebuilt from
-the logs, committed offsets are replayed, and only then do the listeners accept connections. Each of those start-up failures is a
+the logs, the group coordinator is told it leads every __consumer_offsets partition (it loads committed
+offsets and groups in the background, answering COORDINATOR_LOAD_IN_PROGRESS meanwhile), and the listeners
+accept connections. Each of those start-up failures is a
 StartupError whose message names the thing (the CLI prints it as one line and exits 1).
 
 Each listener is one server socket; a connection knows the listener it arrived on, and Metadata,
@@ -115,11 +117,16 @@ class Broker:
         self.topics = TopicAdmin(config, self.metadata, self.replicas)
         self.producer_ids = ProducerRegistry(ProducerIdAllocator(data_dir / "producer-id-block"))
         self.offsets_partitions = int(config.get("offsets.topic.num.partitions"))
-        self._offset_store: OffsetStore | None = None
-        self._offsets_creation: asyncio.Task | None = None  # __consumer_offsets being created (open_offset_store)
+        offsets_info = self.metadata.topic(OFFSETS_TOPIC)
+        self.offset_store = OffsetStore(
+            self.replicas, len(offsets_info.partitions) if offsets_info is not None else self.offsets_partitions,
+            min_insync_replicas=lambda: self.topics.min_insync_replicas(OFFSETS_TOPIC),
+            commit_timeout_ms=int(config.get("offsets.commit.timeout.ms")),
+        )
+        self._offsets_creation: asyncio.Task | None = None  # __consumer_offsets being created (create_offsets_topic)
         self.groups = GroupCoordinator(
-            lambda: self.offset_store, lambda topic, index: self.replicas.partition(topic, index) is not None,
-            GroupConfig.from_broker_config(config), store_if_open=lambda: self._offset_store,
+            self.offset_store, lambda topic, index: self.replicas.partition(topic, index) is not None,
+            GroupConfig.from_broker_config(config), lead_offsets_topic=self._lead_offsets_topic_now,
         )
         self.connections: set[KafkaConnection] = set()
         self._connections_per_host: Counter[str] = Counter()
@@ -141,44 +148,30 @@ class Broker:
         self.log_manager.load_all(self.topics.log_config, self.topics.topic_id_of)
         self.replicas.load_high_watermarks()  # a corrupt replication-offset-checkpoint stops the start here
         self.topics.host_all()
-        if self.metadata.topic(OFFSETS_TOPIC) is not None:
-            self._open_offset_store()
 
-    def _open_offset_store(self) -> OffsetStore:
+    def _lead_offsets_partitions(self) -> None:
+        """Single broker: this broker leads every __consumer_offsets partition; the coordinator loads them."""
         info = self.metadata.topic(OFFSETS_TOPIC)
-        store = OffsetStore(lambda p: self.replicas.partition(OFFSETS_TOPIC, p).log, len(info.partitions))
-        store.load()
-        self._offset_store = store
-        return store
+        for index in range(len(info.partitions) if info is not None else 0):
+            self.groups.on_leadership_change(OFFSETS_TOPIC, index, True)
 
-    @property
-    def offset_store(self) -> OffsetStore:
-        """The committed-offsets store; creates __consumer_offsets on first use, as Kafka does, at once.
-        FindCoordinator, every client's first group request, uses ``open_offset_store`` instead."""
-        if self._offset_store is None:
-            self.topics.ensure_internal(OFFSETS_TOPIC, self.offsets_partitions)
-            self._open_offset_store()
-        return self._offset_store  # type: ignore[return-value]
+    def _lead_offsets_topic_now(self) -> None:
+        """Single broker: a group request came before any FindCoordinator: create __consumer_offsets at once."""
+        self.topics.ensure_internal(OFFSETS_TOPIC, self.offsets_partitions)
+        self._lead_offsets_partitions()
 
-    @property
-    def offset_store_open(self) -> bool:
-        return self._offset_store is not None
-
-    async def open_offset_store(self) -> OffsetStore:
-        """The committed-offsets store; on first use __consumer_offsets (50 partitions by default, a few
-        fsyncs each) is created in a broker-owned task that hosts one partition at a time, so other
-        clients are served meanwhile; the requests that asked wait for it."""
-        if self._offset_store is None:
-            if self._offsets_creation is None:
-                self._offsets_creation = self.run_owned(self._create_offsets_topic())
-            await asyncio.shield(self._offsets_creation)
-        return self.offset_store
+    async def create_offsets_topic(self) -> None:
+        """Create __consumer_offsets (FindCoordinator's first use, as in Kafka): 50 partitions by default, a
+        few fsyncs each, hosted one at a time in a broker-owned task so other clients are served meanwhile;
+        the requests that asked wait for it."""
+        if self._offsets_creation is None:
+            self._offsets_creation = self.run_owned(self._create_offsets_topic())
+        await asyncio.shield(self._offsets_creation)
 
     async def _create_offsets_topic(self) -> None:
         try:
             await self.topics.ensure_internal_async(OFFSETS_TOPIC, self.offsets_partitions)
-            if self._offset_store is None:  # (the synchronous path may have finished it meanwhile)
-                self._open_offset_store()
+            self._lead_offsets_partitions()
         finally:
             self._offsets_creation = None
 
@@ -197,8 +190,7 @@ class Broker:
 
     def forget_topic(self, name: str) -> None:
         """After a topic is deleted: drop the committed offsets that named it."""
-        if self._offset_store is not None:
-            self._offset_store.delete_topic(name)
+        self.offset_store.delete_topic(name)
 
     async def start(self, listening: list[tuple[Listener, socket.socket]]) -> None:
         """Load the logs, then serve every listener on its bound socket (see bind_listener)."""
@@ -209,6 +201,7 @@ class Broker:
         if self.cluster is not None:
             await self._join_cluster_first()
         self.load()
+        self._lead_offsets_partitions()
         max_request = int(self.config.get("socket.request.max.bytes"))
         bound_ports = {listener.name: sock.getsockname()[1] for listener, sock in listening}
         for advertised in self.config.advertised_listeners:

@@ -5,6 +5,7 @@ across a restart, admin APIs and offsets retention. The offset store is the real
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import struct
@@ -13,7 +14,7 @@ import pytest
 
 from pykbroker.groups.coordinator import GroupConfig, GroupCoordinator, JoinRequest, LeavingMember
 from pykbroker.groups.group import GroupState
-from pykbroker.groups.offset_store import OffsetStore
+from pykbroker.groups.offset_store import OFFSETS_TOPIC, OffsetStore
 from pykbroker.protocol.errors import ErrorCode
 from tests.unit.test_offset_store import OffsetsLogs
 
@@ -90,17 +91,24 @@ class Harness:
         self.coordinator = self._new_coordinator()
 
     def _new_coordinator(self) -> GroupCoordinator:
-        store = OffsetStore(self.logs.get, PARTITIONS)
-        store.load()
+        store = OffsetStore(self.logs.replicas, PARTITIONS)
         self.store = store
-        return GroupCoordinator(lambda: store, lambda topic, partition: topic == TOPIC and 0 <= partition < 4,
-                                self.config, scheduler=self.clock)
+        coordinator = GroupCoordinator(store, lambda topic, partition: topic == TOPIC and 0 <= partition < 4,
+                                       self.config, scheduler=self.clock)
+
+        async def lead_every_partition() -> None:  # what a single broker does at start
+            for partition in range(PARTITIONS):
+                coordinator.on_leadership_change(OFFSETS_TOPIC, partition, True)
+            while coordinator.loading_partitions:
+                await asyncio.sleep(0)
+
+        asyncio.run(lead_every_partition())
+        return coordinator
 
     def restart(self) -> None:
         self.coordinator.close()
         self.logs.reopen()
         self.coordinator = self._new_coordinator()
-        self.coordinator.group("loads-everything")  # any call loads the groups
 
     def join(self, group: str = "g", member_id: str = "", *, protocols=None, instance: str | None = None,
              session: int = SESSION_MS, rebalance: int = REBALANCE_MS, client: str = "client",
@@ -131,9 +139,12 @@ class Harness:
     def heartbeat(self, group: str, member_id: str, generation: int, instance=None) -> ErrorCode:
         return self.coordinator.heartbeat(group, member_id, instance, generation)
 
-    def commit(self, group: str, generation: int, member_id: str, offset: int = 5, instance=None) -> ErrorCode:
-        (error,) = self.coordinator.commit_offsets(group, generation, member_id, {(TOPIC, 0): (offset, -1, "")},
-                                                   group_instance_id=instance).values()
+    def commit(self, group: str, generation: int, member_id: str, offset: int = 5, instance=None,
+               partition: int = 0) -> ErrorCode:
+        answers = []
+        self.coordinator.commit_offsets(group, generation, member_id, {(TOPIC, partition): (offset, -1, "")}, answers.append,
+                                        group_instance_id=instance)
+        ((error,),) = [list(answer.values()) for answer in answers]  # answered at once: nothing waits here
         return error
 
     def stable_member(self, group: str = "g", **kwargs) -> tuple[str, int]:
@@ -441,7 +452,7 @@ def test_simple_commits_are_valid_only_while_the_group_has_no_members(h):
     a, generation = h.stable_member()
     assert h.commit("g", -1, "") == ErrorCode.unknown_member_id
     assert h.commit("g", generation, a, offset=9) == ErrorCode.none
-    assert h.coordinator.fetch_offsets("g", [(TOPIC, 0)])[(TOPIC, 0)].offset == 9
+    assert h.coordinator.fetch_offsets("g", [(TOPIC, 0)])[1][(TOPIC, 0)].offset == 9
 
 
 def test_commits_name_the_current_member_and_generation(h):
@@ -483,12 +494,14 @@ def test_a_member_left_behind_by_a_rebalance_cannot_commit_once_the_next_generat
     h.sync("g", a, new_generation, {a: b"p0,p1", new_b.result.member_id: b"p2,p3"})
     assert h.commit("g", new_generation, new_b.result.member_id, offset=9) == ErrorCode.none
     assert h.commit("g", generation, old_b, offset=3) == ErrorCode.unknown_member_id
-    assert h.coordinator.fetch_offsets("g", [(TOPIC, 0)])[(TOPIC, 0)].offset == 9
+    assert h.coordinator.fetch_offsets("g", [(TOPIC, 0)])[1][(TOPIC, 0)].offset == 9
 
 
 def test_unknown_partitions_and_large_metadata_are_refused_per_partition(h):
-    errors = h.coordinator.commit_offsets("g", -1, "", {(TOPIC, 0): (1, -1, "x" * 4097), (TOPIC, 9): (1, -1, ""),
-                                                       ("other", 0): (1, -1, ""), (TOPIC, 1): (1, -1, "ok")})
+    answers = []
+    h.coordinator.commit_offsets("g", -1, "", {(TOPIC, 0): (1, -1, "x" * 4097), (TOPIC, 9): (1, -1, ""),
+                                               ("other", 0): (1, -1, ""), (TOPIC, 1): (1, -1, "ok")}, answers.append)
+    (errors,) = answers
     assert errors == {(TOPIC, 0): ErrorCode.offset_metadata_too_large, (TOPIC, 9): ErrorCode.unknown_topic_or_partition,
                       ("other", 0): ErrorCode.unknown_topic_or_partition, (TOPIC, 1): ErrorCode.none}
 
@@ -528,9 +541,9 @@ def test_an_empty_group_keeps_its_generation_across_a_restart(h):
 def test_list_describe_and_delete_groups(h):
     a, _ = h.stable_member("live")
     h.commit("offsets-only", -1, "")
-    listed = {g.group_id: (g.protocol_type, g.state) for g in h.coordinator.list_groups()}
+    listed = {g.group_id: (g.protocol_type, g.state) for g in h.coordinator.list_groups()[1]}
     assert listed == {"live": ("consumer", "Stable"), "offsets-only": ("", "Empty")}
-    assert [g.group_id for g in h.coordinator.list_groups(["STABLE"])] == ["live"]
+    assert [g.group_id for g in h.coordinator.list_groups(["STABLE"])[1]] == ["live"]
     error, summary = h.coordinator.describe_group("live")
     assert (error, summary.state, summary.protocol) == (ErrorCode.none, "Stable", "range")
     (member,) = summary.members
@@ -546,7 +559,7 @@ def test_list_describe_and_delete_groups(h):
 
 def test_offset_delete_refuses_topics_a_live_consumer_group_reads(h):
     h.stable_member(protocols=[("range", subscription(TOPIC))])
-    h.coordinator.commit_offsets("g", 1, h.coordinator.group("g").leader_id, {(TOPIC, 0): (1, -1, "")})
+    assert h.commit("g", 1, h.coordinator.group("g").leader_id, offset=1) == ErrorCode.none
     error, results = h.coordinator.delete_offsets("g", [(TOPIC, 0)])
     assert (error, results) == (ErrorCode.none, {(TOPIC, 0): ErrorCode.group_subscribed_to_topic})
     assert h.coordinator.delete_offsets("nobody", [(TOPIC, 0)]) == (ErrorCode.group_id_not_found, {})
@@ -587,16 +600,16 @@ def test_simple_group_offsets_expire_by_commit_time(logs):
     h = Harness(logs, offsets_retention_ms=60_000)
     h.commit("simple", -1, "")
     h.clock.advance(30_000)
-    h.coordinator.commit_offsets("simple", -1, "", {(TOPIC, 1): (3, -1, "")})
+    assert h.commit("simple", -1, "", offset=3, partition=1) == ErrorCode.none
     h.clock.advance(30_000)
     assert h.coordinator.expire_offsets() == 1
-    assert list(h.coordinator.fetch_offsets("simple", None)) == [(TOPIC, 1)]
+    assert list(h.coordinator.fetch_offsets("simple", None)[1]) == [(TOPIC, 1)]
 
 
 def test_a_stable_consumer_group_loses_offsets_of_topics_it_no_longer_reads(logs):
     h = Harness(logs, offsets_retention_ms=60_000)
     h.commit("g", -1, "")  # a commit for TOPIC while the group was empty
-    h.coordinator.commit_offsets("g", -1, "", {(TOPIC, 1): (3, -1, "")})
+    assert h.commit("g", -1, "", offset=3, partition=1) == ErrorCode.none
     a, generation = h.stable_member(protocols=[("range", subscription("elsewhere"))])
     h.pass_time(60_000, ("g", a, generation))
     assert h.coordinator.expire_offsets() == 2

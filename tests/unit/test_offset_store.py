@@ -1,7 +1,10 @@
-"""Committed offsets in __consumer_offsets: Kafka's record schemas, partitioning, and replay on start."""
+"""Committed offsets in __consumer_offsets: Kafka's record schemas, partitioning, and replay on start. The
+store writes through a real ReplicaManager hosting the partitions as a single broker does."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import struct
 from pathlib import Path
 
@@ -25,34 +28,48 @@ from pykbroker.groups.offset_store import (
     partition_for_group,
 )
 from pykbroker.log.config import LogConfig
-from pykbroker.log.partition_log import PartitionLog, log_dir_name
+from pykbroker.log.manager import LogManager
+from pykbroker.protocol.errors import ErrorCode
 from pykbroker.protocol.records import build_batch, read_records
+from pykbroker.replication.replica_manager import ReplicaManager
 
 PARTITIONS = 8
 
 
 class OffsetsLogs:
-    """The partitions of __consumer_offsets as real PartitionLogs on disk; ``reopen`` is a broker restart."""
+    """__consumer_offsets on disk, hosted by a real ReplicaManager as on a single broker (it leads every
+    partition); ``reopen`` is a broker restart (``crash``: logs dropped without a flush or a clean-shutdown
+    marker, so the next start recovers them)."""
 
     def __init__(self, root: Path, partitions: int) -> None:
         self.root = root
         self.partitions = partitions
-        self._logs = [self._open(p) for p in range(partitions)]
+        self.replicas = self._open()
 
-    def _open(self, partition: int) -> PartitionLog:
-        return PartitionLog.open(self.root / log_dir_name(OFFSETS_TOPIC, partition), LogConfig(), fsync="never")
+    def _open(self) -> ReplicaManager:
+        replicas = ReplicaManager(LogManager(self.root, fsync="never"), 1, lambda topic: LogConfig())
+        replicas.log_manager.load_all(lambda topic: LogConfig())
+        for partition in range(self.partitions):
+            replicas.host(OFFSETS_TOPIC, partition, 0)
+        return replicas
 
-    def get(self, partition: int) -> PartitionLog:
-        return self._logs[partition]
+    def get(self, partition: int):
+        return self.replicas.partition(OFFSETS_TOPIC, partition).log
 
     def reopen(self, *, crash: bool = False) -> None:
-        for partition_log in self._logs:
-            partition_log.abandon() if crash else partition_log.close()
-        self._logs = [self._open(p) for p in range(self.partitions)]
+        manager = self.replicas.log_manager
+        if crash:
+            for partition_log in manager.logs():
+                partition_log.abandon()
+            manager._executor.shutdown()
+            manager._remover.shutdown()
+            os.close(manager._lock_fd)  # the lock a dead process would lose
+        else:
+            manager.shutdown()
+        self.replicas = self._open()
 
     def close(self) -> None:
-        for partition_log in self._logs:
-            partition_log.close()
+        self.replicas.log_manager.shutdown()
 
 
 @pytest.fixture
@@ -62,16 +79,37 @@ def logs(tmp_path):
     opened.close()
 
 
-def new_store(logs: OffsetsLogs) -> OffsetStore:
-    store = OffsetStore(logs.get, PARTITIONS)
-    store.load()
+def load_all(store: OffsetStore) -> OffsetStore:
+    """Load every partition, as a broker that leads them all does at start."""
+    async def load() -> None:
+        for partition in range(store.num_partitions):
+            assert await store.load_partition(partition)
+
+    asyncio.run(load())
     return store
+
+
+def new_store(logs: OffsetsLogs) -> OffsetStore:
+    return load_all(OffsetStore(logs.replicas, PARTITIONS))
 
 
 def reopened(logs: OffsetsLogs, *, crash: bool = False) -> OffsetStore:
     """A store over the same files after a restart: logs closed (or dropped), reopened from disk, replayed."""
     logs.reopen(crash=crash)
     return new_store(logs)
+
+
+def commit(store: OffsetStore, group: str, offsets, now_ms: int) -> None:
+    """A commit that must be acknowledged at once (a single broker: nothing to wait for)."""
+    answers = []
+    store.commit(group, offsets, now_ms, answers.append)
+    assert answers == [ErrorCode.none]
+
+
+def put_group_metadata(store: OffsetStore, group: str, value: bytes, now_ms: int) -> None:
+    answers = []
+    store.put_group_metadata(group, value, now_ms, answers.append)
+    assert answers == [ErrorCode.none]
 
 
 def committed(offset: int, *, epoch: int = 3, metadata: str | None = "m", ts: int = 1_000, expire: int = -1):
@@ -99,7 +137,7 @@ def committed(offset: int, *, epoch: int = 3, metadata: str | None = "m", ts: in
 def test_group_partition_matches_java_and_kafka(group, java_hash, partition_of_50):
     assert java_string_hash(group) == java_hash
     assert partition_for_group(group, 50) == partition_of_50
-    assert OffsetStore(lambda p: None, 50).partition_for(group) == partition_of_50
+    assert OffsetStore(None, 50).partition_for(group) == partition_of_50
 
 
 def test_kafka_abs_differs_from_masking_only_where_kafka_says():
@@ -166,7 +204,7 @@ def test_commit_appends_one_batch_to_the_groups_partition(logs):
     group = "test-group"
     home = store.partition_for(group)
     offsets = {("orders", 0): committed(10), ("orders", 1): committed(20), ("audit", 0): committed(5)}
-    store.commit(group, offsets, now_ms=1_000)
+    commit(store, group, offsets, now_ms=1_000)
     batches = list(logs.get(home).batches())
     assert len(batches) == 1
     header, data = batches[0]
@@ -179,9 +217,9 @@ def test_commit_appends_one_batch_to_the_groups_partition(logs):
 
 def test_offsets_survive_recreating_the_store_over_the_same_logs(logs):
     store = new_store(logs)
-    store.commit("a", {("t", 0): committed(1), ("t", 1): committed(2)}, now_ms=1_000)
-    store.commit("b", {("t", 0): committed(100, epoch=7, metadata="hello")}, now_ms=2_000)
-    store.commit("a", {("t", 0): committed(3, ts=3_000)}, now_ms=3_000)  # a later commit wins
+    commit(store, "a", {("t", 0): committed(1), ("t", 1): committed(2)}, now_ms=1_000)
+    commit(store, "b", {("t", 0): committed(100, epoch=7, metadata="hello")}, now_ms=2_000)
+    commit(store, "a", {("t", 0): committed(3, ts=3_000)}, now_ms=3_000)  # a later commit wins
     expected = {group: store.fetch(group) for group in store.groups()}
     again = reopened(logs)
     assert again.groups() == ["a", "b"]
@@ -193,14 +231,14 @@ def test_offsets_survive_recreating_the_store_over_the_same_logs(logs):
 
 def test_null_metadata_is_stored_as_empty_string_like_kafka(logs):
     store = new_store(logs)
-    store.commit("g", {("t", 0): committed(1, metadata=None)}, now_ms=1)
+    commit(store, "g", {("t", 0): committed(1, metadata=None)}, now_ms=1)
     assert store.fetch("g")[("t", 0)].metadata == ""
     assert reopened(logs).fetch("g")[("t", 0)].metadata == ""
 
 
 def test_delete_some_offsets_writes_tombstones(logs):
     store = new_store(logs)
-    store.commit("g", {("t", 0): committed(1), ("t", 1): committed(2)}, now_ms=1)
+    commit(store, "g", {("t", 0): committed(1), ("t", 1): committed(2)}, now_ms=1)
     store.delete("g", [("t", 0), ("never", 3)], now_ms=2)
     assert store.fetch("g") == {("t", 1): committed(2)}
     last_header, last_data = list(logs.get(store.partition_for("g")).batches())[-1]
@@ -211,9 +249,9 @@ def test_delete_some_offsets_writes_tombstones(logs):
 
 def test_deleting_a_whole_group_removes_offsets_and_group_metadata(logs):
     store = new_store(logs)
-    store.commit("g", {("t", 0): committed(1)}, now_ms=1)
-    store.put_group_metadata("g", b"state-1", now_ms=1)
-    store.commit("keep", {("t", 0): committed(9)}, now_ms=1)
+    commit(store, "g", {("t", 0): committed(1)}, now_ms=1)
+    put_group_metadata(store, "g", b"state-1", now_ms=1)
+    commit(store, "keep", {("t", 0): committed(9)}, now_ms=1)
     store.delete("g", now_ms=2)
     assert store.groups() == ["keep"]
     again = reopened(logs)
@@ -225,7 +263,7 @@ def test_delete_topic_removes_that_topic_for_every_group(logs):
     store = new_store(logs)
     groups = ["g1", "g2", "g3", "g4"]
     for group in groups:
-        store.commit(group, {("gone", 0): committed(1), ("gone", 1): committed(2), ("kept", 0): committed(3)}, now_ms=1)
+        commit(store, group, {("gone", 0): committed(1), ("gone", 1): committed(2), ("kept", 0): committed(3)}, now_ms=1)
     assert len({store.partition_for(g) for g in groups}) > 1  # the tombstones span several partitions
     assert store.delete_topic("gone", now_ms=2) == 8
     for group in groups:
@@ -236,22 +274,22 @@ def test_delete_topic_removes_that_topic_for_every_group(logs):
 
 def test_group_metadata_is_stored_replayed_and_deleted(logs):
     store = new_store(logs)
-    store.put_group_metadata("g", b"generation-1", now_ms=1)
-    store.put_group_metadata("g", b"generation-2", now_ms=2)
-    store.put_group_metadata("h", b"\x00\xffbinary", now_ms=3)
+    put_group_metadata(store, "g", b"generation-1", now_ms=1)
+    put_group_metadata(store, "g", b"generation-2", now_ms=2)
+    put_group_metadata(store, "h", b"\x00\xffbinary", now_ms=3)
     assert store.groups() == ["g", "h"]
     again = reopened(logs)
     assert again.group_metadata() == {"g": b"generation-2", "h": b"\x00\xffbinary"}
-    again.put_group_metadata("g", None, now_ms=4)
+    again.delete_group_metadata("g", now_ms=4)
     assert reopened(logs).group_metadata() == {"h": b"\x00\xffbinary"}
 
 
 def test_expire_removes_old_offsets_of_empty_groups_only(logs):
     store = new_store(logs)
-    store.commit("empty-old", {("t", 0): committed(1, ts=1_000)}, now_ms=1_000)
-    store.commit("empty-fresh", {("t", 0): committed(1, ts=9_500)}, now_ms=9_500)
-    store.commit("active-old", {("t", 0): committed(1, ts=1_000)}, now_ms=1_000)
-    store.commit("explicit", {("t", 0): committed(1, ts=9_900, expire=9_950)}, now_ms=9_900)
+    commit(store, "empty-old", {("t", 0): committed(1, ts=1_000)}, now_ms=1_000)
+    commit(store, "empty-fresh", {("t", 0): committed(1, ts=9_500)}, now_ms=9_500)
+    commit(store, "active-old", {("t", 0): committed(1, ts=1_000)}, now_ms=1_000)
+    commit(store, "explicit", {("t", 0): committed(1, ts=9_900, expire=9_950)}, now_ms=9_900)
     removed = store.expire(now_ms=10_000, retention_ms=5_000, is_group_empty=lambda g: not g.startswith("active"))
     assert removed == 2
     assert store.groups() == ["active-old", "empty-fresh"]
@@ -260,7 +298,7 @@ def test_expire_removes_old_offsets_of_empty_groups_only(logs):
 
 def test_expire_counts_from_when_a_consumer_group_became_empty(logs):
     store = new_store(logs)
-    store.commit("g", {("t", 0): committed(1, ts=1_000)}, now_ms=1_000)
+    commit(store, "g", {("t", 0): committed(1, ts=1_000)}, now_ms=1_000)
     since = {"g": 8_000}
     assert store.expire(10_000, 5_000, lambda g: True, empty_since_ms=since.get) == 0
     assert store.expire(13_000, 5_000, lambda g: True, empty_since_ms=since.get) == 1
@@ -269,19 +307,19 @@ def test_expire_counts_from_when_a_consumer_group_became_empty(logs):
 
 def test_load_skips_records_it_cannot_read_and_keeps_the_rest(logs):
     store = new_store(logs)
-    store.commit("g", {("t", 0): committed(1)}, now_ms=1)
+    commit(store, "g", {("t", 0): committed(1)}, now_ms=1)
     home = store.partition_for("g")
     junk = build_batch([(b"\x00\x01\x00", b"torn key"), (None, b"no key"), (b"\x00\x07future", b"?")], timestamp_ms=2)
-    logs.get(home).append(junk, leader_epoch=0, now_ms=2)
-    store.commit("g", {("t", 1): committed(2)}, now_ms=3)
+    assert logs.replicas.append(OFFSETS_TOPIC, home, junk, acks=1, min_insync_replicas=1).error == ErrorCode.none
+    commit(store, "g", {("t", 1): committed(2)}, now_ms=3)
     assert reopened(logs).fetch("g") == {("t", 0): committed(1), ("t", 1): committed(2)}
 
 
 def test_commit_of_nothing_appends_nothing(logs):
     store = new_store(logs)
-    store.commit("g", {}, now_ms=1)
+    commit(store, "g", {}, now_ms=1)
     store.delete("g", now_ms=1)
-    store.put_group_metadata("g", None, now_ms=1)
+    store.delete_group_metadata("g", now_ms=1)
     assert all(not list(logs.get(p).batches()) for p in range(PARTITIONS))
 
 
@@ -302,13 +340,13 @@ def test_a_reopened_store_equals_the_one_that_wrote(tmp_path_factory, ops):
         store = new_store(logs)
         for now, (op, group, items) in enumerate(ops):
             if op == "commit":
-                store.commit(group, {(t, p): committed(o, ts=now) for t, p, o in items}, now_ms=now)
+                commit(store, group, {(t, p): committed(o, ts=now) for t, p, o in items}, now_ms=now)
             elif op == "delete":
                 store.delete(group, [(t, p) for t, p, _ in items], now_ms=now)
             elif op == "delete-group":
                 store.delete(group, now_ms=now)
             else:
-                store.put_group_metadata(group, str(items).encode(), now_ms=now)
+                put_group_metadata(store, group, str(items).encode(), now_ms=now)
         again = reopened(logs)
         assert again.groups() == store.groups()
         assert again.group_metadata() == store.group_metadata()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -307,16 +309,16 @@ def test_producer_ids_are_never_reused_across_restarts(tmp_path_factory, runs):
 
 def test_init_producer_id_without_transactional_id_always_gives_a_new_id_at_epoch_zero(tmp_path):
     registry = ProducerRegistry(ProducerIdAllocator(tmp_path / "ids"))
-    assert registry.init_producer_id(None) == (0, 0, 0)
+    assert asyncio.run(registry.init_producer_id(None)) == (0, 0, 0)
     # KIP-360 re-init with the current id and epoch: Kafka ignores them for non-transactional producers.
-    assert registry.init_producer_id(None, producer_id=0, producer_epoch=4) == (0, 1, 0)
+    assert asyncio.run(registry.init_producer_id(None, producer_id=0, producer_epoch=4)) == (0, 1, 0)
 
 
 def test_init_producer_id_refuses_transactions(tmp_path):
     registry = ProducerRegistry(ProducerIdAllocator(tmp_path / "ids"))
-    assert registry.init_producer_id("tx-1") == (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1, -1)
-    assert registry.init_producer_id("") == (INVALID_REQUEST, -1, -1)
-    assert registry.init_producer_id(None)[1] == 0  # refusals consumed no id
+    assert asyncio.run(registry.init_producer_id("tx-1")) == (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1, -1)
+    assert asyncio.run(registry.init_producer_id("")) == (INVALID_REQUEST, -1, -1)
+    assert asyncio.run(registry.init_producer_id(None))[1] == 0  # refusals consumed no id
 
 
 def test_rebuild_from_a_real_partition_log_after_restart(tmp_path):

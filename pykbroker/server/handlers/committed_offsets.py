@@ -6,9 +6,13 @@ Behaviour: commits go to the group coordinator, which checks member id, generati
 FENCED_INSTANCE_ID, OFFSET_METADATA_TOO_LARGE). A "simple" commit (generation -1, empty member id) is valid
 while the group has no members. v2-4 may set retention_time: the offset then expires that long after the
 commit (Kafka's expire timestamp) instead of by the broker's offsets retention.
-OffsetFetch answers offset -1 and empty metadata for partitions without a commit; a null topic list
+The answer comes once the commit is stored in __consumer_offsets (with followers: replicated to the ISR):
+NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS / COORDINATOR_NOT_AVAILABLE per partition when this broker
+cannot store it (see groups/coordinator.py). OffsetFetch answers offset -1 and empty metadata for partitions without a commit; a null topic list
 (v2+) returns everything the group committed; v8 batches several groups in one request. v9's member id
 and epoch belong to the new consumer protocol (KIP-848) and are not checked for classic groups, as in Kafka.
+A coordinator error (NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS) is the top-level error from v2 (the
+group's error in v8+), and each requested partition's error in v1, which has no top-level error.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from datetime import timedelta
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
+from pykbroker.server.handlers.groups import answer_later
 
 NO_OFFSET = -1
 NO_EPOCH = -1
@@ -36,32 +41,42 @@ def offset_commit(ctx: RequestContext, request) -> object:
         for topic in request.topics
         for p in topic.partitions
     }
-    errors = ctx.broker.groups.commit_offsets(
-        request.group_id, request.generation_id_or_member_epoch, request.member_id, offsets,
-        group_instance_id=getattr(request, "group_instance_id", None), expire_timestamp_ms=expire_timestamp)
-    topics = tuple(
-        make(
-            schema.OffsetCommitResponseTopic,
-            name=topic.name,
-            partitions=tuple(
-                make(
-                    schema.OffsetCommitResponsePartition,
-                    partition_index=p.partition_index,
-                    error_code=errors[(topic.name, p.partition_index)],
-                )
-                for p in topic.partitions
-            ),
+
+    def build(errors) -> object:
+        topics = tuple(
+            make(
+                schema.OffsetCommitResponseTopic,
+                name=topic.name,
+                partitions=tuple(
+                    make(
+                        schema.OffsetCommitResponsePartition,
+                        partition_index=p.partition_index,
+                        error_code=errors[(topic.name, p.partition_index)],
+                    )
+                    for p in topic.partitions
+                ),
+            )
+            for topic in request.topics
         )
-        for topic in request.topics
+        return make(schema.OffsetCommitResponse, throttle_time=0, topics=topics)
+
+    return answer_later(
+        lambda respond: ctx.broker.groups.commit_offsets(
+            request.group_id, request.generation_id_or_member_epoch, request.member_id, offsets, respond,
+            group_instance_id=getattr(request, "group_instance_id", None), expire_timestamp_ms=expire_timestamp),
+        build,
     )
-    return make(schema.OffsetCommitResponse, throttle_time=0, topics=topics)
 
 
-def _group_topics(ctx: RequestContext, schema, group_id: str, requested, partition_cls, topic_cls) -> tuple:
+def _group_topics(ctx: RequestContext, group_id: str, requested, partition_cls, topic_cls) -> tuple[ErrorCode, tuple]:
+    """(the coordinator's error, the topics to answer); with an error, the requested partitions carry it
+    (what OffsetFetch v1, without a top-level error, shows)."""
     wanted = None
     if requested is not None:
         wanted = [(t.name, p) for t in requested for p in t.partition_indexes]
-    committed = ctx.broker.groups.fetch_offsets(group_id, wanted)
+    error, committed = ctx.broker.groups.fetch_offsets(group_id, wanted)
+    if error != ErrorCode.none:
+        committed = dict.fromkeys(wanted or ())
     by_topic: dict[str, list] = {}
     for (topic, partition), value in committed.items():
         by_topic.setdefault(topic, []).append(
@@ -71,30 +86,25 @@ def _group_topics(ctx: RequestContext, schema, group_id: str, requested, partiti
                 committed_offset=value.offset if value else NO_OFFSET,
                 committed_leader_epoch=value.leader_epoch if value else NO_EPOCH,
                 metadata=(value.metadata if value and value.metadata is not None else ""),
-                error_code=ErrorCode.none,
+                error_code=error,
             )
         )
-    return tuple(make(topic_cls, name=name, partitions=tuple(parts)) for name, parts in by_topic.items())
+    return error, tuple(make(topic_cls, name=name, partitions=tuple(parts)) for name, parts in by_topic.items())
 
 
 @handles(9)
 def offset_fetch(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
     if ctx.version >= 8:
-        groups = tuple(
-            make(
-                schema.OffsetFetchResponseGroup,
-                group_id=group.group_id,
-                topics=_group_topics(
-                    ctx, schema, group.group_id, group.topics,
-                    schema.OffsetFetchResponsePartitions, schema.OffsetFetchResponseTopics,
-                ),
-                error_code=ErrorCode.none,
-            )
-            for group in request.groups
-        )
-        return make(schema.OffsetFetchResponse, throttle_time=0, groups=groups)
-    topics = _group_topics(
-        ctx, schema, request.group_id, request.topics, schema.OffsetFetchResponsePartition, schema.OffsetFetchResponseTopic
-    )
-    return make(schema.OffsetFetchResponse, throttle_time=0, topics=topics, error_code=ErrorCode.none)
+        groups = []
+        for group in request.groups:
+            error, topics = _group_topics(ctx, group.group_id, group.topics, schema.OffsetFetchResponsePartitions,
+                                          schema.OffsetFetchResponseTopics)
+            groups.append(make(schema.OffsetFetchResponseGroup, group_id=group.group_id,
+                               topics=() if error != ErrorCode.none else topics, error_code=error))
+        return make(schema.OffsetFetchResponse, throttle_time=0, groups=tuple(groups))
+    error, topics = _group_topics(ctx, request.group_id, request.topics, schema.OffsetFetchResponsePartition,
+                                  schema.OffsetFetchResponseTopic)
+    if ctx.version >= 2 and error != ErrorCode.none:
+        topics = ()
+    return make(schema.OffsetFetchResponse, throttle_time=0, topics=topics, error_code=error)

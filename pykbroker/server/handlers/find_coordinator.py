@@ -1,10 +1,13 @@
 """FindCoordinator (key 10), v0-6 (batched coordinator_keys from v4).
 
-Behaviour: on a single broker this broker coordinates every group; asking creates __consumer_offsets
-if it does not exist yet (as Kafka does): the answer waits until its partitions are hosted, which
-happens one partition at a time so that other clients are served meanwhile. The endpoint given is the one of the listener the request
-arrived on, as Kafka answers. An empty group id: INVALID_REQUEST; an unknown key type: INVALID_REQUEST.
-Success carries error_message "NONE" before v4 and "" from v4, as Kafka 3.7 answers.
+Behaviour: the coordinator of a group is the leader of its __consumer_offsets partition
+(``abs(hash(group)) % partitions``), as in Kafka; the endpoint given is that broker's on the listener the
+request arrived on, as Kafka answers. Asking creates __consumer_offsets if it does not exist yet (as Kafka
+does): on a single broker the answer waits until its partitions are hosted (one at a time, so other clients
+are served meanwhile); in a cluster the creation is written to ZooKeeper and the answer is
+COORDINATOR_NOT_AVAILABLE until the partition has a leader (the client retries), as it is for a leader that
+has no endpoint on this listener. An empty group id: INVALID_REQUEST; an unknown key type:
+INVALID_REQUEST. Success carries error_message "NONE" before v4 and "" from v4, as Kafka 3.7 answers.
 
 Transactions are not implemented, so a transaction coordinator (key_type 1) is refused with
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED and a message saying why: Kafka's own answer to a transactional id
@@ -16,6 +19,7 @@ same way (cluster/producer_ids.py).
 
 from __future__ import annotations
 
+from pykbroker.groups.offset_store import OFFSETS_TOPIC, partition_for_group
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
@@ -35,29 +39,33 @@ def _locate(ctx: RequestContext, key: str, key_type: int) -> tuple[ErrorCode, st
         return ErrorCode.invalid_request, f"Unknown coordinator type received: {key_type}", None
     if not key:
         return ErrorCode.invalid_request, None, None
-    own = [b for b in ctx.broker.brokers_on(ctx.listener) if b.broker_id == ctx.broker.broker_id]
-    if not own:  # this listener is not advertised: no endpoint to give
+    info = ctx.broker.metadata.topic(OFFSETS_TOPIC)
+    if info is None:
         return ErrorCode.coordinator_not_available, None, None
-    return ErrorCode.none, None, own[0]
+    leader = info.partitions[partition_for_group(key, len(info.partitions))].leader
+    found = [b for b in ctx.broker.brokers_on(ctx.listener) if b.broker_id == leader]
+    if not found:  # no leader yet, or the leader is not reachable through this listener
+        return ErrorCode.coordinator_not_available, None, None
+    return ErrorCode.none, None, found[0]
+
+
+def _asks_for_groups(request, version: int) -> bool:
+    if getattr(request, "key_type", GROUP_KEY) != GROUP_KEY:
+        return False
+    keys = request.coordinator_keys if version >= 4 else (request.key,)
+    return any(keys)
 
 
 @handles(10)
 def find_coordinator(ctx: RequestContext, request) -> object:
-    answer = _answer(ctx, request)
-    if ctx.broker.offset_store_open or not _found_a_group_coordinator(answer, ctx.version):
-        return answer
-    return _after_offsets_topic(ctx, answer)
+    if ctx.broker.metadata.topic(OFFSETS_TOPIC) is None and _asks_for_groups(request, ctx.version):
+        return _after_offsets_topic(ctx, request)
+    return _answer(ctx, request)
 
 
-def _found_a_group_coordinator(answer, version: int) -> bool:
-    if version >= 4:
-        return any(c.error_code == ErrorCode.none for c in answer.coordinators)
-    return answer.error_code == ErrorCode.none
-
-
-async def _after_offsets_topic(ctx: RequestContext, answer) -> object:
-    await ctx.broker.open_offset_store()  # creates __consumer_offsets on first use
-    return answer
+async def _after_offsets_topic(ctx: RequestContext, request) -> object:
+    await ctx.broker.create_offsets_topic()
+    return _answer(ctx, request)
 
 
 def _answer(ctx: RequestContext, request) -> object:

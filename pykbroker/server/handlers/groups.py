@@ -2,7 +2,10 @@
 v0-5, ListGroups (16) v0-4, DescribeGroups (15) v0-5, DeleteGroups (42) v0-2, OffsetDelete (47) v0.
 
 Behaviour lives in pykbroker/groups/coordinator.py (a port of Kafka's classic group coordinator); these
-handlers translate versions, as Kafka's request/response classes do:
+handlers translate versions, as Kafka's request/response classes do. Every group request for a group whose
+__consumer_offsets partition this broker does not lead is answered NOT_COORDINATOR, and
+COORDINATOR_LOAD_IN_PROGRESS while that partition's groups are being loaded (ListGroups: with the groups
+known so far).
 
 * JoinGroup v0 has no rebalance timeout: the session timeout is used. MEMBER_ID_REQUIRED only from v4
   (for dynamic members); ``skip_assignment`` from v9. The protocol name is "" before v7 and null from v7
@@ -44,7 +47,7 @@ def _client_host(ctx: RequestContext) -> str:
     return "/" + ctx.peer.rsplit(":", 1)[0]
 
 
-def _answer_later(start: Callable[[Callable[[Any], None]], None], build: Callable[[Any], Any]) -> Any:
+def answer_later(start: Callable[[Callable[[Any], None]], None], build: Callable[[Any], Any]) -> Any:
     """Run a coordinator call that answers through a callback: the response now if it answered at once,
     else a coroutine that waits for the answer (the connection handles nothing else meanwhile, as Kafka's
     muted channel: a Heartbeat pipelined behind a parked JoinGroup meets the new generation)."""
@@ -111,7 +114,7 @@ def join_group(ctx: RequestContext, request) -> Any:
             ),
         )
 
-    return _answer_later(lambda respond: ctx.broker.groups.join_group(join, respond), build)
+    return answer_later(lambda respond: ctx.broker.groups.join_group(join, respond), build)
 
 
 # -- SyncGroup ------------------------------------------------------------------------------------------
@@ -131,7 +134,7 @@ def sync_group(ctx: RequestContext, request) -> Any:
     if ctx.version >= 5 and (protocol_type is None or protocol_name is None):
         return build(SyncResult(ErrorCode.inconsistent_group_protocol))
     assignments = {a.member_id: bytes(a.assignment) for a in request.assignments}
-    return _answer_later(
+    return answer_later(
         lambda respond: ctx.broker.groups.sync_group(
             request.group_id, request.generation_id, request.member_id, protocol_type, protocol_name,
             getattr(request, "group_instance_id", None), assignments, respond),
@@ -180,11 +183,11 @@ def leave_group(ctx: RequestContext, request) -> Any:
 @handles(16)
 def list_groups(ctx: RequestContext, request) -> Any:
     schema = response_module(ctx)
-    groups = ctx.broker.groups.list_groups(getattr(request, "states_filter", None) or ())
+    error, groups = ctx.broker.groups.list_groups(getattr(request, "states_filter", None) or ())
     return make(
         schema.ListGroupsResponse,
         throttle_time=0,
-        error_code=ErrorCode.none,
+        error_code=error,
         groups=tuple(
             make(schema.ListedGroup, group_id=g.group_id, protocol_type=g.protocol_type, group_state=g.state,
                  group_type=g.group_type)
