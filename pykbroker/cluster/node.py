@@ -304,6 +304,11 @@ class ClusterNode:
         for name, index in stopped:
             for listener in self.on_leadership_change:
                 listener(name, index, False)
+        # Kafka's GroupCoordinator.onPartitionsDeleted: committed offsets of a deleted topic go with it.
+        for name in {topic_state.topic_name for topic_state in request.topic_states
+                     if any(state.delete_partition for state in topic_state.partition_states)}:
+            self.broker.forget_topic(name)
+            self._topic_ids.pop(name, None)
         return schema.StopReplicaResponse(error_code=ErrorCode.none, partition_errors=tuple(
             schema.StopReplicaPartitionError(topic_name=name, partition_index=index, error_code=code)
             for name, index, code in results))

@@ -26,7 +26,6 @@ from collections import deque
 from pathlib import Path
 from typing import Protocol
 
-from pykbroker.cluster.zookeeper import ZkError
 from pykbroker.log.checkpoint import CorruptFile, read_checkpoint, write_checkpoint
 
 log = logging.getLogger(__name__)
@@ -165,6 +164,8 @@ class ZkProducerIdAllocator:
         return self._fetch
 
     async def _fetch_block(self) -> None:
+        from pykbroker.cluster.zookeeper import ZkError  # kazoo: imported by cluster members only
+
         try:
             block = await self._zk.allocate_producer_id_block(self._broker_id, self._block_size)
         except ZkError as exc:  # the only ZkError it raises: no block left below 2**63

@@ -301,6 +301,16 @@ class OffsetStore:
     def partition_for(self, group_id: str) -> int:
         return partition_for_group(group_id, self.num_partitions)
 
+    def set_partition_count(self, num_partitions: int) -> None:
+        """The offsets topic's partition count as the cluster has it (a cluster member learns it from
+        ZooKeeper once connected, as Kafka does), before any partition is loaded."""
+        if num_partitions < 1:
+            raise ValueError("the offsets topic needs at least one partition")
+        if any(self._epochs):
+            raise RuntimeError("the offsets topic's partition count changes only before any partition is loaded")
+        self.num_partitions = num_partitions
+        self._epochs = [0] * num_partitions
+
     # -- loading and unloading (leadership of a partition) -------------------------------------------------
 
     def load_if_empty(self, partition: int) -> bool:

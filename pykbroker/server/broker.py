@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Coroutine, TypeVar
 
 from pykbroker.cluster.metadata import BrokerEndpoint, ClusterMetadata, EmbeddedMetadata
-from pykbroker.cluster.producer_ids import ProducerIdAllocator, ProducerRegistry
+from pykbroker.cluster.producer_ids import ProducerIdAllocator, ProducerRegistry, ZkProducerIdAllocator
 from pykbroker.cluster.topic_admin import TopicAdmin
 from pykbroker.config import BrokerConfig, Listener
 from pykbroker.groups.coordinator import GroupConfig, GroupCoordinator
@@ -115,7 +115,10 @@ class Broker:
             self.metadata = EmbeddedMetadata(data_dir, config.broker_id, config.advertised_host, config.advertised_port)
         self.apis = apis_for(cluster=self.cluster is not None)  # what ApiVersions advertises and we serve
         self.topics = TopicAdmin(config, self.metadata, self.replicas)
-        self.producer_ids = ProducerRegistry(ProducerIdAllocator(data_dir / "producer-id-block"))
+        if self.cluster is not None:  # blocks of ids reserved in ZooKeeper: unique across the cluster
+            self.producer_ids = ProducerRegistry(ZkProducerIdAllocator(self.cluster.zk, config.broker_id))
+        else:
+            self.producer_ids = ProducerRegistry(ProducerIdAllocator(data_dir / "producer-id-block"))
         self.offsets_partitions = int(config.get("offsets.topic.num.partitions"))
         offsets_info = self.metadata.topic(OFFSETS_TOPIC)
         self.offset_store = OffsetStore(
@@ -126,8 +129,11 @@ class Broker:
         self._offsets_creation: asyncio.Task | None = None  # __consumer_offsets being created (create_offsets_topic)
         self.groups = GroupCoordinator(
             self.offset_store, lambda topic, index: self.replicas.partition(topic, index) is not None,
-            GroupConfig.from_broker_config(config), lead_offsets_topic=self._lead_offsets_topic_now,
+            GroupConfig.from_broker_config(config),
+            lead_offsets_topic=self._lead_offsets_topic_now if self.cluster is None else None,
         )
+        if self.cluster is not None:  # the coordinator follows the offsets partitions' leadership
+            self.cluster.on_leadership_change.append(self.groups.on_leadership_change)
         self.connections: set[KafkaConnection] = set()
         self._connections_per_host: Counter[str] = Counter()
         self.request_memory = RequestMemory(int(config.get("queued.max.request.bytes")))
@@ -150,7 +156,10 @@ class Broker:
         self.topics.host_all()
 
     def _lead_offsets_partitions(self) -> None:
-        """Single broker: this broker leads every __consumer_offsets partition; the coordinator loads them."""
+        """Single broker: this broker leads every __consumer_offsets partition; the coordinator loads them.
+        (In a cluster, LeaderAndIsr says which ones: cluster/node.py tells the coordinator.)"""
+        if self.cluster is not None:
+            return
         info = self.metadata.topic(OFFSETS_TOPIC)
         for index in range(len(info.partitions) if info is not None else 0):
             self.groups.on_leadership_change(OFFSETS_TOPIC, index, True)
@@ -250,6 +259,9 @@ class Broker:
             raise StartupError(str(exc)) from None
         if stored is None:
             write_meta_properties(self.data_dir, cluster_id, self.broker_id, kraft_style=False)
+        offsets = await self.cluster.zk.get_topic_assignment(OFFSETS_TOPIC)
+        if offsets is not None:  # the cluster's offsets topic decides which partition holds a group
+            self.offset_store.set_partition_count(len(offsets.partitions))
 
     async def _register_in_cluster(self) -> None:
         """Cluster mode, once the listeners accept connections: register and run for controller."""
