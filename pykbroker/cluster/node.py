@@ -83,6 +83,7 @@ class ClusterNode:
             self.metadata.address_of, self._topic_id_of,
         )
         replicas.alter_partition = self.alter_partition
+        replicas.is_alive = self.metadata.is_alive
         self.on_leadership_change: list[LeadershipListener] = []
         self._topic_ids: dict[str, uuid.UUID] = {}
         self._endpoints: list[Endpoint] = []

@@ -246,6 +246,10 @@ class ZkMetadata:
                 result.append(endpoint)
         return result
 
+    def is_alive(self, broker_id: int) -> bool:
+        """Whether the controller's last UpdateMetadata listed the broker (Kafka's hasAliveBroker)."""
+        return broker_id in self._brokers
+
     def brokers_on(self, listener: str) -> list[BrokerEndpoint]:
         """The live brokers' endpoints on ``listener``; a broker without that listener is left out (Kafka)."""
         return [eps[listener] for _, eps in sorted(self._brokers.items()) if listener in eps]

@@ -38,7 +38,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Iterable, Protocol
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 from pykbroker.log.errors import OffsetOutOfRange
 from pykbroker.log.partition_log import AppendResult, PartitionLog
@@ -168,6 +168,7 @@ class Partition:
         high_watermark: int = 0,
         replica_lag_time_max_ms: int = DEFAULT_REPLICA_LAG_TIME_MAX_MS,
         alter_partition: AlterPartitionPort | None = None,
+        isr_eligible: Callable[[int], bool] = lambda replica_id: True,
     ) -> None:
         self.topic = topic
         self.index = index
@@ -175,6 +176,9 @@ class Partition:
         self.broker_id = broker_id
         self.replica_lag_time_max_ms = replica_lag_time_max_ms
         self.alter_partition = alter_partition
+        # Kafka's isReplicaIsrEligible (ZooKeeper mode: the broker is alive in the metadata cache): only such
+        # a replica may join the ISR, and only such a caught-up replica holds the HWM back before it joins.
+        self.isr_eligible = isr_eligible
         self.producer_state = ProducerStateManager()
         # Replication state.
         self.role = Role.NONE
@@ -340,7 +344,8 @@ class Partition:
         maximal = self.maximal_isr
         lag = self.replica_lag_time_max_ms
         for replica_id, state in self._remote.items():
-            if state.log_end_offset < new and (replica_id in maximal or state.is_caught_up(end, now_ms, lag)):
+            if state.log_end_offset < new and (
+                    replica_id in maximal or (state.is_caught_up(end, now_ms, lag) and self.isr_eligible(replica_id))):
                 new = state.log_end_offset
         if new > self._hwm:
             self._hwm = new
@@ -430,7 +435,7 @@ class Partition:
         if self.role is not Role.LEADER or self.pending_isr_change is not None or replica_id in self.isr:
             return False
         state = self._remote.get(replica_id)
-        if state is None:
+        if state is None or not self.isr_eligible(replica_id):
             return False
         end = state.log_end_offset
         return end >= self.high_watermark and self.leader_epoch_start_offset != UNKNOWN_OFFSET and end >= self.leader_epoch_start_offset

@@ -183,6 +183,8 @@ class ReplicaManager:
         self.log_config_for = log_config_for
         self.replica_lag_time_max_ms = replica_lag_time_max_ms
         self._alter_partition = alter_partition  # the cluster layer's AlterPartition sender (None: single broker)
+        # Whether a broker is alive (in a cluster: in the metadata cache); a dead one never holds the HWM back.
+        self.is_alive: Callable[[int], bool] = lambda broker_id: True
         self.clock = clock
         self.purgatory = ProducePurgatory(clock)
         self._partitions: dict[TopicPartition, Partition] = {}
@@ -201,6 +203,10 @@ class ReplicaManager:
         self._alter_partition = port
         for partition in self._partitions.values():
             partition.alter_partition = port
+
+    def replica_isr_eligible(self, replica_id: int) -> bool:
+        """Kafka's isReplicaIsrEligible; a cluster member asks its metadata cache (``is_alive``)."""
+        return self.is_alive(replica_id)
 
     def _high_watermark_of(self, topic: str, index: int) -> int | None:
         partition = self._partitions.get((topic, index))
@@ -279,6 +285,7 @@ class ReplicaManager:
             topic, index, partition_log, broker_id=self.broker_id,
             high_watermark=self.load_high_watermarks().get((topic, index), 0),
             replica_lag_time_max_ms=self.replica_lag_time_max_ms, alter_partition=self._alter_partition,
+            isr_eligible=self.replica_isr_eligible,
         )
         partition.rebuild_producer_state()
         self._partitions[(topic, index)] = partition

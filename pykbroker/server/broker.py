@@ -381,7 +381,8 @@ class Broker:
         except OSError as exc:
             log.warning("could not write %s at shutdown: %s", self.replicas.checkpoint_path, exc)
         self.log_manager.shutdown()
-        self.metadata.close()
+        if self.cluster is None:  # (a cluster member's metadata cache was closed with the cluster parts)
+            self.metadata.close()
         log.info("pykbroker broker %d stopped cleanly", self.broker_id)
 
 

@@ -50,3 +50,12 @@ def test_a_consumer_that_saw_a_value_later_replaced_or_skipped_an_offset():
     result = check(ACKED, LOG, [seen])
     assert result.diverged == [(Rec(1, 0, v("zombie", 0)), v("p0", 1))]
     assert result.skips == [(0, 0, 0, 2)]
+
+
+def test_a_record_acknowledged_without_an_offset_must_be_in_its_partition_somewhere():
+    # librdkafka "implicitly acks" a timed-out batch (offset unknown) once a later one succeeds.
+    implicit = Rec(1, None, v("p0", 1))
+    assert check([implicit], LOG).ok
+    elsewhere = Rec(0, None, v("p0", 1))  # in the log, but in another partition
+    assert [r.value for r in check([elsewhere], LOG).lost] == [v("p0", 1)]
+    assert [r.value for r in check([Rec(1, None, v("p9", 9))], LOG).lost] == [v("p9", 9)]
