@@ -867,6 +867,16 @@ class KafkaZkClient:
         )
         return stat.version
 
+    def watch_topic_assignment(self, topic: str, callback: Callable[[TopicAssignment | None], Any]) -> None:
+        """``callback(assignment or None)`` on the loop, now and whenever /brokers/topics/<t> is written,
+        created or deleted (Kafka's PartitionModificationsHandler: the controller sees added partitions)."""
+        on_loop = self._to_loop(callback)
+
+        def on_data(data, stat, event=None) -> None:
+            on_loop(decode_topic_assignment(topic, data, stat) if data else None)
+
+        self._zk.DataWatch(topic_path(topic), on_data)
+
     async def all_topics(self) -> list[str]:
         return sorted(await self.children(TOPICS_PATH))
 
