@@ -111,6 +111,7 @@ class ControllerChannel:
         self._clients.remove(broker_id)
 
     def send(self, broker_id: int, request: Any) -> None:
+        """Queue request for broker_id (dropped, with a debug log, if the broker is not in the channel)."""
         queue = self._queues.get(broker_id)
         if queue is None:
             log.debug("controller %d: no channel to broker %d, %s dropped", self.broker_id, broker_id,
@@ -159,6 +160,10 @@ def _log_response_errors(controller_id: int, broker_id: int, request: Any, respo
 
 @dataclass
 class _Batch:
+    """The requests one state change makes: LeaderAndIsr per broker (each partition listed there also goes
+    into the UpdateMetadata, as addLeaderAndIsrRequestForBrokers does), UpdateMetadata (to every live broker
+    unless the brokers are named), StopReplica per broker. ``Controller._send`` turns it into requests."""
+
     leader_and_isr: dict[int, dict[TopicPartition, bool]] = field(default_factory=dict)  # broker -> tp -> is_new
     update_metadata: set[TopicPartition] = field(default_factory=set)
     update_metadata_brokers: set[int] | None = None  # None: every live broker
@@ -241,11 +246,12 @@ class Controller:
     # -- lifecycle --
 
     async def start(self) -> None:
-        """Start the event processor and the watches; the /controller watch fires at once, so an absent
-        /controller makes us try to win it. Returns without waiting for the election."""
+        """Start the event processor, queue an election, and set the watches (an absent /controller later
+        makes us try again). Returns without waiting for the election."""
         self._processor = asyncio.get_running_loop().create_task(self._process_events(),
                                                                  name=f"controller-{self.broker_id}-events")
         self.zk.add_session_listener(self._on_session_event)
+        self._enqueue("Startup", self._elect)  # Kafka's Startup event: elect (a no-op if someone else is controller)
         self.zk.watch_controller(self._on_controller_change)
         self.zk.watch_brokers(lambda ids: self._enqueue("BrokerChange", self._on_broker_change))
         self.zk.watch_topics(lambda topics: self._enqueue("TopicChange", self._on_topic_change))
