@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("kazoo", reason="kazoo is not installed (pip install kazoo, or the project's test extra)")
 
+from kazoo.client import KazooClient
 from kio.schema.alter_partition.v3 import request as apr
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i64
@@ -183,6 +184,34 @@ def test_failover_when_the_controllers_session_ends(cluster, run_async):
         await first.zk.close()  # the session ends: /controller goes with it
         await active(second)
         assert second.epoch == first.epoch + 1
+
+    run_async(cluster.run(body()))
+
+
+def expire_session(zk: KafkaZkClient) -> None:
+    """Make the server expire zk's session: another client joins the session with its id and password and
+    closes it (the classic ZooKeeper test trick); zk then finds its session expired when it reconnects."""
+    intruder = KazooClient(hosts=zk.hosts + (zk.chroot or ""), client_id=zk.kazoo.client_id, timeout=6)
+    intruder.start(15)
+    intruder.stop()
+    intruder.close()
+
+
+def test_a_controller_whose_session_expires_resigns_and_another_takes_over(cluster, run_async):
+    async def body():
+        await cluster.add_broker(1)
+        first, chan = await cluster.controller(1)
+        await active(first)
+        second, _ = await cluster.controller(2)
+        await wait_for(lambda: second.epoch == first.epoch, 15, "the second one to lose its election")
+        old_epoch = first.epoch
+        await asyncio.get_running_loop().run_in_executor(None, expire_session, first.zk)
+        await wait_for(lambda: second.active or first.epoch > old_epoch, 20, "a new election")
+        winner = second if second.active else first
+        assert winner.epoch == old_epoch + 1
+        if winner is second:
+            await wait_for(lambda: not first.active, 20, "the expired controller to resign")
+            assert chan.brokers == {}
 
     run_async(cluster.run(body()))
 
