@@ -171,7 +171,8 @@ class _Batch:
 
     def add_leader_and_isr(self, brokers: Iterable[int], tp: TopicPartition, *, is_new: bool = False) -> None:
         for b in brokers:
-            self.leader_and_isr.setdefault(b, {})[tp] = is_new
+            parts = self.leader_and_isr.setdefault(b, {})
+            parts[tp] = parts.get(tp, False) or is_new  # a partition created in this batch stays new
         self.update_metadata.add(tp)
 
     def add_stop_replica(self, broker: int, tp: TopicPartition, *, delete: bool) -> None:

@@ -188,6 +188,39 @@ def test_failover_when_the_controllers_session_ends(cluster, run_async):
     run_async(cluster.run(body()))
 
 
+def test_a_new_controller_loads_the_cluster_and_repairs_what_changed_without_a_controller(cluster, run_async):
+    async def body():
+        for b in (1, 2, 3):
+            await cluster.add_broker(b)
+        first, _ = await cluster.controller(1)
+        await active(first)
+        zk = await cluster.client()
+        await zk.create_topic("kept", {0: [1, 2], 1: [3, 2]})
+        await state_of(zk, "kept", 1, leader=3)
+        await first.stop()
+        # With no controller: a topic is created and the leader of kept-1 dies.
+        await zk.create_topic("late", {0: [2, 1]})
+        await cluster.kill_broker(3)
+        second, chan = await cluster.controller(2)
+        await active(second)
+        assert second.epoch == first.epoch + 1
+        late = await state_of(zk, "late", 0, leader=2)
+        assert (late.isr, late.leader_epoch, late.controller_epoch) == ((2, 1), 0, second.epoch)
+        k1 = await state_of(zk, "kept", 1, leader=2)
+        assert (k1.isr, k1.leader_epoch) == ((2,), 1)
+        await wait_for(lambda: len(chan.requests(UM)) == 2, 15, "UpdateMetadata to the two live brokers")
+        assert [(b, int(r.__api_key__)) for b, r in chan.sent] == [(1, LAI), (2, LAI), (1, UM), (2, UM)]
+        assert set(chan.partitions(LAI, 2)) == {("kept", 0), ("kept", 1), ("late", 0)}
+        assert set(chan.partitions(LAI, 1)) == {("kept", 0), ("late", 0)}
+        assert chan.partitions(LAI, 1)[("late", 0)].is_new and not chan.partitions(LAI, 1)[("kept", 0)].is_new
+        um = chan.partitions(UM, 1)
+        assert set(um) == {("kept", 0), ("kept", 1), ("late", 0)}
+        assert (um[("kept", 1)].leader, um[("kept", 1)].offline_replicas) == (2, (3,))
+        assert all(r.controller_epoch == second.epoch for _, r in chan.sent)
+
+    run_async(cluster.run(body()))
+
+
 def expire_session(zk: KafkaZkClient) -> None:
     """Make the server expire zk's session: another client joins the session with its id and password and
     closes it (the classic ZooKeeper test trick); zk then finds its session expired when it reconnects."""
