@@ -232,6 +232,7 @@ class Controller:
         self._rebalance_timer: asyncio.Task | None = None
         self._stopping = False
         self._watched_topics: set[str] = set()
+        self._watched_brokers: set[int] = set()
         self._reset_context()
 
     def _reset_context(self) -> None:
@@ -443,6 +444,10 @@ class Controller:
 
     def _add_live_broker(self, reg: BrokerRegistration) -> None:
         self._brokers[reg.broker_id] = reg
+        if reg.broker_id not in self._watched_brokers:
+            self._watched_brokers.add(reg.broker_id)
+            self.zk.watch_broker(reg.broker_id, lambda _r, b=reg.broker_id: self._enqueue(
+                f"BrokerModifications({b})", lambda: self._on_broker_modification(b)))
         endpoint = reg.endpoint(self.listener_name)
         if endpoint is None:
             log.warning("controller %d: broker %d has no %s endpoint", self.broker_id, reg.broker_id,
@@ -663,6 +668,20 @@ class Controller:
             for broker_id in new:
                 self._add_live_broker(current[broker_id])
             await self._on_broker_startup(new)
+
+    async def _on_broker_modification(self, broker_id: int) -> None:
+        """Kafka's BrokerModifications / onBrokerUpdate: a live broker rewrote its registration (same epoch)
+        with other endpoints or rack: the channel uses the new address, every broker gets UpdateMetadata."""
+        old = self._brokers.get(broker_id)
+        if not self.active or old is None:
+            return
+        reg = await self.zk.get_broker(broker_id)
+        if reg is None or reg.epoch != old.epoch or (reg.endpoints, reg.rack) == (old.endpoints, old.rack):
+            return  # gone or re-registered (BrokerChange handles those), or nothing we use changed
+        log.info("controller %d: broker %d changed its registration: %s", self.broker_id, broker_id,
+                 [e.connection_string for e in reg.endpoints])
+        self._add_live_broker(reg)
+        self._send(_Batch(update_metadata_brokers=set(self._brokers)))
 
     async def _on_broker_failure(self, dead: set[int]) -> None:
         """Partitions led by a dead broker get a new leader from the live ISR (or from any live replica if

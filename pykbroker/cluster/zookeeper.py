@@ -707,6 +707,16 @@ class KafkaZkClient:
 
         self._zk.ChildrenWatch(BROKER_IDS_PATH, on_children)
 
+    def watch_broker(self, broker_id: int, callback: Callable[[BrokerRegistration | None], Any]) -> None:
+        """``callback(registration or None)`` on the loop, now and whenever /brokers/ids/<id> is written,
+        created or deleted (Kafka's BrokerModificationsHandler: the controller sees changed endpoints)."""
+        on_loop = self._to_loop(callback)
+
+        def on_data(data, stat, event=None) -> None:
+            on_loop(decode_broker_registration(broker_id, data, stat) if data else None)
+
+        self._zk.DataWatch(broker_path(broker_id), on_data)
+
     # -- controller --
 
     async def get_controller_id(self) -> int | None:

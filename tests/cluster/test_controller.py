@@ -410,6 +410,22 @@ def test_broker_death_elects_from_the_isr_and_leaves_partitions_offline_when_non
     run_async(cluster.run(body()))
 
 
+def test_a_broker_that_changes_its_endpoints_is_reached_at_the_new_address(cluster, run_async):
+    async def body():
+        for b in (1, 2):
+            await cluster.add_broker(b)
+        c, chan = await cluster.controller(1)
+        await active(c)
+        mark = len(chan.sent)
+        await cluster.brokers[2].update_broker_registration(2, [Endpoint("PLAINTEXT", "127.0.0.1", 29002)])
+        await wait_for(lambda: chan.brokers.get(2) == ("127.0.0.1", 29002), 15, "the channel to use the new port")
+        await wait_for(lambda: len(chan.requests(UM, since=mark)) == 2, 15, "UpdateMetadata to both brokers")
+        update = chan.requests(UM, 1, mark)[0]
+        assert [(b.id_, b.endpoints[0].port) for b in update.live_brokers] == [(1, 19001), (2, 29002)]
+
+    run_async(cluster.run(body()))
+
+
 def test_unclean_election_when_the_topic_allows_it(cluster, run_async):
     async def body():
         for b in (1, 2):
