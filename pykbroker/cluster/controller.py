@@ -21,9 +21,10 @@ affected live replicas first, then UpdateMetadata (v8) for those partitions to e
 StopReplica (v4). Every request carries our id and epoch and the RECEIVING broker's epoch.
 
 What we do not do (Kafka does): partition reassignment, log-dir failure events, ISR change notifications
-from pre-2.7 brokers, feature versioning, and waiting for StopReplica answers before a deleted topic's
-znodes go (Kafka retries deletion of replicas on dead brokers; we delete the znodes once the requests are
-queued).
+from pre-2.7 brokers, /feature and producer-id block allocation (AllocateProducerIds), AlterPartition v0/v1
+(kio has no schema for them; they name topics instead of ids), and waiting for StopReplica answers before a
+deleted topic's znodes go (Kafka retries deletion of replicas on dead brokers and waits for them; we delete
+the znodes once the requests are queued).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Awaitable, Callable, Iterable
 
-from kazoo.exceptions import KazooException, NoNodeError, NodeExistsError
+from kazoo.exceptions import NoNodeError, NodeExistsError
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i8, i16, i32, i64
 
@@ -268,7 +269,7 @@ class Controller:
         if self._processor is not None and not self._processor.done():
             try:
                 await asyncio.wait_for(self._run("Shutdown", lambda: self._resign(delete_znode=True)), 10.0)
-            except (asyncio.TimeoutError, ControllerMoved, KazooException, ConnectionError) as exc:
+            except Exception as exc:  # noqa: BLE001 - shutting down anyway: a session already gone, a timeout
                 log.warning("controller %d: resigning at shutdown failed: %r", self.broker_id, exc)
             self._processor.cancel()
             await asyncio.gather(self._processor, return_exceptions=True)
