@@ -707,6 +707,16 @@ class KafkaZkClient:
 
         self._zk.ChildrenWatch(BROKER_IDS_PATH, on_children)
 
+    def watch_broker(self, broker_id: int, callback: Callable[[BrokerRegistration | None], Any]) -> None:
+        """``callback(registration or None)`` on the loop, now and whenever /brokers/ids/<id> is written,
+        created or deleted (Kafka's BrokerModificationsHandler: the controller sees changed endpoints)."""
+        on_loop = self._to_loop(callback)
+
+        def on_data(data, stat, event=None) -> None:
+            on_loop(decode_broker_registration(broker_id, data, stat) if data else None)
+
+        self._zk.DataWatch(broker_path(broker_id), on_data)
+
     # -- controller --
 
     async def get_controller_id(self) -> int | None:
@@ -866,6 +876,16 @@ class KafkaZkClient:
             controller_epoch_zk_version, [("set", topic_path(topic), data, expected_zk_version)]
         )
         return stat.version
+
+    def watch_topic_assignment(self, topic: str, callback: Callable[[TopicAssignment | None], Any]) -> None:
+        """``callback(assignment or None)`` on the loop, now and whenever /brokers/topics/<t> is written,
+        created or deleted (Kafka's PartitionModificationsHandler: the controller sees added partitions)."""
+        on_loop = self._to_loop(callback)
+
+        def on_data(data, stat, event=None) -> None:
+            on_loop(decode_topic_assignment(topic, data, stat) if data else None)
+
+        self._zk.DataWatch(topic_path(topic), on_data)
 
     async def all_topics(self) -> list[str]:
         return sorted(await self.children(TOPICS_PATH))
