@@ -117,12 +117,29 @@ class ClusterNode:
         self._endpoints = endpoints
         await self.metadata.start()
         self.zk.add_session_listener(self._on_session_event)
-        try:
-            self.broker_epoch = await self.zk.register_broker(self.broker_id, endpoints, self.config.get("broker.rack"))
-        except BrokerIdInUse as exc:
-            raise ClusterStartError(str(exc)) from None
+        self.broker_epoch = await self._register_first_time(endpoints)
         log.info("broker %d registered in ZooKeeper with broker epoch %d", self.broker_id, self.broker_epoch)
         await self.controller.start()
+
+    async def _register_first_time(self, endpoints: list[Endpoint]) -> int:
+        """Register; if the id is still held by the session of this broker's previous process (killed, so its
+        session lives until it times out), wait for that session to expire instead of failing as Kafka
+        does: a broker restarted right after a crash rejoins on its own. Another live broker with the same
+        id keeps it: after that wait, start fails with Kafka's message."""
+        deadline = asyncio.get_running_loop().time() + self.zk.session_timeout_ms / 1000 * 1.5 + 1.0
+        announced = False
+        while True:
+            try:
+                return await self.zk.register_broker(self.broker_id, endpoints, self.config.get("broker.rack"))
+            except BrokerIdInUse as exc:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise ClusterStartError(str(exc)) from None
+                if not announced:
+                    log.info("broker id %d is still registered by an earlier ZooKeeper session (a previous process "
+                             "of this broker?): waiting up to %.0f s for it to expire", self.broker_id,
+                             self.zk.session_timeout_ms / 1000 * 1.5)
+                    announced = True
+                await asyncio.sleep(0.25)
 
     def _on_session_event(self, event: str) -> None:
         if event == SessionEvent.RECONNECTED and not self._stopping and self._reregistering is None:
