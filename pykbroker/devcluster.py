@@ -146,7 +146,10 @@ class DevCluster:
             raise ValueError("a cluster needs at least one broker")
         self.data_dir = Path(data_dir).resolve()
         self.zookeeper_connect = zookeeper
-        self.overrides = overrides
+        # Kafka's internal topics want 3 replicas: a smaller development cluster gets as many as it has
+        # (a --override of the key wins, coming later on the command line).
+        smaller = () if brokers >= 3 else (f"offsets.topic.replication.factor={brokers}",)
+        self.overrides = (*smaller, *overrides)
         self.log_level = log_level
         self.say = say
         self.zk: ZooKeeperServer | None = None

@@ -71,6 +71,7 @@ PREFERRED_ELECTION = 0  # ElectionType.PREFERRED
 UNCLEAN_ELECTION = 1  # ElectionType.UNCLEAN
 SECURITY_PROTOCOL_IDS = {"PLAINTEXT": 0, "SSL": 1, "SASL_PLAINTEXT": 2, "SASL_SSL": 3}
 CHANNEL_RETRY_BACKOFF_S = 0.1  # Kafka's RequestSendThread waits 100 ms before resending after a failure
+RETRY_FAILOVER_S = 1.0  # after a failed event the controller steps back and runs its failover again this much later
 
 TopicPartition = tuple[str, int]
 
@@ -313,6 +314,13 @@ class Controller:
                 log.exception("controller %d: event %s failed", self.broker_id, name)
                 if not future.done():
                     future.set_exception(exc)
+                if self.active:
+                    # Half-done (a ZooKeeper connection loss fails writes whose effect is unknown): step back
+                    # and run the failover again, which reloads ZooKeeper and resends every partition's state.
+                    # /controller stays ours, so the election takes it back unless our session ended.
+                    await self._resign(delete_znode=False)
+                    asyncio.get_running_loop().call_later(
+                        RETRY_FAILOVER_S, lambda: self._stopping or self._enqueue("Elect", self._elect))
             else:
                 if not future.done():
                     future.set_result(result)
@@ -320,7 +328,7 @@ class Controller:
     # -- election and resignation --
 
     def _on_controller_change(self, controller_id: int | None) -> None:
-        if controller_id is None:
+        if controller_id is None or (controller_id == self.broker_id and not self.active):
             self._enqueue("Elect", self._elect)
         elif controller_id != self.broker_id and self.active:
             self._enqueue("ControllerChange", lambda: self._resign(delete_znode=False))
@@ -545,7 +553,7 @@ class Controller:
             if state is None:
                 uninitialized.setdefault(tp[0], []).append(tp[1])
                 continue
-            if state.leader in live:
+            if state.leader in self._brokers:  # a leader in controlled shutdown is still online (isReplicaOnline)
                 continue
             chosen = offline_partition_leader(self._assignments[tp[0]][tp[1]], state.isr, live,
                                               await self._unclean_enabled(tp[0]))

@@ -172,6 +172,7 @@ class ClusterNode:
         await self.metadata.close()
         if self._reregistering is not None:
             self._reregistering.cancel()
+            await asyncio.gather(self._reregistering, return_exceptions=True)
         await self.zk.close()
 
     async def _controlled_shutdown(self) -> None:
@@ -210,6 +211,11 @@ class ClusterNode:
     def _fence(self, request) -> ErrorCode | None:
         """STALE_CONTROLLER_EPOCH / STALE_BROKER_EPOCH for a request the current controller did not send to
         this incarnation of the broker; None when it may be applied (the epoch is then remembered)."""
+        if self.broker_epoch < 0:
+            # Not registered yet (or waiting for a previous process's session to expire): requests stamped
+            # for an earlier incarnation of this broker must not be applied; the controller sends the state
+            # again once it sees the new registration (Kafka enables request processing after registering).
+            return ErrorCode.stale_broker_epoch
         if request.controller_epoch < self.controller_epoch:
             log.info("broker %d: ignoring a request of controller %d with stale controller epoch %d (current %d)",
                      self.broker_id, request.controller_id, request.controller_epoch, self.controller_epoch)
@@ -261,7 +267,8 @@ class ClusterNode:
                     continue
                 was_leader = partition is not None and partition.is_leader
                 if state.leader == self.broker_id:
-                    self.fetchers.remove_partitions([(name, index)])
+                    if partition is None or state.leader_epoch > partition.leader_epoch:
+                        self.fetchers.remove_partitions([(name, index)])  # before the role changes (a newer epoch)
                     code = replicas.become_leader(name, index, state.leader_epoch, state.isr, state.replicas,
                                                   state.partition_epoch, topic_id=topic_state.topic_id)
                     if code == ErrorCode.none:

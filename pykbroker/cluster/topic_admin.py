@@ -353,7 +353,10 @@ class TopicAdmin:
             return 1
         if _OFFSETS_REPLICATION_KEY in self.config.explicit:
             return int(self.config.get(_OFFSETS_REPLICATION_KEY))
-        return max(1, min(_KAFKA_OFFSETS_REPLICATION_FACTOR, len(self.metadata.brokers())))
+        # Kafka's default, whatever the brokers alive now: an offsets topic created while brokers are still
+        # starting must not be stuck with fewer replicas. Until 3 brokers are up, group requests get
+        # COORDINATOR_NOT_AVAILABLE (retriable); a smaller cluster sets offsets.topic.replication.factor.
+        return _KAFKA_OFFSETS_REPLICATION_FACTOR
 
     # -- hosting (single node: in cluster mode LeaderAndIsr from the controller hosts partitions) -----------
     def host_all(self) -> None:

@@ -748,8 +748,16 @@ class KafkaZkClient:
         """Kafka's registerControllerAndIncrementControllerEpoch: None if another broker is controller.
 
         One transaction creates the ephemeral /controller and sets /controller_epoch to epoch + 1 with the
-        zkVersion just read, so of several contenders exactly one wins and the epoch moves by one."""
-        if await self.get_controller_id() is not None:
+        zkVersion just read, so of several contenders exactly one wins and the epoch moves by one.
+
+        A /controller created by this very session (an election whose answer was lost with the connection,
+        or a controller that stepped back after a failed event) is ours again, in the epoch it holds."""
+        found = await self.get_or_none(CONTROLLER_PATH)
+        if found is not None and found[0]:
+            current = await self.get_controller_epoch()
+            if (found[1].ephemeralOwner == self.session_id and decode_controller(found[0]) == broker_id
+                    and current is not None):
+                return ControllerLeadership(broker_id, current[0], current[1])
             return None
         epoch, epoch_zk_version = await self._get_or_create_controller_epoch()
         tx = self._zk.transaction()
