@@ -149,20 +149,43 @@ class ProducePurgatory:
             operation.cancel()
 
 
+class PartitionWatch:
+    """A long poll's wake-up: registered on its partitions at once, so that an append or HWM move that
+    happens between the read that found too little and the wait itself is not missed (a lost wake-up made a
+    follower's fetch sit out its whole max_wait while an acks=all produce waited for it). Consumers are woken
+    when a partition's HWM moves, followers when its log end moves."""
+
+    __slots__ = ("partitions", "follower", "_waiter")
+
+    def __init__(self, partitions: list[Partition], *, follower: bool = False) -> None:
+        self.partitions = partitions
+        self.follower = follower
+        self._waiter = asyncio.get_running_loop().create_future()
+        for partition in partitions:
+            partition.add_waiter(self._waiter, follower=follower)
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until a wake-up (perhaps one that came before this call) or the timeout; then unregistered."""
+        try:
+            if timeout_s > 0 and not self._waiter.done():
+                await asyncio.wait_for(asyncio.shield(self._waiter), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for partition in self.partitions:
+            partition.remove_waiter(self._waiter)
+        if not self._waiter.done():
+            self._waiter.cancel()
+
+
 async def wait_for_partitions(partitions: list[Partition], timeout_s: float, *, follower: bool = False) -> None:
     """Park until one of ``partitions`` moves its HWM (consumers) or its log end (followers), or the timeout."""
     if timeout_s <= 0 or not partitions:
         return
-    waiter = asyncio.get_running_loop().create_future()
-    for partition in partitions:
-        partition.add_waiter(waiter, follower=follower)
-    try:
-        await asyncio.wait_for(waiter, timeout_s)
-    except asyncio.TimeoutError:
-        pass
-    finally:
-        for partition in partitions:
-            partition.remove_waiter(waiter)
+    await PartitionWatch(partitions, follower=follower).wait(timeout_s)
 
 
-__all__ = ["DelayedProduce", "ProducePurgatory", "wait_for_partitions", "wall_clock_ms"]
+__all__ = ["DelayedProduce", "PartitionWatch", "ProducePurgatory", "wait_for_partitions", "wall_clock_ms"]

@@ -55,7 +55,7 @@ from pykbroker.replication.partition import (
     ControlBatchFromClient,
     Partition,
 )
-from pykbroker.replication.purgatory import DelayedProduce, ProducePurgatory, wait_for_partitions
+from pykbroker.replication.purgatory import DelayedProduce, PartitionWatch, ProducePurgatory, wait_for_partitions
 
 log = logging.getLogger(__name__)
 
@@ -411,6 +411,11 @@ class ReplicaManager:
         """Whole batches from ``offset``; consumers never see past the high-water mark. Raises OffsetOutOfRange."""
         upper = partition.high_watermark if up_to_hwm else None
         return partition.log.read(offset, max_bytes, upper_bound=upper, min_one=min_one)
+
+    def watch(self, partitions: list[Partition], *, follower: bool = False) -> PartitionWatch:
+        """A long poll's wake-up, registered now: create it in the same event-loop step as the read that found
+        too little, then ``await watch.wait(timeout)``."""
+        return PartitionWatch(partitions, follower=follower)
 
     async def wait_for_appends(self, partitions: list[Partition], timeout_s: float, *, follower: bool = False) -> None:
         """Park until one of ``partitions`` moves its HWM (consumers) or log end (followers), or the timeout."""

@@ -64,9 +64,9 @@ async def leader_broker(path: Path, topic: str = "t", *, isr=(LEADER, FOLLOWER),
 class Follower:
     """A second broker's replication side: its ReplicaManager and fetchers, nothing else."""
 
-    def __init__(self, path: Path, leader_port: int, topic_id, broker_id: int = FOLLOWER) -> None:
+    def __init__(self, path: Path, leader_port: int, topic_id, broker_id: int = FOLLOWER, values=FAST) -> None:
         self.replicas = ReplicaManager(LogManager(path), broker_id, lambda topic: LogConfig())
-        config = BrokerConfig(data_dir=path, broker_id=broker_id, values=FAST)
+        config = BrokerConfig(data_dir=path, broker_id=broker_id, values=values)
         self.fetchers = ReplicaFetcherManager(
             broker_id, self.replicas, lambda node: ("127.0.0.1", leader_port) if node == LEADER else None,
             lambda name: topic_id, config, broker_epoch=lambda: 42,
@@ -328,3 +328,34 @@ def test_a_follower_that_catches_up_is_added_to_the_isr_and_then_holds_the_hwm(t
                 await follower.close()
 
     run(scenario())
+
+
+def test_pipelined_acks_all_produces_are_not_held_by_a_parked_follower_fetch(tmp_path):
+    """Five acks=all produces pipelined on one connection (the Java producer's max.in.flight default): each
+    append must wake the follower's parked fetch. Before the long poll registered its wake-up in the same
+    event-loop step as its read, an append landing in between was missed and every produce after the second
+    waited out the follower's whole max_wait: here a 60 s wait against a 20 s produce timeout."""
+
+    async def scenario():
+        async with leader_broker(tmp_path / "leader", **{"min.insync.replicas": 2}) as (broker, port, topic_id):
+            # A parked follower fetch answers only when woken (or after 60 s).
+            follower = Follower(tmp_path / "follower", port, topic_id, values={**FAST, "replica.fetch.wait.max.ms": 60_000})
+            try:
+                follower.follow()
+                clients = NodeClients(99, {LEADER: ("127.0.0.1", port)})
+                try:
+                    connection = await clients.get(LEADER)
+                    requests = [ProduceRequest(
+                        transactional_id=None, acks=-1, timeout=datetime.timedelta(seconds=20),
+                        topic_data=(TopicProduceData(name="t", partition_data=(
+                            PartitionProduceData(index=0, records=bytes(batch(1, n))),)),),
+                    ) for n in range(5)]
+                    answers = await asyncio.gather(*(connection.send_nowait(r, timeout=40) for r in requests))
+                finally:
+                    await clients.close()
+                parts = [a.responses[0].partition_responses[0] for a in answers]
+                assert [(p.error_code, p.base_offset) for p in parts] == [(ErrorCode.none, n) for n in range(5)]
+            finally:
+                await follower.close()
+
+    run(scenario(), timeout=80)

@@ -186,17 +186,22 @@ def fetch(ctx: RequestContext, request) -> object:
     max_wait_ms = int(request.max_wait.total_seconds() * 1000)
     if total >= request.min_bytes or answer_now or max_wait_ms <= 0 or not topics:
         return _respond(ctx, schema, results)
-    return _long_poll(ctx, schema, request, topics, replica_id, max_wait_ms)
-
-
-async def _long_poll(ctx: RequestContext, schema, request, topics, replica_id: int, max_wait_ms: int) -> object:
-    deadline = time.monotonic() + max_wait_ms / 1000
+    # Watch the partitions now, in the step that read them: an append right after this step must wake us.
     partitions = [w.partition for topic in topics for w in topic if w.partition is not None]
-    follower = replica_id >= 0
-    while True:
-        remaining = deadline - time.monotonic()
-        await ctx.broker.replicas.wait_for_appends(partitions, remaining, follower=follower)
-        results, total, answer_now = _read_all(ctx, topics, request.max_bytes, replica_id)
-        if total >= request.min_bytes or answer_now or time.monotonic() >= deadline:
-            return _respond(ctx, schema, results)
+    watch = ctx.broker.replicas.watch(partitions, follower=replica_id >= 0)
+    return _long_poll(ctx, schema, request, topics, replica_id, max_wait_ms, partitions, watch)
+
+
+async def _long_poll(ctx: RequestContext, schema, request, topics, replica_id: int, max_wait_ms: int,
+                     partitions, watch) -> object:
+    deadline = time.monotonic() + max_wait_ms / 1000
+    try:
+        while True:
+            await watch.wait(deadline - time.monotonic())
+            results, total, answer_now = _read_all(ctx, topics, request.max_bytes, replica_id)
+            if total >= request.min_bytes or answer_now or time.monotonic() >= deadline:
+                return _respond(ctx, schema, results)
+            watch = ctx.broker.replicas.watch(partitions, follower=replica_id >= 0)
+    finally:
+        watch.close()
 
