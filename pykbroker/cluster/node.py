@@ -88,6 +88,7 @@ class ClusterNode:
         self._topic_ids: dict[str, uuid.UUID] = {}
         self._endpoints: list[Endpoint] = []
         self._reregistering: asyncio.Task | None = None
+        self._registered = asyncio.Event()  # set once this process's registration (and broker epoch) is known
         self._stopping = False
 
     def _topic_id_of(self, topic: str) -> uuid.UUID | None:
@@ -118,6 +119,7 @@ class ClusterNode:
         await self.metadata.start()
         self.zk.add_session_listener(self._on_session_event)
         self.broker_epoch = await self._register_first_time(endpoints)
+        self._registered.set()
         log.info("broker %d registered in ZooKeeper with broker epoch %d", self.broker_id, self.broker_epoch)
         await self.controller.start()
 
@@ -208,14 +210,17 @@ class ClusterNode:
             await clients.close()
 
     # -- fencing ----------------------------------------------------------------------------------
+    async def _registration(self) -> None:
+        """Wait until this process is registered, so its broker epoch is known: Kafka processes requests only
+        after registering. A controller may see the registration (and send requests stamped with its epoch)
+        before ZooKeeper's answer reaches us; requests stamped for an earlier process of this broker id (its
+        session not expired yet) are then refused by the epoch check."""
+        if not self._registered.is_set():
+            await self._registered.wait()
+
     def _fence(self, request) -> ErrorCode | None:
         """STALE_CONTROLLER_EPOCH / STALE_BROKER_EPOCH for a request the current controller did not send to
         this incarnation of the broker; None when it may be applied (the epoch is then remembered)."""
-        if self.broker_epoch < 0:
-            # Not registered yet (or waiting for a previous process's session to expire): requests stamped
-            # for an earlier incarnation of this broker must not be applied; the controller sends the state
-            # again once it sees the new registration (Kafka enables request processing after registering).
-            return ErrorCode.stale_broker_epoch
         if request.controller_epoch < self.controller_epoch:
             log.info("broker %d: ignoring a request of controller %d with stale controller epoch %d (current %d)",
                      self.broker_id, request.controller_id, request.controller_epoch, self.controller_epoch)
@@ -229,7 +234,8 @@ class ClusterNode:
 
     # -- UpdateMetadata ---------------------------------------------------------------------------
     # Each handle_* takes the request entity and the module of its response version's entities.
-    def handle_update_metadata(self, request, schema):
+    async def handle_update_metadata(self, request, schema):
+        await self._registration()
         error = self._fence(request)
         if error is not None:
             return schema.UpdateMetadataResponse(error_code=error)
@@ -241,6 +247,7 @@ class ClusterNode:
         """Kafka's ReplicaManager.becomeLeaderOrFollower: leaders stop fetching and start serving; followers
         start fetching from their leader (truncating what diverges); one error per partition. A new
         topic's config overrides are read from ZooKeeper first, so its log is created with them."""
+        await self._registration()
         error = self._fence(request)
         if error is not None:
             return schema.LeaderAndIsrResponse(error_code=error, topics=())
@@ -305,8 +312,9 @@ class ClusterNode:
         return stored is not None and stored != topic_id
 
     # -- StopReplica ------------------------------------------------------------------------------
-    def handle_stop_replica(self, request, schema):
+    async def handle_stop_replica(self, request, schema):
         """Kafka's ReplicaManager.stopReplicas: stop fetching and serving; delete the log when asked."""
+        await self._registration()
         error = self._fence(request)
         if error is not None:
             return schema.StopReplicaResponse(error_code=error, partition_errors=())

@@ -128,7 +128,7 @@ class Broker:
         )
         self._offsets_creation: asyncio.Task | None = None  # __consumer_offsets being created (create_offsets_topic)
         self.groups = GroupCoordinator(
-            self.offset_store, lambda topic, index: self.replicas.partition(topic, index) is not None,
+            self.offset_store, self._partition_exists,
             GroupConfig.from_broker_config(config),
             lead_offsets_topic=self._lead_offsets_topic_now if self.cluster is None else None,
         )
@@ -154,6 +154,12 @@ class Broker:
         self.log_manager.load_all(self.topics.log_config, self.topics.topic_id_of)
         self.replicas.load_high_watermarks()  # a corrupt replication-offset-checkpoint stops the start here
         self.topics.host_all()
+
+    def _partition_exists(self, topic: str, index: int) -> bool:
+        """Whether offsets may be committed for a partition: it exists in the cluster (Kafka asks its metadata
+        cache), wherever its replicas are; a group's coordinator need not host it."""
+        info = self.metadata.topic(topic)
+        return info is not None and 0 <= index < len(info.partitions)
 
     def _lead_offsets_partitions(self) -> None:
         """Single broker: this broker leads every __consumer_offsets partition; the coordinator loads them.
