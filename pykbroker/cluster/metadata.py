@@ -144,7 +144,57 @@ def new_cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
-class EmbeddedMetadata:
+class TopicIndex:
+    """Topics by name, by id and by collision key, and their partition count: what both metadata backends
+    answer from memory (EmbeddedMetadata from its journal, ZkMetadata from the controller's UpdateMetadata)."""
+
+    def __init__(self) -> None:
+        self._topics: dict[str, TopicInfo] = {}
+        self._by_id: dict[uuid.UUID, TopicInfo] = {}
+        self._by_collision_key: dict[str, set[str]] = {}
+        self._partitions = 0
+
+    def _index(self, info: TopicInfo) -> None:
+        """Add or replace a topic (a topic id of all zeros, not known yet, is not indexed by id)."""
+        self._unindex(info.name)
+        self._topics[info.name] = info
+        if info.topic_id.int != 0:
+            self._by_id[info.topic_id] = info
+        self._by_collision_key.setdefault(collision_key(info.name), set()).add(info.name)
+        self._partitions += len(info.partitions)
+
+    def _unindex(self, name: str) -> TopicInfo | None:
+        info = self._topics.pop(name, None)
+        if info is None:
+            return None
+        if self._by_id.get(info.topic_id) is info:
+            del self._by_id[info.topic_id]
+        names = self._by_collision_key[collision_key(name)]
+        names.discard(name)
+        if not names:
+            del self._by_collision_key[collision_key(name)]
+        self._partitions -= len(info.partitions)
+        return info
+
+    def topics(self) -> list[TopicInfo]:
+        return list(self._topics.values())
+
+    def topic(self, name: str) -> TopicInfo | None:
+        return self._topics.get(name)
+
+    def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
+        return self._by_id.get(topic_id)
+
+    def colliding_topics(self, name: str) -> list[str]:
+        """Existing topics other than ``name`` whose names differ from it only by '.' versus '_'."""
+        return sorted(other for other in self._by_collision_key.get(collision_key(name), ()) if other != name)
+
+    def partition_count(self) -> int:
+        """Partitions of every topic together."""
+        return self._partitions
+
+
+class EmbeddedMetadata(TopicIndex):
     """Single-node metadata: this broker is the only broker, the controller and every partition's leader."""
 
     local_leadership = True  # this broker leads every partition and hosts it itself (TopicAdmin does)
@@ -155,10 +205,7 @@ class EmbeddedMetadata:
         self.controller_id = broker_id
         self._config_listeners: list[Callable[[str], None]] = []
         self._endpoint = BrokerEndpoint(broker_id, host, port)
-        self._topics: dict[str, TopicInfo] = {}
-        self._by_id: dict[uuid.UUID, TopicInfo] = {}
-        self._by_collision_key: dict[str, set[str]] = {}
-        self._partitions = 0
+        super().__init__()
         self.cluster_id = self._load_meta_properties()
         self._log = MetadataLog(data_dir)
         self._load_state()
@@ -187,24 +234,6 @@ class EmbeddedMetadata:
                 RESTORE_HINT,
             ) from None
 
-    def _index(self, info: TopicInfo) -> None:
-        if info.name in self._topics:
-            self._unindex(info.name)
-        self._topics[info.name] = info
-        self._by_id[info.topic_id] = info
-        self._by_collision_key.setdefault(collision_key(info.name), set()).add(info.name)
-        self._partitions += len(info.partitions)
-
-    def _unindex(self, name: str) -> TopicInfo:
-        info = self._topics.pop(name)
-        self._by_id.pop(info.topic_id, None)
-        names = self._by_collision_key[collision_key(name)]
-        names.discard(name)
-        if not names:
-            del self._by_collision_key[collision_key(name)]
-        self._partitions -= len(info.partitions)
-        return info
-
     def _journal(self, info: TopicInfo) -> None:
         self._log.append({"op": "topic", "topic": info.to_json()})
 
@@ -220,26 +249,9 @@ class EmbeddedMetadata:
     def brokers(self) -> list[BrokerEndpoint]:
         return [self._endpoint]
 
-    def topics(self) -> list[TopicInfo]:
-        return list(self._topics.values())
-
-    def topic(self, name: str) -> TopicInfo | None:
-        return self._topics.get(name)
-
-    def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
-        return self._by_id.get(topic_id)
-
     def topic_configs(self, name: str) -> dict[str, str] | None:
         info = self._topics.get(name)
         return info.configs if info is not None else None
-
-    def colliding_topics(self, name: str) -> list[str]:
-        """Existing topics other than ``name`` whose names differ from it only by '.' versus '_'."""
-        return sorted(other for other in self._by_collision_key.get(collision_key(name), ()) if other != name)
-
-    def partition_count(self) -> int:
-        """Partitions of every topic together (all hosted here)."""
-        return self._partitions
 
     # -- changes ----------------------------------------------------------------------------------
     def _new_partition(self) -> PartitionState:
@@ -254,7 +266,8 @@ class EmbeddedMetadata:
         return info
 
     def delete_topic(self, name: str) -> None:
-        info = self._unindex(name)
+        info = self._topics[name]
+        self._unindex(name)
         self._log.append({"op": "delete", "name": name, "topic_id": str(info.topic_id)})
 
     def add_partitions(self, name: str, total: int) -> TopicInfo:

@@ -44,7 +44,7 @@ import uuid
 from concurrent.futures import Future
 from typing import Callable, Sequence
 
-from pykbroker.cluster.metadata import BrokerEndpoint, PartitionState, TopicInfo, collision_key
+from pykbroker.cluster.metadata import BrokerEndpoint, PartitionState, TopicIndex, TopicInfo, collision_key
 from pykbroker.cluster.zookeeper import (
     CONFIG_CHANGE_PREFIX,
     CONFIG_CHANGES_PATH,
@@ -110,7 +110,7 @@ def _partition_states(request) -> list[tuple[str, object]]:
     return [(topic.topic_name, state) for topic in request.topic_states for state in topic.partition_states]
 
 
-class ZkMetadata:
+class ZkMetadata(TopicIndex):
     """The metadata cache of a broker in a ZooKeeper cluster (see the module docstring)."""
 
     local_leadership = False  # LeaderAndIsr from the controller hosts partitions, through the node
@@ -124,10 +124,7 @@ class ZkMetadata:
         self._brokers: dict[int, dict[str, BrokerEndpoint]] = {}  # live broker -> listener -> endpoint
         self._states: dict[str, dict[int, PartitionState]] = {}
         self._topic_ids: dict[str, uuid.UUID] = {}
-        self._topics: dict[str, TopicInfo] = {}
-        self._by_id: dict[uuid.UUID, TopicInfo] = {}
-        self._by_collision_key: dict[str, set[str]] = {}
-        self._partitions = 0
+        super().__init__()
         self._configs: dict[str, dict[str, str]] = {}  # topic -> overrides, once read from ZooKeeper
         self._config_generation: dict[str, int] = {}  # topic -> number of the last read started
         self._last_change = -1  # sequence number of the last config change notification processed
@@ -202,32 +199,18 @@ class ZkMetadata:
 
     def _reindex(self, name: str) -> None:
         """Rebuild ``name``'s TopicInfo from its partition states, or forget the topic if it has none."""
-        old = self._topics.pop(name, None)
-        if old is not None:
-            self._partitions -= len(old.partitions)
-            if self._by_id.get(old.topic_id) is old:
-                del self._by_id[old.topic_id]
+        old = self._unindex(name)
         partitions = self._states.get(name)
         if not partitions:
             self._topic_ids.pop(name, None)
             self._configs.pop(name, None)
             self._config_generation.pop(name, None)  # a read in flight is dropped
-            names = self._by_collision_key.get(collision_key(name))
-            if names is not None:
-                names.discard(name)
-                if not names:
-                    del self._by_collision_key[collision_key(name)]
             return
         known: list[PartitionState] = []
         while len(known) in partitions:
             known.append(partitions[len(known)])
-        topic_id = self._topic_ids.get(name, NO_TOPIC_ID)
-        info = TopicInfo(name, topic_id, known, self._configs.get(name, {}))
-        self._topics[name] = info
-        self._partitions += len(known)
-        if topic_id != NO_TOPIC_ID:
-            self._by_id[topic_id] = info
-        self._by_collision_key.setdefault(collision_key(name), set()).add(name)
+        info = TopicInfo(name, self._topic_ids.get(name, NO_TOPIC_ID), known, self._configs.get(name, {}))
+        self._index(info)
         if old is None and name not in self._configs:
             self._spawn(self._load_config(name))
 
@@ -267,15 +250,6 @@ class ZkMetadata:
         state = self._states.get(topic, {}).get(index)
         return state.leader if state is not None and state.leader >= 0 else None
 
-    def topics(self) -> list[TopicInfo]:
-        return list(self._topics.values())
-
-    def topic(self, name: str) -> TopicInfo | None:
-        return self._topics.get(name)
-
-    def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
-        return self._by_id.get(topic_id)
-
     def topic_configs(self, name: str) -> dict[str, str] | None:
         """The overrides read from ZooKeeper, also for a topic LeaderAndIsr names before UpdateMetadata does."""
         return self._configs.get(name)
@@ -283,13 +257,6 @@ class ZkMetadata:
     def topic_id_of(self, name: str) -> uuid.UUID | None:
         """The topic's id, as the fetcher puts it in Fetch requests; None if unknown."""
         return self._topic_ids.get(name)
-
-    def colliding_topics(self, name: str) -> list[str]:
-        return sorted(other for other in self._by_collision_key.get(collision_key(name), ()) if other != name)
-
-    def partition_count(self) -> int:
-        """Partitions of every topic of the cluster together."""
-        return self._partitions
 
     def commit(self) -> Future:
         """Admin changes are durable once ZooKeeper acknowledged them: nothing left to make durable."""
