@@ -291,6 +291,10 @@ class ClusterNode:
                         if was_leader or partition is None:
                             changes.append((name, index, False))
                 errors.append((index, code))
+                if partition is None:
+                    # Opening a partition replays its log for the producer state: let other requests run
+                    # between partitions (a restart's first LeaderAndIsr names all of them).
+                    await asyncio.sleep(0)
             topics.append(schema.LeaderAndIsrTopicError(
                 topic_id=topic_state.topic_id,
                 partition_errors=tuple(schema.LeaderAndIsrPartitionError(partition_index=i, error_code=e)
