@@ -102,7 +102,9 @@ class ClusterBroker(BrokerProcess):
         super().__init__(workdir, log_level=log_level)
         self.broker_id = broker_id
         self.zk_connect = zk_connect
-        self.overrides = dict(overrides or {})
+        # Tests stop whole clusters: the last broker's controlled shutdown has nowhere to move its leaderships
+        # and retries (controlled.shutdown.max.retries); at Kafka's 5 s backoff that is 10 s per teardown.
+        self.overrides = {"controlled.shutdown.retry.backoff.ms": 500, **(overrides or {})}
         self.paused = False
         self.expected_up = False  # started and not deliberately stopped or killed: an exit is a crash
         self._defer_ready = False
