@@ -15,10 +15,6 @@ reference:
   STALE_CONTROLLER_EPOCH and changes nothing (a paused or partitioned old controller cannot undo the new
   one's decisions); one stamped with an older broker epoch than ours (meant for a previous incarnation of
   this broker) gets STALE_BROKER_EPOCH. Per partition, LeaderAndIsr applies only a newer leader epoch.
-  Our listeners accept connections before the registration (Kafka's only start processing requests after
-  it), and the controller may see /brokers/ids/<id> before the create returns here: its requests wait for
-  the registration (and the broker epoch it gives) instead of being refused, since the controller does
-  not send a refused request again.
 - ZooKeeper session expiry: the ephemeral registration is gone and the controller treats the broker as
   dead; when kazoo has a new session, the broker registers again (new broker epoch) and the controller
   sends it its state anew (its leaderships have moved meanwhile; the fetchers truncate what the new
@@ -92,7 +88,6 @@ class ClusterNode:
         self._topic_ids: dict[str, uuid.UUID] = {}
         self._endpoints: list[Endpoint] = []
         self._reregistering: asyncio.Task | None = None
-        self._registered = asyncio.Event()  # set once the first registration gave us a broker epoch
         self._stopping = False
 
     def _topic_id_of(self, topic: str) -> uuid.UUID | None:
@@ -123,7 +118,6 @@ class ClusterNode:
         await self.metadata.start()
         self.zk.add_session_listener(self._on_session_event)
         self.broker_epoch = await self._register_first_time(endpoints)
-        self._registered.set()
         log.info("broker %d registered in ZooKeeper with broker epoch %d", self.broker_id, self.broker_epoch)
         await self.controller.start()
 
@@ -214,18 +208,14 @@ class ClusterNode:
             await clients.close()
 
     # -- fencing ----------------------------------------------------------------------------------
-    async def _until_registered(self) -> None:
-        """A controller request that arrives before our first registration completed waits for it (Kafka
-        enables request processing only after registering): one stamped with the epoch being created is
-        then applied, one meant for an earlier incarnation (a previous process whose session had to expire
-        first) is refused by _fence. Refusing it at once would lose it: the controller sees the new
-        registration, sends, and does not send again, so the broker would never get its metadata."""
-        await self._registered.wait()
-
     def _fence(self, request) -> ErrorCode | None:
         """STALE_CONTROLLER_EPOCH / STALE_BROKER_EPOCH for a request the current controller did not send to
-        this incarnation of the broker; None when it may be applied (the epoch is then remembered).
-        Called once this broker is registered (_until_registered)."""
+        this incarnation of the broker; None when it may be applied (the epoch is then remembered)."""
+        if self.broker_epoch < 0:
+            # Not registered yet (or waiting for a previous process's session to expire): requests stamped
+            # for an earlier incarnation of this broker must not be applied; the controller sends the state
+            # again once it sees the new registration (Kafka enables request processing after registering).
+            return ErrorCode.stale_broker_epoch
         if request.controller_epoch < self.controller_epoch:
             log.info("broker %d: ignoring a request of controller %d with stale controller epoch %d (current %d)",
                      self.broker_id, request.controller_id, request.controller_epoch, self.controller_epoch)
@@ -239,8 +229,7 @@ class ClusterNode:
 
     # -- UpdateMetadata ---------------------------------------------------------------------------
     # Each handle_* takes the request entity and the module of its response version's entities.
-    async def handle_update_metadata(self, request, schema):
-        await self._until_registered()
+    def handle_update_metadata(self, request, schema):
         error = self._fence(request)
         if error is not None:
             return schema.UpdateMetadataResponse(error_code=error)
@@ -252,7 +241,6 @@ class ClusterNode:
         """Kafka's ReplicaManager.becomeLeaderOrFollower: leaders stop fetching and start serving; followers
         start fetching from their leader (truncating what diverges); one error per partition. A new
         topic's config overrides are read from ZooKeeper first, so its log is created with them."""
-        await self._until_registered()
         error = self._fence(request)
         if error is not None:
             return schema.LeaderAndIsrResponse(error_code=error, topics=())
@@ -317,9 +305,8 @@ class ClusterNode:
         return stored is not None and stored != topic_id
 
     # -- StopReplica ------------------------------------------------------------------------------
-    async def handle_stop_replica(self, request, schema):
+    def handle_stop_replica(self, request, schema):
         """Kafka's ReplicaManager.stopReplicas: stop fetching and serving; delete the log when asked."""
-        await self._until_registered()
         error = self._fence(request)
         if error is not None:
             return schema.StopReplicaResponse(error_code=error, partition_errors=())
