@@ -695,9 +695,11 @@ class Controller:
     async def _on_broker_failure(self, dead: set[int]) -> None:
         """Partitions led by a dead broker get a new leader from the live ISR (or from any live replica if
         unclean election is on), else leader -1 with the ISR kept; partitions where it was a follower in the
-        ISR drop it. Both bump the leader epoch. LeaderAndIsr to the live replicas, UpdateMetadata to all."""
+        ISR drop it. Both bump the leader epoch. LeaderAndIsr to the live replicas, UpdateMetadata to all,
+        even when no partition changed (no topic, none on the dead broker): Kafka's onReplicasBecomeOffline
+        then sends an UpdateMetadata of its own, so every broker stops listing the dead one."""
         live = self._live()
-        batch = _Batch()
+        batch = _Batch(update_metadata_brokers=set(self._brokers))
         changes: dict[TopicPartition, PartitionState] = {}
         for tp in self._partitions():
             state = self._states.get(tp)

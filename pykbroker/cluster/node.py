@@ -6,9 +6,9 @@ and the broker is the embedded single node. Kafka's KafkaServer (ZooKeeper mode)
 reference:
 
 - Start: connect to ZooKeeper (``zookeeper.session.timeout.ms``), read or create the cluster id (a data dir
-  that belongs to another cluster is refused, as Kafka's InconsistentClusterIdException), then, once the
-  listeners accept connections, register ``/brokers/ids/<id>`` (ephemeral; its czxid is the broker epoch)
-  and start the controller elector. From then on the broker learns everything from the controller:
+  that belongs to another cluster is refused, as Kafka's InconsistentClusterIdException), then, with the
+  listeners bound but not yet accepting (Kafka processes requests only once registered), register
+  ``/brokers/ids/<id>`` (ephemeral; its czxid is the broker epoch) and start the controller elector. From then on the broker learns everything from the controller:
   UpdateMetadata fills the metadata cache, LeaderAndIsr makes it leader or follower of its replicas,
   StopReplica stops (and deletes) them.
 - Fencing: a request from a controller whose epoch is older than the newest this broker has seen gets
@@ -114,7 +114,8 @@ class ClusterNode:
         return cluster_id
 
     async def start(self, endpoints: list[Endpoint]) -> None:
-        """Register this broker (its listeners accept connections already) and run for controller."""
+        """Register this broker (its listeners are bound; the broker accepts connections once this returns, as
+        Kafka enables request processing after registering) and run for controller."""
         self._endpoints = endpoints
         await self.metadata.start()
         self.zk.add_session_listener(self._on_session_event)

@@ -224,6 +224,19 @@ class Broker:
             self.advertised[advertised.name] = BrokerEndpoint(
                 self.broker_id, advertised.host, advertised.port or bound_ports[advertised.name], self.config.get("broker.rack")
             )
+        self._background.append(asyncio.ensure_future(self.log_manager.run_background()))
+        self._background.append(asyncio.ensure_future(self._expire_producers()))
+        self._background.append(asyncio.ensure_future(self.replicas.run_high_watermark_checkpoints(
+            int(self.config.get("replica.high.watermark.checkpoint.interval.ms")))))
+        self._background.append(asyncio.ensure_future(self.replicas.run_isr_checks()))
+        self._background.append(asyncio.ensure_future(self.groups.run()))
+        self._background.append(asyncio.ensure_future(self._close_idle_connections()))
+        if self.cluster is not None:
+            # Kafka's KafkaServer.startup enables request processing only after the registration: until
+            # then connections wait in the listen backlog. Answering earlier would tell clients of no
+            # broker and no topic (an empty metadata cache: librdkafka then drops every broker and what
+            # it had in flight) and refuse the controller's first requests (no broker epoch yet).
+            await self._register_in_cluster()
         for listener, sock in listening:
             factory = functools.partial(KafkaConnection, self, self.handlers, max_request, self.request_memory,
                                         listener=listener.name)
@@ -235,15 +248,6 @@ class Broker:
             if endpoint is None:
                 log.warning("listener %s is not in advertised.listeners: clients that connect through it are told of "
                             "no brokers", listener)
-        self._background.append(asyncio.ensure_future(self.log_manager.run_background()))
-        self._background.append(asyncio.ensure_future(self._expire_producers()))
-        self._background.append(asyncio.ensure_future(self.replicas.run_high_watermark_checkpoints(
-            int(self.config.get("replica.high.watermark.checkpoint.interval.ms")))))
-        self._background.append(asyncio.ensure_future(self.replicas.run_isr_checks()))
-        self._background.append(asyncio.ensure_future(self.groups.run()))
-        self._background.append(asyncio.ensure_future(self._close_idle_connections()))
-        if self.cluster is not None:
-            await self._register_in_cluster()
         log.info(
             "pykbroker broker %d listening on %s (advertised %s), data dir %s, cluster id %s",
             self.broker_id,
@@ -270,7 +274,7 @@ class Broker:
             self.offset_store.set_partition_count(len(offsets.partitions))
 
     async def _register_in_cluster(self) -> None:
-        """Cluster mode, once the listeners accept connections: register and run for controller."""
+        """Cluster mode, with the listeners bound but not accepting yet: register and run for controller."""
         from pykbroker.cluster.node import ClusterStartError
         from pykbroker.cluster.zookeeper import Endpoint
 

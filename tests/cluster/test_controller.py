@@ -410,6 +410,26 @@ def test_broker_death_elects_from_the_isr_and_leaves_partitions_offline_when_non
     run_async(cluster.run(body()))
 
 
+def test_broker_death_without_any_partition_still_tells_every_broker_it_is_gone(cluster, run_async):
+    """No topic at all (so no partition state changes): Kafka's onReplicasBecomeOffline still sends an
+    UpdateMetadata to the live brokers, else they list the dead broker forever."""
+    async def body():
+        for b in (1, 2, 3):
+            await cluster.add_broker(b)
+        c, chan = await cluster.controller(1)
+        await active(c)
+        mark = len(chan.sent)
+        await cluster.kill_broker(3)
+        await wait_for(lambda: len(chan.requests(UM, since=mark)) == 2, 15, "UpdateMetadata to brokers 1 and 2")
+        for b in (1, 2):
+            update = chan.requests(UM, b, mark)[0]
+            assert sorted(int(x.id_) for x in update.live_brokers) == [1, 2]
+            assert update.broker_epoch == cluster.epochs[b]
+        assert chan.requests(UM, 3, mark) == []
+
+    run_async(cluster.run(body()))
+
+
 def test_a_broker_that_changes_its_endpoints_is_reached_at_the_new_address(cluster, run_async):
     async def body():
         for b in (1, 2):
