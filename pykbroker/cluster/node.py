@@ -88,7 +88,6 @@ class ClusterNode:
         self._topic_ids: dict[str, uuid.UUID] = {}
         self._endpoints: list[Endpoint] = []
         self._reregistering: asyncio.Task | None = None
-        self._registered = asyncio.Event()  # set once this process's registration (and broker epoch) is known
         self._stopping = False
 
     def _topic_id_of(self, topic: str) -> uuid.UUID | None:
@@ -120,7 +119,6 @@ class ClusterNode:
         await self.metadata.start()
         self.zk.add_session_listener(self._on_session_event)
         self.broker_epoch = await self._register_first_time(endpoints)
-        self._registered.set()
         log.info("broker %d registered in ZooKeeper with broker epoch %d", self.broker_id, self.broker_epoch)
         await self.controller.start()
 
@@ -211,14 +209,6 @@ class ClusterNode:
             await clients.close()
 
     # -- fencing ----------------------------------------------------------------------------------
-    async def _registration(self) -> None:
-        """Wait until this process is registered, so its broker epoch is known: Kafka processes requests only
-        after registering. A controller may see the registration (and send requests stamped with its epoch)
-        before ZooKeeper's answer reaches us; requests stamped for an earlier process of this broker id (its
-        session not expired yet) are then refused by the epoch check."""
-        if not self._registered.is_set():
-            await self._registered.wait()
-
     def _fence(self, request) -> ErrorCode | None:
         """STALE_CONTROLLER_EPOCH / STALE_BROKER_EPOCH for a request the current controller did not send to
         this incarnation of the broker; None when it may be applied (the epoch is then remembered)."""
@@ -235,8 +225,7 @@ class ClusterNode:
 
     # -- UpdateMetadata ---------------------------------------------------------------------------
     # Each handle_* takes the request entity and the module of its response version's entities.
-    async def handle_update_metadata(self, request, schema):
-        await self._registration()
+    def handle_update_metadata(self, request, schema):
         error = self._fence(request)
         if error is not None:
             return schema.UpdateMetadataResponse(error_code=error)
@@ -248,7 +237,6 @@ class ClusterNode:
         """Kafka's ReplicaManager.becomeLeaderOrFollower: leaders stop fetching and start serving; followers
         start fetching from their leader (truncating what diverges); one error per partition. A new
         topic's config overrides are read from ZooKeeper first, so its log is created with them."""
-        await self._registration()
         error = self._fence(request)
         if error is not None:
             return schema.LeaderAndIsrResponse(error_code=error, topics=())
@@ -317,9 +305,8 @@ class ClusterNode:
         return stored is not None and stored != topic_id
 
     # -- StopReplica ------------------------------------------------------------------------------
-    async def handle_stop_replica(self, request, schema):
+    def handle_stop_replica(self, request, schema):
         """Kafka's ReplicaManager.stopReplicas: stop fetching and serving; delete the log when asked."""
-        await self._registration()
         error = self._fence(request)
         if error is not None:
             return schema.StopReplicaResponse(error_code=error, partition_errors=())

@@ -25,13 +25,13 @@ async def leader_and_isr(ctx: RequestContext, request) -> object:
 
 
 @handles(5)
-async def stop_replica(ctx: RequestContext, request) -> object:
-    return await ctx.broker.cluster.handle_stop_replica(request, response_module(ctx))
+def stop_replica(ctx: RequestContext, request) -> object:
+    return ctx.broker.cluster.handle_stop_replica(request, response_module(ctx))
 
 
 @handles(6)
-async def update_metadata(ctx: RequestContext, request) -> object:
-    return await ctx.broker.cluster.handle_update_metadata(request, response_module(ctx))
+def update_metadata(ctx: RequestContext, request) -> object:
+    return ctx.broker.cluster.handle_update_metadata(request, response_module(ctx))
 
 
 @handles(7)
