@@ -9,8 +9,11 @@ controller's UpdateMetadata), prints the bootstrap string, and runs until Ctrl-C
 SIGTERM to every broker (Kafka's controlled shutdown, while ZooKeeper is still up), SIGKILLs those still
 running after a grace period, then stops ZooKeeper.
 
+A broker that dies while the cluster runs (killed to try a failover, or crashed) is reported with the end
+of its log; the others keep serving, as a real cluster does.
+
 Exit status: 0 after a requested stop; 1 when ZooKeeper or a broker cannot start, the cluster is not ready
-in time, or a broker dies while the cluster runs (the others are then stopped too). Brokers are started in
+in time, or a broker died while the cluster ran. Brokers are started in
 their own sessions (a terminal's Ctrl-C reaches only this command, which stops them in order) and are
 SIGKILLed by Linux if this command dies without stopping them.
 """
@@ -209,6 +212,9 @@ class DevCluster:
     def dead_broker(self) -> DevBroker | None:
         return next((b for b in self.brokers if b.proc is not None and b.proc.poll() is not None), None)
 
+    def dead_brokers(self) -> list[DevBroker]:
+        return [b for b in self.brokers if b.proc is not None and b.proc.poll() is not None]
+
     def stop(self, grace: float = STOP_GRACE_S) -> list[int]:
         """SIGTERM every running broker, SIGKILL those left after grace seconds, then stop our ZooKeeper.
         Returns the ids of the brokers that had to be killed."""
@@ -263,20 +269,20 @@ def run(brokers: int, data_dir: Path, *, zookeeper: str | None, base_port: int |
         say(f"cluster ready: {brokers} broker(s), ZooKeeper {cluster.zookeeper_connect}")
         say(f"bootstrap servers: {cluster.bootstrap}")
         say("Ctrl-C stops the cluster")
+        reported: set[int] = set()
         while not stop_requested:
-            dead = cluster.dead_broker()
-            if dead is not None:
-                say(f"broker {dead.broker_id} exited with status {dead.proc.returncode}; stopping the cluster. "
-                    f"Last lines of {dead.log_path}:\n{dead.log_tail()}")
-                cluster.stop()
-                return 1
+            for dead in cluster.dead_brokers():
+                if dead.broker_id not in reported:
+                    reported.add(dead.broker_id)
+                    say(f"broker {dead.broker_id} exited with status {dead.proc.returncode}; the others keep running. "
+                        f"Last lines of {dead.log_path}:\n{dead.log_tail()}")
             time.sleep(POLL_S)
         say(f"{signal.Signals(stop_requested[0]).name}: stopping brokers (controlled shutdown) and ZooKeeper ...")
         killed = cluster.stop()
         if killed:
             say(f"broker(s) {', '.join(map(str, killed))} did not stop within {STOP_GRACE_S:.0f} s and were killed")
         say("cluster stopped")
-        return 0
+        return 1 if reported else 0
     finally:
         cluster.stop()
         for sig, handler in previous.items():

@@ -20,9 +20,12 @@ Per partition of the answer (AbstractFetcherThread.processFetchRequest):
   mark and log start offset (bounded by our log), also when no records came.
 * OFFSET_OUT_OF_RANGE: Kafka's fetchOffsetAndTruncate, through ListOffsets v8 with our replica id: a log ahead
   of the leader's end is truncated to it; a log behind the leader's start is emptied to start there.
-* NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH, any other error: the partition stays but
-  backs off replica.fetch.backoff.ms (a LeaderAndIsr will replace it; Kafka removes a fenced partition until
-  then, which fetches nothing either).
+* UNKNOWN_LEADER_EPOCH and NOT_LEADER_OR_FOLLOWER while the leader has not applied the LeaderAndIsr that made
+  it leader yet (the controller tells every replica at once, and the follower may be first): retried after
+  LEADER_CATCHING_UP_BACKOFF_MS (100 ms) at most, not the whole backoff: at a failover the new leader's
+  high-water mark (and so every acks=all produce) waits for this fetch.
+* FENCED_LEADER_EPOCH, any other error: the partition stays but backs off replica.fetch.backoff.ms (a
+  LeaderAndIsr will replace it; Kafka removes a fenced partition until then, which fetches nothing either).
 * A failed request (connection lost, timeout, no address for the leader): every partition in it backs off.
 
 ``remove_partitions`` takes effect at once: a response that comes back for a partition no longer fetched (or
@@ -54,6 +57,8 @@ if TYPE_CHECKING:
     from pykbroker.replication.replica_manager import ReplicaManager
 
 log = logging.getLogger(__name__)
+
+LEADER_CATCHING_UP_BACKOFF_MS = 100  # see the module notes: a leader that has not applied its LeaderAndIsr yet
 
 TopicPartition = tuple[str, int]
 LATEST_TIMESTAMP, EARLIEST_TIMESTAMP = -1, -2
@@ -98,8 +103,8 @@ class _SourceFetcher:
     def _current(self, state: FetchState) -> bool:
         return self.partitions.get((state.topic, state.index)) is state
 
-    def _delay(self, states: Iterable[FetchState]) -> None:
-        until = asyncio.get_running_loop().time() + self.manager.backoff_s
+    def _delay(self, states: Iterable[FetchState], backoff_s: float | None = None) -> None:
+        until = asyncio.get_running_loop().time() + (self.manager.backoff_s if backoff_s is None else backoff_s)
         for state in states:
             state.delayed_until = until
 
@@ -218,6 +223,13 @@ class _SourceFetcher:
                     self._append(state, partition, data)
             elif error == ErrorCode.offset_out_of_range:
                 await self._handle_out_of_range(state, partition)
+            elif error in (ErrorCode.unknown_leader_epoch, ErrorCode.not_leader_or_follower):
+                # The leader is behind us (its LeaderAndIsr has not been applied yet): it will be soon.
+                backoff_s = min(manager.backoff_s, LEADER_CATCHING_UP_BACKOFF_MS / 1000)
+                log.debug("broker %d: fetching %s-%d from leader %d (epoch %d): %s; retrying in %.0f ms",
+                          manager.broker_id, state.topic, state.index, self.leader, state.leader_epoch,
+                          ErrorCode(error).name, backoff_s * 1000)
+                self._delay((state,), backoff_s)
             else:
                 log.info("broker %d: fetching %s-%d from leader %d (epoch %d): %s; backing off %d ms",
                          manager.broker_id, state.topic, state.index, self.leader, state.leader_epoch,
