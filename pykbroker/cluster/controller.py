@@ -397,6 +397,7 @@ class Controller:
             if topic not in self._deleting:
                 await self._initialize_partitions(topic, sorted(self._assignments[topic]), batch)
         await self._elect_offline_partitions(batch)
+        await self._drop_dead_replicas_from_isrs()
         for tp in sorted(self._states):
             if tp[0] not in self._deleting:
                 batch.add_leader_and_isr(self._live_replicas(tp), tp)
@@ -406,6 +407,22 @@ class Controller:
         self._start_rebalance_timer()
         if self._deleting:
             await self._on_topic_deletion()
+
+    async def _drop_dead_replicas_from_isrs(self) -> None:
+        """Kafka's ReplicaStateMachine.startup at failover: replicas on brokers that are not alive go offline
+        and leave the ISR of partitions whose leader is alive (leader epoch + 1). A follower that died with
+        the previous controller is otherwise never removed from an idle partition's ISR: its log end still
+        equals the leader's, so the leader never finds it out of sync."""
+        live = set(self._brokers)
+        changes: dict[TopicPartition, PartitionState] = {}
+        for tp in self._partitions():
+            state = self._states.get(tp)
+            if state is None or tp[0] in self._deleting or state.leader not in live:
+                continue
+            isr = tuple(r for r in state.isr if r in live)
+            if isr and isr != tuple(state.isr):
+                changes[tp] = self._next_state(tp, state.leader, isr)
+        await self._write_states(changes)
 
     async def _load_topic(self, topic: str) -> TopicAssignment | None:
         assignment = await self.zk.get_topic_assignment(topic)

@@ -101,7 +101,9 @@ class ClusterNode:
             await self.zk.start()
         except Exception as exc:  # kazoo's timeout or a refused connection
             raise ClusterStartError(f"cannot connect to ZooKeeper at {self.zk.connect_string}: {exc!r}") from None
-        cluster_id = await self.zk.get_or_create_cluster_id(stored_cluster_id)
+        # As Kafka's getOrGenerateClusterId: a new cluster gets a new id, never the one a data dir brings
+        # (a mistyped chroot must not quietly become a new cluster holding old data).
+        cluster_id = await self.zk.get_or_create_cluster_id()
         if stored_cluster_id is not None and stored_cluster_id != cluster_id:
             await self.zk.close()
             raise ClusterStartError(

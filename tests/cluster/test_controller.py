@@ -221,6 +221,30 @@ def test_a_new_controller_loads_the_cluster_and_repairs_what_changed_without_a_c
     run_async(cluster.run(body()))
 
 
+def test_a_new_controller_drops_followers_that_died_with_the_old_one_from_the_isr(cluster, run_async):
+    """Kafka's ReplicaStateMachine.startup: a follower that died while there was no controller leaves the ISR
+    at failover. Its log end still equals an idle leader's, so the leader would never find it out of sync."""
+
+    async def body():
+        for b in (1, 2, 3):
+            await cluster.add_broker(b)
+        first, _ = await cluster.controller(1)
+        await active(first)
+        zk = await cluster.client()
+        await zk.create_topic("idle", {0: [3, 1, 2]})
+        await state_of(zk, "idle", 0, leader=3, isr=(3, 1, 2))
+        await first.stop()
+        await cluster.kill_broker(2)  # a follower dies with no controller to notice
+        second, chan = await cluster.controller(1)
+        await active(second)
+        state = await state_of(zk, "idle", 0, leader=3, isr=(3, 1))
+        assert state.leader_epoch == 1
+        await wait_for(lambda: chan.partitions(LAI, 3).get(("idle", 0)) is not None, 15, "LeaderAndIsr to the leader")
+        assert tuple(chan.partitions(LAI, 3)[("idle", 0)].isr) == (3, 1)
+
+    run_async(cluster.run(body()))
+
+
 def expire_session(zk: KafkaZkClient) -> None:
     """Make the server expire zk's session: another client joins the session with its id and password and
     closes it (the classic ZooKeeper test trick); zk then finds its session expired when it reconnects."""
