@@ -710,12 +710,17 @@ class KafkaZkClient:
     def watch_broker(self, broker_id: int, callback: Callable[[BrokerRegistration | None], Any]) -> None:
         """``callback(registration or None)`` on the loop, now and whenever /brokers/ids/<id> is written,
         created or deleted (Kafka's BrokerModificationsHandler: the controller sees changed endpoints)."""
+        self._watch_data(broker_path(broker_id), lambda data, stat: decode_broker_registration(broker_id, data, stat),
+                         callback)
+
+    def _watch_data(self, path: str, decode: Callable[[bytes, ZnodeStat], Any], callback: Callable[[Any], Any]) -> None:
+        """``callback(decode(data, stat) or None)`` on the loop, now and whenever ``path`` changes."""
         on_loop = self._to_loop(callback)
 
         def on_data(data, stat, event=None) -> None:
-            on_loop(decode_broker_registration(broker_id, data, stat) if data else None)
+            on_loop(decode(data, stat) if data else None)
 
-        self._zk.DataWatch(broker_path(broker_id), on_data)
+        self._zk.DataWatch(path, on_data)
 
     # -- controller --
 
@@ -888,12 +893,7 @@ class KafkaZkClient:
     def watch_topic_assignment(self, topic: str, callback: Callable[[TopicAssignment | None], Any]) -> None:
         """``callback(assignment or None)`` on the loop, now and whenever /brokers/topics/<t> is written,
         created or deleted (Kafka's PartitionModificationsHandler: the controller sees added partitions)."""
-        on_loop = self._to_loop(callback)
-
-        def on_data(data, stat, event=None) -> None:
-            on_loop(decode_topic_assignment(topic, data, stat) if data else None)
-
-        self._zk.DataWatch(topic_path(topic), on_data)
+        self._watch_data(topic_path(topic), lambda data, stat: decode_topic_assignment(topic, data, stat), callback)
 
     async def all_topics(self) -> list[str]:
         return sorted(await self.children(TOPICS_PATH))
@@ -1005,12 +1005,7 @@ class KafkaZkClient:
         return stat.version
 
     def watch_partition_state(self, topic: str, partition: int, callback: Callable[[PartitionState | None], Any]) -> None:
-        on_loop = self._to_loop(callback)
-
-        def on_data(data, stat, event=None) -> None:
-            on_loop(decode_partition_state(data, stat) if data else None)
-
-        self._zk.DataWatch(partition_state_path(topic, partition), on_data)
+        self._watch_data(partition_state_path(topic, partition), decode_partition_state, callback)
 
     # -- producer ids --
 
