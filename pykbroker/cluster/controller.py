@@ -648,7 +648,7 @@ class Controller:
             um.UpdateMetadataBroker(
                 id_=i32(reg.broker_id), rack=reg.rack,
                 endpoints=tuple(um.UpdateMetadataEndpoint(
-                    port=i32(e.port), host=e.host, listener=e.listener,
+                    port=i32(e.port), host=e.host, listener=e.name,
                     security_protocol=i16(SECURITY_PROTOCOL_IDS.get(e.security_protocol, 0)))
                     for e in reg.endpoints))
             for _, reg in sorted(self._brokers.items()))
@@ -705,7 +705,7 @@ class Controller:
         if reg is None or reg.epoch != old.epoch or (reg.endpoints, reg.rack) == (old.endpoints, old.rack):
             return  # gone or re-registered (BrokerChange handles those), or nothing we use changed
         log.info("controller %d: broker %d changed its registration: %s", self.broker_id, broker_id,
-                 [e.connection_string for e in reg.endpoints])
+                 [str(e) for e in reg.endpoints])
         self._add_live_broker(reg)
         self._send(_Batch(update_metadata_brokers=set(self._brokers)))
 

@@ -62,6 +62,8 @@ from kazoo.exceptions import (
 )
 from kazoo.protocol.states import ZnodeStat
 
+from pykbroker.config import Listener
+
 log = logging.getLogger(__name__)
 
 # ---- paths (Kafka's ZkData) ------------------------------------------------------------------------
@@ -205,27 +207,17 @@ def decode_cluster_id(data: bytes) -> str:
     return json.loads(data)["id"]
 
 
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """One advertised listener: ``LISTENER://host:port`` with its security protocol."""
+# A registered endpoint is a listener: ``LISTENER://host:port`` (``str(endpoint)``) with its security protocol.
+Endpoint = Listener
 
-    listener: str
-    host: str
-    port: int
-    security_protocol: str = "PLAINTEXT"
 
-    @property
-    def connection_string(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.listener}://{host}:{self.port}"
-
-    @classmethod
-    def parse(cls, s: str, protocol_map: dict[str, str] | None = None) -> "Endpoint":
-        listener, _, rest = s.partition("://")
-        host, _, port = rest.rpartition(":")
-        host = host[1:-1] if host.startswith("[") else host
-        proto = (protocol_map or {}).get(listener, listener)
-        return cls(listener, host, int(port), proto)
+def parse_endpoint(text: str, protocol_map: dict[str, str] | None = None) -> Listener:
+    """One ``LISTENER://host:port`` of a registration's endpoints (an IPv6 host in brackets); its security
+    protocol from the registration's map, else the listener name (Kafka's EndPoint.createEndPoint)."""
+    name, _, rest = text.partition("://")
+    host, _, port = rest.rpartition(":")
+    host = host[1:-1] if host.startswith("[") else host
+    return Listener(name, host, int(port), (protocol_map or {}).get(name, name))
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +231,7 @@ class BrokerRegistration:
     features: dict = field(default_factory=dict)
 
     def endpoint(self, listener: str = "PLAINTEXT") -> Endpoint | None:
-        return next((e for e in self.endpoints if e.listener == listener), None)
+        return next((e for e in self.endpoints if e.name == listener), None)
 
 
 def encode_broker_registration(
@@ -257,8 +249,8 @@ def encode_broker_registration(
     plaintext = next((e for e in endpoints if e.security_protocol == "PLAINTEXT"), None)
     doc: dict[str, Any] = {
         "features": features or {},
-        "listener_security_protocol_map": {e.listener: e.security_protocol for e in endpoints},
-        "endpoints": [e.connection_string for e in endpoints],
+        "listener_security_protocol_map": {e.name: e.security_protocol for e in endpoints},
+        "endpoints": [str(e) for e in endpoints],
     }
     if rack is not None:
         doc["rack"] = rack
@@ -278,7 +270,7 @@ def decode_broker_registration(broker_id: int, data: bytes, stat: ZnodeStat | No
     doc = json.loads(data)
     pmap = doc.get("listener_security_protocol_map") or {}
     if doc.get("version", 1) >= 2 and doc.get("endpoints"):
-        endpoints = tuple(Endpoint.parse(s, pmap) for s in doc["endpoints"])
+        endpoints = tuple(parse_endpoint(s, pmap) for s in doc["endpoints"])
     else:
         endpoints = (Endpoint("PLAINTEXT", doc["host"], int(doc["port"])),)
     ts = doc.get("timestamp")

@@ -29,6 +29,7 @@ bound (see server/connection.py).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import functools
 import logging
@@ -276,19 +277,14 @@ class Broker:
     async def _register_in_cluster(self) -> None:
         """Cluster mode, with the listeners bound but not accepting yet: register and run for controller."""
         from pykbroker.cluster.node import ClusterStartError
-        from pykbroker.cluster.zookeeper import Endpoint
 
-        endpoints = [Endpoint(name, e.host, e.port, self._security_protocol(name)) for name, e in self.advertised.items()]
+        # The advertised listeners, with the port each one got where it asked for any free port (0).
+        endpoints = [dataclasses.replace(listener, port=self.advertised[listener.name].port)
+                     for listener in self.config.advertised_listeners]
         try:
             await self.cluster.start(endpoints)
         except ClusterStartError as exc:
             raise StartupError(str(exc)) from None
-
-    def _security_protocol(self, listener_name: str) -> str:
-        for listener in self.config.advertised_listeners:
-            if listener.name == listener_name:
-                return listener.security_protocol
-        return "PLAINTEXT"
 
     def brokers_on(self, listener: str) -> list[BrokerEndpoint]:
         """The live brokers as a client connected through ``listener`` must reach them (Kafka answers with
