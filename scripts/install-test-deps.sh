@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything the test suite needs beyond a Python interpreter, on Debian (as root, or with
 # passwordless sudo):
-#   - Debian packages: kcat (integration tests), zookeeper (cluster tests; pulls in a Java runtime)
+#   - Debian packages: kcat (integration tests), zookeeper (cluster tests; pulls in a Java runtime),
+#     chromium (the web console's browser tests)
 #   - this project in editable mode with its `test` extra (pytest, the Kafka clients, codecs, kazoo)
 #   - KafkaJS for the node tests in tests/js
 #   - pyspark for tests/spark, pinned to the Kafka connector's minor version (Java from default-jre-headless)
@@ -20,6 +21,7 @@ command -v kcat >/dev/null 2>&1 || missing+=(kcat)
 [ -x /usr/share/zookeeper/bin/zkServer.sh ] || missing+=(zookeeper)
 command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
 command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
 
 if ((${#missing[@]})); then
     if [ "$(id -u)" -eq 0 ]; then
