@@ -1,0 +1,51 @@
+"""DescribeLogDirs (key 35), v1-4 (kio has no v0): ``kafka-log-dirs.sh``, AdminClient.describeLogDirs.
+
+Behaviour, as Kafka's ReplicaManager.describeLogDirs: one result, the broker's data dir (absolute path), with
+every log it holds (leader and follower replicas): size of its segments, offset lag max(HWM - log end, 0)
+(0 for a current log), is_future false (no AlterReplicaLogDirs); v4 the volume's total and usable bytes.
+A null topic list means every log; otherwise only the named partitions are described, and, as Kafka
+answers, every other topic in the dir still appears with no partitions. A dir that cannot be read answers
+KAFKA_STORAGE_ERROR for that dir.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from pykbroker.protocol.errors import ErrorCode
+from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._build import make, response_module
+
+
+@handles(35)
+def describe_log_dirs(ctx: RequestContext, request) -> object:
+    schema = response_module(ctx)
+    replicas = ctx.broker.replicas
+    log_manager = replicas.log_manager
+    wanted = None
+    if request.topics is not None:
+        wanted = {(t.topic, index) for t in request.topics for index in t.partitions}
+    log_dir = os.path.abspath(log_manager.data_dir)
+    try:
+        usage = shutil.disk_usage(log_dir)
+    except OSError:
+        result = make(schema.DescribeLogDirsResult, error_code=ErrorCode.kafka_storage_error, log_dir=log_dir,
+                      topics=(), total_bytes=-1, usable_bytes=-1)
+    else:
+        by_topic: dict[str, list] = {}
+        for partition_log in log_manager.logs():
+            parts = by_topic.setdefault(partition_log.topic, [])
+            if wanted is not None and (partition_log.topic, partition_log.partition) not in wanted:
+                continue
+            partition = replicas.partition(partition_log.topic, partition_log.partition)
+            lag = max(partition.high_watermark - partition_log.log_end_offset, 0) if partition is not None else 0
+            parts.append(make(schema.DescribeLogDirsPartition, partition_index=partition_log.partition,
+                              partition_size=partition_log.size_bytes, offset_lag=lag, is_future_key=False))
+        result = make(
+            schema.DescribeLogDirsResult, error_code=ErrorCode.none, log_dir=log_dir,
+            topics=tuple(make(schema.DescribeLogDirsTopic, name=name, partitions=tuple(parts))
+                         for name, parts in by_topic.items()),
+            total_bytes=usage.total, usable_bytes=usage.free,
+        )
+    return make(schema.DescribeLogDirsResponse, throttle_time=0, error_code=ErrorCode.none, results=(result,))

@@ -1,0 +1,47 @@
+"""DescribeProducers (key 61), v0: ``kafka-transactions.sh describe-producers``, AdminClient.describeProducers.
+
+Behaviour, as Kafka's ReplicaManager.activeProducerState: per partition this broker leads, the producer ids
+its producer state holds (idempotent producers; their epoch, last sequence, the max timestamp of their last
+batch), coordinator epoch -1 and no current transaction (-1: pykbroker has no transactions). Errors:
+UNKNOWN_TOPIC_OR_PARTITION for a partition not in the metadata, NOT_LEADER_OR_FOLLOWER for one not led here.
+"""
+
+from __future__ import annotations
+
+from pykbroker.protocol.errors import ErrorCode
+from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._build import make, response_module
+from pykbroker.server.handlers._epochs import leader_partition
+
+NO_COORDINATOR_EPOCH = -1
+NO_TRANSACTION = -1
+
+
+def _partition(ctx: RequestContext, schema, topic: str, index: int) -> object:
+    info = ctx.broker.metadata.topic(topic)
+    producers = ()
+    if info is None or not 0 <= index < len(info.partitions):
+        error = ErrorCode.unknown_topic_or_partition
+    else:
+        partition, error = leader_partition(ctx.broker.replicas, topic, index)
+        if partition is None:
+            error = ErrorCode.not_leader_or_follower  # in the metadata, not led here
+        else:
+            state = partition.producer_state
+            producers = tuple(
+                make(schema.ProducerState, producer_id=entry.producer_id, producer_epoch=entry.epoch,
+                     last_sequence=entry.last_seq, last_timestamp=entry.last_timestamp,
+                     coordinator_epoch=NO_COORDINATOR_EPOCH, current_txn_start_offset=NO_TRANSACTION)
+                for entry in (state.entry(pid) for pid in state.producer_ids()) if entry is not None
+            )
+    return make(schema.PartitionResponse, partition_index=index, error_code=error, error_message=None,
+                active_producers=producers)
+
+
+@handles(61)
+def describe_producers(ctx: RequestContext, request) -> object:
+    schema = response_module(ctx)
+    return make(schema.DescribeProducersResponse, throttle_time=0, topics=tuple(
+        make(schema.TopicResponse, name=topic.name,
+             partitions=tuple(_partition(ctx, schema, topic.name, index) for index in topic.partition_indexes))
+        for topic in request.topics))
