@@ -196,6 +196,72 @@ class TopicAdmin:
         if not await self.metadata.wait_until(condition, timeout_s):
             raise KafkaError(ErrorCode.request_timed_out)
 
+    # -- manual replica assignments ---------------------------------------------------------------
+    def _check_replicas(self, partition: int, replicas: list[int], expected_factor: int | None) -> None:
+        """One partition's manual replicas, as KRaft's validateManualPartitionAssignment checks them."""
+        if not replicas:
+            raise KafkaError(ErrorCode.invalid_replica_assignment,
+                             "The manual partition assignment includes an empty replica list.")
+        registered = {b.broker_id for b in self.metadata.brokers()}
+        previous = None
+        for broker_id in sorted(replicas):
+            if broker_id not in registered:
+                raise KafkaError(ErrorCode.invalid_replica_assignment,
+                                 f"The manual partition assignment includes broker {broker_id}, but no such broker "
+                                 "is registered.")
+            if broker_id == previous:
+                raise KafkaError(ErrorCode.invalid_replica_assignment,
+                                 f"The manual partition assignment includes the broker {broker_id} more than once.")
+            previous = broker_id
+        if expected_factor is not None and len(replicas) != expected_factor:
+            raise KafkaError(ErrorCode.invalid_replica_assignment,
+                             f"The manual partition assignment includes a partition with {len(replicas)} replica(s), "
+                             f"but this is not consistent with previous partitions, which have {expected_factor} "
+                             "replica(s).")
+
+    def check_create_assignment(self, partitions: int, replication_factor: int,
+                                assignments: list[tuple[int, list[int]]]) -> dict[int, list[int]]:
+        """CreateTopics' manual assignment ``(partition index, broker ids)``: the assignment, or KafkaError
+        (INVALID_REQUEST with a partition count or replication factor too, INVALID_REPLICA_ASSIGNMENT for
+        duplicate partitions or brokers, unknown brokers, uneven replica counts, indexes not 0..n-1),
+        with KRaft's ReplicationControlManager messages."""
+        if partitions != -1:
+            raise KafkaError(ErrorCode.invalid_request,
+                             "A manual partition assignment was specified, but numPartitions was not set to -1.")
+        if replication_factor != -1:
+            raise KafkaError(ErrorCode.invalid_request,
+                             "A manual partition assignment was specified, but replicationFactor was not set to -1.")
+        result: dict[int, list[int]] = {}
+        factor = None
+        for index, replicas in assignments:
+            if index in result:
+                raise KafkaError(ErrorCode.invalid_replica_assignment,
+                                 f"Found multiple manual partition assignments for partition {index}")
+            self._check_replicas(index, replicas, factor)
+            factor = len(replicas)
+            result[index] = list(replicas)
+        if sorted(result) != list(range(len(result))):
+            raise KafkaError(ErrorCode.invalid_replica_assignment,
+                             "partitions should be a consecutive 0-based integer sequence")
+        return result
+
+    def check_added_assignment(self, name: str, total: int, assignments: list[list[int]]) -> dict[int, list[int]]:
+        """CreatePartitions' assignments of the new partitions, in order: partition -> replicas, or KafkaError
+        (INVALID_REPLICA_ASSIGNMENT: not one per new partition, unknown or duplicate brokers, another
+        replication factor than the topic's), as Kafka's ZkAdminManager / AdminZkClient check them."""
+        self._check_add_partitions(name, total)
+        info = self.metadata.topic(name)
+        existing = len(info.partitions)
+        if len(assignments) != total - existing:
+            raise KafkaError(ErrorCode.invalid_replica_assignment,
+                             f"Increasing the number of partitions by {total - existing} but {len(assignments)} "
+                             "assignments provided.")
+        result = {}
+        for offset, replicas in enumerate(assignments):
+            self._check_replicas(existing + offset, replicas, info.replication_factor)
+            result[existing + offset] = list(replicas)
+        return result
+
     # -- lifecycle, both modes (the admin handlers) -------------------------------------------------
     async def create_async(
         self,
@@ -204,15 +270,19 @@ class TopicAdmin:
         replication_factor: int = -1,
         configs: dict[str, str | None] | None = None,
         *,
+        assignment: dict[int, list[int]] | None = None,
         validate_only: bool = False,
         timeout_s: float = 0.0,
     ) -> TopicInfo | None:
         """Create the topic and await it (every partition led, and hosted here in single-node mode), at
-        most ``timeout_s`` (REQUEST_TIMED_OUT past it); None when only validated."""
+        most ``timeout_s`` (REQUEST_TIMED_OUT past it); None when only validated. ``assignment`` (from
+        ``check_create_assignment``) places the replicas as named."""
+        if assignment is not None:
+            partitions, replication_factor = len(assignment), len(assignment[0])
         partitions, replication_factor, overrides = self._check_create(name, partitions, replication_factor, configs)
         if validate_only:
             return None
-        await self.metadata.create_topic_async(name, partitions, replication_factor, overrides)
+        await self.metadata.create_topic_async(name, partitions, replication_factor, overrides, assignment)
         log.info("created topic %s with %d partitions", name, partitions)
         await self._await_visible(lambda: self._has_leaders(name, partitions), timeout_s)
         info = self.metadata.topic(name)
@@ -239,13 +309,15 @@ class TopicAdmin:
         return info
 
     async def add_partitions_async(
-        self, name: str, total: int, *, validate_only: bool = False, timeout_s: float = 0.0
+        self, name: str, total: int, *, assignment: dict[int, list[int]] | None = None,
+        validate_only: bool = False, timeout_s: float = 0.0
     ) -> TopicInfo | None:
-        """Add partitions up to ``total`` and await them as ``create_async`` does; None when only validated."""
+        """Add partitions up to ``total`` and await them as ``create_async`` does; None when only validated.
+        ``assignment`` (from ``check_added_assignment``) places the new replicas as named."""
         self._check_add_partitions(name, total)
         if validate_only:
             return None
-        await self.metadata.add_partitions_async(name, total)
+        await self.metadata.add_partitions_async(name, total, assignment)
         await self._await_visible(lambda: self._has_leaders(name, total), timeout_s)
         info = self.metadata.topic(name)
         assert info is not None

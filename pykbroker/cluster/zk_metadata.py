@@ -357,8 +357,10 @@ class ZkMetadata(TopicIndex):
 
     # -- admin writes (AdminZkClient) -------------------------------------------------------------
     async def create_topic_async(self, name: str, partitions: int, replication_factor: int,
-                                 configs: dict[str, str]) -> None:
-        """Write the topic to ZooKeeper (config, then assignment with a new topic id)."""
+                                 configs: dict[str, str], assignment: dict[int, list[int]] | None = None) -> None:
+        """Write the topic to ZooKeeper (config, then assignment with a new topic id): the replicas as
+        ``assignment`` names them (the controller creates the partitions from it), else placed as Kafka's
+        AdminUtils does."""
         found = await self.zk.get_or_none(delete_topic_path(name))
         if found is not None:
             raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{name}' is marked for deletion.")
@@ -371,12 +373,13 @@ class ZkMetadata(TopicIndex):
                 ErrorCode.invalid_topic_exception, f"Topic '{name}' collides with existing topics: {', '.join(colliding)}"
             )
         brokers = [b.broker_id for b in self.brokers()]
-        if replication_factor > len(brokers):  # the live brokers changed since TopicAdmin's check
-            raise KafkaError(
-                ErrorCode.invalid_replication_factor,
-                f"Replication factor: {replication_factor} larger than available brokers: {len(brokers)}.",
-            )
-        assignment = assign_replicas_to_brokers(brokers, partitions, replication_factor)
+        if assignment is None:
+            if replication_factor > len(brokers):  # the live brokers changed since TopicAdmin's check
+                raise KafkaError(
+                    ErrorCode.invalid_replication_factor,
+                    f"Replication factor: {replication_factor} larger than available brokers: {len(brokers)}.",
+                )
+            assignment = assign_replicas_to_brokers(brokers, partitions, replication_factor)
         try:
             await self.zk.create_topic(name, assignment, uuid.uuid4(), configs)
         except TopicExists:
@@ -386,8 +389,10 @@ class ZkMetadata(TopicIndex):
         """Mark the topic for deletion; the controller deletes it and tells the brokers."""
         await self.zk.mark_topic_for_deletion(name)
 
-    async def add_partitions_async(self, name: str, total: int) -> None:
-        """Rewrite the assignment znode with ``total`` partitions, conditional on the version read."""
+    async def add_partitions_async(self, name: str, total: int,
+                                   assignment: dict[int, list[int]] | None = None) -> None:
+        """Rewrite the assignment znode with ``total`` partitions, conditional on the version read; the new
+        partitions' replicas as ``assignment`` names them, else placed as Kafka's AdminUtils does."""
         for _ in range(_ASSIGNMENT_WRITE_ATTEMPTS):
             current = await self.zk.get_topic_assignment(name)
             if current is None:
@@ -409,10 +414,17 @@ class ZkMetadata(TopicIndex):
                     ErrorCode.invalid_replication_factor,
                     f"Replication factor: {replication_factor} larger than available brokers: {len(brokers)}.",
                 )
-            start = next((i for i, b in enumerate(brokers) if b >= first[0]), 0)
-            added = assign_replicas_to_brokers(
-                brokers, total - existing, replication_factor, start_index=start, start_partition=existing
-            )
+            if assignment is not None:
+                if sorted(assignment) != list(range(existing, total)):  # partitions added since TopicAdmin's check
+                    raise KafkaError(ErrorCode.invalid_replica_assignment,
+                                     f"Increasing the number of partitions by {total - existing} "
+                                     f"but {len(assignment)} assignments provided.")
+                added = assignment
+            else:
+                start = next((i for i, b in enumerate(brokers) if b >= first[0]), 0)
+                added = assign_replicas_to_brokers(
+                    brokers, total - existing, replication_factor, start_index=start, start_partition=existing
+                )
             updated = TopicAssignment(name, current.topic_id, {**current.partitions, **added})
             try:
                 await self.zk.set_topic_assignment(name, updated, current.zk_version, -1)

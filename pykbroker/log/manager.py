@@ -380,6 +380,21 @@ class LogManager:
         await asyncio.wrap_future(self._executor.submit(write_checkpoint, self.data_dir / RECOVERY_POINT_CHECKPOINT, recovery))
         await asyncio.wrap_future(self._executor.submit(write_checkpoint, self.data_dir / LOG_START_OFFSET_CHECKPOINT, starts))
 
+    async def write_log_start_checkpoint_async(self) -> None:
+        """Write the log-start-offset checkpoint in the worker thread (DeleteRecords moved a log start: a
+        restart, even after a crash, must not serve the deleted records again). A failed write is logged and
+        retried with the next checkpoint."""
+        if self._closed:
+            return  # shutdown() writes it
+        _, starts = self._checkpoint_rows()
+        try:
+            await asyncio.wrap_future(
+                self._executor.submit(write_checkpoint, self.data_dir / LOG_START_OFFSET_CHECKPOINT, starts))
+        except RuntimeError:  # shut down meanwhile: shutdown() writes it
+            return
+        except OSError as exc:
+            log.warning("writing %s failed (%s); retried with the next checkpoint", LOG_START_OFFSET_CHECKPOINT, exc)
+
     def shutdown(self) -> None:
         """Flush and close every log, write the checkpoints and the clean-shutdown marker, release the lock."""
         if self._closed:
@@ -403,3 +418,4 @@ class LogManager:
             os.close(dir_fd)
         self._logs.clear()
         os.close(self._lock_fd)
+

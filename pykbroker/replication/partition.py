@@ -196,6 +196,7 @@ class Partition:
         # Waiters: consumers' long polls (woken when the HWM moves), followers' (when the log end moves).
         self._hwm_waiters: list[asyncio.Future] = []
         self._leo_waiters: list[asyncio.Future] = []
+        self._lwm_waiters: list[asyncio.Future] = []  # DeleteRecords: woken when a follower's log start moves
         self.delayed_produces: list["DelayedProduce"] = []
 
     # -- state ------------------------------------------------------------------------------------
@@ -335,6 +336,7 @@ class Partition:
         self.complete_delayed_produces()
         self._wake(self._hwm_waiters)
         self._wake(self._leo_waiters)
+        self._wake(self._lwm_waiters)
 
     # -- high-water mark --------------------------------------------------------------------------
     def _maybe_increment_hwm(self, now_ms: int) -> bool:
@@ -368,7 +370,10 @@ class Partition:
         if state is None or self.role is not Role.LEADER:
             return
         previous = state.log_end_offset
+        previous_start = state.log_start_offset
         state.update_fetch_state(fetch_offset, log_start_offset, now_ms, leader_end_offset)
+        if self._lwm_waiters and state.log_start_offset != previous_start:
+            self._wake(self._lwm_waiters)
         self.maybe_expand_isr(replica_id)
         if previous != fetch_offset and self._maybe_increment_hwm(now_ms):
             self._hwm_moved()
@@ -516,6 +521,38 @@ class Partition:
                 self._wake(self._leo_waiters)
         return AppendOutcome(ErrorCode.none, result.base_offset, result.log_append_time_ms, result.log_start_offset,
                              last_offset=result.last_offset, has_followers=bool(self._remote))
+
+    # -- DeleteRecords (leader side) ---------------------------------------------------------------
+    def delete_records_on_leader(self, offset: int) -> int:
+        """Kafka's Partition.deleteRecordsOnLeader: move the log start up to ``offset`` (-1: the HWM), whole
+        segments below it deleted. Returns the offset; raises OffsetOutOfRange for a negative one or one past
+        the HWM (the log start never passes it)."""
+        hwm = self.high_watermark
+        wanted = hwm if offset == -1 else offset
+        if wanted < 0 or wanted > hwm:
+            raise OffsetOutOfRange(wanted, self.log.log_start_offset, hwm)
+        self.log.delete_records_before(wanted)
+        return wanted
+
+    @property
+    def low_watermark(self) -> int:
+        """Kafka's lowWatermarkIfLeader: the smallest log start offset of this replica and the remote
+        replicas on live brokers (their log starts as their fetches report them)."""
+        low = self.log.log_start_offset
+        for replica_id, state in self._remote.items():
+            if state.log_start_offset < low and self.isr_eligible(replica_id):
+                low = state.log_start_offset
+        return low
+
+    def add_low_watermark_waiter(self, waiter: asyncio.Future) -> None:
+        """``waiter`` gets a result when a follower reports another log start, or the role changes."""
+        self._lwm_waiters.append(waiter)
+
+    def remove_low_watermark_waiter(self, waiter: asyncio.Future) -> None:
+        try:
+            self._lwm_waiters.remove(waiter)
+        except ValueError:
+            pass
 
     # -- follower side (for the fetcher) ----------------------------------------------------------
     def append_as_follower(self, records, *, now_ms: int | None = None) -> AppendResult:

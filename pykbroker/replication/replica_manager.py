@@ -406,6 +406,59 @@ class ReplicaManager:
         entries = [(self._partitions[(topic, index)], last_offset + 1, min_isr) for topic, index, last_offset, min_isr in waits]
         return self.purgatory.watch(entries, timeout_ms)
 
+    # -- DeleteRecords ----------------------------------------------------------------------------
+    def delete_records(self, topic: str, index: int, offset: int) -> tuple[ErrorCode, int, int]:
+        """Kafka's deleteRecordsOnLocalLog for one partition: (error, required offset, low watermark).
+        The log start moves at once on this leader (the caller awaits ``log_manager.write_log_start_checkpoint_async``);
+        followers adopt it from their next fetch's answer, and ``await_low_watermarks`` waits for that as
+        Kafka's DelayedDeleteRecords does."""
+        partition = self._partitions.get((topic, index))
+        if partition is None or not partition.is_leader:
+            return ErrorCode.not_leader_or_follower, -1, -1
+        try:
+            required = partition.delete_records_on_leader(offset)
+        except OffsetOutOfRange:
+            return ErrorCode.offset_out_of_range, -1, -1
+        except OSError as exc:
+            self.storage_errors.failed(partition.log.directory.parent, (topic, index), exc)
+            return ErrorCode.kafka_storage_error, -1, -1
+        return ErrorCode.none, required, partition.low_watermark
+
+    async def await_low_watermarks(self, required: dict[TopicPartition, int], timeout_s: float,
+                                   ) -> dict[TopicPartition, tuple[ErrorCode, int]]:
+        """Kafka's DelayedDeleteRecords: per partition, (NONE, low watermark) once the log start of every
+        replica on a live broker reached its required offset, NOT_LEADER_OR_FOLLOWER if this broker stopped
+        leading it meanwhile, REQUEST_TIMED_OUT (with the low watermark then) if the timeout passed first."""
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        results: dict[TopicPartition, tuple[ErrorCode, int]] = {}
+        while True:
+            pending = []
+            for tp, offset in required.items():
+                if tp in results:
+                    continue
+                partition = self._partitions.get(tp)
+                if partition is None or not partition.is_leader:
+                    results[tp] = (ErrorCode.not_leader_or_follower, -1)
+                elif partition.low_watermark >= offset:
+                    results[tp] = (ErrorCode.none, partition.low_watermark)
+                else:
+                    pending.append(partition)
+            remaining = deadline - time.monotonic()
+            if not pending or remaining <= 0:
+                for partition in pending:
+                    results[(partition.topic, partition.index)] = (ErrorCode.request_timed_out, partition.low_watermark)
+                return results
+            waiter = asyncio.get_running_loop().create_future()
+            for partition in pending:
+                partition.add_low_watermark_waiter(waiter)
+            try:
+                await asyncio.wait_for(waiter, remaining)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                for partition in pending:
+                    partition.remove_low_watermark_waiter(waiter)
+
     # -- fetch ------------------------------------------------------------------------------------
     def read(self, partition: Partition, offset: int, max_bytes: int, *, min_one: bool, up_to_hwm: bool = True) -> ReadResult:
         """Whole batches from ``offset``; consumers never see past the high-water mark. Raises OffsetOutOfRange."""

@@ -319,4 +319,13 @@ def test_kafka_tools_single_broker(address, topic_name, tmp_path):
                     "--all-topic-partitions").stdout
     assert "Exception" not in out
     out = tools.run("kafka-topics.sh", "--bootstrap-server", bootstrap, "--describe", "--topic", topic_name).stdout
-    assert f"Topic: {topic_name}\tPartition: 1\tLeader: 0\tReplicas: 0\tIsr: 0" in out, out
+    assert f"Partition: 1\tLeader: {B}\tReplicas: {B}\tIsr: {B}" in out, out
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    producer.produce(topic_name, b"x", partition=0)
+    assert producer.flush(15) == 0
+    out = tools.run("kafka-transactions.sh", "--bootstrap-server", bootstrap, "describe-producers",
+                    "--topic", topic_name, "--partition", "0").stdout
+    lines = out.strip().splitlines()
+    assert lines[0].split() == ["ProducerId", "ProducerEpoch", "LatestCoordinatorEpoch", "LastSequence",
+                                "LastTimestamp", "CurrentTransactionStartOffset"], out
+    assert len(lines) == 2 and lines[1].split()[3] == "0", out

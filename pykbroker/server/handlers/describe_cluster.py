@@ -3,7 +3,8 @@
 Behaviour: cluster id, controller (from the metadata: in cluster mode the id the last UpdateMetadata named,
 -1 while none is known) and live brokers (their endpoints on the listener the request arrived on); the
 Java admin client and Spark's driver call it before every offset query. endpoint_type (v1) 1 = brokers is
-the only kind served; 2 (controllers) gets UNSUPPORTED_ENDPOINT_TYPE, as a broker answers in Kafka.
+the only kind served; 2 (controllers) gets UNSUPPORTED_ENDPOINT_TYPE, as a broker answers in Kafka. The
+cluster's authorized operations when asked: all a cluster supports (no authorizer, see _operations.py).
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from __future__ import annotations
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
+from pykbroker.server.handlers._operations import CLUSTER_OPERATIONS, operations_if
 
 BROKER_ENDPOINTS = 1
-NOT_REQUESTED_OPERATIONS = -(2**31)
 
 
 @handles(60)
@@ -35,5 +36,5 @@ def describe_cluster(ctx: RequestContext, request) -> object:
         cluster_id=metadata.cluster_id,
         controller_id=metadata.controller_id,
         brokers=brokers,
-        cluster_authorized_operations=NOT_REQUESTED_OPERATIONS,
+        cluster_authorized_operations=operations_if(request.include_cluster_authorized_operations, CLUSTER_OPERATIONS),
     )

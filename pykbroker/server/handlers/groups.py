@@ -32,9 +32,7 @@ from pykbroker.groups.group import JoinResult, SyncResult
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
-
-GROUP_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8)  # AclOperation READ, DELETE, DESCRIBE: a group's, unrestricted
-AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
+from pykbroker.server.handlers._operations import GROUP_OPERATIONS, NOT_REQUESTED as AUTHORIZED_OPERATIONS_OMITTED
 
 
 def _ms(value: Any) -> int:

@@ -1,5 +1,6 @@
 """The cluster's own APIs, served only when the broker is in a ZooKeeper cluster (``cluster_only`` in the
-support matrix): what the controller tells brokers, and what brokers and admin clients ask the controller.
+support matrix): what the controller tells brokers, and what brokers and admin clients ask the controller;
+ElectLeaders also on the single broker.
 
 - LeaderAndIsr (4) v7, StopReplica (5) v4, UpdateMetadata (6) v8: from the controller to every broker,
   applied by cluster/node.py (STALE_CONTROLLER_EPOCH / STALE_BROKER_EPOCH for a fenced sender). The codecs
@@ -16,7 +17,7 @@ from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
 
-PREFERRED = 0
+PREFERRED, UNCLEAN = 0, 1
 
 
 @handles(4)
@@ -61,19 +62,47 @@ async def elect_leaders(ctx: RequestContext, request) -> object:
     wanted = None
     if request.topic_partitions is not None:
         wanted = [(entry.topic, index) for entry in request.topic_partitions for index in entry.partitions]
-    controller = ctx.broker.cluster.controller
-    if controller.active:
-        results = await controller.elect_leaders(election_type, wanted)
-    else:
-        results = {tp: (ErrorCode.not_controller, None) for tp in wanted or ()}
     by_topic: dict[str, list] = {}
+    cluster = ctx.broker.cluster
+    if cluster is None:
+        results = _single_node_elections(ctx.broker.metadata, election_type, wanted)
+        if wanted is None:  # KRaft lists every topic, leaving out the partitions needing no election
+            by_topic = {info.name: [] for info in ctx.broker.metadata.topics()}
+        active = True
+    else:
+        controller = cluster.controller
+        active = controller.active
+        if active:
+            results = await controller.elect_leaders(election_type, wanted)
+        else:
+            results = {tp: (ErrorCode.not_controller, None) for tp in wanted or ()}
     for (topic, index), (error, message) in sorted(results.items()):
         by_topic.setdefault(topic, []).append(
             make(schema.PartitionResult, partition_id=index, error_code=error, error_message=message))
-    top_error = ErrorCode.none if controller.active or wanted else ErrorCode.not_controller
+    top_error = ErrorCode.none if active or wanted else ErrorCode.not_controller
     return make(
         schema.ElectLeadersResponse, throttle_time=0, error_code=top_error,
         replica_election_results=tuple(
             make(schema.ReplicaElectionResult, topic=topic, partition_result=tuple(parts))
             for topic, parts in by_topic.items()),
     )
+
+
+def _single_node_elections(metadata, election_type: int, wanted: list[tuple[str, int]] | None,
+                           ) -> dict[tuple[str, int], tuple[ErrorCode, str | None]]:
+    """The single broker leads every partition, which is its only (so preferred) replica: as KRaft's
+    ReplicationControlManager answers, ELECTION_NOT_NEEDED for each partition named (preferred or unclean:
+    the leader is alive), UNKNOWN_TOPIC_OR_PARTITION for one that does not exist; with every partition
+    asked for (null), those needing no election are left out."""
+    if election_type not in (PREFERRED, UNCLEAN):
+        return {tp: (ErrorCode.invalid_request, f"Unknown election type {election_type}") for tp in wanted or ()}
+    if wanted is None:
+        return {}
+    results = {}
+    for topic, index in wanted:
+        info = metadata.topic(topic)
+        if info is None or not 0 <= index < len(info.partitions):
+            results[(topic, index)] = (ErrorCode.unknown_topic_or_partition, "The partition does not exist.")
+        else:
+            results[(topic, index)] = (ErrorCode.election_not_needed, "Leader election not needed for topic partition.")
+    return results

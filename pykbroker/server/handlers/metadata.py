@@ -12,7 +12,8 @@ Unknown topics are created when the request allows it (always before v4, the fla
 auto.create.topics.enable is on; the topic then appears at once when its leaders are known (single node),
 else LEADER_NOT_AVAILABLE until they are (cluster: the controller elects them, as in Kafka); a name Kafka
 would reject gets INVALID_TOPIC_EXCEPTION, a failed creation its error (e.g. INVALID_REPLICATION_FACTOR).
-Topics can be asked for by id from v10 (unknown id: UNKNOWN_TOPIC_ID).
+Topics can be asked for by id from v10 (unknown id: UNKNOWN_TOPIC_ID). Authorized operations (v8+, the
+cluster's until v10) when asked: every operation the resource supports (no authorizer, see _operations.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pykbroker.cluster.metadata import PartitionState, TopicInfo, topic_name_err
 from pykbroker.protocol.errors import ErrorCode, KafkaError
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
+from pykbroker.server.handlers._operations import CLUSTER_OPERATIONS, TOPIC_OPERATIONS, operations_if
 
 NO_TOPIC_ID = uuid.UUID(int=0)
 NO_LEADER = -1
@@ -31,12 +33,14 @@ NO_LEADER = -1
 class _Reach:
     """Which brokers are alive, and which of them can be reached on the request's listener."""
 
-    def __init__(self, ctx: RequestContext) -> None:
-        self.version = ctx.version
+    def __init__(self, ctx: RequestContext, metadata_version: int | None = None, request=None) -> None:
+        self.version = ctx.version if metadata_version is None else metadata_version  # DescribeTopicPartitions: 12
         self.alive = {b.broker_id for b in ctx.broker.metadata.brokers()}
         self.reachable = {b.broker_id for b in ctx.broker.brokers_on(ctx.listener)}
+        self.topic_operations = operations_if(
+            getattr(request, "include_topic_authorized_operations", False), TOPIC_OPERATIONS)
 
-    def partition(self, schema, index: int, state: PartitionState) -> object:
+    def partition(self, schema, index: int, state: PartitionState, cls: type | None = None) -> object:
         replicas, isr = state.replicas, state.isr
         if self.version == 0:  # Kafka's errorUnavailableEndpoints
             replicas = [r for r in replicas if r in self.reachable]
@@ -53,7 +57,7 @@ class _Reach:
         else:
             error = ErrorCode.none
         return make(
-            schema.MetadataResponsePartition,
+            cls or schema.MetadataResponsePartition,
             error_code=error,
             partition_index=index,
             leader_id=leader,
@@ -71,10 +75,11 @@ class _Reach:
             topic_id=info.topic_id,
             is_internal=info.internal,
             partitions=tuple(self.partition(schema, index, state) for index, state in enumerate(info.partitions)),
+            topic_authorized_operations=self.topic_operations,
         )
 
 
-def _error_entry(schema, code: ErrorCode, name: str | None, topic_id: uuid.UUID | None = None) -> object:
+def _error_entry(reach: _Reach, schema, code: ErrorCode, name: str | None, topic_id: uuid.UUID | None = None) -> object:
     return make(
         schema.MetadataResponseTopic,
         error_code=code,
@@ -82,6 +87,7 @@ def _error_entry(schema, code: ErrorCode, name: str | None, topic_id: uuid.UUID 
         topic_id=topic_id or NO_TOPIC_ID,
         is_internal=False,
         partitions=(),
+        topic_authorized_operations=reach.topic_operations,
     )
 
 
@@ -90,7 +96,7 @@ async def metadata(ctx: RequestContext, request) -> object:
     broker = ctx.broker
     schema = response_module(ctx)
     version = ctx.version
-    reach = _Reach(ctx)
+    reach = _Reach(ctx, request=request)
     requested = request.topics
     if requested is None or (version == 0 and not requested):
         topics = tuple(reach.topic(schema, info) for info in broker.metadata.topics())
@@ -105,24 +111,24 @@ async def metadata(ctx: RequestContext, request) -> object:
             if name is None:
                 info = broker.metadata.topic_by_id(topic_id) if topic_id else None
                 entries.append(
-                    reach.topic(schema, info) if info else _error_entry(schema, ErrorCode.unknown_topic_id, None, topic_id)
+                    reach.topic(schema, info) if info else _error_entry(reach, schema, ErrorCode.unknown_topic_id, None, topic_id)
                 )
                 continue
             info = broker.metadata.topic(name)
             if info is None:
                 if topic_name_error(name):
-                    entries.append(_error_entry(schema, ErrorCode.invalid_topic_exception, name))
+                    entries.append(_error_entry(reach, schema, ErrorCode.invalid_topic_exception, name))
                     continue
                 if not allow_auto_create:
-                    entries.append(_error_entry(schema, ErrorCode.unknown_topic_or_partition, name))
+                    entries.append(_error_entry(reach, schema, ErrorCode.unknown_topic_or_partition, name))
                     continue
                 try:
                     info = await broker.topics.auto_create_async(name)
                 except KafkaError as exc:
-                    entries.append(_error_entry(schema, exc.code, name))
+                    entries.append(_error_entry(reach, schema, exc.code, name))
                     continue
                 if info is None:
-                    entries.append(_error_entry(schema, ErrorCode.leader_not_available, name))
+                    entries.append(_error_entry(reach, schema, ErrorCode.leader_not_available, name))
                     continue
             entries.append(reach.topic(schema, info))
         topics = tuple(entries)
@@ -137,4 +143,6 @@ async def metadata(ctx: RequestContext, request) -> object:
         cluster_id=broker.metadata.cluster_id,
         controller_id=broker.metadata.controller_id,
         topics=topics,
+        cluster_authorized_operations=operations_if(
+            getattr(request, "include_cluster_authorized_operations", False), CLUSTER_OPERATIONS),
     )

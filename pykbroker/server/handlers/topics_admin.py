@@ -4,7 +4,10 @@ Behaviour: the rules live in cluster/topic_admin.py; these handlers decode, call
 its KafkaError code and message on that topic's entry. CreateTopics v5+ echoes the partition count,
 replication factor and the full config list with sources (what the Java admin shows after create), v7
 the new topic id; num_partitions / replication_factor -1 take the broker defaults. Manual replica
-assignments are refused with INVALID_REQUEST (the embedded broker places every replica itself).
+assignments (CreateTopics' with num_partitions and replication_factor -1, CreatePartitions' one per new
+partition) place the replicas exactly as named; bad ones get INVALID_REPLICA_ASSIGNMENT (INVALID_REQUEST with
+a partition count or factor too), as KRaft / ZkAdminManager check them (cluster/topic_admin.py). The single
+broker accepts only its own id.
 DeleteTopics v6 accepts topics by name or id. A request that would add more than 10,000 partitions is
 refused whole with POLICY_VIOLATION, as Kafka does. Each handler answers only after its metadata
 changes are durable (awaited off the event loop, so other clients are served meanwhile) and visible: in
@@ -97,13 +100,17 @@ async def _create_topics(ctx: RequestContext, request) -> object:
             if topic.name in seen:
                 raise KafkaError(ErrorCode.invalid_request, f"Duplicate topic name {topic.name} in request")
             seen.add(topic.name)
+            assignment = None
             if topic.assignments:
-                raise KafkaError(ErrorCode.invalid_request, "Manual replica assignment is not supported")
+                assignment = ctx.broker.topics.check_create_assignment(
+                    topic.num_partitions, topic.replication_factor,
+                    [(a.partition_index, list(a.broker_ids)) for a in topic.assignments])
             info = await ctx.broker.topics.create_async(
                 topic.name,
                 topic.num_partitions,
                 topic.replication_factor,
                 {c.name: c.value for c in topic.configs},
+                assignment=assignment,
                 validate_only=request.validate_only if hasattr(request, "validate_only") else False,
                 timeout_s=deadline.remaining(),
             )
@@ -190,10 +197,13 @@ async def _create_partitions(ctx: RequestContext, request) -> object:
         try:
             if too_many is not None:
                 raise too_many
-            if topic.assignments:
-                raise KafkaError(ErrorCode.invalid_request, "Manual replica assignment is not supported")
+            assignment = None
+            if topic.assignments is not None:  # null: placed by the broker; else one per new partition
+                assignment = ctx.broker.topics.check_added_assignment(
+                    topic.name, topic.count, [list(a.broker_ids) for a in topic.assignments])
             info = await ctx.broker.topics.add_partitions_async(
-                topic.name, topic.count, validate_only=request.validate_only, timeout_s=deadline.remaining()
+                topic.name, topic.count, assignment=assignment, validate_only=request.validate_only,
+                timeout_s=deadline.remaining()
             )
         except KafkaError as exc:
             outcomes.append((topic.name, exc, False))
