@@ -22,7 +22,7 @@ from kio.schema.describe_topic_partitions.v0 import request as dtp
 from kio.schema.elect_leaders.v2 import request as el
 from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v10 import request as md10
-from kio.static.primitive import i32, i32Timedelta, i64
+from kio.static.primitive import i32, i64
 
 from broker_process import list_offset, produce_raw, send_request
 from pykbroker.protocol.records import build_batch

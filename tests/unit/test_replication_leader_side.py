@@ -227,3 +227,39 @@ def test_acks_all_below_min_insync_replicas_is_refused_before_the_append(tmp_pat
     accepted = rm.append("t", 0, batch(2), acks=1, min_insync_replicas=2)  # acks=1 does not look at the ISR
     assert accepted.error == ErrorCode.none and accepted.last_offset == 1
     rm.log_manager.shutdown()
+
+
+def test_delete_records_waits_for_the_followers_log_start(tmp_path):
+    """Kafka's deleteRecordsOnLeader + DelayedDeleteRecords: the leader's log start moves at once, the answer
+    waits until every replica on a live broker reported a log start at or past it (the low watermark)."""
+    rm = leader_with_two_epochs(tmp_path)
+    p = rm.partition("t", 0)
+    p.update_follower_fetch_state(2, 8, 0, T0, 8)  # follower 2 caught up, its log start 0: HWM 8
+    assert rm.delete_records("t", 0, 9) == (ErrorCode.offset_out_of_range, -1, -1)  # past the HWM
+    assert rm.delete_records("t", 0, -2) == (ErrorCode.offset_out_of_range, -1, -1)
+    assert rm.delete_records("t", 1, 0) == (ErrorCode.not_leader_or_follower, -1, -1)
+    assert rm.delete_records("t", 0, 6) == (ErrorCode.none, 6, 0)  # the low watermark: follower 2's start
+    assert p.log.log_start_offset == 6 and p.low_watermark == 0
+
+    async def scenario():
+        timed_out = await rm.await_low_watermarks({("t", 0): 6}, 0.05)
+        waiting = asyncio.ensure_future(rm.await_low_watermarks({("t", 0): 6}, 30))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        p.update_follower_fetch_state(2, 8, 6, T0, 8)  # the follower's next fetch reports its new start
+        return timed_out, await asyncio.wait_for(waiting, 5)
+
+    assert asyncio.run(scenario()) == ({("t", 0): (ErrorCode.request_timed_out, 0)}, {("t", 0): (ErrorCode.none, 6)})
+    assert rm.delete_records("t", 0, -1) == (ErrorCode.none, 8, 6)  # -1: up to the HWM
+    rm.is_alive = lambda broker_id: broker_id != 2  # a dead broker's replica does not hold it back
+    assert p.low_watermark == 8
+
+    async def leadership_lost():
+        waiting = asyncio.ensure_future(rm.await_low_watermarks({("t", 0): 9}, 30))
+        await asyncio.sleep(0.01)
+        assert rm.become_follower("t", 0, 2, 4, (1, 2), (1, 2), 2) == ErrorCode.none
+        return await asyncio.wait_for(waiting, 5)
+
+    rm.is_alive = lambda broker_id: True
+    assert asyncio.run(leadership_lost()) == {("t", 0): (ErrorCode.not_leader_or_follower, -1)}
+    rm.log_manager.shutdown()
