@@ -36,13 +36,13 @@ CLUSTER_OPS = {AclOperation.CREATE, AclOperation.CLUSTER_ACTION, AclOperation.DE
                AclOperation.ALTER_CONFIGS, AclOperation.IDEMPOTENT_WRITE, AclOperation.ALTER, AclOperation.DESCRIBE}
 
 
-def create(address, name, partitions=1, replication_factor=-1, assignments=()):
+def create(address, name, partitions=1, replication_factor=-1, assignments=(), validate_only=False):
     request = ct.CreateTopicsRequest(
         topics=(ct.CreatableTopic(
             name=name, num_partitions=partitions, replication_factor=replication_factor, configs=(),
             assignments=tuple(ct.CreatableReplicaAssignment(partition_index=i32(p), broker_ids=tuple(i32(b) for b in ids))
                               for p, ids in assignments)),),
-        timeout=TIMEOUT, validate_only=False)
+        timeout=TIMEOUT, validate_only=validate_only)
     return send_request(address, request).topics[0]
 
 
@@ -240,6 +240,8 @@ def test_create_topics_bad_assignment(address, topic_name, partitions, factor, a
 
 
 def test_create_topics_and_partitions_with_assignment(address, topic_name):
+    checked = create(address, topic_name, -1, -1, [(0, [B]), (1, [B]), (2, [B])], validate_only=True)
+    assert (checked.error_code, checked.num_partitions, checked.replication_factor) == (ErrorCode.none, 3, 1)
     result = create(address, topic_name, -1, -1, [(0, [B]), (1, [B])])
     assert result.error_code == ErrorCode.none and result.num_partitions == 2 and result.replication_factor == 1
 

@@ -26,6 +26,7 @@ change is applied and retried with the next commit, but it is not durable).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 from pykbroker.cluster.topic_admin import too_many_partitions_per_request
@@ -78,6 +79,12 @@ class _Deadline:
         return max(0.0, self._end - time.monotonic())
 
 
+def _counted(topic):
+    """A CreateTopics entry with its manual assignment's partition count and replication factor."""
+    return dataclasses.replace(topic, num_partitions=len(topic.assignments),
+                               replication_factor=len(topic.assignments[0].broker_ids))
+
+
 @handles(19)
 async def create_topics(ctx: RequestContext, request) -> object:
     return await asyncio.shield(ctx.broker.run_owned(_create_topics(ctx, request)))
@@ -90,7 +97,8 @@ async def _create_topics(ctx: RequestContext, request) -> object:
     seen: set[str] = set()
     default_partitions = int(ctx.broker.config.get("num.partitions"))
     too_many = too_many_partitions_per_request(
-        sum(default_partitions if t.num_partitions == -1 else max(t.num_partitions, 0) for t in request.topics)
+        sum(len(t.assignments) if t.assignments else default_partitions if t.num_partitions == -1
+            else max(t.num_partitions, 0) for t in request.topics)
     )
     for topic in request.topics:
         info = None
@@ -124,6 +132,8 @@ async def _create_topics(ctx: RequestContext, request) -> object:
         if info is not None and not_durable is not None:
             error, info = not_durable, None
         ok = error is None
+        if ok and info is None and topic.assignments:  # validated only: the counts the assignment gives
+            topic = _counted(topic)
         results.append(
             make(
                 schema.CreatableTopicResult,
