@@ -230,7 +230,7 @@ class TopicAdmin:
                              "A manual partition assignment was specified, but numPartitions was not set to -1.")
         if replication_factor != -1:
             raise KafkaError(ErrorCode.invalid_request,
-                             "A manual partition assignment was specified, but replicationFactor was not set to -1.")
+                             "A manual partition assignment was specified, but replication factor was not set to -1.")
         result: dict[int, list[int]] = {}
         factor = None
         for index, replicas in assignments:
@@ -248,14 +248,14 @@ class TopicAdmin:
     def check_added_assignment(self, name: str, total: int, assignments: list[list[int]]) -> dict[int, list[int]]:
         """CreatePartitions' assignments of the new partitions, in order: partition -> replicas, or KafkaError
         (INVALID_REPLICA_ASSIGNMENT: not one per new partition, unknown or duplicate brokers, another
-        replication factor than the topic's), as Kafka's ZkAdminManager / AdminZkClient check them."""
+        replication factor than the topic's), with KRaft's ReplicationControlManager messages."""
         self._check_add_partitions(name, total)
         info = self.metadata.topic(name)
         existing = len(info.partitions)
         if len(assignments) != total - existing:
             raise KafkaError(ErrorCode.invalid_replica_assignment,
-                             f"Increasing the number of partitions by {total - existing} but {len(assignments)} "
-                             "assignments provided.")
+                             f"Attempted to add {total - existing} additional partition(s), but only "
+                             f"{len(assignments)} assignment(s) were specified.")
         result = {}
         for offset, replicas in enumerate(assignments):
             self._check_replicas(existing + offset, replicas, info.replication_factor)

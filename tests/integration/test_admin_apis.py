@@ -74,11 +74,13 @@ def test_delete_records_moves_log_start_and_refuses_bad_offsets(address, topic_n
     assert list_offset(address, topic_name, 1, -2) == 4
     # below the current start: nothing changes; past the HWM or below -1: OFFSET_OUT_OF_RANGE
     assert delete_records(address, topic_name, [(0, 3)]) == {0: (ErrorCode.none, 6)}
+    # a partition named twice: the last offset counts (Kafka collects them in a map)
+    assert delete_records(address, topic_name, [(0, 8), (0, 11), (0, 7)]) == {0: (ErrorCode.none, 7)}
     assert delete_records(address, topic_name, [(0, 11)]) == {0: (ErrorCode.offset_out_of_range, -1)}
     assert delete_records(address, topic_name, [(0, -2)]) == {0: (ErrorCode.offset_out_of_range, -1)}
     assert delete_records(address, topic_name, [(7, 0)]) == {7: (ErrorCode.unknown_topic_or_partition, -1)}
     assert delete_records(address, topic_name + "-none", [(0, 0)]) == {0: (ErrorCode.unknown_topic_or_partition, -1)}
-    assert list_offset(address, topic_name, 0, -2) == 6
+    assert list_offset(address, topic_name, 0, -2) == 7
 
 
 def test_delete_records_of_internal_topic_is_refused(address):
@@ -212,8 +214,14 @@ def test_elect_leaders_single_broker(address, topic_name):
             election_type=election_type, timeout=TIMEOUT,
             topic_partitions=(el.TopicPartitions(topic=topic_name, partitions=(i32(0), i32(5))),)))
         assert response.error_code == ErrorCode.none
-        results = {p.partition_id: p.error_code for r in response.replica_election_results for p in r.partition_result}
-        assert results == {0: ErrorCode.election_not_needed, 5: ErrorCode.unknown_topic_or_partition}
+        results = {p.partition_id: (p.error_code, p.error_message)
+                   for r in response.replica_election_results for p in r.partition_result}
+        assert results == {0: (ErrorCode.election_not_needed, "Leader election not needed for topic partition."),
+                           5: (ErrorCode.unknown_topic_or_partition, f"No such partition as {topic_name}-5")}
+    response = send_request(address, el.ElectLeadersRequest(  # as Kafka: INVALID_REQUEST, also per partition
+        election_type=2, timeout=TIMEOUT, topic_partitions=(el.TopicPartitions(topic=topic_name, partitions=(i32(0),)),)))
+    assert response.error_code == ErrorCode.invalid_request
+    assert response.replica_election_results[0].partition_result[0].error_code == ErrorCode.invalid_request
     response = send_request(address, el.ElectLeadersRequest(election_type=0, timeout=TIMEOUT, topic_partitions=None))
     listed = {r.topic: r.partition_result for r in response.replica_election_results}
     assert listed[topic_name] == ()  # as KRaft: every topic, no partition needing no election
@@ -252,6 +260,7 @@ def test_create_topics_and_partitions_with_assignment(address, topic_name):
             timeout=TIMEOUT, validate_only=False)).results[0].error_code
 
     assert add(4, [[B]]) == ErrorCode.invalid_replica_assignment   # one per new partition
+    assert add(3, []) == ErrorCode.invalid_replica_assignment
     assert add(3, [[2]]) == ErrorCode.invalid_replica_assignment   # unknown broker
     assert add(3, [[B, B]]) == ErrorCode.invalid_replica_assignment  # duplicate
     assert add(3, [[B]]) == ErrorCode.none

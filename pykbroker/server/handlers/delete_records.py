@@ -25,19 +25,18 @@ async def delete_records(ctx: RequestContext, request) -> object:
     metadata, replicas = ctx.broker.metadata, ctx.broker.replicas
     results: dict[tuple[str, int], tuple[ErrorCode, int]] = {}
     required: dict[tuple[str, int], int] = {}
-    for topic in request.topics:
-        info = metadata.topic(topic.name)
-        for p in topic.partitions:
-            tp = (topic.name, p.partition_index)
-            if info is None or not 0 <= p.partition_index < len(info.partitions):
-                results[tp] = (ErrorCode.unknown_topic_or_partition, -1)
-            elif topic.name in INTERNAL_TOPICS:
-                results[tp] = (ErrorCode.invalid_topic_exception, -1)
-            else:
-                error, offset, low_watermark = replicas.delete_records(topic.name, p.partition_index, p.offset)
-                results[tp] = (error, low_watermark)
-                if error == ErrorCode.none:
-                    required[tp] = offset
+    wanted = {(topic.name, p.partition_index): p.offset for topic in request.topics for p in topic.partitions}
+    for (name, index), requested in wanted.items():  # a partition named twice: the last offset, as Kafka's map
+        info = metadata.topic(name)
+        if info is None or not 0 <= index < len(info.partitions):
+            results[(name, index)] = (ErrorCode.unknown_topic_or_partition, -1)
+        elif name in INTERNAL_TOPICS:
+            results[(name, index)] = (ErrorCode.invalid_topic_exception, -1)
+        else:
+            error, offset, low_watermark = replicas.delete_records(name, index, requested)
+            results[(name, index)] = (error, low_watermark)
+            if error == ErrorCode.none:
+                required[(name, index)] = offset
     if required:
         await replicas.log_manager.write_log_start_checkpoint_async()
         results.update(await replicas.await_low_watermarks(required, request.timeout.total_seconds()))

@@ -19,9 +19,11 @@ NO_TRANSACTION = -1
 
 def _partition(ctx: RequestContext, schema, topic: str, index: int) -> object:
     info = ctx.broker.metadata.topic(topic)
-    producers = ()
+    producers, message = (), None
     if info is None or not 0 <= index < len(info.partitions):
         error = ErrorCode.unknown_topic_or_partition
+        if info is None:  # what Kafka 3.7 answers (only for an unknown topic)
+            message = "This server does not host this topic-partition."
     else:
         partition, error = leader_partition(ctx.broker.replicas, topic, index)
         if partition is None:
@@ -34,7 +36,7 @@ def _partition(ctx: RequestContext, schema, topic: str, index: int) -> object:
                      coordinator_epoch=NO_COORDINATOR_EPOCH, current_txn_start_offset=NO_TRANSACTION)
                 for entry in (state.entry(pid) for pid in state.producer_ids()) if entry is not None
             )
-    return make(schema.PartitionResponse, partition_index=index, error_code=error, error_message=None,
+    return make(schema.PartitionResponse, partition_index=index, error_code=error, error_message=message,
                 active_producers=producers)
 
 

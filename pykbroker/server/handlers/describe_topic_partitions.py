@@ -1,5 +1,6 @@
-"""DescribeTopicPartitions (key 75), v0: Kafka 3.7's paginated topic describe (KIP-966), which
-``kafka-topics.sh --describe`` and the 3.7+ admin client's describeTopics use when the broker offers it.
+"""DescribeTopicPartitions (key 75), v0: the paginated topic describe of KIP-966 (Kafka 3.8+; Kafka 3.7.1's
+brokers do not know the key yet), which the 3.8+ Java admin client's describeTopics uses when the broker
+offers it (checked with kafka-clients 3.9: pages of ``partitionSizeLimitPerResponse``, authorized operations).
 
 Behaviour, as Kafka's DescribeTopicPartitionsRequestHandler and KRaftMetadataCache: the named topics (an
 empty list: every topic), sorted by name, from the cursor's topic and partition on; at most

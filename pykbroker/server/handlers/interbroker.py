@@ -79,7 +79,10 @@ async def elect_leaders(ctx: RequestContext, request) -> object:
     for (topic, index), (error, message) in sorted(results.items()):
         by_topic.setdefault(topic, []).append(
             make(schema.PartitionResult, partition_id=index, error_code=error, error_message=message))
-    top_error = ErrorCode.none if active or wanted else ErrorCode.not_controller
+    if election_type not in (PREFERRED, UNCLEAN):  # every partition has it too
+        top_error = ErrorCode.invalid_request
+    else:
+        top_error = ErrorCode.none if active or wanted else ErrorCode.not_controller
     return make(
         schema.ElectLeadersResponse, throttle_time=0, error_code=top_error,
         replica_election_results=tuple(
@@ -101,8 +104,10 @@ def _single_node_elections(metadata, election_type: int, wanted: list[tuple[str,
     results = {}
     for topic, index in wanted:
         info = metadata.topic(topic)
-        if info is None or not 0 <= index < len(info.partitions):
-            results[(topic, index)] = (ErrorCode.unknown_topic_or_partition, "The partition does not exist.")
+        if info is None:
+            results[(topic, index)] = (ErrorCode.unknown_topic_or_partition, f"No such topic as {topic}")
+        elif not 0 <= index < len(info.partitions):
+            results[(topic, index)] = (ErrorCode.unknown_topic_or_partition, f"No such partition as {topic}-{index}")
         else:
             results[(topic, index)] = (ErrorCode.election_not_needed, "Leader election not needed for topic partition.")
     return results
