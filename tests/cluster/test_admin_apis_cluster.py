@@ -167,3 +167,10 @@ def test_kafka_tools_on_a_cluster(cluster, tmp_path):
     assert hosted == {1: [f"{topic}-1"], 2: [f"{topic}-0"], 3: [f"{topic}-0", f"{topic}-1"]}, hosted
     out = tools.run("kafka-topics.sh", "--bootstrap-server", cluster.bootstrap, "--describe", "--topic", topic).stdout
     assert "Partition: 0\tLeader: 2\tReplicas: 2,3" in out and "Partition: 1\tLeader: 3\tReplicas: 3,1" in out, out
+    idempotent = Producer({"bootstrap.servers": cluster.bootstrap, "enable.idempotence": True})
+    idempotent.produce(topic, b"x", partition=0)
+    assert idempotent.flush(TIMEOUT_S) == 0
+    out = tools.run("kafka-transactions.sh", "--bootstrap-server", cluster.bootstrap, "describe-producers",
+                    "--topic", topic, "--partition", "0").stdout  # asks the leader, broker 2
+    lines = out.strip().splitlines()
+    assert len(lines) == 2 and lines[1].split()[3] == "0", out  # one producer, its last sequence 0
