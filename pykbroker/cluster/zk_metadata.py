@@ -417,8 +417,8 @@ class ZkMetadata(TopicIndex):
             if assignment is not None:
                 if sorted(assignment) != list(range(existing, total)):  # partitions added since TopicAdmin's check
                     raise KafkaError(ErrorCode.invalid_replica_assignment,
-                                     f"Increasing the number of partitions by {total - existing} "
-                                     f"but {len(assignment)} assignments provided.")
+                                     f"Attempted to add {total - existing} additional partition(s), but only "
+                                     f"{len(assignment)} assignment(s) were specified.")
                 added = assignment
             else:
                 start = next((i for i, b in enumerate(brokers) if b >= first[0]), 0)

@@ -418,4 +418,3 @@ class LogManager:
             os.close(dir_fd)
         self._logs.clear()
         os.close(self._lock_fd)
-
