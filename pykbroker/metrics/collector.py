@@ -66,8 +66,9 @@ class BrokerCollector(Collector):
         if stats is not None:
             for (key, version), count in sorted(stats.requests.items()):
                 requests.add_metric([api_name(key), str(version)], count)
-            for (key, code), count in sorted(stats.errors.items()):
-                errors.add_metric([api_name(key), error_name(code)], count)
+            for key, counts in sorted(stats.errors.items()):
+                for code, count in sorted(counts.items()):
+                    errors.add_metric([api_name(key), error_name(code)], count)
             for key, histogram in sorted(stats.latency.items()):
                 latency.add_metric([api_name(key)], histogram.cumulative(), histogram.total)
         yield requests

@@ -58,7 +58,7 @@ def ready_reason(broker: "Broker") -> str | None:
 
 
 class MetricsServer:
-    """Serves one bound socket (see ``bind``) for one broker until ``close``."""
+    """Serves one bound socket (server/broker.py's ``bind_metrics``) for one broker until ``close``."""
 
     def __init__(self, broker: "Broker", sock: socket.socket) -> None:
         self.broker = broker
@@ -69,16 +69,6 @@ class MetricsServer:
         self._routes: dict[str, Callable[[], tuple[int, str, bytes]]] = {
             "/metrics": self._metrics, "/health": self._health, "/ready": self._ready,
         }
-
-    @staticmethod
-    def bind(host: str, port: int) -> socket.socket:
-        """The listening socket (raises OSError; the broker turns it into a StartupError)."""
-        if host == "":
-            dual = socket.has_dualstack_ipv6()
-            family, address = (socket.AF_INET6, ("::", port)) if dual else (socket.AF_INET, ("0.0.0.0", port))
-            return socket.create_server(address, family=family, backlog=16, dualstack_ipv6=dual)
-        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-        return socket.create_server(info[4], family=info[0], backlog=16)
 
     @property
     def port(self) -> int:

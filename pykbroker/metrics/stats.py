@@ -88,17 +88,23 @@ def _plan_for(cls: type) -> _Plan:
     return plan
 
 
-def _count_errors(entity: Any, plan: _Plan, counts: dict, api_key: int) -> None:
+def _count_errors(entity: Any, plan: _Plan, counts: dict[int, int]) -> None:
+    """Add the error codes of ``entity`` to ``counts`` (keys are kio's ErrorCode, an int enum)."""
     for name, kind, sub in plan:
         value = getattr(entity, name)
         if kind == _ERROR:
-            key = (api_key, int(value))
-            counts[key] = counts.get(key, 0) + 1
+            counts[value] = counts.get(value, 0) + 1
         elif kind == _MANY:
-            for item in value:
-                _count_errors(item, sub, counts, api_key)
+            if sub[0][1] == _ERROR and len(sub) == 1:  # a list of entities each with just an error code
+                field = sub[0][0]
+                for item in value:
+                    code = getattr(item, field)
+                    counts[code] = counts.get(code, 0) + 1
+            else:
+                for item in value:
+                    _count_errors(item, sub, counts)
         elif value is not None:
-            _count_errors(value, sub, counts, api_key)
+            _count_errors(value, sub, counts)
 
 
 class BrokerStats:
@@ -107,7 +113,7 @@ class BrokerStats:
     def __init__(self, clock: Callable[[], float] = perf_counter) -> None:
         self.clock = clock
         self.requests: dict[tuple[int, int], int] = {}  # (api key, version) -> answered requests
-        self.errors: dict[tuple[int, int], int] = {}  # (api key, error code) -> count (Kafka's errorCounts, NONE too)
+        self.errors: dict[int, dict[int, int]] = {}  # api key -> error code -> count (Kafka's errorCounts, NONE too)
         self.latency: dict[int, LatencyHistogram] = {}  # api key -> request latency
         self.messages_in: dict[str, int] = {}  # topic -> records appended by producers
         self.bytes_in: dict[str, int] = {}  # topic -> record bytes appended by producers
@@ -132,7 +138,10 @@ class BrokerStats:
                 plan = _plan_for(cls) if dataclasses.is_dataclass(cls) else ()
                 _plans[cls] = plan
             if plan:
-                _count_errors(response, plan, self.errors, api_key)
+                counts = self.errors.get(api_key)
+                if counts is None:
+                    counts = self.errors[api_key] = {}
+                _count_errors(response, plan, counts)
 
     def produced(self, topic: str, messages: int, size: int) -> None:
         self.messages_in[topic] = self.messages_in.get(topic, 0) + messages
@@ -142,8 +151,8 @@ class BrokerStats:
         self.bytes_out[topic] = self.bytes_out.get(topic, 0) + size
 
 
-def error_counts(response: Any, api_key: int = 0) -> dict[int, int]:
+def error_counts(response: Any) -> dict[int, int]:
     """Error code -> how many times ``response`` carries it (for tests and tools)."""
-    counts: dict[tuple[int, int], int] = {}
-    _count_errors(response, _plan_for(type(response)), counts, api_key)
-    return {code: n for (_, code), n in counts.items()}
+    counts: dict[int, int] = {}
+    _count_errors(response, _plan_for(type(response)), counts)
+    return {int(code): n for code, n in counts.items()}

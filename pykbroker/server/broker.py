@@ -425,21 +425,12 @@ def open_broker(config: BrokerConfig) -> Broker:
 
 def bind_metrics(config: BrokerConfig) -> socket.socket | None:
     """The metrics endpoint's listening socket (metrics.host, default the broker's host), or None when
-    metrics.port is 0 (off). A port in use or an unresolvable host is a StartupError, as for a listener."""
+    metrics.port is 0 (off). A port in use or an unresolvable host is a StartupError naming METRICS://host:port."""
     port = int(config.get("metrics.port"))
     if not port:
         return None
-    from pykbroker.metrics.http import MetricsServer
-
     host = config.get("metrics.host")
-    host = config.host if host is None else host
-    try:
-        return MetricsServer.bind(host, port)
-    except socket.gaierror as exc:
-        raise StartupError(f"cannot resolve metrics.host {host!r}: {exc.strerror}") from None
-    except OSError as exc:
-        reason = "the port is in use by another process" if exc.errno == errno.EADDRINUSE else exc.strerror
-        raise StartupError(f"cannot serve metrics on {_host_port(host, port)}: {reason}") from None
+    return bind_listener(Listener("METRICS", config.host if host is None else host, port, "HTTP"))
 
 
 def _host_port(host: str, port: int) -> str:
