@@ -57,6 +57,17 @@ def ready_reason(broker: "Broker") -> str | None:
     return None
 
 
+async def _discard(reader: asyncio.StreamReader, limit: int = 1 << 20, timeout_s: float = 2.0) -> None:
+    """Read and drop what the client still sends (up to ``limit`` bytes, ``timeout_s``), until it closes."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while limit > 0:
+        chunk = await asyncio.wait_for(reader.read(65536), max(deadline - loop.time(), 0))
+        if not chunk:
+            return
+        limit -= len(chunk)
+
+
 class MetricsServer:
     """Serves one bound socket (server/broker.py's ``bind_metrics``) for one broker until ``close``."""
 
@@ -112,7 +123,11 @@ class MetricsServer:
             header = (f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
                       f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n").encode("latin-1")
             writer.write(header if head_only else header + body)
-            await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
+            if status == 431:  # the rest of the head is unread: closing now would reset the connection first
+                writer.write_eof()
+                await _discard(reader)
+            writer.close()  # once everything written is sent
+            await asyncio.wait_for(writer.wait_closed(), WRITE_TIMEOUT_S)
         except (asyncio.TimeoutError, ConnectionError):
             pass  # a client that does not read its answer, or went away
         except OSError as exc:
@@ -122,7 +137,7 @@ class MetricsServer:
             log.exception("metrics endpoint: answering a request failed")
         finally:
             self._open.discard(task)
-            writer.transport.abort()
+            writer.transport.abort()  # (a no-op once closed; drops what a client that does not read left)
 
     async def _answer(self, reader: asyncio.StreamReader) -> tuple[int | None, str, bytes, bool]:
         """(status, content type, body, HEAD?) for the request on ``reader``; status None: say nothing."""

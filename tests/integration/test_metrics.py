@@ -163,6 +163,16 @@ def test_head_and_unknown_paths(metrics_broker):
     assert http_get(port, "/health?verbose=1")[0] == 200
 
 
+def test_a_large_scrape_arrives_whole(metrics_broker, topic_name):
+    admin = AdminClient({"bootstrap.servers": metrics_broker.bootstrap})
+    (future,) = admin.create_topics([NewTopic(topic_name, num_partitions=300)]).values()
+    future.result(timeout=TIMEOUT_S)
+    status, headers, body = http_get(metrics_broker.metrics_port, "/metrics")
+    assert status == 200 and len(body) == int(headers["Content-Length"]) > 64 * 1024  # beyond the transport's write buffer mark
+    samples = scrape(metrics_broker.metrics_port)
+    assert sum(1 for name, labels in samples if name == "kafka_log_log_size" and ("topic", topic_name) in labels) == 300
+
+
 BAD_REQUESTS = [
     b"GARBAGE\r\n\r\n",
     b"GET /metrics\r\n\r\n",  # no version
