@@ -107,3 +107,28 @@ def test_controller_leaders_and_under_replication(cluster):
     total = max(s["kafka_controller_kafkacontroller_globalpartitioncount"] for s in scraped.values())
     wait_until(lambda: sum(s["kafka_server_replicamanager_leadercount"] for s in scrape_live(cluster).values()) == total,
                "leader counts adding up again", TIMEOUT_S)
+
+
+def test_not_ready_while_joining_the_cluster(tmp_path):
+    """A member that cannot reach ZooKeeper yet is alive (/health) but not ready (/ready 503, with the reason)."""
+    from broker_cluster import ClusterBroker
+
+    nobody = free_port()  # no ZooKeeper there
+    port = free_port()
+    broker = ClusterBroker(tmp_path / "broker-1", 1, f"127.0.0.1:{nobody}",
+                           {"metrics.port": port, "zookeeper.connection.timeout.ms": 60000})
+    try:
+        broker.start(wait=False)
+
+        def health() -> bool:
+            try:
+                return get(port, "/health")[0] == 200
+            except OSError:
+                return False
+
+        wait_until(health, "/health answers", TIMEOUT_S)
+        status, body = get(port, "/ready")
+        assert status == 503
+        assert body == b"starting: loading logs and joining the cluster\n"
+    finally:
+        broker.kill()
