@@ -4,19 +4,26 @@ counters become Prometheus families; error codes are found in nested responses; 
 import asyncio
 
 import pytest
+from click.testing import CliRunner
+from kio.schema.api_versions.v0.response import ApiVersionsResponse
 from kio.schema.errors import ErrorCode
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pykbroker.config import BrokerConfig
+from pykbroker.cli import build_config, main
+from pykbroker.config import BrokerConfig, ConfigError, load_config
 from pykbroker.groups.offset_store import CommittedOffset
 from pykbroker.metrics.collector import broker_registry
 from pykbroker.metrics.http import ready_reason
 from pykbroker.metrics.stats import LATENCY_BUCKETS, BrokerStats, error_counts
+from pykbroker.protocol.apis import SINGLE_NODE_APIS
 from pykbroker.protocol.records import build_batch
 from pykbroker.replication import partition as partition_module
 from pykbroker.server.broker import Broker, bind_metrics
+from pykbroker.server.connection import KafkaConnection, RequestMemory
+from pykbroker.server.dispatch import CLOSE_CONNECTION, NO_RESPONSE
 from pykbroker.server.handlers._build import make
+from test_connection import FakeTransport, api_versions_frame
 
 
 def scrape(broker) -> dict[tuple[str, frozenset], float]:
@@ -171,3 +178,55 @@ def test_ready_reason_follows_the_broker(broker):
     assert ready_reason(broker) is None
     broker.stopping = True
     assert ready_reason(broker) == "shutting down"
+
+
+def test_the_connection_counts_requests_answered_later_and_not_at_all():
+    """With stats, every request handled is counted once with its latency: answered at once, answered after
+    an await (the await is in its time), answered with nothing (acks=0) or by closing the connection."""
+    now = [100.0]
+    broker = type("Broker", (), {"apis": SINGLE_NODE_APIS, "stats": BrokerStats(clock=lambda: now[0]),
+                                 "admit": lambda self, c: None, "release": lambda self, c: None})()
+    answer = ApiVersionsResponse(error_code=ErrorCode.unsupported_version, api_keys=())
+
+    async def scenario():
+        gate = asyncio.get_running_loop().create_future()
+
+        def handler(ctx, body):
+            correlation_id = ctx.request.correlation_id
+            if correlation_id == 2:
+                async def later():
+                    await gate
+                    return answer
+                return later()
+            return {3: NO_RESPONSE, 4: CLOSE_CONNECTION}.get(correlation_id, answer)
+
+        connection = KafkaConnection(broker, {18: handler}, 1 << 20, RequestMemory(-1))
+        transport = FakeTransport()
+        transport.protocol = connection
+        connection.connection_made(transport)
+        connection.data_received(b"".join(api_versions_frame(i) for i in (1, 2, 3, 4)))
+        now[0] += 0.2  # request 2 waits 200 ms
+        gate.set_result(None)
+        for _ in range(10):
+            await asyncio.sleep(0)
+
+    asyncio.run(scenario())
+    stats = broker.stats
+    assert stats.requests == {(18, 0): 4}
+    assert stats.errors == {18: {ErrorCode.unsupported_version: 2}}  # two answers; none for 3 and 4
+    histogram = stats.latency[18]
+    assert sum(histogram.counts) == 4 and histogram.total == pytest.approx(0.2)
+    assert histogram.counts[LATENCY_BUCKETS.index(0.25)] == 1  # the 200 ms one
+
+
+def test_metrics_port_from_flag_env_and_file(tmp_path):
+    assert load_config(cli={"data_dir": str(tmp_path)}, env={}).get("metrics.port") == 0
+    assert load_config(cli={"data_dir": str(tmp_path)}, env={"PYKBROKER_METRICS_PORT": "9404"}).get("metrics.port") == 9404
+    file = tmp_path / "broker.properties"
+    file.write_text("metrics.port=9405\nmetrics.host=0.0.0.0\n")
+    config = load_config(cli={"data_dir": str(tmp_path)}, env={}, file=file)
+    assert (config.get("metrics.port"), config.get("metrics.host")) == (9405, "0.0.0.0")
+    assert build_config({"data_dir": tmp_path, "metrics.port": 9406}).get("metrics.port") == 9406
+    with pytest.raises(ConfigError, match="metrics.port"):
+        load_config(cli={"data_dir": str(tmp_path), "metrics.port": 70000}, env={})
+    assert "--metrics-port" in CliRunner().invoke(main, ["serve", "--help"]).output
