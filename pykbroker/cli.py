@@ -104,6 +104,8 @@ def main() -> None:
     metavar="KEY=VALUE",
     help="Set any Kafka broker config key, e.g. --override num.partitions=3 (repeatable).",
 )
+@click.option("--metrics-port", type=int,
+              help="Serve /metrics (Prometheus), /health and /ready on this HTTP port.  [default: off; env PYKBROKER_METRICS_PORT]")
 def serve(
     host: str | None,
     port: int | None,
@@ -118,6 +120,7 @@ def serve(
     log_level: str | None,
     fsync: str | None,
     overrides: tuple[str, ...],
+    metrics_port: int | None = None,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT.
 
@@ -137,6 +140,7 @@ def serve(
         "zookeeper.connect": zookeeper,
         "log_level": log_level,
         "fsync": fsync,
+        "metrics.port": metrics_port,
     }
     # Warnings about unknown keys are logged while the config loads, before its log level is known.
     configure_logging("WARNING")

@@ -475,6 +475,10 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
             "otherwise it must be at least socket.request.max.bytes, as in Kafka."),
     _broker("max.connections", "int", 2147483647, "Connections the broker holds open; at the limit it stops accepting until one closes (KIP-402).", _AT_LEAST_0),
     _broker("max.connections.per.ip", "int", 2147483647, "Connections accepted from one IP address; new ones beyond it are closed.", _AT_LEAST_0),
+    # metrics and health endpoints (pykbroker/metrics; pykbroker's own keys, not Kafka's)
+    _broker("metrics.port", "int", 0, "Serve /metrics (Prometheus), /health and /ready over HTTP on this port; 0: off.",
+            Range(0, 65535)),
+    _broker("metrics.host", "string", None, "Address the metrics endpoint listens on; unset: the broker's host."),
 )
 
 _TOPIC_CONFIG_DEFS = (

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Callable, Iterable, Protocol
@@ -55,6 +56,11 @@ DEFAULT_REPLICA_LAG_TIME_MAX_MS = 30000
 UNKNOWN_OFFSET = -1
 NO_LEADER = -1
 NO_EPOCH = -1
+
+# Committed ISR shrinks and expansions of partitions led here, per broker id (Kafka's IsrShrinksPerSec and
+# IsrExpandsPerSec, read by pykbroker/metrics): counted when the controller accepts the change.
+ISR_SHRINKS: Counter[int] = Counter()
+ISR_EXPANDS: Counter[int] = Counter()
 
 
 class Role(Enum):
@@ -476,7 +482,12 @@ class Partition:
 
     def isr_change_committed(self, isr: Iterable[int], partition_epoch: int, *, now_ms: int) -> None:
         """The controller accepted an ISR (AlterPartition answered it with its new partition epoch)."""
-        self.isr = tuple(isr)
+        isr = tuple(isr)
+        if len(isr) < len(self.isr):
+            ISR_SHRINKS[self.broker_id] += 1
+        elif len(isr) > len(self.isr):
+            ISR_EXPANDS[self.broker_id] += 1
+        self.isr = isr
         self.partition_epoch = partition_epoch
         self.pending_isr_change = None
         log.info("%s-%d: ISR is now %s (partition epoch %d)", self.topic, self.index, list(self.isr), partition_epoch)

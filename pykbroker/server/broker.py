@@ -49,6 +49,7 @@ from pykbroker.groups.offset_store import OffsetStore
 from pykbroker.log.errors import LogDirectoryInUse
 from pykbroker.log.files import raise_descriptor_limit
 from pykbroker.log.manager import LOCK_FILE, LogManager
+from pykbroker.metrics.stats import BrokerStats
 from pykbroker.protocol import records
 from pykbroker.protocol.apis import apis_for
 from pykbroker.replication.replica_manager import ReplicaManager
@@ -57,6 +58,7 @@ from pykbroker.server.dispatch import load_handlers
 
 if TYPE_CHECKING:
     from pykbroker.cluster.node import ClusterNode
+    from pykbroker.metrics.http import MetricsServer
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +146,11 @@ class Broker:
         self.advertised: dict[str, BrokerEndpoint] = {}  # listener name -> this broker's endpoint there
         self._background: list[asyncio.Task] = []
         self._owned: set[asyncio.Task] = set()  # work a request started that must finish (see run_owned)
+        # Metrics (pykbroker/metrics): counters while metrics.port is set; the endpoint's readiness flags.
+        self.stats: BrokerStats | None = BrokerStats() if config.get("metrics.port") else None
+        self.metrics_server: MetricsServer | None = None
+        self.serving = False  # the listeners accept clients
+        self.stopping = False
 
     # -- start ------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -249,6 +256,7 @@ class Broker:
             if endpoint is None:
                 log.warning("listener %s is not in advertised.listeners: clients that connect through it are told of "
                             "no brokers", listener)
+        self.serving = True
         log.info(
             "pykbroker broker %d listening on %s (advertised %s), data dir %s, cluster id %s",
             self.broker_id,
@@ -368,7 +376,16 @@ class Broker:
                 partition.producer_state.expire(now, expiration_ms)
 
     # -- stop -------------------------------------------------------------------------------------
+    async def serve_metrics(self, sock: socket.socket) -> None:
+        """Serve /metrics, /health and /ready on ``sock`` (see bind_metrics) until ``stop``."""
+        from pykbroker.metrics.http import MetricsServer
+
+        self.metrics_server = MetricsServer(self, sock)
+        await self.metrics_server.start()
+        log.info("metrics on http://%s/metrics (/health, /ready)", _host_port(*sock.getsockname()[:2]))
+
     async def stop(self) -> None:
+        self.stopping = True
         if self.cluster is not None:
             # Controlled shutdown while still serving (the controller's requests reach us), then leave.
             await self.cluster.stop(controlled=True)
@@ -389,6 +406,8 @@ class Broker:
         self.log_manager.shutdown()
         if self.cluster is None:  # (a cluster member's metadata cache was closed with the cluster parts)
             self.metadata.close()
+        if self.metrics_server is not None:
+            await self.metrics_server.close()
         log.info("pykbroker broker %d stopped cleanly", self.broker_id)
 
 
@@ -402,6 +421,16 @@ def open_broker(config: BrokerConfig) -> Broker:
     except OSError as exc:
         problem = "is not writable" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else "cannot be used"
         raise StartupError(f"data dir {config.data_dir} {problem}: {exc.filename}: {exc.strerror}") from None
+
+
+def bind_metrics(config: BrokerConfig) -> socket.socket | None:
+    """The metrics endpoint's listening socket (metrics.host, default the broker's host), or None when
+    metrics.port is 0 (off). A port in use or an unresolvable host is a StartupError naming METRICS://host:port."""
+    port = int(config.get("metrics.port"))
+    if not port:
+        return None
+    host = config.get("metrics.host")
+    return bind_listener(Listener("METRICS", config.host if host is None else host, port, "HTTP"))
 
 
 def _host_port(host: str, port: int) -> str:
@@ -418,10 +447,14 @@ async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> Non
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     listening: list[tuple[Listener, socket.socket]] = []
+    metrics_sock: socket.socket | None = None
     try:
         for listener in config.listeners:
             listening.append((listener, bind_listener(listener)))
+        metrics_sock = bind_metrics(config)
         broker = open_broker(config)
+        if metrics_sock is not None:  # from now on: /health answers, /ready says why not yet
+            await broker.serve_metrics(metrics_sock)
         await broker.start(listening)
         log.info("ready in %.3f s", time.monotonic() - started)
         if ready is not None:
@@ -432,6 +465,8 @@ async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> Non
     finally:
         for _, sock in listening:
             sock.close()
+        if metrics_sock is not None:
+            metrics_sock.close()
 
 
 def run_broker(config: BrokerConfig) -> None:

@@ -126,6 +126,7 @@ class KafkaConnection(asyncio.Protocol):
         self.handlers = handlers
         self.max_request_bytes = max_request_bytes
         self.memory = memory
+        self.stats = broker.stats  # request counts and latency for /metrics; None while metrics are off
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.host = "?"
@@ -265,17 +266,18 @@ class KafkaConnection(asyncio.Protocol):
             self._abort(str(exc))
             return
         context = RequestContext(self.broker, request, self.peer, self.listener)
+        started = self.stats.clock() if self.stats is not None else 0.0
         try:
             result = self.handlers[request.api_key](context, request.body)
         except Exception as exc:
             result = self._failed(request, exc)
         if asyncio.iscoroutine(result):
             self._busy = True
-            self._task = asyncio.ensure_future(self._complete_later(request, result))
+            self._task = asyncio.ensure_future(self._complete_later(request, result, started))
         else:
-            self._complete(request, result)
+            self._complete(request, result, started)
 
-    async def _complete_later(self, request, awaitable) -> None:
+    async def _complete_later(self, request, awaitable, started: float) -> None:
         try:
             try:
                 result = await awaitable
@@ -285,7 +287,7 @@ class KafkaConnection(asyncio.Protocol):
                 result = self._failed(request, RuntimeError("the handler was cancelled"))
             except Exception as exc:
                 result = self._failed(request, exc)
-            self._complete(request, result)
+            self._complete(request, result, started)
         finally:
             # Whatever became of the request, the connection goes on with the next one.
             self._task = None
@@ -312,7 +314,10 @@ class KafkaConnection(asyncio.Protocol):
                     request.api_key, request.api_version, request.correlation_id, self.peer, code.name, exc)
         return answer
 
-    def _complete(self, request, result) -> None:
+    def _complete(self, request, result, started: float = 0.0) -> None:
+        if self.stats is not None:
+            answered = not (result is NO_RESPONSE or isinstance(result, CloseConnection))
+            self.stats.request_done(request.api_key, request.api_version, result if answered else None, started)
         if result is NO_RESPONSE or self._closed:
             return
         if isinstance(result, CloseConnection):

@@ -68,6 +68,7 @@ class FakeTransport(asyncio.Transport):
 
 class FakeBroker:
     apis = SINGLE_NODE_APIS
+    stats = None  # metrics off
 
     def __init__(self) -> None:
         self.connections = set()

@@ -131,7 +131,22 @@ def _read_one(replicas, partition: Partition, wanted: _Wanted, limit: int, min_o
     return FileRecords(read) if read.slices else b""
 
 
-def _respond(ctx: RequestContext, schema, results, session_id: int = NO_SESSION, error=ErrorCode.none) -> object:
+def _count_out(stats, results, replica_id: int) -> None:
+    """Record bytes sent, for /metrics: per topic to consumers, in total to followers (as Kafka splits them)."""
+    for topic_results in results:
+        for wanted, _, records, _ in topic_results:
+            if records and wanted.partition is not None:
+                if replica_id >= 0:
+                    stats.replication_bytes_out += len(records)
+                else:
+                    stats.fetched(wanted.partition.topic, len(records))
+
+
+def _respond(ctx: RequestContext, schema, results, session_id: int = NO_SESSION, error=ErrorCode.none,
+             replica_id: int = -1) -> object:
+    stats = ctx.broker.stats
+    if stats is not None:
+        _count_out(stats, results, replica_id)
     by_id = ctx.version >= 13
     # Kafka sends an empty aborted-transactions list to read_committed fetchers and null to the others.
     aborted = () if getattr(ctx.request.body, "isolation_level", 0) == READ_COMMITTED else None
@@ -185,7 +200,7 @@ def fetch(ctx: RequestContext, request) -> object:
     results, total, answer_now = _read_all(ctx, topics, request.max_bytes, replica_id)
     max_wait_ms = int(request.max_wait.total_seconds() * 1000)
     if total >= request.min_bytes or answer_now or max_wait_ms <= 0 or not topics:
-        return _respond(ctx, schema, results)
+        return _respond(ctx, schema, results, replica_id=replica_id)
     # Watch the partitions now, in the step that read them: an append right after this step must wake us.
     partitions = [w.partition for topic in topics for w in topic if w.partition is not None]
     watch = ctx.broker.replicas.watch(partitions, follower=replica_id >= 0)
@@ -195,13 +210,18 @@ def fetch(ctx: RequestContext, request) -> object:
 async def _long_poll(ctx: RequestContext, schema, request, topics, replica_id: int, max_wait_ms: int,
                      partitions, watch) -> object:
     deadline = time.monotonic() + max_wait_ms / 1000
+    stats = ctx.broker.stats
+    if stats is not None:
+        stats.fetches_waiting += 1  # the fetch purgatory's size for /metrics
     try:
         while True:
             await watch.wait(deadline - time.monotonic())
             results, total, answer_now = _read_all(ctx, topics, request.max_bytes, replica_id)
             if total >= request.min_bytes or answer_now or time.monotonic() >= deadline:
-                return _respond(ctx, schema, results)
+                return _respond(ctx, schema, results, replica_id=replica_id)
             watch = ctx.broker.replicas.watch(partitions, follower=replica_id >= 0)
     finally:
         watch.close()
+        if stats is not None:
+            stats.fetches_waiting -= 1
 

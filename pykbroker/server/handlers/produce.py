@@ -81,6 +81,7 @@ def _response(schema, version: int, topics: list[tuple[str, list[tuple[int, Appe
 def produce(ctx: RequestContext, request) -> object:
     broker = ctx.broker
     replicas = broker.replicas
+    stats = broker.stats  # messages and bytes in per topic for /metrics (None: metrics off)
     schema = response_module(ctx)
     version = ctx.version
     request_error = _outcome_for_request(ctx, request)
@@ -111,6 +112,8 @@ def produce(ctx: RequestContext, request) -> object:
                 outcome = replicas.append(
                     name, partition_data.index, partition_data.records, acks=request.acks, min_insync_replicas=min_isr
                 )
+                if stats is not None and outcome.error == ErrorCode.none:
+                    stats.produced(name, outcome.last_offset - outcome.base_offset + 1, len(partition_data.records))
                 if acks_all and outcome.has_followers and replicas.needs_replication_wait(
                     name, partition_data.index, outcome, min_isr
                 ):

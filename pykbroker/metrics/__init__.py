@@ -1,0 +1,42 @@
+"""Prometheus metrics and health/readiness endpoints of the broker (``metrics.port``, ``--metrics-port``).
+
+Off by default. When on, the broker serves on its own event loop (pykbroker/metrics/http.py):
+``GET /metrics`` (Prometheus text format), ``GET /health`` (liveness) and ``GET /ready`` (readiness, 503 with
+the reason until the broker accepts clients; in a cluster until it is registered and has the controller's
+metadata). Names follow Kafka's JMX metrics as the Prometheus JMX exporter's usual Kafka rules name them
+(``kafka_<domain>_<type>_<name>``, counters with ``_total``):
+
+Per request (counted in the broker, pykbroker/metrics/stats.py):
+  kafka_network_requestmetrics_requests_total{request,version}    requests answered
+  kafka_network_requestmetrics_errors_total{request,error}        error codes in responses (NONE too, as Kafka)
+  kafka_network_requestmetrics_totaltime_seconds{request}         latency histogram (decode to response queued)
+  kafka_server_brokertopicmetrics_messagesin_total{topic}         records appended by producers
+  kafka_server_brokertopicmetrics_bytesin_total{topic}            record bytes appended by producers
+  kafka_server_brokertopicmetrics_bytesout_total{topic}           record bytes sent to consumers
+  kafka_server_brokertopicmetrics_replicationbytesout_total       record bytes sent to followers
+  kafka_server_replicamanager_isrshrinks_total                    committed ISR shrinks (partitions led here)
+  kafka_server_replicamanager_isrexpands_total                    committed ISR expansions
+
+From the broker's state at scrape time (pykbroker/metrics/collector.py):
+  kafka_server_replicamanager_partitioncount                      partitions hosted (led or followed)
+  kafka_server_replicamanager_leadercount                         partitions led
+  kafka_server_replicamanager_underreplicatedpartitions           led, ISR smaller than the replicas
+  kafka_server_replicamanager_underminisrpartitioncount           led, ISR smaller than min.insync.replicas
+  kafka_server_replicamanager_offlinereplicacount                 replicas on a failing log directory
+  kafka_server_delayedoperationpurgatory_purgatorysize{delayedOperation="Produce"|"Fetch"}
+                                                                  acks=all produces / long-poll fetches waiting
+  kafka_controller_kafkacontroller_activecontrollercount          1 on the active controller (a single broker: 1)
+  kafka_controller_kafkacontroller_offlinepartitionscount         partitions without leader (active controller)
+  kafka_controller_kafkacontroller_globaltopiccount               topics (active controller)
+  kafka_controller_kafkacontroller_globalpartitioncount           partitions (active controller)
+  kafka_log_log_size{topic,partition}                             bytes of the partition's segments
+  kafka_log_log_logendoffset{topic,partition}                     log end offset
+  kafka_log_log_logstartoffset{topic,partition}                   log start offset
+  kafka_cluster_partition_highwatermark{topic,partition}          high-water mark
+  kafka_consumergroup_current_offset{group,topic,partition}       committed offset (groups coordinated here)
+  kafka_consumergroup_lag{group,topic,partition}                  high-water mark - committed offset (partitions
+                                                                  hosted here)
+  kafka_server_socketservermetrics_connection_count{listener}     open client connections
+"""
+
+# Nothing is imported here: the broker imports prometheus_client (collector, http) only when metrics are on.
