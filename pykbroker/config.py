@@ -300,7 +300,7 @@ def _coerce(type_: str, raw: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------------
-# The tables. Broker configs are read-only in DescribeConfigs (pykbroker has no dynamic broker configs).
+# The tables. Broker configs are read-only in DescribeConfigs except DYNAMIC_BROKER_CONFIG_NAMES.
 
 _HOUR_MS = 3_600_000
 _MINUTE_MS = 60_000
@@ -327,8 +327,26 @@ def _table(*defs: ConfigDef) -> dict[str, ConfigDef]:
     return {d.name: d for d in defs}
 
 
+# The broker configs pykbroker lets AlterConfigs / IncrementalAlterConfigs change while it runs (per broker
+# or as the cluster-wide default, see cluster/dynamic_configs.py): those Kafka 3.7.1 marks dynamic
+# (DynamicBrokerConfig.AllDynamicConfigs, read_only=false in its DescribeConfigs) whose new value pykbroker
+# really applies without a restart: the topic defaults (a live log takes its topic's new configs) and the
+# replication throttles. Kafka's other dynamic keys (listeners, max.connections, num.replica.fetchers,
+# producer.id.expiration.ms, the SSL/SASL keys) stay read-only here: pykbroker reads them at start only.
+DYNAMIC_BROKER_CONFIG_NAMES = frozenset({
+    "compression.type", "log.cleanup.policy", "log.cleaner.delete.retention.ms", "log.cleaner.max.compaction.lag.ms",
+    "log.cleaner.min.cleanable.ratio", "log.cleaner.min.compaction.lag.ms", "log.flush.interval.messages",
+    "log.flush.interval.ms", "log.index.interval.bytes", "log.index.size.max.bytes", "log.local.retention.bytes",
+    "log.local.retention.ms", "log.message.downconversion.enable", "log.message.timestamp.after.max.ms",
+    "log.message.timestamp.before.max.ms", "log.message.timestamp.difference.max.ms", "log.message.timestamp.type",
+    "log.preallocate", "log.retention.bytes", "log.retention.ms", "log.roll.jitter.ms", "log.roll.ms",
+    "log.segment.bytes", "log.segment.delete.delay.ms", "message.max.bytes", "min.insync.replicas",
+    "unclean.leader.election.enable", "leader.replication.throttled.rate", "follower.replication.throttled.rate",
+})
+
+
 def _broker(name: str, type_: str, default: Any, doc: str, validator: Validator | None = None) -> ConfigDef:
-    return ConfigDef(name, type_, default, doc, validator, read_only=True)
+    return ConfigDef(name, type_, default, doc, validator, read_only=name not in DYNAMIC_BROKER_CONFIG_NAMES)
 
 
 BROKER_CONFIGS: dict[str, ConfigDef] = _table(
@@ -464,6 +482,12 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
     _broker("replica.socket.timeout.ms", "int", 30000, "Socket timeout of follower fetches."),
     _broker("replica.high.watermark.checkpoint.interval.ms", "long", 5000, "How often high-water marks are checkpointed."),
     _broker("num.replica.fetchers", "int", 1, "Fetcher tasks per source broker."),
+    # Kafka's DynamicConfig.Broker throttles (bytes/s), set with kafka-configs.sh --entity-type brokers; read
+    # through broker.dynamic_configs.value() by partition reassignment.
+    _broker("leader.replication.throttled.rate", "long", LONG_MAX,
+            "Replication bytes/s a leader sends for the replicas in a topic's leader.replication.throttled.replicas.", _AT_LEAST_0),
+    _broker("follower.replication.throttled.rate", "long", LONG_MAX,
+            "Replication bytes/s a follower fetches for the replicas in a topic's follower.replication.throttled.replicas.", _AT_LEAST_0),
     # network
     _broker("socket.request.max.bytes", "int", 104857600, "Largest request the broker reads.", _AT_LEAST_1),
     _broker("fetch.max.bytes", "int", 57671680, "Largest fetch response the broker builds.", Range(1024)),
@@ -675,7 +699,11 @@ class BrokerConfig:
     (tests) fills every key not given in ``values`` with its default.
 
     ``values`` holds every BROKER_CONFIGS key; ``explicit`` the keys the user set (DescribeConfigs reports
-    those as STATIC_BROKER_CONFIG, the rest as DEFAULT_CONFIG). ``advertised_host`` "" and
+    those as STATIC_BROKER_CONFIG, the rest as DEFAULT_CONFIG). ``dynamic_broker`` and ``dynamic_default``
+    are the typed dynamic configs of this broker and of the cluster-wide default (AlterConfigs; see
+    cluster/dynamic_configs.py, which builds this broker's current config with ``with_dynamic``): they
+    win over the static values, this broker's over the default, in ``values`` and in every topic default;
+    ``static_values`` is ``values`` without them. ``advertised_host`` "" and
     ``advertised_port`` 0 mean "derive from host and port". ``listeners`` and ``advertised_listeners``
     are derived (see resolve_listeners); afterwards host, port and the advertised pair are the first
     listener's.
@@ -693,6 +721,9 @@ class BrokerConfig:
     advertised_port: int = 0
     listeners: tuple["Listener", ...] = ()
     advertised_listeners: tuple["Listener", ...] = ()
+    dynamic_broker: Mapping[str, Any] = field(default_factory=dict)
+    dynamic_default: Mapping[str, Any] = field(default_factory=dict)
+    static_values: Mapping[str, Any] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_MODES:
@@ -702,6 +733,11 @@ class BrokerConfig:
         full.update(self.values)
         full["broker.id"] = self.broker_id
         # A frozen dataclass: fill the derived fields once, here, so every construction path agrees.
+        object.__setattr__(self, "static_values", MappingProxyType(dict(full)))
+        object.__setattr__(self, "dynamic_broker", MappingProxyType(dict(self.dynamic_broker)))
+        object.__setattr__(self, "dynamic_default", MappingProxyType(dict(self.dynamic_default)))
+        full.update(self.dynamic_default)
+        full.update(self.dynamic_broker)
         object.__setattr__(self, "values", MappingProxyType(full))
         _check_queued_max_request_bytes(full)
         object.__setattr__(self, "explicit", frozenset(self.explicit))
@@ -728,10 +764,43 @@ class BrokerConfig:
         """The ZooKeeper connection string, or None for the embedded single-node metadata."""
         return self.values["zookeeper.connect"] or None
 
+    def with_dynamic(self, dynamic_broker: Mapping[str, Any], dynamic_default: Mapping[str, Any]) -> "BrokerConfig":
+        """This configuration with these dynamic configs (typed, validated) in place of its own."""
+        return replace(self, values=self.static_values, dynamic_broker=dynamic_broker, dynamic_default=dynamic_default)
+
     def broker_config_source(self, name: str) -> tuple[Any, ConfigSource]:
         """A broker key's value and its DescribeConfigs source."""
-        source = ConfigSource.STATIC_BROKER_CONFIG if name in self.explicit else ConfigSource.DEFAULT_CONFIG
+        if name in self.dynamic_broker:
+            source = ConfigSource.DYNAMIC_BROKER_CONFIG
+        elif name in self.dynamic_default:
+            source = ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG
+        else:
+            source = ConfigSource.STATIC_BROKER_CONFIG if name in self.explicit else ConfigSource.DEFAULT_CONFIG
         return self.get(name), source
+
+    def broker_config_synonyms(self, name: str, *, per_broker: bool = True) -> list[tuple[str, str | None, ConfigSource]]:
+        """Kafka's synonyms of a broker key for DescribeConfigs (ConfigHelper.configSynonyms): every key of
+        its synonym group (``log.retention.ms``/``.minutes``/``.hours``) that has a value, layer by layer
+        (this broker's dynamic configs, the cluster default's, the static ones, the defaults), without
+        the entries before the key's own first one; ``per_broker`` False (the cluster-default resource)
+        leaves this broker's dynamic configs out. The first entry is the key's source."""
+        definition = BROKER_CONFIGS[name]
+        defaults = {key: _FSYNC_FLUSH_DEFAULTS[self.fsync].get(key, BROKER_CONFIGS[key].default) for key in _broker_synonym_group(name)}
+        layers: list[tuple[Mapping[str, Any], ConfigSource]] = [
+            (self.dynamic_default, ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG),
+            ({key: self.static_values[key] for key in self.explicit if key in self.static_values}, ConfigSource.STATIC_BROKER_CONFIG),
+            (defaults, ConfigSource.DEFAULT_CONFIG),
+        ]
+        if per_broker:
+            layers.insert(0, (self.dynamic_broker, ConfigSource.DYNAMIC_BROKER_CONFIG))
+        synonyms = [
+            (key, BROKER_CONFIGS[key].format(layer[key]), source)
+            for layer, source in layers for key in _broker_synonym_group(name)
+            if layer.get(key) is not None
+        ]
+        while synonyms and synonyms[0][0] != definition.name:
+            synonyms.pop(0)
+        return synonyms
 
     def topic_defaults(self) -> dict[str, Any]:
         """Every topic config's default on this broker, resolved through the broker synonyms, typed."""
@@ -745,15 +814,20 @@ class BrokerConfig:
         the first synonym, so there a value supplied by ``log.retention.hours`` shows as DEFAULT_CONFIG.
         """
         value, supplier = self._resolve_topic(topic_key)
-        if supplier is not None and supplier in self.explicit:
-            return value, ConfigSource.STATIC_BROKER_CONFIG
+        if supplier is not None:
+            return value, self.broker_config_source(supplier)[1]
         return value, ConfigSource.DEFAULT_CONFIG
 
     def topic_config_synonyms(self, topic_key: str) -> list[tuple[str, str | None, ConfigSource]]:
         """The broker synonyms of a topic config for DescribeConfigs ``include_synonyms``:
         ``(broker key, value as Kafka writes it, source)``, highest priority first. A key the user set
-        appears as STATIC_BROKER_CONFIG followed by its default, as Kafka lists them."""
+        appears as STATIC_BROKER_CONFIG followed by its default, as Kafka lists them; dynamic configs of
+        this broker, then of the cluster default, come first."""
         synonyms: list[tuple[str, str | None, ConfigSource]] = []
+        for layer, source in ((self.dynamic_broker, ConfigSource.DYNAMIC_BROKER_CONFIG),
+                              (self.dynamic_default, ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG)):
+            synonyms.extend((name, BROKER_CONFIGS[name].format(layer[name]), source)
+                            for name in _topic_def(topic_key).synonyms if name in layer)
         for name in _topic_def(topic_key).synonyms:
             definition = BROKER_CONFIGS[name]
             if name in self.explicit:
@@ -775,6 +849,15 @@ class BrokerConfig:
             if value is not None:
                 return _to_topic_unit(name, value), name
         return definition.default, None
+
+
+def _broker_synonym_group(name: str) -> tuple[str, ...]:
+    """The broker keys that are synonyms of ``name`` (Kafka's DynamicBrokerConfig.brokerConfigSynonyms:
+    the keys supplying one topic config, ``log.retention.ms``/``.minutes``/``.hours``), or just ``name``."""
+    for definition in TOPIC_CONFIGS.values():
+        if name in definition.synonyms and len(definition.synonyms) > 1:
+            return definition.synonyms
+    return (name,)
 
 
 def _topic_def(topic_key: str) -> ConfigDef:
