@@ -32,7 +32,7 @@ import logging
 from typing import Any, Callable, Mapping
 
 from pykbroker.cluster.metadata import DEFAULT_BROKER_ENTITY, ClusterMetadata
-from pykbroker.config import BROKER_CONFIGS, DYNAMIC_BROKER_CONFIG_NAMES, BrokerConfig, ConfigError
+from pykbroker.config import BROKER_CONFIGS, DYNAMIC_BROKER_CONFIG_NAMES, TOPIC_CONFIGS, BrokerConfig, ConfigError
 from pykbroker.protocol.errors import ErrorCode, KafkaError
 
 log = logging.getLogger(__name__)
@@ -66,9 +66,17 @@ def parse_dynamic_configs(configs: Mapping[str, str]) -> dict[str, Any]:
             ErrorCode.invalid_request, f"Cannot update these configs dynamically: {', '.join(static)}"
         )
     try:
-        return {name: BROKER_CONFIGS[name].parse(raw) for name, raw in configs.items()}
+        typed = {name: BROKER_CONFIGS[name].parse(raw) for name, raw in configs.items()}
+        for name, value in typed.items():  # as Kafka's DynamicLogConfig: the topic default must be valid too
+            for definition in TOPIC_CONFIGS.values():
+                if name in definition.synonyms and value is not None:
+                    try:
+                        definition.parse(value)
+                    except ConfigError as exc:
+                        raise ConfigError(name, f"{name} supplies the topic default {exc.message}") from None
     except ConfigError as exc:
         raise KafkaError(ErrorCode.invalid_config, str(exc)) from None
+    return typed
 
 
 class DynamicConfigs:
