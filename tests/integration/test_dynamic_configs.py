@@ -238,3 +238,25 @@ def test_kafka_configs_sh_alters_and_describes_topic_and_broker_configs(broker, 
                         "--entity-name", "1", "--add-config", "num.partitions=3", check=False)
     assert refused.returncode != 0 and "Cannot update these configs dynamically" in refused.stdout + refused.stderr
 
+
+
+def test_kafka_python_admin_alters_topic_and_broker_configs(broker, topic_name):
+    from kafka.admin import AlterConfigOp, KafkaAdminClient
+    from kafka.admin import ConfigResource as KpResource
+    from kafka.admin import ConfigResourceType
+
+    create_topic(admin_for(broker), topic_name)
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, request_timeout_ms=30000)
+    try:
+        admin.alter_configs([KpResource(ConfigResourceType.TOPIC, topic_name, configs={"segment.bytes": "1048576"})],
+                            incremental=False)  # AlterConfigs
+        admin.alter_configs([KpResource(ConfigResourceType.TOPIC, topic_name,
+                                        configs={"retention.ms": (AlterConfigOp.SET, "3600000")})])
+        admin.alter_configs([KpResource(ConfigResourceType.BROKER, "1",
+                                        configs={"log.retention.bytes": (AlterConfigOp.SET, "1073741824")})])
+    finally:
+        admin.close()
+    topic = raw_describe(broker.address, TOPIC, topic_name)
+    assert (topic["segment.bytes"].value, topic["segment.bytes"].config_source) == ("1048576", 1)
+    assert (topic["retention.ms"].value, topic["retention.ms"].config_source) == ("3600000", 1)
+    assert (topic["retention.bytes"].value, topic["retention.bytes"].config_source) == ("1073741824", 2)
