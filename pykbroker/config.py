@@ -847,7 +847,7 @@ class BrokerConfig:
         for name in definition.synonyms:
             value = self.values[name]
             if value is not None:
-                return _to_topic_unit(name, value), name
+                return to_topic_unit(name, value), name
         return definition.default, None
 
 
@@ -867,10 +867,12 @@ def _topic_def(topic_key: str) -> ConfigDef:
         raise KeyError(f"unknown topic config {topic_key!r}") from None
 
 
-def _to_topic_unit(broker_key: str, value: Any) -> Any:
+def to_topic_unit(broker_key: str, value: Any) -> Any:
+    """A broker key's value as the topic config it supplies takes it (hours and minutes in ms; as Kafka's
+    KafkaConfig.logRetentionTimeMillis, any negative retention means "forever", -1)."""
     factor = _SYNONYM_UNIT_MS.get(broker_key)
     if factor is None:
-        return value
+        return -1 if broker_key == "log.retention.ms" and value is not None and value < 0 else value
     # As Kafka: a negative hours/minutes value (log.retention.hours=-1) means "forever", i.e. -1 ms.
     return -1 if value < 0 else value * factor
 

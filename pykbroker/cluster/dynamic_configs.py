@@ -15,9 +15,9 @@ Interface for the rest of the broker (``broker.dynamic_configs``):
 Which configs are dynamic: config.DYNAMIC_BROKER_CONFIG_NAMES (Kafka 3.7.1's dynamic keys that
 pykbroker applies without a restart: the log.* topic defaults, message.max.bytes, compression.type,
 min.insync.replicas, unclean.leader.election.enable, the two replication throttles). Setting another known
-key answers INVALID_REQUEST ("Cannot update these configs dynamically", as Kafka in ZooKeeper mode), an
-unknown key or an invalid value INVALID_CONFIG (Kafka would store an unknown broker key for plugins;
-pykbroker has none to read it). A BROKER resource names this broker's id or "" (the cluster default);
+key answers INVALID_REQUEST ("Cannot update these configs dynamically"), and so does an invalid value, as
+Kafka 3.7.1 answers in both modes; an unknown key INVALID_CONFIG (Kafka would store an unknown broker key
+for plugins; pykbroker has none to read it, and refuses a typo rather than storing it). A BROKER resource names this broker's id or "" (the cluster default);
 another id or a non-numeric one is INVALID_REQUEST, as Kafka's ZkAdminManager.getBrokerId.
 
 Storage is the metadata backend's (cluster/metadata.py): single node, the metadata journal; cluster,
@@ -32,7 +32,14 @@ import logging
 from typing import Any, Callable, Mapping
 
 from pykbroker.cluster.metadata import DEFAULT_BROKER_ENTITY, ClusterMetadata
-from pykbroker.config import BROKER_CONFIGS, DYNAMIC_BROKER_CONFIG_NAMES, TOPIC_CONFIGS, BrokerConfig, ConfigError
+from pykbroker.config import (
+    BROKER_CONFIGS,
+    DYNAMIC_BROKER_CONFIG_NAMES,
+    TOPIC_CONFIGS,
+    BrokerConfig,
+    ConfigError,
+    to_topic_unit,
+)
 from pykbroker.protocol.errors import ErrorCode, KafkaError
 
 log = logging.getLogger(__name__)
@@ -46,7 +53,7 @@ def broker_entity(resource_name: str, broker_id: int) -> str:
     try:
         requested = int(resource_name)
     except ValueError:
-        raise KafkaError(ErrorCode.invalid_request, f"Broker id must be an integer, but it is: {resource_name}") from None
+        raise KafkaError(ErrorCode.invalid_request, f"Node id must be an integer, but it is: {resource_name}") from None
     if requested != broker_id:
         raise KafkaError(
             ErrorCode.invalid_request, f"Unexpected broker id, expected {broker_id}, but received {resource_name}"
@@ -56,14 +63,15 @@ def broker_entity(resource_name: str, broker_id: int) -> str:
 
 def parse_dynamic_configs(configs: Mapping[str, str]) -> dict[str, Any]:
     """Typed values of dynamic broker configs. KafkaError: INVALID_REQUEST for a known key that is not
-    dynamic, INVALID_CONFIG for an unknown key or an invalid value."""
+    dynamic or an invalid value (Kafka 3.7.1's answers, ZooKeeper and KRaft mode alike), INVALID_CONFIG
+    for an unknown key (Kafka would store it for plugins; pykbroker has none to read it)."""
     unknown = sorted(name for name in configs if name not in BROKER_CONFIGS)
     if unknown:
         raise KafkaError(ErrorCode.invalid_config, f"Unknown broker config name: {', '.join(unknown)}")
     static = sorted(name for name in configs if name not in DYNAMIC_BROKER_CONFIG_NAMES)
     if static:
         raise KafkaError(
-            ErrorCode.invalid_request, f"Cannot update these configs dynamically: {', '.join(static)}"
+            ErrorCode.invalid_request, f"Cannot update these configs dynamically: Set({', '.join(static)})"
         )
     try:
         typed = {name: BROKER_CONFIGS[name].parse(raw) for name, raw in configs.items()}
@@ -71,11 +79,11 @@ def parse_dynamic_configs(configs: Mapping[str, str]) -> dict[str, Any]:
             for definition in TOPIC_CONFIGS.values():
                 if name in definition.synonyms and value is not None:
                     try:
-                        definition.parse(value)
+                        definition.parse(to_topic_unit(name, value))
                     except ConfigError as exc:
                         raise ConfigError(name, f"{name} supplies the topic default {exc.message}") from None
     except ConfigError as exc:
-        raise KafkaError(ErrorCode.invalid_config, str(exc)) from None
+        raise KafkaError(ErrorCode.invalid_request, str(exc)) from None
     return typed
 
 

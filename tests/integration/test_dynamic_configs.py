@@ -126,7 +126,7 @@ def test_bad_topic_alterations_get_kafkas_error_codes(shared_broker, topic_name)
     assert error_of(lambda: incremental(admin, topic, topic_name, ("cleanup.policy", "compact", AlterConfigOpType.SET)))[0] \
         == "INVALID_CONFIG"
     assert error_of(lambda: incremental(admin, topic, topic_name, ("retention.ms", "5", AlterConfigOpType.APPEND)))[0] \
-        == "INVALID_REQUEST"
+        == "INVALID_CONFIG"
     assert error_of(lambda: incremental(admin, topic, topic_name + "-missing", ("retention.ms", "5", AlterConfigOpType.SET)))[0] \
         == "UNKNOWN_TOPIC_OR_PART"  # librdkafka's name for it
     # nothing of the above was applied
@@ -149,12 +149,13 @@ def test_bad_requests_over_the_raw_protocol(shared_broker, topic_name):
         ErrorCode.invalid_request, "Unexpected broker id, expected 1, but received 2")
     assert raw_incremental(address, (BROKER, "one", [("log.retention.ms", 0, "1000")]))[0][1] == ErrorCode.invalid_request
     assert raw_incremental(address, (BROKER, "1", [("num.partitions", 0, "3")]))[0][1:] == (
-        ErrorCode.invalid_request, "Cannot update these configs dynamically: num.partitions")
+        ErrorCode.invalid_request, "Cannot update these configs dynamically: Set(num.partitions)")
     assert raw_incremental(address, (BROKER, "", [("no.such.key", 0, "3")]))[0][1] == ErrorCode.invalid_config
-    assert raw_incremental(address, (BROKER, "", [("log.retention.ms", 0, "-5")]))[0][1] == ErrorCode.invalid_config
-    assert raw_incremental(address, (BROKER, "", [("log.segment.bytes", 0, "big")]))[0][1] == ErrorCode.invalid_config
-    assert raw_incremental(address, (BROKER, "", [("log.cleanup.policy", 2, "compact")]))[0][1] == ErrorCode.invalid_config
-    assert raw_incremental(address, (BROKER, "", [("log.retention.ms", 3, "1")]))[0][1] == ErrorCode.invalid_request
+    # invalid values: INVALID_REQUEST for broker configs (INVALID_CONFIG for topic configs), as Kafka 3.7.1
+    assert raw_incremental(address, (BROKER, "", [("log.roll.ms", 0, "0")]))[0][1] == ErrorCode.invalid_request
+    assert raw_incremental(address, (BROKER, "", [("log.segment.bytes", 0, "big")]))[0][1] == ErrorCode.invalid_request
+    assert raw_incremental(address, (BROKER, "", [("log.cleanup.policy", 2, "compact")]))[0][1] == ErrorCode.invalid_request
+    assert raw_incremental(address, (BROKER, "", [("log.retention.ms", 3, "1")]))[0][1] == ErrorCode.invalid_config
     assert raw_describe(address, BROKER, "") == {}  # none of it was applied
     assert raw_incremental(address, (3, "group", set_one))[0][1] == ErrorCode.invalid_request
     # legacy AlterConfigs: a null value

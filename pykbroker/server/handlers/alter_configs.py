@@ -8,11 +8,12 @@ Behaviour (Kafka 3.7.1's ZkAdminManager / ConfigAdminManager):
   UNKNOWN_TOPIC_OR_PARTITION for a topic that does not exist; INVALID_CONFIG for an unknown name or an
   invalid value (cluster/topic_admin.py); the topic's live logs take the new configs at once.
 - BROKER resources: this broker's id, or "" for the cluster-wide default: its dynamic configs, validated
-  and stored by cluster/dynamic_configs.py (INVALID_REQUEST for another broker's id or a config that is
-  not dynamic, INVALID_CONFIG for an unknown name or an invalid value).
+  and stored by cluster/dynamic_configs.py (INVALID_REQUEST for another broker's id, a config that is
+  not dynamic or an invalid value; INVALID_CONFIG for an unknown name).
 - INVALID_REQUEST, as Kafka: a resource named twice in one request (every occurrence: "Each resource must
-  appear at most once."), a config named twice in one resource, a null value (except DELETE), APPEND or
-  SUBTRACT of a config that is not a list, an unknown operation, any other resource type.
+  appear at most once."), a config named twice in one resource, a null value (except DELETE), an unknown
+  operation, any other resource type. APPEND or SUBTRACT of a config that is not a list: INVALID_CONFIG.
+  (Codes and messages checked against Kafka 3.7.1 in ZooKeeper and KRaft mode.)
 - ``validate_only`` checks everything and changes nothing. Resources are independent: each gets its
   own error. Single node: the answer waits until the changes are durable (KAFKA_STORAGE_ERROR for every
   changed resource if the journal write failed); cluster: once ZooKeeper has them, as Kafka.
@@ -31,7 +32,6 @@ from pykbroker.server.handlers.topics_admin import _commit
 
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
-_OPERATION_NAMES = {SET: "SET", DELETE: "DELETE", APPEND: "APPEND", SUBTRACT: "SUBTRACT"}
 
 
 def _current(ctx: RequestContext, resource) -> tuple[dict[str, str], dict[str, ConfigDef], str]:
@@ -46,7 +46,7 @@ def _current(ctx: RequestContext, resource) -> tuple[dict[str, str], dict[str, C
         return ctx.broker.dynamic_configs.stored(entity), BROKER_CONFIGS, "broker"
     raise KafkaError(
         ErrorCode.invalid_request,
-        f"AlterConfigs is only supported for topics and brokers, but resource type is {resource.resource_type}",
+        f"Unknown resource type {resource.resource_type}",
     )
 
 
@@ -67,9 +67,8 @@ def _apply_operations(configs: dict[str, str], operations, table: dict[str, Conf
     names = [op.name for op in operations]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
-        raise KafkaError(ErrorCode.invalid_request, f"Error due to duplicate config keys : {','.join(duplicates)}")
-    nulls = [f"{_OPERATION_NAMES.get(op.config_operation, op.config_operation)}:{op.name}"
-             for op in operations if op.value is None and op.config_operation != DELETE]
+        raise KafkaError(ErrorCode.invalid_request, "Error due to duplicate config keys")
+    nulls = [op.name for op in operations if op.value is None and op.config_operation != DELETE]
     if nulls:
         raise KafkaError(ErrorCode.invalid_request, f"Null value not supported for : {','.join(nulls)}")
     result = dict(configs)
@@ -84,7 +83,7 @@ def _apply_operations(configs: dict[str, str], operations, table: dict[str, Conf
                 raise KafkaError(ErrorCode.invalid_config, f"Unknown {kind} config name: {op.name}")
             verb = "append" if op.config_operation == APPEND else "subtract"
             if definition.type != "list":
-                raise KafkaError(ErrorCode.invalid_request, f"Config value {verb} is not allowed for config key: {op.name}")
+                raise KafkaError(ErrorCode.invalid_config, f"Config value {verb} is not allowed for config key: {op.name}")
             old = _items(result[op.name]) if op.name in result else list(definition.default or [])
             if op.config_operation == APPEND:
                 new = old + _items(op.value)

@@ -77,14 +77,14 @@ def test_broker_synonyms_follow_kafkas_layers(tmp_path):
     store.close()
 
 
-@pytest.mark.parametrize("configs,code,words", [
-    ({"num.partitions": "3"}, ErrorCode.invalid_request, "Cannot update these configs dynamically: num.partitions"),
-    ({"no.such.key": "3"}, ErrorCode.invalid_config, "Unknown broker config name: no.such.key"),
-    ({"log.retention.ms": "soon"}, ErrorCode.invalid_config, "log.retention.ms"),
-    ({"log.retention.ms": "-2"}, ErrorCode.invalid_config, "retention.ms"),  # the topic default it supplies: >= -1
-    ({"log.segment.bytes": "1"}, ErrorCode.invalid_config, "log.segment.bytes"),
-    ({"log.cleanup.policy": "compact"}, ErrorCode.invalid_config, "compact"),
-    ({"leader.replication.throttled.rate": "-1"}, ErrorCode.invalid_config, "leader.replication.throttled.rate"),
+@pytest.mark.parametrize("configs,code,words", [  # codes as Kafka 3.7.1 answers (ZooKeeper and KRaft mode)
+    ({"num.partitions": "3"}, ErrorCode.invalid_request, "Cannot update these configs dynamically: Set(num.partitions)"),
+    ({"no.such.key": "3"}, ErrorCode.invalid_config, "Unknown broker config name: no.such.key"),  # Kafka: accepted
+    ({"log.retention.ms": "soon"}, ErrorCode.invalid_request, "log.retention.ms"),
+    ({"log.roll.ms": "0"}, ErrorCode.invalid_request, "segment.ms"),  # the topic default it supplies: >= 1
+    ({"log.segment.bytes": "1"}, ErrorCode.invalid_request, "log.segment.bytes"),
+    ({"log.cleanup.policy": "compact"}, ErrorCode.invalid_request, "compact"),
+    ({"leader.replication.throttled.rate": "-1"}, ErrorCode.invalid_request, "leader.replication.throttled.rate"),
 ])
 def test_invalid_dynamic_configs_are_refused(configs, code, words):
     with pytest.raises(KafkaError) as info:
@@ -92,11 +92,20 @@ def test_invalid_dynamic_configs_are_refused(configs, code, words):
     assert info.value.code == code and words in info.value.message
 
 
+def test_a_negative_retention_means_forever_as_in_kafka(tmp_path):
+    store = open_store(tmp_path)
+    dynamic = DynamicConfigs(static_config(tmp_path), store)
+    assert parse_dynamic_configs({"log.retention.ms": "-5"}) == {"log.retention.ms": -5}
+    store.set_broker_configs(DEFAULT_BROKER_ENTITY, {"log.retention.ms": "-5"})
+    assert dynamic.config.topic_config_source("retention.ms") == (-1, DYN_DEFAULT)
+    store.close()
+
+
 def test_broker_entity_names():
     assert broker_entity("", 1) == DEFAULT_BROKER_ENTITY
     assert broker_entity("1", 1) == "1"
     for name, message in (("2", "Unexpected broker id, expected 1, but received 2"),
-                          ("x", "Broker id must be an integer, but it is: x")):
+                          ("x", "Node id must be an integer, but it is: x")):
         with pytest.raises(KafkaError) as info:
             broker_entity(name, 1)
         assert (info.value.code, info.value.message) == (ErrorCode.invalid_request, message)
