@@ -783,16 +783,17 @@ class BrokerConfig:
         its synonym group (``log.retention.ms``/``.minutes``/``.hours``) that has a value, layer by layer
         (this broker's dynamic configs, the cluster default's, the static ones, the defaults), without
         the entries before the key's own first one; ``per_broker`` False (the cluster-default resource)
-        leaves this broker's dynamic configs out. The first entry is the key's source."""
+        keeps only the cluster default's entries. The first entry is the key's source."""
         definition = BROKER_CONFIGS[name]
         defaults = {key: _FSYNC_FLUSH_DEFAULTS[self.fsync].get(key, BROKER_CONFIGS[key].default) for key in _broker_synonym_group(name)}
         layers: list[tuple[Mapping[str, Any], ConfigSource]] = [
+            (self.dynamic_broker, ConfigSource.DYNAMIC_BROKER_CONFIG),
             (self.dynamic_default, ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG),
             ({key: self.static_values[key] for key in self.explicit if key in self.static_values}, ConfigSource.STATIC_BROKER_CONFIG),
             (defaults, ConfigSource.DEFAULT_CONFIG),
         ]
-        if per_broker:
-            layers.insert(0, (self.dynamic_broker, ConfigSource.DYNAMIC_BROKER_CONFIG))
+        if not per_broker:
+            layers = [layers[1]]
         synonyms = [
             (key, BROKER_CONFIGS[key].format(layer[key]), source)
             for layer, source in layers for key in _broker_synonym_group(name)
@@ -819,23 +820,13 @@ class BrokerConfig:
         return value, ConfigSource.DEFAULT_CONFIG
 
     def topic_config_synonyms(self, topic_key: str) -> list[tuple[str, str | None, ConfigSource]]:
-        """The broker synonyms of a topic config for DescribeConfigs ``include_synonyms``:
-        ``(broker key, value as Kafka writes it, source)``, highest priority first. A key the user set
-        appears as STATIC_BROKER_CONFIG followed by its default, as Kafka lists them; dynamic configs of
-        this broker, then of the cluster default, come first."""
-        synonyms: list[tuple[str, str | None, ConfigSource]] = []
-        for layer, source in ((self.dynamic_broker, ConfigSource.DYNAMIC_BROKER_CONFIG),
-                              (self.dynamic_default, ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG)):
-            synonyms.extend((name, BROKER_CONFIGS[name].format(layer[name]), source)
-                            for name in _topic_def(topic_key).synonyms if name in layer)
-        for name in _topic_def(topic_key).synonyms:
-            definition = BROKER_CONFIGS[name]
-            if name in self.explicit:
-                synonyms.append((name, definition.format(self.values[name]), ConfigSource.STATIC_BROKER_CONFIG))
-            default = _FSYNC_FLUSH_DEFAULTS[self.fsync].get(name, definition.default)
-            if default is not None:
-                synonyms.append((name, definition.format(default), ConfigSource.DEFAULT_CONFIG))
-        return synonyms
+        """The broker synonyms of a topic config for DescribeConfigs ``include_synonyms``, as Kafka's
+        ConfigHelper lists them: those of the first broker key that supplies it (``retention.ms`` <-
+        ``log.retention.ms``; see ``broker_config_synonyms``, which drops the group's entries before that
+        key's own: with only ``log.retention.hours`` set, none). Their head is the topic default's
+        DescribeConfigs source (DEFAULT_CONFIG if there is none)."""
+        synonyms = _topic_def(topic_key).synonyms
+        return self.broker_config_synonyms(synonyms[0]) if synonyms else []
 
     def effective_topic_config(self, overrides: Mapping[str, str | None]) -> dict[str, Any]:
         """Every topic config for a topic with these (string) overrides, typed and validated."""

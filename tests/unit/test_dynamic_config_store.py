@@ -64,8 +64,8 @@ def test_broker_synonyms_follow_kafkas_layers(tmp_path):
     assert config.broker_config_synonyms("log.retention.ms") == [
         ("log.retention.ms", "30000", DYN_BROKER), ("log.retention.ms", "60000", DYN_DEFAULT),
         ("log.retention.hours", "24", STATIC), ("log.retention.hours", "168", DEFAULT)]
-    # the cluster-default resource leaves this broker's own dynamic value out
-    assert config.broker_config_synonyms("log.retention.ms", per_broker=False)[0] == ("log.retention.ms", "60000", DYN_DEFAULT)
+    # the cluster-default resource keeps only the cluster default's entries (Kafka)
+    assert config.broker_config_synonyms("log.retention.ms", per_broker=False) == [("log.retention.ms", "60000", DYN_DEFAULT)]
     # entries before the key's own are dropped (Kafka's dropWhile)
     assert config.broker_config_synonyms("log.retention.hours") == [
         ("log.retention.hours", "24", STATIC), ("log.retention.hours", "168", DEFAULT)]

@@ -1,9 +1,10 @@
 """DescribeConfigs (key 32), v1-4.
 
 Behaviour: TOPIC resources list every topic config with its value and source (TOPIC_CONFIG for an
-override; else the source of the broker key that supplies it: DYNAMIC_BROKER_CONFIG,
-DYNAMIC_DEFAULT_BROKER_CONFIG, STATIC_BROKER_CONFIG, or DEFAULT_CONFIG), with synonyms when asked and
-types/documentation from v3. BROKER resources, as Kafka's ConfigHelper: this broker's id lists every
+override; else, as Kafka's ConfigHelper, the source at the head of its broker synonyms:
+DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG, STATIC_BROKER_CONFIG, or DEFAULT_CONFIG; so a
+retention that only ``log.retention.hours`` sets shows DEFAULT_CONFIG, as in Kafka, where CreateTopics
+says STATIC_BROKER_CONFIG), with synonyms when asked and types/documentation from v3. BROKER resources, as Kafka's ConfigHelper: this broker's id lists every
 broker config with its effective value (dynamic configs included), its source and Kafka's synonyms
 (the key's synonym group, layer by layer: this broker's dynamic configs, the cluster default's, static,
 default); "" (the cluster default) lists only the dynamic default configs that are set. Dynamic
@@ -51,12 +52,12 @@ def _topic_configs(ctx: RequestContext, schema, name: str, keys, request) -> tup
         if keys is not None and key not in keys:
             continue
         definition = TOPIC_CONFIGS[key]
-        synonyms = []
-        if include_synonyms:
-            if key in info.configs:
-                synonyms.append((key, definition.format(value), ConfigSource.DYNAMIC_TOPIC_CONFIG))
-            synonyms.extend(broker.dynamic_configs.config.topic_config_synonyms(key))
-        entries.append(_entry(schema, definition, value, source, synonyms, include_docs))
+        synonyms = broker.dynamic_configs.config.topic_config_synonyms(key)
+        if key in info.configs:
+            synonyms.insert(0, (key, definition.format(value), ConfigSource.DYNAMIC_TOPIC_CONFIG))
+        if source != ConfigSource.DYNAMIC_TOPIC_CONFIG:  # Kafka: the head of the synonyms, not the supplier
+            source = synonyms[0][2] if synonyms else ConfigSource.DEFAULT_CONFIG
+        entries.append(_entry(schema, definition, value, source, synonyms if include_synonyms else [], include_docs))
     return ErrorCode.none, None, tuple(entries)
 
 
