@@ -332,7 +332,8 @@ def _table(*defs: ConfigDef) -> dict[str, ConfigDef]:
 # (DynamicBrokerConfig.AllDynamicConfigs, read_only=false in its DescribeConfigs) whose new value pykbroker
 # really applies without a restart: the topic defaults (a live log takes its topic's new configs) and the
 # replication throttles. Kafka's other dynamic keys (listeners, max.connections, num.replica.fetchers,
-# producer.id.expiration.ms, the SSL/SASL keys) stay read-only here: pykbroker reads them at start only.
+# producer.id.expiration.ms, the SSL/SASL keys, and unclean.leader.election.enable, which the controller
+# reads from its static config) stay read-only here: pykbroker reads them at start only.
 DYNAMIC_BROKER_CONFIG_NAMES = frozenset({
     "compression.type", "log.cleanup.policy", "log.cleaner.delete.retention.ms", "log.cleaner.max.compaction.lag.ms",
     "log.cleaner.min.cleanable.ratio", "log.cleaner.min.compaction.lag.ms", "log.flush.interval.messages",
@@ -341,7 +342,7 @@ DYNAMIC_BROKER_CONFIG_NAMES = frozenset({
     "log.message.timestamp.before.max.ms", "log.message.timestamp.difference.max.ms", "log.message.timestamp.type",
     "log.preallocate", "log.retention.bytes", "log.retention.ms", "log.roll.jitter.ms", "log.roll.ms",
     "log.segment.bytes", "log.segment.delete.delay.ms", "message.max.bytes", "min.insync.replicas",
-    "unclean.leader.election.enable", "leader.replication.throttled.rate", "follower.replication.throttled.rate",
+    "leader.replication.throttled.rate", "follower.replication.throttled.rate",
 })
 
 

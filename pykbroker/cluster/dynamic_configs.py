@@ -14,7 +14,7 @@ Interface for the rest of the broker (``broker.dynamic_configs``):
 
 Which configs are dynamic: config.DYNAMIC_BROKER_CONFIG_NAMES (Kafka 3.7.1's dynamic keys that
 pykbroker applies without a restart: the log.* topic defaults, message.max.bytes, compression.type,
-min.insync.replicas, unclean.leader.election.enable, the two replication throttles). Setting another known
+min.insync.replicas, the two replication throttles). Setting another known
 key answers INVALID_REQUEST ("Cannot update these configs dynamically"), and so does an invalid value, as
 Kafka 3.7.1 answers in both modes; an unknown key INVALID_CONFIG (Kafka would store an unknown broker key
 for plugins; pykbroker has none to read it, and refuses a typo rather than storing it). A BROKER resource names this broker's id or "" (the cluster default);
