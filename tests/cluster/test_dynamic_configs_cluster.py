@@ -83,3 +83,22 @@ def test_configs_altered_through_one_broker_reach_the_others_and_survive_a_resta
         assert alter(address[3], BROKER, "", {"log.segment.bytes": None}) == (ErrorCode.none, None)
         wait_until(lambda: describe(address[1], TOPIC, topic, "segment.bytes") == ("1073741824", 5),
                    "broker 1 sees the deleted default", TIMEOUT)
+
+
+def test_a_lowered_cluster_default_retention_deletes_old_segments_on_every_replica(zk_connect, tmp_path):
+    from confluent_kafka import Producer
+
+    with BrokerCluster(zk_connect, tmp_path, n=3, overrides={"log.retention.check.interval.ms": 200}) as cluster:
+        topic = "retention-everywhere"
+        cluster.create_topic(topic, partitions=1, replication_factor=3, config={"segment.bytes": "2048"})
+        producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "linger.ms": 0})
+        for index in range(40):  # one batch each: segments of 2048 bytes roll every few batches
+            producer.produce(topic, value=b"x" * 200, key=str(index).encode())
+            assert producer.flush(TIMEOUT) == 0
+
+        def segments(broker_id: int) -> int:
+            return len(list((cluster.brokers[broker_id].data_dir / f"{topic}-0").glob("*.log")))
+
+        wait_until(lambda: all(segments(i) > 2 for i in (1, 2, 3)), "every replica has rolled segments", TIMEOUT)
+        assert alter(cluster.brokers[1].address, BROKER, "", {"log.retention.ms": "1"}) == (ErrorCode.none, None)
+        wait_until(lambda: all(segments(i) == 1 for i in (1, 2, 3)), "old segments deleted on every replica", TIMEOUT)

@@ -235,6 +235,9 @@ def test_kafka_configs_sh_alters_and_describes_topic_and_broker_configs(broker, 
     out = tools.run("kafka-configs.sh", "--bootstrap-server", broker.bootstrap, "--describe", "--entity-type", "brokers",
                     "--entity-name", "1", "--all").stdout
     assert "log.segment.bytes=2097152 sensitive=false synonyms={DYNAMIC_DEFAULT_BROKER_CONFIG:log.segment.bytes=2097152" in out
+    out = tools.run("kafka-configs.sh", "--bootstrap-server", broker.bootstrap, "--describe", "--entity-type", "brokers",
+                    "--entity-default").stdout
+    assert "log.segment.bytes=2097152 sensitive=false synonyms={DYNAMIC_DEFAULT_BROKER_CONFIG:log.segment.bytes=2097152}" in out
     refused = tools.run("kafka-configs.sh", "--bootstrap-server", broker.bootstrap, "--alter", "--entity-type", "brokers",
                         "--entity-name", "1", "--add-config", "num.partitions=3", check=False)
     assert refused.returncode != 0 and "Cannot update these configs dynamically" in refused.stdout + refused.stderr
