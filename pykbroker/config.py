@@ -300,7 +300,7 @@ def _coerce(type_: str, raw: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------------
-# The tables. Broker configs are read-only in DescribeConfigs (pykbroker has no dynamic broker configs).
+# The tables. Broker configs are read-only in DescribeConfigs except DYNAMIC_BROKER_CONFIG_NAMES.
 
 _HOUR_MS = 3_600_000
 _MINUTE_MS = 60_000
@@ -327,8 +327,27 @@ def _table(*defs: ConfigDef) -> dict[str, ConfigDef]:
     return {d.name: d for d in defs}
 
 
+# The broker configs pykbroker lets AlterConfigs / IncrementalAlterConfigs change while it runs (per broker
+# or as the cluster-wide default, see cluster/dynamic_configs.py): those Kafka 3.7.1 marks dynamic
+# (DynamicBrokerConfig.AllDynamicConfigs, read_only=false in its DescribeConfigs) whose new value pykbroker
+# really applies without a restart: the topic defaults (a live log takes its topic's new configs) and the
+# replication throttles. Kafka's other dynamic keys (listeners, max.connections, num.replica.fetchers,
+# producer.id.expiration.ms, the SSL/SASL keys, and unclean.leader.election.enable, which the controller
+# reads from its static config) stay read-only here: pykbroker reads them at start only.
+DYNAMIC_BROKER_CONFIG_NAMES = frozenset({
+    "compression.type", "log.cleanup.policy", "log.cleaner.delete.retention.ms", "log.cleaner.max.compaction.lag.ms",
+    "log.cleaner.min.cleanable.ratio", "log.cleaner.min.compaction.lag.ms", "log.flush.interval.messages",
+    "log.flush.interval.ms", "log.index.interval.bytes", "log.index.size.max.bytes", "log.local.retention.bytes",
+    "log.local.retention.ms", "log.message.downconversion.enable", "log.message.timestamp.after.max.ms",
+    "log.message.timestamp.before.max.ms", "log.message.timestamp.difference.max.ms", "log.message.timestamp.type",
+    "log.preallocate", "log.retention.bytes", "log.retention.ms", "log.roll.jitter.ms", "log.roll.ms",
+    "log.segment.bytes", "log.segment.delete.delay.ms", "message.max.bytes", "min.insync.replicas",
+    "leader.replication.throttled.rate", "follower.replication.throttled.rate",
+})
+
+
 def _broker(name: str, type_: str, default: Any, doc: str, validator: Validator | None = None) -> ConfigDef:
-    return ConfigDef(name, type_, default, doc, validator, read_only=True)
+    return ConfigDef(name, type_, default, doc, validator, read_only=name not in DYNAMIC_BROKER_CONFIG_NAMES)
 
 
 BROKER_CONFIGS: dict[str, ConfigDef] = _table(
@@ -464,6 +483,12 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
     _broker("replica.socket.timeout.ms", "int", 30000, "Socket timeout of follower fetches."),
     _broker("replica.high.watermark.checkpoint.interval.ms", "long", 5000, "How often high-water marks are checkpointed."),
     _broker("num.replica.fetchers", "int", 1, "Fetcher tasks per source broker."),
+    # Kafka's DynamicConfig.Broker throttles (bytes/s), set with kafka-configs.sh --entity-type brokers; read
+    # through broker.dynamic_configs.value() by partition reassignment.
+    _broker("leader.replication.throttled.rate", "long", LONG_MAX,
+            "Replication bytes/s a leader sends for the replicas in a topic's leader.replication.throttled.replicas.", _AT_LEAST_0),
+    _broker("follower.replication.throttled.rate", "long", LONG_MAX,
+            "Replication bytes/s a follower fetches for the replicas in a topic's follower.replication.throttled.replicas.", _AT_LEAST_0),
     # network
     _broker("socket.request.max.bytes", "int", 104857600, "Largest request the broker reads.", _AT_LEAST_1),
     _broker("fetch.max.bytes", "int", 57671680, "Largest fetch response the broker builds.", Range(1024)),
@@ -679,7 +704,11 @@ class BrokerConfig:
     (tests) fills every key not given in ``values`` with its default.
 
     ``values`` holds every BROKER_CONFIGS key; ``explicit`` the keys the user set (DescribeConfigs reports
-    those as STATIC_BROKER_CONFIG, the rest as DEFAULT_CONFIG). ``advertised_host`` "" and
+    those as STATIC_BROKER_CONFIG, the rest as DEFAULT_CONFIG). ``dynamic_broker`` and ``dynamic_default``
+    are the typed dynamic configs of this broker and of the cluster-wide default (AlterConfigs; see
+    cluster/dynamic_configs.py, which builds this broker's current config with ``with_dynamic``): they
+    win over the static values, this broker's over the default, in ``values`` and in every topic default;
+    ``static_values`` is ``values`` without them. ``advertised_host`` "" and
     ``advertised_port`` 0 mean "derive from host and port". ``listeners`` and ``advertised_listeners``
     are derived (see resolve_listeners); afterwards host, port and the advertised pair are the first
     listener's.
@@ -697,6 +726,9 @@ class BrokerConfig:
     advertised_port: int = 0
     listeners: tuple["Listener", ...] = ()
     advertised_listeners: tuple["Listener", ...] = ()
+    dynamic_broker: Mapping[str, Any] = field(default_factory=dict)
+    dynamic_default: Mapping[str, Any] = field(default_factory=dict)
+    static_values: Mapping[str, Any] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_MODES:
@@ -706,6 +738,11 @@ class BrokerConfig:
         full.update(self.values)
         full["broker.id"] = self.broker_id
         # A frozen dataclass: fill the derived fields once, here, so every construction path agrees.
+        object.__setattr__(self, "static_values", MappingProxyType(dict(full)))
+        object.__setattr__(self, "dynamic_broker", MappingProxyType(dict(self.dynamic_broker)))
+        object.__setattr__(self, "dynamic_default", MappingProxyType(dict(self.dynamic_default)))
+        full.update(self.dynamic_default)
+        full.update(self.dynamic_broker)
         object.__setattr__(self, "values", MappingProxyType(full))
         _check_queued_max_request_bytes(full)
         object.__setattr__(self, "explicit", frozenset(self.explicit))
@@ -732,10 +769,44 @@ class BrokerConfig:
         """The ZooKeeper connection string, or None for the embedded single-node metadata."""
         return self.values["zookeeper.connect"] or None
 
+    def with_dynamic(self, dynamic_broker: Mapping[str, Any], dynamic_default: Mapping[str, Any]) -> "BrokerConfig":
+        """This configuration with these dynamic configs (typed, validated) in place of its own."""
+        return replace(self, values=self.static_values, dynamic_broker=dynamic_broker, dynamic_default=dynamic_default)
+
     def broker_config_source(self, name: str) -> tuple[Any, ConfigSource]:
         """A broker key's value and its DescribeConfigs source."""
-        source = ConfigSource.STATIC_BROKER_CONFIG if name in self.explicit else ConfigSource.DEFAULT_CONFIG
+        if name in self.dynamic_broker:
+            source = ConfigSource.DYNAMIC_BROKER_CONFIG
+        elif name in self.dynamic_default:
+            source = ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG
+        else:
+            source = ConfigSource.STATIC_BROKER_CONFIG if name in self.explicit else ConfigSource.DEFAULT_CONFIG
         return self.get(name), source
+
+    def broker_config_synonyms(self, name: str, *, per_broker: bool = True) -> list[tuple[str, str | None, ConfigSource]]:
+        """Kafka's synonyms of a broker key for DescribeConfigs (ConfigHelper.configSynonyms): every key of
+        its synonym group (``log.retention.ms``/``.minutes``/``.hours``) that has a value, layer by layer
+        (this broker's dynamic configs, the cluster default's, the static ones, the defaults), without
+        the entries before the key's own first one; ``per_broker`` False (the cluster-default resource)
+        keeps only the cluster default's entries. The first entry is the key's source."""
+        definition = BROKER_CONFIGS[name]
+        defaults = {key: _FSYNC_FLUSH_DEFAULTS[self.fsync].get(key, BROKER_CONFIGS[key].default) for key in _broker_synonym_group(name)}
+        layers: list[tuple[Mapping[str, Any], ConfigSource]] = [
+            (self.dynamic_broker, ConfigSource.DYNAMIC_BROKER_CONFIG),
+            (self.dynamic_default, ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG),
+            ({key: self.static_values[key] for key in self.explicit if key in self.static_values}, ConfigSource.STATIC_BROKER_CONFIG),
+            (defaults, ConfigSource.DEFAULT_CONFIG),
+        ]
+        if not per_broker:
+            layers = [layers[1]]
+        synonyms = [
+            (key, BROKER_CONFIGS[key].format(layer[key]), source)
+            for layer, source in layers for key in _broker_synonym_group(name)
+            if layer.get(key) is not None
+        ]
+        while synonyms and synonyms[0][0] != definition.name:
+            synonyms.pop(0)
+        return synonyms
 
     def topic_defaults(self) -> dict[str, Any]:
         """Every topic config's default on this broker, resolved through the broker synonyms, typed."""
@@ -749,23 +820,18 @@ class BrokerConfig:
         the first synonym, so there a value supplied by ``log.retention.hours`` shows as DEFAULT_CONFIG.
         """
         value, supplier = self._resolve_topic(topic_key)
-        if supplier is not None and supplier in self.explicit:
-            return value, ConfigSource.STATIC_BROKER_CONFIG
+        if supplier is not None:
+            return value, self.broker_config_source(supplier)[1]
         return value, ConfigSource.DEFAULT_CONFIG
 
     def topic_config_synonyms(self, topic_key: str) -> list[tuple[str, str | None, ConfigSource]]:
-        """The broker synonyms of a topic config for DescribeConfigs ``include_synonyms``:
-        ``(broker key, value as Kafka writes it, source)``, highest priority first. A key the user set
-        appears as STATIC_BROKER_CONFIG followed by its default, as Kafka lists them."""
-        synonyms: list[tuple[str, str | None, ConfigSource]] = []
-        for name in _topic_def(topic_key).synonyms:
-            definition = BROKER_CONFIGS[name]
-            if name in self.explicit:
-                synonyms.append((name, definition.format(self.values[name]), ConfigSource.STATIC_BROKER_CONFIG))
-            default = _FSYNC_FLUSH_DEFAULTS[self.fsync].get(name, definition.default)
-            if default is not None:
-                synonyms.append((name, definition.format(default), ConfigSource.DEFAULT_CONFIG))
-        return synonyms
+        """The broker synonyms of a topic config for DescribeConfigs ``include_synonyms``, as Kafka's
+        ConfigHelper lists them: those of the first broker key that supplies it (``retention.ms`` <-
+        ``log.retention.ms``; see ``broker_config_synonyms``, which drops the group's entries before that
+        key's own: with only ``log.retention.hours`` set, none). Their head is the topic default's
+        DescribeConfigs source (DEFAULT_CONFIG if there is none)."""
+        synonyms = _topic_def(topic_key).synonyms
+        return self.broker_config_synonyms(synonyms[0]) if synonyms else []
 
     def effective_topic_config(self, overrides: Mapping[str, str | None]) -> dict[str, Any]:
         """Every topic config for a topic with these (string) overrides, typed and validated."""
@@ -777,8 +843,17 @@ class BrokerConfig:
         for name in definition.synonyms:
             value = self.values[name]
             if value is not None:
-                return _to_topic_unit(name, value), name
+                return to_topic_unit(name, value), name
         return definition.default, None
+
+
+def _broker_synonym_group(name: str) -> tuple[str, ...]:
+    """The broker keys that are synonyms of ``name`` (Kafka's DynamicBrokerConfig.brokerConfigSynonyms:
+    the keys supplying one topic config, ``log.retention.ms``/``.minutes``/``.hours``), or just ``name``."""
+    for definition in TOPIC_CONFIGS.values():
+        if name in definition.synonyms and len(definition.synonyms) > 1:
+            return definition.synonyms
+    return (name,)
 
 
 def _topic_def(topic_key: str) -> ConfigDef:
@@ -788,10 +863,12 @@ def _topic_def(topic_key: str) -> ConfigDef:
         raise KeyError(f"unknown topic config {topic_key!r}") from None
 
 
-def _to_topic_unit(broker_key: str, value: Any) -> Any:
+def to_topic_unit(broker_key: str, value: Any) -> Any:
+    """A broker key's value as the topic config it supplies takes it (hours and minutes in ms; as Kafka's
+    KafkaConfig.logRetentionTimeMillis, any negative retention means "forever", -1)."""
     factor = _SYNONYM_UNIT_MS.get(broker_key)
     if factor is None:
-        return value
+        return -1 if broker_key == "log.retention.ms" and value is not None and value < 0 else value
     # As Kafka: a negative hours/minutes value (log.retention.hours=-1) means "forever", i.e. -1 ms.
     return -1 if value < 0 else value * factor
 

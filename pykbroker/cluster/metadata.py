@@ -11,6 +11,11 @@ yes; in cluster mode LeaderAndIsr from the controller does). Files, as Kafka lay
     <data-dir>/__cluster_metadata.snapshot   topics, partition states, config overrides ...
     <data-dir>/__cluster_metadata.log        ... and the changes since (see metadata_log.py)
 
+Dynamic broker configs (AlterConfigs on a BROKER resource) are kept per entity, Kafka's ZooKeeper names:
+``DEFAULT_BROKER_ENTITY`` ("<default>", the cluster-wide default) or a broker id ("1"); both backends
+store them (here in the journal, in ZooKeeper under /config/brokers/<entity>) and tell the broker config
+listeners; cluster/dynamic_configs.py turns them into the broker's effective configuration.
+
 Changes are applied in memory at once (so the next request sees them) and journalled; ``commit`` returns
 a future that completes when they are durable, which CreateTopics and friends await before answering.
 Topic names that differ only by '.' versus '_' collide (Kafka's rule: both map to the same metric
@@ -33,6 +38,7 @@ from pykbroker.log.checkpoint import CorruptFile, write_atomically
 TOPIC_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_NAME_LENGTH = 249
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+DEFAULT_BROKER_ENTITY = "<default>"  # Kafka's ConfigEntityName.Default: the cluster-wide broker configs
 
 
 def topic_name_error(name: str | None) -> str | None:
@@ -138,6 +144,10 @@ class ClusterMetadata(Protocol):
                                    assignment: dict[int, list[int]] | None = None) -> None: ...
     async def wait_until(self, condition: Callable[[], bool], timeout_s: float) -> bool: ...
     def add_config_listener(self, callback: Callable[[str], None]) -> None: ...
+    async def set_topic_configs_async(self, name: str, configs: dict[str, str]) -> None: ...
+    def broker_configs(self, entity: str) -> dict[str, str]: ...  # DEFAULT_BROKER_ENTITY or a broker id
+    async def set_broker_configs_async(self, entity: str, configs: dict[str, str]) -> None: ...
+    def add_broker_config_listener(self, callback: Callable[[str, dict[str, str]], None]) -> None: ...
     def commit(self) -> Future: ...
 
 
@@ -206,6 +216,8 @@ class EmbeddedMetadata(TopicIndex):
         self.broker_id = broker_id
         self.controller_id = broker_id
         self._config_listeners: list[Callable[[str], None]] = []
+        self._broker_configs: dict[str, dict[str, str]] = {}  # entity -> dynamic broker configs
+        self._broker_config_listeners: list[Callable[[str, dict[str, str]], None]] = []
         self._endpoint = BrokerEndpoint(broker_id, host, port)
         super().__init__()
         self.cluster_id = self._load_meta_properties()
@@ -228,6 +240,13 @@ class EmbeddedMetadata(TopicIndex):
             for record in records:
                 if record["op"] == "topic":
                     self._index(TopicInfo.from_json(record["topic"]))
+                elif record["op"] == "config":
+                    entity = record["entity"].partition("brokers/")[2]
+                    configs = {str(k): str(v) for k, v in record["config"].items()}
+                    if configs:
+                        self._broker_configs[entity] = configs
+                    else:
+                        self._broker_configs.pop(entity, None)
                 elif record["name"] in self._topics:
                     self._unindex(record["name"])
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -241,7 +260,10 @@ class EmbeddedMetadata(TopicIndex):
 
     def commit(self) -> Future:
         """Make every change so far durable, off the event loop; the future completes when it is."""
-        return self._log.commit(len(self._topics), lambda: [info.to_json() for info in self._topics.values()])
+        return self._log.commit(
+            len(self._topics), lambda: [info.to_json() for info in self._topics.values()],
+            lambda: {f"brokers/{entity}": dict(configs) for entity, configs in self._broker_configs.items()},
+        )
 
     def close(self) -> None:
         self.commit()
@@ -290,6 +312,30 @@ class EmbeddedMetadata(TopicIndex):
     def add_config_listener(self, callback: Callable[[str], None]) -> None:
         """``callback(topic)`` after a topic's config overrides changed."""
         self._config_listeners.append(callback)
+
+    async def set_topic_configs_async(self, name: str, configs: dict[str, str]) -> None:
+        self.set_topic_configs(name, configs)
+
+    def broker_configs(self, entity: str) -> dict[str, str]:
+        """The dynamic broker configs of ``entity`` (DEFAULT_BROKER_ENTITY or a broker id), as stored."""
+        return dict(self._broker_configs.get(entity, {}))
+
+    def set_broker_configs(self, entity: str, configs: dict[str, str]) -> None:
+        """Replace ``entity``'s dynamic broker configs (empty: remove them), journal, tell the listeners."""
+        if configs:
+            self._broker_configs[entity] = dict(configs)
+        else:
+            self._broker_configs.pop(entity, None)
+        self._log.append({"op": "config", "entity": f"brokers/{entity}", "config": dict(configs)})
+        for callback in list(self._broker_config_listeners):
+            callback(entity, dict(configs))
+
+    async def set_broker_configs_async(self, entity: str, configs: dict[str, str]) -> None:
+        self.set_broker_configs(entity, configs)
+
+    def add_broker_config_listener(self, callback: Callable[[str, dict[str, str]], None]) -> None:
+        """``callback(entity, configs)`` after an entity's dynamic broker configs changed."""
+        self._broker_config_listeners.append(callback)
 
     # -- the admin interface both backends share (see the module docstring) ---------------------------
     async def create_topic_async(self, name: str, partitions: int, replication_factor: int,

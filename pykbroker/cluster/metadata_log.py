@@ -6,8 +6,12 @@ single-node equivalent, so that a change costs O(change) instead of rewriting ev
     <data-dir>/__cluster_metadata.snapshot   {"version": 1, "topics": [...]}, replaced atomically
     <data-dir>/__cluster_metadata.log        one record per line: "<crc32 hex> <json>\\n"
 
-A record is the full state of one topic (``{"op": "topic", "topic": {...}}``) or its removal
-(``{"op": "delete", "name": ...}``). Records are idempotent, so replaying the journal on a snapshot that
+A record is the full state of one topic (``{"op": "topic", "topic": {...}}``), its removal
+(``{"op": "delete", "name": ...}``) or the full set of dynamic broker configs of one entity
+(``{"op": "config", "entity": "brokers/<id>" or "brokers/<default>", "config": {name: value}}``, Kafka's
+ZooKeeper entity paths; an empty config removes the entity). The snapshot holds the latter as
+``"configs": {entity: {name: value}}``; a snapshot or journal written before dynamic configs existed has
+none, and loads as it did. Records are idempotent, so replaying the journal on a snapshot that
 already holds some of them gives the same state: the snapshot can be written first and the journal
 truncated after it without any window where a crash loses a change.
 
@@ -66,11 +70,17 @@ def _decode_line(line: bytes) -> dict[str, Any] | None:
         record = json.loads(body)
     except ValueError:
         return None
-    return record if isinstance(record, dict) and record.get("op") in ("topic", "delete") else None
+    return record if isinstance(record, dict) and record.get("op") in ("topic", "delete", "config") else None
 
 
 def read_snapshot_topics(path: Path) -> list[dict[str, Any]] | None:
     """The topic entries of a snapshot (or legacy metadata file); None if it does not exist."""
+    document = read_snapshot(path)
+    return None if document is None else document["topics"]
+
+
+def read_snapshot(path: Path) -> dict[str, Any] | None:
+    """A snapshot (or legacy metadata file) document, ``topics`` checked to be a list; None if absent."""
     try:
         text = path.read_bytes().decode()
     except FileNotFoundError:
@@ -84,7 +94,7 @@ def read_snapshot_topics(path: Path) -> list[dict[str, Any]] | None:
             raise ValueError(f"unknown version {data.get('version')!r}")
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptFile(path, f"is not a pykbroker metadata snapshot ({exc})", RESTORE_HINT) from None
-    return topics
+    return data
 
 
 def _log_failure(future: Future) -> None:
@@ -109,8 +119,13 @@ class MetadataLog:
 
     # -- loading ---------------------------------------------------------------------------------------
     def load(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """(snapshot topic entries, journal records after it), migrating a legacy file first."""
-        topics = read_snapshot_topics(self.snapshot_path)
+        """(snapshot topic entries, records after them: the snapshot's dynamic configs as config records,
+        then the journal's), migrating a legacy file first."""
+        snapshot = read_snapshot(self.snapshot_path)
+        topics = None if snapshot is None else snapshot["topics"]
+        configs = (snapshot or {}).get("configs") or {}
+        if not isinstance(configs, dict):
+            raise CorruptFile(self.snapshot_path, "holds malformed dynamic configs", RESTORE_HINT)
         legacy = self.data_dir / LEGACY_FILE
         if topics is None and legacy.exists():
             topics = read_snapshot_topics(legacy) or []
@@ -119,6 +134,7 @@ class MetadataLog:
             log.info("converted %s (%d topics) to the metadata snapshot and journal", legacy, len(topics))
         records = self._read_journal()
         self._journal_records = len(records)
+        records = [{"op": "config", "entity": entity, "config": config} for entity, config in configs.items()] + records
         self._fd = os.open(self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         return topics or [], records
 
@@ -153,12 +169,13 @@ class MetadataLog:
         """Buffer one record (event loop); it is written by the next ``commit``."""
         self._pending.append(encode_record(record))
 
-    def commit(self, topic_count: int, snapshot_of: Callable[[], list[dict[str, Any]]]) -> Future:
+    def commit(self, topic_count: int, snapshot_of: Callable[[], list[dict[str, Any]]],
+               configs_of: Callable[[], dict[str, dict[str, str]]] | None = None) -> Future:
         """Write what is buffered (in the worker thread); the future completes once it is fsynced.
 
         ``snapshot_of`` returns every topic's entry; it is called here, on the caller's thread, only when
         the journal has outgrown ``max(SNAPSHOT_MIN_RECORDS, 2 x topic_count)``, so the snapshot is
-        consistent with the buffered records.
+        consistent with the buffered records; so is ``configs_of``, the dynamic configs by entity.
         """
         pending, self._pending = self._pending, []
         if not pending and not self._last_failed():
@@ -166,7 +183,11 @@ class MetadataLog:
         self._journal_records += len(pending)
         snapshot: str | None = None
         if self._journal_records > max(SNAPSHOT_MIN_RECORDS, 2 * topic_count):
-            snapshot = json.dumps({"version": SNAPSHOT_VERSION, "topics": snapshot_of()})
+            document: dict[str, Any] = {"version": SNAPSHOT_VERSION, "topics": snapshot_of()}
+            configs = configs_of() if configs_of is not None else {}
+            if configs:
+                document["configs"] = configs
+            snapshot = json.dumps(document)
             self._journal_records = 0
         self._last = self._executor.submit(self._write, b"".join(pending), snapshot)
         self._last.add_done_callback(_log_failure)

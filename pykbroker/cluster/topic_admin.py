@@ -14,6 +14,13 @@ pykbroker's own limit: at most ``max.broker.partitions`` partitions (the name KI
 has no such limit; in cluster mode counted over the whole cluster); a change beyond it gets
 POLICY_VIOLATION naming the key.
 
+Configs: a topic's effective configs are its overrides over the broker's topic defaults, which come from
+the broker's current configuration with its dynamic configs (``dynamic``, cluster/dynamic_configs.py).
+``alter_configs_async`` replaces a topic's overrides (AlterConfigs / IncrementalAlterConfigs); the live
+logs of the topic take the new configs at once (the metadata's config listener), and when a dynamic
+broker config that is a topic default changes (``log.retention.ms``), every live log takes it too, so
+that e.g. a lowered retention deletes old segments at the next retention check, without a restart.
+
 How a change becomes durable and visible is the metadata backend's part (cluster/metadata.py):
 - single node (EmbeddedMetadata): applied at once and made durable by ``commit()``, which the admin handlers
   await; this broker hosts the new partitions itself; a deleted topic stops being served at once, and its
@@ -34,6 +41,7 @@ import uuid
 from concurrent.futures import Future
 from typing import Any
 
+from pykbroker.cluster.dynamic_configs import DynamicConfigs
 from pykbroker.cluster.metadata import ClusterMetadata, TopicInfo, topic_name_error
 from pykbroker.config import TOPIC_CONFIGS, BrokerConfig, ConfigError, ConfigSource, validate_topic_configs
 from pykbroker.log.config import LogConfig
@@ -50,6 +58,7 @@ _KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
 _INTERNAL_CONFIGS = {"retention.ms": "-1"}
 _OFFSETS_REPLICATION_KEY = "offsets.topic.replication.factor"
 _KAFKA_OFFSETS_REPLICATION_FACTOR = 3  # Kafka's default of offsets.topic.replication.factor
+_TOPIC_DEFAULT_KEYS = frozenset(key for definition in TOPIC_CONFIGS.values() for key in definition.synonyms)
 
 
 def too_many_partitions_per_request(total: int) -> KafkaError | None:
@@ -61,8 +70,10 @@ def too_many_partitions_per_request(total: int) -> KafkaError | None:
 
 
 class TopicAdmin:
-    def __init__(self, config: BrokerConfig, metadata: ClusterMetadata, replicas: ReplicaManager) -> None:
+    def __init__(self, config: BrokerConfig, metadata: ClusterMetadata, replicas: ReplicaManager,
+                 dynamic: DynamicConfigs | None = None) -> None:
         self.config = config
+        self.dynamic = dynamic if dynamic is not None else DynamicConfigs(config, metadata)
         self.metadata = metadata
         self.replicas = replicas
         # topic -> (the overrides dict it was resolved from, the effective configs)
@@ -70,6 +81,29 @@ class TopicAdmin:
         self.max_partitions = int(config.get("max.broker.partitions"))
         self._warned_compact: set[str] = set()
         metadata.add_config_listener(self.replicas.update_config)  # hosted logs take a topic's new configs
+        self.dynamic.add_listener(self._broker_configs_changed)
+
+    def _broker_configs_changed(self, names: set[str]) -> None:
+        """A dynamic broker config changed: if it is a topic default, every live log takes its new configs."""
+        if not names & _TOPIC_DEFAULT_KEYS:
+            return
+        self._effective_cache.clear()
+        for partition_log in self.replicas.log_manager.logs():
+            partition_log.config = self.log_config(partition_log.topic)
+
+    async def alter_configs_async(self, name: str, configs: dict[str, str], *, validate_only: bool = False) -> None:
+        """Replace the topic's config overrides (AlterConfigs semantics; IncrementalAlterConfigs computes the
+        full set first). KafkaError: UNKNOWN_TOPIC_OR_PARTITION, INVALID_CONFIG for a bad name or value."""
+        if self.metadata.topic(name) is None:
+            raise KafkaError(ErrorCode.unknown_topic_or_partition, f"The topic '{name}' does not exist.")
+        try:
+            validate_topic_configs(configs)
+        except ConfigError as exc:
+            raise KafkaError(ErrorCode.invalid_config, str(exc)) from exc
+        if validate_only:
+            return
+        log.info("updating configs of topic %s: %s", name, configs)
+        await self.metadata.set_topic_configs_async(name, dict(configs))
 
     # -- configs ----------------------------------------------------------------------------------
     def _overrides(self, name: str) -> dict[str, str]:
@@ -96,7 +130,7 @@ class TopicAdmin:
             if key in overrides:
                 result[key] = (overrides[key], ConfigSource.DYNAMIC_TOPIC_CONFIG)
             else:
-                result[key] = self.config.topic_config_source(key)
+                result[key] = self.dynamic.config.topic_config_source(key)
         return result
 
     def _effective(self, name: str) -> dict[str, Any]:
@@ -106,7 +140,7 @@ class TopicAdmin:
         source = self.metadata.topic_configs(name)
         cached = self._effective_cache.get(name)
         if cached is None or cached[0] is not source:
-            cached = self._effective_cache[name] = (source, self.config.effective_topic_config(self._overrides(name)))
+            cached = self._effective_cache[name] = (source, self.dynamic.config.effective_topic_config(self._overrides(name)))
         return cached[1]
 
     def log_config(self, name: str) -> LogConfig:

@@ -13,6 +13,12 @@ Kafka's ZkMetadataCache, rule for rule where it matters to clients:
   when a ``/config/changes/config_change_<seq>`` notification names the topic (Kafka's
   ZkConfigManager / ZkNodeChangeNotificationListener: notifications are processed in sequence order, each
   once; the ones present at start-up are processed then). Config listeners are told after each change.
+- Dynamic broker configs: ``/config/brokers/<default>`` and ``/config/brokers/<this broker's id>`` are read
+  at ``start`` (before the broker registers, so before any LeaderAndIsr) and re-read when a notification
+  names ``brokers/<default>`` or ``brokers/<id>``; broker config listeners are told after each read.
+- AlterConfigs writes go through the broker that got the request, as Kafka's ZkAdminManager: the config
+  znode, then a change notification (AdminZkClient.changeEntityConfig); that broker applies the change
+  to its own cache at once (its next DescribeConfigs shows it), the others when they see the notification.
 - ``topic(name)`` shows the partitions known so far, from 0 up to the first one not known yet (the
   controller sends every partition of a topic in one request, so in practice all of them).
 
@@ -44,7 +50,14 @@ import uuid
 from concurrent.futures import Future
 from typing import Callable, Sequence
 
-from pykbroker.cluster.metadata import BrokerEndpoint, PartitionState, TopicIndex, TopicInfo, collision_key
+from pykbroker.cluster.metadata import (
+    DEFAULT_BROKER_ENTITY,
+    BrokerEndpoint,
+    PartitionState,
+    TopicIndex,
+    TopicInfo,
+    collision_key,
+)
 from pykbroker.cluster.zookeeper import (
     CONFIG_CHANGE_PREFIX,
     CONFIG_CHANGES_PATH,
@@ -132,13 +145,19 @@ class ZkMetadata(TopicIndex):
         self._changes_pending = False
         self._listeners: list[Callable[[], None]] = []
         self._config_listeners: list[Callable[[str], None]] = []
+        self._broker_configs: dict[str, dict[str, str]] = {}  # DEFAULT_BROKER_ENTITY / own id -> configs
+        self._broker_config_generation: dict[str, int] = {}
+        self._broker_config_listeners: list[Callable[[str, dict[str, str]], None]] = []
         self._waiters: list[tuple[Callable[[], bool], asyncio.Future]] = []
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Watch ``/config/changes`` (the watch fires once at once: notifications present now are processed)."""
+        """Read the dynamic broker configs, then watch ``/config/changes`` (the watch fires once at once:
+        notifications present now are processed)."""
+        for entity in self._broker_entities():
+            await self._load_broker_config(entity)
         self.zk.watch_config_changes(self._on_config_changes)
 
     async def close(self) -> None:
@@ -351,9 +370,58 @@ class ZkMetadata(TopicIndex):
                 continue
             found = await self.zk.get_or_none(f"{CONFIG_CHANGES_PATH}/{child}")
             self._last_change = sequence
-            topic = _changed_topic(found[0] if found else None)
-            if topic is not None and topic in self._topics:
-                await self._load_config(topic)
+            entity_type, name = _changed_entity(found[0] if found else None) or ("", "")
+            if entity_type == "topics" and name in self._topics:
+                await self._load_config(name)
+            elif entity_type == "brokers" and name in self._broker_entities():
+                await self._load_broker_config(name)
+
+    # -- dynamic broker configs -------------------------------------------------------------------
+    def _broker_entities(self) -> tuple[str, str]:
+        return DEFAULT_BROKER_ENTITY, str(self.broker_id)
+
+    def broker_configs(self, entity: str) -> dict[str, str]:
+        """The dynamic broker configs of the cluster default or this broker, as last read."""
+        return dict(self._broker_configs.get(entity, {}))
+
+    def add_broker_config_listener(self, callback: Callable[[str, dict[str, str]], None]) -> None:
+        """``callback(entity, configs)`` after the default's or this broker's dynamic configs were read."""
+        self._broker_config_listeners.append(callback)
+
+    async def _load_broker_config(self, entity: str) -> None:
+        generation = self._broker_config_generation.get(entity, 0) + 1
+        self._broker_config_generation[entity] = generation
+        try:
+            configs = await self.zk.get_entity_config("brokers", entity)
+        except Exception as exc:  # noqa: BLE001 - a ZooKeeper failure keeps the configs known and is reported
+            log.warning("cannot read the dynamic configs of broker entity %s from ZooKeeper: %r", entity, exc)
+            return
+        if self._broker_config_generation.get(entity) == generation:
+            self._apply_broker_configs(entity, configs)
+
+    def _apply_broker_configs(self, entity: str, configs: dict[str, str]) -> None:
+        self._broker_configs[entity] = dict(configs)
+        for callback in list(self._broker_config_listeners):
+            callback(entity, dict(configs))
+
+    async def set_broker_configs_async(self, entity: str, configs: dict[str, str]) -> None:
+        """ZkAdminManager.alterBrokerConfigs: write ``/config/brokers/<entity>`` and the notification; applied
+        here at once when it is the default or this broker (the notification re-reads it, unchanged)."""
+        await self.zk.set_entity_config("brokers", entity, configs)
+        if entity in self._broker_entities():
+            self._broker_config_generation[entity] = self._broker_config_generation.get(entity, 0) + 1
+            self._apply_broker_configs(entity, configs)
+
+    async def set_topic_configs_async(self, name: str, configs: dict[str, str]) -> None:
+        """AdminZkClient.changeTopicConfig, then the change applied here at once (others: by notification)."""
+        await self.zk.set_topic_config(name, configs)
+        self._config_generation[name] = self._config_generation.get(name, 0) + 1  # a read in flight is stale
+        self._configs[name] = dict(configs)
+        info = self._topics.get(name)
+        if info is not None:
+            info.configs = self._configs[name]
+        for callback in list(self._config_listeners):
+            callback(name)
 
     # -- admin writes (AdminZkClient) -------------------------------------------------------------
     async def create_topic_async(self, name: str, partitions: int, replication_factor: int,
@@ -442,9 +510,9 @@ class ZkMetadata(TopicIndex):
         task.add_done_callback(self._tasks.discard)
 
 
-def _changed_topic(data: bytes | None) -> str | None:
-    """The topic a config change notification names: v2 ``{"entity_path":"topics/<t>"}``, v1
-    ``{"entity_type":"topics","entity_name":"<t>"}``; None for another entity or a malformed document."""
+def _changed_entity(data: bytes | None) -> tuple[str, str] | None:
+    """The (entity type, name) a config change notification names: v2 ``{"entity_path":"topics/<t>"}``
+    (``brokers/<id>``, ...), v1 ``{"entity_type":"topics","entity_name":"<t>"}``; None if malformed."""
     try:
         doc = json.loads(data) if data else None
     except ValueError:
@@ -454,8 +522,8 @@ def _changed_topic(data: bytes | None) -> str | None:
     path = doc.get("entity_path")
     if isinstance(path, str):
         kind, _, name = path.partition("/")
-        return name if kind == "topics" and name else None
-    if doc.get("entity_type") == "topics" and isinstance(doc.get("entity_name"), str):
-        return doc["entity_name"]
+        return (kind, name) if kind and name else None
+    if isinstance(doc.get("entity_type"), str) and isinstance(doc.get("entity_name"), str):
+        return doc["entity_type"], doc["entity_name"]
     return None
 

@@ -16,7 +16,9 @@ real Kafka 3.7.1 in ZooKeeper mode (protocol_specs/fixtures/zookeeper/, tests/un
                                        (+ "leader_recovery_state":1 only while RECOVERING, as Kafka writes it);
                                        its zkVersion is the partition epoch
     /config/topics/<t>                 {"version":1,"config":{"retention.ms":"86400000"}}
-    /config/changes/config_change_<seq> {"version":2,"entity_path":"topics/<t>"}
+    /config/brokers/<id>, /config/brokers/<default>
+                                       {"version":1,"config":{"log.retention.ms":"60000"}} (dynamic broker configs)
+    /config/changes/config_change_<seq> {"version":2,"entity_path":"topics/<t>"} (or "brokers/<id>", ...)
     /admin/delete_topics/<t>           (null data, as every persistent path Kafka creates empty)
     /latest_producer_id_block          {"version":1,"broker":1,"block_start":"0","block_end":"999"}
 
@@ -903,11 +905,21 @@ class KafkaZkClient:
     async def set_topic_config(self, topic: str, config: dict[str, str]) -> str:
         """AdminZkClient.changeTopicConfig: write /config/topics/<t>, then a sequential change notification
         (brokers watch /config/changes). Returns the notification znode's name."""
-        await self._set_or_create(topic_config_path(topic), encode_topic_config(config))
+        return await self.set_entity_config("topics", topic, config)
+
+    async def get_entity_config(self, entity_type: str, name: str) -> dict[str, str]:
+        """The configs in /config/<entity_type>/<name> (``brokers``, ``<default>`` or a broker id), {} if none."""
+        found = await self.get_or_none(f"{CONFIG_PATH}/{entity_type}/{name}")
+        return decode_topic_config(found[0]) if found else {}
+
+    async def set_entity_config(self, entity_type: str, name: str, config: dict[str, str]) -> str:
+        """AdminZkClient.changeEntityConfig: write /config/<type>/<name> (an empty config too, as Kafka),
+        then the change notification naming ``<type>/<name>``. Returns the notification znode's name."""
+        await self._set_or_create(f"{CONFIG_PATH}/{entity_type}/{name}", encode_topic_config(config))
         created = await self._await(
             self._zk.create_async(
                 f"{CONFIG_CHANGES_PATH}/{CONFIG_CHANGE_PREFIX}",
-                encode_config_change(f"topics/{topic}"),
+                encode_config_change(f"{entity_type}/{name}"),
                 sequence=True,
                 makepath=True,
             )

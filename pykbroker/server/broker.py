@@ -40,6 +40,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Coroutine, TypeVar
 
+from pykbroker.cluster.dynamic_configs import DynamicConfigs
 from pykbroker.cluster.metadata import BrokerEndpoint, ClusterMetadata, EmbeddedMetadata
 from pykbroker.cluster.producer_ids import ProducerIdAllocator, ProducerRegistry, ZkProducerIdAllocator
 from pykbroker.cluster.topic_admin import TopicAdmin
@@ -117,7 +118,9 @@ class Broker:
         else:
             self.metadata = EmbeddedMetadata(data_dir, config.broker_id, config.advertised_host, config.advertised_port)
         self.apis = apis_for(cluster=self.cluster is not None)  # what ApiVersions advertises and we serve
-        self.topics = TopicAdmin(config, self.metadata, self.replicas)
+        # The broker configs with their dynamic layers (AlterConfigs): value(name), add_listener(callback).
+        self.dynamic_configs = DynamicConfigs(config, self.metadata)
+        self.topics = TopicAdmin(config, self.metadata, self.replicas, self.dynamic_configs)
         if self.cluster is not None:  # blocks of ids reserved in ZooKeeper: unique across the cluster
             self.producer_ids = ProducerRegistry(ZkProducerIdAllocator(self.cluster.zk, config.broker_id))
         else:

@@ -1,10 +1,15 @@
 """DescribeConfigs (key 32), v1-4.
 
 Behaviour: TOPIC resources list every topic config with its value and source (TOPIC_CONFIG for an
-override, STATIC_BROKER_CONFIG when the broker file set the synonym, DEFAULT_CONFIG otherwise), with
-synonyms when asked and types/documentation from v3. BROKER resources (name = this broker's id, or ""
-for cluster defaults) list the broker configs. Unknown topic: UNKNOWN_TOPIC_OR_PARTITION; another
-broker's id: INVALID_REQUEST; other resource types: INVALID_REQUEST. Sensitive values are null.
+override; else, as Kafka's ConfigHelper, the source at the head of its broker synonyms:
+DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG, STATIC_BROKER_CONFIG, or DEFAULT_CONFIG; so a
+retention that only ``log.retention.hours`` sets shows DEFAULT_CONFIG, as in Kafka, where CreateTopics
+says STATIC_BROKER_CONFIG), with synonyms when asked and types/documentation from v3. BROKER resources, as Kafka's ConfigHelper: this broker's id lists every
+broker config with its effective value (dynamic configs included), its source and Kafka's synonyms
+(the key's synonym group, layer by layer: this broker's dynamic configs, the cluster default's, static,
+default); "" (the cluster default) lists only the dynamic default configs that are set. Dynamic
+configs (cluster/dynamic_configs.py) have read_only false. Unknown topic: UNKNOWN_TOPIC_OR_PARTITION;
+another broker's id: INVALID_REQUEST; other resource types: INVALID_REQUEST. Sensitive values are null.
 """
 
 from __future__ import annotations
@@ -47,28 +52,32 @@ def _topic_configs(ctx: RequestContext, schema, name: str, keys, request) -> tup
         if keys is not None and key not in keys:
             continue
         definition = TOPIC_CONFIGS[key]
-        synonyms = []
-        if include_synonyms:
-            if key in info.configs:
-                synonyms.append((key, definition.format(value), ConfigSource.DYNAMIC_TOPIC_CONFIG))
-            synonyms.extend(broker.config.topic_config_synonyms(key))
-        entries.append(_entry(schema, definition, value, source, synonyms, include_docs))
+        synonyms = broker.dynamic_configs.config.topic_config_synonyms(key)
+        if key in info.configs:
+            synonyms.insert(0, (key, definition.format(value), ConfigSource.DYNAMIC_TOPIC_CONFIG))
+        if source != ConfigSource.DYNAMIC_TOPIC_CONFIG:  # Kafka: the head of the synonyms, not the supplier
+            source = synonyms[0][2] if synonyms else ConfigSource.DEFAULT_CONFIG
+        entries.append(_entry(schema, definition, value, source, synonyms if include_synonyms else [], include_docs))
     return ErrorCode.none, None, tuple(entries)
 
 
 def _broker_configs(ctx: RequestContext, schema, name: str, keys, request) -> tuple[ErrorCode, str | None, tuple]:
-    config = ctx.broker.config
+    config = ctx.broker.dynamic_configs.config
     if name not in ("", str(ctx.broker.broker_id)):
         return ErrorCode.invalid_request, f"Unexpected broker id, expected {ctx.broker.broker_id} but received {name}", ()
     include_docs = getattr(request, "include_documentation", False)
     include_synonyms = getattr(request, "include_synonyms", False)
+    per_broker = name != ""
     entries = []
     for key, definition in BROKER_CONFIGS.items():
         if keys is not None and key not in keys:
             continue
-        value, source = config.broker_config_source(key)
-        synonyms = [(key, definition.format(value), source)] if include_synonyms else []
-        entries.append(_entry(schema, definition, value, source, synonyms, include_docs))
+        if not per_broker and key not in config.dynamic_default:
+            continue
+        synonyms = config.broker_config_synonyms(key, per_broker=per_broker)
+        source = synonyms[0][2] if synonyms else ConfigSource.DEFAULT_CONFIG
+        value = config.get(key) if per_broker else config.dynamic_default[key]
+        entries.append(_entry(schema, definition, value, source, synonyms if include_synonyms else [], include_docs))
     return ErrorCode.none, None, tuple(entries)
 
 

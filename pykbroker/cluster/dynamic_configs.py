@@ -1,0 +1,145 @@
+"""Dynamic broker configs: Kafka's per-broker and cluster-default configs that AlterConfigs and
+IncrementalAlterConfigs change while brokers run (``kafka-configs.sh --entity-type brokers``).
+
+Interface for the rest of the broker (``broker.dynamic_configs``):
+
+* ``value(name: str) -> Any`` — the effective typed value of a broker config: this broker's dynamic
+  config > the cluster-default dynamic config > the static config (flags, env, file) > the default.
+  E.g. ``value("leader.replication.throttled.rate")`` (a long, Long.MAX_VALUE unless set, as in Kafka).
+* ``add_listener(callback: Callable[[set[str]], None])`` — ``callback(names)`` after a change, with
+  the names whose effective value changed (a change the broker makes itself, or one another broker
+  wrote to ZooKeeper, or the stored configs read at start).
+* ``config`` — the current BrokerConfig (the static one ``with_dynamic`` layers), whose topic defaults,
+  sources and synonyms DescribeConfigs and TopicAdmin use.
+
+Which configs are dynamic: config.DYNAMIC_BROKER_CONFIG_NAMES (Kafka 3.7.1's dynamic keys that
+pykbroker applies without a restart: the log.* topic defaults, message.max.bytes, compression.type,
+min.insync.replicas, the two replication throttles). Setting another known
+key answers INVALID_REQUEST ("Cannot update these configs dynamically"), and so does an invalid value, as
+Kafka 3.7.1 answers in both modes; an unknown key INVALID_CONFIG (Kafka would store an unknown broker key
+for plugins; pykbroker has none to read it, and refuses a typo rather than storing it). A BROKER resource names this broker's id or "" (the cluster default);
+another id or a non-numeric one is INVALID_REQUEST, as Kafka's ZkAdminManager.getBrokerId.
+
+Storage is the metadata backend's (cluster/metadata.py): single node, the metadata journal; cluster,
+ZooKeeper's ``/config/brokers/<id>`` and ``/config/brokers/<default>`` with change notifications, which every
+broker follows. A stored value that is no longer valid (written by another version) is ignored with a
+warning rather than refusing to start.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Mapping
+
+from pykbroker.cluster.metadata import DEFAULT_BROKER_ENTITY, ClusterMetadata
+from pykbroker.config import (
+    BROKER_CONFIGS,
+    DYNAMIC_BROKER_CONFIG_NAMES,
+    TOPIC_CONFIGS,
+    BrokerConfig,
+    ConfigError,
+    to_topic_unit,
+)
+from pykbroker.protocol.errors import ErrorCode, KafkaError
+
+log = logging.getLogger(__name__)
+
+
+def broker_entity(resource_name: str, broker_id: int) -> str:
+    """The stored entity a BROKER resource names: DEFAULT_BROKER_ENTITY for "", else this broker's id.
+    KafkaError INVALID_REQUEST for a name that is not an integer or another broker's id (Kafka's words)."""
+    if not resource_name:
+        return DEFAULT_BROKER_ENTITY
+    try:
+        requested = int(resource_name)
+    except ValueError:
+        raise KafkaError(ErrorCode.invalid_request, f"Node id must be an integer, but it is: {resource_name}") from None
+    if requested != broker_id:
+        raise KafkaError(
+            ErrorCode.invalid_request, f"Unexpected broker id, expected {broker_id}, but received {resource_name}"
+        )
+    return str(broker_id)
+
+
+def parse_dynamic_configs(configs: Mapping[str, str]) -> dict[str, Any]:
+    """Typed values of dynamic broker configs. KafkaError: INVALID_REQUEST for a known key that is not
+    dynamic or an invalid value (Kafka 3.7.1's answers, ZooKeeper and KRaft mode alike), INVALID_CONFIG
+    for an unknown key (Kafka would store it for plugins; pykbroker has none to read it)."""
+    unknown = sorted(name for name in configs if name not in BROKER_CONFIGS)
+    if unknown:
+        raise KafkaError(ErrorCode.invalid_config, f"Unknown broker config name: {', '.join(unknown)}")
+    static = sorted(name for name in configs if name not in DYNAMIC_BROKER_CONFIG_NAMES)
+    if static:
+        raise KafkaError(
+            ErrorCode.invalid_request, f"Cannot update these configs dynamically: Set({', '.join(static)})"
+        )
+    try:
+        typed = {name: BROKER_CONFIGS[name].parse(raw) for name, raw in configs.items()}
+        for name, value in typed.items():  # as Kafka's DynamicLogConfig: the topic default must be valid too
+            for definition in TOPIC_CONFIGS.values():
+                if name in definition.synonyms and value is not None:
+                    try:
+                        definition.parse(to_topic_unit(name, value))
+                    except ConfigError as exc:
+                        raise ConfigError(name, f"{name} supplies the topic default {exc.message}") from None
+    except ConfigError as exc:
+        raise KafkaError(ErrorCode.invalid_request, str(exc)) from None
+    return typed
+
+
+class DynamicConfigs:
+    """This broker's effective configuration with its dynamic configs (see the module docstring)."""
+
+    def __init__(self, config: BrokerConfig, metadata: ClusterMetadata) -> None:
+        self.static = config
+        self.config = config
+        self.metadata = metadata
+        self.entity = str(config.broker_id)
+        self._typed: dict[str, dict[str, Any]] = {DEFAULT_BROKER_ENTITY: {}, self.entity: {}}
+        self._listeners: list[Callable[[set[str]], None]] = []
+        metadata.add_broker_config_listener(self._stored)
+        for entity in (DEFAULT_BROKER_ENTITY, self.entity):  # what the single node's journal holds already
+            self._stored(entity, metadata.broker_configs(entity))
+
+    # -- the interface ----------------------------------------------------------------------------
+    def value(self, name: str) -> Any:
+        """The effective typed value of a broker config (KeyError for an unknown name)."""
+        return self.config.get(name)
+
+    def add_listener(self, callback: Callable[[set[str]], None]) -> None:
+        """``callback(changed names)`` after the effective value of some broker configs changed."""
+        self._listeners.append(callback)
+
+    # -- changes ----------------------------------------------------------------------------------
+    def stored(self, entity: str) -> dict[str, str]:
+        """The dynamic configs stored for ``entity`` (as strings, as AlterConfigs gave them)."""
+        return self.metadata.broker_configs(entity)
+
+    async def alter_async(self, entity: str, configs: dict[str, str], *, validate_only: bool = False) -> None:
+        """Replace ``entity``'s dynamic configs with ``configs`` (validated first; KafkaError)."""
+        parse_dynamic_configs(configs)
+        if validate_only:
+            return
+        log.info("updating dynamic configs of broker %s: %s", entity, configs)
+        await self.metadata.set_broker_configs_async(entity, dict(configs))
+
+    def _stored(self, entity: str, configs: Mapping[str, str]) -> None:
+        """The backend's configs of ``entity`` (at start, or changed): apply the valid ones."""
+        if entity not in self._typed:
+            return
+        typed: dict[str, Any] = {}
+        for name, raw in configs.items():
+            try:
+                typed.update(parse_dynamic_configs({name: raw}))
+            except KafkaError as exc:
+                log.warning("ignoring the stored dynamic config %s=%r of broker entity %s: %s", name, raw, entity, exc)
+        self._typed[entity] = typed
+        before = self.config.values
+        self.config = self.static.with_dynamic(self._typed[self.entity], self._typed[DEFAULT_BROKER_ENTITY])
+        changed = {name for name, value in self.config.values.items() if before.get(name) != value}
+        if changed:
+            for callback in list(self._listeners):
+                try:
+                    callback(changed)
+                except Exception:  # noqa: BLE001 - one listener's bug must not keep the others uninformed
+                    log.exception("dynamic config listener %r failed", callback)

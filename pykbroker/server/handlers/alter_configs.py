@@ -1,0 +1,165 @@
+"""AlterConfigs (key 33) v0-2 and IncrementalAlterConfigs (key 44) v0-1: topic configs and dynamic broker
+configs, as ``kafka-configs.sh --alter`` and the admin clients change them.
+
+Behaviour (Kafka 3.7.1's ZkAdminManager / ConfigAdminManager):
+- TOPIC resources: the topic's overrides are replaced by the request's (AlterConfigs) or by its current
+  overrides with the operations applied (IncrementalAlterConfigs: SET, DELETE, APPEND and SUBTRACT, the
+  last two for list configs only, from the current override or else the config's default).
+  UNKNOWN_TOPIC_OR_PARTITION for a topic that does not exist; INVALID_CONFIG for an unknown name or an
+  invalid value (cluster/topic_admin.py); the topic's live logs take the new configs at once.
+- BROKER resources: this broker's id, or "" for the cluster-wide default: its dynamic configs, validated
+  and stored by cluster/dynamic_configs.py (INVALID_REQUEST for another broker's id, a config that is
+  not dynamic or an invalid value; INVALID_CONFIG for an unknown name).
+- INVALID_REQUEST, as Kafka: a resource named twice in one request (every occurrence: "Each resource must
+  appear at most once."), a config named twice in one resource, a null value (except DELETE), an unknown
+  operation, any other resource type. APPEND or SUBTRACT of a config that is not a list: INVALID_CONFIG.
+  (Codes and messages checked against Kafka 3.7.1 in ZooKeeper and KRaft mode.)
+- ``validate_only`` checks everything and changes nothing. Resources are independent: each gets its
+  own error. Single node: the answer waits until the changes are durable (KAFKA_STORAGE_ERROR for every
+  changed resource if the journal write failed); cluster: once ZooKeeper has them, as Kafka.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable
+
+from pykbroker.cluster.dynamic_configs import broker_entity
+from pykbroker.config import BROKER_CONFIGS, TOPIC_CONFIGS, ConfigDef
+from pykbroker.protocol.errors import ErrorCode, KafkaError
+from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._build import make, response_module
+from pykbroker.server.handlers.topics_admin import _commit
+
+TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+
+
+def _current(ctx: RequestContext, resource) -> tuple[dict[str, str], dict[str, ConfigDef], str]:
+    """(stored configs, the config table, what the names are called) of a TOPIC or BROKER resource."""
+    if resource.resource_type == TOPIC_RESOURCE:
+        info = ctx.broker.metadata.topic(resource.resource_name)
+        if info is None:
+            raise KafkaError(ErrorCode.unknown_topic_or_partition, f"The topic '{resource.resource_name}' does not exist.")
+        return dict(info.configs), TOPIC_CONFIGS, "topic"
+    if resource.resource_type == BROKER_RESOURCE:
+        entity = broker_entity(resource.resource_name, ctx.broker.broker_id)
+        return ctx.broker.dynamic_configs.stored(entity), BROKER_CONFIGS, "broker"
+    raise KafkaError(
+        ErrorCode.invalid_request,
+        f"Unknown resource type {resource.resource_type}",
+    )
+
+
+async def _replace(ctx: RequestContext, resource, configs: dict[str, str], validate_only: bool) -> None:
+    if resource.resource_type == TOPIC_RESOURCE:
+        await ctx.broker.topics.alter_configs_async(resource.resource_name, configs, validate_only=validate_only)
+    else:
+        entity = broker_entity(resource.resource_name, ctx.broker.broker_id)
+        await ctx.broker.dynamic_configs.alter_async(entity, configs, validate_only=validate_only)
+
+
+def _items(text: str | None) -> list[str]:
+    return [item.strip() for item in (text or "").split(",") if item.strip()]
+
+
+def _apply_operations(configs: dict[str, str], operations, table: dict[str, ConfigDef], kind: str) -> dict[str, str]:
+    """Kafka's prepareIncrementalConfigs on a copy of ``configs``."""
+    names = [op.name for op in operations]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise KafkaError(ErrorCode.invalid_request, "Error due to duplicate config keys")
+    nulls = [op.name for op in operations if op.value is None and op.config_operation != DELETE]
+    if nulls:
+        raise KafkaError(ErrorCode.invalid_request, f"Null value not supported for : {','.join(nulls)}")
+    result = dict(configs)
+    for op in operations:
+        if op.config_operation == SET:
+            result[op.name] = op.value
+        elif op.config_operation == DELETE:
+            result.pop(op.name, None)
+        elif op.config_operation in (APPEND, SUBTRACT):
+            definition = table.get(op.name)
+            if definition is None:
+                raise KafkaError(ErrorCode.invalid_config, f"Unknown {kind} config name: {op.name}")
+            verb = "append" if op.config_operation == APPEND else "subtract"
+            if definition.type != "list":
+                raise KafkaError(ErrorCode.invalid_config, f"Config value {verb} is not allowed for config key: {op.name}")
+            old = _items(result[op.name]) if op.name in result else list(definition.default or [])
+            if op.config_operation == APPEND:
+                new = old + _items(op.value)
+            else:
+                removed = _items(op.value)
+                new = [item for item in old if item not in removed]
+            result[op.name] = ",".join(new)
+        else:
+            raise KafkaError(ErrorCode.invalid_request, f"Unknown config operation {op.config_operation} for {op.name}")
+    return result
+
+
+async def _alter(ctx: RequestContext, request, change: Callable[[Any], Awaitable[None]]) -> list[tuple[Any, KafkaError | None]]:
+    """Run ``change(resource)`` per resource (duplicates refused first); then await durability."""
+    seen: dict[tuple[int, str], int] = {}
+    for resource in request.resources:
+        key = (resource.resource_type, resource.resource_name)
+        seen[key] = seen.get(key, 0) + 1
+    results: list[tuple[Any, KafkaError | None]] = []
+    changed: list[int] = []
+    for resource in request.resources:
+        if seen[(resource.resource_type, resource.resource_name)] > 1:
+            results.append((resource, KafkaError(ErrorCode.invalid_request, "Each resource must appear at most once.")))
+            continue
+        try:
+            await change(resource)
+        except KafkaError as exc:
+            results.append((resource, exc))
+            continue
+        results.append((resource, None))
+        if not request.validate_only:
+            changed.append(len(results) - 1)
+    if changed:
+        not_durable = await _commit(ctx)
+        if not_durable is not None:
+            for index in changed:
+                results[index] = (results[index][0], not_durable)
+    return results
+
+
+def _response(ctx: RequestContext, schema, response_type, results) -> object:
+    return make(
+        response_type,
+        throttle_time=0,
+        responses=tuple(
+            make(
+                schema.AlterConfigsResourceResponse,
+                error_code=error.code if error is not None else ErrorCode.none,
+                error_message=(error.message if error is not None else None),
+                resource_type=resource.resource_type,
+                resource_name=resource.resource_name,
+            )
+            for resource, error in results
+        ),
+    )
+
+
+@handles(33)
+async def alter_configs(ctx: RequestContext, request) -> object:
+    async def change(resource) -> None:
+        _current(ctx, resource)  # the resource exists and may be changed here
+        nulls = [entry.name for entry in resource.configs if entry.value is None]
+        if nulls:
+            raise KafkaError(ErrorCode.invalid_request, f"Null value not supported for : {','.join(nulls)}")
+        await _replace(ctx, resource, {entry.name: entry.value for entry in resource.configs}, request.validate_only)
+
+    schema = response_module(ctx)
+    return _response(ctx, schema, schema.AlterConfigsResponse, await _alter(ctx, request, change))
+
+
+@handles(44)
+async def incremental_alter_configs(ctx: RequestContext, request) -> object:
+    async def change(resource) -> None:
+        current, table, kind = _current(ctx, resource)
+        configs = _apply_operations(current, resource.configs, table, kind)
+        await _replace(ctx, resource, configs, request.validate_only)
+
+    schema = response_module(ctx)
+    return _response(ctx, schema, schema.IncrementalAlterConfigsResponse, await _alter(ctx, request, change))
