@@ -55,7 +55,7 @@ def _follower_fetch(leader: ReplicaManager, follower: ReplicaManager, offset: in
         ),)),),
         forgotten_topics_data=(),
     )
-    broker = SimpleNamespace(replicas=leader, metadata=SimpleNamespace(topic=lambda name: SimpleNamespace(name=name)))
+    broker = SimpleNamespace(replicas=leader, stats=None, metadata=SimpleNamespace(topic=lambda name: SimpleNamespace(name=name)))
     response = fetch_handler(RequestContext(broker, Request(1, 12, 7, "broker-2-fetcher-0", None, body,
                                                             codec_for(1, 12)), "test"), body)
     data = response.responses[0].partitions[0]

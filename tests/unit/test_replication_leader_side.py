@@ -47,7 +47,7 @@ def batch(count: int, **options) -> bytearray:
 
 def broker(rm: ReplicaManager) -> SimpleNamespace:
     info = SimpleNamespace(name="t", topic_id=TOPIC_ID, internal=False)
-    return SimpleNamespace(replicas=rm, metadata=SimpleNamespace(
+    return SimpleNamespace(replicas=rm, stats=None, metadata=SimpleNamespace(
         topic=lambda name: info if name == "t" else None, topic_by_id=lambda tid: info if tid == TOPIC_ID else None))
 
 
