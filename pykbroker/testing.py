@@ -710,11 +710,19 @@ def pytest_addoption(parser) -> None:
                                            default=None, help=help_text)
 
 
-def _scope(fixture_name: str, config) -> str:
-    scope = config.getoption("pykbroker_scope", None) or config.getini("pykbroker_scope") or DEFAULT_SCOPE
+def _configured_scope(config) -> str:
+    return config.getoption("pykbroker_scope", None) or config.getini("pykbroker_scope") or DEFAULT_SCOPE
+
+
+def pytest_configure(config) -> None:
+    scope = _configured_scope(config)
     if scope not in SCOPES:
         raise pytest.UsageError(f"pykbroker_scope = {scope!r}: must be one of {', '.join(SCOPES)}")
-    return scope
+
+
+def _scope(fixture_name: str, config) -> str:
+    scope = _configured_scope(config)
+    return scope if scope in SCOPES else DEFAULT_SCOPE  # pytest_configure has refused it already
 
 
 def _zookeeper_missing() -> str | None:
