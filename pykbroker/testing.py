@@ -248,18 +248,18 @@ class _Admin:
             raise KafkaAdminError(f"metadata of {topic}", _error_name(answer.error_code))
         return {int(p.partition_index): int(p.leader_id) for p in answer.partitions}
 
-    def create_topic(self, name: str, partitions: int = 1, config: dict[str, Any] | None = None, *,
+    def create_topic(self, name: str, partitions: int | None = 1, config: dict[str, Any] | None = None, *,
                      replication_factor: int | None = None) -> str:
         """Create a topic and wait until every partition has a leader; returns the name.
 
-        config: topic configs, e.g. {"cleanup.policy": "compact"}. replication_factor: the broker's
-        default.replication.factor unless given.
+        partitions: None for the broker's num.partitions. config: topic configs, e.g. {"retention.ms": 60000}.
+        replication_factor: the broker's default.replication.factor unless given.
         """
         from kio.schema.create_topics.v7.request import CreatableTopic, CreatableTopicConfig, CreateTopicsRequest
         from kio.static.primitive import i16, i32
 
         topic = CreatableTopic(
-            name=name, num_partitions=i32(partitions),
+            name=name, num_partitions=i32(-1 if partitions is None else partitions),
             replication_factor=i16(-1 if replication_factor is None else replication_factor), assignments=(),
             configs=tuple(CreatableTopicConfig(name=k, value=None if v is None else str(v))
                           for k, v in (config or {}).items()))
@@ -269,19 +269,19 @@ class _Admin:
         self._wait_for_topic(name, partitions)
         return name
 
-    def _wait_for_topic(self, name: str, partitions: int) -> None:
+    def _wait_for_topic(self, name: str, partitions: int | None) -> None:
         def led_everywhere() -> bool:
             for server in self.bootstrap_servers.split(","):
                 try:
                     answer = self._metadata([name], _address(server)).topics[0]
                 except OSError:
                     continue  # a stopped broker of a cluster
-                if answer.error_code or len(answer.partitions) != partitions or any(
+                if answer.error_code or not answer.partitions or partitions not in (None, len(answer.partitions)) or any(
                         p.leader_id < 0 for p in answer.partitions):
                     return False
             return True
 
-        _wait(led_everywhere, f"topic {name} to have a leader for each of its {partitions} partitions",
+        _wait(led_everywhere, f"topic {name} to have a leader for each of its partitions",
               TOPIC_READY_TIMEOUT_S)
 
     def delete_topic(self, name: str) -> None:
