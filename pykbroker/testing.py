@@ -35,7 +35,6 @@ in an environment where pykbroker is installed.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import shutil
 import signal
@@ -130,6 +129,8 @@ def _new_workdir() -> Path:
 
 def _die_with_parent() -> None:
     """In the child before exec: Linux SIGKILLs the broker when the test run that started it dies."""
+    import ctypes
+
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
@@ -171,21 +172,13 @@ def _address(text: str) -> tuple[str, int]:
 def _request(address: tuple[str, int], request: Any, timeout: float = REQUEST_TIMEOUT_S) -> Any:
     from pykbroker.protocol.client import decode_response, encode_request
 
-    with socket.create_connection(address, timeout=timeout) as sock:
+    with socket.create_connection(address, timeout=timeout) as sock, sock.makefile("rb") as answer:
         sock.sendall(encode_request(request, 1, "pykbroker-testing"))
-        (size,) = struct.unpack(">i", _read_exact(sock, 4))
-        frame = _read_exact(sock, size)
+        size_bytes = answer.read(4)
+        frame = answer.read(struct.unpack(">i", size_bytes)[0]) if len(size_bytes) == 4 else b""
+        if len(size_bytes) < 4 or len(frame) < struct.unpack(">i", size_bytes)[0]:
+            raise ConnectionError(f"{address[0]}:{address[1]} closed the connection before answering")
     return decode_response(int(request.__api_key__), int(request.__version__), frame)
-
-
-def _read_exact(sock: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError(f"connection closed after {len(data)} of {size} bytes")
-        data += chunk
-    return bytes(data)
 
 
 def _error_name(code: int) -> str | None:
@@ -432,11 +425,22 @@ class _Admin:
 
 
 class _Server(_Admin):
+    """What KafkaBroker and KafkaCluster share: a context manager that starts, then closes."""
+
+    def start(self) -> "_Server":
+        raise NotImplementedError
+
     def close(self) -> None:
         raise NotImplementedError
 
     def running(self) -> bool:
         raise NotImplementedError
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class KafkaBroker(_Server):
@@ -477,7 +481,11 @@ class KafkaBroker(_Server):
         return cmd
 
     def start(self, timeout: float = READY_TIMEOUT_S) -> "KafkaBroker":
-        """Start the broker and wait until it answers ApiVersions (no-op when it runs)."""
+        """Start the broker and wait until it answers ApiVersions (no-op when it runs).
+
+        Call it from a thread that outlives the broker (pytest's main thread does): Linux kills the broker
+        when the thread that started it ends (PR_SET_PDEATHSIG), which is what stops it with a killed run.
+        """
         if self.running():
             return self
         if self.workdir is None:
@@ -527,8 +535,7 @@ class KafkaBroker(_Server):
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                self.kill()
         return self.proc.returncode
 
     def kill(self) -> None:
@@ -554,12 +561,6 @@ class KafkaBroker(_Server):
 
     def log_tail(self, lines: int = 40) -> str:
         return _tail(self.log_path, lines) if self.workdir else "(not started)"
-
-    def __enter__(self) -> "KafkaBroker":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"KafkaBroker({self.bootstrap_servers}, {'running' if self.running() else 'stopped'})"
@@ -679,12 +680,6 @@ class KafkaCluster(_Server):
     def log_tail(self, lines: int = 20) -> str:
         return "\n".join(f"--- broker {b.broker_id} ({b.log_path}) ---\n{b.log_tail(lines)}"
                          for b in self._cluster.brokers)
-
-    def __enter__(self) -> "KafkaCluster":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"KafkaCluster({self.bootstrap_servers})"
