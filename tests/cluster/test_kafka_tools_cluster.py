@@ -96,11 +96,17 @@ def test_kafka_tools_against_a_cluster(zk_connect, tmp_path):
             consumer.close()
         assert seen == {0: ends[0] - 1, 1: ends[1] - 1, 2: ends[2]}
 
-        # a broker stops (controlled shutdown): describe shows the ISR without it and leaders elsewhere
-        victim = partitions[0][0]
+        # the group's coordinator stops (controlled shutdown): another broker takes the group over, with its
+        # committed offsets; describe shows the ISR without the stopped broker and leaders elsewhere
+        victim = coordinator
         assert cluster.stop(victim) == 0
         for index in range(3):
             cluster.wait_for_leader(topic, index, exclude={victim})
+        out = run("kafka-consumer-groups.sh", "--describe", "--group", group).stdout
+        described = {int(m.group(1)): int(m.group(2)) for m in re.finditer(
+            rf"{re.escape(group)}\s+{re.escape(topic)}\s+(\d)\s+(\d+)\s+", out)}
+        assert described == seen, out
+        assert cluster.find_coordinator(group) != victim
         _, after = describe_lines(run("kafka-topics.sh", "--describe", "--topic", topic).stdout, topic)
         for index, (leader, replicas, isr) in after.items():
             assert leader != victim and victim not in isr and sorted(replicas) == [1, 2, 3], after
