@@ -66,6 +66,8 @@ PACKAGE_PARENT = str(Path(__file__).resolve().parents[1])
 # clean up leaves a directory whose pid is dead, which the next run removes.
 FILES_ROOT = Path(tempfile.gettempdir()) / f"pykbroker-testing-{os.getuid()}"
 
+ORPHANS_FILE = "orphan-pids"
+
 _live: set["_Server"] = set()
 
 
@@ -118,23 +120,29 @@ def _sweep_stale_runs(root: Path = FILES_ROOT) -> None:
         parts = entry.name.split("-")
         if len(parts) >= 3 and parts[0] == "run" and parts[1].isdigit():
             if int(parts[1]) != os.getpid() and not _pid_alive(int(parts[1])):
+                _kill_orphans(entry)
                 shutil.rmtree(entry, ignore_errors=True)
+
+
+def _kill_orphans(workdir: Path) -> None:
+    """SIGKILL the processes a dead run recorded in workdir/ORPHANS_FILE that still run with workdir on their
+    command line (a cluster's ZooKeeper does not die with the run; the brokers do)."""
+    try:
+        pids = [int(line) for line in (workdir / ORPHANS_FILE).read_text().split()]
+    except (OSError, ValueError):
+        return
+    for pid in pids:
+        try:
+            if str(workdir).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _new_workdir() -> Path:
     FILES_ROOT.mkdir(parents=True, exist_ok=True)
     _sweep_stale_runs()
     return Path(tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=FILES_ROOT))
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: Linux SIGKILLs the broker when the test run that started it dies."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _child_env() -> dict[str, str]:
@@ -491,6 +499,8 @@ class KafkaBroker(_Server):
         if self.workdir is None:
             self.workdir = _new_workdir()
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        from pykbroker.devcluster import _die_with_parent
+
         began = time.monotonic()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
@@ -629,6 +639,8 @@ class KafkaCluster(_Server):
         except ClusterStartError as exc:
             self.close()
             raise BrokerStartError(str(exc)) from None
+        if self._cluster.zk is not None:
+            (self.workdir / ORPHANS_FILE).write_text(f"{self._cluster.zk.pid}\n")
         self.start_seconds = time.monotonic() - began
         return self
 

@@ -250,3 +250,47 @@ def test_the_stopped_broker_is_back(kafka_cluster):
     result.assert_outcomes(passed=2)
     (entry,) = report()
     assert_cleaned([entry])
+
+
+def test_a_killed_run_with_a_cluster_leaves_nothing_after_the_next_run(pytester, report):
+    pytester.makepyfile(test_cluster_hangs='''
+import time
+from record_helper import record
+def test_hangs(kafka_cluster):
+    record(kafka_cluster)
+    time.sleep(600)
+''')
+    run = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_cluster_hangs.py"],
+                           cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: report() or run.poll() is not None, "the inner test to start its cluster", timeout=120)
+        if not report():
+            output = run.communicate()[0].decode(errors="replace")
+            if "kafka_cluster needs ZooKeeper" in output:
+                pytest.skip("no ZooKeeper or java for kafka_cluster")
+            raise AssertionError(output)
+        (entry,) = report()
+        run.kill()
+        run.wait(30)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    *brokers, zookeeper = entry["pids"]
+    for pid in brokers:
+        wait_for(lambda: pid_gone(pid), f"broker {pid} to die with the killed run")
+    # ZooKeeper (a JVM started by pykbroker.cluster.zk_server) outlives the run: the next run's sweep kills it
+    from pykbroker.testing import KafkaBroker
+
+    with KafkaBroker():
+        pass
+    wait_for(lambda: pid_gone(zookeeper), "the orphaned ZooKeeper to be killed by the next run")
+    assert not Path(entry["workdir"]).exists()
+
+
+def test_kafka_cluster_skips_with_the_reason_without_zookeeper(pytester, report, monkeypatch):
+    monkeypatch.setenv("PYKBROKER_ZOOKEEPER_JAR", str(pytester.path / "no-such-zookeeper.jar"))
+    pytester.makepyfile(test_needs_cluster="def test_x(kafka_cluster):\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*kafka_cluster needs ZooKeeper: Apache ZooKeeper is not installed*no-such-zookeeper.jar not found*"])
