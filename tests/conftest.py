@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# pytest's own fixture for running test files in a pytest subprocess (tests/plugin/)
+pytest_plugins = ("pytester",)
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
