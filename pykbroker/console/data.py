@@ -559,9 +559,13 @@ class ClusterReader:
         request = ConsumerGroupTopicPartitions(group_id, [TopicPartition(t, p, o) for t, p, o in new])
         futures = self.admin.alter_consumer_group_offsets([request], **self._request_kwargs)
         result = self._result(futures[group_id], f"reset offsets of {group_id}")
-        failed = [f"{tp.topic}/{tp.partition}: {tp.error.str()}" for tp in result.topic_partitions or [] if tp.error]
-        if failed:
-            raise ConsoleError(f"reset offsets of {group_id}: " + "; ".join(failed))
+        errors = [tp.error for tp in result.topic_partitions or [] if tp.error]
+        if errors:
+            failed = "; ".join(f"{tp.topic}/{tp.partition}: {tp.error.str()}"
+                               for tp in result.topic_partitions if tp.error)
+            hint = (" (the group has active members: Kafka resets only a group without members)"
+                    if any(e.code() == KafkaError.UNKNOWN_MEMBER_ID for e in errors) else "")
+            raise ConsoleError(f"reset offsets of {group_id}: {failed}{hint}", 409)
         return new
 
 
