@@ -384,7 +384,10 @@ class ClusterReader:
                      coordinator, members, [offsets[k] for k in sorted(offsets)])
 
     def groups(self) -> list[Group]:
+        self._metadata()  # ListGroups asks the brokers it knows: none when the cluster is unreachable
         listing = self._result(self.admin.list_consumer_groups(**self._request_kwargs), "list groups")
+        if listing.errors:
+            raise ConsoleError("list groups: " + "; ".join(_error_text(e) for e in listing.errors))
         group_ids = sorted(g.group_id for g in listing.valid)
         descriptions, describe_errors = self._describe_groups(group_ids)
         committed, offset_errors = self._committed(group_ids)

@@ -1,0 +1,87 @@
+"""The console against a 3-broker pykbroker cluster (ZooKeeper mode): every broker with its address, the
+controller, replicas and ISR, and an under-replicated partition once a broker is gone. Read over HTTP as
+the browser would get it; the browser tests cover rendering."""
+
+from __future__ import annotations
+
+import os
+import re
+import urllib.request
+
+import pytest
+from conftest import wait_for
+
+from broker_cluster import BrokerCluster
+from pykbroker.cluster.zk_server import ZooKeeperServer, ZooKeeperUnavailable, find_install
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def zk_connect(tmp_path):
+    try:
+        install = find_install()
+    except ZooKeeperUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must have ZooKeeper: {exc}")
+        pytest.skip(str(exc))
+    server = ZooKeeperServer(data_dir=tmp_path / "zookeeper", install=install)
+    server.start()
+    try:
+        yield server.connect_string + "/console"
+    finally:
+        server.stop()
+
+
+def text(base: str, path: str) -> str:
+    with urllib.request.urlopen(base + path, timeout=60) as response:
+        assert response.status == 200
+        body = response.read().decode()
+    body = re.sub(r"<style>.*?</style>", "", body, flags=re.S)
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", body))
+
+
+def rows(base: str, path: str) -> list[list[str]]:
+    with urllib.request.urlopen(base + path, timeout=60) as response:
+        body = response.read().decode()
+    return [[re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+            for row in re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S) if "<td" in row]
+
+
+def test_cluster_pages(zk_connect, tmp_path, console_server):
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    overrides = {"replica.lag.time.max.ms": 2000, "zookeeper.session.timeout.ms": 6000}
+    with BrokerCluster(zk_connect, tmp_path, n=3, overrides=overrides) as cluster:
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+        admin.create_topics([NewTopic("replicated", 2, 3)])["replicated"].result(60)
+        for index in (0, 1):
+            cluster.wait_for_isr("replicated", index, {1, 2, 3})
+        producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+        for i in range(5):
+            producer.produce("replicated", value=f"m{i}", partition=i % 2)
+        assert producer.flush(60) == 0
+        base = console_server(cluster.bootstrap).url
+
+        controller = cluster.controller_id()
+        brokers = [row for row in rows(base, "/") if len(row) == 4]
+        assert [row[:2] for row in brokers] == [[str(i), f"127.0.0.1:{cluster.brokers[i].port}"] for i in (1, 2, 3)]
+        assert [row[0] for row in brokers if row[3] == "controller"] == [str(controller)]
+
+        topic = {row[0]: row for row in rows(base, "/topics")}["replicated"]
+        assert topic[1:6] == ["2", "3", "0", "—", "5"]
+        partitions = [row for row in rows(base, "/topics/replicated") if len(row) == 9]
+        assert [(row[0], sorted(row[2].split(", ")), sorted(row[3].split(", ")), row[5]) for row in partitions] == [
+            ("0", ["1", "2", "3"], ["1", "2", "3"], "3"), ("1", ["1", "2", "3"], ["1", "2", "3"], "2")]
+
+        # A follower gone: its partitions leave the ISR and show as under-replicated
+        victim = next(i for i in (1, 2, 3) if i != controller
+                      and all(cluster.partition("replicated", p).leader != i for p in (0, 1)))
+        cluster.kill(victim)
+        for index in (0, 1):
+            cluster.wait_for_isr("replicated", index, {1, 2, 3} - {victim})
+        wait_for(lambda: {r[0]: r for r in rows(base, "/topics")}["replicated"][3] == "2",
+                 "two under-replicated partitions on the topics page")
+        assert [row[0] for row in rows(base, "/") if len(row) == 4] == [str(i) for i in (1, 2, 3) if i != victim]
+        assert f"Brokers {len(cluster.brokers) - 1} " in text(base, "/")
