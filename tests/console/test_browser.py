@@ -13,7 +13,7 @@ import sys
 import urllib.request
 
 import pytest
-from conftest import BINARY_VALUE, CLIENT_ID, GROUP, LIVE_GROUP, REPO_ROOT, SCRIPT_VALUE, TOPIC, wait_for
+from conftest import CLIENT_ID, GROUP, LIVE_GROUP, REPO_ROOT, SCRIPT_VALUE, TOPIC, wait_for
 
 from broker_process import free_port
 
