@@ -438,19 +438,10 @@ class ClusterReader:
             partitions = [partition]
         keys = [(topic, p) for p in partitions]
         lows, highs = self.watermarks(keys)
-        if start == "offset":
-            try:
-                wanted = int(position)
-            except ValueError:
-                raise BadRequest(f"not an offset: {position!r}") from None
-            begins = {k: wanted for k in keys}
-        elif start == "timestamp":
-            found = self.offsets(keys, OffsetSpec.for_timestamp(parse_timestamp(position)))
-            begins = {k: (o if o >= 0 else highs.get(k, 0)) for k, o in found.items()}
-        elif start == "oldest":
-            begins = dict(lows)
-        else:
+        if start == "newest":
             begins = {k: max(lows.get(k, 0), highs[k] - limit) for k in highs}
+        else:
+            begins = self._positions(keys, "earliest" if start == "oldest" else start, position, lows, highs)
         ranges = {}
         for key in keys:
             if key not in lows or key not in highs or key not in begins:
@@ -468,6 +459,23 @@ class ClusterReader:
             messages = messages[:limit]
         messages.sort(key=lambda m: (m.timestamp or 0, m.partition, m.offset), reverse=newest_first)
         return Browse(topic, messages, partitions, truncated, timed_out)
+
+    def _positions(self, keys: list[tuple[str, int]], mode: str, position: str, lows: dict, highs: dict) -> dict:
+        """The offset each partition starts at (browse) or is reset to: ``earliest``, ``latest``, ``offset``
+        (the number in position) or ``timestamp`` (the first offset at or after it; the end when none).
+        Not yet clamped to the partitions' ranges."""
+        if mode == "earliest":
+            return dict(lows)
+        if mode == "latest":
+            return dict(highs)
+        if mode == "offset":
+            try:
+                wanted = int(position)
+            except ValueError:
+                raise BadRequest(f"not an offset: {position!r}") from None
+            return {k: wanted for k in keys}
+        found = self.offsets(keys, OffsetSpec.for_timestamp(parse_timestamp(position)))
+        return {k: (o if o >= 0 else highs.get(k, 0)) for k, o in found.items()}
 
     def _consume(self, topic: str, ranges: dict[int, tuple[int, int]], max_bytes: int
                  ) -> tuple[list[Message], bool, bool]:
@@ -542,19 +550,7 @@ class ClusterReader:
         if not keys:
             raise BadRequest(f"group {group_id!r} has no offsets to reset; choose a topic")
         lows, highs = self.watermarks(keys)
-        if mode == "earliest":
-            targets = dict(lows)
-        elif mode == "latest":
-            targets = dict(highs)
-        elif mode == "offset":
-            try:
-                wanted = int(position)
-            except ValueError:
-                raise BadRequest(f"not an offset: {position!r}") from None
-            targets = {k: wanted for k in keys}
-        else:
-            found = self.offsets(keys, OffsetSpec.for_timestamp(parse_timestamp(position)))
-            targets = {k: (o if o >= 0 else highs.get(k, 0)) for k, o in found.items()}
+        targets = self._positions(keys, mode, position, lows, highs)
         missing = [k for k in keys if k not in targets or k not in lows or k not in highs]
         if missing:
             raise ConsoleError(f"no offsets known for {', '.join(f'{t}/{p}' for t, p in missing)}")

@@ -173,6 +173,10 @@ def test_every_page_read_only(console_broker, cli_console, browser_page, screens
     assert response.status == 400
     screenshots(page, "error")
 
+    # Browsing joined no group and committed nothing
+    page.goto(base + "/groups")
+    assert sorted(row[0] for row in cells(page)) == [GROUP, LIVE_GROUP]
+
     # Writes are refused without --allow-writes, even when posted by hand
     for path in ("/topics", f"/groups/{GROUP}/reset"):
         response = page.request.post(base + path, form={"name": "sneaky", "mode": "earliest"})

@@ -13,7 +13,7 @@ import pytest
 from broker_process import free_port
 from pykbroker.console import data, pages
 from pykbroker.console.html import Markup, escape, h, hexdump, number, render_bytes, size, timestamp, url
-from pykbroker.console.server import ConsoleServer, _configs
+from pykbroker.console.server import _configs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -109,22 +109,6 @@ def test_value_cut_to_max_bytes_is_said():
     assert "text, 1000 bytes, first 16 shown" in page
 
 
-@pytest.fixture
-def server():
-    servers = []
-
-    def start(reader, allow_writes=False):
-        srv = ConsoleServer(("127.0.0.1", 0), reader, allow_writes=allow_writes)
-        srv.start_background()
-        servers.append(srv)
-        return srv
-
-    yield start
-    for srv in servers:
-        srv.shutdown()
-        srv.server_close()
-
-
 class _NoCluster:
     """A reader that must not be called: the requests below are refused before."""
 
@@ -143,8 +127,8 @@ def _request(base: str, path: str, form: bytes | None = None, headers: dict | No
         return exc.code, exc.read().decode()
 
 
-def test_read_only_server_refuses_posts(server):
-    base = server(_NoCluster()).url
+def test_read_only_server_refuses_posts(console_server):
+    base = console_server(_NoCluster()).url
     for path in ("/topics", "/groups/g/reset", "/anything"):
         status, body = _request(base, path, b"name=x")
         assert status == 403 and "read-only" in body
@@ -153,8 +137,8 @@ def test_read_only_server_refuses_posts(server):
     assert status == 404 and "<b>" not in body
 
 
-def test_writable_server_refuses_other_origins_and_big_forms(server):
-    base = server(_NoCluster(), allow_writes=True).url
+def test_writable_server_refuses_other_origins_and_big_forms(console_server):
+    base = console_server(_NoCluster(), allow_writes=True).url
     status, body = _request(base, "/topics", b"name=x", {"Origin": "http://evil.example"})
     assert status == 403 and "own pages" in body
     status, _ = _request(base, "/topics", b"name=x", {"Origin": "null"})
@@ -163,9 +147,9 @@ def test_writable_server_refuses_other_origins_and_big_forms(server):
     assert status == 413
 
 
-def test_unreachable_cluster_is_an_error_page_within_the_timeout(server):
+def test_unreachable_cluster_is_an_error_page_within_the_timeout(console_server):
     reader = data.ClusterReader(f"127.0.0.1:{free_port()}", timeout=2)
-    base = server(reader).url
+    base = console_server(reader).url
     for path in ("/", "/topics", "/groups", "/messages?topic=t"):
         started = time.monotonic()
         status, body = _request(base, path)
