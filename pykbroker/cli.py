@@ -193,8 +193,8 @@ def cluster(brokers: int, data_dir: Path, zookeeper: str | None, host: str, base
 
 
 @main.command()
-@click.option("-b", "--bootstrap", "--brokers", "bootstrap", envvar="PYKBROKER_BROKERS", required=True,
-              help="Bootstrap servers, HOST:PORT[,HOST:PORT] (pykbroker or any Kafka).  [env PYKBROKER_BROKERS]")
+@click.option("-b", "--brokers", "--bootstrap", "bootstrap", envvar="PYKBROKER_BROKERS", default="127.0.0.1:9092",
+              show_default=True, help="Bootstrap servers, HOST:PORT[,...] (pykbroker or any Kafka).  [env PYKBROKER_BROKERS]")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the console listens on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="HTTP port (0: any free).")
 @click.option("--allow-writes", is_flag=True, help="Allow creating topics and resetting group offsets (off: read-only).")
@@ -205,7 +205,7 @@ def console(bootstrap: str, host: str, port: int, allow_writes: bool, timeout: f
     """Serve a web console for a Kafka cluster (read through the Kafka protocol) until Ctrl-C."""
     configure_logging(log_level.upper())
     _keep_hypothesis_out_of_the_broker()
-    from pykbroker.console.server import serve as serve_console  # imported late: --help stays fast
+    from pykbroker.console.server import ListenError, serve as serve_console  # imported late: --help stays fast
 
     def ready(server) -> None:
         mode = "writes allowed" if allow_writes else "read-only"
@@ -213,7 +213,7 @@ def console(bootstrap: str, host: str, port: int, allow_writes: bool, timeout: f
 
     try:
         serve_console(bootstrap, host=host, port=port, allow_writes=allow_writes, timeout=timeout, ready=ready)
-    except OSError as exc:
-        raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from None
+    except ListenError as exc:
+        raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:
         pass

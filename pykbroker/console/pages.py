@@ -116,9 +116,11 @@ def topics(items: list[data.Topic], *, create_form: bool, **chrome) -> Markup:
 
 
 def topic(t: data.Topic, **chrome) -> Markup:
-    rows = [h('<tr class="{}"><td class="num">{}</td><td class="num">{}</td><td>{}</td><td>{}</td>'
-              '<td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td>{}</td></tr>',
-              "alert" if p.under_replicated or p.error else "", p.partition, p.leader, _ids(p.replicas), _ids(p.isr),
+    rows = [h('<tr class="{}"><td class="num"><a href="{}" title="browse">{}</a></td><td class="num">{}</td><td>{}</td>'
+              '<td>{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td>'
+              '<td>{}</td></tr>',
+              "alert" if p.under_replicated or p.error else "", url("/messages", topic=t.name, partition=p.partition),
+              p.partition, p.leader, _ids(p.replicas), _ids(p.isr),
               number(p.start), number(p.end), number(p.messages), size(p.size), p.error or "")
             for p in t.partitions]
     partitions = _table(["Partition", "Leader", "Replicas", "ISR", "Start offset", "End offset", "Messages", "Size",

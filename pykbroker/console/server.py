@@ -196,6 +196,10 @@ def _configs(text: str) -> dict[str, str]:
     return configs
 
 
+class ListenError(Exception):
+    """The console's address cannot be bound (in use, not an address of this machine)."""
+
+
 class ConsoleServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -218,8 +222,12 @@ class ConsoleServer(ThreadingHTTPServer):
 
 def serve(bootstrap: str, *, host: str = "127.0.0.1", port: int = 8080, allow_writes: bool = False,
           timeout: float = data.DEFAULT_TIMEOUT_S, ready: Callable[[ConsoleServer], None] | None = None) -> None:
-    """Serve the console until interrupted."""
-    server = ConsoleServer((host, port), data.ClusterReader(bootstrap, timeout=timeout), allow_writes=allow_writes)
+    """Serve the console until interrupted; :class:`ListenError` when the address cannot be bound."""
+    try:
+        server = ConsoleServer((host, port), data.ClusterReader(bootstrap, timeout=timeout),
+                               allow_writes=allow_writes)
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     try:
         if ready is not None:
             ready(server)

@@ -91,6 +91,8 @@ def test_every_page_read_only(console_broker, cli_console, browser_page, screens
     assert configs["cleanup.policy"][1:] == ["delete", "default"]
     assert page.locator("tr.nondefault").count() == 1
     screenshots(page, "topic")
+    page.click("h2:text-is('Partitions') ~ table >> a:text-is('2')")  # a partition's messages
+    assert page.locator(".msg").count() == 1 and page.locator(".msg").get_attribute("data-partition") == "2"
 
     # Consumer groups: state, members, total lag
     page.click("header >> text=Consumer groups")

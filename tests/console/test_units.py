@@ -157,3 +157,30 @@ def test_unreachable_cluster_is_an_error_page_within_the_timeout(console_server)
         assert 'class="error"' in body
         assert time.monotonic() - started < 15
     assert _request(base, "/healthz")[0] == 200  # and the server still serves
+
+
+def test_cli_port_in_use_is_one_line_and_exit_1():
+    import socket
+
+    from click.testing import CliRunner
+
+    from pykbroker.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(main, ["console", "-b", "127.0.0.1:1", "--port", str(port)])
+    assert result.exit_code == 1
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in result.output
+
+
+def test_cli_help_names_the_options():
+    from click.testing import CliRunner
+
+    from pykbroker.cli import main
+
+    result = CliRunner().invoke(main, ["console", "--help"])
+    assert result.exit_code == 0
+    for option in ("--brokers", "--host", "--port", "--allow-writes", "--timeout"):
+        assert option in result.output
