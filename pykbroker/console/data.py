@@ -29,6 +29,7 @@ MAX_MESSAGES = 500          # the message browser never returns more
 DEFAULT_MESSAGES = 50
 MAX_VALUE_BYTES = 64 * 1024  # bytes kept (and shown) of one key or value
 DEFAULT_VALUE_BYTES = 4096
+MAX_HEADERS = 64             # headers shown per message
 START_MODES = ("newest", "oldest", "offset", "timestamp")
 RESET_MODES = ("earliest", "latest", "offset", "timestamp")
 CLIENT_ID = "pykbroker-console"
@@ -43,6 +44,9 @@ class ConsoleError(Exception):
         super().__init__(message)
         if status is not None:
             self.status = status
+
+    def __reduce__(self):  # crosses from the worker processes with its status
+        return (type(self), (str(self), self.status))
 
 
 class NotFound(ConsoleError):
@@ -343,6 +347,9 @@ class ClusterReader:
         topic.configs = [_config_item(e) for e in sorted(entries.values(), key=lambda e: e.name)]
         return topic
 
+    def topic_names(self) -> list[str]:
+        return sorted(self._metadata().topics)
+
     def topic_partitions(self, name: str) -> list[int]:
         metadata = self._metadata()
         if name not in metadata.topics:
@@ -450,14 +457,9 @@ class ClusterReader:
             stop = min(highs[key], begin + limit)
             if begin < stop:
                 ranges[key[1]] = (begin, stop)
-        messages, truncated, timed_out = self._consume(topic, ranges, max_bytes)
-        if start == "newest":
-            messages.sort(key=lambda m: (m.timestamp or 0, m.offset), reverse=True)
-            messages = messages[:limit]
-        else:
-            messages.sort(key=lambda m: (m.timestamp or 0, m.partition, m.offset))
-            messages = messages[:limit]
-        messages.sort(key=lambda m: (m.timestamp or 0, m.partition, m.offset), reverse=newest_first)
+        # Over several partitions: the newest (or the first) `limit` of what the windows hold, by timestamp.
+        messages, truncated, timed_out = self._consume(topic, ranges, max_bytes, limit, newest=start == "newest")
+        messages.sort(key=_time_order, reverse=newest_first)
         return Browse(topic, messages, partitions, truncated, timed_out)
 
     def _positions(self, keys: list[tuple[str, int]], mode: str, position: str, lows: dict, highs: dict) -> dict:
@@ -477,8 +479,10 @@ class ClusterReader:
         found = self.offsets(keys, OffsetSpec.for_timestamp(parse_timestamp(position)))
         return {k: (o if o >= 0 else highs.get(k, 0)) for k, o in found.items()}
 
-    def _consume(self, topic: str, ranges: dict[int, tuple[int, int]], max_bytes: int
+    def _consume(self, topic: str, ranges: dict[int, tuple[int, int]], max_bytes: int, limit: int, newest: bool
                  ) -> tuple[list[Message], bool, bool]:
+        """The messages of each partition's [begin, stop) window, at most ``limit`` kept - the newest by
+        timestamp, or the oldest - so memory stays bounded however many partitions are read."""
         if not ranges:
             return [], False, False
         consumer = Consumer({
@@ -516,13 +520,15 @@ class ClusterReader:
                     message = _message(record, max_bytes)
                     truncated |= message.key_size > max_bytes or message.value_size > max_bytes
                     messages.append(message)
+                    if len(messages) >= 2 * limit:
+                        messages = _keep(messages, limit, newest)
                     if offset >= pending[partition][1] - 1:
                         pending.pop(partition, None)
         except KafkaException as exc:
             raise ConsoleError(f"consume {topic}: {_error_text(exc)}") from None
         finally:
             consumer.close()
-        return messages, truncated, timed_out
+        return _keep(messages, limit, newest), truncated, timed_out
 
     # -- writes ---------------------------------------------------------------------------------------
     def create_topic(self, name: str, partitions: int, replication_factor: int,
@@ -568,6 +574,14 @@ class ClusterReader:
         return new
 
 
+def _time_order(message: Message) -> tuple[int, int, int]:
+    return (message.timestamp or 0, message.offset, message.partition)
+
+
+def _keep(messages: list[Message], limit: int, newest: bool) -> list[Message]:
+    return sorted(messages, key=_time_order, reverse=newest)[:limit]
+
+
 def _config_item(entry) -> ConfigItem:
     source = entry.source if isinstance(entry.source, ConfigSource) else ConfigSource(entry.source)
     is_default = bool(entry.is_default) or source == ConfigSource.DEFAULT_CONFIG
@@ -579,7 +593,8 @@ def _message(record, max_bytes: int) -> Message:
     key, value = record.key(), record.value()
     timestamp_type, timestamp = record.timestamp()
     kinds = {1: "CreateTime", 2: "LogAppendTime"}
-    headers = [(str(name), data[:max_bytes] if data is not None else None) for name, data in (record.headers() or [])]
+    headers = [(str(name), data[:max_bytes] if data is not None else None)
+               for name, data in (record.headers() or [])[:MAX_HEADERS]]
     return Message(record.topic(), record.partition(), record.offset(),
                    timestamp if timestamp_type in kinds else None, kinds.get(timestamp_type, ""),
                    key[:max_bytes] if key is not None else None, value[:max_bytes] if value is not None else None,

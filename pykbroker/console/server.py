@@ -22,6 +22,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from pykbroker.console import data, pages
 from pykbroker.console.html import url
+from pykbroker.console.worker import IsolatedReader
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _messages(self, query: dict[str, str], chrome: dict) -> None:
         reader = self.server.reader
-        topic_names = sorted(reader._metadata().topics)
+        topic_names = reader.topic_names()
         result = None
         if query.get("topic"):
             partition = query.get("partition", "").strip()
@@ -222,10 +223,11 @@ class ConsoleServer(ThreadingHTTPServer):
 
 def serve(bootstrap: str, *, host: str = "127.0.0.1", port: int = 8080, allow_writes: bool = False,
           timeout: float = data.DEFAULT_TIMEOUT_S, ready: Callable[[ConsoleServer], None] | None = None) -> None:
-    """Serve the console until interrupted; :class:`ListenError` when the address cannot be bound."""
+    """Serve the console until interrupted; :class:`ListenError` when the address cannot be bound. The
+    Kafka clients run in worker processes (pykbroker.console.worker)."""
+    reader = IsolatedReader(bootstrap, timeout=timeout)
     try:
-        server = ConsoleServer((host, port), data.ClusterReader(bootstrap, timeout=timeout),
-                               allow_writes=allow_writes)
+        server = ConsoleServer((host, port), reader, allow_writes=allow_writes)
     except OSError as exc:
         raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     try:
@@ -234,3 +236,4 @@ def serve(bootstrap: str, *, host: str = "127.0.0.1", port: int = 8080, allow_wr
         server.serve_forever()
     finally:
         server.server_close()
+        reader.close()

@@ -99,14 +99,17 @@ def console_broker(tmp_path_factory):
 
 @pytest.fixture
 def console_server():
-    from pykbroker.console.data import ClusterReader
+    """start(bootstrap or reader, allow_writes=False): a bootstrap string gets the IsolatedReader that
+    `pykbroker console` uses (clients in worker processes)."""
     from pykbroker.console.server import ConsoleServer
+    from pykbroker.console.worker import IsolatedReader
 
-    servers = []
+    servers, readers = [], []
 
     def start(reader, *, allow_writes: bool = False) -> ConsoleServer:
         if isinstance(reader, str):
-            reader = ClusterReader(reader, timeout=15)
+            reader = IsolatedReader(reader, timeout=15)
+            readers.append(reader)
         server = ConsoleServer(("127.0.0.1", 0), reader, allow_writes=allow_writes)
         server.start_background()
         servers.append(server)
@@ -116,6 +119,8 @@ def console_server():
     for server in servers:
         server.shutdown()
         server.server_close()
+    for reader in readers:
+        reader.close()
 
 
 @pytest.fixture

@@ -184,3 +184,14 @@ def test_cli_help_names_the_options():
     assert result.exit_code == 0
     for option in ("--brokers", "--host", "--port", "--allow-writes", "--timeout"):
         assert option in result.output
+
+
+def test_browse_keeps_at_most_limit_messages_in_time_order():
+    def message(partition, offset, ts):
+        return data.Message("t", partition, offset, ts, "CreateTime", None, None, 0, 0, [])
+
+    many = [message(p, o, 1000 + o * 10 + p) for p in range(3) for o in range(10)]
+    newest = data._keep(many, 4, newest=True)
+    assert [(m.partition, m.offset) for m in newest] == [(2, 9), (1, 9), (0, 9), (2, 8)]
+    oldest = data._keep(many, 2, newest=False)
+    assert [(m.partition, m.offset) for m in oldest] == [(0, 0), (1, 0)]
