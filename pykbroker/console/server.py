@@ -231,6 +231,7 @@ def serve(bootstrap: str, *, host: str = "127.0.0.1", port: int = 8080, allow_wr
     except OSError as exc:
         raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     try:
+        reader.worker_pids()  # start the client processes now rather than on the first page
         if ready is not None:
             ready(server)
         server.serve_forever()

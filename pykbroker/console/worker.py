@@ -14,6 +14,7 @@ import concurrent.futures
 import logging
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 from concurrent.futures.process import BrokenProcessPool
@@ -29,6 +30,7 @@ _reader = None
 
 def _init(bootstrap: str, timeout: float, client_config: dict | None, log_level: int) -> None:
     global _reader
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
     if "kio" not in sys.modules:  # kio builds Hypothesis strategies when it can: ~2 s and ~200 MB a worker
         sys.modules.setdefault("hypothesis", None)  # type: ignore[assignment]
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
