@@ -13,77 +13,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from console_helpers import CHROMIUM, CHROMIUM_ARGS, fill_broker, live_member
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-for _extra in (REPO_ROOT / "tests" / "integration", REPO_ROOT / "tests" / "cluster"):
-    if str(_extra) not in sys.path:
-        sys.path.insert(0, str(_extra))
-
-from broker_process import BrokerProcess  # noqa: E402  (tests/integration is not a package)
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-TOPIC = "orders"
-GROUP = "billing"             # no members: committed offsets only, resettable
-LIVE_GROUP = "live-readers"   # one active member
-CLIENT_ID = "audit-reader"
-SCRIPT_VALUE = b"<script>window.__pwned = 1</script><b>bold?</b>"
-BINARY_VALUE = bytes(range(0, 40))
-
-
-def fill_broker(bootstrap: str) -> dict:
-    """The test data: what the pages must show."""
-    from confluent_kafka import Consumer, Producer, TopicPartition
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(TOPIC, 3, 1, config={"retention.ms": "3600000"}),
-                                   NewTopic("audit-log", 1, 1)], operation_timeout=30)
-    for future in futures.values():
-        future.result(60)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
-    # partition 0: 6 JSON orders; partition 1: the <script> value; partition 2: a binary value
-    for i in range(6):
-        producer.produce(TOPIC, key=f"order-{i}", value=json.dumps({"id": i, "item": "widget", "qty": i + 1}),
-                         headers=[("source", b"web-shop"), ("trace-id", f"t-{i}".encode())], partition=0)
-    producer.produce(TOPIC, key="evil<key>", value=SCRIPT_VALUE, headers=[("x<h>", b"<i>hv</i>")], partition=1)
-    producer.produce(TOPIC, key=None, value=BINARY_VALUE, partition=2)
-    producer.produce("audit-log", key="a", value="plain text entry", partition=0)
-    assert producer.flush(30) == 0
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP, "enable.auto.commit": False})
-    consumer.assign([TopicPartition(TOPIC, 0, 0)])
-    # committed: partition 0 at 2 (end 6: lag 4), partition 1 at 1 (end 1: lag 0)
-    consumer.commit(offsets=[TopicPartition(TOPIC, 0, 2), TopicPartition(TOPIC, 1, 1)], asynchronous=False)
-    consumer.close()
-    return {"ends": {0: 6, 1: 1, 2: 1}, "committed": {0: 2, 1: 1}, "lag": 4}
-
-
-def live_member(bootstrap: str):
-    """A consumer of LIVE_GROUP that stays a member (librdkafka heartbeats in its own thread), having read
-    and committed the one audit-log message. The caller closes it."""
-    from confluent_kafka import Consumer
-
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": LIVE_GROUP, "client.id": CLIENT_ID,
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    consumer.subscribe(["audit-log"])
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        message = consumer.poll(0.5)
-        if message is not None and message.error() is None:
-            consumer.commit(message, asynchronous=False)
-            return consumer
-    consumer.close()
-    raise AssertionError("the live consumer read nothing within 60 s")
-
+from broker_process import BrokerProcess  # tests/integration, on sys.path through console_helpers
 
 @pytest.fixture(scope="module")
 def console_broker(tmp_path_factory):
@@ -157,14 +94,3 @@ def screenshots(tmp_path):
         return path
 
     return shot
-
-
-def wait_for(condition, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import TOPIC, fill_broker, wait_for
+from console_helpers import TOPIC, fill_broker, wait_for
 
 from broker_process import BrokerProcess
 from pykbroker.console.worker import IsolatedReader

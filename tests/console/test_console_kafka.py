@@ -8,8 +8,8 @@ import sys
 from dataclasses import dataclass
 
 import pytest
-from conftest import GROUP, REPO_ROOT, TOPIC, fill_broker
-from test_cluster import rows, text
+from console_helpers import GROUP, REPO_ROOT, TOPIC, fill_broker
+from console_helpers import rows, text
 
 sys.path.insert(0, str(REPO_ROOT / "integration" / "bench"))
 from brokers import KafkaBroker, default_refkit, kafka_unavailable_reason  # noqa: E402
