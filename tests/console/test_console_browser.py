@@ -170,6 +170,8 @@ def test_every_page_read_only(console_broker, cli_console, browser_page, screens
     # Errors are pages with a message
     response = page.goto(base + "/topics/no-such-topic")
     assert response.status == 404 and "no topic named 'no-such-topic'" in page.locator(".error").inner_text()
+    response = page.goto(base + "/groups/no-such-group")
+    assert response.status == 404 and "no consumer group named 'no-such-group'" in page.locator(".error").inner_text()
     response = page.goto(base + f"/messages?topic={TOPIC}&partition=7")
     assert response.status == 404 and "has no partition 7" in page.locator(".error").inner_text()
     response = page.goto(base + f"/messages?topic={TOPIC}&limit=many")
