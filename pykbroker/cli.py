@@ -194,3 +194,30 @@ def cluster(brokers: int, data_dir: Path, zookeeper: str | None, host: str, base
 
     sys.exit(devcluster.run(brokers, data_dir, zookeeper=zookeeper, base_port=base_port, host=host,
                             overrides=overrides, log_level=log_level))
+
+
+@main.command()
+@click.option("-b", "--brokers", "--bootstrap", "bootstrap", envvar="PYKBROKER_BROKERS", default="127.0.0.1:9092",
+              show_default=True, help="Bootstrap servers, HOST:PORT[,...] (pykbroker or any Kafka).  [env PYKBROKER_BROKERS]")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the console listens on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="HTTP port (0: any free).")
+@click.option("--allow-writes", is_flag=True, help="Allow creating topics and resetting group offsets (off: read-only).")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="Seconds to wait for the cluster on each call.")
+@click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default="WARNING", show_default=True)
+def console(bootstrap: str, host: str, port: int, allow_writes: bool, timeout: float, log_level: str) -> None:
+    """Serve a web console for a Kafka cluster (read through the Kafka protocol) until Ctrl-C."""
+    configure_logging(log_level.upper())
+    _keep_hypothesis_out_of_the_broker()
+    from pykbroker.console.server import ListenError, serve as serve_console  # imported late: --help stays fast
+
+    def ready(server) -> None:
+        mode = "writes allowed" if allow_writes else "read-only"
+        click.echo(f"pykbroker console for {bootstrap} ({mode}) at {server.url}/", err=True)
+
+    try:
+        serve_console(bootstrap, host=host, port=port, allow_writes=allow_writes, timeout=timeout, ready=ready)
+    except ListenError as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        pass
