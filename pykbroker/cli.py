@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import click
 
-from pykbroker import __version__
+from pykbroker import __version__, ctl
 from pykbroker.config import FSYNC_MODES, LOG_LEVELS, BrokerConfig, ConfigError, load_config
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -163,13 +163,12 @@ def build_config(flags: Mapping[str, Any], overrides: tuple[str, ...] = (), conf
         raise ConfigUsageError(str(exc)) from None
 
 
-@main.command()
+@main.group(invoke_without_command=True)
 @click.option("--brokers", type=click.IntRange(min=1), default=3, show_default=True, help="Number of brokers (ids 1..N).")
 @click.option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    required=True,
-    help="Directory for ZooKeeper (D/zookeeper), the brokers' data (D/broker-N) and their logs (D/logs).",
+    help="Directory for ZooKeeper (D/zookeeper), the brokers' data (D/broker-N) and their logs (D/logs).  [required]",
 )
 @click.option("--zookeeper", help="Use this ZooKeeper (HOST:PORT[/chroot]) instead of starting one.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the brokers listen on and advertise.")
@@ -178,15 +177,24 @@ def build_config(flags: Mapping[str, Any], overrides: tuple[str, ...] = (), conf
               help="The brokers' logging level.")
 @click.option("--override", "overrides", multiple=True, metavar="KEY=VALUE",
               help="A Kafka broker config key for every broker (repeatable).")
-def cluster(brokers: int, data_dir: Path, zookeeper: str | None, host: str, base_port: int | None, log_level: str,
-            overrides: tuple[str, ...]) -> None:
+@click.pass_context
+def cluster(ctx: click.Context, brokers: int, data_dir: Path | None, zookeeper: str | None, host: str,
+            base_port: int | None, log_level: str, overrides: tuple[str, ...]) -> None:
     """Run a local development cluster until Ctrl-C: ZooKeeper (unless --zookeeper) and N brokers.
+    (`pykbroker cluster info -b HOST:PORT` describes a running cluster instead.)
 
     Prints the bootstrap servers once every broker lists all N in Metadata. Ctrl-C or SIGTERM stops the
     brokers (controlled shutdown, SIGKILL after a grace period) and then ZooKeeper. Exit status 1 when the
     cluster cannot start or a broker dies."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if data_dir is None:
+        raise click.MissingParameter(ctx=ctx, param_hint="'--data-dir'", param_type="option")
     _parse_overrides(overrides)  # a malformed KEY=VALUE is a usage error here, not N broker failures
     from pykbroker import devcluster  # imported late: --help stays fast
 
     sys.exit(devcluster.run(brokers, data_dir, zookeeper=zookeeper, base_port=base_port, host=host,
                             overrides=overrides, log_level=log_level))
+
+
+ctl.register(main, cluster)  # the client commands: topic, produce, consume, group, cluster info (pykbroker.ctl)
