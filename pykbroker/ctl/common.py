@@ -83,6 +83,39 @@ def call(future: Any, what: str, timeout: float) -> Any:
         raise kafka_error(exc, what) from None
 
 
+def each_result(conn: "Connection", futures: dict[str, Any], what: str) -> list[tuple[str, Any]]:
+    """Wait for per-resource AdminClient futures (topics, groups): (name, KafkaError or None) each."""
+    from confluent_kafka import KafkaException
+
+    results = []
+    for name, future in futures.items():
+        try:
+            future.result(timeout=conn.timeout + 5)
+            results.append((name, None))
+        except KafkaException as exc:
+            results.append((name, exc.args[0]))
+        except Exception as exc:
+            raise kafka_error(exc, what) from None
+    return results
+
+
+def report_each(conn: "Connection", results: list[tuple[str, Any]], kind: str, done: str, *,
+                tolerate: str | None = None, tolerated: str = "") -> None:
+    """One row per resource, {KIND, status, error}; an error whose name is ``tolerate`` (--if-exists and
+    the like) is status ``tolerated`` instead. Errors also go to stderr; the exit code is the worst."""
+    rows, worst = [], EXIT_OK
+    for name, error in results:
+        if error is None or error.name() == tolerate:
+            rows.append({kind: name, "status": done if error is None else tolerated, "error": None})
+            continue
+        click.echo(f"Error: {name}: {error_text(error)}", err=True)
+        worst = max(worst, exit_code_for(error))
+        rows.append({kind: name, "status": error_text(error), "error": {"code": error.name(), "message": error.str()}})
+    conn.emit(rows, lambda rows: table([kind, "status"], [[row[kind], row["status"]] for row in rows]))
+    if worst:
+        raise click.exceptions.Exit(worst)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Connection.
 

@@ -8,8 +8,8 @@ from typing import Any
 import click
 
 from pykbroker.ctl.common import (
-    EXIT_KAFKA_ERROR, EXIT_NOT_FOUND, Connection, CtlError, connection_options, error_text, exit_code_for,
-    node_json, parse_timestamp, progress, section, table,
+    EXIT_KAFKA_ERROR, EXIT_NOT_FOUND, Connection, CtlError, connection_options, each_result, error_text,
+    exit_code_for, node_json, report_each, parse_timestamp, progress, section, table,
 )
 
 
@@ -238,20 +238,5 @@ def seek(conn: Connection, group_id: str, to: str | None, to_timestamp: str | No
 def delete(conn: Connection, groups: tuple[str, ...]) -> None:
     """Delete groups and their committed offsets (DeleteGroups). A group with members is refused
     (NON_EMPTY_GROUP, exit 1); an unknown one is exit 3."""
-    from confluent_kafka import KafkaException
-
     futures = conn.admin.delete_consumer_groups(list(dict.fromkeys(groups)), request_timeout=conn.timeout)
-    rows, worst = [], 0
-    for group_id, future in futures.items():
-        try:
-            future.result(timeout=conn.timeout + 5)
-            rows.append({"group": group_id, "error": None})
-        except KafkaException as exc:
-            error = exc.args[0]
-            rows.append({"group": group_id, "error": error_text(error)})
-            click.echo(f"Error: {group_id}: {error_text(error)}", err=True)
-            worst = max(worst, exit_code_for(error))
-    conn.emit(rows, lambda rows: table(["group", "status"], [[r["group"], r["error"] or "deleted"] for r in rows]))
-    if worst:
-        raise click.exceptions.Exit(worst)
-
+    report_each(conn, each_result(conn, futures, "deleting groups"), "group", "deleted")

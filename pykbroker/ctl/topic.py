@@ -7,46 +7,12 @@ from typing import Any
 
 import click
 
-from pykbroker.ctl.common import (
-    EXIT_KAFKA_ERROR, EXIT_NOT_FOUND, Connection, CtlError, connection_options, error_text, exit_code_for,
-    parse_pairs, section, table,
-)
+from pykbroker.ctl.common import Connection, connection_options, each_result, parse_pairs, report_each, section, table
 
 
 @click.group()
 def topic() -> None:
     """Create, list, describe, reconfigure and delete topics."""
-
-
-def _results(conn: Connection, futures: dict[str, Any], what: str) -> tuple[list[dict[str, Any]], int]:
-    """Wait for per-topic futures: rows of {topic, error}, and the worst exit code (0 when all worked)."""
-    from confluent_kafka import KafkaException
-
-    rows, worst = [], 0
-    for name, future in futures.items():
-        try:
-            future.result(timeout=conn.timeout + 5)
-            rows.append({"topic": name, "error": None})
-        except KafkaException as exc:
-            error = exc.args[0]
-            rows.append({"topic": name, "error": error_text(error), "code": error.name()})
-            worst = max(worst, exit_code_for(error))
-        except Exception as exc:
-            raise CtlError(f"{what}: {exc}") from None
-    return rows, worst
-
-
-def _report(conn: Connection, rows: list[dict[str, Any]], worst: int, done: str) -> None:
-    def status(row: dict[str, Any]) -> str:
-        existed = {True: "already exists", False: "does not exist"}.get(row.get("existed"))  # --if-(not-)exists
-        return row["error"] or existed or done
-
-    conn.emit(rows, lambda rows: table(["topic", "status"], [[row["topic"], status(row)] for row in rows]))
-    for row in rows:
-        if row["error"]:
-            click.echo(f"Error: {row['topic']}: {row['error']}", err=True)
-    if worst:
-        raise click.exceptions.Exit(worst)
 
 
 @topic.command("create")
@@ -68,13 +34,8 @@ def create(conn: Connection, names: tuple[str, ...], partitions: int, replicatio
     new = [NewTopic(name, num_partitions=partitions, replication_factor=replication_factor, config=config)
            for name in dict.fromkeys(names)]
     futures = conn.admin.create_topics(new, request_timeout=conn.timeout, operation_timeout=conn.timeout)
-    rows, worst = _results(conn, futures, "creating topics")
-    if if_not_exists:
-        for row in rows:
-            if row.get("code") == "TOPIC_ALREADY_EXISTS":
-                row.update(error=None, existed=True)
-        worst = max([0] + [EXIT_KAFKA_ERROR for row in rows if row["error"]])
-    _report(conn, rows, worst, "created")
+    report_each(conn, each_result(conn, futures, "creating topics"), "topic", "created",
+                tolerate="TOPIC_ALREADY_EXISTS" if if_not_exists else None, tolerated="already exists")
 
 
 @topic.command("list")
@@ -229,12 +190,5 @@ def alter_config(conn: Connection, name: str, sets: tuple[str, ...], deletes: tu
 def delete(conn: Connection, names: tuple[str, ...], if_exists: bool) -> None:
     """Delete topics and their data (DeleteTopics). Exit 3 if one does not exist."""
     futures = conn.admin.delete_topics(list(dict.fromkeys(names)), request_timeout=conn.timeout, operation_timeout=conn.timeout)
-    rows, worst = _results(conn, futures, "deleting topics")
-    if if_exists:
-        for row in rows:
-            if row.get("code") == "UNKNOWN_TOPIC_OR_PART":
-                row.update(error=None, existed=False)
-        worst = max([0] + [EXIT_KAFKA_ERROR for row in rows if row["error"]])
-    elif any(row.get("code") == "UNKNOWN_TOPIC_OR_PART" for row in rows):
-        worst = max(worst, EXIT_NOT_FOUND)
-    _report(conn, rows, worst, "deleted")
+    report_each(conn, each_result(conn, futures, "deleting topics"), "topic", "deleted",
+                tolerate="UNKNOWN_TOPIC_OR_PART" if if_exists else None, tolerated="does not exist")

@@ -84,7 +84,7 @@ def test_topic_create_with_configs_is_what_describe_configs_reports(shared_broke
 
     again = ctl(shared_broker.bootstrap, "topic", "create", topic_name, "--format", "json")
     assert again.returncode == 1, again
-    assert again.json()[0]["code"] == "TOPIC_ALREADY_EXISTS"
+    assert again.json()[0]["error"]["code"] == "TOPIC_ALREADY_EXISTS"
     assert "TOPIC_ALREADY_EXISTS" in again.stderr
     tolerated = ctl(shared_broker.bootstrap, "topic", "create", topic_name, "--if-not-exists")
     assert tolerated.returncode == 0, tolerated
@@ -157,12 +157,14 @@ def test_topic_delete_and_not_found(shared_broker, topic_name):
     create_topic(shared_broker, topic_name)
     result = ctl(shared_broker.bootstrap, "topic", "delete", topic_name, "--format", "json")
     assert result.returncode == 0, result
-    assert result.json() == [{"topic": topic_name, "error": None}]
+    assert result.json() == [{"topic": topic_name, "status": "deleted", "error": None}]
     wait_until(lambda: topic_name not in admin(shared_broker).list_topics(timeout=10).topics, "topic deleted", WAIT_S)
     again = ctl(shared_broker.bootstrap, "topic", "delete", topic_name)
     assert again.returncode == 3, again
     assert "UNKNOWN_TOPIC_OR_PART" in again.stderr
-    assert ctl(shared_broker.bootstrap, "topic", "delete", topic_name, "--if-exists").returncode == 0
+    tolerated = ctl(shared_broker.bootstrap, "topic", "delete", topic_name, "--if-exists")
+    assert tolerated.returncode == 0, tolerated
+    assert tolerated.rows() == [["TOPIC", "STATUS"], [topic_name, "does", "not", "exist"]]
 
 
 def test_unknown_topic_is_exit_3_and_is_not_created(shared_broker, topic_name):
