@@ -197,7 +197,7 @@ def consume(conn: Connection, topics: tuple[str, ...], group: str | None, partit
         if group:
             consumer.close()  # leaves the group and commits the position of what was printed
             closed = True
-        progress(f"Consumed {received} records")
+        progress(f"Consumed {received} record{'' if received == 1 else 's'}")
     finally:
         if not closed:
             _close_quietly(consumer)

@@ -95,7 +95,7 @@ def produce(conn: Connection, topic: str, key_separator: str | None, headers: tu
     summary = {"topic": topic, "records": state["delivered"], "failed": state["failed"] + remaining,
                "partitions": [{"partition": p, "first_offset": first, "last_offset": last}
                               for p, (first, last) in sorted(state["ranges"].items())]}
-    progress(f"Produced {state['delivered']} records to {topic}"
+    progress(f"Produced {state['delivered']} record{'' if state['delivered'] == 1 else 's'} to {topic}"
              + (f"; {summary['failed']} failed" if summary["failed"] else ""))
     if conn.output == "json":
         conn.emit(summary, lambda _: None)
