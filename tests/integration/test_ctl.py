@@ -7,6 +7,9 @@ Run: python3 -m pytest -q tests/integration/test_ctl.py
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import uuid
 
@@ -14,11 +17,14 @@ import pytest
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from broker_process import batch_codecs, fetch_raw, free_port, probe_api_versions, wait_until
+from pykbroker.ctl.produce import PROGRESS_EVERY_S
+
+from broker_process import REPO_ROOT, batch_codecs, fetch_raw, free_port, probe_api_versions, wait_until
 from ctl_runner import ctl
 
 INCREMENTAL_ALTER_CONFIGS = 44
 WAIT_S = 30.0
+PROGRESS_PAUSE_S = PROGRESS_EVERY_S + 0.5
 
 
 _admins: dict[str, AdminClient] = {}
@@ -237,6 +243,35 @@ def test_produce_keys_headers_compression_read_back_by_kafka_python(shared_broke
         (b"k2", b"v=2|x", [("source", b"cli"), ("n", b"1")]),
         (None, b"no key", [("source", b"cli"), ("n", b"1")]),
     ]
+
+
+def test_produce_reports_progress_on_stderr_while_it_runs(shared_broker, topic_name):
+    """A long produce (a slow pipe here) says how far it is every few seconds, on stderr only."""
+    create_topic(shared_broker, topic_name)
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    process = subprocess.Popen([sys.executable, "-m", "pykbroker", "produce", topic_name, "-b", shared_broker.bootstrap],
+                               cwd=REPO_ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        process.stdin.write("first\n")
+        process.stdin.flush()
+        wait_until(lambda: admin_offsets(shared_broker, topic_name) == [1], "the first record written", WAIT_S)
+        time.sleep(PROGRESS_PAUSE_S)  # the pipe stays quiet longer than the progress interval
+        process.stdin.write("second\n")
+        out, err = process.communicate(timeout=WAIT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, err
+    assert out == ""
+    assert "... 1 records written" in err and "Produced 2 records" in err
+
+
+def admin_offsets(broker, topic: str) -> list[int]:
+    from confluent_kafka.admin import OffsetSpec
+
+    futures = admin(broker).list_offsets({TopicPartition(topic, 0): OffsetSpec.latest()})
+    return [future.result(30).offset for future in futures.values()]
 
 
 def test_consume_formats_positions_and_limits(shared_broker, topic_name):
