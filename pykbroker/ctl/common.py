@@ -33,7 +33,8 @@ EXIT_NOT_FOUND = 3  # the topic, partition or group named does not exist
 EXIT_UNREACHABLE = 4  # no broker answered within --timeout
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
-_NOT_FOUND_CODES = {3, 69, 100, -188, -190, -156}  # UNKNOWN_TOPIC_OR_PART, GROUP_ID_NOT_FOUND, UNKNOWN_TOPIC_ID, _UNKNOWN_TOPIC, _UNKNOWN_PARTITION, _NOENT
+# UNKNOWN_TOPIC_OR_PART, GROUP_ID_NOT_FOUND, UNKNOWN_TOPIC_ID; librdkafka's _UNKNOWN_TOPIC, _UNKNOWN_PARTITION, _NOENT
+_NOT_FOUND_CODES = {3, 69, 100, -188, -190, -156}
 _UNREACHABLE_CODES = {-195, -185, -187, -193}  # _TRANSPORT, _TIMED_OUT, _ALL_BROKERS_DOWN, _RESOLVE
 
 
@@ -73,14 +74,6 @@ def error_text(error: Any) -> str:
     name = error.name()
     message = error.str()
     return f"{name}: {message}" if message and message != name else name
-
-
-def call(future: Any, what: str, timeout: float) -> Any:
-    """The result of an AdminClient future, or a CtlError naming ``what``."""
-    try:
-        return future.result(timeout=timeout + 5)
-    except Exception as exc:
-        raise kafka_error(exc, what) from None
 
 
 def each_result(conn: "Connection", futures: dict[str, Any], what: str) -> list[tuple[str, Any]]:
@@ -148,15 +141,26 @@ class Connection:
             from confluent_kafka.admin import AdminClient
 
             # A topic named in a Metadata request is never created by it (the producer's default would).
-            self._admin = AdminClient(self.config(**{"allow.auto.create.topics": False}))
+            self._admin = self.client(AdminClient, **{"allow.auto.create.topics": False})
         return self._admin
 
-    @property
-    def request_timeout(self) -> float:
-        return self.timeout
+    def client(self, kind: Callable[[dict[str, Any]], Any], **settings: Any) -> Any:
+        """A Producer, Consumer or AdminClient with config(**settings); a setting librdkafka refuses (from
+        -X, say) is a usage error."""
+        from confluent_kafka import KafkaException
+
+        try:
+            return kind(self.config(**settings))
+        except (KafkaException, ValueError, TypeError) as exc:
+            error = exc.args[0] if exc.args else exc
+            raise click.UsageError(f"client configuration refused: {getattr(error, 'str', lambda: error)()}") from None
 
     def call(self, future: Any, what: str) -> Any:
-        return call(future, what, self.timeout)
+        """The result of an AdminClient future, or a CtlError naming ``what``."""
+        try:
+            return future.result(timeout=self.timeout + 5)
+        except Exception as exc:
+            raise kafka_error(exc, what) from None
 
     def cluster(self) -> Any:
         """DescribeCluster: brokers, controller, cluster id (also the reachability check)."""
@@ -165,12 +169,13 @@ class Connection:
     def topic_metadata(self, topics: Sequence[str] | None = None) -> dict[str, Any]:
         """Metadata for these topics (all when None): name -> TopicMetadata; a topic that does not exist
         is a CtlError with EXIT_NOT_FOUND."""
+        admin = self.admin
         try:
             if topics is None:
-                return self.admin.list_topics(timeout=self.timeout).topics
+                return admin.list_topics(timeout=self.timeout).topics
             found = {}
             for name in topics:
-                found.update(self.admin.list_topics(topic=name, timeout=self.timeout).topics)
+                found.update(admin.list_topics(topic=name, timeout=self.timeout).topics)
         except Exception as exc:
             raise kafka_error(exc, "reading metadata") from None
         for name in topics:

@@ -135,11 +135,11 @@ def consume(conn: Connection, topics: tuple[str, ...], group: str | None, partit
     start = Start(offset, timestamp)
     render = formatter(fmt)
     chosen = _partitions(partitions)
-    consumer = Consumer(conn.config(**{
+    consumer = conn.client(Consumer, **{
         "group.id": group or f"pykbroker-cli-{uuid.uuid4().hex[:12]}",
         "enable.auto.commit": bool(group), "auto.offset.reset": start.reset,
         "enable.partition.eof": True, "isolation.level": isolation_level,
-    }))
+    })
     closed = False
     try:
         try:

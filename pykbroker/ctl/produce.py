@@ -41,10 +41,10 @@ def produce(conn: Connection, topic: str, key_separator: str | None, headers: tu
 
     header_list = [(key, value.encode()) for key, value in parse_pairs(headers, "'-H' / '--header'").items()]
     separator = key_separator.encode() if key_separator else None
-    producer = Producer(conn.config(**{
+    producer = conn.client(Producer, **{
         "acks": acks, "compression.type": compression, "enable.idempotence": False,
         "message.timeout.ms": int(conn.timeout * 1000), "request.timeout.ms": int(conn.timeout * 1000),
-    }))
+    })
     try:
         metadata = producer.list_topics(topic=topic, timeout=conn.timeout).topics.get(topic)
     except KafkaException as exc:

@@ -209,6 +209,8 @@ def test_unreachable_cluster_is_exit_4_within_the_timeout():
     ["topic", "alter-config", "t"],
     ["topic", "create", "t", "-c", "no-equals-sign"],
     ["topic", "list", "-X", "broken"],
+    ["topic", "list", "-X", "no.such.setting=1"],
+    ["consume", "t", "-X", "no.such.setting=1"],
     ["produce", "t", "--acks", "2"],
 ], ids=lambda args: " ".join(args))
 def test_bad_arguments_are_exit_2(args):
