@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from pykbroker.ctl.common import (
-    EXIT_NOT_FOUND, Connection, CtlError, connection_options, error_text, exit_code_for, kafka_error, parse_timestamp,
+    EXIT_NOT_FOUND, EXIT_UNREACHABLE, Connection, CtlError, connection_options, error_text, exit_code_for, kafka_error, parse_timestamp,
     progress,
 )
 
@@ -138,7 +138,7 @@ def consume(conn: Connection, topics: tuple[str, ...], group: str | None, partit
     consumer = conn.client(Consumer, **{
         "group.id": group or f"pykbroker-cli-{uuid.uuid4().hex[:12]}",
         "enable.auto.commit": bool(group), "auto.offset.reset": start.reset,
-        "enable.partition.eof": True, "isolation.level": isolation_level,
+        "enable.partition.eof": True, "isolation.level": isolation_level, "error_cb": _warn_once(),
     })
     closed = False
     try:
@@ -188,7 +188,11 @@ def consume(conn: Connection, topics: tuple[str, ...], group: str | None, partit
                     if exit_at_end and assigned and at_end >= assigned:
                         break
                     continue
-                if error.fatal() or exit_code_for(error) != 1 or not error.retriable():
+                if exit_code_for(error) == EXIT_UNREACHABLE and not error.fatal():
+                    # A broker went away: librdkafka reconnects (to the new leader) by itself; keep reading.
+                    click.echo(f"Warning: {error_text(error)}", err=True)
+                    continue
+                if error.fatal() or not error.retriable():
                     raise CtlError(f"consuming: {error_text(error)}", exit_code_for(error))
                 continue
             at_end.discard((message.topic(), message.partition()))
@@ -201,6 +205,20 @@ def consume(conn: Connection, topics: tuple[str, ...], group: str | None, partit
     finally:
         if not closed:
             _close_quietly(consumer)
+
+
+def _warn_once() -> Any:
+    """librdkafka's error_cb: client-level trouble (brokers gone, all of them down) that it recovers from by
+    itself, said on stderr once until something else is said, while the consume waits."""
+    last: list[str] = []
+
+    def warn(error: Any) -> None:
+        text = error_text(error)
+        if last != [text]:
+            last[:] = [text]
+            click.echo(f"Warning: {text}", err=True)
+
+    return warn
 
 
 def _close_quietly(consumer: Any) -> None:

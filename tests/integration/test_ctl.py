@@ -312,6 +312,41 @@ def test_consume_formats_positions_and_limits(shared_broker, topic_name):
     assert by_iso.stdout.splitlines() == ["one", "two"]
 
 
+def test_consume_keeps_reading_across_a_broker_restart(broker, topic_name):
+    """librdkafka reconnects by itself: a running consume whose broker goes away warns on stderr and goes
+    on reading when it is back, rather than exit 4."""
+    import threading
+
+    create_topic(broker, topic_name)
+    produce(broker, topic_name, [(0, None, b"before", None)])
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    process = subprocess.Popen([sys.executable, "-m", "pykbroker", "consume", topic_name, "-n", "2", "-b", broker.bootstrap],
+                               cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    errors: list[str] = []
+    readers = [threading.Thread(target=lambda: lines.extend(line.rstrip("\n") for line in process.stdout), daemon=True),
+               threading.Thread(target=lambda: errors.extend(line.rstrip("\n") for line in process.stderr), daemon=True)]
+    for reader in readers:
+        reader.start()
+    try:
+        wait_until(lambda: lines == ["before"], "the first record printed", WAIT_S)
+        broker.stop()
+        wait_until(lambda: any(line.startswith("Warning:") for line in errors) or process.poll() is not None,
+                   "a warning that the broker is gone", WAIT_S)
+        assert process.poll() is None, errors
+        broker.start()
+        produce(broker, topic_name, [(0, None, b"after", None)])
+        process.wait(WAIT_S * 2)
+        for reader in readers:
+            reader.join(WAIT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, errors
+    assert lines == ["before", "after"]
+    assert "Consumed 2 records" in errors
+
+
 def test_consume_in_a_group_commits_what_it_printed(shared_broker, topic_name):
     create_topic(shared_broker, topic_name)
     produce(shared_broker, topic_name, [(0, None, b"m%d" % i, None) for i in range(5)])
