@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from pykbroker.ctl.common import CLIENT_ID, Connection, connection_options, node_json, section, table
+from pykbroker.ctl.common import CLIENT_ID, EXIT_CODES_HELP, Connection, connection_options, node_json, section, table
 
 
 def api_name(key: int) -> str:
@@ -81,7 +81,7 @@ def _render(info: dict[str, Any]) -> None:
                                                      for v in broker["api_versions"]])
 
 
-@click.command("info")
+@click.command("info", epilog=EXIT_CODES_HELP)
 @click.option("--api-versions/--no-api-versions", "with_versions", default=True, show_default=True,
               help="Ask every broker for the API versions it supports.")
 @connection_options

@@ -32,6 +32,8 @@ EXIT_USAGE = 2  # bad arguments (click's own code for usage errors)
 EXIT_NOT_FOUND = 3  # the topic, partition or group named does not exist
 EXIT_UNREACHABLE = 4  # no broker answered within --timeout
 EXIT_INTERRUPTED = 130  # Ctrl-C
+EXIT_CODES_HELP = ("Exit codes: 0 ok; 1 the cluster answered with an error or refused; 2 bad arguments; "
+                   "3 topic, partition or group not found; 4 no broker answered within --timeout; 130 Ctrl-C.")
 
 # UNKNOWN_TOPIC_OR_PART, GROUP_ID_NOT_FOUND, UNKNOWN_TOPIC_ID; librdkafka's _UNKNOWN_TOPIC, _UNKNOWN_PARTITION, _NOENT
 _NOT_FOUND_CODES = {3, 69, 100, -188, -190, -156}

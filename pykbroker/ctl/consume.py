@@ -10,8 +10,8 @@ from typing import Any
 import click
 
 from pykbroker.ctl.common import (
-    EXIT_NOT_FOUND, EXIT_UNREACHABLE, Connection, CtlError, connection_options, error_text, exit_code_for, kafka_error, parse_timestamp,
-    progress,
+    EXIT_CODES_HELP, EXIT_NOT_FOUND, EXIT_UNREACHABLE, Connection, connection_options, CtlError, error_text,
+    exit_code_for, kafka_error, parse_timestamp, progress,
 )
 
 POLL_S = 0.2
@@ -106,7 +106,7 @@ def _partitions(value: str | None) -> list[int] | None:
         raise click.BadParameter(f"{value!r}: expected partition numbers like 0,2", param_hint="'-p'") from None
 
 
-@click.command()
+@click.command(epilog=EXIT_CODES_HELP)
 @click.argument("topics", nargs=-1, required=True)
 @click.option("-g", "--group", help="Consume as a member of this group (subscribe, offsets committed).")
 @click.option("-p", "--partitions", metavar="P[,P...]", help="Read only these partitions (no group; default: all).")

@@ -8,8 +8,8 @@ from typing import Any
 import click
 
 from pykbroker.ctl.common import (
-    EXIT_KAFKA_ERROR, EXIT_NOT_FOUND, Connection, CtlError, connection_options, each_result, error_text,
-    exit_code_for, node_json, report_each, parse_timestamp, progress, section, table,
+    EXIT_CODES_HELP, EXIT_KAFKA_ERROR, EXIT_NOT_FOUND, Connection, connection_options, CtlError, each_result,
+    error_text, exit_code_for, node_json, parse_timestamp, progress, report_each, section, table,
 )
 
 
@@ -22,7 +22,7 @@ def _state(value: Any) -> str:
     return getattr(value, "name", str(value)).replace("_", "").title() if value is not None else "Unknown"
 
 
-@group.command("list")
+@group.command("list", epilog=EXIT_CODES_HELP)
 @connection_options
 def list_(conn: Connection) -> None:
     """Every consumer group the brokers know, with its state."""
@@ -118,7 +118,7 @@ def _render_group(data: dict[str, Any]) -> None:
             r["client_id"], r["host"]] for r in data["partitions"]])
 
 
-@group.command("describe")
+@group.command("describe", epilog=EXIT_CODES_HELP)
 @click.argument("groups", nargs=-1, required=True)
 @connection_options
 def describe(conn: Connection, groups: tuple[str, ...]) -> None:
@@ -155,7 +155,7 @@ def _topic_partitions(conn: Connection, specs: tuple[str, ...]) -> list[tuple[st
     return wanted
 
 
-@group.command("seek")
+@group.command("seek", epilog=EXIT_CODES_HELP)
 @click.argument("group_id", metavar="GROUP")
 @click.option("--to", "to", metavar="earliest|latest|OFFSET", help="Reset to the log start, the log end, or an offset (clamped to the log).")
 @click.option("--to-timestamp", metavar="MS|ISO-8601", help="Reset to the first offset at or after this time.")
@@ -232,7 +232,7 @@ def seek(conn: Connection, group_id: str, to: str | None, to_timestamp: str | No
                                   for r in rows]))
 
 
-@group.command("delete")
+@group.command("delete", epilog=EXIT_CODES_HELP)
 @click.argument("groups", nargs=-1, required=True)
 @connection_options
 def delete(conn: Connection, groups: tuple[str, ...]) -> None:

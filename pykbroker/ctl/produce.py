@@ -8,15 +8,15 @@ from typing import Any
 import click
 
 from pykbroker.ctl.common import (
-    EXIT_UNREACHABLE, Connection, CtlError, connection_options, error_text, exit_code_for, kafka_error, parse_pairs, progress,
-    table,
+    EXIT_CODES_HELP, EXIT_UNREACHABLE, Connection, connection_options, CtlError, error_text, exit_code_for,
+    kafka_error, parse_pairs, progress, table,
 )
 
 PROGRESS_EVERY_S = 2.0
 COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 
 
-@click.command()
+@click.command(epilog=EXIT_CODES_HELP)
 @click.argument("topic")
 @click.option("-k", "--key-separator", metavar="SEP",
               help="Each line is KEY<SEP>VALUE (split at the first SEP); without it a line is the value, no key.")

@@ -7,7 +7,9 @@ from typing import Any
 
 import click
 
-from pykbroker.ctl.common import Connection, connection_options, each_result, parse_pairs, report_each, section, table
+from pykbroker.ctl.common import (
+    EXIT_CODES_HELP, Connection, connection_options, each_result, parse_pairs, report_each, section, table,
+)
 
 
 @click.group()
@@ -15,7 +17,7 @@ def topic() -> None:
     """Create, list, describe, reconfigure and delete topics."""
 
 
-@topic.command("create")
+@topic.command("create", epilog=EXIT_CODES_HELP)
 @click.argument("names", nargs=-1, required=True)
 @click.option("-p", "--partitions", type=click.IntRange(min=-1), default=-1, show_default=True,
               help="Number of partitions (-1: the broker's num.partitions).")
@@ -38,7 +40,7 @@ def create(conn: Connection, names: tuple[str, ...], partitions: int, replicatio
                 tolerate="TOPIC_ALREADY_EXISTS" if if_not_exists else None, tolerated="already exists")
 
 
-@topic.command("list")
+@topic.command("list", epilog=EXIT_CODES_HELP)
 @click.option("-i", "--internal", is_flag=True, help="Include internal topics (__consumer_offsets).")
 @connection_options
 def list_(conn: Connection, internal: bool) -> None:
@@ -134,7 +136,7 @@ def _render_topic(data: dict[str, Any], all_configs: bool) -> None:
             p["low_watermark"], p["high_watermark"]] for p in data["partitions"]])
 
 
-@topic.command("describe")
+@topic.command("describe", epilog=EXIT_CODES_HELP)
 @click.argument("names", nargs=-1, required=True)
 @click.option("--configs/--no-configs", "with_configs", default=True, show_default=True, help="Show the topic's configs.")
 @click.option("-a", "--all-configs", is_flag=True, help="Every config, not only those that differ from the default.")
@@ -152,7 +154,7 @@ def describe(conn: Connection, names: tuple[str, ...], with_configs: bool, all_c
     conn.emit(described if len(described) > 1 else described[0], lambda data: render(described))
 
 
-@topic.command("alter-config")
+@topic.command("alter-config", epilog=EXIT_CODES_HELP)
 @click.argument("name")
 @click.option("-s", "--set", "sets", multiple=True, metavar="KEY=VALUE", help="Set a config (repeatable).")
 @click.option("-d", "--delete", "deletes", multiple=True, metavar="KEY", help="Remove a config: back to the default (repeatable).")
@@ -183,7 +185,7 @@ def alter_config(conn: Connection, name: str, sets: tuple[str, ...], deletes: tu
                                        [[r["topic"], r["config"], r["operation"], r["value"]] for r in rows]))
 
 
-@topic.command("delete")
+@topic.command("delete", epilog=EXIT_CODES_HELP)
 @click.argument("names", nargs=-1, required=True)
 @click.option("--if-exists", is_flag=True, help="A topic that does not exist is not an error.")
 @connection_options
