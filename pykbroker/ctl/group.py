@@ -123,7 +123,7 @@ def _render_group(data: dict[str, Any]) -> None:
 @connection_options
 def describe(conn: Connection, groups: tuple[str, ...]) -> None:
     """A group's state, members, and per partition its committed offset, log end offset and lag.
-    Exit 3 if the group does not exist."""
+    Exit 3 if the group does not exist. With --format json: one object, or a list of them for several groups."""
     described = [describe_group(conn, group_id) for group_id in dict.fromkeys(groups)]
 
     def render(items: list[dict[str, Any]]) -> None:

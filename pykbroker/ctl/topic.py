@@ -142,7 +142,8 @@ def _render_topic(data: dict[str, Any], all_configs: bool) -> None:
 @click.option("-a", "--all-configs", is_flag=True, help="Every config, not only those that differ from the default.")
 @connection_options
 def describe(conn: Connection, names: tuple[str, ...], with_configs: bool, all_configs: bool) -> None:
-    """A topic's partitions (leader, replicas, ISR, offsets) and configs."""
+    """A topic's partitions (leader, replicas, ISR, offsets) and configs. With --format json: one object,
+    or a list of them when several topics are named."""
     described = [describe_topic(conn, name, with_configs=with_configs) for name in dict.fromkeys(names)]
 
     def render(items: list[dict[str, Any]]) -> None:

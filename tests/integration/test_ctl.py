@@ -247,6 +247,14 @@ def test_produce_keys_headers_compression_read_back_by_kafka_python(shared_broke
     ]
 
 
+def test_produce_to_an_unknown_topic_without_auto_creation_is_exit_3(broker_factory, topic_name):
+    broker = broker_factory.make({"auto.create.topics.enable": False})
+    result = ctl(broker.bootstrap, "produce", topic_name, input="lost\n")
+    assert result.returncode == 3, result
+    assert "UNKNOWN_TOPIC_OR_PART" in result.stderr and "Traceback" not in result.stderr
+    assert topic_name not in admin(broker).list_topics(timeout=10).topics
+
+
 def test_produce_reports_progress_on_stderr_while_it_runs(shared_broker, topic_name):
     """A long produce (a slow pipe here) says how far it is every few seconds, on stderr only."""
     create_topic(shared_broker, topic_name)
