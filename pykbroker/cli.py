@@ -1,8 +1,8 @@
 """The ``pykbroker`` command line: ``pykbroker serve`` runs a broker; ``pykbroker --version``.
 
-The command group leaves room for client-side subcommands (topics, groups, produce, consume) that
-will sit next to ``serve``. Configuration rules (names, precedence flag > env > file > default,
-validation) live in pykbroker.config; this module only maps options onto them.
+The client commands (``topic``, ``produce``, ``consume``, ``group``, ``cluster info``) live in
+pykbroker.ctl and are registered at the end of this module. Configuration rules (names, precedence
+flag > env > file > default, validation) live in pykbroker.config; this module only maps options onto them.
 """
 
 from __future__ import annotations
