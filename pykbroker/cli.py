@@ -1,8 +1,8 @@
 """The ``pykbroker`` command line: ``pykbroker serve`` runs a broker; ``pykbroker --version``.
 
-The command group leaves room for client-side subcommands (topics, groups, produce, consume) that
-will sit next to ``serve``. Configuration rules (names, precedence flag > env > file > default,
-validation) live in pykbroker.config; this module only maps options onto them.
+The client commands (``topic``, ``produce``, ``consume``, ``group``, ``cluster info``) live in
+pykbroker.ctl and are registered at the end of this module. Configuration rules (names, precedence
+flag > env > file > default, validation) live in pykbroker.config; this module only maps options onto them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import click
 
-from pykbroker import __version__
+from pykbroker import __version__, ctl
 from pykbroker.config import FSYNC_MODES, LOG_LEVELS, BrokerConfig, ConfigError, load_config
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -167,13 +167,12 @@ def build_config(flags: Mapping[str, Any], overrides: tuple[str, ...] = (), conf
         raise ConfigUsageError(str(exc)) from None
 
 
-@main.command()
+@main.group(invoke_without_command=True)
 @click.option("--brokers", type=click.IntRange(min=1), default=3, show_default=True, help="Number of brokers (ids 1..N).")
 @click.option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    required=True,
-    help="Directory for ZooKeeper (D/zookeeper), the brokers' data (D/broker-N) and their logs (D/logs).",
+    help="Directory for ZooKeeper (D/zookeeper), the brokers' data (D/broker-N) and their logs (D/logs).  [required]",
 )
 @click.option("--zookeeper", help="Use this ZooKeeper (HOST:PORT[/chroot]) instead of starting one.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the brokers listen on and advertise.")
@@ -182,13 +181,19 @@ def build_config(flags: Mapping[str, Any], overrides: tuple[str, ...] = (), conf
               help="The brokers' logging level.")
 @click.option("--override", "overrides", multiple=True, metavar="KEY=VALUE",
               help="A Kafka broker config key for every broker (repeatable).")
-def cluster(brokers: int, data_dir: Path, zookeeper: str | None, host: str, base_port: int | None, log_level: str,
-            overrides: tuple[str, ...]) -> None:
+@click.pass_context
+def cluster(ctx: click.Context, brokers: int, data_dir: Path | None, zookeeper: str | None, host: str,
+            base_port: int | None, log_level: str, overrides: tuple[str, ...]) -> None:
     """Run a local development cluster until Ctrl-C: ZooKeeper (unless --zookeeper) and N brokers.
+    (`pykbroker cluster info -b HOST:PORT` describes a running cluster instead.)
 
     Prints the bootstrap servers once every broker lists all N in Metadata. Ctrl-C or SIGTERM stops the
     brokers (controlled shutdown, SIGKILL after a grace period) and then ZooKeeper. Exit status 1 when the
     cluster cannot start or a broker dies."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if data_dir is None:
+        raise click.MissingParameter(ctx=ctx, param_hint="'--data-dir'", param_type="option")
     _parse_overrides(overrides)  # a malformed KEY=VALUE is a usage error here, not N broker failures
     from pykbroker import devcluster  # imported late: --help stays fast
 
@@ -221,3 +226,6 @@ def console(bootstrap: str, host: str, port: int, allow_writes: bool, timeout: f
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:
         pass
+
+
+ctl.register(main, cluster)  # the client commands: topic, produce, consume, group, cluster info (pykbroker.ctl)

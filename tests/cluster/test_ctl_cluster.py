@@ -1,0 +1,70 @@
+"""`pykbroker cluster info` and `pykbroker topic create|describe` (pykbroker/ctl) against a 3-broker cluster:
+the controller, every broker and its API versions; a replicated topic's leaders, replicas and ISR as the
+brokers' own Metadata reports them.
+
+Run: python3 -m pytest -q tests/cluster/test_ctl_cluster.py
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from broker_cluster import BrokerCluster, wait_until
+from broker_process import probe_api_versions
+from ctl_runner import ctl
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_cluster_info_and_topic_describe_on_three_brokers(zk_connect, tmp_path):
+    with BrokerCluster(zk_connect, tmp_path, n=3) as cluster:
+        bootstrap = cluster.bootstrap
+
+        info = ctl(bootstrap, "cluster", "info", "--format", "json")
+        assert info.returncode == 0, info
+        data = info.json()
+        controller = cluster.controller_id()
+        assert data["controller"] == controller
+        assert sorted((b["id"], b["port"]) for b in data["brokers"]) == sorted(
+            (i, b.port) for i, b in cluster.brokers.items())
+        assert [b["id"] for b in data["brokers"] if b["controller"]] == [controller]
+        for entry in data["brokers"]:
+            advertised = {int(k.api_key): (int(k.min_version), int(k.max_version))
+                          for k in probe_api_versions(cluster.brokers[entry["id"]].address).api_keys}
+            assert {v["api_key"]: (v["min"], v["max"]) for v in entry["api_versions"]} == advertised
+            assert 4 in advertised  # LeaderAndIsr: a cluster member's API, listed by name
+            assert {"api_key": 4, "name": "LeaderAndIsr", "min": advertised[4][0], "max": advertised[4][1]} \
+                in entry["api_versions"]
+        table = ctl(bootstrap, "cluster", "info", "--no-api-versions")
+        stars = [row for row in table.rows() if row[-1] == "*"]
+        assert [row[0] for row in stars] == [str(controller)], table
+
+        created = ctl(bootstrap, "topic", "create", "replicated", "-p", "3", "-r", "3", "-c", "min.insync.replicas=2")
+        assert created.returncode == 0, created
+        for index in range(3):
+            leader = cluster.wait_for_leader("replicated", index)
+            cluster.wait_for_isr("replicated", index, cluster.partition("replicated", index, leader).replicas)
+
+        def described():
+            result = ctl(bootstrap, "topic", "describe", "replicated", "--format", "json")
+            assert result.returncode == 0, result
+            return result.json()
+
+        wait_until(lambda: all(len(p["isr"]) == 3 for p in described()["partitions"]), "full ISR in describe", 60)
+        data = described()
+        assert data["replication_factor"] == 3
+        for partition in data["partitions"]:
+            truth = cluster.partition("replicated", partition["partition"])
+            assert partition["leader"] == truth.leader
+            assert partition["replicas"] == list(truth.replicas)
+            assert sorted(partition["isr"]) == sorted(truth.isr) == [1, 2, 3]
+        leaders = {p["leader"] for p in data["partitions"]}
+        assert len(leaders) == 3  # one partition led by each broker, as Kafka spreads them
+        assert {"name": "min.insync.replicas", "value": "2"}.items() <= next(
+            c for c in data["configs"] if c["name"] == "min.insync.replicas").items()
+
+        table = ctl(bootstrap, "topic", "describe", "replicated")
+        rows = table.rows()
+        for partition in data["partitions"]:
+            assert [str(partition["partition"]), str(partition["leader"]), ",".join(map(str, partition["replicas"])),
+                    ",".join(map(str, partition["isr"])), "0", "0"] in rows
