@@ -20,9 +20,10 @@ Each batch of state changes is sent as Kafka's ControllerBrokerRequestBatch does
 affected live replicas first, then UpdateMetadata (v8) for those partitions to every live broker, then
 StopReplica (v4). Every request carries our id and epoch and the RECEIVING broker's epoch.
 
-Partition reassignment (cluster/reassignment.py, mixed in) follows Kafka's onPartitionReassignment.
+Partition reassignment (cluster/reassignment.py, mixed in) follows Kafka's onPartitionReassignment, through
+AlterPartitionReassignments and the legacy /admin/reassign_partitions znode.
 
-What we do not do (Kafka does): the legacy /admin/reassign_partitions znode, log-dir failure events, ISR change notifications
+What we do not do (Kafka does): log-dir failure events, ISR change notifications
 from pre-2.7 brokers, /feature and producer-id block allocation (AllocateProducerIds), AlterPartition v0/v1
 (kio has no schema for them; they name topics instead of ids), and waiting for StopReplica answers before a
 deleted topic's znodes go (Kafka retries deletion of replicas on dead brokers and waits for them; we delete
@@ -265,6 +266,7 @@ class Controller(ReassignmentMixin):
         self.zk.watch_brokers(lambda ids: self._enqueue("BrokerChange", self._on_broker_change))
         self.zk.watch_topics(lambda topics: self._enqueue("TopicChange", self._on_topic_change))
         self.zk.watch_topic_deletions(lambda topics: self._enqueue("TopicDeletion", self._on_topic_deletion))
+        self._watch_zk_reassignment()
 
     async def stop(self) -> None:
         """Resign if active (deleting /controller only if it is still ours), stop the processor, close the

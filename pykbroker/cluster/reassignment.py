@@ -17,14 +17,21 @@ RR, /brokers/topics/<t> rewritten without AR/RR, UpdateMetadata to every broker.
 Because AR/RR live in ZooKeeper, a new controller resumes every unfinished reassignment at failover (Kafka's
 initializePartitionReassignments). A newer request for a partition being reassigned replaces the target:
 replicas no longer wanted at all are stopped and deleted first; a cancel (replicas null) is a reassignment
-back to ORS. Not done (Kafka does): the legacy /admin/reassign_partitions znode written by the pre-2.4
-``--zookeeper`` tool, and keeping a topic being reassigned from deletion.
+back to ORS.
+
+The legacy way (tools before 2.4, ``--zookeeper``): a JSON document created at /admin/reassign_partitions
+(``{"version":1,"partitions":[{"topic":"t","partition":0,"replicas":[2,3]}]}``) is read at failover and
+whenever it appears; its partitions are reassigned as above, each leaves the document when its reassignment
+completes or fails, and the document is deleted when empty; an API request for a partition takes it out of
+the document (the latest request wins), as Kafka's ZkPartitionReassignment. Not done (Kafka does): keeping a
+topic being reassigned from deletion.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -40,6 +47,23 @@ log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
 Outcome = tuple[ErrorCode, "str | None"]
+REASSIGN_PARTITIONS_PATH = "/admin/reassign_partitions"
+
+
+def decode_reassignment_znode(data: bytes) -> dict[TopicPartition, list[int]]:
+    """/admin/reassign_partitions (Kafka's ReassignPartitionsZNode); ValueError if it is not that JSON."""
+    try:
+        doc = json.loads(data)
+        return {(str(p["topic"]), int(p["partition"])): [int(r) for r in p["replicas"]]
+                for p in doc.get("partitions", [])}
+    except (TypeError, KeyError, AttributeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not a partition reassignment document: {exc!r}") from None
+
+
+def encode_reassignment_znode(partitions: dict[TopicPartition, list[int]]) -> bytes:
+    return json.dumps({"version": 1, "partitions": [
+        {"topic": t, "partition": p, "replicas": list(r)} for (t, p), r in sorted(partitions.items())]},
+        separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +198,13 @@ class ReassignmentMixin:
             else:
                 results[tp] = (ErrorCode.no_reassignment_in_progress,
                                f"No reassignment in progress for partition {tp[0]}-{tp[1]}")
+        # The latest reassignment (API or znode) takes precedence: out of the legacy document.
+        await self._remove_from_zk_reassignment(lambda tp: tp in todo)
+        return await self._trigger_reassignments(todo, results)
+
+    async def _trigger_reassignments(self: "Controller", todo: dict[TopicPartition, ReplicaAssignment],
+                                     results: dict[TopicPartition, Outcome]) -> dict[TopicPartition, Outcome]:
+        """Kafka's maybeTriggerPartitionReassignment."""
         for tp, assignment in todo.items():
             if tp[0] in self._deleting or tp[0] not in self._assignments or tp[1] not in self._assignments[tp[0]] \
                     or tp not in self._states:
@@ -233,6 +264,7 @@ class ReassignmentMixin:
         await self._write_assignment(tp[0])
         batch.update_metadata.add(tp)
         self._send(batch)
+        await self._remove_from_zk_reassignment(lambda done: done == tp)
         log.info("controller %d: reassignment of %s-%d completed: replicas %s, leader %d, ISR %s", self.broker_id,
                  *tp, list(target), self._states[tp].leader, list(self._states[tp].isr))
 
@@ -284,6 +316,68 @@ class ReassignmentMixin:
                 continue
         raise StaleZkVersion(f"/brokers/topics/{topic} kept changing")
 
+    # -- the legacy znode, /admin/reassign_partitions --
+
+    def _watch_zk_reassignment(self: "Controller") -> None:
+        self.zk._watch_data(REASSIGN_PARTITIONS_PATH, lambda data, stat: data, lambda data: data is not None and
+                            self._enqueue("ZkPartitionReassignment", self._on_zk_reassignment))
+
+    async def _on_zk_reassignment(self: "Controller") -> set[TopicPartition]:
+        """Kafka's processZkPartitionReassignment: start what the document asks (partitions already being
+        moved to that target are left alone); those that fail leave the document. Returns those started."""
+        if not self.active:
+            return set()
+        found = await self.zk.get_or_none(REASSIGN_PARTITIONS_PATH)
+        if found is None or not found[0]:
+            return set()
+        try:
+            wanted = decode_reassignment_znode(found[0])
+        except ValueError as exc:
+            log.warning("controller %d: ignoring %s: %s", self.broker_id, REASSIGN_PARTITIONS_PATH, exc)
+            return set()
+        results: dict[TopicPartition, Outcome] = {}
+        todo: dict[TopicPartition, ReplicaAssignment] = {}
+        live = set(self._brokers)
+        for tp, target in wanted.items():
+            known = tp[0] in self._assignments and tp[1] in self._assignments[tp[0]]
+            current = self._full_assignment(tp) if known else ReplicaAssignment(())
+            assignment = current.reassign_to(target)
+            message = invalid_replicas(target, assignment.adding, live)
+            if message is not None:
+                results[tp] = (ErrorCode.invalid_replica_assignment, message)
+            elif known and assignment == current and current.being_reassigned:
+                continue  # already under way (our own rewrite of the document woke us)
+            else:
+                todo[tp] = assignment
+        results = await self._trigger_reassignments(todo, results)
+        failed = {tp for tp, (error, _) in results.items() if error != ErrorCode.none}
+        if failed:
+            log.warning("controller %d: reassignments in %s failed: %s", self.broker_id, REASSIGN_PARTITIONS_PATH,
+                        {f"{t}-{p}": results[(t, p)][0].name for t, p in sorted(failed)})
+        done = {tp for tp in todo if tp not in failed and not self._full_assignment(tp).being_reassigned}
+        await self._remove_from_zk_reassignment(lambda tp: tp in failed or tp in done)
+        return set(todo) - failed
+
+    async def _remove_from_zk_reassignment(self: "Controller", remove) -> None:
+        """Kafka's maybeRemoveFromZkReassignment: the document without those partitions; deleted when empty."""
+        found = await self.zk.get_or_none(REASSIGN_PARTITIONS_PATH)
+        if found is None or not found[0]:
+            return
+        try:
+            wanted = decode_reassignment_znode(found[0])
+        except ValueError:
+            wanted = {}
+        kept = {tp: r for tp, r in wanted.items() if not remove(tp)}
+        if kept == wanted and wanted:
+            return
+        if kept:
+            await self.zk.guarded_multi(self._zkv, [("set", REASSIGN_PARTITIONS_PATH,
+                                                     encode_reassignment_znode(kept), found[1].version)])
+        else:
+            log.info("controller %d: no more partitions to reassign in %s; deleting it", self.broker_id,
+                     REASSIGN_PARTITIONS_PATH)
+            await self.zk.guarded_multi(self._zkv, [("delete", REASSIGN_PARTITIONS_PATH, found[1].version)])
+
     # -- hooks called by the controller --
 
     def _load_reassignment(self: "Controller", topic: str, adding: dict[int, list[int]],
@@ -296,9 +390,11 @@ class ReassignmentMixin:
                 self._removing[(topic, p)] = tuple(removing[p])
 
     async def _resume_reassignments(self: "Controller") -> None:
-        """Kafka's initializePartitionReassignments at failover: carry on with every stored reassignment."""
+        """Kafka's initializePartitionReassignments at failover: the legacy document first, then every
+        reassignment stored in the topics' assignments carries on."""
+        started = await self._on_zk_reassignment()
         for tp in self._reassigning():
-            if tp[0] not in self._deleting and tp in self._states:
+            if tp[0] not in self._deleting and tp in self._states and tp not in started:
                 log.info("controller %d: resuming the reassignment of %s-%d", self.broker_id, *tp)
                 await self._on_partition_reassignment(tp, self._full_assignment(tp))
 

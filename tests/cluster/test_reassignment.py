@@ -29,7 +29,9 @@ from kio.schema.list_partition_reassignments.v0.request import (
 )
 
 from broker_cluster import BrokerCluster, send_request, wait_until
+from broker_process import probe_api_versions
 from kafka_tools import kafka_tools_or_skip
+from pykbroker.cluster.reassignment import REASSIGN_PARTITIONS_PATH
 from pykbroker.cluster.zookeeper import encode_topic_assignment, encode_topic_config, topic_config_path, topic_path
 
 RECORDS = 300
@@ -225,6 +227,16 @@ def test_reassignment_api_errors_cancel_and_not_controller(zk_connect, tmp_path)
         assert stored["partitions"]["0"] == [b, a] and stored["adding_replicas"] == {}
         wait_until(lambda: partition_dirs(cluster, other, topic) == [], "the cancelled replica to go", TIMEOUT_S)
 
+        # The legacy way (tools before 2.4): a document at /admin/reassign_partitions, deleted when done; an
+        # unknown partition in it fails and leaves the document at once.
+        cluster.zk().create(REASSIGN_PARTITIONS_PATH, json.dumps({"version": 1, "partitions": [
+            {"topic": topic, "partition": 1, "replicas": [b, other]},
+            {"topic": "nope", "partition": 0, "replicas": [b, other]}]}).encode())
+        wait_moved(cluster, topic, {1: [b, other]})
+        wait_until(lambda: not cluster.zk().exists(REASSIGN_PARTITIONS_PATH), "the document to go", TIMEOUT_S)
+        assert cluster.zk_json(topic_path(topic))["partitions"]["1"] == [b, other]
+        wait_until(lambda: partition_dirs(cluster, a, topic) == [f"{topic}-0"], "the moved replica to go", TIMEOUT_S)
+
 
 @pytest.mark.timeout(420)
 def test_reassignment_completes_after_the_controller_is_killed_midway(zk_connect, tmp_path):
@@ -251,4 +263,42 @@ def test_reassignment_completes_after_the_controller_is_killed_midway(zk_connect
         wait_until(lambda: cluster.zk_json(topic_path(topic))["adding_replicas"] == {},
                    "ZooKeeper to show the reassignment done", TIMEOUT_S)
         assert cluster.zk_json(topic_path(topic))["partitions"]["0"] == target
+        assert sorted(consume_all(cluster, topic, 1, len(values))) == sorted(values)
+
+
+@pytest.mark.timeout(420)
+def test_kafka_reassign_partitions_throttle_slows_the_copy_and_verify_clears_it(zk_connect, tmp_path):
+    """END-TO-END --throttle: passes only once dynamic configs are merged (branch wt-configs): the tool sets the
+    rates and throttled replicas through IncrementalAlterConfigs, and skips here until the broker serves it."""
+    tools = kafka_tools_or_skip()
+    topic = "throttled"
+    with start_cluster(zk_connect, tmp_path) as cluster:
+        versions = {int(k.api_key) for k in probe_api_versions(cluster.brokers[1].address).api_keys}
+        if 44 not in versions:
+            pytest.skip("kafka-reassign-partitions --throttle sets configs with IncrementalAlterConfigs, which this "
+                        "broker does not serve yet (dynamic configs: branch wt-configs)")
+        create_placed_topic(cluster, topic, {0: [1, 2]})
+        values = produce(cluster, topic, 1, 12_000)  # ~2.7 MB
+        plan = tmp_path / "plan.json"
+        plan.write_text(json.dumps({"version": 1, "partitions": [
+            {"topic": topic, "partition": 0, "replicas": [2, 3]}]}))
+        rate = 200_000  # B/s: Kafka's 11 windows of 1 s let 2 MB through at once, the rest at 200 kB/s
+        started = time.monotonic()
+        out = tools.run("kafka-reassign-partitions.sh", "--bootstrap-server", cluster.bootstrap,
+                        "--reassignment-json-file", str(plan), "--execute", "--throttle", str(rate)).stdout
+        assert "The inter-broker throttle limit was set to" in out, out
+        configs = cluster.zk_json(topic_config_path(topic))["config"]
+        assert "0:3" in configs["follower.replication.throttled.replicas"]
+        assert "0:1" in configs["leader.replication.throttled.replicas"]
+        wait_moved(cluster, topic, {0: [2, 3]})
+        assert time.monotonic() - started >= 2.0, "the copy was not throttled"
+
+        def verified():
+            done = tools.run("kafka-reassign-partitions.sh", "--bootstrap-server", cluster.bootstrap,
+                             "--reassignment-json-file", str(plan), "--verify").stdout
+            return f"Reassignment of partition {topic}-0 is completed" in done and "Clearing" in done
+
+        wait_until(verified, "--verify to report completion and clear the throttles", TIMEOUT_S)
+        wait_until(lambda: "follower.replication.throttled.replicas" not in
+                   cluster.zk_json(topic_config_path(topic))["config"], "the topic throttles to go", TIMEOUT_S)
         assert sorted(consume_all(cluster, topic, 1, len(values))) == sorted(values)
