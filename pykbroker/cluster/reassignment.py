@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
-from pykbroker.cluster.zookeeper import NO_LEADER, ControllerMoved, PartitionState, StaleZkVersion
+from pykbroker.cluster.zookeeper import NO_LEADER, ControllerMoved, StaleZkVersion
 
 if TYPE_CHECKING:
     from pykbroker.cluster.controller import Controller, _Batch
@@ -126,6 +126,12 @@ class ReassignmentMixin:
         return ReplicaAssignment(tuple(self._assignments[tp[0]][tp[1]]), self._adding.get(tp, ()),
                                  self._removing.get(tp, ()))
 
+    def _assignment_or_empty(self: "Controller", tp: TopicPartition) -> ReplicaAssignment:
+        """The partition's assignment, or an empty one for a partition we do not know."""
+        if tp[0] in self._assignments and tp[1] in self._assignments[tp[0]]:
+            return self._full_assignment(tp)
+        return ReplicaAssignment(())
+
     def _set_assignment(self: "Controller", tp: TopicPartition, assignment: ReplicaAssignment) -> None:
         self._assignments[tp[0]][tp[1]] = list(assignment.replicas)
         for table, value in ((self._adding, assignment.adding), (self._removing, assignment.removing)):
@@ -184,8 +190,7 @@ class ReassignmentMixin:
         todo: dict[TopicPartition, ReplicaAssignment] = {}
         live = set(self._brokers)
         for tp, target in reassignments.items():
-            known = tp[0] in self._assignments and tp[1] in self._assignments[tp[0]]
-            current = self._full_assignment(tp) if known else ReplicaAssignment(())
+            current = self._assignment_or_empty(tp)
             if target is not None:
                 message = invalid_replicas(target, current.reassign_to(target).adding, live)
                 if message is not None:
@@ -337,15 +342,13 @@ class ReassignmentMixin:
             return set()
         results: dict[TopicPartition, Outcome] = {}
         todo: dict[TopicPartition, ReplicaAssignment] = {}
-        live = set(self._brokers)
         for tp, target in wanted.items():
-            known = tp[0] in self._assignments and tp[1] in self._assignments[tp[0]]
-            current = self._full_assignment(tp) if known else ReplicaAssignment(())
+            current = self._assignment_or_empty(tp)
             assignment = current.reassign_to(target)
-            message = invalid_replicas(target, assignment.adding, live)
+            message = invalid_replicas(target, assignment.adding, set(self._brokers))
             if message is not None:
                 results[tp] = (ErrorCode.invalid_replica_assignment, message)
-            elif known and assignment == current and current.being_reassigned:
+            elif assignment == current and current.being_reassigned:
                 continue  # already under way (our own rewrite of the document woke us)
             else:
                 todo[tp] = assignment
