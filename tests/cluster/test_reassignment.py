@@ -312,3 +312,31 @@ def test_kafka_reassign_partitions_throttle_slows_the_copy_and_verify_clears_it(
         wait_until(lambda: "follower.replication.throttled.replicas" not in
                    cluster.zk_json(topic_config_path(topic))["config"], "the topic throttles to go", TIMEOUT_S)
         assert sorted(consume_all(cluster, topic, 1, len(values))) == sorted(values)
+
+
+@pytest.mark.timeout(420)
+def test_throttled_replicas_copy_at_the_configured_rate(zk_connect, tmp_path):
+    """The throttle on real replication: rates as static broker configs (skips while the broker does not know
+    the keys: dynamic configs, branch wt-configs, define them), throttled replicas as topic configs."""
+    from pykbroker.config import BROKER_CONFIGS
+
+    if "leader.replication.throttled.rate" not in BROKER_CONFIGS:
+        pytest.skip("leader/follower.replication.throttled.rate are not broker configs yet (branch wt-configs)")
+    topic = "slow"
+    rate = 400_000  # B/s; Kafka's windows let 10 s worth (4 MB) through at once, the rest at the rate
+    with start_cluster(zk_connect, tmp_path, **{"leader.replication.throttled.rate": rate,
+                                                "follower.replication.throttled.rate": rate}) as cluster:
+        create_placed_topic(cluster, topic, {0: [1, 2]})
+        zk = cluster.zk()
+        zk.set(topic_config_path(topic), encode_topic_config({
+            "leader.replication.throttled.replicas": "0:1,0:2", "follower.replication.throttled.replicas": "0:3"}))
+        zk.create("/config/changes/config_change_", json.dumps(
+            {"version": 2, "entity_path": f"topics/{topic}"}).encode(), sequence=True, makepath=True)
+        values = produce(cluster, topic, 1, 26_000)  # ~6 MB
+        started = time.monotonic()
+        assert partition_errors(alter(cluster, cluster.controller_id(), {(topic, 0): [2, 3]})) == {
+            (topic, 0): (ErrorCode.none, None)}
+        wait_moved(cluster, topic, {0: [2, 3]})
+        elapsed = time.monotonic() - started
+        assert elapsed >= 3.0, f"6 MB copied in {elapsed:.1f} s: not throttled"
+        assert sorted(consume_all(cluster, topic, 1, len(values))) == sorted(values)
