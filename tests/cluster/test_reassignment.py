@@ -173,7 +173,9 @@ def test_kafka_reassign_partitions_moves_replicas_with_their_data(zk_connect, tm
 @pytest.mark.timeout(300)
 def test_reassignment_api_errors_cancel_and_not_controller(zk_connect, tmp_path):
     topic = "errs"
-    with start_cluster(zk_connect, tmp_path) as cluster:
+    # A longer session: the paused broker stays registered (alive) while the tools run. Were it declared dead,
+    # the cancel's StopReplica would never reach it and its copy would stay behind, as in Kafka.
+    with start_cluster(zk_connect, tmp_path, **{"zookeeper.session.timeout.ms": 30000}) as cluster:
         controller = cluster.controller_id()
         other = next(b for b in (1, 2, 3) if b != controller)  # the new replica, paused: it cannot catch up
         a, b = [x for x in (1, 2, 3) if x != other]
@@ -217,11 +219,21 @@ def test_reassignment_api_errors_cancel_and_not_controller(zk_connect, tmp_path)
 
             tools = kafka_tools_or_none()
             if tools is not None:  # kafka-reassign-partitions.sh --cancel, then the same cancel again on the wire
+                # The tools talk to the running brokers, and give up quickly on the paused one should they
+                # pick it from the metadata.
+                running = ",".join(cluster.brokers[x].bootstrap for x in (a, b))
+                quick = tmp_path / "admin.properties"
+                quick.write_text("request.timeout.ms=3000\n")
+                described = tools.run("kafka-topics.sh", "--bootstrap-server", running, "--describe",
+                                      "--topic", topic, "--command-config", str(quick)).stdout
+                line = next(x for x in described.splitlines() if "Partition: 0" in x)
+                assert f"Adding Replicas: {other}" in line and f"Removing Replicas: {a}" in line, described
                 plan = tmp_path / "plan.json"
                 plan.write_text(json.dumps({"version": 1, "partitions": [
                     {"topic": topic, "partition": 0, "replicas": [b, other]}]}))
-                out = tools.run("kafka-reassign-partitions.sh", "--bootstrap-server", cluster.bootstrap,
-                                "--reassignment-json-file", str(plan), "--cancel", "--preserve-throttles").stdout
+                out = tools.run("kafka-reassign-partitions.sh", "--bootstrap-server", running,
+                                "--reassignment-json-file", str(plan), "--cancel", "--preserve-throttles",
+                                "--command-config", str(quick)).stdout
                 assert f"Successfully cancelled partition reassignment for: {topic}-0" in out, out
                 answer = partition_errors(alter(cluster, controller, {(topic, 0): None}))
                 assert answer[(topic, 0)][0] == ErrorCode.no_reassignment_in_progress
