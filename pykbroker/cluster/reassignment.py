@@ -188,7 +188,7 @@ class ReassignmentMixin:
             return ErrorCode.not_controller
         results: dict[TopicPartition, Outcome] = {}
         todo: dict[TopicPartition, ReplicaAssignment] = {}
-        live = set(self._brokers)
+        live = self._live()  # Kafka's liveBrokerIds: brokers in controlled shutdown are not
         for tp, target in reassignments.items():
             current = self._assignment_or_empty(tp)
             if target is not None:
@@ -242,10 +242,12 @@ class ReassignmentMixin:
                                            assignment: ReplicaAssignment) -> None:
         """RS/AR/RR to ZooKeeper and memory; replicas of an earlier target that the new one drops are stopped."""
         current = self._full_assignment(tp)
+        if current == assignment:
+            return
         unneeded = [r for r in current.replicas if r not in assignment.replicas]
         self._set_assignment(tp, assignment)
         await self._write_assignment(tp[0])
-        if unneeded and current.being_reassigned:
+        if unneeded:
             await self._stop_removed_replicas(tp, unneeded)
 
     async def _complete_reassignment(self: "Controller", tp: TopicPartition, assignment: ReplicaAssignment) -> None:
@@ -345,7 +347,7 @@ class ReassignmentMixin:
         for tp, target in wanted.items():
             current = self._assignment_or_empty(tp)
             assignment = current.reassign_to(target)
-            message = invalid_replicas(target, assignment.adding, set(self._brokers))
+            message = invalid_replicas(target, assignment.adding, self._live())
             if message is not None:
                 results[tp] = (ErrorCode.invalid_replica_assignment, message)
             elif assignment == current and current.being_reassigned:
