@@ -156,6 +156,8 @@ class ReassignmentMixin:
                                    lambda: self._process_api_reassignment(reassignments))
         except (ControllerMoved, asyncio.CancelledError):
             return ErrorCode.not_controller
+        except Exception:  # noqa: BLE001 - the event failed half-done: the controller steps back and fails over
+            return ErrorCode.unknown_server_error if self.active else ErrorCode.not_controller
 
     async def list_partition_reassignments(
         self: "Controller", partitions: list[TopicPartition] | None,
@@ -180,6 +182,8 @@ class ReassignmentMixin:
             return await self._run("ListPartitionReassignments", listing)
         except (ControllerMoved, asyncio.CancelledError):
             return ErrorCode.not_controller
+        except Exception:  # noqa: BLE001 - as above
+            return ErrorCode.unknown_server_error if self.active else ErrorCode.not_controller
 
     async def _process_api_reassignment(
         self: "Controller", reassignments: dict[TopicPartition, list[int] | None],
