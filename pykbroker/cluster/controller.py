@@ -20,7 +20,10 @@ Each batch of state changes is sent as Kafka's ControllerBrokerRequestBatch does
 affected live replicas first, then UpdateMetadata (v8) for those partitions to every live broker, then
 StopReplica (v4). Every request carries our id and epoch and the RECEIVING broker's epoch.
 
-What we do not do (Kafka does): partition reassignment, log-dir failure events, ISR change notifications
+Partition reassignment (cluster/reassignment.py, mixed in) follows Kafka's onPartitionReassignment, through
+AlterPartitionReassignments and the legacy /admin/reassign_partitions znode.
+
+What we do not do (Kafka does): log-dir failure events, ISR change notifications
 from pre-2.7 brokers, /feature and producer-id block allocation (AllocateProducerIds), AlterPartition v0/v1
 (kio has no schema for them; they name topics instead of ids), and waiting for StopReplica answers before a
 deleted topic's znodes go (Kafka retries deletion of replicas on dead brokers and waits for them; we delete
@@ -42,6 +45,7 @@ from kazoo.exceptions import NoNodeError, NodeExistsError
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i8, i16, i32, i64
 
+from pykbroker.cluster.reassignment import ReassignmentMixin
 from pykbroker.cluster.zookeeper import (
     LEADER_RECOVERED,
     LEADER_RECOVERING,
@@ -214,7 +218,7 @@ def controlled_shutdown_leader(assignment: list[int], isr: Iterable[int], live: 
 # ---- the controller -----------------------------------------------------------------------------------
 
 
-class Controller:
+class Controller(ReassignmentMixin):
     """See the module docstring. ``active`` says whether this broker is the controller, ``epoch`` is the
     controller epoch we won (or the last one we knew)."""
 
@@ -246,6 +250,8 @@ class Controller:
         self._states: dict[TopicPartition, PartitionState] = {}
         self._deleting: set[str] = set()
         self._channel_brokers: set[int] = set()
+        self._adding: dict[TopicPartition, tuple[int, ...]] = {}  # reassignments: AR per partition
+        self._removing: dict[TopicPartition, tuple[int, ...]] = {}  # and RR
 
     # -- lifecycle --
 
@@ -260,6 +266,7 @@ class Controller:
         self.zk.watch_brokers(lambda ids: self._enqueue("BrokerChange", self._on_broker_change))
         self.zk.watch_topics(lambda topics: self._enqueue("TopicChange", self._on_topic_change))
         self.zk.watch_topic_deletions(lambda topics: self._enqueue("TopicDeletion", self._on_topic_deletion))
+        self._watch_zk_reassignment()
 
     async def stop(self) -> None:
         """Resign if active (deleting /controller only if it is still ours), stop the processor, close the
@@ -405,6 +412,7 @@ class Controller:
         batch.update_metadata_brokers = set(self._brokers)  # even with no partition: who is alive
         self._send(batch)
         self._start_rebalance_timer()
+        await self._resume_reassignments()
         if self._deleting:
             await self._on_topic_deletion()
 
@@ -434,6 +442,7 @@ class Controller:
             await self.zk.set_topic_assignment(topic, assignment, assignment.zk_version, self._zkv)
         self._assignments[topic] = dict(assignment.partitions)
         self._topic_ids[topic] = kafka_uuid_to_uuid(assignment.topic_id)
+        self._load_reassignment(topic, assignment.adding_replicas, assignment.removing_replicas)
         for p in assignment.partitions:
             state = await self.zk.get_partition_state(topic, p)
             if state is not None:
@@ -614,7 +623,8 @@ class Controller:
                 leader_epoch=i32(state.leader_epoch), isr=tuple(i32(r) for r in state.isr),
                 partition_epoch=i32(state.zk_version),
                 replicas=tuple(i32(r) for r in self._assignments[topic][p]),
-                adding_replicas=(), removing_replicas=(), is_new=is_new,
+                **{k: tuple(i32(r) for r in v) for k, v in self._reassignment_fields((topic, p)).items()},
+                is_new=is_new,
                 leader_recovery_state=i8(state.leader_recovery_state)))
         live_leaders = []
         for leader in sorted(leaders):
@@ -664,8 +674,9 @@ class Controller:
         topics: dict[str, list] = {}
         for (topic, p), delete in sorted(parts.items()):
             state = self._states.get((topic, p))
-            # Kafka sends LeaderEpochDuringDelete (-2) for a deleted partition, else the current epoch.
-            epoch = -2 if delete else (state.leader_epoch if state is not None else -1)
+            # Kafka sends LeaderEpochDuringDelete (-2) for a deleted topic, else the current epoch (a replica
+            # removed by a reassignment is deleted with the current epoch: its broker keeps the topic).
+            epoch = -2 if delete and topic in self._deleting else (state.leader_epoch if state is not None else -1)
             topics.setdefault(topic, []).append(sr.StopReplicaPartitionState(
                 partition_index=i32(p), leader_epoch=i32(epoch), delete_partition=delete))
         return sr.StopReplicaRequest(
@@ -821,6 +832,8 @@ class Controller:
     def _forget_topic(self, topic: str) -> None:
         for p in self._assignments.pop(topic, {}):
             self._states.pop((topic, p), None)
+            self._adding.pop((topic, p), None)
+            self._removing.pop((topic, p), None)
         self._topic_ids.pop(topic, None)
         self._deleting.discard(topic)
 
@@ -894,6 +907,9 @@ class Controller:
                                                       leader_id=i32(0), leader_epoch=i32(0), isr=(),
                                                       leader_recovery_state=i8(0), partition_epoch=i32(0)))
             topics.append(schema.TopicData(topic_id=topic_data.topic_id, partitions=tuple(parts)))
+        # Reassignments waiting for their target replicas in the ISR may complete now (after the answer is built:
+        # it carries the state the leader asked for, the completion's LeaderAndIsr follows).
+        await self._maybe_complete_reassignments(written)
         return schema.AlterPartitionResponse(throttle_time=timedelta(0), error_code=ErrorCode.none,
                                              topics=tuple(topics))
 

@@ -39,6 +39,7 @@ from pykbroker.protocol.client import ClientError, NodeClients
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.protocol.interbroker import load_request_schema
 from pykbroker.replication.fetcher import ReplicaFetcherManager
+from pykbroker.replication.quota import quotas_for
 
 if TYPE_CHECKING:
     from pykbroker.server.broker import Broker
@@ -83,6 +84,8 @@ class ClusterNode:
             self.metadata.address_of, self._topic_id_of,
         )
         replicas.alter_partition = self.alter_partition
+        # Replication throttles (reassignments): the leader's on follower fetches, the follower's on its own.
+        replicas.leader_quota, self.fetchers.quota = quotas_for(broker, self.metadata.topic_configs)
         replicas.is_alive = self.metadata.is_alive
         self.on_leadership_change: list[LeadershipListener] = []
         self._topic_ids: dict[str, uuid.UUID] = {}
@@ -331,9 +334,11 @@ class ClusterNode:
         for name, index in stopped:
             for listener in self.on_leadership_change:
                 listener(name, index, False)
-        # Kafka's GroupCoordinator.onPartitionsDeleted: committed offsets of a deleted topic go with it.
+        # Kafka's GroupCoordinator.onPartitionsDeleted: committed offsets of a deleted topic go with it (a deleted
+        # topic's StopReplica carries EPOCH_DURING_DELETE; a replica a reassignment removes, the current epoch).
         for name in {topic_state.topic_name for topic_state in request.topic_states
-                     if any(state.delete_partition for state in topic_state.partition_states)}:
+                     if any(state.delete_partition and state.leader_epoch == EPOCH_DURING_DELETE
+                            for state in topic_state.partition_states)}:
             self.broker.forget_topic(name)
             self._topic_ids.pop(name, None)
         return schema.StopReplicaResponse(error_code=ErrorCode.none, partition_errors=tuple(

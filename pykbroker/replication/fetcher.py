@@ -55,9 +55,11 @@ from pykbroker.replication.partition import Partition, Role
 if TYPE_CHECKING:
     from pykbroker.config import BrokerConfig
     from pykbroker.replication.replica_manager import ReplicaManager
+    from pykbroker.replication.quota import ReplicationQuota
 
 log = logging.getLogger(__name__)
 
+THROTTLED_BACKOFF_S = 0.1  # a throttled partition is looked at again this soon (the quota's window is 1 s)
 LEADER_CATCHING_UP_BACKOFF_MS = 100  # see the module notes: a leader that has not applied its LeaderAndIsr yet
 
 TopicPartition = tuple[str, int]
@@ -76,6 +78,7 @@ class FetchState:
     leader_epoch: int  # current_leader_epoch: from the LeaderAndIsr that made us a follower
     last_fetched_epoch: int
     delayed_until: float = 0.0  # loop time before which the partition is not fetched (backoff)
+    in_sync: bool = False  # caught up to the leader's HWM at the last fetch (Kafka's isReplicaInSync): not throttled
 
 
 class _SourceFetcher:
@@ -140,7 +143,13 @@ class _SourceFetcher:
         by_topic: dict[uuid.UUID, list] = {}
         sent: dict[tuple[uuid.UUID, int], tuple[FetchState, int]] = {}
         missing = []
+        throttled = []
+        quota = manager.quota
         for state in ready:
+            if (quota is not None and not state.in_sync and quota.is_throttled(state.topic, state.index)
+                    and quota.is_quota_exceeded()):
+                throttled.append(state)  # Kafka's shouldFollowerThrottle: left out of this round
+                continue
             partition = manager.replicas.partition(state.topic, state.index)
             topic_id = manager.topic_id_of(state.topic)
             if partition is None or topic_id is None:
@@ -156,6 +165,8 @@ class _SourceFetcher:
             log.info("broker %d: not fetching %s from broker %d yet: topic id or local replica unknown",
                      manager.broker_id, ", ".join(f"{s.topic}-{s.index}" for s in missing), self.leader)
             self._delay(missing)
+        if throttled:
+            self._delay(throttled, min(manager.backoff_s, THROTTLED_BACKOFF_S))
         if not sent:
             return None, sent
         request = fetch_request.FetchRequest(
@@ -254,6 +265,10 @@ class _SourceFetcher:
             partition.append_as_follower(records)
             state.fetch_offset = partition.log.log_end_offset
             state.last_fetched_epoch = partition.log.latest_epoch
+            quota = self.manager.quota
+            if quota is not None and quota.is_throttled(state.topic, state.index):
+                quota.record(len(records))
+        state.in_sync = state.fetch_offset >= data.high_watermark
         partition.update_high_watermark_from_leader(data.high_watermark)
         partition.update_log_start_offset_from_leader(data.log_start_offset)
 
@@ -365,6 +380,7 @@ class ReplicaFetcherManager:
                                    request_timeout=self.request_timeout_s)
         self._sources: dict[int, _SourceFetcher] = {}
         self._leader_of: dict[TopicPartition, int] = {}
+        self.quota: "ReplicationQuota | None" = None  # the follower's replication throttle (replication/quota.py)
         self._closed = False
 
     def fetch_state(self, topic: str, index: int) -> FetchState | None:

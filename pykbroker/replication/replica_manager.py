@@ -56,6 +56,7 @@ from pykbroker.replication.partition import (
     Partition,
 )
 from pykbroker.replication.purgatory import DelayedProduce, PartitionWatch, ProducePurgatory, wait_for_partitions
+from pykbroker.replication.quota import ReplicationQuota
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +191,7 @@ class ReplicaManager:
         self._partitions: dict[TopicPartition, Partition] = {}
         self.storage_errors = StorageErrorLog()
         self._checkpointed_hwms: dict[TopicPartition, int] | None = None
+        self.leader_quota: ReplicationQuota | None = None  # replication throttle of follower fetches (cluster)
         # Retention must never delete data consumers cannot see yet (above the high-water mark).
         log_manager.high_watermark_of = self._high_watermark_of
 

@@ -165,6 +165,8 @@ def test_one_of_three_controllers_wins_and_each_election_bumps_the_epoch(cluster
         assert await zk.get_controller_id() == second.broker_id
         # The new controller told every live broker who is alive (UpdateMetadata with its epoch).
         chan = second.channel
+        # active is set when the election is won, before the failover has read ZooKeeper and sent.
+        await wait_for(lambda: chan.requests(UM, 1), 15, "the new controller's UpdateMetadata")
         [update] = chan.requests(UM, 1)
         assert (update.controller_id, update.controller_epoch, update.broker_epoch) == (
             second.broker_id, 2, cluster.epochs[1])

@@ -87,6 +87,8 @@ def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, 
     replicas = ctx.broker.replicas
     is_follower = replica_id >= 0
     now = replicas.clock() if is_follower else 0
+    quota = replicas.leader_quota if is_follower else None
+    throttled_bytes = 0
     remaining = max_bytes
     total = 0
     answer_now = False
@@ -109,6 +111,12 @@ def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, 
                     if diverging is None:
                         records = _read_one(replicas, partition, wanted, min(wanted.max_bytes, remaining),
                                             total == 0, replica_id, now)
+                        if quota is not None and quota.is_throttled(partition.topic, partition.index):
+                            # Kafka's shouldLeaderThrottle: a follower outside the ISR gets nothing while the
+                            # leader's replication quota is exceeded (its fetch state was still updated).
+                            if replica_id not in partition.isr and quota.is_quota_exceeded():
+                                records = b""
+                            throttled_bytes += len(records)
                 except OffsetOutOfRange:
                     error = ErrorCode.offset_out_of_range
             if error != ErrorCode.none or diverging is not None:
@@ -117,6 +125,8 @@ def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, 
             remaining -= len(records)
             topic_results.append((wanted, error, records, diverging))
         results.append(topic_results)
+    if throttled_bytes:
+        quota.record(throttled_bytes)
     return results, total, answer_now
 
 
