@@ -64,6 +64,7 @@ from pykbroker.protocol import records as batches
 CAPTURE_DIR = Path(__file__).resolve().parents[1] / "protocol_specs" / "fixtures" / "wire-captures"
 
 API_VERSIONS_KEY = 18
+DESCRIBE_LOG_DIRS_KEY = 35
 UNSUPPORTED_VERSION = 35
 ZERO_UUID = uuid.UUID(int=0)
 
@@ -250,6 +251,8 @@ IGNORED_FIELDS = frozenset({
     "throttle_time", "error_message", "node_id", "broker_id", "host", "port", "rack", "cluster_id",
     "controller_id", "leader_id", "leader_epoch", "current_leader", "committed_leader_epoch",
     "diverging_epoch", "log_append_time", "producer_id", "producer_epoch", "node_endpoints",
+    # DescribeLogDirs: the data directory's path and its disk's size and free space are the machine's.
+    "log_dir", "total_bytes", "usable_bytes",
 })
 # Arrays of node ids: only their length says something about the partition (RF 1 = one replica).
 NODE_ID_LISTS = frozenset({"replica_nodes", "isr_nodes", "offline_replicas", "eligible_leader_replicas",
@@ -267,7 +270,21 @@ CONFIG_NOTE_FIELDS = frozenset({"synonyms", "documentation", "config_source"})
 # Configs whose default pykbroker changes on purpose, each with the reason; their values are notes.
 DELIBERATE_CONFIG_DEFAULTS = {
     "flush.ms": "pykbroker's default --fsync interval flushes every log.flush.interval.ms=1000; Kafka never fsyncs",
+    "log.flush.interval.ms": "the broker-wide side of flush.ms, same reason",
+    "queued.max.request.bytes": "pykbroker bounds the request bytes being received (200 MiB, config.py); "
+                                "Kafka's -1 is unbounded",
 }
+# A broker config whose value Kafka took from the capture broker's server.properties (config_source 4,
+# STATIC_BROKER_CONFIG: listeners, advertised.listeners, listener.security.protocol.map,
+# inter.broker.listener.name, ...) describes that file, not Kafka's behaviour: its value is a note.
+STATIC_BROKER_CONFIG_SOURCE = 4
+# Broker configs Kafka 3.7.1 can change at runtime (read_only=false) that pykbroker reads at start only, so
+# it says read_only=true and refuses to alter them (pykbroker/config.py, DYNAMIC_BROKER_CONFIG_NAMES).
+START_ONLY_BROKER_CONFIGS = frozenset({
+    "listeners", "advertised.listeners", "listener.security.protocol.map", "max.connections",
+    "max.connections.per.ip", "num.replica.fetchers", "producer.id.expiration.ms",
+    "unclean.leader.election.enable",
+})
 # Fields that identify an element of an array, in order of preference.
 KEY_FIELDS = ("name", "topic", "topic_id", "resource_name", "partition_index", "partition", "index", "key",
               "group_id", "api_key")
@@ -301,7 +318,21 @@ def compare_responses(api_key: int, expected, actual, ctx: CompareContext) -> li
         expected = _only_scenario_topics(expected, ctx)
         actual = _only_scenario_topics(actual, ctx)
     _compare_entity(expected, actual, "", ctx, findings)
+    if api_key == DESCRIBE_LOG_DIRS_KEY:
+        findings = [_setup_topic_size_as_note(finding, ctx) for finding in findings]
     return findings
+
+
+_LOG_DIR_PARTITION_SIZE = re.compile(r"\.topics\[name=(?P<topic>[^\]]+)\]\.partitions\[[^\]]*\]\.partition_size$")
+
+
+def _setup_topic_size_as_note(finding: Finding, ctx: CompareContext) -> Finding:
+    """DescribeLogDirs: the size of a topic the scenario did not use (its setup data, `__consumer_offsets`
+    with the coordinator's own records in its own layout) says nothing about the scenario: a note."""
+    match = _LOG_DIR_PARTITION_SIZE.search(finding.path)
+    if match and match["topic"] not in ctx.scenario_topics:
+        return dataclasses.replace(finding, severity="note")
+    return finding
 
 
 def _only_scenario_topics(response, ctx: CompareContext):
@@ -450,8 +481,16 @@ def _compare_configs(exp: tuple, act, path: str, ctx: CompareContext, out: list[
     if extra:
         out.append(Finding(f"{path} names", "not listed", f"also {extra}", severity="note"))
     for name in sorted(set(expected) & set(actual)):
-        _compare_entity(expected[name], actual[name], f"{path}[name={name}]", ctx, out,
+        entry_path = f"{path}[name={name}]"
+        found: list[Finding] = []
+        _compare_entity(expected[name], actual[name], entry_path, ctx, found,
                         note_only=name in DELIBERATE_CONFIG_DEFAULTS)
+        static = _norm(getattr(expected[name], "config_source", None)) == STATIC_BROKER_CONFIG_SOURCE
+        for finding in found:
+            if ((finding.path == f"{entry_path}.value" and static)
+                    or (finding.path == f"{entry_path}.read_only" and name in START_ONLY_BROKER_CONFIGS)):
+                finding = dataclasses.replace(finding, severity="note")
+            out.append(finding)
 
 
 def _member_prefix(member_id: str) -> str:
@@ -780,12 +819,16 @@ class Preconditions:
         (data added between phases of the scenario).
     generated_records: number of `setup-key-N`/`setup-value-N` records to write, spread over the
         partitions by kafka-python's default partitioner, for files that never fetch what was written.
+    consumed_by_groups: (group, topic) pairs: a kafka-python group consumer reads the topic from the
+        beginning, commits and leaves, as the capture's warm-up group did (the group stays, Empty, with
+        its protocol type and offsets, and `__consumer_offsets` exists).
     """
 
     create_topics: tuple[str, ...] = ()
     partitions: int = 3
     later_producers: dict[int, int] = field(default_factory=dict)
     generated_records: int = 0
+    consumed_by_groups: tuple[tuple[str, str], ...] = ()
 
 
 # Starting state per file (index.md, "Recreate the preconditions"). By default the scenario's topic is
@@ -802,6 +845,12 @@ SPECIAL_PRECONDITIONS = {
     # The CLI tools only ask for offsets: the 200 setup records are generated like the capture helper's.
     "14-kafka-cli-admin-3.7.1.jsonl": Preconditions(
         create_topics=("s14-kafka-cli-admin",), generated_records=200),
+    # The tools create and delete s15-kafka-tools themselves. Before they ran, a warm-up producer wrote to
+    # topic `warmup` (1 partition) and group `warmup-group` consumed it; both show up in the answers that
+    # list everything (Metadata for all topics, ListGroups, DescribeLogDirs, ElectLeaders).
+    "15-kafka-tools-3.7.1.jsonl": Preconditions(
+        create_topics=("warmup",), partitions=1, generated_records=1,
+        consumed_by_groups=(("warmup-group", "warmup"),)),
 }
 
 
@@ -940,6 +989,8 @@ class ScenarioSetup:
             for topic in self.preconditions.create_topics:
                 self._create_topic(connection, topic)
             self._write(connection, self.phases.pop(-1, []))
+        for group, topic in self.preconditions.consumed_by_groups:
+            self._consume_in_group(group, topic)
 
     def write_due(self, seq: int) -> None:
         """Write the batches of every phase that starts at or before `seq`."""
@@ -979,6 +1030,36 @@ class ScenarioSetup:
             if time.monotonic() > deadline:
                 raise SetupError(f"topic {topic} has no leader for every partition: {entry!r}")
             time.sleep(0.05)
+
+    def _consume_in_group(self, group: str, topic: str) -> None:
+        from kafka import KafkaConsumer
+        from kafka.errors import KafkaError
+
+        step = f"group {group} consuming {topic}"
+        try:
+            consumer = KafkaConsumer(
+                topic, bootstrap_servers=f"{self.address[0]}:{self.address[1]}", group_id=group,
+                client_id="wire-replay-setup", auto_offset_reset="earliest", enable_auto_commit=False,
+                request_timeout_ms=int(self.timeout * 1000) + 1000)
+        except KafkaError as exc:
+            raise SetupError(f"{self.capture.name}: {step}: {exc!r}") from exc
+        try:
+            deadline = time.monotonic() + self.timeout
+            while True:  # until the group has an assignment and has read every partition to its end
+                consumer.poll(timeout_ms=200)
+                assigned = consumer.assignment()
+                if assigned:
+                    ends = consumer.end_offsets(list(assigned))
+                    if all(consumer.position(tp) >= ends[tp] for tp in assigned):
+                        break
+                if time.monotonic() > deadline:
+                    raise SetupError(f"{self.capture.name}: {step}: not done within {self.timeout:.0f} s "
+                                     f"(assignment {assigned})")
+            consumer.commit()
+        except KafkaError as exc:
+            raise SetupError(f"{self.capture.name}: {step}: {exc!r}") from exc
+        finally:
+            consumer.close()
 
     def _write(self, connection: Connection, stored: list[StoredBatch]) -> None:
         producers: dict[int, tuple[int, int]] = {}
