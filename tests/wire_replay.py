@@ -51,13 +51,19 @@ from typing import Any
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.create_topics.v7.request import CreatableTopic, CreateTopicsRequest
 from kio.schema.errors import ErrorCode
+from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
+from kio.schema.join_group.v9.request import JoinGroupRequest, JoinGroupRequestProtocol
+from kio.schema.leave_group.v5.request import LeaveGroupRequest, MemberIdentity
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
+from kio.schema.offset_commit.v9.request import (
+    OffsetCommitRequest, OffsetCommitRequestPartition, OffsetCommitRequestTopic)
 from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
 from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
 from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
+from kio.schema.sync_group.v5.request import SyncGroupRequest, SyncGroupRequestAssignment
 from kio.serial import entity_reader, entity_writer
-from kio.static.primitive import i16, i32, i32Timedelta, i64
+from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
 from pykbroker.protocol import records as batches
 
@@ -819,9 +825,9 @@ class Preconditions:
         (data added between phases of the scenario).
     generated_records: number of `setup-key-N`/`setup-value-N` records to write, spread over the
         partitions by kafka-python's default partitioner, for files that never fetch what was written.
-    consumed_by_groups: (group, topic) pairs: a kafka-python group consumer reads the topic from the
-        beginning, commits and leaves, as the capture's warm-up group did (the group stays, Empty, with
-        its protocol type and offsets, and `__consumer_offsets` exists).
+    consumed_by_groups: (group, topic) pairs: a group member (raw requests) joins, is assigned the
+        topic's partitions, commits their end offsets and leaves, as the capture's warm-up group did (the
+        group stays, Empty, with its protocol type and offsets, and `__consumer_offsets` exists).
     """
 
     create_topics: tuple[str, ...] = ()
@@ -902,6 +908,15 @@ def generated_batches(topic: str, count: int, partitions: int) -> list[StoredBat
             for partition, records in sorted(by_partition.items())]
 
 
+def consumer_protocol(topic: str, partitions: list[int] | None = None) -> bytes:
+    """Kafka's ConsumerProtocol v0 bytes for one topic: the subscription a member joins with, or (with
+    `partitions`) the assignment its leader gives it; no user data."""
+    data = struct.pack(">hih", 0, 1, len(topic)) + topic.encode()
+    if partitions is not None:
+        data += struct.pack(f">i{len(partitions)}i", len(partitions), *partitions)
+    return data + struct.pack(">i", -1)
+
+
 class SetupError(RuntimeError):
     """The broker could not be brought into the scenario's starting state; nothing was compared."""
 
@@ -978,6 +993,7 @@ class ScenarioSetup:
             if preconditions.generated_records:
                 stored += generated_batches(topic, preconditions.generated_records, preconditions.partitions)
         self.phases: dict[int, list[StoredBatch]] = {}
+        self.ends: dict[tuple[str, int], int] = {}  # (topic, partition) -> end offset of the setup data written
         for batch in stored:
             self.phases.setdefault(preconditions.later_producers.get(batch.producer_id, -1), []).append(batch)
         unknown = set(preconditions.later_producers) - {b.producer_id for b in stored}
@@ -989,8 +1005,8 @@ class ScenarioSetup:
             for topic in self.preconditions.create_topics:
                 self._create_topic(connection, topic)
             self._write(connection, self.phases.pop(-1, []))
-        for group, topic in self.preconditions.consumed_by_groups:
-            self._consume_in_group(group, topic)
+            for group, topic in self.preconditions.consumed_by_groups:
+                self._consume_in_group(connection, group, topic)
 
     def write_due(self, seq: int) -> None:
         """Write the batches of every phase that starts at or before `seq`."""
@@ -1031,35 +1047,53 @@ class ScenarioSetup:
                 raise SetupError(f"topic {topic} has no leader for every partition: {entry!r}")
             time.sleep(0.05)
 
-    def _consume_in_group(self, group: str, topic: str) -> None:
-        from kafka import KafkaConsumer
-        from kafka.errors import KafkaError
-
+    def _consume_in_group(self, connection: Connection, group: str, topic: str) -> None:
+        """What a consumer that read the topic to its end and closed leaves behind: the group (Empty, protocol
+        type consumer, as a real member joined it) with its offsets committed, and `__consumer_offsets`.
+        Raw requests, as the Java consumer sends them (kafka-python's group client rebalances on its own)."""
         step = f"group {group} consuming {topic}"
-        try:
-            consumer = KafkaConsumer(
-                topic, bootstrap_servers=f"{self.address[0]}:{self.address[1]}", group_id=group,
-                client_id="wire-replay-setup", auto_offset_reset="earliest", enable_auto_commit=False,
-                request_timeout_ms=int(self.timeout * 1000) + 1000)
-        except KafkaError as exc:
-            raise SetupError(f"{self.capture.name}: {step}: {exc!r}") from exc
-        try:
-            deadline = time.monotonic() + self.timeout
-            while True:  # until the group has an assignment and has read every partition to its end
-                consumer.poll(timeout_ms=200)
-                assigned = consumer.assignment()
-                if assigned:
-                    ends = consumer.end_offsets(list(assigned))
-                    if all(consumer.position(tp) >= ends[tp] for tp in assigned):
-                        break
-                if time.monotonic() > deadline:
-                    raise SetupError(f"{self.capture.name}: {step}: not done within {self.timeout:.0f} s "
-                                     f"(assignment {assigned})")
-            consumer.commit()
-        except KafkaError as exc:
-            raise SetupError(f"{self.capture.name}: {step}: {exc!r}") from exc
-        finally:
-            consumer.close()
+
+        def check(api: str, error) -> None:
+            if error != ErrorCode.none:
+                raise SetupError(f"{self.capture.name}: {step}: {api}: {_fmt(error)}")
+
+        deadline = time.monotonic() + self.timeout
+        while True:  # the coordinator: this broker, once it has created __consumer_offsets
+            found = connection.request(FindCoordinatorRequest(key_type=i8(0), coordinator_keys=(group,)))
+            error = found.coordinators[0].error_code
+            if error == ErrorCode.none:
+                break
+            if error != ErrorCode.coordinator_not_available or time.monotonic() > deadline:
+                check("FindCoordinator", error)
+            time.sleep(0.05)
+        partitions = list(range(self.preconditions.partitions))
+        join = JoinGroupRequest(
+            group_id=group, session_timeout=i32Timedelta.parse(datetime.timedelta(seconds=45)),
+            rebalance_timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)), member_id="",
+            group_instance_id=None, protocol_type="consumer",
+            protocols=(JoinGroupRequestProtocol(name="range", metadata=consumer_protocol(topic)),), reason=None)
+        joined = connection.request(join)  # KIP-394: the first join is answered with the member id to use
+        if joined.error_code == ErrorCode.member_id_required:
+            joined = connection.request(dataclasses.replace(join, member_id=joined.member_id))
+        check("JoinGroup", joined.error_code)
+        member, generation = joined.member_id, joined.generation_id
+        synced = connection.request(SyncGroupRequest(
+            group_id=group, generation_id=generation, member_id=member, group_instance_id=None,
+            protocol_type="consumer", protocol_name="range",
+            assignments=(SyncGroupRequestAssignment(member_id=member,
+                                                    assignment=consumer_protocol(topic, partitions)),)))
+        check("SyncGroup", synced.error_code)
+        committed = connection.request(OffsetCommitRequest(
+            group_id=group, generation_id_or_member_epoch=generation, member_id=member, group_instance_id=None,
+            topics=(OffsetCommitRequestTopic(name=topic, partitions=tuple(
+                OffsetCommitRequestPartition(partition_index=i32(p), committed_offset=i64(self.ends.get((topic, p), 0)),
+                                             committed_leader_epoch=i32(-1), committed_metadata="")
+                for p in partitions)),)))
+        for partition in committed.topics[0].partitions:
+            check("OffsetCommit", partition.error_code)
+        left = connection.request(LeaveGroupRequest(group_id=group, members=(
+            MemberIdentity(member_id=member, group_instance_id=None, reason="the consumer is being closed"),)))
+        check("LeaveGroup", left.error_code)
 
     def _write(self, connection: Connection, stored: list[StoredBatch]) -> None:
         producers: dict[int, tuple[int, int]] = {}
@@ -1080,6 +1114,8 @@ class ScenarioSetup:
             if result.error_code != ErrorCode.none or result.base_offset != batch.base_offset:
                 raise SetupError(f"writing setup batch {batch.topic}-{batch.partition}@{batch.base_offset}: "
                                  f"{_fmt(result.error_code)}, base offset {result.base_offset}")
+            last = batches.read_header(batch.data)
+            self.ends[(batch.topic, batch.partition)] = batch.base_offset + last.last_offset_delta + 1
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -228,6 +228,15 @@ def test_log_dir_path_and_disk_space_are_ignored_and_only_setup_topic_sizes_are_
     assert findings and {f.severity for f in findings} == {"mismatch"}
 
 
+def test_the_setup_group_member_speaks_kafkas_consumer_protocol():
+    from pykbroker.groups.group import subscription_topics
+
+    assert subscription_topics(wr.consumer_protocol("warmup")) == ["warmup"]
+    # Assignment v0: version, [topic, [partitions]], user data null
+    assert wr.consumer_protocol("warmup", [0, 2]) == bytes.fromhex(
+        "0000" "00000001" "0006") + b"warmup" + bytes.fromhex("00000002" "00000000" "00000002" "ffffffff")
+
+
 # -- patching -----------------------------------------------------------------------------------------
 
 
