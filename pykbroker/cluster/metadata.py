@@ -34,6 +34,7 @@ from typing import Any, Callable, Protocol
 
 from pykbroker.cluster.metadata_log import RESTORE_HINT, MetadataLog
 from pykbroker.log.checkpoint import CorruptFile, write_atomically
+from pykbroker.protocol.errors import ErrorCode, KafkaError
 
 TOPIC_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_NAME_LENGTH = 249
@@ -136,6 +137,9 @@ class ClusterMetadata(Protocol):
     def topic_configs(self, name: str) -> dict[str, str] | None: ...  # a topic's overrides, None if unknown
     def colliding_topics(self, name: str) -> list[str]: ...
     def partition_count(self) -> int: ...
+    # CreatePartitions asking for no more partitions than the topic has: INVALID_PARTITIONS, worded as this
+    # mode's Kafka words it
+    def not_an_increase(self, name: str, current: int, requested: int) -> KafkaError: ...
     # ``assignment``: partition -> replicas named by the client (TopicAdmin validated it), else the backend's own
     async def create_topic_async(self, name: str, partitions: int, replication_factor: int,
                                  configs: dict[str, str], assignment: dict[int, list[int]] | None = None) -> None: ...
@@ -293,6 +297,13 @@ class EmbeddedMetadata(TopicIndex):
         info = self._topics[name]
         self._unindex(name)
         self._log.append({"op": "delete", "name": name, "topic_id": str(info.topic_id)})
+
+    def not_an_increase(self, name: str, current: int, requested: int) -> KafkaError:
+        """KRaft's ReplicationControlManager.createPartitions messages (Kafka 3.7.1)."""
+        if requested == current:
+            return KafkaError(ErrorCode.invalid_partitions, f"Topic already has {current} partition(s).")
+        return KafkaError(ErrorCode.invalid_partitions, f"The topic {name} currently has {current} partition(s); "
+                                                        f"{requested} would not be an increase.")
 
     def add_partitions(self, name: str, total: int) -> TopicInfo:
         info = self._topics[name]

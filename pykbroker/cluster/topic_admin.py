@@ -194,10 +194,7 @@ class TopicAdmin:
             raise KafkaError(ErrorCode.unknown_topic_or_partition, f"The topic '{name}' does not exist.")
         current = len(info.partitions)
         if total <= current:
-            raise KafkaError(
-                ErrorCode.invalid_partitions,
-                f"Topic currently has {current} partitions, which is higher than the requested {total}.",
-            )
+            raise self.metadata.not_an_increase(name, current, total)
         self._check_broker_limit(total - current)
 
     def _check_delete(self, name: str) -> None:

@@ -457,6 +457,13 @@ class ZkMetadata(TopicIndex):
         """Mark the topic for deletion; the controller deletes it and tells the brokers."""
         await self.zk.mark_topic_for_deletion(name)
 
+    def not_an_increase(self, name: str, current: int, requested: int) -> KafkaError:
+        """ZkAdminManager.createPartitions' messages (Kafka 3.7.1 in ZooKeeper mode)."""
+        if requested == current:
+            return KafkaError(ErrorCode.invalid_partitions, f"Topic already has {current} partitions.")
+        return KafkaError(ErrorCode.invalid_partitions,
+                          f"Topic currently has {current} partitions, which is higher than the requested {requested}.")
+
     async def add_partitions_async(self, name: str, total: int,
                                    assignment: dict[int, list[int]] | None = None) -> None:
         """Rewrite the assignment znode with ``total`` partitions, conditional on the version read; the new
@@ -470,10 +477,7 @@ class ZkMetadata(TopicIndex):
                                  f"A partition reassignment is in progress for the topic '{name}'.")
             existing = len(current.partitions)
             if total <= existing:
-                raise KafkaError(
-                    ErrorCode.invalid_partitions,
-                    f"Topic currently has {existing} partitions, which is higher than the requested {total}.",
-                )
+                raise self.not_an_increase(name, existing, total)
             brokers = sorted(b.broker_id for b in self.brokers())
             first = current.partitions.get(0, [])
             replication_factor = len(first)

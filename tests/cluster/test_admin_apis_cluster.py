@@ -167,6 +167,9 @@ def test_kafka_tools_on_a_cluster(cluster, tmp_path):
     assert hosted == {1: [f"{topic}-1"], 2: [f"{topic}-0"], 3: [f"{topic}-0", f"{topic}-1"]}, hosted
     out = tools.run("kafka-topics.sh", "--bootstrap-server", cluster.bootstrap, "--describe", "--topic", topic).stdout
     assert "Partition: 0\tLeader: 2\tReplicas: 2,3" in out and "Partition: 1\tLeader: 3\tReplicas: 3,1" in out, out
+    same = tools.run("kafka-topics.sh", "--bootstrap-server", cluster.bootstrap, "--alter", "--topic", topic,
+                     "--partitions", "2", check=False)  # the count it has: ZooKeeper-mode Kafka's words
+    assert same.returncode == 1 and "Topic already has 2 partitions." in same.stdout + same.stderr, same
     idempotent = Producer({"bootstrap.servers": cluster.bootstrap, "enable.idempotence": True})
     idempotent.produce(topic, b"x", partition=0)
     assert idempotent.flush(TIMEOUT_S) == 0

@@ -210,9 +210,15 @@ def test_add_partitions_keeps_the_existing_replicas_places_the_new_ones_and_wait
         added = [after.partitions[p] for p in range(3, 6)]
         assert all(len(set(r)) == 2 for r in added)
         assert Counter(r[0] for r in added) == {1: 1, 2: 1, 3: 1}
+        # ZooKeeper-mode Kafka's words (ZkAdminManager.createPartitions), not KRaft's
         with pytest.raises(KafkaError) as raised:
             await node.admin.add_partitions_async("grow", 6, timeout_s=1)
-        assert raised.value.code == ErrorCode.invalid_partitions
+        assert (raised.value.code, raised.value.message) == (ErrorCode.invalid_partitions,
+                                                             "Topic already has 6 partitions.")
+        with pytest.raises(KafkaError) as raised:
+            await node.admin.add_partitions_async("grow", 5, timeout_s=1)
+        assert (raised.value.code, raised.value.message) == (
+            ErrorCode.invalid_partitions, "Topic currently has 6 partitions, which is higher than the requested 5.")
         with pytest.raises(KafkaError) as raised:
             await node.admin.add_partitions_async("grow", 7, timeout_s=0.3)
         assert raised.value.code == ErrorCode.request_timed_out

@@ -121,6 +121,10 @@ def test_kafka_topics(tools, kbroker):
 
     run(tools, kbroker, "kafka-topics.sh", "--alter", "--topic", topic, "--partitions", "5")
     assert sorted(topic_metadata(kbroker, topic).partitions) == [0, 1, 2, 3, 4]
+    # the count it has already: exit status 1 and the message a single KRaft 3.7.1 node gives
+    same = run(tools, kbroker, "kafka-topics.sh", "--alter", "--topic", topic, "--partitions", "5", check=False)
+    assert same.returncode == 1
+    assert "Topic already has 5 partition(s)." in same.stdout + same.stderr
     admin = AdminClient({"bootstrap.servers": kbroker.bootstrap})
     configs = admin.describe_configs([ConfigResource("topic", topic)])
     described = next(iter(configs.values())).result(10)

@@ -1,4 +1,4 @@
-"""Replay the 14 captured client conversations (stock clients against Apache Kafka 3.7.1) against a fresh
+"""Replay the captured client conversations (stock clients and Kafka's own tools against Apache Kafka 3.7.1) against a fresh
 pykbroker each, and require the same answers by structure: error codes at every level, the same
 topics and partitions, the same offsets, high watermarks and fetched records.
 
@@ -14,9 +14,13 @@ import pytest
 
 from tests import wire_replay as wr
 
-# Every captured exchange, consumer-group membership included, is now compared with Kafka's answer;
-# an entry here would have to name the exchange and the reason it cannot match.
-EXPECTED_UNSUPPORTED: tuple[wr.Allowance, ...] = ()
+# Every captured exchange, consumer-group membership included, is compared with Kafka's answer; an entry
+# here names the exchanges that cannot match yet and the reason.
+EXPECTED_UNSUPPORTED: tuple[wr.Allowance, ...] = (
+    # kafka-topics.sh --describe asks for the topic's ongoing reassignments; the API is being added on
+    # branch wt-reassign: remove this entry when that branch is merged.
+    wr.Allowance("15-kafka-tools-3.7.1.jsonl", "ListPartitionReassignments", "added by wt-reassign"),
+)
 
 CAPTURE_PATHS = wr.capture_paths()
 

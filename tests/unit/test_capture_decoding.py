@@ -27,9 +27,9 @@ def _frames(direction: str):
             for name, capture in CAPTURES.items() for frame in capture.frames if frame.direction == direction]
 
 
-def test_all_fourteen_captures_are_present():
-    assert len(CAPTURES) == 14
-    assert sum(len(c.frames) for c in CAPTURES.values()) == 742
+def test_all_fifteen_captures_are_present():
+    assert len(CAPTURES) == 15
+    assert sum(len(c.frames) for c in CAPTURES.values()) == 742 + 310  # files 01-14, then file 15 (index.md)
 
 
 @pytest.mark.parametrize("capture, frame", _frames("request"))
@@ -69,6 +69,7 @@ def test_only_the_documented_requests_have_no_answer():
 def test_scenario_topics_are_the_ones_the_clients_asked_for():
     assert _capture("12").scenario_topics() == {"s12-kcat"}  # not the 15 topics of its Metadata-for-all answer
     assert _capture("14").scenario_topics() == {"s14-kafka-cli-admin"}
+    assert _capture("15").scenario_topics() == {"s15-kafka-tools"}  # not the setup topic `warmup`
     assert _capture("07").scenario_topics() == {"s07b-spark-stream-availablenow"}
 
 
@@ -178,6 +179,62 @@ def test_api_versions_fallback_and_newer_support_are_both_accepted_but_a_wrong_r
     assert [f.severity for f in _compare(capture, 18, fallback, supports_v4, requested_version=4)] == ["note"]
     findings = _compare(capture, 18, fallback, full, requested_version=4)  # answers v4 but advertises 0-3
     assert [f.path for f in findings] == ["api_keys[18]"]
+
+
+def _broker_configs():
+    return _first_response("15", 32, lambda b: b.results[0].resource_name == "1")
+
+
+def _with_config(body, name: str, **change):
+    result = body.results[0]
+    configs = tuple(dataclasses.replace(c, **change) if c.name == name else c for c in result.configs)
+    return dataclasses.replace(body, results=(dataclasses.replace(result, configs=configs),))
+
+
+def test_a_broker_config_value_from_kafkas_server_properties_is_a_note_but_a_default_value_is_not():
+    capture, _, body = _broker_configs()
+    findings = _compare(capture, 32, body, _with_config(body, "listeners", value=None, config_source=5))
+    assert findings and {f.severity for f in findings} == {"note"}  # source 4: the capture's config file
+    findings = _compare(capture, 32, body, _with_config(body, "log.cleaner.min.compaction.lag.ms", value="7"))
+    assert [(f.path, f.severity) for f in findings] == [
+        ("results[resource_name=1].configs[name=log.cleaner.min.compaction.lag.ms].value", "mismatch")]
+
+
+def test_read_only_is_a_note_only_for_the_dynamic_configs_pykbroker_reads_at_start():
+    capture, _, body = _broker_configs()
+    findings = _compare(capture, 32, body, _with_config(body, "max.connections", read_only=True))
+    assert [f.severity for f in findings] == ["note"]
+    findings = _compare(capture, 32, body, _with_config(body, "log.retention.ms", read_only=True))
+    assert [(f.path, f.severity) for f in findings] == [
+        ("results[resource_name=1].configs[name=log.retention.ms].read_only", "mismatch")]
+
+
+def test_log_dir_path_and_disk_space_are_ignored_and_only_setup_topic_sizes_are_notes():
+    capture, _, body = _first_response("15", 35)
+    result = body.results[0]
+
+    def resized(topic_name):
+        topics = tuple(dataclasses.replace(t, partitions=tuple(
+            dataclasses.replace(p, partition_size=p.partition_size + 1) for p in t.partitions))
+            if t.name == topic_name else t for t in result.topics)
+        return dataclasses.replace(body, results=(dataclasses.replace(result, topics=topics),))
+
+    elsewhere = dataclasses.replace(body, results=(dataclasses.replace(
+        result, log_dir="/elsewhere", total_bytes=1, usable_bytes=1),))
+    assert _compare(capture, 35, body, elsewhere) == []
+    assert [f.severity for f in _compare(capture, 35, body, resized("__consumer_offsets"))] == ["note"]
+    assert [f.severity for f in _compare(capture, 35, body, resized("warmup"))] == ["note"]
+    findings = _compare(capture, 35, body, resized("s15-kafka-tools"))
+    assert findings and {f.severity for f in findings} == {"mismatch"}
+
+
+def test_the_setup_group_member_speaks_kafkas_consumer_protocol():
+    from pykbroker.groups.group import subscription_topics
+
+    assert subscription_topics(wr.consumer_protocol("warmup")) == ["warmup"]
+    # Assignment v0: version, [topic, [partitions]], user data null
+    assert wr.consumer_protocol("warmup", [0, 2]) == bytes.fromhex(
+        "0000" "00000001" "0006") + b"warmup" + bytes.fromhex("00000002" "00000000" "00000002" "ffffffff")
 
 
 # -- patching -----------------------------------------------------------------------------------------
@@ -309,4 +366,6 @@ def test_every_capture_gets_its_setup_records_in_the_right_phase():
         "04": {-1: 200}, "05": {-1: 200}, "06": {-1: 200}, "14": {-1: 200},
         "07": {-1: 200, 88: 50},  # 50 more before Spark's second run
         "10": {65: 50},  # the producer is in the file; 50 more before consumer B
+        "15": {-1: 1},  # the tools create their topic; one record in `warmup` for the warm-up group
     }
+    assert wr.preconditions_for(_capture("15")).consumed_by_groups == (("warmup-group", "warmup"),)
