@@ -16,11 +16,7 @@ from tests import wire_replay as wr
 
 # Every captured exchange, consumer-group membership included, is compared with Kafka's answer; an entry
 # here names the exchanges that cannot match yet and the reason.
-EXPECTED_UNSUPPORTED: tuple[wr.Allowance, ...] = (
-    # kafka-topics.sh --describe asks for the topic's ongoing reassignments; the API is being added on
-    # branch wt-reassign: remove this entry when that branch is merged.
-    wr.Allowance("15-kafka-tools-3.7.1.jsonl", "ListPartitionReassignments", "added by wt-reassign"),
-)
+EXPECTED_UNSUPPORTED: tuple[wr.Allowance, ...] = ()
 
 CAPTURE_PATHS = wr.capture_paths()
 
