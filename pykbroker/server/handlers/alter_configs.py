@@ -76,6 +76,12 @@ async def _replace(ctx: RequestContext, resource, configs: dict[str, str], valid
         await ctx.broker.dynamic_configs.alter_async(name, configs, validate_only=validate_only, version=version)
 
 
+def _preprocess(configs, null_allowed=lambda entry: False) -> None:
+    """Kafka's ConfigAdminManager.preprocess, before anything about the resource itself is checked."""
+    _check_duplicates(entry.name for entry in configs)
+    _check_nulls(configs, null_allowed)
+
+
 def _check_duplicates(names) -> None:
     """Kafka's containsDuplicates, in linear time (a request may name tens of thousands of configs)."""
     if any(count > 1 for count in Counter(names).values()):
@@ -85,7 +91,7 @@ def _check_duplicates(names) -> None:
 def _check_nulls(entries, allowed=lambda entry: False) -> None:
     nulls = [entry.name for entry in entries if entry.value is None and not allowed(entry)]
     if nulls:
-        raise KafkaError(ErrorCode.invalid_request, f"Null value not supported for : {listed_names(nulls, ',')}")
+        raise KafkaError(ErrorCode.invalid_request, f"Null value not supported for : {listed_names(nulls)}")
 
 
 def _items(text: str | None) -> list[str]:
@@ -93,9 +99,7 @@ def _items(text: str | None) -> list[str]:
 
 
 def _apply_operations(configs: dict[str, str], operations, table: dict[str, ConfigDef], kind: str) -> dict[str, str]:
-    """Kafka's prepareIncrementalConfigs on a copy of ``configs``."""
-    _check_duplicates(op.name for op in operations)
-    _check_nulls(operations, lambda op: op.config_operation == DELETE)
+    """Kafka's prepareIncrementalConfigs on a copy of ``configs`` (``_preprocess`` checked the operations)."""
     result = dict(configs)
     for op in operations:
         if op.config_operation == SET:
@@ -176,9 +180,8 @@ def _response(ctx: RequestContext, schema, response_type, results) -> object:
 @handles(33)
 async def alter_configs(ctx: RequestContext, request) -> object:
     async def change(resource) -> None:
+        _preprocess(resource.configs)
         _entity(ctx, resource)  # the resource exists and may be changed here
-        _check_duplicates(entry.name for entry in resource.configs)
-        _check_nulls(resource.configs)
         await _replace(ctx, resource, {entry.name: entry.value for entry in resource.configs}, request.validate_only)
 
     schema = response_module(ctx)
@@ -188,6 +191,7 @@ async def alter_configs(ctx: RequestContext, request) -> object:
 @handles(44)
 async def incremental_alter_configs(ctx: RequestContext, request) -> object:
     async def change(resource) -> None:
+        _preprocess(resource.configs, lambda op: op.config_operation == DELETE)
         entity_type, name, table, kind = _entity(ctx, resource)
         for _ in range(_WRITE_ATTEMPTS):
             current, version = await ctx.broker.metadata.read_entity_configs_async(entity_type, name)
