@@ -85,6 +85,17 @@ class ConfigError(ValueError):
         self.message = message
 
 
+NAMES_LISTED = 10  # at most this many names in one error message
+
+
+def listed_names(names: Iterable[str], separator: str = ", ", limit: int = NAMES_LISTED) -> str:
+    """``names`` joined for an error message, the first ``limit`` of them and how many more (a request
+    may name thousands: the answer stays small)."""
+    names = list(names)
+    shown = separator.join(names[:limit])
+    return shown if len(names) <= limit else f"{shown}{separator}... ({len(names) - limit} more)"
+
+
 class ConfigSource(IntEnum):
     """Kafka's DescribeConfigs ``config_source`` values."""
 

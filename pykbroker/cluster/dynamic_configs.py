@@ -38,6 +38,7 @@ from pykbroker.config import (
     TOPIC_CONFIGS,
     BrokerConfig,
     ConfigError,
+    listed_names,
     to_topic_unit,
 )
 from pykbroker.protocol.errors import ErrorCode, KafkaError
@@ -67,11 +68,11 @@ def parse_dynamic_configs(configs: Mapping[str, str]) -> dict[str, Any]:
     for an unknown key (Kafka would store it for plugins; pykbroker has none to read it)."""
     unknown = sorted(name for name in configs if name not in BROKER_CONFIGS)
     if unknown:
-        raise KafkaError(ErrorCode.invalid_config, f"Unknown broker config name: {', '.join(unknown)}")
+        raise KafkaError(ErrorCode.invalid_config, f"Unknown broker config name: {listed_names(unknown)}")
     static = sorted(name for name in configs if name not in DYNAMIC_BROKER_CONFIG_NAMES)
     if static:
         raise KafkaError(
-            ErrorCode.invalid_request, f"Cannot update these configs dynamically: Set({', '.join(static)})"
+            ErrorCode.invalid_request, f"Cannot update these configs dynamically: Set({listed_names(static)})"
         )
     try:
         typed = {name: BROKER_CONFIGS[name].parse(raw) for name, raw in configs.items()}
@@ -115,13 +116,15 @@ class DynamicConfigs:
         """The dynamic configs stored for ``entity`` (as strings, as AlterConfigs gave them)."""
         return self.metadata.broker_configs(entity)
 
-    async def alter_async(self, entity: str, configs: dict[str, str], *, validate_only: bool = False) -> None:
-        """Replace ``entity``'s dynamic configs with ``configs`` (validated first; KafkaError)."""
+    async def alter_async(self, entity: str, configs: dict[str, str], *, validate_only: bool = False,
+                          version: int | None = None) -> None:
+        """Replace ``entity``'s dynamic configs with ``configs`` (validated first; KafkaError); ``version``:
+        only if the stored configs are still the ones read at that version (StaleConfigVersion)."""
         parse_dynamic_configs(configs)
         if validate_only:
             return
         log.info("updating dynamic configs of broker %s: %s", entity, configs)
-        await self.metadata.set_broker_configs_async(entity, dict(configs))
+        await self.metadata.set_broker_configs_async(entity, dict(configs), version=version)
 
     def _stored(self, entity: str, configs: Mapping[str, str]) -> None:
         """The backend's configs of ``entity`` (at start, or changed): apply the valid ones."""

@@ -122,6 +122,10 @@ class TopicInfo:
         )
 
 
+class StaleConfigVersion(Exception):
+    """A conditional config write found the configs changed since they were read: read again and retry."""
+
+
 class ClusterMetadata(Protocol):
     """What handlers and TopicAdmin ask, in both modes. ``controller_id`` is -1 while no controller is
     known; ``brokers`` are the live brokers (one endpoint each)."""
@@ -148,9 +152,14 @@ class ClusterMetadata(Protocol):
                                    assignment: dict[int, list[int]] | None = None) -> None: ...
     async def wait_until(self, condition: Callable[[], bool], timeout_s: float) -> bool: ...
     def add_config_listener(self, callback: Callable[[str], None]) -> None: ...
-    async def set_topic_configs_async(self, name: str, configs: dict[str, str]) -> None: ...
+    # Read-modify-write of an entity's configs (``topics``/<topic> or ``brokers``/<entity>): the stored
+    # configs and a version from the store itself (not a cache); the set_* with ``version`` raise
+    # StaleConfigVersion if the configs changed since, with None they write whatever is there.
+    async def read_entity_configs_async(self, entity_type: str, name: str) -> tuple[dict[str, str], int | None]: ...
+    async def set_topic_configs_async(self, name: str, configs: dict[str, str], *, version: int | None = None) -> None: ...
     def broker_configs(self, entity: str) -> dict[str, str]: ...  # DEFAULT_BROKER_ENTITY or a broker id
-    async def set_broker_configs_async(self, entity: str, configs: dict[str, str]) -> None: ...
+    async def set_broker_configs_async(self, entity: str, configs: dict[str, str], *,
+                                       version: int | None = None) -> None: ...
     def add_broker_config_listener(self, callback: Callable[[str, dict[str, str]], None]) -> None: ...
     def commit(self) -> Future: ...
 
@@ -324,7 +333,13 @@ class EmbeddedMetadata(TopicIndex):
         """``callback(topic)`` after a topic's config overrides changed."""
         self._config_listeners.append(callback)
 
-    async def set_topic_configs_async(self, name: str, configs: dict[str, str]) -> None:
+    async def read_entity_configs_async(self, entity_type: str, name: str) -> tuple[dict[str, str], int | None]:
+        """The stored configs (this journal is the store: no version needed, nothing else writes it)."""
+        if entity_type == "topics":
+            return dict(self.topic_configs(name) or {}), None
+        return self.broker_configs(name), None
+
+    async def set_topic_configs_async(self, name: str, configs: dict[str, str], *, version: int | None = None) -> None:
         self.set_topic_configs(name, configs)
 
     def broker_configs(self, entity: str) -> dict[str, str]:
@@ -341,7 +356,8 @@ class EmbeddedMetadata(TopicIndex):
         for callback in list(self._broker_config_listeners):
             callback(entity, dict(configs))
 
-    async def set_broker_configs_async(self, entity: str, configs: dict[str, str]) -> None:
+    async def set_broker_configs_async(self, entity: str, configs: dict[str, str], *,
+                                       version: int | None = None) -> None:
         self.set_broker_configs(entity, configs)
 
     def add_broker_config_listener(self, callback: Callable[[str, dict[str, str]], None]) -> None:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Callable
 
 from pykbroker.cluster.alter_partition import AlterPartitionManager
 from pykbroker.cluster.controller import Controller
-from pykbroker.cluster.zk_metadata import ZkMetadata
+from pykbroker.cluster.zk_metadata import MetadataStartError, ZkMetadata
 from pykbroker.cluster.zookeeper import BrokerIdInUse, Endpoint, KafkaZkClient, SessionEvent
 from pykbroker.protocol.client import ClientError, NodeClients
 from pykbroker.protocol.errors import ErrorCode
@@ -121,7 +121,10 @@ class ClusterNode:
         """Register this broker (its listeners are bound; the broker accepts connections once this returns, as
         Kafka enables request processing after registering) and run for controller."""
         self._endpoints = endpoints
-        await self.metadata.start()
+        try:
+            await self.metadata.start()
+        except MetadataStartError as exc:
+            raise ClusterStartError(str(exc)) from None
         self.zk.add_session_listener(self._on_session_event)
         self.broker_epoch = await self._register_first_time(endpoints)
         log.info("broker %d registered in ZooKeeper with broker epoch %d", self.broker_id, self.broker_epoch)

@@ -42,7 +42,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from pykbroker.cluster.dynamic_configs import DynamicConfigs
-from pykbroker.cluster.metadata import ClusterMetadata, TopicInfo, topic_name_error
+from pykbroker.cluster.metadata import INTERNAL_TOPICS, ClusterMetadata, TopicInfo, topic_name_error
 from pykbroker.config import TOPIC_CONFIGS, BrokerConfig, ConfigError, ConfigSource, validate_topic_configs
 from pykbroker.log.config import LogConfig
 from pykbroker.protocol.errors import ErrorCode, KafkaError
@@ -54,7 +54,8 @@ MAX_PARTITIONS_PER_REQUEST = 10_000  # Kafka's ReplicationControlManager.MAX_PAR
 # Stored overrides that replace a compact cleanup.policy of a topic created before it was refused.
 _KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
 # Kafka compacts __consumer_offsets; pykbroker has no compaction yet, so internal topics keep their segments
-# forever instead (time retention would silently drop committed offsets).
+# forever instead (time retention would silently drop committed offsets): created with this override, and
+# served with _KEEP_FOREVER whatever their stored overrides say (an AlterConfigs may have replaced them).
 _INTERNAL_CONFIGS = {"retention.ms": "-1"}
 _OFFSETS_REPLICATION_KEY = "offsets.topic.replication.factor"
 _KAFKA_OFFSETS_REPLICATION_FACTOR = 3  # Kafka's default of offsets.topic.replication.factor
@@ -91,9 +92,11 @@ class TopicAdmin:
         for partition_log in self.replicas.log_manager.logs():
             partition_log.config = self.log_config(partition_log.topic)
 
-    async def alter_configs_async(self, name: str, configs: dict[str, str], *, validate_only: bool = False) -> None:
+    async def alter_configs_async(self, name: str, configs: dict[str, str], *, validate_only: bool = False,
+                                  version: int | None = None) -> None:
         """Replace the topic's config overrides (AlterConfigs semantics; IncrementalAlterConfigs computes the
-        full set first). KafkaError: UNKNOWN_TOPIC_OR_PARTITION, INVALID_CONFIG for a bad name or value."""
+        full set first, from the overrides read at ``version``: StaleConfigVersion if they changed since).
+        KafkaError: UNKNOWN_TOPIC_OR_PARTITION, INVALID_CONFIG for a bad name or value."""
         if self.metadata.topic(name) is None:
             raise KafkaError(ErrorCode.unknown_topic_or_partition, f"The topic '{name}' does not exist.")
         try:
@@ -103,13 +106,17 @@ class TopicAdmin:
         if validate_only:
             return
         log.info("updating configs of topic %s: %s", name, configs)
-        await self.metadata.set_topic_configs_async(name, dict(configs))
+        await self.metadata.set_topic_configs_async(name, dict(configs), version=version)
 
     # -- configs ----------------------------------------------------------------------------------
     def _overrides(self, name: str) -> dict[str, str]:
+        """The overrides the topic is served with: the stored ones, but internal topics and topics stored
+        with a compact cleanup.policy keep their data forever (_KEEP_FOREVER; DescribeConfigs shows it)."""
         configs = self.metadata.topic_configs(name)
         if configs is None:
-            return {}
+            configs = {}
+        if name in INTERNAL_TOPICS:
+            configs = {**configs, **_KEEP_FOREVER}
         if "compact" not in configs.get("cleanup.policy", ""):
             return configs
         if name not in self._warned_compact:

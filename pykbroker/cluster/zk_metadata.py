@@ -19,6 +19,16 @@ Kafka's ZkMetadataCache, rule for rule where it matters to clients:
 - AlterConfigs writes go through the broker that got the request, as Kafka's ZkAdminManager: the config
   znode, then a change notification (AdminZkClient.changeEntityConfig); that broker applies the change
   to its own cache at once (its next DescribeConfigs shows it), the others when they see the notification.
+- Config change notifications older than 15 minutes (``change_expiration_ms``) are deleted after each
+  round of processing, as Kafka's ZkNodeChangeNotificationListener.purgeObsoleteNotifications does (their
+  creation time is ZooKeeper's ctime): they do not pile up, and a starting broker replays only recent ones.
+- Reads of a topic's config carry a generation from one counter that only grows: a read (or a config
+  write through this broker) applies its result to the cache only if the topic's generation is still
+  the one it started with, so a topic deleted meanwhile (and maybe created again) never gets the
+  configs of its former incarnation.
+- AlterConfigs / IncrementalAlterConfigs read the entity's configs from ZooKeeper
+  (``read_entity_configs_async``, Kafka's fetchEntityConfig), not from this cache, which may be behind;
+  IncrementalAlterConfigs writes conditionally on the zkVersion read (StaleConfigVersion: read again).
 - ``topic(name)`` shows the partitions known so far, from 0 up to the first one not known yet (the
   controller sends every partition of a topic in one request, so in practice all of them).
 
@@ -36,16 +46,17 @@ when the controller has acted on them and sent UpdateMetadata (``wait_until``):
   and retried if another write came in between; it goes through KafkaZkClient.set_topic_assignment with
   any controller epoch (-1), which still needs ``/controller_epoch`` to exist (a controller was elected).
 A wait still pending when the cache closes ends as a timeout does.
-Not done: rack-aware placement (racks are carried in endpoints but placement ignores them), and purging
-config change notifications older than 15 minutes (Kafka's brokers delete them; ours leave them).
+Not done: rack-aware placement (racks are carried in endpoints but placement ignores them).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import random
+import time
 import uuid
 from concurrent.futures import Future
 from typing import Callable, Sequence
@@ -54,6 +65,7 @@ from pykbroker.cluster.metadata import (
     DEFAULT_BROKER_ENTITY,
     BrokerEndpoint,
     PartitionState,
+    StaleConfigVersion,
     TopicIndex,
     TopicInfo,
     collision_key,
@@ -77,6 +89,12 @@ NO_TOPIC_ID = uuid.UUID(int=0)
 # Kafka's SecurityProtocol ids, whose names are the listener names of UpdateMetadata before v3.
 SECURITY_PROTOCOLS = {0: "PLAINTEXT", 1: "SSL", 2: "SASL_PLAINTEXT", 3: "SASL_SSL"}
 _ASSIGNMENT_WRITE_ATTEMPTS = 5
+CHANGE_EXPIRATION_MS = 15 * 60 * 1000  # Kafka's ZkNodeChangeNotificationListener.changeExpirationMs
+START_CONFIG_READ_TIMEOUT_S = 60.0  # how long start retries reading the dynamic broker configs
+
+
+class MetadataStartError(Exception):
+    """The cache cannot start (the dynamic broker configs could not be read from ZooKeeper)."""
 
 
 def assign_replicas_to_brokers(
@@ -128,7 +146,9 @@ class ZkMetadata(TopicIndex):
 
     local_leadership = False  # LeaderAndIsr from the controller hosts partitions, through the node
 
-    def __init__(self, zk: KafkaZkClient, broker_id: int, cluster_id: str, *, inter_broker_listener: str) -> None:
+    def __init__(self, zk: KafkaZkClient, broker_id: int, cluster_id: str, *, inter_broker_listener: str,
+                 change_expiration_ms: int = CHANGE_EXPIRATION_MS, clock_ms: Callable[[], int] | None = None,
+                 start_timeout_s: float = START_CONFIG_READ_TIMEOUT_S) -> None:
         self.zk = zk
         self.broker_id = broker_id
         self.cluster_id = cluster_id
@@ -139,8 +159,15 @@ class ZkMetadata(TopicIndex):
         self._topic_ids: dict[str, uuid.UUID] = {}
         super().__init__()
         self._configs: dict[str, dict[str, str]] = {}  # topic -> overrides, once read from ZooKeeper
-        self._config_generation: dict[str, int] = {}  # topic -> number of the last read started
+        # topic / broker entity -> generation of its last read or write started, from one counter that only
+        # grows (a topic deleted and created again never gets a generation it had before)
+        self._generations = itertools.count(1)
+        self._config_generation: dict[str, int] = {}
         self._last_change = -1  # sequence number of the last config change notification processed
+        self._change_ctimes: dict[str, int] = {}  # notification processed -> its ZooKeeper ctime (ms)
+        self.change_expiration_ms = change_expiration_ms
+        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.start_timeout_s = start_timeout_s
         self._changes_task: asyncio.Task | None = None
         self._changes_pending = False
         self._listeners: list[Callable[[], None]] = []
@@ -155,9 +182,21 @@ class ZkMetadata(TopicIndex):
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
         """Read the dynamic broker configs, then watch ``/config/changes`` (the watch fires once at once:
-        notifications present now are processed)."""
+        notifications present now are processed). A failed read is retried (backoff 0.1 s doubling up to
+        5 s) for ``start_timeout_s``; then MetadataStartError: a broker must not run without the dynamic
+        configs the cluster set for it (a lowered retention, a throttle)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.start_timeout_s
         for entity in self._broker_entities():
-            await self._load_broker_config(entity)
+            backoff = 0.1
+            while not await self._load_broker_config(entity):
+                if loop.time() + backoff > deadline:
+                    raise MetadataStartError(
+                        f"Cannot read the dynamic broker configs /config/brokers/{entity} from ZooKeeper "
+                        f"within {self.start_timeout_s:g} s (see the warnings above); not starting without them."
+                    )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
         self.zk.watch_config_changes(self._on_config_changes)
 
     async def close(self) -> None:
@@ -322,8 +361,7 @@ class ZkMetadata(TopicIndex):
 
     async def _load_config(self, name: str) -> None:
         """Read /config/topics/<name>; of two reads in flight, the one started last wins."""
-        generation = self._config_generation.get(name, 0) + 1
-        self._config_generation[name] = generation
+        generation = self._config_generation[name] = next(self._generations)
         try:
             configs = await self.zk.get_topic_config(name)
         except Exception as exc:  # noqa: BLE001 - a ZooKeeper failure keeps the configs known and is reported
@@ -360,6 +398,25 @@ class ZkMetadata(TopicIndex):
 
     async def _process_new_changes(self) -> None:
         children = await self.zk.children(CONFIG_CHANGES_PATH)
+        try:
+            await self._process_changes(children)
+        finally:
+            await self._purge_obsolete_changes(children)
+
+    async def _purge_obsolete_changes(self, children: list[str]) -> None:
+        """Kafka's purgeObsoleteNotifications: delete the notifications processed that are older than
+        ``change_expiration_ms`` (every broker does; one already deleted by another is fine)."""
+        present = set(children)
+        for child in [c for c in self._change_ctimes if c not in present]:  # purged by another broker
+            del self._change_ctimes[child]
+        now = self.clock_ms()
+        for child, ctime in sorted(self._change_ctimes.items()):
+            if now - ctime > self.change_expiration_ms:
+                log.debug("purging config change notification %s", child)
+                await self.zk.delete_config_change(child)
+                del self._change_ctimes[child]
+
+    async def _process_changes(self, children: list[str]) -> None:
         changes = sorted(
             (int(child[len(CONFIG_CHANGE_PREFIX):]), child)
             for child in children
@@ -370,6 +427,8 @@ class ZkMetadata(TopicIndex):
                 continue
             found = await self.zk.get_or_none(f"{CONFIG_CHANGES_PATH}/{child}")
             self._last_change = sequence
+            if found is not None:
+                self._change_ctimes[child] = found[1].ctime
             entity_type, name = _changed_entity(found[0] if found else None) or ("", "")
             if entity_type == "topics" and name in self._topics:
                 await self._load_config(name)
@@ -388,38 +447,58 @@ class ZkMetadata(TopicIndex):
         """``callback(entity, configs)`` after the default's or this broker's dynamic configs were read."""
         self._broker_config_listeners.append(callback)
 
-    async def _load_broker_config(self, entity: str) -> None:
-        generation = self._broker_config_generation.get(entity, 0) + 1
-        self._broker_config_generation[entity] = generation
+    async def _load_broker_config(self, entity: str) -> bool:
+        """Read /config/brokers/<entity> and apply it (unless a newer read or write started meanwhile);
+        False if ZooKeeper could not be read (reported; the configs known are kept)."""
+        generation = self._broker_config_generation[entity] = next(self._generations)
         try:
             configs = await self.zk.get_entity_config("brokers", entity)
         except Exception as exc:  # noqa: BLE001 - a ZooKeeper failure keeps the configs known and is reported
             log.warning("cannot read the dynamic configs of broker entity %s from ZooKeeper: %r", entity, exc)
-            return
+            return False
         if self._broker_config_generation.get(entity) == generation:
             self._apply_broker_configs(entity, configs)
+        return True
 
     def _apply_broker_configs(self, entity: str, configs: dict[str, str]) -> None:
         self._broker_configs[entity] = dict(configs)
         for callback in list(self._broker_config_listeners):
             callback(entity, dict(configs))
 
-    async def set_broker_configs_async(self, entity: str, configs: dict[str, str]) -> None:
-        """ZkAdminManager.alterBrokerConfigs: write ``/config/brokers/<entity>`` and the notification; applied
-        here at once when it is the default or this broker (the notification re-reads it, unchanged)."""
-        await self.zk.set_entity_config("brokers", entity, configs)
-        if entity in self._broker_entities():
-            self._broker_config_generation[entity] = self._broker_config_generation.get(entity, 0) + 1
+    async def read_entity_configs_async(self, entity_type: str, name: str) -> tuple[dict[str, str], int]:
+        """``/config/<entity_type>/<name>`` as ZooKeeper has it now, and its zkVersion (-1: no znode)."""
+        return await self.zk.get_entity_config_versioned(entity_type, name)
+
+    async def _write_entity_config(self, entity_type: str, name: str, configs: dict[str, str],
+                                   version: int | None) -> None:
+        try:
+            await self.zk.set_entity_config(entity_type, name, configs, version=version)
+        except StaleZkVersion as exc:
+            raise StaleConfigVersion(str(exc)) from exc
+
+    async def set_broker_configs_async(self, entity: str, configs: dict[str, str], *,
+                                       version: int | None = None) -> None:
+        """ZkAdminManager.alterBrokerConfigs: write ``/config/brokers/<entity>`` (conditional on ``version``,
+        see ClusterMetadata) and the notification; applied here at once when it is the default or this
+        broker and no read started meanwhile (the notification re-reads it)."""
+        generation = self._broker_config_generation.get(entity)
+        await self._write_entity_config("brokers", entity, configs, version)
+        if entity in self._broker_entities() and self._broker_config_generation.get(entity) == generation:
+            self._broker_config_generation[entity] = next(self._generations)
             self._apply_broker_configs(entity, configs)
 
-    async def set_topic_configs_async(self, name: str, configs: dict[str, str]) -> None:
-        """AdminZkClient.changeTopicConfig, then the change applied here at once (others: by notification)."""
-        await self.zk.set_topic_config(name, configs)
-        self._config_generation[name] = self._config_generation.get(name, 0) + 1  # a read in flight is stale
+    async def set_topic_configs_async(self, name: str, configs: dict[str, str], *, version: int | None = None) -> None:
+        """AdminZkClient.changeTopicConfig, then the change applied here at once (others: by notification),
+        if the topic is still known and its generation unchanged: a topic deleted during the write must not
+        keep these overrides for a topic created again with its name, and a read started meanwhile (a
+        notification) has the newer word."""
+        generation = self._config_generation.get(name)
+        await self._write_entity_config("topics", name, configs, version)
+        if name not in self._topics or generation is None or self._config_generation.get(name) != generation:
+            return
+        self._config_generation[name] = next(self._generations)  # a read in flight is stale
         self._configs[name] = dict(configs)
-        info = self._topics.get(name)
-        if info is not None:
-            info.configs = self._configs[name]
+        self._topics[name].configs = self._configs[name]
         for callback in list(self._config_listeners):
             callback(name)
 

@@ -909,13 +909,32 @@ class KafkaZkClient:
 
     async def get_entity_config(self, entity_type: str, name: str) -> dict[str, str]:
         """The configs in /config/<entity_type>/<name> (``brokers``, ``<default>`` or a broker id), {} if none."""
-        found = await self.get_or_none(f"{CONFIG_PATH}/{entity_type}/{name}")
-        return decode_topic_config(found[0]) if found else {}
+        return (await self.get_entity_config_versioned(entity_type, name))[0]
 
-    async def set_entity_config(self, entity_type: str, name: str, config: dict[str, str]) -> str:
+    async def get_entity_config_versioned(self, entity_type: str, name: str) -> tuple[dict[str, str], int]:
+        """The configs in /config/<entity_type>/<name> and the znode's zkVersion (-1 if there is none), for
+        a read-modify-write with ``set_entity_config(..., version=)`` (Kafka's fetchEntityConfig)."""
+        found = await self.get_or_none(f"{CONFIG_PATH}/{entity_type}/{name}")
+        return (decode_topic_config(found[0]), found[1].version) if found else ({}, -1)
+
+    async def set_entity_config(self, entity_type: str, name: str, config: dict[str, str], *,
+                                version: int | None = None) -> str:
         """AdminZkClient.changeEntityConfig: write /config/<type>/<name> (an empty config too, as Kafka),
-        then the change notification naming ``<type>/<name>``. Returns the notification znode's name."""
-        await self._set_or_create(f"{CONFIG_PATH}/{entity_type}/{name}", encode_topic_config(config))
+        then the change notification naming ``<type>/<name>``. Returns the notification znode's name.
+        ``version``: write only if the znode is still at that zkVersion (-1: only if there is none yet),
+        else StaleZkVersion and nothing written; None writes whatever is there."""
+        path = f"{CONFIG_PATH}/{entity_type}/{name}"
+        data = encode_topic_config(config)
+        if version is None:
+            await self._set_or_create(path, data)
+        else:
+            try:
+                if version < 0:
+                    await self._await(self._zk.create_async(path, data, makepath=True))
+                else:
+                    await self._await(self._zk.set_async(path, data, version=version))
+            except (BadVersionError, NodeExistsError, NoNodeError) as exc:
+                raise StaleZkVersion(f"{path} changed since it was read (expected zkVersion {version})") from exc
         created = await self._await(
             self._zk.create_async(
                 f"{CONFIG_CHANGES_PATH}/{CONFIG_CHANGE_PREFIX}",
@@ -925,6 +944,13 @@ class KafkaZkClient:
             )
         )
         return created.rsplit("/", 1)[1]
+
+    async def delete_config_change(self, child: str) -> None:
+        """Delete the config change notification ``child`` (already gone: fine, another broker purged it)."""
+        try:
+            await self._await(self._zk.delete_async(f"{CONFIG_CHANGES_PATH}/{child}"))
+        except NoNodeError:
+            pass
 
     def watch_config_changes(self, callback: Callable[[list[str]], Any]) -> None:
         on_loop = self._to_loop(callback)

@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+import types
 from collections import Counter
 
 import pytest
 
 pytest.importorskip("kazoo", reason="kazoo is not installed (pip install kazoo, or the project's test extra)")
+
+from kio.schema.incremental_alter_configs.v1 import request as iac
+from kio.static.primitive import i8
 
 from pykbroker.cluster import zookeeper as zkm
 from pykbroker.cluster.topic_admin import TopicAdmin
@@ -20,7 +25,10 @@ from pykbroker.cluster.zookeeper import KafkaZkClient, kafka_uuid_to_uuid
 from pykbroker.config import BrokerConfig
 from pykbroker.log.manager import LogManager
 from pykbroker.protocol.errors import ErrorCode, KafkaError
+from pykbroker.protocol.apis import codec_for
 from pykbroker.protocol.interbroker.update_metadata.v8 import request as um8
+from pykbroker.server.dispatch import RequestContext
+from pykbroker.server.handlers.alter_configs import incremental_alter_configs
 from pykbroker.replication.replica_manager import ReplicaManager
 from cluster_helpers import wait_for
 
@@ -269,3 +277,81 @@ def test_an_explicit_offsets_replication_factor_is_used(node_on):
         assert all(len(r) == 1 for r in assignment.partitions.values())
 
     node_on(scenario, **{"offsets.topic.replication.factor": 1})
+
+
+# -- AlterConfigs read-modify-write against ZooKeeper, config change notifications purged ----------------
+
+
+async def incremental_alter(node: Node, kind: int, name: str, key: str, value: str):
+    """IncrementalAlterConfigs SET through the real handler, on this node."""
+    broker = types.SimpleNamespace(metadata=node.metadata, topics=node.admin, dynamic_configs=node.admin.dynamic,
+                                   broker_id=1)
+    body = iac.IncrementalAlterConfigsRequest(resources=(iac.AlterConfigsResource(
+        resource_type=i8(kind), resource_name=name, configs=(iac.AlterableConfig(name=key, config_operation=i8(0),
+                                                                                 value=value),)),), validate_only=False)
+    envelope = types.SimpleNamespace(api_key=44, api_version=1, body=body, codec=codec_for(44, 1))
+    response = await incremental_alter_configs(RequestContext(broker, envelope, "peer"), body)
+    return [(r.error_code, r.error_message) for r in response.responses]
+
+
+def test_incremental_alter_configs_starts_from_zookeeper_not_from_a_stale_cache(node_on):
+    async def scenario(node: Node):
+        controller = asyncio.ensure_future(node.publish_when_written("stale", 1))
+        await node.admin.create_async("stale", 1, 1, {"retention.ms": "1000"}, timeout_s=20)
+        await controller
+        await wait_for(lambda: node.metadata.topic_configs("stale") == {"retention.ms": "1000"}, what="config read")
+        # other brokers' changes this broker has not seen (no notification, as if its read had failed)
+        node.zk._zk.set("/config/topics/stale", zkm.encode_topic_config({"retention.ms": "1000", "segment.bytes": "1048576"}))
+        node.zk._zk.create("/config/brokers/<default>", zkm.encode_topic_config({"log.retention.ms": "60000"}),
+                           makepath=True)
+        assert await incremental_alter(node, 2, "stale", "max.message.bytes", "2048") == [(ErrorCode.none, None)]
+        assert await node.zk.get_topic_config("stale") == {
+            "retention.ms": "1000", "segment.bytes": "1048576", "max.message.bytes": "2048"}
+        assert node.metadata.topic_configs("stale") == await node.zk.get_topic_config("stale")
+        assert await incremental_alter(node, 4, "", "log.segment.bytes", "2097152") == [(ErrorCode.none, None)]
+        assert await node.zk.get_entity_config("brokers", "<default>") == {
+            "log.retention.ms": "60000", "log.segment.bytes": "2097152"}
+
+    node_on(scenario)
+
+
+def test_a_conditional_config_write_on_a_changed_znode_writes_nothing(node_on):
+    async def scenario(node: Node):
+        assert await node.zk.get_entity_config_versioned("brokers", "7") == ({}, -1)
+        await node.zk.set_entity_config("brokers", "7", {"log.retention.ms": "1"}, version=-1)
+        configs, version = await node.zk.get_entity_config_versioned("brokers", "7")
+        assert configs == {"log.retention.ms": "1"}
+        notifications = await node.zk.children(zkm.CONFIG_CHANGES_PATH)
+        for stale in (-1, version + 1):
+            with pytest.raises(zkm.StaleZkVersion):
+                await node.zk.set_entity_config("brokers", "7", {"log.retention.ms": "2"}, version=stale)
+        assert await node.zk.get_entity_config("brokers", "7") == {"log.retention.ms": "1"}
+        assert await node.zk.children(zkm.CONFIG_CHANGES_PATH) == notifications  # no notification either
+        await node.zk.set_entity_config("brokers", "7", {"log.retention.ms": "3"}, version=version)
+        assert await node.zk.get_entity_config("brokers", "7") == {"log.retention.ms": "3"}
+
+    node_on(scenario)
+
+
+def test_config_change_notifications_older_than_the_expiration_are_purged_after_processing(node_on):
+    async def scenario(node: Node):
+        assert node.metadata.change_expiration_ms == 15 * 60 * 1000  # Kafka's
+        first = await node.zk.set_entity_config("brokers", "<default>", {"log.retention.ms": "60000"})
+        await wait_for(lambda: node.metadata.broker_configs("<default>") == {"log.retention.ms": "60000"},
+                       what="first change processed")
+        _, stat = await node.zk.get(f"{zkm.CONFIG_CHANGES_PATH}/{first}")
+        assert first in await node.zk.children(zkm.CONFIG_CHANGES_PATH)  # processed, younger than 15 minutes
+
+        # 15 minutes and 1 ms after the first one was created, the next change is processed
+        node.metadata.clock_ms = lambda: stat.ctime + 15 * 60 * 1000 + 1
+        await wait_for(lambda: time.time() * 1000 > stat.ctime + 5, what="ZooKeeper's clock moved on")
+        second = await node.zk.set_entity_config("brokers", "<default>", {"log.retention.ms": "120000"})
+        await wait_for(lambda: node.metadata.broker_configs("<default>") == {"log.retention.ms": "120000"},
+                       what="second change processed")
+
+        async def only_the_second_is_left():
+            return await node.zk.children(zkm.CONFIG_CHANGES_PATH) == [second]
+
+        await wait_for(only_the_second_is_left, what="the first notification purged")
+
+    node_on(scenario)

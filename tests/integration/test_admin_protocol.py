@@ -146,6 +146,29 @@ def test_delete_topic_by_name_and_id(address, topic_name):
     assert again.topic_id != first.topic_id
 
 
+def test_a_topic_named_twice_in_delete_topics_is_answered_once_and_not_deleted(address, topic_name):
+    # Kafka's ControllerApis.deleteTopics; one answer per occurrence makes librdkafka fail the whole request
+    # ("Broker returned topic ... multiple times")
+    create(address, topic_name + "-twice")
+    create(address, topic_name + "-once")
+    twice_id = metadata(address, topic_name + "-twice").topics[0].topic_id
+    response = send_request(address, dt.DeleteTopicsRequest(topics=(
+        dt.DeleteTopicState(name=topic_name + "-twice", topic_id=None),
+        dt.DeleteTopicState(name=topic_name + "-once", topic_id=None),
+        dt.DeleteTopicState(name=topic_name + "-twice", topic_id=None),
+        dt.DeleteTopicState(name=None, topic_id=twice_id),
+        dt.DeleteTopicState(name=None, topic_id=twice_id),
+    ), timeout=TIMEOUT))
+    answers = [(r.name, r.topic_id, r.error_code, r.error_message) for r in response.responses]
+    assert sorted(answers[:2], key=str) == sorted([
+        (topic_name + "-twice", None, ErrorCode.invalid_request, "Duplicate topic name."),
+        (None, twice_id, ErrorCode.invalid_request, "Duplicate topic id."),
+    ], key=str)
+    assert [(name, code) for name, _, code, _ in answers[2:]] == [(topic_name + "-once", ErrorCode.none)]
+    assert metadata(address, topic_name + "-twice").topics[0].error_code == ErrorCode.none  # not deleted
+    assert metadata(address, topic_name + "-once").topics[0].error_code == ErrorCode.unknown_topic_or_partition
+
+
 def test_describe_configs_topic_and_broker(address, topic_name):
     create(address, topic_name, configs=[("segment.bytes", "1048576")])
     response = send_request(address, dcfg.DescribeConfigsRequest(resources=(

@@ -20,7 +20,7 @@ from kio.schema.metadata.v0 import request as m0
 from kio.schema.metadata.v5 import request as m5
 
 from pykbroker.cluster.topic_admin import TopicAdmin
-from pykbroker.cluster.zk_metadata import ZkMetadata, assign_replicas_to_brokers
+from pykbroker.cluster.zk_metadata import MetadataStartError, ZkMetadata, assign_replicas_to_brokers
 from pykbroker.config import BrokerConfig
 from pykbroker.log.manager import LogManager
 from pykbroker.protocol import interbroker as ib
@@ -345,3 +345,84 @@ def test_the_internal_topics_replication_factor_is_kafkas_3_unless_set(cluster_a
     assert cluster_admin()._internal_replication_factor() == 3
     assert cluster_admin(**{"offsets.topic.replication.factor": 1})._internal_replication_factor() == 1
     assert cluster_admin(**{"offsets.topic.replication.factor": 3})._internal_replication_factor() == 3
+
+
+# -- config writes and reads racing with UpdateMetadata, the start's read of the broker configs -------------
+
+
+class WritingZk(FakeZk):
+    """FakeZk whose config writes wait for ``release`` (an UpdateMetadata can come in meanwhile), and whose
+    broker config reads fail ``failures`` times first."""
+
+    def __init__(self, configs=None, failures: int = 0) -> None:
+        super().__init__(configs)
+        self.release = asyncio.Event()
+        self.failures = failures
+
+    async def set_entity_config(self, entity_type, name, config, *, version=None):
+        await self.release.wait()
+        self.configs[name] = dict(config)
+
+    async def set_topic_config(self, name, config):
+        await self.set_entity_config("topics", name, config)
+
+    async def get_entity_config(self, entity_type, name):
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("ZooKeeper connection lost")
+        return {"log.retention.ms": "60000"} if name == "<default>" else {}
+
+
+async def cache_with_topic_t(zk: WritingZk) -> ZkMetadata:
+    """A cache that knows topic t and has read its config."""
+    zkm = cache(zk)
+    zkm.apply_update_metadata(update_metadata(THREE, {"t": (TOPIC_ID, {0: (1, [1], [1], [])})}))
+    await asyncio.wait_for(_until(lambda: zk.reads["t"] == 1), 10)
+    return zkm
+
+
+def test_a_topic_deleted_during_a_config_write_does_not_pass_its_overrides_to_a_new_topic_of_its_name():
+    async def main():
+        zk = WritingZk({"t": {}})
+        zkm = await cache_with_topic_t(zk)
+        write = asyncio.ensure_future(zkm.set_topic_configs_async("t", {"retention.ms": "1000"}))
+        await asyncio.sleep(0)
+        zkm.apply_update_metadata(update_metadata(THREE, {"t": (TOPIC_ID, {0: (-2, [], [], [])})}))  # deleted
+        zk.release.set()
+        await write  # landed while the topic was being deleted: the cache must not keep it
+        assert zkm.topic_configs("t") is None
+        zk.configs["t"] = {"segment.bytes": "1048576"}  # created again, with its own configs
+        assert await zkm.load_topic_config("t") == {"segment.bytes": "1048576"}
+        await zkm.close()
+
+    asyncio.run(main())
+
+
+def test_a_config_write_applies_to_the_cache_at_once_when_nothing_came_in_between():
+    async def main():
+        zk = WritingZk({"t": {}})
+        zkm = await cache_with_topic_t(zk)
+        zk.release.set()
+        await zkm.set_topic_configs_async("t", {"retention.ms": "1000"})
+        assert zkm.topic("t").configs == {"retention.ms": "1000"} == zkm.topic_configs("t")
+        await zkm.close()
+
+    asyncio.run(main())
+
+
+def test_start_retries_reading_the_dynamic_broker_configs_and_fails_clearly_if_it_never_can():
+    async def main():
+        zk = WritingZk(failures=3)
+        zk.watch_config_changes = lambda callback: None
+        zkm = ZkMetadata(zk, 1, "cluster-x", inter_broker_listener="PLAINTEXT", start_timeout_s=30)
+        await zkm.start()
+        assert zkm.broker_configs("<default>") == {"log.retention.ms": "60000"}
+        await zkm.close()
+
+        zk = WritingZk(failures=1000)
+        zkm = ZkMetadata(zk, 1, "cluster-x", inter_broker_listener="PLAINTEXT", start_timeout_s=0.5)
+        with pytest.raises(MetadataStartError, match=r"/config/brokers/<default> from ZooKeeper within 0.5 s"):
+            await zkm.start()
+        await zkm.close()
+
+    asyncio.run(main())

@@ -11,9 +11,18 @@ Behaviour (Kafka 3.7.1's ZkAdminManager / ConfigAdminManager):
   and stored by cluster/dynamic_configs.py (INVALID_REQUEST for another broker's id, a config that is
   not dynamic or an invalid value; INVALID_CONFIG for an unknown name).
 - INVALID_REQUEST, as Kafka: a resource named twice in one request (every occurrence: "Each resource must
-  appear at most once."), a config named twice in one resource, a null value (except DELETE), an unknown
-  operation, any other resource type. APPEND or SUBTRACT of a config that is not a list: INVALID_CONFIG.
-  (Codes and messages checked against Kafka 3.7.1 in ZooKeeper and KRaft mode.)
+  appear at most once."), a config named twice in one resource (both APIs: "Error due to duplicate config
+  keys", ConfigAdminManager.preprocess), a null value (except DELETE), an unknown operation, a TOPIC
+  resource with an empty name ("Default topic resources are not allowed."), any other resource type.
+  APPEND or SUBTRACT of a config that is not a list: INVALID_CONFIG. (Codes and messages checked against
+  Kafka 3.7.1 in ZooKeeper and KRaft mode.) Error messages list at most 10 names.
+- IncrementalAlterConfigs starts from the configs as the store has them now (cluster: the znode read from
+  ZooKeeper, as Kafka's adminZkClient.fetchEntityConfig, not this broker's cache, which may be behind) and
+  writes conditionally on the version read; if another write came in between, it reads and applies the
+  operations again (up to 5 times, then UNKNOWN_SERVER_ERROR).
+- Any other failure of one resource (ZooKeeper unreachable, ...) answers UNKNOWN_SERVER_ERROR for that
+  resource only, without a message (Kafka's ApiError.fromThrowable), and is logged; the others are
+  answered as usual.
 - ``validate_only`` checks everything and changes nothing. Resources are independent: each gets its
   own error. Single node: the answer waits until the changes are durable (KAFKA_STORAGE_ERROR for every
   changed resource if the journal write failed); cluster: once ZooKeeper has them, as Kafka.
@@ -21,41 +30,68 @@ Behaviour (Kafka 3.7.1's ZkAdminManager / ConfigAdminManager):
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections import Counter
 from typing import Any, Awaitable, Callable
 
 from pykbroker.cluster.dynamic_configs import broker_entity
-from pykbroker.config import BROKER_CONFIGS, TOPIC_CONFIGS, ConfigDef
+from pykbroker.cluster.metadata import StaleConfigVersion
+from pykbroker.config import BROKER_CONFIGS, TOPIC_CONFIGS, ConfigDef, listed_names
 from pykbroker.protocol.errors import ErrorCode, KafkaError
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
 from pykbroker.server.handlers.topics_admin import _commit
 
+log = logging.getLogger(__name__)
+
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+_WRITE_ATTEMPTS = 5  # IncrementalAlterConfigs: reads and conditional writes before giving up
 
 
-def _current(ctx: RequestContext, resource) -> tuple[dict[str, str], dict[str, ConfigDef], str]:
-    """(stored configs, the config table, what the names are called) of a TOPIC or BROKER resource."""
+def _entity(ctx: RequestContext, resource) -> tuple[str, str, dict[str, ConfigDef], str]:
+    """(stored entity type, entity name, the config table, what the names are called) of a TOPIC or
+    BROKER resource that may be changed here; KafkaError otherwise."""
     if resource.resource_type == TOPIC_RESOURCE:
-        info = ctx.broker.metadata.topic(resource.resource_name)
-        if info is None:
+        if not resource.resource_name:
+            raise KafkaError(ErrorCode.invalid_request, "Default topic resources are not allowed.")
+        if ctx.broker.metadata.topic(resource.resource_name) is None:
             raise KafkaError(ErrorCode.unknown_topic_or_partition, f"The topic '{resource.resource_name}' does not exist.")
-        return dict(info.configs), TOPIC_CONFIGS, "topic"
+        return "topics", resource.resource_name, TOPIC_CONFIGS, "topic"
     if resource.resource_type == BROKER_RESOURCE:
-        entity = broker_entity(resource.resource_name, ctx.broker.broker_id)
-        return ctx.broker.dynamic_configs.stored(entity), BROKER_CONFIGS, "broker"
+        return "brokers", broker_entity(resource.resource_name, ctx.broker.broker_id), BROKER_CONFIGS, "broker"
     raise KafkaError(
         ErrorCode.invalid_request,
         f"Unknown resource type {resource.resource_type}",
     )
 
 
-async def _replace(ctx: RequestContext, resource, configs: dict[str, str], validate_only: bool) -> None:
-    if resource.resource_type == TOPIC_RESOURCE:
-        await ctx.broker.topics.alter_configs_async(resource.resource_name, configs, validate_only=validate_only)
+async def _replace(ctx: RequestContext, resource, configs: dict[str, str], validate_only: bool,
+                   version: int | None = None) -> None:
+    entity_type, name, _, _ = _entity(ctx, resource)
+    if entity_type == "topics":
+        await ctx.broker.topics.alter_configs_async(name, configs, validate_only=validate_only, version=version)
     else:
-        entity = broker_entity(resource.resource_name, ctx.broker.broker_id)
-        await ctx.broker.dynamic_configs.alter_async(entity, configs, validate_only=validate_only)
+        await ctx.broker.dynamic_configs.alter_async(name, configs, validate_only=validate_only, version=version)
+
+
+def _preprocess(configs, null_allowed=lambda entry: False) -> None:
+    """Kafka's ConfigAdminManager.preprocess, before anything about the resource itself is checked."""
+    _check_duplicates(entry.name for entry in configs)
+    _check_nulls(configs, null_allowed)
+
+
+def _check_duplicates(names) -> None:
+    """Kafka's containsDuplicates, in linear time (a request may name tens of thousands of configs)."""
+    if any(count > 1 for count in Counter(names).values()):
+        raise KafkaError(ErrorCode.invalid_request, "Error due to duplicate config keys")
+
+
+def _check_nulls(entries, allowed=lambda entry: False) -> None:
+    nulls = [entry.name for entry in entries if entry.value is None and not allowed(entry)]
+    if nulls:
+        raise KafkaError(ErrorCode.invalid_request, f"Null value not supported for : {listed_names(nulls)}")
 
 
 def _items(text: str | None) -> list[str]:
@@ -63,14 +99,7 @@ def _items(text: str | None) -> list[str]:
 
 
 def _apply_operations(configs: dict[str, str], operations, table: dict[str, ConfigDef], kind: str) -> dict[str, str]:
-    """Kafka's prepareIncrementalConfigs on a copy of ``configs``."""
-    names = [op.name for op in operations]
-    duplicates = sorted({name for name in names if names.count(name) > 1})
-    if duplicates:
-        raise KafkaError(ErrorCode.invalid_request, "Error due to duplicate config keys")
-    nulls = [op.name for op in operations if op.value is None and op.config_operation != DELETE]
-    if nulls:
-        raise KafkaError(ErrorCode.invalid_request, f"Null value not supported for : {','.join(nulls)}")
+    """Kafka's prepareIncrementalConfigs on a copy of ``configs`` (``_preprocess`` checked the operations)."""
     result = dict(configs)
     for op in operations:
         if op.config_operation == SET:
@@ -113,6 +142,13 @@ async def _alter(ctx: RequestContext, request, change: Callable[[Any], Awaitable
         except KafkaError as exc:
             results.append((resource, exc))
             continue
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - Kafka's ApiError.fromThrowable: this resource fails, not the request
+            log.exception("cannot alter the configs of resource type %s name %r",
+                          resource.resource_type, resource.resource_name)
+            results.append((resource, KafkaError(ErrorCode.unknown_server_error, None)))
+            continue
         results.append((resource, None))
         if not request.validate_only:
             changed.append(len(results) - 1)
@@ -144,10 +180,8 @@ def _response(ctx: RequestContext, schema, response_type, results) -> object:
 @handles(33)
 async def alter_configs(ctx: RequestContext, request) -> object:
     async def change(resource) -> None:
-        _current(ctx, resource)  # the resource exists and may be changed here
-        nulls = [entry.name for entry in resource.configs if entry.value is None]
-        if nulls:
-            raise KafkaError(ErrorCode.invalid_request, f"Null value not supported for : {','.join(nulls)}")
+        _preprocess(resource.configs)
+        _entity(ctx, resource)  # the resource exists and may be changed here
         await _replace(ctx, resource, {entry.name: entry.value for entry in resource.configs}, request.validate_only)
 
     schema = response_module(ctx)
@@ -157,9 +191,17 @@ async def alter_configs(ctx: RequestContext, request) -> object:
 @handles(44)
 async def incremental_alter_configs(ctx: RequestContext, request) -> object:
     async def change(resource) -> None:
-        current, table, kind = _current(ctx, resource)
-        configs = _apply_operations(current, resource.configs, table, kind)
-        await _replace(ctx, resource, configs, request.validate_only)
+        _preprocess(resource.configs, lambda op: op.config_operation == DELETE)
+        entity_type, name, table, kind = _entity(ctx, resource)
+        for _ in range(_WRITE_ATTEMPTS):
+            current, version = await ctx.broker.metadata.read_entity_configs_async(entity_type, name)
+            configs = _apply_operations(current, resource.configs, table, kind)
+            try:
+                await _replace(ctx, resource, configs, request.validate_only, version)
+                return
+            except StaleConfigVersion:
+                continue  # another write came in between: read again
+        raise KafkaError(ErrorCode.unknown_server_error, f"The configs of {kind} '{name}' kept changing; try again.")
 
     schema = response_module(ctx)
     return _response(ctx, schema, schema.IncrementalAlterConfigsResponse, await _alter(ctx, request, change))

@@ -8,7 +8,10 @@ assignments (CreateTopics' with num_partitions and replication_factor -1, Create
 partition) place the replicas exactly as named; bad ones get INVALID_REPLICA_ASSIGNMENT (INVALID_REQUEST with
 a partition count or factor too), as KRaft / ZkAdminManager check them (cluster/topic_admin.py). The single
 broker accepts only its own id.
-DeleteTopics v6 accepts topics by name or id. A request that would add more than 10,000 partitions is
+DeleteTopics v6 accepts topics by name or id. A name (or id) given twice deletes nothing and is answered
+once, INVALID_REQUEST "Duplicate topic name." ("Duplicate topic id.", without a name), before the other
+topics, as Kafka's ControllerApis.deleteTopics (KRaft; Kafka 3.7's ZooKeeper mode answers each
+occurrence, which librdkafka rejects: "Broker returned topic ... multiple times"). A request that would add more than 10,000 partitions is
 refused whole with POLICY_VIOLATION, as Kafka does. Each handler answers only after its metadata
 changes are durable (awaited off the event loop, so other clients are served meanwhile) and visible: in
 cluster mode, once the controller's UpdateMetadata shows them, within the request's timeout shared by its
@@ -28,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections import Counter
 
 from pykbroker.cluster.topic_admin import too_many_partitions_per_request
 from pykbroker.protocol.errors import ErrorCode, KafkaError
@@ -158,8 +162,15 @@ async def delete_topics(ctx: RequestContext, request) -> object:
         wanted = [(t.name, t.topic_id) for t in request.topics]
     else:
         wanted = [(name, None) for name in request.topic_names]
+    counts = Counter(name if name is not None else topic_id for name, topic_id in wanted)
     outcomes = []
+    for name, topic_id in dict.fromkeys(wanted):  # each duplicate once, in request order
+        if counts[name if name is not None else topic_id] > 1:
+            outcomes.append((name, topic_id, ErrorCode.invalid_request,
+                             "Duplicate topic name." if name is not None else "Duplicate topic id."))
     for name, topic_id in wanted:
+        if counts[name if name is not None else topic_id] > 1:
+            continue
         error, message = ErrorCode.none, None
         if name is None and topic_id is not None:
             info = metadata.topic_by_id(topic_id)
