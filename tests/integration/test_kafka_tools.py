@@ -320,6 +320,9 @@ def test_get_offsets_api_versions_and_perf_tests(tools, kbroker):
             continue
         key, low, high = entry["key"], entry["min"], entry["max"]
         shown = f"{low} to {high}" if low != high else f"{low}"
+        if key > 74:  # newer than the 3.7.1 tool (DescribeTopicPartitions came in 3.8): shown without its name
+            assert re.search(rf"UNKNOWN\({key}\): {shown}\b", out), (entry, out)
+            continue
         assert re.search(rf"\({key}\): {shown} \[usable: \d+\]", out), (entry, out)
     assert "UNSUPPORTED" in out  # the APIs pykbroker does not have are shown as such, not as an error
 
