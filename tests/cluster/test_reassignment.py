@@ -1,6 +1,6 @@
 """Partition reassignment on a 3-broker cluster: Kafka 3.7.1's kafka-reassign-partitions.sh (generate, execute,
 verify), AlterPartitionReassignments / ListPartitionReassignments v0 on the wire (errors, cancel, the
-controller-only rule), and a controller killed in the middle.
+controller-only rule), a controller killed in the middle, and replication throttles (--throttle, --verify).
 
 confluent-kafka's AdminClient (2.16) has no alter_partition_reassignments: the API is exercised through the
 tool and raw requests.
@@ -29,13 +29,35 @@ from kio.schema.list_partition_reassignments.v0.request import (
 )
 
 from broker_cluster import BrokerCluster, send_request, wait_until
-from broker_process import probe_api_versions
 from kafka_tools import KafkaTools, find_refkit, kafka_tools_or_skip, unavailable_reason
 from pykbroker.cluster.reassignment import REASSIGN_PARTITIONS_PATH
 from pykbroker.cluster.zookeeper import encode_topic_assignment, encode_topic_config, topic_config_path, topic_path
+from pykbroker.config import ConfigSource
+from test_dynamic_configs_cluster import BROKER as BROKER_RESOURCE
+from test_dynamic_configs_cluster import TOPIC as TOPIC_RESOURCE
+from test_dynamic_configs_cluster import describe  # (value, source) as one broker serves a config, None on error
 
 RECORDS = 300
 TIMEOUT_S = 90.0
+# Replication throttles (Kafka's ReplicationQuotaManager, replication/quota.py), Kafka's defaults:
+QUOTA_WINDOWS, QUOTA_WINDOW_S = 11, 1.0  # replication.quota.window.num, replication.quota.window.size.seconds
+FETCH_MAX_BYTES = 1_048_588  # the most one replica fetch carries of a partition: replica.fetch.max.bytes (1 MiB),
+#                              or a first batch larger than that, at most message.max.bytes (1 MiB + 12)
+THROTTLE_RATE = 100_000  # B/s
+THROTTLED_RECORDS = 12_000  # values of ~213 B: ~2.6 MB
+
+
+def min_throttled_copy_s(data_bytes: int, rate: float) -> float:
+    """A lower bound of how long a throttled copy of ``data_bytes`` takes, from the first byte the new follower's
+    quota records (it records nothing else) to its last fetch. The quota is checked BEFORE a fetch, which then
+    carries up to FETCH_MAX_BYTES, and Kafka's Rate divides the bytes of the live windows by QUOTA_WINDOWS - 1
+    whole windows plus the current fraction at least, which stays below QUOTA_WINDOWS × QUOTA_WINDOW_S until the
+    first window expires: until then a fetch is let through only while fewer than rate × QUOTA_WINDOWS ×
+    QUOTA_WINDOW_S bytes were copied. With more than that plus one fetch to copy, the last fetch waits for the
+    first window to expire. (A smaller copy can go through in one burst with no wait at all, as in Kafka.)"""
+    burst = rate * QUOTA_WINDOWS * QUOTA_WINDOW_S
+    assert data_bytes - FETCH_MAX_BYTES >= burst, f"{data_bytes} B are too few to show a throttle of {rate} B/s"
+    return QUOTA_WINDOWS * QUOTA_WINDOW_S
 
 
 def start_cluster(zk_connect, tmp_path, **overrides) -> BrokerCluster:
@@ -290,65 +312,87 @@ def test_reassignment_completes_after_the_controller_is_killed_midway(zk_connect
 
 @pytest.mark.timeout(420)
 def test_kafka_reassign_partitions_throttle_slows_the_copy_and_verify_clears_it(zk_connect, tmp_path):
-    """END-TO-END --throttle: passes only once dynamic configs are merged (branch wt-configs): the tool sets the
-    rates and throttled replicas through IncrementalAlterConfigs, and skips here until the broker serves it."""
+    """END-TO-END --throttle: the tool sets the topic's throttled replicas and every broker's rates through
+    IncrementalAlterConfigs before it submits the move; the copy then takes at least min_throttled_copy_s; --verify
+    clears the rates on every broker and the topic's lists, as Kafka's tool does (clearAllThrottles)."""
     tools = kafka_tools_or_skip()
     topic = "throttled"
     with start_cluster(zk_connect, tmp_path) as cluster:
-        versions = {int(k.api_key) for k in probe_api_versions(cluster.brokers[1].address).api_keys}
-        if 44 not in versions:
-            pytest.skip("kafka-reassign-partitions --throttle sets configs with IncrementalAlterConfigs, which this "
-                        "broker does not serve yet (dynamic configs: branch wt-configs)")
+        address = {i: broker.address for i, broker in cluster.brokers.items()}
         create_placed_topic(cluster, topic, {0: [1, 2]})
-        values = produce(cluster, topic, 1, 12_000)  # ~2.7 MB
+        values = produce(cluster, topic, 1, THROTTLED_RECORDS)
+        minimum = min_throttled_copy_s(sum(map(len, values)), THROTTLE_RATE)
         plan = tmp_path / "plan.json"
         plan.write_text(json.dumps({"version": 1, "partitions": [
             {"topic": topic, "partition": 0, "replicas": [2, 3]}]}))
-        rate = 200_000  # B/s: Kafka's 11 windows of 1 s let 2 MB through at once, the rest at 200 kB/s
-        started = time.monotonic()
+        started = time.monotonic()  # before the tool: the copy cannot start earlier
         out = tools.run("kafka-reassign-partitions.sh", "--bootstrap-server", cluster.bootstrap,
-                        "--reassignment-json-file", str(plan), "--execute", "--throttle", str(rate)).stdout
-        assert "The inter-broker throttle limit was set to" in out, out
+                        "--reassignment-json-file", str(plan), "--execute", "--throttle", str(THROTTLE_RATE)).stdout
+        assert f"The inter-broker throttle limit was set to {THROTTLE_RATE} B/s" in out, out
         configs = cluster.zk_json(topic_config_path(topic))["config"]
-        assert "0:3" in configs["follower.replication.throttled.replicas"]
-        assert "0:1" in configs["leader.replication.throttled.replicas"]
+        assert configs["leader.replication.throttled.replicas"] == "0:1,0:2"  # the current replicas
+        assert configs["follower.replication.throttled.replicas"] == "0:3"  # the one being added
+        for broker_id in (1, 2, 3):  # each broker got its own rates, and serves them as dynamic configs
+            stored = cluster.zk_json(f"/config/brokers/{broker_id}")["config"]
+            for side in ("leader", "follower"):
+                assert stored[f"{side}.replication.throttled.rate"] == str(THROTTLE_RATE)
+                served = describe(address[broker_id], BROKER_RESOURCE, str(broker_id),
+                                  f"{side}.replication.throttled.rate")
+                assert served == (str(THROTTLE_RATE), ConfigSource.DYNAMIC_BROKER_CONFIG), (broker_id, side, served)
         wait_moved(cluster, topic, {0: [2, 3]})
-        assert time.monotonic() - started >= 2.0, "the copy was not throttled"
+        elapsed = time.monotonic() - started
+        assert elapsed >= minimum, f"the copy was not throttled: {elapsed:.1f} s, at least {minimum} s expected"
 
         def verified():
             done = tools.run("kafka-reassign-partitions.sh", "--bootstrap-server", cluster.bootstrap,
                              "--reassignment-json-file", str(plan), "--verify").stdout
-            return f"Reassignment of partition {topic}-0 is completed" in done and "Clearing" in done
+            return (f"Reassignment of partition {topic}-0 is completed" in done
+                    and "Clearing broker-level throttles on brokers 1,2,3" in done
+                    and f"Clearing topic-level throttles on topic {topic}" in done)
 
         wait_until(verified, "--verify to report completion and clear the throttles", TIMEOUT_S)
-        wait_until(lambda: "follower.replication.throttled.replicas" not in
-                   cluster.zk_json(topic_config_path(topic))["config"], "the topic throttles to go", TIMEOUT_S)
+        configs = cluster.zk_json(topic_config_path(topic))["config"]
+        assert "leader.replication.throttled.replicas" not in configs and \
+            "follower.replication.throttled.replicas" not in configs, configs
+        for broker_id in (1, 2, 3):  # the rates are gone from ZooKeeper and from every broker's configs
+            stored = cluster.zk_json(f"/config/brokers/{broker_id}")["config"]
+            assert not any(name.endswith(".replication.throttled.rate") for name in stored), stored
+            for side in ("leader", "follower"):
+                wait_until(lambda: describe(address[broker_id], BROKER_RESOURCE, str(broker_id),
+                                            f"{side}.replication.throttled.rate")
+                           == (str(2**63 - 1), ConfigSource.DEFAULT_CONFIG),  # Long.MAX_VALUE: unlimited
+                           f"broker {broker_id}'s {side} rate to be unlimited again", TIMEOUT_S)
+                wait_until(lambda: describe(address[broker_id], TOPIC_RESOURCE, topic,
+                                            f"{side}.replication.throttled.replicas")
+                           == ("", ConfigSource.DEFAULT_CONFIG),
+                           f"broker {broker_id} to see the topic's {side} throttled replicas cleared", TIMEOUT_S)
         assert sorted(consume_all(cluster, topic, 1, len(values))) == sorted(values)
 
 
 @pytest.mark.timeout(420)
 def test_throttled_replicas_copy_at_the_configured_rate(zk_connect, tmp_path):
-    """The throttle on real replication: rates as static broker configs (skips while the broker does not know
-    the keys: dynamic configs, branch wt-configs, define them), throttled replicas as topic configs."""
-    from pykbroker.config import BROKER_CONFIGS
-
-    if "leader.replication.throttled.rate" not in BROKER_CONFIGS:
-        pytest.skip("leader/follower.replication.throttled.rate are not broker configs yet (branch wt-configs)")
+    """The throttle on real replication: rates as static broker configs, throttled replicas as topic configs
+    (in place on the leader and the new follower before the move starts)."""
     topic = "slow"
-    rate = 400_000  # B/s; Kafka's windows let 10 s worth (4 MB) through at once, the rest at the rate
-    with start_cluster(zk_connect, tmp_path, **{"leader.replication.throttled.rate": rate,
-                                                "follower.replication.throttled.rate": rate}) as cluster:
+    with start_cluster(zk_connect, tmp_path, **{"leader.replication.throttled.rate": THROTTLE_RATE,
+                                                "follower.replication.throttled.rate": THROTTLE_RATE}) as cluster:
         create_placed_topic(cluster, topic, {0: [1, 2]})
         zk = cluster.zk()
         zk.set(topic_config_path(topic), encode_topic_config({
             "leader.replication.throttled.replicas": "0:1,0:2", "follower.replication.throttled.replicas": "0:3"}))
         zk.create("/config/changes/config_change_", json.dumps(
             {"version": 2, "entity_path": f"topics/{topic}"}).encode(), sequence=True, makepath=True)
-        values = produce(cluster, topic, 1, 26_000)  # ~6 MB
+        for broker_id, side, replicas in ((1, "leader", "0:1,0:2"), (3, "follower", "0:3")):
+            wait_until(lambda: describe(cluster.brokers[broker_id].address, TOPIC_RESOURCE, topic,
+                                        f"{side}.replication.throttled.replicas")
+                       == (replicas, ConfigSource.DYNAMIC_TOPIC_CONFIG),
+                       f"broker {broker_id} to see the {side} throttled replicas", TIMEOUT_S)
+        values = produce(cluster, topic, 1, THROTTLED_RECORDS)
+        minimum = min_throttled_copy_s(sum(map(len, values)), THROTTLE_RATE)
         started = time.monotonic()
         assert partition_errors(alter(cluster, cluster.controller_id(), {(topic, 0): [2, 3]})) == {
             (topic, 0): (ErrorCode.none, None)}
         wait_moved(cluster, topic, {0: [2, 3]})
         elapsed = time.monotonic() - started
-        assert elapsed >= 3.0, f"6 MB copied in {elapsed:.1f} s: not throttled"
+        assert elapsed >= minimum, f"{sum(map(len, values))} B copied in {elapsed:.1f} s: not throttled"
         assert sorted(consume_all(cluster, topic, 1, len(values))) == sorted(values)

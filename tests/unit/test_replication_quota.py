@@ -86,6 +86,33 @@ def test_rate_is_measured_over_kafkas_windows_and_compared_with_the_bound():
     assert q.is_quota_exceeded()
 
 
+def copy_time(data: int, fetch: int, rate: float) -> float:
+    """Seconds a copy of ``data`` bytes takes through one quota, fetches of ``fetch`` bytes checked before
+    each fetch and recorded after it (Kafka's follower), 10 ms between checks while over the quota."""
+    configs, clock = FakeConfigs(), SecondsClock()
+    configs.rate = rate
+    q, start, copied = quota(FOLLOWER, configs, clock), clock.now, 0
+    while copied < data:
+        if q.is_quota_exceeded():
+            clock.now += 0.01
+            continue
+        q.record(min(fetch, data - copied))
+        copied += min(fetch, data - copied)
+    return clock.now - start
+
+
+def test_a_copy_of_ten_windows_of_the_rate_plus_one_fetch_is_not_slowed_a_bigger_one_waits_a_window_out():
+    """What tests/cluster/test_reassignment.py's min_throttled_copy_s rests on: the check before a fetch lets
+    rate × 10 s plus one fetch through at once (a throttle is no hard cap on a short copy, as in Kafka); more
+    than rate × 11 s plus one fetch waits for the first window to expire (11 s)."""
+    rate, fetch = 100_000.0, 1_048_576
+    assert copy_time(int(rate * 10) + 100_000, 100_000, rate) == 0.0  # 10 fetches reach the bound, one more
+    assert copy_time(int(rate * 10) + fetch, fetch, rate) < 1.0  # over it after the first: ~0.5 s
+    assert copy_time(int(rate * 11) + fetch + 1, fetch, rate) >= 11.0
+    assert copy_time(int(rate * 11) + fetch + 1, 1000, rate) >= 11.0  # small fetches: about the rate
+    assert copy_time(5_000_000, fetch, rate) >= 11.0
+
+
 def test_broker_rate_prefers_dynamic_configs_and_falls_back_to_unlimited():
     static = SimpleNamespace(get=lambda name: (_ for _ in ()).throw(KeyError(name)))
     assert broker_rate(SimpleNamespace(config=static), "leader.replication.throttled.rate")() == UNLIMITED
