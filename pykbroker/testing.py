@@ -25,8 +25,9 @@ test left stopped is started again before the next test gets it.
 Cleanup
 -------
 Brokers are stopped (SIGTERM, then SIGKILL) and their files removed when their scope ends, when the run is
-interrupted (Ctrl-C) and at interpreter exit. If pytest itself is killed, Linux kills the brokers with it
-(PR_SET_PDEATHSIG) and the next run removes the files left behind.
+interrupted (Ctrl-C) and at interpreter exit. If pytest itself is killed, Linux kills the brokers and a
+cluster's ZooKeeper with it (PR_SET_PDEATHSIG); the next run removes the files left behind and kills a
+ZooKeeper still running from such a run (its pid is recorded as soon as it is spawned).
 
 This module imports only pytest and the standard library at import time: it is loaded by every pytest run
 in an environment where pykbroker is installed.
@@ -595,8 +596,13 @@ class KafkaCluster(_Server):
         self.workdir = Path(workdir) if workdir is not None else _new_workdir()
         overrides = tuple(f"{k}={v}" for k, v in (config or {}).items())
         self._cluster = DevCluster(brokers, self.workdir, overrides=overrides, log_level=log_level,
-                                   say=lambda _message: None)
+                                   say=lambda _message: None, on_zookeeper_spawn=self._record_zookeeper)
         self.start_seconds: float | None = None
+
+    def _record_zookeeper(self, pid: int) -> None:
+        """Our ZooKeeper JVM was just spawned: recorded before anything else, so that a run killed from now
+        on has it killed by the next run's sweep (it also dies with the thread that started it, PDEATHSIG)."""
+        (self.workdir / ORPHANS_FILE).write_text(f"{pid}\n")
 
     @property
     def bootstrap_servers(self) -> str:
@@ -639,8 +645,6 @@ class KafkaCluster(_Server):
         except ClusterStartError as exc:
             self.close()
             raise BrokerStartError(str(exc)) from None
-        if self._cluster.zk is not None:
-            (self.workdir / ORPHANS_FILE).write_text(f"{self._cluster.zk.pid}\n")
         self.start_seconds = time.monotonic() - began
         return self
 

@@ -15,6 +15,7 @@ class path; slf4j-simple is added when present so the server's warnings land in 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -24,6 +25,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 DEBIAN_JAR = Path("/usr/share/java/zookeeper.jar")
@@ -32,6 +34,15 @@ INSTALL_HINT = (
     "Apache ZooKeeper is not installed: install Debian's package (apt-get install zookeeper, or "
     "scripts/install-test-deps.sh), which provides /usr/share/java/zookeeper.jar and a Java runtime"
 )
+
+
+def die_with_parent() -> None:
+    """In a child before exec: SIGKILL it when the thread that started it ends, with its process killed
+    too (Linux's PR_SET_PDEATHSIG); elsewhere nothing."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
 
 
 class ZooKeeperUnavailable(RuntimeError):
@@ -102,6 +113,10 @@ class ZooKeeperServer:
     max_session_timeout_ms: int = 60000
     heap: str = "128m"
     install: ZooKeeperInstall | None = None
+    # The JVM is SIGKILLed when the thread that started it ends (a killed test run, a crashed dev cluster).
+    die_with_parent: bool = False
+    # Called with the JVM's pid as soon as it is spawned, before it answers (to record it for a later sweep).
+    on_spawn: Callable[[int], None] | None = None
     proc: subprocess.Popen | None = field(default=None, init=False)
     _own_dir: bool = field(default=False, init=False)
     _log_file: object | None = field(default=None, init=False)
@@ -190,9 +205,11 @@ class ZooKeeperServer:
         self._log_file = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=die_with_parent if self.die_with_parent else None,
         )
         try:
+            if self.on_spawn is not None:
+                self.on_spawn(self.proc.pid)
             self.wait_serving(timeout)
         except BaseException:
             self._terminate()

@@ -279,7 +279,7 @@ def test_hangs(kafka_cluster):
     *brokers, zookeeper = entry["pids"]
     for pid in brokers:
         wait_for(lambda: pid_gone(pid), f"broker {pid} to die with the killed run")
-    # ZooKeeper (a JVM started by pykbroker.cluster.zk_server) outlives the run: the next run's sweep kills it
+    # ZooKeeper dies with the run too (PDEATHSIG); the next run's sweep kills it if it did not
     from pykbroker.testing import KafkaBroker
 
     with KafkaBroker():
@@ -294,3 +294,63 @@ def test_kafka_cluster_skips_with_the_reason_without_zookeeper(pytester, report,
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*kafka_cluster needs ZooKeeper: Apache ZooKeeper is not installed*no-such-zookeeper.jar not found*"])
+
+
+def _zookeeper_or_skip():
+    from pykbroker.cluster.zk_server import ZooKeeperUnavailable, find_install
+
+    try:
+        find_install()
+    except ZooKeeperUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def test_the_cluster_records_its_zookeeper_before_starting_brokers(monkeypatch):
+    """A run killed while the brokers start must still have its ZooKeeper killed by the next run's sweep:
+    the pid is on record from the moment ZooKeeper is spawned."""
+    _zookeeper_or_skip()
+    from pykbroker import devcluster
+    from pykbroker.testing import ORPHANS_FILE, KafkaCluster
+
+    seen = {}
+
+    def broker_start(broker, *args, **kwargs):
+        seen["recorded"] = (cluster.workdir / ORPHANS_FILE).read_text().split()
+        seen["zookeeper"] = cluster._cluster.zk.pid
+        raise RuntimeError("killed while the brokers start")
+
+    monkeypatch.setattr(devcluster.DevBroker, "start", broker_start)
+    cluster = KafkaCluster(brokers=1)
+    try:
+        with pytest.raises(RuntimeError, match="killed while"):
+            cluster.start(timeout=60)
+    finally:
+        cluster.close()
+    assert seen["recorded"] == [str(seen["zookeeper"])]
+    wait_for(lambda: pid_gone(seen["zookeeper"]), "the cluster's ZooKeeper to stop")
+
+
+def test_the_cluster_zookeeper_dies_with_the_thread_that_started_it(tmp_path):
+    import threading
+
+    _zookeeper_or_skip()
+    from pykbroker.cluster.zk_server import ZooKeeperServer
+
+    server = ZooKeeperServer(data_dir=tmp_path / "zk", die_with_parent=True)
+    failure = []
+
+    def start():
+        try:
+            server.start()
+        except Exception as exc:
+            failure.append(exc)
+
+    starter = threading.Thread(target=start)
+    starter.start()
+    starter.join(120)
+    assert not failure, failure
+    try:
+        # the starting thread ended: PR_SET_PDEATHSIG SIGKILLs the JVM as it would with a killed pytest
+        wait_for(lambda: pid_gone(server.pid), "ZooKeeper to die with the thread that started it", timeout=30)
+    finally:
+        server.stop()
