@@ -68,6 +68,8 @@ PACKAGE_PARENT = str(Path(__file__).resolve().parents[1])
 FILES_ROOT = Path(tempfile.gettempdir()) / f"pykbroker-testing-{os.getuid()}"
 
 ORPHANS_FILE = "orphan-pids"
+PORT_IN_USE_MESSAGE = b"the port is in use by another process"  # pykbroker.server.broker's start-up error
+PORT_RETRY_S = 0.2
 
 _live: set["_Server"] = set()
 
@@ -155,9 +157,9 @@ def _child_env() -> dict[str, str]:
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
+    from pykbroker.cluster.zk_server import free_port  # standard library only: cheap
+
+    return free_port(HOST)
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -503,18 +505,39 @@ class KafkaBroker(_Server):
         from pykbroker.devcluster import _die_with_parent
 
         began = time.monotonic()
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+        deadline = began + timeout
         _live.add(self)
-        try:
-            self._wait_ready(timeout)
-        except BaseException:
-            self.kill()
-            raise
+        while True:
+            with open(self.log_path, "ab") as log:
+                output_from = log.tell()
+                self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
+                                             stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True,
+                                             preexec_fn=_die_with_parent)
+            try:
+                self._wait_ready(max(deadline - time.monotonic(), 1.0))
+                break
+            except BrokerStartError:
+                self.kill()
+                # The port (kept: clients bootstrap from it) can be held for a while by another socket,
+                # e.g. an outgoing connection's local port: try again until the timeout.
+                if time.monotonic() < deadline and self._port_was_in_use(output_from):
+                    time.sleep(PORT_RETRY_S)
+                    continue
+                raise
+            except BaseException:
+                self.kill()
+                raise
         self.start_seconds = time.monotonic() - began
         return self
+
+    def _port_was_in_use(self, output_from: int) -> bool:
+        """Did the broker, which exited, say its port is in use (in its output from ``output_from`` on)?"""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(output_from)
+                return PORT_IN_USE_MESSAGE in log.read()
+        except OSError:
+            return False
 
     def _wait_ready(self, timeout: float) -> None:
         from kio.schema.api_versions.v0.request import ApiVersionsRequest

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import shutil
 import signal
 import socket
@@ -82,7 +83,35 @@ def find_install(jar: Path | str | None = None) -> ZooKeeperInstall:
     return ZooKeeperInstall(java=java, classpath=os.pathsep.join(parts))
 
 
+EPHEMERAL_PORT_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range of local ports for outgoing connections (Linux's default when unknown)."""
+    try:
+        low, high = (int(field) for field in EPHEMERAL_PORT_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now, outside the ephemeral range when one is free there: a server restarted
+    on it later never finds it taken as the local port of some outgoing connection (which a port the kernel
+    picked, inside that range, could be)."""
+    low, high = ephemeral_port_range()
+    candidates = [range(1024, min(low, 65536)), range(max(high + 1, 1024), 65536)]
+    total = sum(len(part) for part in candidates)
+    for _ in range(64 if total else 0):
+        number = random.randrange(total)
+        port = number + candidates[0].start if number < len(candidates[0]) else \
+            number - len(candidates[0]) + candidates[1].start
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]

@@ -354,3 +354,53 @@ def test_the_cluster_zookeeper_dies_with_the_thread_that_started_it(tmp_path):
         wait_for(lambda: pid_gone(server.pid), "ZooKeeper to die with the thread that started it", timeout=30)
     finally:
         server.stop()
+
+
+def test_free_ports_are_outside_the_ephemeral_range():
+    """A broker keeps its port across restarts; while it is down, an outgoing connection could get that port
+    as its local port if it were in the kernel's ephemeral range."""
+    from pykbroker.cluster.zk_server import ephemeral_port_range, free_port
+    from pykbroker.testing import KafkaBroker
+
+    low, high = ephemeral_port_range()
+    ports = [free_port() for _ in range(20)] + [KafkaBroker().port]
+    assert all(not low <= port <= high for port in ports), (low, high, ports)
+
+
+def test_a_broker_whose_port_an_outgoing_connection_holds_starts_once_it_is_released(tmp_path):
+    import socket
+    import threading
+
+    from pykbroker.testing import PORT_IN_USE_MESSAGE, KafkaBroker
+
+    broker = KafkaBroker(workdir=tmp_path / "broker")
+    server = socket.create_server(("127.0.0.1", 0))
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", broker.port))  # an outgoing connection whose local port is the broker's
+    holder.connect(server.getsockname())
+    accepted, _ = server.accept()
+    released = threading.Event()
+
+    def release_once_refused():
+        try:
+            wait_for(lambda: broker.log_path.exists() and PORT_IN_USE_MESSAGE in broker.log_path.read_bytes(),
+                     "the broker to find its port in use", timeout=60)
+        finally:
+            # the peer closes first, so the TIME_WAIT lands on its side, not on the broker's port
+            accepted.close()
+            holder.settimeout(30)
+            assert holder.recv(1) == b""
+            holder.close()
+            server.close()
+            released.set()
+
+    releaser = threading.Thread(target=release_once_refused)
+    releaser.start()
+    try:
+        broker.start(timeout=90)
+        assert broker.running()
+        assert PORT_IN_USE_MESSAGE in broker.log_path.read_bytes()  # it did meet the taken port
+    finally:
+        releaser.join(90)
+        broker.close()
+    assert released.is_set()
