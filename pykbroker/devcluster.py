@@ -21,7 +21,6 @@ SIGKILLed by Linux if this command dies without stopping them.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 import signal
 import subprocess
@@ -37,6 +36,7 @@ from pykbroker.cluster.zk_server import (
     ZooKeeperServer,
     ZooKeeperStartError,
     ZooKeeperUnavailable,
+    die_with_parent,
     free_port,
 )
 from pykbroker.protocol.client import ClientError, KafkaClientConnection
@@ -56,13 +56,9 @@ class _StopRequested(Exception):
     """SIGINT or SIGTERM arrived while the cluster was starting."""
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL this broker if the process that started it dies (PR_SET_PDEATHSIG),
-    so a crashed ``pykbroker cluster`` leaves no broker behind."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
+# In a broker's child before exec: SIGKILL it if the process that started it dies (PR_SET_PDEATHSIG), so a
+# crashed ``pykbroker cluster`` (or killed test run) leaves no broker behind; our ZooKeeper gets the same.
+_die_with_parent = die_with_parent
 
 
 async def _metadata(host: str, port: int, timeout: float):
@@ -144,7 +140,7 @@ class DevCluster:
 
     def __init__(self, brokers: int, data_dir: Path, *, zookeeper: str | None = None, host: str = DEFAULT_HOST,
                  base_port: int | None = None, overrides: tuple[str, ...] = (), log_level: str = "INFO",
-                 say: Callable[[str], None] = print):
+                 say: Callable[[str], None] = print, on_zookeeper_spawn: Callable[[int], None] | None = None):
         if brokers < 1:
             raise ValueError("a cluster needs at least one broker")
         self.data_dir = Path(data_dir).resolve()
@@ -155,6 +151,7 @@ class DevCluster:
         self.overrides = (*smaller, *overrides)
         self.log_level = log_level
         self.say = say
+        self.on_zookeeper_spawn = on_zookeeper_spawn  # our ZooKeeper's pid, as soon as it is spawned
         self.zk: ZooKeeperServer | None = None
         self.brokers = [
             DevBroker(broker_id=i, host=host, port=(base_port + i - 1) if base_port else free_port(host),
@@ -169,7 +166,8 @@ class DevCluster:
     def start(self, timeout: float = READY_TIMEOUT_S) -> None:
         try:
             if self.zookeeper_connect is None:
-                self.zk = ZooKeeperServer(data_dir=self.data_dir / "zookeeper")
+                self.zk = ZooKeeperServer(data_dir=self.data_dir / "zookeeper", die_with_parent=True,
+                                          on_spawn=self.on_zookeeper_spawn)
                 self.say(f"starting ZooKeeper (data {self.zk.data_dir}) ...")
                 self.zk.start()
                 self.zookeeper_connect = self.zk.connect_string + "/pykbroker"

@@ -95,12 +95,34 @@ class PykbrokerContainer(DockerContainer):
         return f"{self.get_container_host_ip()}:{self.get_exposed_port(self.port)}"
 
     def start(self, timeout: float = 60.0) -> "PykbrokerContainer":
+        """Start the container and wait for the broker. If that fails the container is removed (also when
+        ``start()`` is called outside a ``with``: nothing is left running) and the error raised."""
         super().start()
-        host, port = self.get_container_host_ip(), int(self.get_exposed_port(self.port))
-        script = "#!/bin/sh\nexec " + shlex.join(self.serve_command(host, port)) + "\n"
-        self._copy_file(script.encode(), START_SCRIPT)
-        self._wait_ready(host, port, timeout)
+        try:
+            host, port = self.get_container_host_ip(), int(self.get_exposed_port(self.port))
+            script = "#!/bin/sh\nexec " + shlex.join(self.serve_command(host, port)) + "\n"
+            self._copy_file(script.encode(), START_SCRIPT)
+            self._wait_ready(host, port, timeout)
+        except BaseException:
+            self.stop()
+            raise
         return self
+
+    def stop(self, *args: Any, **kwargs: Any) -> None:
+        """Remove the container; a second call (``with`` after a failed start) does nothing."""
+        if self._container is None:
+            return
+        try:
+            super().stop(*args, **kwargs)
+        finally:
+            self._container = None
+
+    def _container_status(self) -> str:
+        """The wrapped (docker SDK) container's status, refreshed: "running", "exited", ... (testcontainers 4
+        made ``DockerContainer.status`` a property, 3 had none: the SDK's attribute works with both)."""
+        container = self.get_wrapped_container()
+        container.reload()
+        return container.status
 
     def _copy_file(self, content: bytes, path: str) -> None:
         archive = io.BytesIO()
@@ -123,9 +145,9 @@ class PykbrokerContainer(DockerContainer):
                     return
             except (OSError, ValueError):
                 pass
-            self.reload()
-            if self.status() == "exited" or time.monotonic() > deadline:
+            status = self._container_status()
+            if status in ("exited", "dead") or time.monotonic() > deadline:
                 logs = b"".join(self.get_logs()).decode(errors="replace")[-4000:]
                 raise TimeoutError(f"pykbroker in container {self.get_container_id()[:12]} not ready on "
-                                   f"{host}:{port} ({self.status()}); its output:\n{logs}")
+                                   f"{host}:{port} ({status}); its output:\n{logs}")
             time.sleep(0.1)

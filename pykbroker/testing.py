@@ -25,8 +25,9 @@ test left stopped is started again before the next test gets it.
 Cleanup
 -------
 Brokers are stopped (SIGTERM, then SIGKILL) and their files removed when their scope ends, when the run is
-interrupted (Ctrl-C) and at interpreter exit. If pytest itself is killed, Linux kills the brokers with it
-(PR_SET_PDEATHSIG) and the next run removes the files left behind.
+interrupted (Ctrl-C) and at interpreter exit. If pytest itself is killed, Linux kills the brokers and a
+cluster's ZooKeeper with it (PR_SET_PDEATHSIG); the next run removes the files left behind and kills a
+ZooKeeper still running from such a run (its pid is recorded as soon as it is spawned).
 
 This module imports only pytest and the standard library at import time: it is loaded by every pytest run
 in an environment where pykbroker is installed.
@@ -67,6 +68,8 @@ PACKAGE_PARENT = str(Path(__file__).resolve().parents[1])
 FILES_ROOT = Path(tempfile.gettempdir()) / f"pykbroker-testing-{os.getuid()}"
 
 ORPHANS_FILE = "orphan-pids"
+PORT_IN_USE_MESSAGE = b"the port is in use by another process"  # pykbroker.server.broker's start-up error
+PORT_RETRY_S = 0.2
 
 _live: set["_Server"] = set()
 
@@ -154,9 +157,9 @@ def _child_env() -> dict[str, str]:
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
+    from pykbroker.cluster.zk_server import free_port  # standard library only: cheap
+
+    return free_port(HOST)
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -502,18 +505,39 @@ class KafkaBroker(_Server):
         from pykbroker.devcluster import _die_with_parent
 
         began = time.monotonic()
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+        deadline = began + timeout
         _live.add(self)
-        try:
-            self._wait_ready(timeout)
-        except BaseException:
-            self.kill()
-            raise
+        while True:
+            with open(self.log_path, "ab") as log:
+                output_from = log.tell()
+                self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
+                                             stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True,
+                                             preexec_fn=_die_with_parent)
+            try:
+                self._wait_ready(max(deadline - time.monotonic(), 1.0))
+                break
+            except BrokerStartError:
+                self.kill()
+                # The port (kept: clients bootstrap from it) can be held for a while by another socket,
+                # e.g. an outgoing connection's local port: try again until the timeout.
+                if time.monotonic() < deadline and self._port_was_in_use(output_from):
+                    time.sleep(PORT_RETRY_S)
+                    continue
+                raise
+            except BaseException:
+                self.kill()
+                raise
         self.start_seconds = time.monotonic() - began
         return self
+
+    def _port_was_in_use(self, output_from: int) -> bool:
+        """Did the broker, which exited, say its port is in use (in its output from ``output_from`` on)?"""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(output_from)
+                return PORT_IN_USE_MESSAGE in log.read()
+        except OSError:
+            return False
 
     def _wait_ready(self, timeout: float) -> None:
         from kio.schema.api_versions.v0.request import ApiVersionsRequest
@@ -595,8 +619,13 @@ class KafkaCluster(_Server):
         self.workdir = Path(workdir) if workdir is not None else _new_workdir()
         overrides = tuple(f"{k}={v}" for k, v in (config or {}).items())
         self._cluster = DevCluster(brokers, self.workdir, overrides=overrides, log_level=log_level,
-                                   say=lambda _message: None)
+                                   say=lambda _message: None, on_zookeeper_spawn=self._record_zookeeper)
         self.start_seconds: float | None = None
+
+    def _record_zookeeper(self, pid: int) -> None:
+        """Our ZooKeeper JVM was just spawned: recorded before anything else, so that a run killed from now
+        on has it killed by the next run's sweep (it also dies with the thread that started it, PDEATHSIG)."""
+        (self.workdir / ORPHANS_FILE).write_text(f"{pid}\n")
 
     @property
     def bootstrap_servers(self) -> str:
@@ -639,8 +668,6 @@ class KafkaCluster(_Server):
         except ClusterStartError as exc:
             self.close()
             raise BrokerStartError(str(exc)) from None
-        if self._cluster.zk is not None:
-            (self.workdir / ORPHANS_FILE).write_text(f"{self._cluster.zk.pid}\n")
         self.start_seconds = time.monotonic() - began
         return self
 

@@ -15,7 +15,9 @@ class path; slf4j-simple is added when present so the server's warnings land in 
 
 from __future__ import annotations
 
+import ctypes
 import os
+import random
 import shutil
 import signal
 import socket
@@ -24,6 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 DEBIAN_JAR = Path("/usr/share/java/zookeeper.jar")
@@ -32,6 +35,15 @@ INSTALL_HINT = (
     "Apache ZooKeeper is not installed: install Debian's package (apt-get install zookeeper, or "
     "scripts/install-test-deps.sh), which provides /usr/share/java/zookeeper.jar and a Java runtime"
 )
+
+
+def die_with_parent() -> None:
+    """In a child before exec: SIGKILL it when the thread that started it ends, with its process killed
+    too (Linux's PR_SET_PDEATHSIG); elsewhere nothing."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
 
 
 class ZooKeeperUnavailable(RuntimeError):
@@ -71,7 +83,35 @@ def find_install(jar: Path | str | None = None) -> ZooKeeperInstall:
     return ZooKeeperInstall(java=java, classpath=os.pathsep.join(parts))
 
 
+EPHEMERAL_PORT_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range of local ports for outgoing connections (Linux's default when unknown)."""
+    try:
+        low, high = (int(field) for field in EPHEMERAL_PORT_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now, outside the ephemeral range when one is free there: a server restarted
+    on it later never finds it taken as the local port of some outgoing connection (which a port the kernel
+    picked, inside that range, could be)."""
+    low, high = ephemeral_port_range()
+    candidates = [range(1024, min(low, 65536)), range(max(high + 1, 1024), 65536)]
+    total = sum(len(part) for part in candidates)
+    for _ in range(64 if total else 0):
+        number = random.randrange(total)
+        port = number + candidates[0].start if number < len(candidates[0]) else \
+            number - len(candidates[0]) + candidates[1].start
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -102,6 +142,10 @@ class ZooKeeperServer:
     max_session_timeout_ms: int = 60000
     heap: str = "128m"
     install: ZooKeeperInstall | None = None
+    # The JVM is SIGKILLed when the thread that started it ends (a killed test run, a crashed dev cluster).
+    die_with_parent: bool = False
+    # Called with the JVM's pid as soon as it is spawned, before it answers (to record it for a later sweep).
+    on_spawn: Callable[[int], None] | None = None
     proc: subprocess.Popen | None = field(default=None, init=False)
     _own_dir: bool = field(default=False, init=False)
     _log_file: object | None = field(default=None, init=False)
@@ -190,9 +234,11 @@ class ZooKeeperServer:
         self._log_file = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=die_with_parent if self.die_with_parent else None,
         )
         try:
+            if self.on_spawn is not None:
+                self.on_spawn(self.proc.pid)
             self.wait_serving(timeout)
         except BaseException:
             self._terminate()

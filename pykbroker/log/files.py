@@ -166,6 +166,19 @@ class LazyFile:
         del self._budget._idle[self]
         self._release_fd()
 
+    def detach(self) -> int:
+        """Give up the descriptor without closing it: the caller closes it (in any thread: closing the last
+        descriptor of an unlinked file frees its blocks, which can take long). -1 if the file is not open or
+        pinned (then it closes when the last pin goes, as ``close``)."""
+        if self._pins:
+            self._close_when_unpinned = True
+            return -1
+        fd = self._fd
+        if fd >= 0:
+            del self._budget._idle[self]
+            self._fd = -1
+        return fd
+
     def _release_fd(self) -> None:
         fd, self._fd = self._fd, -1
         self._close_when_unpinned = False

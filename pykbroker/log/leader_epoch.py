@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_right
 from pathlib import Path
 
@@ -21,6 +22,11 @@ class LeaderEpochCache:
         self.path = path
         self._epochs: list[int] = []
         self._starts: list[int] = []
+        # Writes may run in the log's I/O thread (``snapshot`` now, ``write_snapshot`` there): each change
+        # has a version and an older snapshot never replaces a newer file.
+        self._version = 0
+        self._written_version = -1
+        self._write_lock = threading.Lock()
         for epoch, start in entries or []:
             self._epochs.append(epoch)
             self._starts.append(start)
@@ -102,15 +108,19 @@ class LeaderEpochCache:
             del self._starts[count:]
             self.write()
 
-    def truncate_from_start(self, start_offset: int) -> None:
-        """The log now starts at ``start_offset``: the epoch in force there starts there; older ones go."""
+    def truncate_from_start(self, start_offset: int, *, persist: bool = True) -> bool:
+        """The log now starts at ``start_offset``: the epoch in force there starts there; older ones go.
+        True if the cache changed (written now with ``persist``, else the caller writes a ``snapshot``)."""
         covered = bisect_right(self._starts, start_offset)
         if covered == 0 or (covered == 1 and self._starts[0] == start_offset):
-            return
+            return False
         del self._epochs[: covered - 1]
         del self._starts[: covered - 1]
         self._starts[0] = start_offset
-        self.write()
+        self._version += 1
+        if persist:
+            self.write()
+        return True
 
     def clear(self) -> None:
         if self._epochs:
@@ -119,4 +129,18 @@ class LeaderEpochCache:
             self.write()
 
     def write(self) -> None:
-        write_checkpoint(self.path, self.entries)
+        self._version += 1
+        self.write_snapshot(self.snapshot())
+
+    def snapshot(self) -> tuple[int, list[tuple[int, int]]]:
+        """The entries now, to write later with ``write_snapshot`` (in any thread)."""
+        return self._version, self.entries
+
+    def write_snapshot(self, snapshot: tuple[int, list[tuple[int, int]]]) -> None:
+        """Write a snapshot unless a newer one was written already (any thread)."""
+        version, entries = snapshot
+        with self._write_lock:
+            if version <= self._written_version:
+                return
+            write_checkpoint(self.path, entries)
+            self._written_version = version

@@ -36,7 +36,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from pykbroker.log.config import LogConfig
 from pykbroker.log.errors import LogDirectoryInUse
@@ -47,6 +47,7 @@ from pykbroker.log.partition_log import (
     PartitionLog,
     log_dir_name,
     parse_log_dir_name,
+    run_file_work,
 )
 
 log = logging.getLogger(__name__)
@@ -324,7 +325,8 @@ class LogManager:
                 for partition_log in self.logs():
                     partition_log.maybe_roll(now_ms)
                 if time.monotonic() >= next_retention:
-                    self.apply_retention(now_ms)
+                    self.apply_retention(now_ms, defer=True)
+                    await self.run_file_work_async()
                     next_retention = time.monotonic() + self.retention_check_interval_ms / 1000
                 if time.monotonic() >= next_flush:
                     if self.fsync == "never":  # Kafka's default: no timed fsync, but flush what a roll completed
@@ -343,13 +345,28 @@ class LogManager:
                 log.info("log upkeep in %s works again", self.data_dir)
                 failing = False
 
-    def apply_retention(self, now_ms: int) -> int:
-        """One retention pass over every log; returns the number of segments deleted."""
+    def apply_retention(self, now_ms: int, *, defer: bool = False) -> int:
+        """One retention pass over every log; returns the number of segments deleted. With ``defer`` the
+        file work is left for ``run_file_work_async``."""
         deleted = 0
         for (topic, partition), partition_log in list(self._logs.items()):
             high_watermark = self.high_watermark_of(topic, partition) if self.high_watermark_of else None
-            deleted += partition_log.apply_retention(now_ms, high_watermark=high_watermark)
+            deleted += partition_log.apply_retention(now_ms, high_watermark=high_watermark, defer=defer)
         return deleted
+
+    async def run_file_work_async(self, logs: Iterable[PartitionLog] | None = None) -> None:
+        """Run the logs' deferred file work (segments deleted by DeleteRecords, retention or a follower's
+        new log start: unlinks, closes, leader-epoch checkpoints) in the worker thread and wait for it.
+        A failure is logged: the log start already moved, files left behind go at the next load."""
+        # Submitted even when empty: the worker runs in order, so work another caller took from these logs
+        # first is done too when this returns.
+        work = [job for partition_log in (self.logs() if logs is None else logs) for job in partition_log.take_file_work()]
+        try:
+            await asyncio.wrap_future(self._executor.submit(run_file_work, work))
+        except RuntimeError:  # shut down meanwhile: the logs are closed, only descriptors are left to close
+            run_file_work(work, ignore_errors=True)
+        except OSError as exc:
+            log.warning("deleting segment files in %s failed (%s)", self.data_dir, exc)
 
     async def flush_async(self, logs: list[PartitionLog] | None = None) -> None:
         """Flush logs with the fsyncs in the worker thread; the event loop only prepares and completes."""

@@ -13,7 +13,8 @@ import time
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from functools import partial
+from typing import Callable, Iterable, Iterator
 
 from pykbroker.log.config import LogConfig
 from pykbroker.log.errors import OffsetOutOfRange, RecordTooLarge, UnexpectedAppendOffset
@@ -59,6 +60,19 @@ def parse_log_dir_name(name: str) -> tuple[str, int] | None:
     if not dash or not topic or not partition.isdigit():
         return None
     return topic, int(partition)
+
+
+def run_file_work(work: Iterable[Callable[[], None]], *, ignore_errors: bool = False) -> None:
+    """Run deferred file work (``PartitionLog.take_file_work``) in order, all of it even when one part fails
+    (descriptors must close); the first OSError is raised at the end unless ``ignore_errors``."""
+    failure: OSError | None = None
+    for job in work:
+        try:
+            job()
+        except OSError as exc:
+            failure = failure or exc
+    if failure is not None and not ignore_errors:
+        raise failure
 
 
 @dataclass(frozen=True)
@@ -167,6 +181,9 @@ class PartitionLog:
         self._truncations = 0
         self._index_write_failed = False  # the last flush could not write index entries (warned once)
         self._closed = False
+        # File work deferred to the log manager's I/O thread (unlinks and closes of deleted segments, the
+        # leader-epoch checkpoint): ``take_file_work``, run in order by ``run_file_work``.
+        self._file_work: list[Callable[[], None]] = []
         self.rolled_since_flush = False  # lets a "never" fsync policy still flush at rolls, as Kafka does
 
     # -- opening and recovery ----------------------------------------------------------------------------
@@ -700,6 +717,9 @@ class PartitionLog:
     def delete_records_before(self, offset: int) -> None:
         """Move the log start offset up to ``offset`` (DeleteRecords / retention); whole segments below it go.
 
+        The file work (unlinks, closes, the leader-epoch checkpoint) is left for ``take_file_work``: the caller
+        runs it off the event loop (LogManager.run_file_work_async) and waits for it before answering.
+
         Raises OffsetOutOfRange beyond the log end (the caller bounds it by the high-water mark).
         """
         if offset < 0 or offset > self._log_end_offset:
@@ -707,10 +727,11 @@ class PartitionLog:
         if offset <= self._log_start_offset:
             return
         self._log_start_offset = offset
-        self._epochs.truncate_from_start(offset)
-        self._delete_leading(lambda segment, following: following.base_offset <= self._log_start_offset)
+        self._delete_leading(lambda segment, following: following.base_offset <= self._log_start_offset, defer=True)
+        if self._epochs.truncate_from_start(offset, persist=False):
+            self._file_work.append(partial(self._write_epochs, self._epochs.snapshot()))
 
-    def apply_retention(self, now_ms: int, *, high_watermark: int | None = None) -> int:
+    def apply_retention(self, now_ms: int, *, high_watermark: int | None = None, defer: bool = False) -> int:
         """Delete leading whole segments past retention.ms / retention.bytes or below the log start.
 
         Never the active segment, and never one holding offsets at or above ``high_watermark``. A segment's
@@ -719,11 +740,11 @@ class PartitionLog:
         config = self._config
         bound = self._log_end_offset if high_watermark is None else min(high_watermark, self._log_end_offset)
         deleted = self._delete_leading(
-            lambda segment, following: following.base_offset <= self._log_start_offset, bound
+            lambda segment, following: following.base_offset <= self._log_start_offset, bound, defer=defer
         )
         if config.retention_ms >= 0:
             deleted += self._delete_leading(
-                lambda segment, following: now_ms - self._segment_age_timestamp(segment) > config.retention_ms, bound
+                lambda segment, following: now_ms - self._segment_age_timestamp(segment) > config.retention_ms, bound, defer=defer
             )
         if config.retention_bytes >= 0:
             excess = self.size_bytes - config.retention_bytes
@@ -735,7 +756,7 @@ class PartitionLog:
                 excess -= segment.size
                 return True
 
-            deleted += self._delete_leading(over_size, bound)
+            deleted += self._delete_leading(over_size, bound, defer=defer)
         return deleted
 
     def _segment_age_timestamp(self, segment: Segment) -> int:
@@ -744,8 +765,10 @@ class PartitionLog:
             return timestamp
         return int(os.fstat(segment.fd).st_mtime * 1000)
 
-    def _delete_leading(self, deletable: Callable[[Segment, Segment], bool], bound: int | None = None) -> int:
-        """Delete segments from the front while ``deletable(segment, next segment)`` holds; never the active one."""
+    def _delete_leading(self, deletable: Callable[[Segment, Segment], bool], bound: int | None = None,
+                        *, defer: bool = False) -> int:
+        """Delete segments from the front while ``deletable(segment, next segment)`` holds; never the active one.
+        With ``defer`` the file work is left for ``take_file_work``."""
         bound = self._log_end_offset if bound is None else bound
         count = 0
         while count < len(self._segments) - 1:
@@ -754,27 +777,56 @@ class PartitionLog:
                 break
             count += 1
         if count:
-            self._retire(self._segments[:count])
+            self._retire(self._segments[:count], defer=defer)
             del self._segments[:count]
             del self._bases[:count]
             if self._bases[0] > self._log_start_offset:
                 self._log_start_offset = self._bases[0]
-                self._epochs.truncate_from_start(self._log_start_offset)
+                if self._epochs.truncate_from_start(self._log_start_offset, persist=not defer):
+                    self._file_work.append(partial(self._write_epochs, self._epochs.snapshot()))
         return count
 
-    def _retire(self, segments: list[Segment]) -> None:
-        """Unlink deleted segments and close their descriptors now.
+    def _retire(self, segments: list[Segment], *, defer: bool = False) -> None:
+        """Unlink deleted segments and close their descriptors now (with ``defer``: in ``take_file_work``).
 
         A fetch still sending one holds its FileSlice's pin: the descriptor then closes when that pin goes,
         so file.delete.delay.ms needs no timer here (Kafka renames the files and deletes them after that
         delay for the same reason: reads in flight).
         """
         for segment in segments:
-            segment.delete_files()
             self._dirty.discard(segment)
-            segment.close()
+            if defer:  # unlinked and closed in the I/O thread; no reader finds it from now on
+                self._file_work.append(partial(self._delete_segment_files, segment, segment.detach()))
+            else:
+                segment.delete_files()
+                segment.close()
         if segments:
             self._directory_changed = True
+
+    def _delete_segment_files(self, segment: Segment, fd: int) -> None:
+        """A retired segment's deferred file work (any thread): unlink its files unless the whole log was
+        closed meanwhile (its directory renamed for deletion: the paths may name a new log's files), then
+        close the descriptor it handed over."""
+        try:
+            if not self._closed:
+                segment.unlink_files()
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def _write_epochs(self, snapshot: tuple[int, list[tuple[int, int]]]) -> None:
+        """The deferred leader-epoch checkpoint write (any thread); nothing once the log was closed."""
+        if not self._closed:
+            self._epochs.write_snapshot(snapshot)
+
+    @property
+    def has_file_work(self) -> bool:
+        return bool(self._file_work)
+
+    def take_file_work(self) -> list[Callable[[], None]]:
+        """The deferred file work, in order, for ``run_file_work`` (in any thread, one log's work in order)."""
+        work, self._file_work = self._file_work, []
+        return work
 
     # -- durability --------------------------------------------------------------------------------------
 
@@ -816,6 +868,7 @@ class PartitionLog:
 
     def flush(self) -> None:
         """Make everything appended so far durable (fsync) and advance the recovery point to the log end."""
+        run_file_work(self.take_file_work())
         job = self.prepare_flush()
         try:
             job.run()
@@ -834,9 +887,10 @@ class PartitionLog:
 
     def abandon(self) -> None:
         """Close every descriptor without writing anything (the log's directory is being deleted)."""
+        self._closed = True
+        run_file_work(self.take_file_work(), ignore_errors=True)  # closes the descriptors; unlinks nothing now
         for segment in self._segments:
             segment.close()
-        self._closed = True
 
     def __repr__(self) -> str:
         return (

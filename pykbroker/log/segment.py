@@ -185,8 +185,17 @@ class Segment:
     def delete_files(self) -> None:
         """Unlink the files. A pinned descriptor keeps the data readable for fetches still in flight."""
         self.deleted = True
+        self.unlink_files()
+
+    def unlink_files(self) -> None:
+        """Unlink the files, nothing else (any thread: it touches no state of the segment)."""
         for suffix in SEGMENT_SUFFIXES:
             self.path_for(suffix).unlink(missing_ok=True)
+
+    def detach(self) -> int:
+        """Mark deleted and hand over the ``.log`` descriptor to close (-1 if none or pinned): see LazyFile.detach."""
+        self.deleted = True
+        return self._file.detach()
 
     # -- indexes and recovery ----------------------------------------------------------------------------
 

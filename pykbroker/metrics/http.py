@@ -4,8 +4,10 @@ It runs on the broker's own asyncio loop (no thread), so the scrape reads broker
 event-loop steps, never while a request is half-way through changing it. Each connection carries one
 request and is closed after the answer (``Connection: close``). Bounds: the request head (request line and
 headers) is at most ``MAX_HEAD_BYTES`` and must arrive within ``READ_TIMEOUT_S``; an answer must be taken
-by the client within ``WRITE_TIMEOUT_S``; at most ``MAX_CONNECTIONS`` connections are served at once (more
-are closed at once). Anything that is not a well-formed ``GET``/``HEAD`` request line is answered 400
+by the client within ``WRITE_TIMEOUT_S``; at most ``MAX_CONNECTIONS`` connections are served at once. A
+connection beyond that closes the oldest one still waiting for its request head (a liveness probe sends
+its request at once: slow or idle clients holding every slot cannot keep it from an answer); when every
+slot is answering, the new connection is closed at once. Anything that is not a well-formed ``GET``/``HEAD`` request line is answered 400
 (too-large head: 431, too slow: 408, other methods: 405, unknown path: 404); nothing a client sends can
 stop the broker: each connection's failure is logged and only that connection is closed.
 
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 8192
-READ_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 5.0
 WRITE_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 64
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
@@ -77,6 +79,7 @@ class MetricsServer:
         self.registry = broker_registry(broker)
         self._server: asyncio.AbstractServer | None = None
         self._open: set[asyncio.Task] = set()
+        self._reading: dict[asyncio.Task, None] = {}  # connections waiting for their request head, oldest first
         self._routes: dict[str, Callable[[], tuple[int, str, bytes]]] = {
             "/metrics": self._metrics, "/health": self._health, "/ready": self._ready,
         }
@@ -115,8 +118,16 @@ class MetricsServer:
         self._open.add(task)
         try:
             if len(self._open) > MAX_CONNECTIONS:
-                return  # closed at once: a flood of connections costs nothing more
-            status, content_type, body, head_only = await self._answer(reader)
+                if not self._reading:
+                    return  # every slot is answering (each bounded in time): closed at once
+                oldest = next(iter(self._reading))
+                del self._reading[oldest]
+                oldest.cancel()  # its connection is closed; this one takes its slot
+            self._reading[task] = None
+            try:
+                status, content_type, body, head_only = await self._answer(reader)
+            finally:
+                self._reading.pop(task, None)
             if status is None:
                 return
             extra = "Allow: GET, HEAD\r\n" if status == 405 else ""

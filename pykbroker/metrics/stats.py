@@ -150,6 +150,12 @@ class BrokerStats:
     def fetched(self, topic: str, size: int) -> None:
         self.bytes_out[topic] = self.bytes_out.get(topic, 0) + size
 
+    def forget_topic(self, topic: str) -> None:
+        """A deleted topic's counters go (Kafka's BrokerTopicStats.removeMetrics): a scrape no longer lists it,
+        and a topic created again under its name counts from zero."""
+        for counters in (self.messages_in, self.bytes_in, self.bytes_out):
+            counters.pop(topic, None)
+
 
 def error_counts(response: Any) -> dict[int, int]:
     """Error code -> how many times ``response`` carries it (for tests and tools)."""

@@ -215,8 +215,10 @@ class Broker:
             log.warning("broker-owned task failed: %r", task.exception())
 
     def forget_topic(self, name: str) -> None:
-        """After a topic is deleted: drop the committed offsets that named it."""
+        """After a topic is deleted: drop the committed offsets that named it and its metrics."""
         self.offset_store.delete_topic(name)
+        if self.stats is not None:
+            self.stats.forget_topic(name)
 
     async def start(self, listening: list[tuple[Listener, socket.socket]]) -> None:
         """Load the logs, then serve every listener on its bound socket (see bind_listener)."""

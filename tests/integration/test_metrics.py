@@ -214,6 +214,43 @@ def test_abuse_never_disturbs_the_broker(metrics_broker):
     assert metrics_broker.is_running()
 
 
+def test_slow_clients_holding_every_slot_do_not_keep_a_probe_from_its_answer(metrics_broker):
+    """MAX_CONNECTIONS clients that connect and never finish their request head hold every slot until the read
+    timeout; a liveness probe arriving then still gets 200: the oldest unfinished connection makes room."""
+    from pykbroker.metrics.http import MAX_CONNECTIONS
+
+    port = metrics_broker.metrics_port
+    slow = []
+    try:
+        for number in range(MAX_CONNECTIONS + 8):
+            sock = socket.create_connection((HOST, port), timeout=TIMEOUT_S)
+            if number % 2:
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # half a head, never finished
+            slow.append(sock)
+        for _ in range(3):
+            started = time.monotonic()
+            status, _, body = http_get(port, "/health")
+            assert (status, body) == (200, b"ok\n")
+            assert time.monotonic() - started < TIMEOUT_S
+    finally:
+        for sock in slow:
+            sock.close()
+    probe_api_versions(metrics_broker.address)
+    assert metrics_broker.is_running()
+
+
+def test_a_deleted_topic_leaves_the_scrape(metrics_broker, topic_name):
+    admin = AdminClient({"bootstrap.servers": metrics_broker.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 1, 1)])[topic_name].result(TIMEOUT_S)
+    producer = Producer({"bootstrap.servers": metrics_broker.bootstrap})
+    producer.produce(topic_name, b"v")
+    assert producer.flush(TIMEOUT_S) == 0
+    port = metrics_broker.metrics_port
+    assert total(scrape(port), "kafka_server_brokertopicmetrics_messagesin_total", topic=topic_name) == 1
+    admin.delete_topics([topic_name])[topic_name].result(TIMEOUT_S)
+    assert not [key for key in scrape(port) if ("topic", topic_name) in key[1]]
+
+
 def test_config_key_and_port_in_use(broker_factory):
     port = free_port()
     broker = broker_factory({"metrics.port": port})

@@ -279,7 +279,7 @@ def test_hangs(kafka_cluster):
     *brokers, zookeeper = entry["pids"]
     for pid in brokers:
         wait_for(lambda: pid_gone(pid), f"broker {pid} to die with the killed run")
-    # ZooKeeper (a JVM started by pykbroker.cluster.zk_server) outlives the run: the next run's sweep kills it
+    # ZooKeeper dies with the run too (PDEATHSIG); the next run's sweep kills it if it did not
     from pykbroker.testing import KafkaBroker
 
     with KafkaBroker():
@@ -294,3 +294,113 @@ def test_kafka_cluster_skips_with_the_reason_without_zookeeper(pytester, report,
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*kafka_cluster needs ZooKeeper: Apache ZooKeeper is not installed*no-such-zookeeper.jar not found*"])
+
+
+def _zookeeper_or_skip():
+    from pykbroker.cluster.zk_server import ZooKeeperUnavailable, find_install
+
+    try:
+        find_install()
+    except ZooKeeperUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def test_the_cluster_records_its_zookeeper_before_starting_brokers(monkeypatch):
+    """A run killed while the brokers start must still have its ZooKeeper killed by the next run's sweep:
+    the pid is on record from the moment ZooKeeper is spawned."""
+    _zookeeper_or_skip()
+    from pykbroker.testing import ORPHANS_FILE, KafkaCluster
+
+    seen = {}
+
+    def broker_start(broker, *args, **kwargs):
+        seen["recorded"] = (cluster.workdir / ORPHANS_FILE).read_text().split()
+        seen["zookeeper"] = cluster._cluster.zk.pid
+        raise RuntimeError("killed while the brokers start")
+
+    cluster = KafkaCluster(brokers=1)
+    # the class the cluster really uses (an in-process pytester run may have re-imported the module)
+    monkeypatch.setattr(type(cluster._cluster.brokers[0]), "start", broker_start)
+    try:
+        with pytest.raises(RuntimeError, match="killed while"):
+            cluster.start(timeout=60)
+    finally:
+        cluster.close()
+    assert seen["recorded"] == [str(seen["zookeeper"])]
+    wait_for(lambda: pid_gone(seen["zookeeper"]), "the cluster's ZooKeeper to stop")
+
+
+def test_the_cluster_zookeeper_dies_with_the_thread_that_started_it(tmp_path):
+    import threading
+
+    _zookeeper_or_skip()
+    from pykbroker.cluster.zk_server import ZooKeeperServer
+
+    server = ZooKeeperServer(data_dir=tmp_path / "zk", die_with_parent=True)
+    failure = []
+
+    def start():
+        try:
+            server.start()
+        except Exception as exc:
+            failure.append(exc)
+
+    starter = threading.Thread(target=start)
+    starter.start()
+    starter.join(120)
+    assert not failure, failure
+    try:
+        # the starting thread ended: PR_SET_PDEATHSIG SIGKILLs the JVM as it would with a killed pytest
+        wait_for(lambda: pid_gone(server.pid), "ZooKeeper to die with the thread that started it", timeout=30)
+    finally:
+        server.stop()
+
+
+def test_free_ports_are_outside_the_ephemeral_range():
+    """A broker keeps its port across restarts; while it is down, an outgoing connection could get that port
+    as its local port if it were in the kernel's ephemeral range."""
+    from pykbroker.cluster.zk_server import ephemeral_port_range, free_port
+    from pykbroker.testing import KafkaBroker
+
+    low, high = ephemeral_port_range()
+    ports = [free_port() for _ in range(20)] + [KafkaBroker().port]
+    assert all(not low <= port <= high for port in ports), (low, high, ports)
+
+
+def test_a_broker_whose_port_an_outgoing_connection_holds_starts_once_it_is_released(tmp_path):
+    import socket
+    import threading
+
+    from pykbroker.testing import PORT_IN_USE_MESSAGE, KafkaBroker
+
+    broker = KafkaBroker(workdir=tmp_path / "broker")
+    server = socket.create_server(("127.0.0.1", 0))
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", broker.port))  # an outgoing connection whose local port is the broker's
+    holder.connect(server.getsockname())
+    accepted, _ = server.accept()
+    released = threading.Event()
+
+    def release_once_refused():
+        try:
+            wait_for(lambda: broker.log_path.exists() and PORT_IN_USE_MESSAGE in broker.log_path.read_bytes(),
+                     "the broker to find its port in use", timeout=60)
+        finally:
+            # the peer closes first, so the TIME_WAIT lands on its side, not on the broker's port
+            accepted.close()
+            holder.settimeout(30)
+            assert holder.recv(1) == b""
+            holder.close()
+            server.close()
+            released.set()
+
+    releaser = threading.Thread(target=release_once_refused)
+    releaser.start()
+    try:
+        broker.start(timeout=90)
+        assert broker.running()
+        assert PORT_IN_USE_MESSAGE in broker.log_path.read_bytes()  # it did meet the taken port
+    finally:
+        releaser.join(90)
+        broker.close()
+    assert released.is_set()

@@ -126,3 +126,85 @@ def test_the_start_script_command_runs_a_broker_advertising_the_mapped_address(t
     finally:
         proc.terminate()
         proc.wait(15)
+
+
+# -- without Docker: a stub engine whose container's broker exits at once ------------------------------
+
+class _StubSdkContainer:
+    """What docker's SDK Container offers that PykbrokerContainer and DockerContainer use."""
+
+    id = "0123456789abcdef"
+    short_id = id[:12]
+
+    def __init__(self):
+        self.status = "created"
+        self.archives = []
+        self.removed = 0
+
+    def reload(self):
+        self.status = "exited"  # the broker died before answering
+
+    def logs(self, stdout=True, stderr=True):
+        return b"pykbroker: error: bad override\n" if stderr else b""
+
+    def put_archive(self, path, data):
+        self.archives.append((path, data))
+
+    def remove(self, force=False, v=False):
+        if self.removed:
+            raise RuntimeError("404 Client Error: No such container")  # what Docker answers the second time
+        self.removed += 1
+
+
+@pytest.fixture
+def stub_engine(monkeypatch):
+    pytest.importorskip("testcontainers", reason="testcontainers is not installed")
+    import socket
+
+    import testcontainers.core.container as tc
+
+    class StubClient:
+        def __init__(self, **kwargs):
+            self.client = self
+
+        def close(self):
+            pass
+
+    created = []
+
+    def start(self):
+        self._container = _StubSdkContainer()
+        created.append(self._container)
+        return self
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]
+    monkeypatch.setattr(tc, "DockerClient", StubClient)
+    monkeypatch.setattr(tc.DockerContainer, "start", start)
+    monkeypatch.setattr(tc.DockerContainer, "get_container_host_ip", lambda self: "127.0.0.1")
+    monkeypatch.setattr(tc.DockerContainer, "get_exposed_port", lambda self, port: closed_port)
+    return created
+
+
+def test_a_broker_that_exits_fails_start_with_its_output_and_the_container_is_removed(stub_engine):
+    from pykbroker.testcontainers import PykbrokerContainer
+
+    container = PykbrokerContainer("pykbroker:stub")
+    with pytest.raises(TimeoutError) as failure:  # not a TypeError from calling the status property
+        container.start(timeout=30)
+    (sdk,) = stub_engine
+    assert "(exited)" in str(failure.value) and "bad override" in str(failure.value)
+    assert sdk.archives and sdk.archives[0][0] == "/"  # the start script was copied in
+    assert sdk.removed == 1  # start() outside a `with` leaves nothing running
+    container.stop()  # a later stop is harmless
+    assert sdk.removed == 1
+
+
+def test_a_failed_start_in_a_with_raises_the_start_error_once_removed(stub_engine):
+    from pykbroker.testcontainers import PykbrokerContainer
+
+    with pytest.raises(TimeoutError, match="exited"):
+        with PykbrokerContainer("pykbroker:stub"):
+            pass
+    assert [sdk.removed for sdk in stub_engine] == [1]

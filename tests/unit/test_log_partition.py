@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from pykbroker.log.config import LogConfig
 from pykbroker.log.errors import OffsetOutOfRange, RecordTooLarge, UnexpectedAppendOffset
-from pykbroker.log.partition_log import PartitionLog
+from pykbroker.log.partition_log import PartitionLog, run_file_work
 from pykbroker.replication.replica_manager import FileRecords
 from pykbroker.protocol.records import (
     TIMESTAMP_TYPE_MASK,
@@ -720,3 +720,65 @@ def test_recovery_fsyncs_nothing_and_leaves_the_recovery_point_to_the_next_flush
     recovered.flush()
     assert recovered.recovery_point == recovered.log_end_offset == 60
     recovered.close()
+
+
+def test_delete_records_before_leaves_its_file_work_for_the_io_thread(tmp_path, monkeypatch):
+    """DeleteRecords / a follower's new log start touch no file on the calling (event-loop) thread: the
+    unlinks, closes and the leader-epoch checkpoint come back from ``take_file_work``, run in order later."""
+    log = open_log(tmp_path)
+    fill(log, [2] * 30, epoch=0)
+    log.append(batch([b"e1"]), leader_epoch=1, now_ms=2_000)  # epochs (0, 0), (1, 60)
+    directory = tmp_path / "topic.a-3"
+    first = directory / "00000000000000000000.log"
+    log.read(0, 1 << 20).read_bytes()  # the first segment's descriptor is open
+    touched = []
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "fsync", lambda fd: touched.append(("fsync", fd)))
+        patch.setattr(os, "close", lambda fd: touched.append(("close", fd)))
+        patch.setattr(Path, "unlink", lambda self, missing_ok=False: touched.append(("unlink", self)))
+        log.delete_records_before(41)
+    assert touched == []
+    assert log.log_start_offset == 41 and log.has_file_work
+    assert first.exists() and log.segment_base_offsets[0] > 0
+    assert read_all(log)[0][0] == 40  # readers already see the new start
+    open_before = _open_files_under(tmp_path)
+    run_file_work(log.take_file_work())
+    assert not log.has_file_work
+    assert not first.exists()
+    assert _open_files_under(tmp_path) < open_before
+    assert (directory / "leader-epoch-checkpoint").read_text().split("\n")[2:4] == ["0 41", "1 60"]
+    log.close()
+    reopened = open_log(tmp_path, log_start_offset=41)
+    assert reopened.log_start_offset == 41
+    assert reopened.end_offset_for_epoch(0) == (0, 60)
+    reopened.close()
+
+
+def test_a_deferred_epoch_checkpoint_never_replaces_a_newer_one(tmp_path):
+    log = open_log(tmp_path)
+    fill(log, [2] * 10, epoch=0)
+    log.delete_records_before(5)
+    stale = log.take_file_work()  # the checkpoint with (0, 5), not yet written
+    log.truncate_to(8)
+    log.append(batch([b"e3"]), leader_epoch=3, now_ms=2_000)  # written at once: (0, 5), (3, 8)
+    run_file_work(stale)
+    assert (tmp_path / "topic.a-3" / "leader-epoch-checkpoint").read_text().split("\n")[2:4] == ["0 5", "3 8"]
+    log.close()
+
+
+def test_a_closed_log_runs_its_pending_file_work_and_abandon_closes_descriptors(tmp_path):
+    log = open_log(tmp_path)
+    fill(log, [2] * 30)
+    log.read(0, 1 << 20).read_bytes()
+    log.delete_records_before(41)
+    assert log.has_file_work
+    log.close()  # flushes: the pending work runs first
+    assert not (tmp_path / "topic.a-3" / "00000000000000000000.log").exists()
+    assert _open_files_under(tmp_path) == 0
+    other = PartitionLog.open(tmp_path / "topic.b-0", SMALL)
+    fill(other, [2] * 30)
+    other.read(0, 1 << 20).read_bytes()
+    other.delete_records_before(41)
+    other.abandon()  # the directory is being deleted: descriptors close, nothing is unlinked by path
+    assert (tmp_path / "topic.b-0" / "00000000000000000000.log").exists()
+    assert _open_files_under(tmp_path) == 0

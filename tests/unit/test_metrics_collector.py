@@ -132,6 +132,19 @@ def test_counters_become_families(broker):
     assert 0.003 <= value(samples, "kafka_network_requestmetrics_totaltime_seconds_sum", request="Produce") < 1
 
 
+def test_a_deleted_topics_counters_go(broker):
+    loop, broker = broker
+    broker.stats.produced("orders", 5, 500)
+    broker.stats.fetched("orders", 300)
+    broker.stats.produced("billing", 1, 10)
+    broker.forget_topic("orders")  # what a deletion calls, single broker and cluster alike
+    samples = scrape(broker)
+    assert not [key for key in samples if ("topic", "orders") in key[1]]
+    assert value(samples, "kafka_server_brokertopicmetrics_messagesin_total", topic="billing") == 1
+    broker.stats.produced("orders", 1, 10)  # a topic created again under the name counts from zero
+    assert value(scrape(broker), "kafka_server_brokertopicmetrics_messagesin_total", topic="orders") == 1
+
+
 def test_error_counts_walk_nested_entities_only_where_error_codes_are():
     from kio.schema.metadata.v12 import response as metadata_v12
     topic = make(metadata_v12.MetadataResponseTopic, error_code=ErrorCode.unknown_topic_or_partition, name="x",

@@ -38,7 +38,11 @@ async def delete_records(ctx: RequestContext, request) -> object:
             if error == ErrorCode.none:
                 required[(name, index)] = offset
     if required:
+        logs = [replicas.partition(*tp).log for tp in required]  # before any await: all still hosted
+        # The new log starts are durable first, then the segments below them go (off the event loop): a
+        # crash at any point never brings deleted records back once the answer was sent.
         await replicas.log_manager.write_log_start_checkpoint_async()
+        await replicas.log_manager.run_file_work_async(logs)
         results.update(await replicas.await_low_watermarks(required, request.timeout.total_seconds()))
     by_topic: dict[str, list] = {}
     for (name, index), (error, low_watermark) in results.items():
