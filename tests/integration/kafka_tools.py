@@ -12,35 +12,22 @@ on sys.path in both).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-KAFKA_DIST = "kafka_2.13-3.7.1"
 DEFAULT_TIMEOUT_S = 180.0
 
-
-def find_refkit() -> Path:
-    """../shared/refkit beside the project; from a worktree under <root>/wt/<name>, <root>/shared/refkit."""
-    for base in (REPO_ROOT.parent, REPO_ROOT.parent.parent):
-        if (base / "shared" / "refkit").is_dir():
-            return base / "shared" / "refkit"
-    return REPO_ROOT.parent / "shared" / "refkit"
-
-
-def unavailable_reason(refkit: Path) -> str | None:
-    script = refkit / KAFKA_DIST / "bin" / "kafka-topics.sh"
-    if not script.is_file():
-        return f"Kafka's tools are not here: no {script} (the reference kit ../shared/refkit is absent)"
-    if not os.access(script, os.X_OK):
-        return f"{script} is not executable (chmod +x {script.parent}/*.sh)"
-    if shutil.which("java") is None:
-        return "Kafka's tools need a Java runtime and none is installed (apt-get install default-jre-headless)"
-    return None
+# Where the kit is and why it cannot run: the benchmarks' rules (../shared/refkit beside the project or above a
+# worktree; Kafka's scripts executable; a Java runtime).
+sys.path.insert(0, str(REPO_ROOT / "integration" / "bench"))
+from brokers import KAFKA_DIST  # noqa: E402
+from brokers import default_refkit as find_refkit  # noqa: E402
+from brokers import kafka_unavailable_reason as unavailable_reason  # noqa: E402
 
 
 class ToolFailed(AssertionError):
