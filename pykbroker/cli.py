@@ -207,10 +207,14 @@ def cluster(ctx: click.Context, brokers: int, data_dir: Path | None, zookeeper: 
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the console listens on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="HTTP port (0: any free).")
 @click.option("--allow-writes", is_flag=True, help="Allow creating topics and resetting group offsets (off: read-only).")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME[:PORT]",
+              help="Also answer requests for this Host (the name the console is reached by, e.g. behind a "
+                   "proxy); repeatable. Others than the bound address and localhost are refused (DNS rebinding).")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="Seconds to wait for the cluster on each call.")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default="WARNING", show_default=True)
-def console(bootstrap: str, host: str, port: int, allow_writes: bool, timeout: float, log_level: str) -> None:
+def console(bootstrap: str, host: str, port: int, allow_writes: bool, allowed_hosts: tuple[str, ...], timeout: float,
+            log_level: str) -> None:
     """Serve a web console for a Kafka cluster (read through the Kafka protocol) until Ctrl-C."""
     configure_logging(log_level.upper())
     _keep_hypothesis_out_of_the_broker()
@@ -221,7 +225,8 @@ def console(bootstrap: str, host: str, port: int, allow_writes: bool, timeout: f
         click.echo(f"pykbroker console for {bootstrap} ({mode}) at {server.url}/", err=True)
 
     try:
-        serve_console(bootstrap, host=host, port=port, allow_writes=allow_writes, timeout=timeout, ready=ready)
+        serve_console(bootstrap, host=host, port=port, allow_writes=allow_writes, allowed_hosts=allowed_hosts,
+                      timeout=timeout, ready=ready)
     except ListenError as exc:
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:

@@ -6,6 +6,10 @@ Routes (GET): ``/`` overview, ``/topics``, ``/topics/NAME``, ``/groups``, ``/gro
 ``/groups/ID/reset`` resets a group's offsets - only when the server was started with ``allow_writes``;
 otherwise their forms are absent and every POST is refused with 403. A POST whose Origin (or Referer) is
 another site is refused too, so a page elsewhere cannot drive the writes through a visitor's browser.
+Every request (GET too) whose Host header is not the console's own address (the bound address, or
+localhost / 127.0.0.1 / [::1], with the port) nor one given with ``allowed_hosts`` is refused with 403:
+a DNS-rebinding page (its own name resolved to this machine) can neither read the pages nor post. The
+status banner (``?notice=``) shows only texts the server itself signed, so a link cannot put words in it.
 
 Nothing a request does can take the server down: a failed or timed-out cluster call becomes an error page
 (its status 4xx/5xx), any other exception a 500 page; the request socket itself has a timeout.
@@ -13,11 +17,14 @@ Nothing a request does can take the server down: a failed or timed-out cluster c
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
+import secrets
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
+from typing import Callable, Iterable
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from pykbroker.console import data, pages
@@ -91,14 +98,29 @@ class _Handler(BaseHTTPRequestHandler):
         self.do_GET()
 
     def do_GET(self) -> None:  # noqa: N802
-        self._dispatch(self._get)
+        self._dispatch_checked(self._get)
 
     def do_POST(self) -> None:  # noqa: N802
-        self._dispatch(self._post)
+        self._dispatch_checked(self._post)
+
+    def _host_allowed(self) -> bool:
+        host = (self.headers.get("Host") or "").strip().lower()
+        return bool(host) and host in self.server.allowed_hosts
+
+    def _dispatch_checked(self, handler: Callable[[], None]) -> None:
+        if not self._host_allowed():
+            self.close_connection = True  # a POST body is not read
+            message = (f"this console does not answer for the host {self.headers.get('Host')!r}: open it at "
+                       f"{self.server.url}/ or start it with --allowed-host NAME")
+            # Nothing about the cluster on this page (no bootstrap): the asking page may be another site's.
+            self._send(403, pages.error_page(message, 403, bootstrap="", allow_writes=False))
+            return
+        self._dispatch(handler)
 
     def _get(self) -> None:
         segments, query = self._route()
-        reader, chrome = self.server.reader, self._chrome(query.get("notice") or None)
+        notice = self.server.verify_notice(query.get("notice", ""), query.get("sig", ""))
+        reader, chrome = self.server.reader, self._chrome(notice)
         match segments:
             case []:
                 self._send(200, pages.overview(reader.cluster(), **chrome))
@@ -168,12 +190,12 @@ class _Handler(BaseHTTPRequestHandler):
                 reader.create_topic(name, _int(form.get("partitions") or "1", "partitions"),
                                     _int(form.get("replication_factor") or "-1", "replication factor"),
                                     _configs(form.get("configs", "")))
-                self._redirect(url("/topics", name, notice=f"Topic {name} created."))
+                self._redirect(self.server.notice_url(("/topics", name), f"Topic {name} created."))
             case ["groups", group_id, "reset"]:
                 changed = reader.reset_offsets(group_id, form.get("topic") or None, form.get("mode", ""),
                                                form.get("position", ""))
                 summary = ", ".join(f"{t}/{p} → {o}" for t, p, o in changed)
-                self._redirect(url("/groups", group_id, notice=f"Offsets reset: {summary}."))
+                self._redirect(self.server.notice_url(("/groups", group_id), f"Offsets reset: {summary}."))
             case _:
                 self._error(404, f"nothing to post to at {self.path}")
 
@@ -197,6 +219,30 @@ def _configs(text: str) -> dict[str, str]:
     return configs
 
 
+def _allowed_hosts(bound: str, port: int, extra: Iterable[str]) -> frozenset[str]:
+    """The Host header values the console answers: the bound address (unless a wildcard), localhost,
+    127.0.0.1 and [::1], each with the port; each ``extra`` as given (NAME:PORT) or, without a port, both
+    bare (a proxy on port 80/443) and with the console's port."""
+    def with_port(name: str) -> str:
+        return f"[{name}]:{port}" if ":" in name else f"{name}:{port}"
+
+    names = {"localhost", "127.0.0.1", "::1"}
+    if bound not in ("", "0.0.0.0", "::"):
+        names.add(bound.lower())
+    hosts = {with_port(n) for n in names}
+    for value in extra:
+        value = value.strip().lower()
+        if not value:
+            continue
+        bracketed = value.startswith("[")
+        if (bracketed and "]:" in value) or (not bracketed and value.count(":") == 1):
+            hosts.add(value)  # NAME:PORT, [V6]:PORT
+        else:
+            bare = value.strip("[]")
+            hosts.update({f"[{bare}]" if ":" in bare else bare, with_port(bare)})
+    return frozenset(hosts)
+
+
 class ListenError(Exception):
     """The console's address cannot be bound (in use, not an address of this machine)."""
 
@@ -205,10 +251,26 @@ class ConsoleServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], reader: data.ClusterReader, *, allow_writes: bool = False) -> None:
+    def __init__(self, address: tuple[str, int], reader: data.ClusterReader, *, allow_writes: bool = False,
+                 allowed_hosts: Iterable[str] = ()) -> None:
         self.reader = reader
         self.allow_writes = allow_writes
+        self._notice_key = secrets.token_bytes(32)
         super().__init__(address, _Handler)
+        self.allowed_hosts = _allowed_hosts(self.server_address[0], self.server_address[1], allowed_hosts)
+
+    def _notice_sig(self, text: str) -> str:
+        return hmac.new(self._notice_key, text.encode("utf-8"), hashlib.sha256).hexdigest()
+
+    def notice_url(self, segments: tuple[str, ...], text: str) -> str:
+        """A URL of this console showing ``text`` in the status banner (signed: see verify_notice)."""
+        return url(*segments, notice=text, sig=self._notice_sig(text))
+
+    def verify_notice(self, text: str, sig: str) -> str | None:
+        """``text`` if this server signed it, else None: a link from elsewhere cannot fill the banner."""
+        if text and sig and hmac.compare_digest(self._notice_sig(text), sig):
+            return text
+        return None
 
     @property
     def url(self) -> str:
@@ -222,12 +284,13 @@ class ConsoleServer(ThreadingHTTPServer):
 
 
 def serve(bootstrap: str, *, host: str = "127.0.0.1", port: int = 8080, allow_writes: bool = False,
+          allowed_hosts: Iterable[str] = (),
           timeout: float = data.DEFAULT_TIMEOUT_S, ready: Callable[[ConsoleServer], None] | None = None) -> None:
     """Serve the console until interrupted; :class:`ListenError` when the address cannot be bound. The
     Kafka clients run in worker processes (pykbroker.console.worker)."""
     reader = IsolatedReader(bootstrap, timeout=timeout)
     try:
-        server = ConsoleServer((host, port), reader, allow_writes=allow_writes)
+        server = ConsoleServer((host, port), reader, allow_writes=allow_writes, allowed_hosts=allowed_hosts)
     except OSError as exc:
         raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     try:

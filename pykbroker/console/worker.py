@@ -5,7 +5,8 @@ when requests time out while brokers stop answering and come back (librdkafka is
 ``rd_kafka_enq_once_del_source_return: Assertion `eonce->refcnt > 0' failed``, seen in this project's
 tests). :class:`IsolatedReader` has :class:`~pykbroker.console.data.ClusterReader`'s interface but runs
 every call in a small pool of spawned worker processes, each with its own ClusterReader. A worker that
-dies fails the calls it was running with an error page, and the next call gets a fresh pool.
+dies fails the calls it was running with an error page, and the next call gets a fresh pool; so does a
+call that times out (its pool's workers are killed, since a hung call would keep its worker busy).
 """
 
 from __future__ import annotations
@@ -56,9 +57,13 @@ class IsolatedReader:
              "reset_offsets")
 
     def __init__(self, bootstrap: str, *, timeout: float = DEFAULT_TIMEOUT_S,
-                 client_config: dict[str, Any] | None = None, workers: int = WORKERS) -> None:
+                 client_config: dict[str, Any] | None = None, workers: int = WORKERS,
+                 call_timeout: float | None = None) -> None:
         self.bootstrap = bootstrap
         self.timeout = timeout
+        # A call makes a few cluster requests in turn, each bounded by the timeout; a worker start
+        # (spawn, imports) comes on top of the first.
+        self.call_timeout = 6 * timeout + 30 if call_timeout is None else call_timeout
         self.client_config = client_config
         self.workers = workers
         self._lock = threading.Lock()
@@ -73,18 +78,26 @@ class IsolatedReader:
                     initargs=(self.bootstrap, self.timeout, self.client_config, logging.getLogger().level))
             return self._pool
 
-    def _discard(self, pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    def _discard(self, pool: concurrent.futures.ProcessPoolExecutor, *, kill: bool = False) -> None:
+        """The next call gets a new pool; ``kill``: end this pool's workers too (a hung call holds its
+        worker forever, and with every worker hung each later call would time out)."""
         with self._lock:
             if self._pool is pool:
                 self._pool = None
                 self.restarts += 1
+        processes = list((pool._processes or {}).values()) if kill else []
         pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            try:
+                process.kill()
+            except (OSError, ValueError):  # already gone / closed
+                pass
 
-    def worker_pids(self) -> list[int]:
+    def worker_pids(self, timeout: float = 60) -> list[int]:
         """The workers' process ids (started if need be)."""
         pool = self._executor()
         for future in [pool.submit(_pid) for _ in range(self.workers)]:
-            future.result(timeout=60)
+            future.result(timeout=timeout)
         return [p.pid for p in (pool._processes or {}).values()]
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -95,15 +108,18 @@ class IsolatedReader:
         pool = self._executor()
         try:
             future = pool.submit(_call, method, args, kwargs)
-            # A call makes a few cluster requests in turn, each bounded by the timeout; a worker start
-            # (spawn, imports) comes on top of the first.
-            return future.result(timeout=6 * self.timeout + 30)
+            return future.result(timeout=self.call_timeout)
         except BrokenProcessPool:
             self._discard(pool)
             log.error("a console worker process died (Kafka client crash); starting new ones")
             raise ConsoleError("the Kafka client process died (a librdkafka crash) and was restarted: "
                                     "try again", 502) from None
         except concurrent.futures.TimeoutError:
+            # The call is stuck in its worker (a hung librdkafka call cannot be interrupted): replace the
+            # pool, killing its workers, rather than leave a busy worker behind. Calls other pages were
+            # running in that pool fail with 502 (BrokenProcessPool above) and can be retried.
+            self._discard(pool, kill=True)
+            log.error("%s: no answer from the Kafka client in time; starting new console workers", method)
             raise ConsoleError(f"{method}: no answer from the Kafka client in time", 504) from None
 
     def __getattr__(self, name: str) -> Any:

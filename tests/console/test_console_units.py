@@ -195,3 +195,114 @@ def test_browse_keeps_at_most_limit_messages_in_time_order():
     assert [(m.partition, m.offset) for m in newest] == [(2, 9), (1, 9), (0, 9), (2, 8)]
     oldest = data._keep(many, 2, newest=False)
     assert [(m.partition, m.offset) for m in oldest] == [(0, 0), (1, 0)]
+
+
+# -- DNS rebinding, the status banner, hung workers ------------------------------------------------------
+
+def _raw(port: int, method: str, path: str, host: str | None, headers: dict | None = None,
+         body: bytes = b"") -> tuple[int, str]:
+    """A request with exactly this Host header (urllib always sends the URL's)."""
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+        if host is not None:
+            connection.putheader("Host", host)
+        for name, value in (headers or {}).items():
+            connection.putheader(name, value)
+        if body:
+            connection.putheader("Content-Type", "application/x-www-form-urlencoded")
+            connection.putheader("Content-Length", str(len(body)))
+        connection.endheaders(body or None)
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        connection.close()
+
+
+def test_rebound_host_is_refused_for_reads_and_writes(console_server):
+    server = console_server(_NoCluster(), allow_writes=True)
+    port = server.server_address[1]
+    evil = f"evil.example:{port}"
+    for path in ("/", "/topics", "/healthz", "/messages?topic=t"):
+        status, body = _raw(port, "GET", path, evil)
+        assert status == 403 and "does not answer for the host" in body, path
+        assert "nowhere:9092" not in body  # nothing about the cluster goes to the other site
+    status, body = _raw(port, "POST", "/topics", evil, {"Origin": f"http://{evil}"}, b"name=x")
+    assert status == 403 and "does not answer for the host" in body
+    assert _raw(port, "GET", "/healthz", None)[0] == 403  # no Host at all
+    assert _raw(port, "GET", "/healthz", "127.0.0.1:1")[0] == 403  # another port
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}", f"[::1]:{port}"):
+        assert _raw(port, "GET", "/healthz", host) == (200, "ok\n"), host
+
+
+def test_allowed_host_option(console_server):
+    from pykbroker.console.server import ConsoleServer
+
+    server = ConsoleServer(("127.0.0.1", 0), _NoCluster(), allowed_hosts=["console.example", "proxy.example:8443"])
+    server.start_background()
+    try:
+        port = server.server_address[1]
+        for host in ("console.example", f"console.example:{port}", "proxy.example:8443", f"127.0.0.1:{port}"):
+            assert _raw(port, "GET", "/healthz", host)[0] == 200, host
+        for host in ("console.example:1", f"proxy.example:{port}", "proxy.example", f"evil.example:{port}"):
+            assert _raw(port, "GET", "/healthz", host)[0] == 403, host
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_cli_allowed_host_reaches_the_server(monkeypatch):
+    from click.testing import CliRunner
+
+    from pykbroker import cli
+    from pykbroker.console import server
+
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda bootstrap, **kwargs: seen.update(kwargs))
+    result = CliRunner().invoke(cli.main, ["console", "--allowed-host", "a.example", "--allowed-host", "b:1"])
+    assert result.exit_code == 0, result.output
+    assert seen["allowed_hosts"] == ("a.example", "b:1")
+    assert "--allowed-host" in CliRunner().invoke(cli.main, ["console", "--help"]).output
+
+
+class _Topics:
+    bootstrap = "b:9092"
+
+    def topics(self):
+        return []
+
+
+def test_notice_only_shows_texts_the_server_signed(console_server):
+    server = console_server(_Topics())
+    status, body = _request(server.url, "/topics?notice=Cluster+compromised%2C+call+555")
+    assert status == 200 and "Cluster compromised" not in body and 'class="notice"' not in body
+    signed = server.notice_url(("/topics",), "Topic t created.")
+    status, body = _request(server.url, signed)
+    assert status == 200 and '<div class="notice" role="status">Topic t created.</div>' in body
+    forged = signed.replace("Topic+t", "Topic+u")
+    assert 'class="notice"' not in _request(server.url, forged)[1]
+
+
+def test_timed_out_calls_do_not_leave_the_workers_busy():
+    """A call that times out takes its pool down: two hung calls must not make every later call a 504."""
+    import socket
+
+    from pykbroker.console.worker import IsolatedReader
+
+    with socket.socket() as silent:  # accepts connections (the backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        reader = IsolatedReader(f"127.0.0.1:{silent.getsockname()[1]}", timeout=60, call_timeout=3)
+        try:
+            first = reader.worker_pids()
+            for _ in range(reader.workers):
+                with pytest.raises(data.ConsoleError) as caught:
+                    reader.cluster()
+                assert caught.value.status == 504
+            assert reader.restarts >= 1
+            fresh = reader.worker_pids(timeout=30)  # before the fix: both workers still busy, a timeout
+            assert not set(fresh) & set(first)
+        finally:
+            reader.close()
