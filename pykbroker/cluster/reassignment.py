@@ -219,14 +219,12 @@ class ReassignmentMixin:
                     or tp not in self._states:
                 results[tp] = (ErrorCode.unknown_topic_or_partition, "The partition does not exist.")
                 continue
-            try:
-                await self._on_partition_reassignment(tp, assignment)
-                results[tp] = (ErrorCode.none, None)
-            except ControllerMoved:
-                raise
-            except StaleZkVersion as exc:
-                log.warning("controller %d: reassignment of %s-%d: %s", self.broker_id, *tp, exc)
-                results[tp] = (ErrorCode.unknown_server_error, None)
+            # A failed ZooKeeper write (StaleZkVersion after the retries, a lost connection) is not swallowed:
+            # memory may be ahead of ZooKeeper (RS/AR/RR set, a leader epoch written with no LeaderAndIsr
+            # sent), so the event fails and the controller resigns and fails over from ZooKeeper, as for
+            # any half-done event (Controller._process_events).
+            await self._on_partition_reassignment(tp, assignment)
+            results[tp] = (ErrorCode.none, None)
         return results
 
     # -- Kafka's onPartitionReassignment --
@@ -257,7 +255,6 @@ class ReassignmentMixin:
     async def _complete_reassignment(self: "Controller", tp: TopicPartition, assignment: ReplicaAssignment) -> None:
         """B1-B8: RS = TRS; a leader in TRS; RR out of the ISR and deleted; ZooKeeper without AR/RR; metadata."""
         target = assignment.target
-        self._set_assignment(tp, ReplicaAssignment(target))
         state = self._states[tp]
         live = self._live()
         removing = set(assignment.removing)
@@ -266,10 +263,16 @@ class ReassignmentMixin:
             # ReassignPartitionLeaderElectionStrategy: the first target replica that is live and in the ISR.
             leader = next((r for r in target if r in live and r in state.isr), NO_LEADER)
         isr = tuple(r for r in state.isr if r not in removing) or state.isr
-        batch = self._new_batch()
         written = await self._write_states({tp: self._next_state(tp, leader, isr)})
-        if tp in written:
-            batch.add_leader_and_isr(self._live_replicas(tp), tp)
+        if tp not in written:
+            # The state moved under us (re-read by _write_states): RS/AR/RR stay as they are, nothing is
+            # stopped (a removed replica may still lead); the next ISR change or a failover completes it.
+            log.warning("controller %d: reassignment of %s-%d not completed now: its leader/ISR changed",
+                        self.broker_id, *tp)
+            return
+        self._set_assignment(tp, ReplicaAssignment(target))
+        batch = self._new_batch()
+        batch.add_leader_and_isr(self._live_replicas(tp), tp)
         for r in assignment.removing:
             batch.add_stop_replica(r, tp, delete=True)
         await self._write_assignment(tp[0])
@@ -281,10 +284,12 @@ class ReassignmentMixin:
 
     async def _stop_removed_replicas(self: "Controller", tp: TopicPartition, removed: list[int]) -> None:
         """Replicas that left RS: out of the ISR (a new leader if the leader went), StopReplica(delete)."""
-        state = self._states[tp]
         batch = self._new_batch()
-        isr = tuple(r for r in state.isr if r not in removed)
-        if isr != tuple(state.isr) or state.leader in removed:
+        for _ in range(5):
+            state = self._states[tp]  # re-read by _write_states when it moved under us
+            isr = tuple(r for r in state.isr if r not in removed)
+            if isr == tuple(state.isr) and state.leader not in removed:
+                break
             leader = state.leader
             if leader in removed:
                 live = self._live()
@@ -292,6 +297,11 @@ class ReassignmentMixin:
             written = await self._write_states({tp: self._next_state(tp, leader, isr or state.isr)})
             if tp in written:
                 batch.add_leader_and_isr(self._live_replicas(tp), tp)
+                break
+        else:
+            # Never StopReplica(delete) a replica still leading or in the ISR: the event fails instead and
+            # the failover (from ZooKeeper) takes it from there.
+            raise StaleZkVersion(f"the state of {tp[0]}-{tp[1]} kept changing; replicas {removed} not stopped")
         for r in removed:
             batch.add_stop_replica(r, tp, delete=True)
         batch.update_metadata.add(tp)

@@ -696,3 +696,105 @@ def test_the_real_channel_delivers_in_order_and_resends_until_the_broker_answers
             await fake.close()
 
     run_async(cluster.run(body()))
+
+
+# ---- reassignment: failed ZooKeeper writes -----------------------------------------------------------
+
+
+def _stops(chan: RecordingChannel, broker_id: int, since: int) -> list:
+    return [(t.topic_name, p.partition_index, p.delete_partition) for r in chan.requests(STOP, broker_id, since)
+            for t in r.topic_states for p in t.partition_states]
+
+
+def test_reassignment_completion_whose_leader_isr_write_fails_stops_nothing_and_keeps_ar_rr(cluster, run_async):
+    """The completion's leader/ISR write loses (the znode moved): the removed replica (here the leader) is
+    not deleted and RS/AR/RR stay in ZooKeeper; the next ISR change completes it."""
+    async def body():
+        for b in (1, 2, 3):
+            await cluster.add_broker(b)
+        c, chan = await cluster.controller(1)
+        await active(c)
+        zk = await cluster.client()
+        tid = kafka_uuid_to_uuid(await zk.create_topic("m", {0: [1, 2, 3]}))
+        await state_of(zk, "m", 0, leader=1, isr=(1, 2, 3))
+        kazoo = KazooClient(hosts=cluster.connect)
+        kazoo.start()
+        try:
+            original = c._write_states
+            moved = []
+
+            async def write_after_someone_else(changes):
+                if not moved:  # another writer gets there first: our zkVersion is stale
+                    moved.append(True)
+                    path = "/brokers/topics/m/partitions/0/state"
+                    raw, _ = kazoo.get(path)
+                    kazoo.set(path, raw)
+                return await original(changes)
+
+            c._write_states = write_after_someone_else
+            mark = len(chan.sent)
+            # Target [2, 3] is already in the ISR: the reassignment completes at once, with 1 (the leader) removed.
+            assert await c.alter_partition_reassignments({("m", 0): [2, 3]}) == {("m", 0): (ErrorCode.none, None)}
+            assert moved
+            assert _stops(chan, 1, mark) == []  # the leader's replica is not deleted
+            stored = await zk.get_topic_assignment("m")
+            assert (stored.partitions[0], stored.removing_replicas.get(0)) == ([2, 3, 1], [1])
+            assert c._full_assignment(("m", 0)).being_reassigned
+            assert (await zk.get_partition_state("m", 0)).leader == 1
+
+            # The next ISR change retries: now it completes, and 1 is stopped and deleted.
+            c._write_states = original
+            e = cluster.epochs
+            for isr in ({1: e[1], 2: e[2]}, {1: e[1], 2: e[2], 3: e[3]}):  # 3 falls behind and catches up
+                s = await zk.get_partition_state("m", 0)
+                ok = await c.alter_partition(alter(1, e[1], tid, 0, s.leader_epoch, isr, s.zk_version))
+                assert ok.topics[0].partitions[0].error_code == ErrorCode.none
+            await state_of(zk, "m", 0, leader=2)
+            assert ("m", 0, True) in _stops(chan, 1, mark)
+            stored = await zk.get_topic_assignment("m")
+            assert (stored.partitions[0], stored.removing_replicas.get(0)) == ([2, 3], None)
+        finally:
+            kazoo.stop()
+            kazoo.close()
+
+    run_async(cluster.run(body()))
+
+
+def test_reassignment_whose_assignment_write_fails_fails_over_and_resends_the_written_state(cluster, run_async):
+    """/brokers/topics/<t> cannot be written at completion (after the new leader epoch was): the failure
+    is not swallowed; the controller fails over from ZooKeeper and every replica hears of the epoch that
+    ZooKeeper has (else AlterPartition would be fenced for good)."""
+    from pykbroker.cluster.zookeeper import StaleZkVersion
+
+    async def body():
+        for b in (1, 2, 3):
+            await cluster.add_broker(b)
+        c, chan = await cluster.controller(1)
+        await active(c)
+        zk = await cluster.client()
+        await zk.create_topic("w", {0: [1, 2, 3]})
+        await state_of(zk, "w", 0, leader=1, isr=(1, 2, 3))
+        original = c.zk.set_topic_assignment
+        calls = []
+
+        async def failing(*args, **kwargs):
+            calls.append(1)
+            if len(calls) > 1:  # the first (RS/AR/RR) lands, the completion's (RS = TRS) never does
+                raise StaleZkVersion("test: /brokers/topics/w changed")
+            return await original(*args, **kwargs)
+
+        c.zk.set_topic_assignment = failing
+        result = await c.alter_partition_reassignments({("w", 0): [2, 3]})
+        c.zk.set_topic_assignment = original
+        assert result != {("w", 0): (ErrorCode.none, None)}  # not reported done
+
+        async def settled():
+            state = await zk.get_partition_state("w", 0)
+            sent = chan.partitions(LAI, 2).get(("w", 0))
+            stored = await zk.get_topic_assignment("w")
+            return (c.active and sent is not None and sent.leader_epoch == state.leader_epoch
+                    and stored.partitions[0] == [2, 3] and not stored.removing_replicas)
+
+        await wait_for(settled, 30, "the failover to complete the reassignment and resend the state")
+
+    run_async(cluster.run(body()))
