@@ -812,6 +812,9 @@ class Controller(ReassignmentMixin):
                 await self.zk.guarded_multi(self._zkv, [("delete", delete_topic_path(topic), -1)])
             return
         for topic in await self.zk.topics_marked_for_deletion():
+            # Its entries in the legacy reassignment document go too: they would apply to a topic created
+            # later under the same name (the in-memory AR/RR go with _forget_topic).
+            await self._remove_from_zk_reassignment(lambda tp, gone=topic: tp[0] == gone)
             if topic not in self._assignments and await self._load_topic(topic) is None:
                 try:  # no such topic: only the marker goes
                     await self.zk.delete_topic_znodes(topic, self._zkv)
@@ -1075,14 +1078,15 @@ class Controller(ReassignmentMixin):
     async def _auto_rebalance(self) -> None:
         """For every broker preferred by some partitions: if the share of those it does not lead exceeds
         leader.imbalance.per.broker.percentage, preferred elections for those whose preferred replica is
-        live, in the ISR and not shutting down (no topic being deleted)."""
+        live, in the ISR and not shutting down (no topic being deleted, no partition being reassigned)."""
         if not self.active:
             return
         threshold = float(self.config.get("leader.imbalance.per.broker.percentage")) / 100
         live = self._live()
+        reassigning = set(self._reassigning())  # Kafka's checkAndTriggerAutoLeaderRebalance leaves them alone
         by_preferred: dict[int, list[TopicPartition]] = {}
         for tp in self._partitions():
-            if tp in self._states and tp[0] not in self._deleting:
+            if tp in self._states and tp[0] not in self._deleting and tp not in reassigning:
                 by_preferred.setdefault(self._assignments[tp[0]][tp[1]][0], []).append(tp)
         candidates: list[TopicPartition] = []
         for broker_id, tps in sorted(by_preferred.items()):

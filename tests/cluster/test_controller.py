@@ -798,3 +798,56 @@ def test_reassignment_whose_assignment_write_fails_fails_over_and_resends_the_wr
         await wait_for(settled, 30, "the failover to complete the reassignment and resend the state")
 
     run_async(cluster.run(body()))
+
+
+def test_auto_leader_rebalance_leaves_partitions_being_reassigned_alone(cluster, run_async):
+    async def body():
+        for b in (1, 2, 3):
+            await cluster.add_broker(b)
+        c, chan = await cluster.controller(1, **{"leader.imbalance.check.interval.seconds": 3600})
+        await active(c)
+        zk = await cluster.client()
+        await zk.create_topic("q", {0: [2, 1]})
+        await state_of(zk, "q", 0, leader=2, isr=(2, 1))
+        # To [1, 2, 3]: 3 is not in the ISR, so the reassignment stays under way with RS [1, 2, 3], leader 2.
+        assert await c.alter_partition_reassignments({("q", 0): [1, 2, 3]}) == {("q", 0): (ErrorCode.none, None)}
+        assert c._full_assignment(("q", 0)).being_reassigned
+        before = await zk.get_partition_state("q", 0)
+        await c._run("AutoPreferredReplicaLeaderElection", c._auto_rebalance)  # preferred 1 is live and in the ISR
+        after = await zk.get_partition_state("q", 0)
+        assert (after.leader, after.leader_epoch) == (2, before.leader_epoch)
+
+    run_async(cluster.run(body()))
+
+
+def test_deleting_a_topic_mid_reassignment_clears_it_from_the_legacy_document(cluster, run_async):
+    from pykbroker.cluster.reassignment import REASSIGN_PARTITIONS_PATH, decode_reassignment_znode, \
+        encode_reassignment_znode
+
+    async def body():
+        for b in (1, 2, 3):
+            await cluster.add_broker(b)
+        c, chan = await cluster.controller(1)
+        await active(c)
+        zk = await cluster.client()
+        await zk.create_topic("d", {0: [1, 2]})
+        await zk.create_topic("keep", {0: [1, 2]})
+        await state_of(zk, "d", 0, leader=1)
+        await state_of(zk, "keep", 0, leader=1)
+        kazoo = KazooClient(hosts=cluster.connect)
+        kazoo.start()
+        try:
+            # Both go to [2, 3]: 3 never joins the ISR here, so both stay under way and in the document.
+            kazoo.create(REASSIGN_PARTITIONS_PATH, encode_reassignment_znode({("d", 0): [2, 3], ("keep", 0): [2, 3]}))
+            await wait_for(lambda: ("d", 0) in c._adding and ("keep", 0) in c._adding, 15,
+                           "the reassignments to start")
+            await zk.mark_topic_for_deletion("d")
+            await wait_for(lambda: "d" not in c._assignments, 15, "the topic to be deleted")
+            raw, _ = kazoo.get(REASSIGN_PARTITIONS_PATH)
+            assert decode_reassignment_znode(raw) == {("keep", 0): [2, 3]}
+            assert not [tp for tp in (*c._adding, *c._removing) if tp[0] == "d"]
+        finally:
+            kazoo.stop()
+            kazoo.close()
+
+    run_async(cluster.run(body()))
