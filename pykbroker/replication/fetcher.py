@@ -208,21 +208,27 @@ class _SourceFetcher:
             self._delay(state for state, _ in sent.values())
             return
         pending: list = []
-        for topic in response.responses:
-            for data in topic.partitions:
-                entry = sent.get((topic.topic_id, data.partition_index))
-                if entry is None:
-                    continue
-                state, asked_offset = entry
-                if not self._current(state) or state.fetch_offset != asked_offset:
-                    continue  # removed, re-added or moved while the fetch was in flight
-                await self._process(state, data)
-                partition = self.manager.replicas.partition(state.topic, state.index)
-                if partition is not None and partition.log.has_file_work:
-                    pending.append(partition.log)
-                await asyncio.sleep(0)  # let other work run between partitions of a large response
-        if pending:  # segments a new log start from the leader deleted: their files go in the I/O thread
-            await self.manager.replicas.log_manager.run_file_work_async(pending)
+        try:
+            for topic in response.responses:
+                for data in topic.partitions:
+                    entry = sent.get((topic.topic_id, data.partition_index))
+                    if entry is None:
+                        continue
+                    state, asked_offset = entry
+                    if not self._current(state) or state.fetch_offset != asked_offset:
+                        continue  # removed, re-added or moved while the fetch was in flight
+                    try:
+                        await self._process(state, data)
+                    finally:  # work queued before a failure is still done
+                        partition = self.manager.replicas.partition(state.topic, state.index)
+                        if partition is not None and partition.log.has_file_work:
+                            pending.append(partition.log)
+                    await asyncio.sleep(0)  # let other work run between partitions of a large response
+        finally:
+            # Segments a new log start from the leader deleted: their files go in the I/O thread, even when
+            # a later partition of this response failed (the round's error is then raised as before).
+            if pending:
+                await self.manager.replicas.log_manager.run_file_work_async(pending)
 
     async def _process(self, state: FetchState, data) -> None:
         manager = self.manager

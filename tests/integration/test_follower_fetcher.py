@@ -359,3 +359,48 @@ def test_pipelined_acks_all_produces_are_not_held_by_a_parked_follower_fetch(tmp
                 await follower.close()
 
     run(scenario(), timeout=80)
+
+
+def test_file_work_of_a_response_is_run_even_when_a_later_partition_fails():
+    """_fetch_once: partition 0's new log start queued file work; partition 1's processing raises. The
+    queued work still goes to the I/O thread (before: skipped, its descriptors and files left behind)."""
+    import uuid
+    from types import SimpleNamespace
+
+    from pykbroker.replication.fetcher import FetchState, _SourceFetcher
+
+    topic_id = uuid.uuid4()
+    logs = {0: SimpleNamespace(has_file_work=True, name="log-0"), 1: SimpleNamespace(has_file_work=False)}
+    ran = []
+
+    async def run_file_work_async(pending):
+        ran.append([log.name for log in pending])
+
+    manager = SimpleNamespace(
+        broker_id=FOLLOWER,
+        replicas=SimpleNamespace(partition=lambda topic, index: SimpleNamespace(log=logs[index]),
+                                 log_manager=SimpleNamespace(run_file_work_async=run_file_work_async)))
+
+    async def scenario():
+        fetcher = _SourceFetcher(manager, LEADER)
+        states = {i: FetchState("t", i, LEADER, fetch_offset=0, leader_epoch=1, last_fetched_epoch=-1)
+                  for i in (0, 1)}
+        for state in states.values():
+            fetcher.add(state)
+        sent = {(topic_id, i): (state, 0) for i, state in states.items()}
+        fetcher._build = lambda ready: (object(), sent)
+
+        async def send(request):
+            return SimpleNamespace(error_code=ErrorCode.none, responses=[SimpleNamespace(
+                topic_id=topic_id, partitions=[SimpleNamespace(partition_index=0), SimpleNamespace(partition_index=1)])])
+
+        async def process(state, data):
+            if state.index == 1:
+                raise RuntimeError("test: processing partition 1 fails")
+
+        fetcher._send, fetcher._process = send, process
+        with pytest.raises(RuntimeError, match="partition 1 fails"):
+            await fetcher._fetch_once(list(states.values()))
+        assert ran == [["log-0"]]
+
+    run(scenario())
