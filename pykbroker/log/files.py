@@ -25,6 +25,7 @@ import os
 import resource
 from collections import OrderedDict
 from pathlib import Path
+from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +98,13 @@ def raise_descriptor_limit(budget: DescriptorBudget = shared_budget) -> tuple[in
 class LazyFile:
     """A file opened on first use of ``fd`` and closed again when the budget needs room."""
 
-    __slots__ = ("path", "_flags", "_budget", "_fd", "_pins", "_close_when_unpinned")
+    __slots__ = ("path", "_flags", "_budget", "_fd", "_pins", "_close_when_unpinned", "_closer")
 
     def __init__(self, path: Path, flags: int, budget: DescriptorBudget = shared_budget) -> None:
         self.path = path
         self._flags = flags
         self._budget = budget
+        self._closer: Callable[[int], None] | None = None  # closes the fd after the last pin (detach)
         self._fd = -1
         self._pins = 0
         self._close_when_unpinned = False
@@ -166,12 +168,14 @@ class LazyFile:
         del self._budget._idle[self]
         self._release_fd()
 
-    def detach(self) -> int:
+    def detach(self, closer: Callable[[int], None] | None = None) -> int:
         """Give up the descriptor without closing it: the caller closes it (in any thread: closing the last
         descriptor of an unlinked file frees its blocks, which can take long). -1 if the file is not open or
-        pinned (then it closes when the last pin goes, as ``close``)."""
+        pinned: then it closes when the last pin goes, as ``close``, through ``closer`` if given (e.g. one
+        that queues the close to an I/O thread, since the last pin usually goes on the event loop)."""
         if self._pins:
             self._close_when_unpinned = True
+            self._closer = closer
             return -1
         fd = self._fd
         if fd >= 0:
@@ -181,8 +185,9 @@ class LazyFile:
 
     def _release_fd(self) -> None:
         fd, self._fd = self._fd, -1
+        closer, self._closer = self._closer, None
         self._close_when_unpinned = False
-        os.close(fd)
+        (closer or os.close)(fd)
 
 
 class Pin:

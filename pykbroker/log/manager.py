@@ -191,6 +191,7 @@ class LogManager:
                 clean_shutdown=clean_shutdown,
                 log_start_offset=start_offsets.get(parsed),
             )
+            partition_log.close_later = self._close_in_io_thread
             self._logs[parsed] = partition_log
             loaded.append(partition_log)
         if not clean_shutdown and self._logs:
@@ -269,6 +270,7 @@ class LogManager:
         partition_log = PartitionLog.open(self.data_dir / log_dir_name(topic, partition), config, fsync=self.fsync)
         if topic_id is not None:
             write_partition_metadata(partition_log.directory, topic_id)
+        partition_log.close_later = self._close_in_io_thread
         self._logs[(topic, partition)] = partition_log
         return partition_log
 
@@ -353,6 +355,14 @@ class LogManager:
             high_watermark = self.high_watermark_of(topic, partition) if self.high_watermark_of else None
             deleted += partition_log.apply_retention(now_ms, high_watermark=high_watermark, defer=defer)
         return deleted
+
+    def _close_in_io_thread(self, fd: int) -> None:
+        """Close a deleted segment's last descriptor in the I/O thread (freeing an unlinked file's blocks can
+        take long): the last pin of a read still sending it goes on the event loop. Here once shut down."""
+        try:
+            self._executor.submit(os.close, fd)
+        except RuntimeError:
+            os.close(fd)
 
     async def run_file_work_async(self, logs: Iterable[PartitionLog] | None = None) -> None:
         """Run the logs' deferred file work (segments deleted by DeleteRecords, retention or a follower's

@@ -181,6 +181,9 @@ class PartitionLog:
         self._truncations = 0
         self._index_write_failed = False  # the last flush could not write index entries (warned once)
         self._closed = False
+        # Closes the descriptor of a segment deleted while a read held it, when that read lets go (usually on
+        # the event loop): LogManager sets one that queues it to its I/O thread; None closes at once.
+        self.close_later: Callable[[int], None] | None = None
         # File work deferred to the log manager's I/O thread (unlinks and closes of deleted segments, the
         # leader-epoch checkpoint): ``take_file_work``, run in order by ``run_file_work``.
         self._file_work: list[Callable[[], None]] = []
@@ -796,7 +799,7 @@ class PartitionLog:
         for segment in segments:
             self._dirty.discard(segment)
             if defer:  # unlinked and closed in the I/O thread; no reader finds it from now on
-                self._file_work.append(partial(self._delete_segment_files, segment, segment.detach()))
+                self._file_work.append(partial(self._delete_segment_files, segment, segment.detach(self.close_later)))
             else:
                 segment.delete_files()
                 segment.close()

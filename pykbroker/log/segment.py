@@ -192,10 +192,11 @@ class Segment:
         for suffix in SEGMENT_SUFFIXES:
             self.path_for(suffix).unlink(missing_ok=True)
 
-    def detach(self) -> int:
-        """Mark deleted and hand over the ``.log`` descriptor to close (-1 if none or pinned): see LazyFile.detach."""
+    def detach(self, closer: Callable[[int], None] | None = None) -> int:
+        """Mark deleted and hand over the ``.log`` descriptor to close (-1 if none or pinned: then closed at
+        the last unpin, through ``closer`` if given): see LazyFile.detach."""
         self.deleted = True
-        return self._file.detach()
+        return self._file.detach(closer)
 
     # -- indexes and recovery ----------------------------------------------------------------------------
 

@@ -782,3 +782,50 @@ def test_a_closed_log_runs_its_pending_file_work_and_abandon_closes_descriptors(
     other.abandon()  # the directory is being deleted: descriptors close, nothing is unlinked by path
     assert (tmp_path / "topic.b-0" / "00000000000000000000.log").exists()
     assert _open_files_under(tmp_path) == 0
+
+
+def test_a_segment_deleted_while_a_read_holds_it_is_closed_through_close_later(tmp_path):
+    """DeleteRecords while a fetch still sends the first segment: its descriptor closes when the fetch lets
+    go, and not on the releasing (event-loop) thread but through ``close_later`` (the LogManager's I/O thread)."""
+    import threading
+
+    from pykbroker.log.manager import LogManager
+
+    log = open_log(tmp_path)
+    fill(log, [2] * 30, epoch=0)
+    queued = []
+    log.close_later = queued.append
+    in_flight = log.read(0, 1 << 20)
+    log.delete_records_before(41)
+    run_file_work(log.take_file_work())
+    assert not (tmp_path / "topic.a-3" / "00000000000000000000.log").exists()
+    assert queued == []  # still pinned: open
+    del in_flight
+    assert len(queued) >= 1  # handed over, not closed here: still open
+    assert _open_files_under(tmp_path) >= len(queued)
+    for fd in queued:
+        os.close(fd)
+    log.close()
+    assert _open_files_under(tmp_path) == 0
+
+    # The LogManager's logs close those descriptors in its I/O thread.
+    manager = LogManager(tmp_path / "data")
+    try:
+        managed = manager.create("m", 0, LogConfig())
+        threads = []
+        real_close = os.close
+        fd = os.open(tmp_path / "data", os.O_RDONLY)
+
+        def close(fd_):
+            threads.append((fd_, threading.current_thread().name))
+            real_close(fd_)
+
+        os.close = close
+        try:
+            managed.close_later(fd)
+            manager._executor.submit(lambda: None).result(timeout=30)  # the I/O thread ran what was queued
+        finally:
+            os.close = real_close
+        assert [name for closed, name in threads if closed == fd][0].startswith("log-flush")
+    finally:
+        manager.shutdown()
