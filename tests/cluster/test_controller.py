@@ -7,6 +7,7 @@ against an asyncio TCP server that decodes the frames with the inter-broker code
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 import uuid
 
@@ -701,6 +702,27 @@ def test_the_real_channel_delivers_in_order_and_resends_until_the_broker_answers
 # ---- reassignment: failed ZooKeeper writes -----------------------------------------------------------
 
 
+async def three_brokers(cluster: Cluster, **values) -> tuple[Controller, RecordingChannel, KafkaZkClient]:
+    """Brokers 1-3 registered, broker 1's controller active, and a ZooKeeper client."""
+    for b in (1, 2, 3):
+        await cluster.add_broker(b)
+    c, chan = await cluster.controller(1, **values)
+    await active(c)
+    return c, chan, await cluster.client()
+
+
+@contextlib.contextmanager
+def raw_zookeeper(cluster: Cluster):
+    """A plain kazoo client, for what the controller's client does not write (another writer, the legacy znode)."""
+    kazoo = KazooClient(hosts=cluster.connect)
+    kazoo.start()
+    try:
+        yield kazoo
+    finally:
+        kazoo.stop()
+        kazoo.close()
+
+
 def _stops(chan: RecordingChannel, broker_id: int, since: int) -> list:
     return [(t.topic_name, p.partition_index, p.delete_partition) for r in chan.requests(STOP, broker_id, since)
             for t in r.topic_states for p in t.partition_states]
@@ -710,16 +732,10 @@ def test_reassignment_completion_whose_leader_isr_write_fails_stops_nothing_and_
     """The completion's leader/ISR write loses (the znode moved): the removed replica (here the leader) is
     not deleted and RS/AR/RR stay in ZooKeeper; the next ISR change completes it."""
     async def body():
-        for b in (1, 2, 3):
-            await cluster.add_broker(b)
-        c, chan = await cluster.controller(1)
-        await active(c)
-        zk = await cluster.client()
+        c, chan, zk = await three_brokers(cluster)
         tid = kafka_uuid_to_uuid(await zk.create_topic("m", {0: [1, 2, 3]}))
         await state_of(zk, "m", 0, leader=1, isr=(1, 2, 3))
-        kazoo = KazooClient(hosts=cluster.connect)
-        kazoo.start()
-        try:
+        with raw_zookeeper(cluster) as kazoo:
             original = c._write_states
             moved = []
 
@@ -753,9 +769,6 @@ def test_reassignment_completion_whose_leader_isr_write_fails_stops_nothing_and_
             assert ("m", 0, True) in _stops(chan, 1, mark)
             stored = await zk.get_topic_assignment("m")
             assert (stored.partitions[0], stored.removing_replicas.get(0)) == ([2, 3], None)
-        finally:
-            kazoo.stop()
-            kazoo.close()
 
     run_async(cluster.run(body()))
 
@@ -767,11 +780,7 @@ def test_reassignment_whose_assignment_write_fails_fails_over_and_resends_the_wr
     from pykbroker.cluster.zookeeper import StaleZkVersion
 
     async def body():
-        for b in (1, 2, 3):
-            await cluster.add_broker(b)
-        c, chan = await cluster.controller(1)
-        await active(c)
-        zk = await cluster.client()
+        c, chan, zk = await three_brokers(cluster)
         await zk.create_topic("w", {0: [1, 2, 3]})
         await state_of(zk, "w", 0, leader=1, isr=(1, 2, 3))
         original = c.zk.set_topic_assignment
@@ -802,11 +811,7 @@ def test_reassignment_whose_assignment_write_fails_fails_over_and_resends_the_wr
 
 def test_auto_leader_rebalance_leaves_partitions_being_reassigned_alone(cluster, run_async):
     async def body():
-        for b in (1, 2, 3):
-            await cluster.add_broker(b)
-        c, chan = await cluster.controller(1, **{"leader.imbalance.check.interval.seconds": 3600})
-        await active(c)
-        zk = await cluster.client()
+        c, chan, zk = await three_brokers(cluster, **{"leader.imbalance.check.interval.seconds": 3600})
         await zk.create_topic("q", {0: [2, 1]})
         await state_of(zk, "q", 0, leader=2, isr=(2, 1))
         # To [1, 2, 3]: 3 is not in the ISR, so the reassignment stays under way with RS [1, 2, 3], leader 2.
@@ -825,18 +830,12 @@ def test_deleting_a_topic_mid_reassignment_clears_it_from_the_legacy_document(cl
         encode_reassignment_znode
 
     async def body():
-        for b in (1, 2, 3):
-            await cluster.add_broker(b)
-        c, chan = await cluster.controller(1)
-        await active(c)
-        zk = await cluster.client()
+        c, chan, zk = await three_brokers(cluster)
         await zk.create_topic("d", {0: [1, 2]})
         await zk.create_topic("keep", {0: [1, 2]})
         await state_of(zk, "d", 0, leader=1)
         await state_of(zk, "keep", 0, leader=1)
-        kazoo = KazooClient(hosts=cluster.connect)
-        kazoo.start()
-        try:
+        with raw_zookeeper(cluster) as kazoo:
             # Both go to [2, 3]: 3 never joins the ISR here, so both stay under way and in the document.
             kazoo.create(REASSIGN_PARTITIONS_PATH, encode_reassignment_znode({("d", 0): [2, 3], ("keep", 0): [2, 3]}))
             await wait_for(lambda: ("d", 0) in c._adding and ("keep", 0) in c._adding, 15,
@@ -846,8 +845,5 @@ def test_deleting_a_topic_mid_reassignment_clears_it_from_the_legacy_document(cl
             raw, _ = kazoo.get(REASSIGN_PARTITIONS_PATH)
             assert decode_reassignment_znode(raw) == {("keep", 0): [2, 3]}
             assert not [tp for tp in (*c._adding, *c._removing) if tp[0] == "d"]
-        finally:
-            kazoo.stop()
-            kazoo.close()
 
     run_async(cluster.run(body()))
