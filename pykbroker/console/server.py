@@ -220,14 +220,14 @@ def _configs(text: str) -> dict[str, str]:
 
 
 def _allowed_hosts(bound: str, port: int, extra: Iterable[str]) -> frozenset[str]:
-    """The Host header values the console answers: the bound address (unless a wildcard), localhost,
+    """The Host header values the console answers: the bound address (the URL it prints), localhost,
     127.0.0.1 and [::1], each with the port; each ``extra`` as given (NAME:PORT) or, without a port, both
     bare (a proxy on port 80/443) and with the console's port."""
     def with_port(name: str) -> str:
         return f"[{name}]:{port}" if ":" in name else f"{name}:{port}"
 
     names = {"localhost", "127.0.0.1", "::1"}
-    if bound not in ("", "0.0.0.0", "::"):
+    if bound:  # a wildcard (0.0.0.0) too: only typed literally in an address bar, never an attacker's name
         names.add(bound.lower())
     hosts = {with_port(n) for n in names}
     for value in extra:

@@ -306,3 +306,12 @@ def test_timed_out_calls_do_not_leave_the_workers_busy():
             assert not set(fresh) & set(first)
         finally:
             reader.close()
+
+
+def test_allowed_hosts_of_a_wildcard_bind():
+    from pykbroker.console.server import _allowed_hosts
+
+    hosts = _allowed_hosts("0.0.0.0", 8080, ["[fd00::1]", "Console.Example"])
+    assert {"0.0.0.0:8080", "localhost:8080", "[::1]:8080", "[fd00::1]", "[fd00::1]:8080", "console.example",
+            "console.example:8080"} <= hosts
+    assert "evil.example:8080" not in hosts and "localhost" not in hosts
