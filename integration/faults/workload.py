@@ -203,10 +203,13 @@ class TailConsumer(threading.Thread):
         return last
 
     def wait_for(self, ends: dict[int, int], timeout: float) -> None:
-        """Wait until the consumer has seen every offset below ends[partition]; on timeout an AssertionError
-        with what the consumer saw, librdkafka's view of its assignment and the end of its debug log."""
+        """Wait until the consumer has seen every offset below ends[partition]. AssertionError with what the
+        consumer saw and librdkafka's view of its assignment on timeout, or at once on an error that is not
+        benign (with auto.offset.reset=error librdkafka stops fetching the partition: no progress, no log)."""
         deadline = time.monotonic() + timeout
         while not all(self.positions().get(p, 0) >= end for p, end in ends.items()):
+            if self.bad_errors():  # e.g. a log truncation or offset reset: librdkafka stopped that partition
+                raise AssertionError(f"{self.name} stopped on an error before the log ends {ends}\n{self.report()}")
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out after {timeout} s waiting for {self.name} to reach the log "
                                      f"ends {ends}\n{self.report()}")
