@@ -16,9 +16,12 @@ went away): those are what a client sees during a failover that loses nothing.
 
 from __future__ import annotations
 
+import collections
+import logging
 import threading
 import time
 import uuid
+from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
@@ -51,9 +54,14 @@ def producer_config(bootstrap: str, **overrides) -> dict:
 class SeqProducer(threading.Thread):
     """Produces until stop(); `rate` bounds records per second, `max_in_flight` the unacknowledged ones."""
 
+    DEBUG_CONTEXTS = "eos,topic,metadata,protocol,broker"
+
     def __init__(self, bootstrap: str, topic: str, partitions: list[int], name: str = "p0", *,
-                 rate: float = 200.0, max_in_flight: int = 1000, **config):
+                 rate: float = 200.0, max_in_flight: int = 1000, debug_log: Path | None = None, **config):
         super().__init__(name=f"producer-{name}", daemon=True)
+        self.debug_log = debug_log
+        if debug_log is not None:
+            config = {"debug": self.DEBUG_CONTEXTS, "logger": _file_logger(debug_log), **config}
         self.topic = topic
         self.partitions = partitions
         self.producer_name = name
@@ -109,9 +117,24 @@ class SeqProducer(threading.Thread):
         while len(self.acked) < count:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{self.name}: {len(self.acked)} of {count} records acknowledged after "
-                                     f"{timeout} s; delivery errors {self.delivery_errors[:3]}, "
-                                     f"client errors {self.client_errors[-3:]}")
+                                     f"{timeout} s\n{self.report()}")
             time.sleep(0.05)
+
+    def report(self) -> str:
+        """Sent, acknowledged and failed records, the last acknowledgement per partition, the errors."""
+        last: dict[int, int] = {}
+        for rec in self.acked:
+            last[rec.partition] = max(last.get(rec.partition, -1), rec.offset)
+        return "\n".join([
+            f"sent {self.sent}, acknowledged {len(self.acked)}, failed {len(self.delivery_errors)}, "
+            f"unflushed {self.unflushed}, running {self.is_alive()}",
+            f"last acknowledged offset per partition: {last}",
+            f"delivery errors: {[(v, str(e)) for v, e in self.delivery_errors[:5]]}",
+            f"client errors: {[str(e) for e in self.client_errors[-10:]]} ({len(self.client_errors)} in all)",
+        ])
+
+    def failure_sections(self) -> list[tuple[str, str]]:
+        return _sections(self.name, self.report(), self.debug_log)
 
     def bad_errors(self) -> list:
         """Delivery errors (a record the producer gave up on) and client errors that are not benign."""
@@ -132,19 +155,35 @@ def consumer_config(bootstrap: str, **overrides) -> dict:
 
 
 class TailConsumer(threading.Thread):
-    """Reads the partitions from the beginning until stop(), keeping each record it saw, in order."""
+    """Reads the partitions from the beginning until stop(), keeping each record it saw, in order.
 
-    def __init__(self, bootstrap: str, topic: str, partitions: list[int], **config):
+    debug_log: a file that receives librdkafka's own debug log (contexts DEBUG_CONTEXTS) for this consumer,
+    so that a consumer that stops progressing can say why: wait_for() and failure_sections() quote it."""
+
+    DEBUG_CONTEXTS = "fetch,topic,metadata,protocol"
+
+    def __init__(self, bootstrap: str, topic: str, partitions: list[int], *, debug_log: Path | None = None,
+                 **config):
         super().__init__(name=f"consumer-{topic}", daemon=True)
+        self.topic = topic
+        self.partitions = partitions
         self.seen: list[Rec] = []
         self.errors: list[KafkaError] = []
+        self.debug_log = debug_log
         self._halt = threading.Event()
+        self._closed = False
+        self._report_wanted = threading.Event()
+        self._report_ready = threading.Event()
+        self._librdkafka_state = ""
+        if debug_log is not None:
+            config = {"debug": self.DEBUG_CONTEXTS, "logger": _file_logger(debug_log), **config}
         self._consumer = Consumer(consumer_config(bootstrap, **config))
         self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
 
     def run(self) -> None:
         try:
             while not self._halt.is_set():
+                self._serve_report()
                 message = self._consumer.poll(0.2)
                 if message is None:
                     continue
@@ -153,6 +192,7 @@ class TailConsumer(threading.Thread):
                     continue
                 self.seen.append(Rec(message.partition(), message.offset(), message.value()))
         finally:
+            self._closed = True
             self._consumer.close()
 
     def positions(self) -> dict[int, int]:
@@ -161,6 +201,54 @@ class TailConsumer(threading.Thread):
         for rec in self.seen:
             last[rec.partition] = rec.offset + 1
         return last
+
+    def wait_for(self, ends: dict[int, int], timeout: float) -> None:
+        """Wait until the consumer has seen every offset below ends[partition]. AssertionError with what the
+        consumer saw and librdkafka's view of its assignment on timeout, or at once on an error that is not
+        benign (with auto.offset.reset=error librdkafka stops fetching the partition: no progress, no log)."""
+        deadline = time.monotonic() + timeout
+        while not all(self.positions().get(p, 0) >= end for p, end in ends.items()):
+            if self.bad_errors():  # e.g. a log truncation or offset reset: librdkafka stopped that partition
+                raise AssertionError(f"{self.name} stopped on an error before the log ends {ends}\n{self.report()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout} s waiting for {self.name} to reach the log "
+                                     f"ends {ends}\n{self.report()}")
+            time.sleep(0.05)
+
+    def report(self) -> str:
+        """What the consumer saw and what librdkafka thinks of its assignment, in a few lines."""
+        lines = [f"seen (next offset per partition): {self.positions()}, {len(self.seen)} records",
+                 f"errors: {[str(e) for e in self.errors[-10:]]} ({len(self.errors)} in all)"]
+        # librdkafka is asked from the consumer's own thread: with a Python `logger`, a blocking call such as
+        # assignment() made from another thread deadlocks (it holds the GIL the log callback needs).
+        self._report_ready.clear()
+        self._report_wanted.set()
+        if self.is_alive() and self._report_ready.wait(10):
+            lines.append(self._librdkafka_state)
+        else:
+            lines.append("(librdkafka state unavailable: the consumer thread is not polling)")
+        return "\n".join(lines)
+
+    def _serve_report(self) -> None:
+        if not self._report_wanted.is_set():
+            return
+        self._report_wanted.clear()
+        lines = []
+        try:
+            assignment = self._consumer.assignment()
+            lines.append(f"assignment: {[(tp.partition, tp.offset) for tp in assignment]}")
+            lines.append("librdkafka position: "
+                         f"{[(tp.partition, tp.offset, str(tp.error or '')) for tp in self._consumer.position(assignment)]}")
+            for p in self.partitions:
+                low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
+                lines.append(f"partition {p}: cached watermarks {low}..{high}")
+        except Exception as e:  # a report must never hide the failure it explains
+            lines.append(f"(librdkafka state unavailable: {e!r})")
+        self._librdkafka_state = "\n".join(lines)
+        self._report_ready.set()
+
+    def failure_sections(self) -> list[tuple[str, str]]:
+        return _sections(self.name, self.report(), self.debug_log)
 
     def stop(self) -> None:
         self._halt.set()
@@ -175,6 +263,31 @@ class TailConsumer(threading.Thread):
 
     def bad_errors(self) -> list[KafkaError]:
         return [e for e in self.errors if not is_benign(e)]
+
+
+def _sections(name: str, report: str, debug_log: Path | None) -> list[tuple[str, str]]:
+    """A client's report and the end of its librdkafka debug log, as pytest report sections."""
+    sections = [(f"{name} state", report)]
+    if debug_log is not None and debug_log.exists():
+        sections.append((f"{name} librdkafka debug log (last 300 lines of {debug_log})", tail_lines(debug_log, 300)))
+    return sections
+
+
+def _file_logger(path: Path) -> logging.Logger:
+    """A logger of its own (not propagated) writing to path, for a client's `logger` config."""
+    logger = logging.getLogger(f"pykbroker.faults.client.{path}")
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+    if not logger.handlers:
+        handler = logging.FileHandler(path)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        logger.addHandler(handler)
+    return logger
+
+
+def tail_lines(path: Path, n: int) -> str:
+    with open(path, errors="replace") as f:
+        return "".join(collections.deque(f, maxlen=n))
 
 
 def read_log(bootstrap: str, topic: str, partitions: list[int], timeout: float = 60.0) -> dict[int, list[tuple[int, bytes]]]:

@@ -114,7 +114,10 @@ class _SourceFetcher:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            while self.partitions:
+            # Not only cancellation ends this loop: Python 3.11's asyncio.wait_for drops a cancel that arrives
+            # after the change it waited for, so close() could otherwise wait for ever (a broker that hangs
+            # on SIGTERM). The manager's closed flag is set before it cancels.
+            while self.partitions and not self.manager.closed:
                 now = loop.time()
                 ready = [s for s in self.partitions.values() if s.delayed_until <= now]
                 if not ready:
@@ -433,6 +436,10 @@ class ReplicaFetcherManager:
         leader = self._leader_of.pop(tp, None)
         if leader is not None:
             self._sources[leader].remove(tp)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     async def close(self) -> None:
         """Stop every fetch task and close the connections."""

@@ -442,6 +442,24 @@ def _host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def log_stacks() -> None:
+    """SIGUSR1: log where every asyncio task and thread is, for a broker that hangs (e.g. in its shutdown)."""
+    import io
+    import sys
+    import threading
+    import traceback
+
+    out = io.StringIO()
+    tasks = asyncio.all_tasks()
+    out.write(f"stacks on SIGUSR1: {len(tasks)} asyncio task(s)\n")
+    for task in tasks:
+        task.print_stack(limit=12, file=out)
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        out.write(f"thread {names.get(ident, ident)}:\n{''.join(traceback.format_stack(frame, limit=12))}")
+    log.warning("%s", out.getvalue())
+
+
 async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> None:
     """Run a broker until SIGTERM/SIGINT. Raises StartupError if it cannot start."""
     started = time.monotonic()
@@ -451,6 +469,7 @@ async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> Non
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, log_stacks)
     listening: list[tuple[Listener, socket.socket]] = []
     metrics_sock: socket.socket | None = None
     try:

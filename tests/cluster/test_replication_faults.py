@@ -61,10 +61,19 @@ def cluster(zk_connect, tmp_path):
         yield brokers
 
 
+class Clients(list):
+    """The clients a test started; on failure their own reports (a TailConsumer's state and librdkafka debug
+    log) are attached next to the broker logs (conftest.py's report hook calls failure_sections())."""
+
+    def failure_sections(self) -> list[tuple[str, str]]:
+        return [section for client in self if hasattr(client, "failure_sections")
+                for section in client.failure_sections()]
+
+
 @pytest.fixture
 def clients():
     """Background producers and consumers a test starts: closed at teardown even when the test failed."""
-    started = []
+    started = Clients()
     yield started
     for client in started:
         client.close()
@@ -382,10 +391,11 @@ def test_controlled_shutdown_moves_leadership_before_the_leader_exits(cluster, t
     assert_checked(producer.acked, read_log(cluster.bootstrap, topic, [0, 1, 2]))
 
 
-def test_rolling_restart_under_continuous_produce_loses_nothing(cluster, topic, rng, clients):
+def test_rolling_restart_under_continuous_produce_loses_nothing(cluster, topic, rng, clients, tmp_path):
     cluster.create_topic(topic, partitions=3, replication_factor=3)
-    tail = TailConsumer(cluster.bootstrap, topic, [0, 1, 2])
-    producer = SeqProducer(cluster.bootstrap, topic, [0, 1, 2], "p0", rate=300)
+    tail = TailConsumer(cluster.bootstrap, topic, [0, 1, 2], debug_log=tmp_path / "tail-consumer.log")
+    producer = SeqProducer(cluster.bootstrap, topic, [0, 1, 2], "p0", rate=300,
+                           debug_log=tmp_path / "producer.log")
     clients += [tail, producer]
     tail.start()
     producer.start()
@@ -404,8 +414,7 @@ def test_rolling_restart_under_continuous_produce_loses_nothing(cluster, topic, 
     assert not producer.bad_errors(), producer.bad_errors()[:5]
     log = read_log(cluster.bootstrap, topic, [0, 1, 2])
     ends = {p: (records[-1][0] + 1 if records else 0) for p, records in log.items()}
-    wait_until(lambda: all(tail.positions().get(p, 0) >= end for p, end in ends.items()),
-               "the tail consumer to reach the log ends", 60)
+    tail.wait_for(ends, 60)
     tail.stop()
     assert not tail.bad_errors(), tail.bad_errors()[:5]
     assert_checked(producer.acked, log, [tail.seen])

@@ -181,11 +181,24 @@ class BrokerProcess:
         try:
             code = self.process.wait(timeout)
         except subprocess.TimeoutExpired:
+            self._log_stacks()
             self.kill()
             raise BrokerError(f"broker did not exit within {timeout:.0f} s of {signal.Signals(sig).name}\n"
-                              f"{self.log_tail()}")
+                              f"{self.log_tail(400)}")
         _live_brokers.discard(self)
         return code
+
+    def _log_stacks(self, wait_s: float = 2.0) -> None:
+        """Ask a hung broker where it is (SIGUSR1: its asyncio tasks and threads go to its log)."""
+        try:
+            size = self.log_path.stat().st_size
+            self.process.send_signal(signal.SIGUSR1)
+        except OSError:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and self.log_path.stat().st_size == size:
+            time.sleep(0.05)
+        time.sleep(0.2)  # the rest of the dump
 
     def kill(self) -> None:
         """SIGKILL: no flush, no shutdown hook. What the broker acknowledged must survive this."""

@@ -218,3 +218,15 @@ def test_kafka_python_transactional_producer_fails_fast(shared_broker):
         assert elapsed < TRANSACTIONAL_FAILURE_S, f"init_transactions took {elapsed:.1f} s to fail"
     finally:
         producer.close(timeout=5)
+
+
+def test_sigusr1_logs_every_task_and_thread_and_the_broker_keeps_serving(broker):
+    """A broker that hangs (say, in its shutdown) can be asked where it is: BrokerProcess.stop does so before
+    it kills one that did not exit."""
+    broker._log_stacks(wait_s=10)
+    log = broker.log_path.read_text()
+    assert "stacks on SIGUSR1:" in log
+    assert "Broker._close_idle_connections" in log  # a task of every broker
+    assert "thread MainThread:" in log
+    assert broker.is_running()
+    assert broker.stop() == 0
