@@ -263,3 +263,50 @@ def test_delete_records_waits_for_the_followers_log_start(tmp_path):
     rm.is_alive = lambda broker_id: True
     assert asyncio.run(leadership_lost()) == {("t", 0): (ErrorCode.not_leader_or_follower, -1)}
     rm.log_manager.shutdown()
+
+
+def test_a_parked_consumer_fetch_never_returns_records_of_a_later_leader_epoch(tmp_path):
+    """Kafka's DelayedFetch checks the fetch's current leader epoch and leadership again before completing.
+    Without that, a librdkafka consumer parked at the HWM in epoch 1 got records written in epoch 2, took
+    their epoch for its position's, and its OffsetForLeaderEpoch sent with epoch 1 then answered "epoch 1 ends
+    at <where epoch 2 started>": a false "log truncation detected" (seed 140 of the rolling-restart test)."""
+    rm = manager(tmp_path)
+    assert rm.become_leader("t", 0, 1, (1,), (1, 2), 0, topic_id=TOPIC_ID) == ErrorCode.none
+    p = rm.partition("t", 0)
+    p.append(batch(3), T0)
+
+    def consumer_fetch(offset: int, epoch: int):
+        body = fr.FetchRequest(
+            replica_state=fr.ReplicaState(replica_id=-1, replica_epoch=-1), max_wait=datetime.timedelta(seconds=30),
+            min_bytes=1, max_bytes=1 << 20, isolation_level=0, session_id=0, session_epoch=-1,
+            forgotten_topics_data=(), rack_id="",
+            topics=(fr.FetchTopic(topic_id=TOPIC_ID, partitions=(fr.FetchPartition(
+                partition=0, current_leader_epoch=epoch, fetch_offset=offset, last_fetched_epoch=-1,
+                log_start_offset=-1, partition_max_bytes=1 << 20),)),),
+        )
+        return call(fetch_handler, rm, 1, 16, body)
+
+    async def scenario(epoch: int, change_role, write, expected: ErrorCode):
+        parked = asyncio.ensure_future(consumer_fetch(p.log.log_end_offset, epoch))  # at the HWM: a long poll
+        await asyncio.sleep(0)
+        assert not parked.done()
+        change_role()
+        write()  # records of the new epoch, below the HWM
+        data = (await asyncio.wait_for(parked, 5)).responses[0].partitions[0]
+        assert data.error_code == expected
+        assert not data.records
+
+    # The same broker leads again in epoch 2 (controlled shutdown of another replica): FENCED_LEADER_EPOCH.
+    asyncio.run(scenario(1, lambda: rm.become_leader("t", 0, 2, (1,), (1, 2), 1), lambda: p.append(batch(2), T0),
+                         ErrorCode.fenced_leader_epoch))
+    assert p.log.leader_epochs == [(1, 0), (2, 3)] and p.log.log_end_offset == 5
+
+    # A fetch naming no epoch, parked on the leader, which becomes a follower: NOT_LEADER_OR_FOLLOWER.
+    def follow():
+        p.append_as_follower(batch(2, base_offset=5, partition_leader_epoch=3))
+        p.update_high_watermark_from_leader(7)
+
+    asyncio.run(scenario(-1, lambda: rm.become_follower("t", 0, 2, 3, (1, 2), (1, 2), 2), follow,
+                         ErrorCode.not_leader_or_follower))
+    assert p.log.log_end_offset == 7 and p.high_watermark == 7
+    rm.log_manager.shutdown()

@@ -14,7 +14,8 @@ FileRecords, read from the segment files as the connection sends them. v13+ name
 Fetch sessions (KIP-227): we never create one and answer session id 0, which tells clients to send full
 fetches; closing a session (epoch -1) is answered with an empty response, an unknown session id with
 FETCH_SESSION_ID_NOT_FOUND. Errors per partition: OFFSET_OUT_OF_RANGE outside [log start, log end],
-FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH for a stale or future current_leader_epoch. v12+: a fetch whose
+FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH for a stale or future current_leader_epoch (checked again, with
+leadership, each time a long poll wakes, as Kafka's DelayedFetch does). v12+: a fetch whose
 last_fetched_epoch ended below its fetch offset on this leader gets diverging_epoch (KIP-595's truncation on
 fetch; followers truncate to it, see replication/fetcher.py).
 """
@@ -75,7 +76,8 @@ def _resolve(ctx: RequestContext, request) -> list[list[_Wanted]]:
     return topics
 
 
-def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, replica_id: int):
+def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, replica_id: int, *,
+              recheck: bool = False):
     """One pass over every partition; returns (per-partition results, bytes read, answer now).
 
     A follower's read (replica_id >= 0) goes to the log end and tells the partition how far that replica
@@ -83,6 +85,12 @@ def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, 
     fetch naming its last fetched epoch whose log diverged from ours gets the diverging epoch and no
     records (and, from a follower, does not count as progress), as Kafka's Partition.fetchRecords. An error
     or a diverging epoch answers at once (no long poll).
+
+    ``recheck`` (a long poll's later passes): the partition's leader epoch and leadership are checked again,
+    as Kafka's DelayedFetch does before it completes: a fetch accepted in one leader epoch never returns
+    records written in a later one (a consumer would take their epoch for its position's while its
+    OffsetForLeaderEpoch, sent with the older epoch, answers where that older epoch ended: a false "log
+    truncation detected").
     """
     replicas = ctx.broker.replicas
     is_follower = replica_id >= 0
@@ -102,6 +110,8 @@ def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, 
             partition = wanted.partition
             if error == ErrorCode.none and partition is not None and replicas.partition(partition.topic, partition.index) is not partition:
                 error = ErrorCode.unknown_topic_or_partition  # deleted while a long poll waited on it
+            if recheck and error == ErrorCode.none and partition is not None:
+                error = leader_partition(replicas, partition.topic, partition.index, wanted.current_leader_epoch)[1]
             if is_follower and error == ErrorCode.none and partition is not None:
                 error = partition.follower_fetch_error(replica_id, wanted.current_leader_epoch)
             if error == ErrorCode.none and partition is not None:
@@ -226,7 +236,7 @@ async def _long_poll(ctx: RequestContext, schema, request, topics, replica_id: i
     try:
         while True:
             await watch.wait(deadline - time.monotonic())
-            results, total, answer_now = _read_all(ctx, topics, request.max_bytes, replica_id)
+            results, total, answer_now = _read_all(ctx, topics, request.max_bytes, replica_id, recheck=True)
             if total >= request.min_bytes or answer_now or time.monotonic() >= deadline:
                 return _respond(ctx, schema, results, replica_id=replica_id)
             watch = ctx.broker.replicas.watch(partitions, follower=replica_id >= 0)
