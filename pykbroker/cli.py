@@ -16,6 +16,7 @@ from typing import Any, Mapping
 import click
 
 from pykbroker import __version__, ctl
+from pykbroker.ctl.common import brokers_option
 from pykbroker.config import FSYNC_MODES, LOG_LEVELS, BrokerConfig, ConfigError, load_config
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -202,8 +203,7 @@ def cluster(ctx: click.Context, brokers: int, data_dir: Path | None, zookeeper: 
 
 
 @main.command()
-@click.option("-b", "--brokers", "--bootstrap", "bootstrap", envvar="PYKBROKER_BROKERS", default="127.0.0.1:9092",
-              show_default=True, help="Bootstrap servers, HOST:PORT[,...] (pykbroker or any Kafka).  [env PYKBROKER_BROKERS]")
+@brokers_option("-b", "--brokers", "--bootstrap", "bootstrap")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the console listens on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="HTTP port (0: any free).")
 @click.option("--allow-writes", is_flag=True, help="Allow creating topics and resetting group offsets (off: read-only).")

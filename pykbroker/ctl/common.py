@@ -25,6 +25,13 @@ DEFAULT_BROKERS = "127.0.0.1:9092"
 DEFAULT_TIMEOUT_S = 10.0
 CLIENT_ID = "pykbroker-cli"
 
+def brokers_option(*param_decls: str):
+    """``-b/--brokers`` (or ``$PYKBROKER_BROKERS``): the bootstrap servers, for every client command and the console."""
+    return click.option(*(param_decls or ("-b", "--brokers")), envvar=BROKERS_ENV, default=DEFAULT_BROKERS,
+                        show_default=True, metavar="HOST:PORT[,...]",
+                        help=f"Bootstrap servers of the cluster (any Kafka cluster).  [env {BROKERS_ENV}]")
+
+
 # Exit codes (documented in pykbroker.ctl and the README).
 EXIT_OK = 0
 EXIT_KAFKA_ERROR = 1  # the cluster answered with an error (or refused the operation)
@@ -241,8 +248,7 @@ def connection_options(command: Callable[..., Any] | None = None, *, output_opti
             sys.exit(EXIT_INTERRUPTED)
 
     options = [
-        click.option("-b", "--brokers", envvar=BROKERS_ENV, default=DEFAULT_BROKERS, show_default=True,
-                     metavar="HOST:PORT[,...]", help=f"Bootstrap servers of the cluster (any Kafka cluster).  [env {BROKERS_ENV}]"),
+        brokers_option(),
         click.option("--timeout", type=click.FloatRange(min=0.1), default=DEFAULT_TIMEOUT_S, show_default=True,
                      help="Seconds to wait for each answer; an unreachable cluster fails after it (exit 4)."),
         click.option("-X", "--client-config", "client_config", multiple=True, metavar="KEY=VALUE",
