@@ -18,7 +18,17 @@ CLI) doing one job. Replaying one file:
    answers), current leader epochs, producer id/epoch (batch CRC32C recomputed), member id and
    generation (JoinGroup), fetch session id/epoch. A broker that answers fetch session id 0 (no
    sessions, which the Java client accepts) gets what the Java client would then send: full fetches
-   (session 0, epoch 0, all partitions), and a close as session 0 / epoch -1.
+   (session 0, epoch 0, all partitions), and a close as session 0 / epoch -1. Producer ids and epochs
+   are mapped as pairs, (captured id, captured epoch) -> (broker's id, broker's epoch), learned from
+   InitProducerId answers: a transactional id fenced by a second producer keeps its id and gets a new
+   epoch, and the old producer's requests must keep the old epoch (file 17). They are patched in batches
+   and in the transaction requests' producer id/epoch fields.
+   Transactions (file 17): the capture also holds Kafka's own broker-to-broker traffic (the transaction
+   marker sender's WriteTxnMarkers, the partition leaders' AddPartitionsToTxn verify_only): those
+   connections are not replayed. Where Kafka's answer to a marker request was seen, the replay waits
+   until the broker under test has completed that transaction (DescribeTransactions, if advertised, no
+   longer says Prepare*, and ListOffsets read_committed LATEST equals read_uncommitted LATEST on the
+   marker's partitions), since every later request of the capture was sent after that point.
 4. Both answers are decoded with kio (no bytes may be left over) and compared: error codes at every
    level, the same topics/partitions (as sets, same lengths), offsets and high watermarks, and the
    fetched batches (offsets, counts, codec, sequences, keys, values, headers). Values that only say
@@ -26,6 +36,9 @@ CLI) doing one job. Replaying one file:
    ids, timestamps, throttle time, leader epochs, error messages).
 5. A request whose API/version the broker does not advertise is not sent (a real client would not send
    it) and is reported; so is every difference, with file, seq, connection, API and path.
+6. A broker that refuses transactions outright (FindCoordinator for a transactional id, or InitProducerId
+   with one, answered with anything but success or a retriable error) cannot be brought into file 17's
+   starting state: `TransactionsRefused` says so with the broker's answer (a test skips on it).
 
 The result is a `ReplayResult`: its `differences` say precisely where the broker and Kafka disagree.
 """
@@ -51,10 +64,12 @@ from typing import Any
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.create_topics.v7.request import CreatableTopic, CreateTopicsRequest
 from kio.schema.errors import ErrorCode
+from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
 from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
 from kio.schema.join_group.v9.request import JoinGroupRequest, JoinGroupRequestProtocol
 from kio.schema.leave_group.v5.request import LeaveGroupRequest, MemberIdentity
+from kio.schema.list_offsets.v7.request import ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.offset_commit.v9.request import (
     OffsetCommitRequest, OffsetCommitRequestPartition, OffsetCommitRequestTopic)
@@ -65,12 +80,16 @@ from kio.schema.sync_group.v5.request import SyncGroupRequest, SyncGroupRequestA
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
+from pykbroker.protocol import control_records
 from pykbroker.protocol import records as batches
 
 CAPTURE_DIR = Path(__file__).resolve().parents[1] / "protocol_specs" / "fixtures" / "wire-captures"
 
 API_VERSIONS_KEY = 18
 DESCRIBE_LOG_DIRS_KEY = 35
+INIT_PRODUCER_ID_KEY = 22
+WRITE_TXN_MARKERS_KEY = 27
+DESCRIBE_TRANSACTIONS_KEY = 65
 UNSUPPORTED_VERSION = 35
 ZERO_UUID = uuid.UUID(int=0)
 
@@ -82,6 +101,11 @@ _UINT32 = struct.Struct(">I")
 _INT32 = struct.Struct(">i")
 _ERROR_AND_CORRELATION = struct.Struct(">ih")
 
+# Kafka's own connections in the captures (index.md, file 17): the transaction coordinator's marker sender
+# and the partition leaders' transaction verification (KIP-890). A client never sends these; they are not
+# replayed, and Kafka's answers to the marker requests are points the replay waits for (module docstring).
+BROKER_INTERNAL_CLIENT_IDS = (re.compile(r"^broker-\d+-txn-marker-sender$"),
+                              re.compile(r"^AddPartitionsManager-client-\d+$"))
 # Topic names of the scenarios all start like this (s01-…, s07b-…).
 _SCENARIO_TOPIC = re.compile(r"^s\d\d[a-z]?-")
 _PER_PARTITION = re.compile(r"\[(partition_index|partition|index)=\d+\]")
@@ -137,6 +161,26 @@ class Capture:
                     and frame.correlation_id == request.correlation_id and frame.seq > request.seq):
                 return frame
         return None
+
+    def broker_internal_conns(self) -> set[int]:
+        """Connections a broker opened to itself (BROKER_INTERNAL_CLIENT_IDS): not a client's conversation."""
+        return {frame.conn for frame in self.requests()
+                if frame.client_id and any(p.match(frame.client_id) for p in BROKER_INTERNAL_CLIENT_IDS)}
+
+    def transactional_ids(self) -> dict[int, str]:
+        """Captured producer id -> the transactional id it was given for (successful InitProducerId)."""
+        found = {}
+        for request in self.requests():
+            if request.api_key != INIT_PRODUCER_ID_KEY:
+                continue
+            _, body = decode_request(request.payload)
+            answer = self.response_to(request)
+            if body.transactional_id is None or answer is None:
+                continue
+            _, response = decode_response(answer.api_key, answer.api_version, answer.payload)
+            if response.error_code == ErrorCode.none:
+                found[response.producer_id] = body.transactional_id
+        return found
 
     def scenario_topics(self) -> set[str]:
         """Topic names the clients of this file asked for (so not the other topics a Kafka
@@ -305,6 +349,7 @@ class CompareContext:
     actual_topic_ids: dict[str, uuid.UUID] = field(default_factory=dict)
     all_topics_metadata: bool = False  # a Metadata request for every topic: only scenario topics count
     requested_version: int = 0
+    producer_ids: dict[int, set[int]] = field(default_factory=dict)  # captured producer id -> the broker's
 
     def topic_label(self, topic_id: uuid.UUID) -> str:
         return self.captured_topic_names.get(topic_id) or str(topic_id)
@@ -377,9 +422,17 @@ def _compare_entity(expected, actual, path: str, ctx: CompareContext, out: list[
                     note_only: bool = False) -> None:
     for f in dataclasses.fields(expected):
         name = f.name
+        here = f"{path}.{name}" if path else name
+        if name == "producer_id" and ".aborted_transactions[" in here:
+            # Fetch read_committed: which producer's transaction was aborted. Producer ids are the broker's
+            # own, so the broker's must be the one it gave the producer Kafka names here.
+            mapped = ctx.producer_ids.get(getattr(expected, name))
+            if mapped is not None and getattr(actual, name, None) not in mapped:
+                out.append(Finding(here, f"a producer id given for Kafka's {getattr(expected, name)}: "
+                                         f"{sorted(mapped)}", getattr(actual, name, None)))
+            continue
         if name in IGNORED_FIELDS:
             continue
-        here = f"{path}.{name}" if path else name
         exp = getattr(expected, name)
         act = getattr(actual, name, _MISSING)
         if act is _MISSING:
@@ -538,7 +591,8 @@ class BatchView:
     base_sequence: int
     transactional: bool
     control: bool
-    records: tuple[tuple, ...]  # (offset, key, value, headers)
+    records: tuple[tuple, ...]  # (offset, key, value, headers); a marker's value is its version only
+    coordinator_epochs: tuple[int, ...] = ()  # control batch: the coordinator epoch in each marker's value
 
     def describe(self) -> str:
         return (f"batch@{self.base_offset} n={self.record_count} codec={self.codec} seq={self.base_sequence}"
@@ -552,12 +606,22 @@ def batch_views(data: bytes) -> list[BatchView]:
         if not batches.crc_matches(data, header):
             raise batches.CorruptRecordBatch(f"CRC32C mismatch in batch at offset {header.base_offset}")
         records = batches.read_records(data, header)
+        epochs: tuple[int, ...] = ()
+        if header.is_control:
+            # A transaction marker's value is int16 version + int32 coordinator epoch: the epoch is the
+            # leader epoch of the coordinator's __transaction_state partition, so it says which broker
+            # wrote the marker (compared as a note); key (version, type) and value version are Kafka's.
+            marker = control_records.read_marker(data, header)
+            epochs = (marker.coordinator_epoch,) if marker else ()
+            rows = tuple((r.offset, r.key, r.value[:2] if r.value else r.value, r.headers) for r in records)
+        else:
+            rows = tuple((r.offset, r.key, r.value, r.headers) for r in records)
         views.append(BatchView(
             header.base_offset, header.record_count, header.last_offset_delta,
             batches.CODEC_NAMES.get(header.compression, str(header.compression)), header.base_sequence,
-            header.is_transactional, header.is_control,
-            tuple((r.offset, r.key, r.value, r.headers) for r in records)))
+            header.is_transactional, header.is_control, rows, epochs))
     return views
+
 
 
 def _compare_records(exp, act, path: str, out: list[Finding]) -> None:
@@ -581,6 +645,12 @@ def _compare_records(exp, act, path: str, out: list[Finding]) -> None:
             break
     if len(expected_records) != len(actual_records):
         out.append(Finding(f"{path} record count", len(expected_records), len(actual_records)))
+    expected_epochs = {b.base_offset: b.coordinator_epochs for b in expected if b.control}
+    for batch in actual:
+        if batch.control and batch.base_offset in expected_epochs and \
+                batch.coordinator_epochs != expected_epochs[batch.base_offset]:
+            out.append(Finding(f"{path} marker@{batch.base_offset} coordinator epoch",
+                               expected_epochs[batch.base_offset], batch.coordinator_epochs, severity="note"))
 
 
 def _record_text(record) -> str:
@@ -610,7 +680,8 @@ class ReplayState:
     captured_topic_names: dict[uuid.UUID, str] = field(default_factory=dict)
     actual_topic_ids: dict[str, uuid.UUID] = field(default_factory=dict)
     leader_epochs: dict[tuple[str, int], int] = field(default_factory=dict)
-    producers: dict[int, tuple[int, int]] = field(default_factory=dict)  # captured pid -> (pid, epoch)
+    # (captured producer id, captured epoch) -> (the broker's producer id, its epoch)
+    producers: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     members: dict[str, str] = field(default_factory=dict)
     generations: dict[tuple[str, int], int] = field(default_factory=dict)
     fetch_sessions: dict[int, FetchSession] = field(default_factory=dict)
@@ -629,8 +700,11 @@ class ReplayState:
         return state
 
     def context(self, scenario_topics: set[str]) -> CompareContext:
+        producer_ids: dict[int, set[int]] = {}
+        for (captured_id, _), (actual_id, _) in self.producers.items():
+            producer_ids.setdefault(captured_id, set()).add(actual_id)
         return CompareContext(scenario_topics=scenario_topics, captured_topic_names=self.captured_topic_names,
-                              actual_topic_ids=self.actual_topic_ids)
+                              actual_topic_ids=self.actual_topic_ids, producer_ids=producer_ids)
 
     # -- learning ----------------------------------------------------------------------------------
 
@@ -639,8 +713,9 @@ class ReplayState:
             self.advertised = {e.api_key: (e.min_version, e.max_version) for e in actual.api_keys}
         elif api_key in (3, 19):
             self.learn_topics(actual)
-        elif api_key == 22 and expected.error_code == ErrorCode.none and actual.error_code == ErrorCode.none:
-            self.producers[expected.producer_id] = (actual.producer_id, actual.producer_epoch)
+        elif (api_key == INIT_PRODUCER_ID_KEY and expected.error_code == ErrorCode.none
+              and actual.error_code == ErrorCode.none):
+            self.producers[(expected.producer_id, expected.producer_epoch)] = (actual.producer_id, actual.producer_epoch)
         elif api_key == 11:
             if expected.member_id and actual.member_id:
                 self.members[expected.member_id] = actual.member_id
@@ -684,6 +759,13 @@ class ReplayState:
             new = self._patch_value(f.name, value, scope)
             if new is not value:
                 changes[f.name] = new
+        for prefix in _PRODUCER_FIELD_PREFIXES:  # transaction requests name their producer id and epoch
+            producer_id = getattr(entity, f"{prefix}producer_id", None)
+            epoch = getattr(entity, f"{prefix}producer_epoch", None)
+            if isinstance(producer_id, int) and isinstance(epoch, int):
+                mapped = map_producer(self.producers, producer_id, epoch)
+                if mapped is not None and mapped != (producer_id, epoch):
+                    changes[f"{prefix}producer_id"], changes[f"{prefix}producer_epoch"] = i64(mapped[0]), i16(mapped[1])
         return dataclasses.replace(entity, **changes) if changes else entity
 
     def _patch_value(self, name: str, value, scope: dict):
@@ -759,7 +841,8 @@ class ReplayState:
 
     def full_fetch_expectation(self, session: FetchSession, expected):
         """Kafka's incremental answer lists only partitions that changed; a full fetch lists all of them.
-        Add the unchanged ones, with the state Kafka last reported for them and no records."""
+        Add the unchanged ones, with the state Kafka last reported for them and no records (so, for a
+        read_committed fetch, an empty list of aborted transactions: there is nothing to filter)."""
         listed = {(getattr(topic, session.topic_field), p.partition_index)
                   for topic in expected.responses for p in topic.partitions}
         topics = {getattr(topic, session.topic_field): list(topic.partitions) for topic in expected.responses}
@@ -767,8 +850,10 @@ class ReplayState:
             if key in listed or key not in session.last_seen:
                 continue
             last = session.last_seen[key]
-            topics.setdefault(key[0], []).append(dataclasses.replace(
-                last, error_code=ErrorCode.none, records=b""))
+            unchanged = {"error_code": ErrorCode.none, "records": b""}
+            if getattr(last, "aborted_transactions", None) is not None:
+                unchanged["aborted_transactions"] = ()
+            topics.setdefault(key[0], []).append(dataclasses.replace(last, **unchanged))
         topic_type = session.response_topic_type
         if topic_type is None:
             return expected
@@ -787,14 +872,34 @@ def _apply_incremental(session: FetchSession, request) -> None:
             session.partitions.pop((key, index), None)
 
 
-def patch_producer_ids(data: bytes, producers: dict[int, tuple[int, int]]) -> bytes:
-    """Replace captured producer ids/epochs in every batch by the broker's, recomputing the CRC32C
-    (which covers the producer fields)."""
+# AddPartitionsToTxn v0-3 name the fields v3_and_below_producer_id/_epoch (kio follows Kafka's schema).
+_PRODUCER_FIELD_PREFIXES = ("", "v3_and_below_")
+
+
+def map_producer(producers: dict[tuple[int, int], tuple[int, int]], producer_id: int,
+                 epoch: int) -> tuple[int, int] | None:
+    """The broker's (producer id, epoch) for a captured pair. An epoch the replay never saw assigned (a
+    producer that bumped it by itself, or a captured batch written with an older epoch) keeps its distance
+    to the nearest epoch that was: same id, epoch shifted by the same amount. None: an id never assigned."""
+    if (producer_id, epoch) in producers:
+        return producers[(producer_id, epoch)]
+    known = [captured_epoch for captured_id, captured_epoch in producers if captured_id == producer_id]
+    if producer_id < 0 or not known:
+        return None
+    nearest = min(known, key=lambda captured_epoch: abs(captured_epoch - epoch))
+    actual_id, actual_epoch = producers[(producer_id, nearest)]
+    return actual_id, actual_epoch + epoch - nearest
+
+
+def patch_producer_ids(data: bytes, producers: dict[tuple[int, int], tuple[int, int]]) -> bytes:
+    """Replace captured producer ids/epochs in every batch by the broker's (map_producer), recomputing the
+    CRC32C (which covers the producer fields)."""
     buffer = bytearray(data)
     changed = False
     for header in batches.iter_headers(buffer):
-        if header.producer_id in producers:
-            producer_id, epoch = producers[header.producer_id]
+        mapped = map_producer(producers, header.producer_id, header.producer_epoch)
+        if mapped is not None and mapped != (header.producer_id, header.producer_epoch):
+            producer_id, epoch = mapped
             _PRODUCER_ID_AND_EPOCH.pack_into(buffer, header.position + _PRODUCER_ID_POSITION, producer_id, epoch)
             crc = batches.crc32c(memoryview(buffer)[header.position + batches.CRC_START:
                                                     header.position + header.size])
@@ -828,6 +933,13 @@ class Preconditions:
     consumed_by_groups: (group, topic) pairs: a group member (raw requests) joins, is assigned the
         topic's partitions, commits their end offsets and leaves, as the capture's warm-up group did (the
         group stays, Empty, with its protocol type and offsets, and `__consumer_offsets` exists).
+    group_coordinators: groups whose coordinator must be available (so `__consumer_offsets` exists and no
+        FindCoordinator of the scenario sees the cold start).
+    transactional_ids: transactional producers that ran `init_transactions()` before the scenario (so the
+        transaction state topic exists and the scenario's first FindCoordinator finds its coordinator).
+        A broker refusing them raises TransactionsRefused.
+    broker_config: broker settings of this file's Kafka on top of the ones every capture had (the test
+        passes them to the broker; keys a broker does not know are its to ignore).
     """
 
     create_topics: tuple[str, ...] = ()
@@ -835,6 +947,9 @@ class Preconditions:
     later_producers: dict[int, int] = field(default_factory=dict)
     generated_records: int = 0
     consumed_by_groups: tuple[tuple[str, str], ...] = ()
+    group_coordinators: tuple[str, ...] = ()
+    transactional_ids: tuple[str, ...] = ()
+    broker_config: dict[str, Any] = field(default_factory=dict)
 
 
 # Starting state per file (index.md, "Recreate the preconditions"). By default the scenario's topic is
@@ -857,6 +972,15 @@ SPECIAL_PRECONDITIONS = {
     "15-kafka-tools-3.7.1.jsonl": Preconditions(
         create_topics=("warmup",), partitions=1, generated_records=1,
         consumed_by_groups=(("warmup-group", "warmup"),)),
+    # Transactions on the single node of file 15 with a one-partition transaction state topic. Before the
+    # scenario a warm-up group created `__consumer_offsets` and a transactional producer (`capture-setup-txn`,
+    # init_transactions() only) created `__transaction_state`. The Kafka broker's own marker sender and
+    # transaction verification connections are in the file; they are not replayed (BROKER_INTERNAL_CLIENT_IDS).
+    "17-transactions-3.7.1.jsonl": Preconditions(
+        create_topics=("s17-transactions", "s17-txn-output"), group_coordinators=("capture-setup-warmup-group",),
+        transactional_ids=("capture-setup-txn",),
+        broker_config={"transaction.state.log.num.partitions": 1, "transaction.state.log.replication.factor": 1,
+                       "transaction.state.log.min.isr": 1}),
 }
 
 
@@ -886,6 +1010,8 @@ def preloaded_batches(capture: Capture) -> list[StoredBatch]:
             for partition in topic.partitions:
                 data = partition.records or b""
                 for header in batches.iter_headers(data):
+                    if header.is_control:  # a transaction marker: the broker writes it, not a producer
+                        continue
                     key = (name, partition.partition_index, header.base_offset)
                     if key not in produced and key not in found:
                         found[key] = StoredBatch(name, partition.partition_index, header.base_offset,
@@ -919,6 +1045,21 @@ def consumer_protocol(topic: str, partitions: list[int] | None = None) -> bytes:
 
 class SetupError(RuntimeError):
     """The broker could not be brought into the scenario's starting state; nothing was compared."""
+
+
+class TransactionsRefused(SetupError):
+    """The broker refuses transactional ids outright (TRANSACTIONAL_ID_AUTHORIZATION_FAILED to the
+    FindCoordinator or InitProducerId of a transactional producer that may use any id): a broker without
+    transactions. Retriable answers (coordinator loading or not available, concurrent transactions) are
+    retried until the I/O timeout; any other error is a SetupError."""
+
+
+# Answers a transactional producer retries (Kafka's RetriableException subclasses among the coordinator errors).
+_RETRIABLE_COORDINATOR_ERRORS = frozenset({
+    ErrorCode.coordinator_not_available, ErrorCode.coordinator_load_in_progress, ErrorCode.not_coordinator,
+    ErrorCode.concurrent_transactions})
+GROUP_KEY_TYPE = 0
+TRANSACTION_KEY_TYPE = 1
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1007,6 +1148,10 @@ class ScenarioSetup:
             self._write(connection, self.phases.pop(-1, []))
             for group, topic in self.preconditions.consumed_by_groups:
                 self._consume_in_group(connection, group, topic)
+            for group in self.preconditions.group_coordinators:
+                self._await_coordinator(connection, group, GROUP_KEY_TYPE, f"coordinator of group {group}")
+            for transactional_id in self.preconditions.transactional_ids:
+                self._init_transactions(connection, transactional_id)
 
     def write_due(self, seq: int) -> None:
         """Write the batches of every phase that starts at or before `seq`."""
@@ -1057,15 +1202,7 @@ class ScenarioSetup:
             if error != ErrorCode.none:
                 raise SetupError(f"{self.capture.name}: {step}: {api}: {_fmt(error)}")
 
-        deadline = time.monotonic() + self.timeout
-        while True:  # the coordinator: this broker, once it has created __consumer_offsets
-            found = connection.request(FindCoordinatorRequest(key_type=i8(0), coordinator_keys=(group,)))
-            error = found.coordinators[0].error_code
-            if error == ErrorCode.none:
-                break
-            if error != ErrorCode.coordinator_not_available or time.monotonic() > deadline:
-                check("FindCoordinator", error)
-            time.sleep(0.05)
+        self._await_coordinator(connection, group, GROUP_KEY_TYPE, step)
         partitions = list(range(self.preconditions.partitions))
         join = JoinGroupRequest(
             group_id=group, session_timeout=i32Timedelta.parse(datetime.timedelta(seconds=45)),
@@ -1095,16 +1232,99 @@ class ScenarioSetup:
             MemberIdentity(member_id=member, group_instance_id=None, reason="the consumer is being closed"),)))
         check("LeaveGroup", left.error_code)
 
+    def _await_coordinator(self, connection: Connection, key: str, key_type: int, step: str) -> None:
+        """FindCoordinator until it names a coordinator: a broker creates the coordinators' topic
+        (`__consumer_offsets`, `__transaction_state`) when first asked and answers a retriable error
+        meanwhile. A transaction coordinator refused outright: TransactionsRefused."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            found = connection.request(FindCoordinatorRequest(key_type=i8(key_type), coordinator_keys=(key,)))
+            coordinator = found.coordinators[0]
+            if coordinator.error_code == ErrorCode.none:
+                return
+            self._check_retriable(coordinator.error_code, coordinator.error_message, key_type == TRANSACTION_KEY_TYPE,
+                                  f"{step}: FindCoordinator key_type {key_type}", deadline)
+
+    def _init_transactions(self, connection: Connection, transactional_id: str) -> None:
+        """What a transactional producer's init_transactions() leaves: its id known to its coordinator (and
+        the transaction state topic created), no transaction open."""
+        step = f"init_transactions() of transactional id {transactional_id!r}"
+        self._await_coordinator(connection, transactional_id, TRANSACTION_KEY_TYPE, step)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            answer = connection.request(InitProducerIdRequest(
+                transactional_id=transactional_id,
+                transaction_timeout=i32Timedelta.parse(datetime.timedelta(seconds=60)),
+                producer_id=i64(-1), producer_epoch=i16(-1)))
+            if answer.error_code == ErrorCode.none:
+                return
+            self._check_retriable(answer.error_code, None, True, f"{step}: InitProducerId", deadline)
+
+    def _check_retriable(self, error, message: str | None, transactional: bool, step: str, deadline: float) -> None:
+        """Return (after a short pause) if `error` is worth retrying before `deadline`; raise otherwise."""
+        text = f"{self.capture.name}: {step}: {_fmt(error)}" + (f" ({message})" if message else "")
+        if transactional and error == ErrorCode.transactional_id_authorization_failed:
+            raise TransactionsRefused(f"the broker refuses transactional ids: {text}")
+        if error not in _RETRIABLE_COORDINATOR_ERRORS:
+            raise SetupError(text)
+        if time.monotonic() > deadline:
+            raise SetupError(f"{text}, still after {self.timeout:.0f} s")
+        time.sleep(0.05)
+
+    def transaction_pending(self, transactional_id: str | None, partitions: list[tuple[str, int]],
+                            describe: bool) -> str | None:
+        """Waits until the broker has finished a transaction whose markers Kafka had written at this point:
+        None when done, else what is still pending when the I/O timeout expires. Done means: its
+        coordinator no longer says Prepare* (DescribeTransactions, when `describe`), and on each partition
+        the last stable offset has caught up with the high watermark (ListOffsets LATEST, read_committed
+        and read_uncommitted)."""
+        deadline = time.monotonic() + self.timeout
+        with self._connection(f"waiting for the end of transaction {transactional_id!r}") as connection:
+            while True:
+                pending = self._still_pending(connection, transactional_id, partitions, describe)
+                if pending is None or time.monotonic() > deadline:
+                    return pending
+                time.sleep(0.02)
+
+    @staticmethod
+    def _still_pending(connection: Connection, transactional_id: str | None, partitions: list[tuple[str, int]],
+                       describe: bool) -> str | None:
+        if describe and transactional_id is not None:
+            answer = connection.request(DescribeTransactionsRequest(transactional_ids=(transactional_id,)))
+            state = answer.transaction_states[0]
+            if state.error_code != ErrorCode.none:
+                return f"DescribeTransactions {transactional_id!r}: {_fmt(state.error_code)}"
+            if state.transaction_state.startswith("Prepare"):
+                return f"DescribeTransactions {transactional_id!r}: state {state.transaction_state}"
+        latest = {}
+        for isolation in (0, 1):
+            topics: dict[str, list[int]] = {}
+            for topic, index in partitions:
+                topics.setdefault(topic, []).append(index)
+            answer = connection.request(ListOffsetsRequest(replica_id=i32(-1), isolation_level=i8(isolation), topics=tuple(
+                ListOffsetsTopic(name=topic, partitions=tuple(
+                    ListOffsetsPartition(partition_index=i32(index), current_leader_epoch=i32(-1), timestamp=i64(-1))
+                    for index in indexes)) for topic, indexes in topics.items())))
+            for topic in answer.topics:
+                for partition in topic.partitions:
+                    if partition.error_code != ErrorCode.none:
+                        return f"ListOffsets {topic.name}-{partition.partition_index}: {_fmt(partition.error_code)}"
+                    latest.setdefault((topic.name, partition.partition_index), []).append(partition.offset)
+        behind = [f"{topic}-{index}: last stable offset {lso} < high watermark {hw}"
+                  for (topic, index), (hw, lso) in sorted(latest.items()) if lso < hw]
+        return "; ".join(behind) or None
+
     def _write(self, connection: Connection, stored: list[StoredBatch]) -> None:
-        producers: dict[int, tuple[int, int]] = {}
+        producers: dict[tuple[int, int], tuple[int, int]] = {}
         for batch in stored:
-            if batch.producer_id >= 0 and batch.producer_id not in producers:
+            header = batches.read_header(batch.data)
+            if header.producer_id >= 0 and map_producer(producers, header.producer_id, header.producer_epoch) is None:
                 answer = connection.request(InitProducerIdRequest(
                     transactional_id=None, transaction_timeout=i32Timedelta.parse(datetime.timedelta(0)),
                     producer_id=i64(-1), producer_epoch=i16(-1)))
                 if answer.error_code != ErrorCode.none:
                     raise SetupError(f"InitProducerId for setup data: {_fmt(answer.error_code)}")
-                producers[batch.producer_id] = (answer.producer_id, answer.producer_epoch)
+                producers[(header.producer_id, header.producer_epoch)] = (answer.producer_id, answer.producer_epoch)
         for batch in stored:  # one batch per request: Kafka takes one batch per partition per request
             answer = connection.request(ProduceRequest(
                 transactional_id=None, acks=i16(-1), timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
@@ -1213,10 +1433,14 @@ class Replayer:
     """Replays one capture against a broker; see the module docstring."""
 
     def __init__(self, capture: Capture, address: tuple[str, int], *, preconditions: Preconditions,
-                 allowances: Iterable[Allowance] = (), io_timeout: float = 30.0):
+                 allowances: Iterable[Allowance] = (), io_timeout: float = 30.0, despite_refusal: bool = False):
         self.capture = capture
         self.address = address
         self.io_timeout = io_timeout
+        self.despite_refusal = despite_refusal  # TransactionsRefused: note it and replay anyway (diagnosis)
+        self.internal_conns = capture.broker_internal_conns()
+        self.internal_requests: dict[tuple[int, int], Frame] = {}
+        self.transactional_ids = capture.transactional_ids()
         self.allowances = [a for a in allowances if a.capture == capture.name]
         self.state = ReplayState.for_capture(capture)
         self.setup = ScenarioSetup(address, capture, preconditions, self.state, io_timeout)
@@ -1230,11 +1454,19 @@ class Replayer:
             self.last_seq[frame.conn] = frame.seq
 
     def run(self) -> ReplayResult:
-        self.setup.prepare()
+        try:
+            self.setup.prepare()
+        except TransactionsRefused as refused:
+            if not self.despite_refusal:
+                raise
+            self.result.differences.append(Difference(self.capture.name, -1, -1, "-", -1, "setup", "transactions",
+                                                      str(refused), severity="note"))
         try:
             for frame in self.capture.frames:
                 self.setup.write_due(frame.seq)
-                if frame.is_request:
+                if frame.conn in self.internal_conns:
+                    self._broker_internal(frame)
+                elif frame.is_request:
                     self._send(frame)
                 else:
                     self._receive(frame)
@@ -1244,6 +1476,34 @@ class Replayer:
             for conn in list(self.connections):
                 self._close(conn)
         return self.result
+
+    # -- Kafka's own traffic -------------------------------------------------------------------------
+
+    def _broker_internal(self, frame: Frame) -> None:
+        """Not replayed. Kafka's answer to its marker request means the transaction was complete there
+        before anything later in the capture was sent: wait until it is complete on this broker too."""
+        if frame.is_request:
+            self.internal_requests[(frame.conn, frame.correlation_id)] = frame
+            return
+        request = self.internal_requests.pop((frame.conn, frame.correlation_id), None)
+        if frame.api_key != WRITE_TXN_MARKERS_KEY or request is None:
+            return
+        _, body = decode_request(request.payload)
+        advertised = (self.state.advertised or {}).get(DESCRIBE_TRANSACTIONS_KEY)
+        describe = advertised is not None and advertised[0] == 0
+        for marker in body.markers:
+            transactional_id = self.transactional_ids.get(marker.producer_id)
+            partitions = [(topic.name, index) for topic in marker.topics for index in topic.partition_indexes]
+            try:
+                pending = self.setup.transaction_pending(transactional_id, partitions, describe)
+            except SetupError as exc:
+                pending = str(exc)
+            if pending:
+                outcome = "commit" if marker.transaction_result else "abort"
+                self._differ(frame, Finding(
+                    "transaction markers", f"{outcome} of {transactional_id or marker.producer_id!r} "
+                    f"complete on {partitions} (Kafka's marker sender was done here)",
+                    f"still pending after {self.io_timeout:.0f} s: {pending}"))
 
     # -- one request -------------------------------------------------------------------------------
 
@@ -1315,6 +1575,12 @@ class Replayer:
         ctx.all_topics_metadata = frame.api_key == 3 and sent.captured.topics is None
         for finding in compare_responses(frame.api_key, expected, actual, ctx):
             self._differ(request, finding)
+        if (frame.api_key == INIT_PRODUCER_ID_KEY and sent.captured.transactional_id is not None
+                and expected.error_code == actual.error_code == ErrorCode.none
+                and expected.producer_epoch != actual.producer_epoch):
+            # Epochs are mapped, not compared; a transactional id's epoch sequence is Kafka's, though.
+            self._differ(request, Finding("producer_epoch", expected.producer_epoch, actual.producer_epoch,
+                                          severity="note"))
         self.state.learn(frame.api_key, sent.sent, expected, actual)
         if frame.api_key == 1:
             self.state.record_fetch(sent.captured, sent.sent, expected, actual)
@@ -1358,9 +1624,10 @@ class Replayer:
 
 
 def replay(capture: Capture, address: tuple[str, int], *, preconditions: Preconditions,
-           allowances: Iterable[Allowance] = (), io_timeout: float = 30.0) -> ReplayResult:
+           allowances: Iterable[Allowance] = (), io_timeout: float = 30.0,
+           despite_refusal: bool = False) -> ReplayResult:
     return Replayer(capture, address, preconditions=preconditions, allowances=allowances,
-                    io_timeout=io_timeout).run()
+                    io_timeout=io_timeout, despite_refusal=despite_refusal).run()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1371,6 +1638,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("bootstrap", help="host:port of the broker under test")
     parser.add_argument("captures", nargs="*", help="file name prefixes, e.g. 04 10 (default: all)")
+    parser.add_argument("--despite-refusal", action="store_true",
+                        help="replay a transactions capture even if the broker refuses transactional ids")
     args = parser.parse_args(argv)
     host, _, port = args.bootstrap.rpartition(":")
     failed = False
@@ -1378,7 +1647,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.captures and not any(path.name.startswith(prefix) for prefix in args.captures):
             continue
         capture = load_capture(path)
-        result = replay(capture, (host, int(port)), preconditions=preconditions_for(capture))
+        result = replay(capture, (host, int(port)), preconditions=preconditions_for(capture),
+                        despite_refusal=args.despite_refusal)
         print(result.report())
         failed = failed or bool(result.failures)
     return 1 if failed else 0

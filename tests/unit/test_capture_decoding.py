@@ -27,9 +27,10 @@ def _frames(direction: str):
             for name, capture in CAPTURES.items() for frame in capture.frames if frame.direction == direction]
 
 
-def test_all_fifteen_captures_are_present():
-    assert len(CAPTURES) == 15
-    assert sum(len(c.frames) for c in CAPTURES.values()) == 742 + 310  # files 01-14, then file 15 (index.md)
+def test_all_sixteen_captures_are_present():
+    assert len(CAPTURES) == 16  # 01-15 and 17; 16 (a 3-broker ZooKeeper cluster) is not for replay (index.md)
+    # files 01-14, then files 15 and 17 (index.md, Verification)
+    assert sum(len(c.frames) for c in CAPTURES.values()) == 742 + 310 + 456
 
 
 @pytest.mark.parametrize("capture, frame", _frames("request"))
@@ -71,6 +72,7 @@ def test_scenario_topics_are_the_ones_the_clients_asked_for():
     assert _capture("14").scenario_topics() == {"s14-kafka-cli-admin"}
     assert _capture("15").scenario_topics() == {"s15-kafka-tools"}  # not the setup topic `warmup`
     assert _capture("07").scenario_topics() == {"s07b-spark-stream-availablenow"}
+    assert _capture("17").scenario_topics() == {"s17-transactions", "s17-txn-output"}
 
 
 # -- comparison ---------------------------------------------------------------------------------------
@@ -246,12 +248,12 @@ def test_producer_id_patch_rewrites_every_batch_and_keeps_the_crc_valid():
     _, body = wr.decode_request(produce.payload)
     data = body.topic_data[0].partition_data[0].records
     original = records.read_header(data)
-    patched = wr.patch_producer_ids(data, {original.producer_id: (4242, 3)})
+    patched = wr.patch_producer_ids(data, {(original.producer_id, original.producer_epoch): (4242, 3)})
     header = records.read_header(patched)
     assert (header.producer_id, header.producer_epoch) == (4242, 3)
     assert header.base_sequence == original.base_sequence and header.record_count == original.record_count
     assert records.crc_matches(patched, header) and not records.crc_matches(patched, original)
-    assert wr.patch_producer_ids(data, {999: (1, 1)}) is data
+    assert wr.patch_producer_ids(data, {(999, 0): (1, 1)}) is data
 
 
 def test_state_patches_topic_ids_and_leader_epochs_learned_from_the_broker():
@@ -367,5 +369,220 @@ def test_every_capture_gets_its_setup_records_in_the_right_phase():
         "07": {-1: 200, 88: 50},  # 50 more before Spark's second run
         "10": {65: 50},  # the producer is in the file; 50 more before consumer B
         "15": {-1: 1},  # the tools create their topic; one record in `warmup` for the warm-up group
+        "17": {},  # every data batch is the file's own; its markers are the broker's, not setup data
     }
     assert wr.preconditions_for(_capture("15")).consumed_by_groups == (("warmup-group", "warmup"),)
+
+
+# -- transactions (file 17) ---------------------------------------------------------------------------
+
+
+def _exchange(capture, seq: int):
+    """(captured request body, Kafka's answer body) of the request at `seq`."""
+    request = next(f for f in capture.requests() if f.seq == seq)
+    _, body = wr.decode_request(request.payload)
+    answer = capture.response_to(request)
+    return body, wr.decode_response(answer.api_key, answer.api_version, answer.payload)[1]
+
+
+def test_kafkas_own_transaction_connections_are_found_by_client_id_and_only_in_file_17():
+    capture = _capture("17")
+    internal = capture.broker_internal_conns()
+    assert {f.client_id for f in capture.requests() if f.conn in internal} == {
+        "broker-1-txn-marker-sender", "AddPartitionsManager-client-1"}
+    assert {f.api_name for f in capture.requests() if f.conn in internal} == {
+        "WriteTxnMarkers", "AddPartitionsToTxn", "ApiVersions"}
+    assert all(not c.broker_internal_conns() for name, c in CAPTURES.items() if not name.startswith("17"))
+    assert capture.transactional_ids() == {2: "s17-txn", 3: "s17-kp-txn"}
+
+
+def test_file_17_preconditions_are_its_topics_a_warm_transactional_id_and_its_broker_settings():
+    preconditions = wr.preconditions_for(_capture("17"))
+    assert preconditions.create_topics == ("s17-transactions", "s17-txn-output") and preconditions.partitions == 3
+    assert preconditions.transactional_ids == ("capture-setup-txn",)
+    assert preconditions.group_coordinators  # __consumer_offsets exists before the first FindCoordinator
+    assert preconditions.broker_config["transaction.state.log.num.partitions"] == 1
+    assert wr.preconditions_for(_capture("05")).broker_config == {}
+
+
+def _learn_producers(capture, state, assigned: dict[int, tuple[int, int]]):
+    """InitProducerId answers of the broker under test: request seq -> (producer id, epoch)."""
+    for seq, (producer_id, epoch) in assigned.items():
+        sent, expected = _exchange(capture, seq)
+        state.learn(22, sent, expected, dataclasses.replace(expected, producer_id=producer_id, producer_epoch=epoch))
+
+
+def test_a_fenced_producer_keeps_its_old_epoch_and_the_new_one_gets_the_brokers_new_epoch():
+    capture = _capture("17")
+    state = wr.ReplayState.for_capture(capture)
+    _learn_producers(capture, state, {13: (7001, 0), 254: (7001, 4), 284: (7002, 0)})  # Kafka: 2/0, 2/2, 3/0
+    assert state.producers == {(2, 0): (7001, 0), (2, 2): (7001, 4), (3, 0): (7002, 0)}
+
+    def batch_producer(seq):
+        produce, _ = _exchange(capture, seq)
+        data = state.patch(produce).topic_data[0].partition_data[0].records
+        header = records.read_header(data)
+        assert records.crc_matches(data, header)
+        return header.producer_id, header.producer_epoch
+
+    assert batch_producer(20) == (7001, 0)
+    assert batch_producer(256) == (7001, 0)  # the fenced producer's last Produce: still its old epoch
+    assert batch_producer(264) == (7001, 4)  # the new producer's
+    assert batch_producer(292) == (7002, 0)
+    add_partitions, _ = _exchange(capture, 262)  # AddPartitionsToTxn v0: v3_and_below_ field names
+    patched = state.patch(add_partitions)
+    assert (patched.v3_and_below_producer_id, patched.v3_and_below_producer_epoch) == (7001, 4)
+    end_txn, _ = _exchange(capture, 296)
+    assert (state.patch(end_txn).producer_id, state.patch(end_txn).producer_epoch) == (7002, 0)
+    add_offsets, _ = _exchange(capture, 91)
+    assert (state.patch(add_offsets).producer_id, state.patch(add_offsets).producer_epoch) == (7001, 0)
+    init, _ = _exchange(capture, 254)  # no producer yet: -1/-1 stays
+    assert (state.patch(init).producer_id, state.patch(init).producer_epoch) == (-1, -1)
+
+
+def test_txn_offset_commit_gets_the_brokers_producer_member_and_generation():
+    capture = _capture("17")
+    state = wr.ReplayState.for_capture(capture)
+    _learn_producers(capture, state, {284: (7002, 3)})
+    for seq, member, generation in ((324, "s17-kafka-python-ctp-consumer-x", 1), (330, "s17-kafka-python-ctp-consumer-x", 6)):
+        sent, expected = _exchange(capture, seq)  # JoinGroup generations 1 and 2
+        state.learn(11, sent, expected, dataclasses.replace(expected, member_id=member, generation_id=generation))
+    commit, _ = _exchange(capture, 350)
+    patched = state.patch(commit)
+    assert (patched.producer_id, patched.producer_epoch) == (7002, 3)
+    assert (patched.member_id, patched.generation_id) == ("s17-kafka-python-ctp-consumer-x", 6)
+
+
+def test_an_epoch_never_assigned_keeps_its_distance_to_the_nearest_assigned_one():
+    producers = {(2, 0): (50, 3), (2, 2): (50, 9)}
+    assert wr.map_producer(producers, 2, 1) in ((50, 4), (50, 8))
+    assert wr.map_producer(producers, 2, 3) == (50, 10)
+    assert wr.map_producer(producers, 5, 0) is None and wr.map_producer(producers, -1, -1) is None
+
+
+def _final_read_committed():
+    """Kafka's answer to the final confluent read_committed Fetch from offset 0 (seq 405: every marker)."""
+    capture = _capture("17")
+    _, answer = _exchange(capture, 405)
+    return capture, answer
+
+
+def _partition0(body, change):
+    topic = next(t for t in body.responses if any(p.partition_index == 0 for p in t.partitions))
+    partitions = tuple(change(p) if p.partition_index == 0 else p for p in topic.partitions)
+    return dataclasses.replace(body, responses=tuple(
+        dataclasses.replace(t, partitions=partitions) if t is topic else t for t in body.responses))
+
+
+def test_aborted_transactions_name_the_brokers_producer_ids_and_kafkas_first_offsets():
+    capture, body = _final_read_committed()
+    partition0 = next(p for t in body.responses for p in t.partitions if p.partition_index == 0)
+    assert [(a.producer_id, a.first_offset) for a in partition0.aborted_transactions] == [(2, 6), (2, 13), (3, 20)]
+    mapped = {2: {7001}, 3: {7002}}
+
+    def renamed(pids):
+        return _partition0(body, lambda p: dataclasses.replace(p, aborted_transactions=tuple(
+            dataclasses.replace(a, producer_id=pid) for a, pid in zip(p.aborted_transactions, pids))))
+
+    # The other partitions still name Kafka's 2 and 3: those are the mismatches left.
+    other = {f.path for f in _compare(capture, 1, body, renamed([7001, 7001, 7002]), producer_ids=mapped)}
+    assert not any("partition_index=0]" in path for path in other)
+    findings = _compare(capture, 1, body, renamed([7001, 7002, 7002]), producer_ids=mapped)
+    assert [f.path for f in findings if "partition_index=0]" in f.path] == [
+        "responses[topic_id=s17-transactions].partitions[partition_index=0].aborted_transactions[1].producer_id"]
+    shifted = _partition0(body, lambda p: dataclasses.replace(p, aborted_transactions=tuple(
+        dataclasses.replace(a, first_offset=a.first_offset + 1) for a in p.aborted_transactions)))
+    assert len(_compare(capture, 1, body, shifted)) == 3
+    no_list = _partition0(body, lambda p: dataclasses.replace(p, aborted_transactions=None))
+    assert [f.path.rsplit(".", 1)[-1] for f in _compare(capture, 1, body, no_list)] == ["aborted_transactions"]
+
+
+def _with_marker(data: bytes, offset: int, *, commit: bool | None = None, coordinator_epoch: int | None = None) -> bytes:
+    """The records with the marker at `offset` rewritten (type and/or coordinator epoch, CRC recomputed)."""
+    from pykbroker.protocol import control_records
+
+    out = bytearray()
+    for header in records.iter_headers(data):
+        batch = bytes(data[header.position:header.position + header.size])
+        if header.base_offset == offset:
+            marker = control_records.read_marker(data, header)
+            rebuilt = control_records.marker_batch(
+                producer_id=header.producer_id, producer_epoch=header.producer_epoch,
+                commit=marker.commit if commit is None else commit,
+                coordinator_epoch=marker.coordinator_epoch if coordinator_epoch is None else coordinator_epoch,
+                timestamp_ms=header.base_timestamp)
+            rebuilt[0:8] = offset.to_bytes(8, "big")  # base offset is outside the CRC
+            batch = bytes(rebuilt)
+        out += batch
+    return bytes(out)
+
+
+def test_markers_are_compared_by_offset_and_type_and_their_coordinator_epoch_is_a_note():
+    capture, body = _final_read_committed()
+    partition0 = next(p for t in body.responses for p in t.partitions if p.partition_index == 0)
+    assert _compare(capture, 1, body, _partition0(body, lambda p: dataclasses.replace(
+        p, records=_with_marker(partition0.records, 5)))) == []  # rebuilt identically
+    epoch = _compare(capture, 1, body, _partition0(body, lambda p: dataclasses.replace(
+        p, records=_with_marker(partition0.records, 5, coordinator_epoch=3))))
+    assert [(f.severity, f.path.rsplit(" ", 2)[-2:]) for f in epoch] == [("note", ["coordinator", "epoch"])]
+    flipped = _compare(capture, 1, body, _partition0(body, lambda p: dataclasses.replace(
+        p, records=_with_marker(partition0.records, 5, commit=False))))
+    assert [(f.severity, f.path.rsplit(" ", 2)[-2:]) for f in flipped] == [("mismatch", ["record", "#5"])]
+
+
+def test_an_incremental_read_committed_fetch_turned_full_expects_no_aborted_transactions_where_nothing_changed():
+    capture = _capture("17")
+    fetches = [f for f in capture.requests() if f.api_key == 1 and f.conn == 34]  # kafka-python, a session
+    state = wr.ReplayState.for_capture(capture)
+    first, first_answer = _exchange(capture, fetches[0].seq)
+    state.record_fetch(first, first, first_answer, dataclasses.replace(first_answer, session_id=0))
+    second, second_answer = _exchange(capture, fetches[1].seq)
+    sent, session = state.prepare_fetch(second)
+    state.record_fetch(second, sent, second_answer, dataclasses.replace(second_answer, session_id=0))
+    third, third_answer = _exchange(capture, fetches[2].seq)
+    assert third_answer.responses == ()
+    sent, session = state.prepare_fetch(third)
+    full = state.full_fetch_expectation(session, third_answer)
+    assert {(p.partition_index, p.high_watermark, p.last_stable_offset, p.aborted_transactions)
+            for t in full.responses for p in t.partitions} == {(0, 23, 23, ()), (1, 18, 18, ()), (2, 2, 2, ())}
+
+
+def test_a_refused_transactional_id_is_told_apart_from_retriable_and_other_errors():
+    setup = wr.ScenarioSetup(("127.0.0.1", 9), _capture("17"), wr.preconditions_for(_capture("17")),
+                             wr.ReplayState(), 1.0)
+    far = wr.time.monotonic() + 60
+    with pytest.raises(wr.TransactionsRefused, match="pykbroker does not support"):
+        setup._check_retriable(ErrorCode.transactional_id_authorization_failed, "pykbroker does not support",
+                               True, "FindCoordinator", far)
+    with pytest.raises(wr.SetupError) as other:  # the same error for a group is not "no transactions"
+        setup._check_retriable(ErrorCode.transactional_id_authorization_failed, None, False, "FindCoordinator", far)
+    assert not isinstance(other.value, wr.TransactionsRefused)
+    with pytest.raises(wr.SetupError) as invalid:
+        setup._check_retriable(ErrorCode.invalid_transaction_timeout, None, True, "InitProducerId", far)
+    assert not isinstance(invalid.value, wr.TransactionsRefused)
+    setup._check_retriable(ErrorCode.coordinator_load_in_progress, None, True, "InitProducerId", far)  # retry
+    setup._check_retriable(ErrorCode.concurrent_transactions, None, True, "InitProducerId", far)
+    with pytest.raises(wr.SetupError, match="still after"):
+        setup._check_retriable(ErrorCode.coordinator_not_available, None, True, "FindCoordinator", 0.0)
+
+
+def test_the_replay_waits_for_each_transaction_kafkas_marker_sender_had_finished():
+    capture = _capture("17")
+    replayer = wr.Replayer(capture, ("127.0.0.1", 9), preconditions=wr.preconditions_for(capture))
+    calls = []
+
+    def pending(transactional_id, partitions, describe):
+        calls.append((transactional_id, sorted(partitions), describe))
+        return "s17-transactions-0: last stable offset 13 < high watermark 14" if len(calls) == 5 else None
+
+    replayer.setup.transaction_pending = pending
+    replayer.state.advertised = {65: (0, 0)}
+    for frame in capture.frames:
+        if frame.conn in replayer.internal_conns:
+            replayer._broker_internal(frame)
+    assert [c[0] for c in calls] == ["s17-txn"] * 6 + ["s17-kp-txn"] * 3  # after each of the 9 EndTxn/fences
+    assert calls[2] == ("s17-txn", [("__consumer_offsets", 0), ("s17-txn-output", 0), ("s17-txn-output", 1)], True)
+    assert all(describe for _, _, describe in calls)
+    [difference] = replayer.result.differences
+    assert (difference.seq, difference.api, difference.path) == (251, "WriteTxnMarkers v1", "transaction markers")
+    assert "abort of 's17-txn'" in difference.expected and "13 < high watermark 14" in difference.got
