@@ -1294,7 +1294,7 @@ class ScenarioSetup:
             state = answer.transaction_states[0]
             if state.error_code != ErrorCode.none:
                 return f"DescribeTransactions {transactional_id!r}: {_fmt(state.error_code)}"
-            if state.transaction_state.startswith("Prepare"):
+            if state.transaction_state.replace("_", "").lower().startswith("prepare"):  # Kafka: PrepareCommit...
                 return f"DescribeTransactions {transactional_id!r}: state {state.transaction_state}"
         latest = {}
         for isolation in (0, 1):
