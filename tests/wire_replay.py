@@ -63,8 +63,8 @@ from typing import Any
 
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.create_topics.v7.request import CreatableTopic, CreateTopicsRequest
-from kio.schema.errors import ErrorCode
 from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
+from kio.schema.errors import ErrorCode
 from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
 from kio.schema.join_group.v9.request import JoinGroupRequest, JoinGroupRequestProtocol
@@ -621,7 +621,6 @@ def batch_views(data: bytes) -> list[BatchView]:
             batches.CODEC_NAMES.get(header.compression, str(header.compression)), header.base_sequence,
             header.is_transactional, header.is_control, rows, epochs))
     return views
-
 
 
 def _compare_records(exp, act, path: str, out: list[Finding]) -> None:
