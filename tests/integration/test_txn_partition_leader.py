@@ -11,6 +11,7 @@ import time
 
 import pytest
 from kio.schema.create_topics.v7.request import CreatableTopic, CreateTopicsRequest
+from kio.schema.describe_producers.v0 import request as dp
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v12 import request as f12
 from kio.schema.list_offsets.v7 import request as l7
@@ -92,6 +93,15 @@ def list_offset(address, topic: str, timestamp: int, isolation: int) -> int:
     return answer.offset
 
 
+def producers(address, topic: str) -> dict[int, tuple[int, int]]:
+    """DescribeProducers: producer id -> (coordinator epoch, current transaction start offset)."""
+    response = send_request(address, dp.DescribeProducersRequest(topics=(
+        dp.TopicRequest(name=topic, partition_indexes=(i32(0),)),)))
+    part = response.topics[0].partitions[0]
+    assert part.error_code == ErrorCode.none
+    return {p.producer_id: (p.coordinator_epoch, p.current_txn_start_offset) for p in part.active_producers}
+
+
 def summary(address, topic: str) -> tuple:
     """What a read_committed consumer is told: (HWM, LSO, aborted list, committed values)."""
     part = fetch(address, topic, 0, 1)
@@ -113,6 +123,7 @@ def test_transactional_produce_markers_and_isolation(broker, topic_name):
     wrong = produce(address, topic_name, txn_records(pid, epoch, 2, [b"no"], transactional=False), transactional_id=None)
     assert wrong.error_code == ErrorCode.invalid_txn_state
     assert list_offset(address, topic_name, -1, 1) == 0 and list_offset(address, topic_name, -1, 0) == 3
+    assert producers(address, topic_name) == {pid: (-1, 0), other: (-1, 2)}
     part = fetch(address, topic_name, 0, 1)
     assert (part.high_watermark, part.last_stable_offset, values_of(part)) == (3, 0, [])
 
@@ -120,6 +131,7 @@ def test_transactional_produce_markers_and_isolation(broker, topic_name):
     assert list_offset(address, topic_name, -1, 1) == 2  # the other transaction is still open
     assert write_marker(address, topic_name, other, other_epoch, commit=True) == [(0, ErrorCode.none)]  # offset 4
     assert list_offset(address, topic_name, -1, 1) == list_offset(address, topic_name, -1, 0) == 5
+    assert producers(address, topic_name) == {pid: (0, -1), other: (0, -1)}
     assert summary(address, topic_name) == (5, 5, [(pid, 0)], [b"a1", b"a2", b"c1"])
     uncommitted = fetch(address, topic_name, 0, 0)
     assert uncommitted.aborted_transactions is None and uncommitted.last_stable_offset == 5
@@ -138,6 +150,7 @@ def test_transactional_produce_markers_and_isolation(broker, topic_name):
     assert before[:3] == (7, 6, [(pid, 0)])
     broker.restart(kill=True)
     assert summary(address, topic_name) == before
+    assert producers(address, topic_name) == {pid: (0, -1), other: (0, 6)}
     assert write_marker(address, topic_name, other, other_epoch, commit=False) == [(0, ErrorCode.none)]  # 7
     after = summary(address, topic_name)
     assert after[:3] == (8, 8, [(pid, 0), (other, 6)])
