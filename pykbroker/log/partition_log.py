@@ -469,19 +469,12 @@ class PartitionLog:
     def headers_and_markers(self, start_offset: int = 0) -> Iterator[tuple[BatchHeader, Marker | None]]:
         """``headers`` with, for each control batch, its COMMIT/ABORT marker (read from the file: control
         batches are tiny); what a producer-state replay needs."""
-        log_end = self._log_end_offset
-        for segment, position in self._segments_from(start_offset):
-            with segment.pin() as fd:
-                for header in iter_file_headers(fd, position, segment.size):
-                    if header.base_offset >= log_end:
-                        return
-                    if header.last_offset < start_offset:
-                        continue
-                    marker = None
-                    if header.is_control:
-                        data = pread_exactly(fd, header.size, header.position)
-                        marker = read_marker(data, read_header(data, 0))
-                    yield header, marker
+        for fd, header in self._headers_with_fd(start_offset):
+            marker = None
+            if header.is_control:
+                data = pread_exactly(fd, header.size, header.position)
+                marker = read_marker(data, read_header(data, 0))
+            yield header, marker
 
     def _truncate_txn_indexes(self, offset: int) -> None:
         """Drop transaction-index entries whose marker is at or after ``offset`` (log truncation)."""
@@ -705,6 +698,11 @@ class PartitionLog:
 
         The cheap way to rebuild state that lives in headers, such as producer ids and sequences.
         """
+        for _, header in self._headers_with_fd(start_offset):
+            yield header
+
+    def _headers_with_fd(self, start_offset: int) -> Iterator[tuple[int, BatchHeader]]:
+        """(descriptor of its segment, pinned while yielded; header) for ``headers``."""
         log_end = self._log_end_offset
         for segment, position in self._segments_from(start_offset):
             with segment.pin() as fd:
@@ -712,7 +710,7 @@ class PartitionLog:
                     if header.base_offset >= log_end:
                         return
                     if header.last_offset >= start_offset:
-                        yield header
+                        yield fd, header
 
     def _segments_from(self, start_offset: int) -> Iterator[tuple[Segment, int]]:
         """(segment, position to start reading) for the segments that may hold ``start_offset`` and later.
