@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import struct
+from bisect import bisect_left
 from pathlib import Path
 from typing import Iterable, NamedTuple
 
@@ -65,12 +66,16 @@ def parse_entries(data: bytes) -> list[TxnIndexEntry]:
 class TransactionIndex:
     """The aborted transactions of one segment, in memory and in its ``.txnindex`` file."""
 
-    __slots__ = ("path", "entries", "_keys")
+    __slots__ = ("path", "entries", "_keys", "_lasts")
 
     def __init__(self, path: Path, entries: Iterable[TxnIndexEntry] = ()) -> None:
         self.path = path
-        self.entries: list[TxnIndexEntry] = list(entries)
-        self._keys = {(e.producer_id, e.first_offset, e.last_offset) for e in self.entries}
+        self._set(list(entries))
+
+    def _set(self, entries: list[TxnIndexEntry]) -> None:
+        self.entries = entries
+        self._keys = {(e.producer_id, e.first_offset, e.last_offset) for e in entries}
+        self._lasts = [e.last_offset for e in entries]  # ascending: a fetch bisects to its start offset
 
     @classmethod
     def for_segment(cls, directory: Path, base_offset: int) -> "TransactionIndex":
@@ -96,13 +101,10 @@ class TransactionIndex:
         """Add an entry (its marker is being appended to the segment): written to the file at once. An entry
         older than the last one (a replay found a marker whose entry a crash lost) is put in order and the
         file rewritten."""
-        key = (entry.producer_id, entry.first_offset, entry.last_offset)
-        if key in self._keys:
+        if (entry.producer_id, entry.first_offset, entry.last_offset) in self._keys:
             return
-        self._keys.add(key)
         if self.entries and entry.last_offset < self.entries[-1].last_offset:
-            self.entries.append(entry)
-            self.entries.sort(key=lambda e: e.last_offset)
+            self._set(sorted([*self.entries, entry], key=lambda e: e.last_offset))
             self.rewrite()
             return
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -111,14 +113,15 @@ class TransactionIndex:
         finally:
             os.close(fd)
         self.entries.append(entry)
+        self._keys.add((entry.producer_id, entry.first_offset, entry.last_offset))
+        self._lasts.append(entry.last_offset)
 
     def truncate_to(self, offset: int) -> bool:
         """Drop the entries whose marker is at or after ``offset`` (Kafka's truncateTo); True if any went."""
-        keep = [e for e in self.entries if e.last_offset < offset]
-        if len(keep) == len(self.entries):
+        keep = bisect_left(self._lasts, offset)
+        if keep == len(self.entries):
             return False
-        self.entries = keep
-        self._keys = {(e.producer_id, e.first_offset, e.last_offset) for e in keep}
+        self._set(self.entries[:keep])
         self.rewrite()
         return True
 
@@ -136,8 +139,9 @@ class TransactionIndex:
     def collect(self, start_offset: int, upper_bound: int, out: list[AbortedTxn]) -> bool:
         """Kafka's TransactionIndex.collectAbortedTxns: append the entries with last offset >= ``start_offset``
         and first offset < ``upper_bound``; True when an entry's LSO reached ``upper_bound`` (later segments
-        cannot add any: Kafka's isComplete)."""
-        for e in self.entries:
+        cannot add any: Kafka's isComplete). Entries whose marker is below ``start_offset`` are skipped by
+        bisection (Kafka walks them for their LSO only: later segments may then be read for nothing)."""
+        for e in self.entries[bisect_left(self._lasts, start_offset):]:
             if e.last_offset >= start_offset and e.first_offset < upper_bound:
                 out.append(AbortedTxn(e.producer_id, e.first_offset, e.last_offset))
             if e.last_stable_offset >= upper_bound:

@@ -195,6 +195,9 @@ def test_txn_index_round_trip_truncate_and_corruption(tmp_path):
     assert out == [AbortedTxn(1, 0, 5)]
     assert index.truncate_to(9)
     assert TransactionIndex.load(index.path).entries == entries[:1]
+    # An entry older than the last one (a replay re-finding a marker a crash lost): put in order.
+    index.append(TxnIndexEntry(9, 1, 2, 3))
+    assert [e.last_offset for e in TransactionIndex.load(index.path).entries] == [2, 5]
     index.path.write_bytes(raw[:ENTRY_SIZE] + b"\x00\x07" + raw[ENTRY_SIZE + 2:])  # a bad version
     assert TransactionIndex.load(index.path).entries == []
     assert not index.path.exists()
