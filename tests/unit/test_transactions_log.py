@@ -256,6 +256,23 @@ def test_restart_rebuilds_open_transactions_and_a_lost_index(tmp_path):
     assert p.log.aborted_ranges(0, 10) == [AbortedTxn(1, 0, 2), AbortedTxn(3, 3, 5)]
 
 
+def test_index_entries_past_the_recovered_log_end_are_dropped(tmp_path):
+    rm = manager(tmp_path)
+    p = rm.host("t", 0, 0)
+    append(rm, txn_batch(1, 2))
+    marker(rm, 1, commit=False)  # 2
+    index = tmp_path / "t-0" / "00000000000000000000.txnindex"
+    # An entry whose marker never reached the disk (the index was written, the log was cut by recovery).
+    index.write_bytes(index.read_bytes() + TxnIndexEntry(7, 3, 40, 41).pack())
+    orphan = tmp_path / "t-0" / "00000000000000000999.txnindex"
+    orphan.write_bytes(TxnIndexEntry(8, 999, 1000, 1001).pack())
+    rm = restart(rm, tmp_path, clean=False)
+    p = rm.partition("t", 0)
+    assert p.log.aborted_ranges(0, 100) == [AbortedTxn(1, 0, 2)]
+    assert index.stat().st_size == ENTRY_SIZE
+    assert not orphan.exists()  # no segment of its own: deleted
+
+
 def test_index_follows_segments_truncation_and_retention(tmp_path):
     config = LogConfig(segment_bytes=200)
     rm = manager(tmp_path, config)
