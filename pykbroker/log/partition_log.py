@@ -452,9 +452,13 @@ class PartitionLog:
             index = TransactionIndex(self.directory / segment_file_name(base, TXN_INDEX_SUFFIX))
         elif index.contains(txn.producer_id, txn.first_offset, txn.last_offset):
             return
-        index.append(TxnIndexEntry(txn.producer_id, txn.first_offset, txn.last_offset, last_stable_offset))
         self._txn_indexes[base] = index
         self._dirty.add(self._segments[bisect_right(self._bases, base) - 1])
+        try:
+            index.append(TxnIndexEntry(txn.producer_id, txn.first_offset, txn.last_offset, last_stable_offset))
+        except OSError as exc:  # the marker is in the log: a restart's replay writes the entry again
+            log.warning("%s-%d: could not write %s (%s); fetches use the entry, a restart rewrites it",
+                        self.topic, self.partition, index.path.name, exc)
 
     def append_marker(self, *, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
                       leader_epoch: int, now_ms: int) -> AppendResult:

@@ -98,23 +98,23 @@ class TransactionIndex:
         return (producer_id, first_offset, last_offset) in self._keys
 
     def append(self, entry: TxnIndexEntry) -> None:
-        """Add an entry (its marker is being appended to the segment): written to the file at once. An entry
-        older than the last one (a replay found a marker whose entry a crash lost) is put in order and the
-        file rewritten."""
+        """Add an entry (its marker is being appended to the segment): kept in memory, then written to the file
+        (an OSError leaves it in memory only). An entry older than the last one (a replay found a marker whose
+        entry a crash lost) is put in order and the file rewritten."""
         if (entry.producer_id, entry.first_offset, entry.last_offset) in self._keys:
             return
         if self.entries and entry.last_offset < self.entries[-1].last_offset:
             self._set(sorted([*self.entries, entry], key=lambda e: e.last_offset))
             self.rewrite()
             return
+        self.entries.append(entry)  # in memory first: fetches see it even if the file write fails
+        self._keys.add((entry.producer_id, entry.first_offset, entry.last_offset))
+        self._lasts.append(entry.last_offset)
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             os.write(fd, entry.pack())
         finally:
             os.close(fd)
-        self.entries.append(entry)
-        self._keys.add((entry.producer_id, entry.first_offset, entry.last_offset))
-        self._lasts.append(entry.last_offset)
 
     def truncate_to(self, offset: int) -> bool:
         """Drop the entries whose marker is at or after ``offset`` (Kafka's truncateTo); True if any went."""

@@ -467,3 +467,23 @@ def test_write_markers_answers_per_partition_and_applies_offsets_markers(tmp_pat
     assert results[1].topics == [("t", [(0, ErrorCode.transaction_coordinator_fenced)])]
     assert calls == [(0, 1, True)]
     assert rm.partition("__consumer_offsets", 0).last_stable_offset == 2
+
+
+def test_a_failing_index_write_keeps_the_marker_and_the_entry_in_memory(tmp_path, monkeypatch):
+    import pykbroker.log.txn_index as txn_index_module
+
+    rm = manager(tmp_path)
+    p = rm.host("t", 0, 0)
+    append(rm, txn_batch(1, 2))
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(txn_index_module.os, "open", full_disk)
+    assert marker(rm, 1, commit=False).error == ErrorCode.none
+    monkeypatch.undo()
+    assert p.log.aborted_ranges(0, 10) == [AbortedTxn(1, 0, 2)] and p.last_stable_offset == 3
+    assert not (tmp_path / "t-0" / "00000000000000000000.txnindex").exists()
+    rm = restart(rm, tmp_path)  # the replay writes the entry
+    assert rm.partition("t", 0).log.aborted_ranges(0, 10) == [AbortedTxn(1, 0, 2)]
+    assert (tmp_path / "t-0" / "00000000000000000000.txnindex").stat().st_size == ENTRY_SIZE
