@@ -2,7 +2,7 @@
 (v9/v10), WriteTxnMarkers v1 sent as Kafka's coordinator sends it, then Fetch (isolation 0/1: records, LSO,
 aborted_transactions) and ListOffsets (isolation 0/1), kill -9 and restart (the LSO and the aborted list
 survive, an open transaction stays open), and confluent-kafka's read_committed / read_uncommitted consumers
-on the result. The transaction coordinator is not needed: the test plays its part with raw requests."""
+and kafka-python's on the result. The transaction coordinator is not needed: the test plays its part with raw requests."""
 
 from __future__ import annotations
 
@@ -159,7 +159,7 @@ def test_transactional_produce_markers_and_isolation(broker, topic_name):
     assert summary(address, topic_name) == after
 
 
-def test_confluent_read_committed_consumer_skips_aborted_transactions(broker, topic_name):
+def test_read_committed_consumers_skip_aborted_transactions(broker, topic_name):
     confluent_kafka = pytest.importorskip("confluent_kafka")
     address = broker.address
     create_topic(address, topic_name)
@@ -204,6 +204,21 @@ def test_confluent_read_committed_consumer_skips_aborted_transactions(broker, to
 
     assert consume("read_committed") == expected_committed
     assert consume("read_uncommitted") == everything
+
+    kafka = pytest.importorskip("kafka")
+    for isolation, expected in (("read_committed", expected_committed), ("read_uncommitted", everything)):
+        consumer = kafka.KafkaConsumer(bootstrap_servers=broker.bootstrap, isolation_level=isolation,
+                                       auto_offset_reset="earliest", enable_auto_commit=False)
+        try:
+            consumer.assign([kafka.TopicPartition(topic_name, 0)])
+            got: list[bytes] = []
+            deadline = time.monotonic() + 60
+            while b"plain" not in got and time.monotonic() < deadline:
+                for records in consumer.poll(timeout_ms=500).values():
+                    got.extend(r.value for r in records)
+            assert got == expected, isolation
+        finally:
+            consumer.close()
 
 
 def test_read_committed_long_poll_wakes_on_the_marker(broker, topic_name):
