@@ -1,8 +1,9 @@
 """The partition-leader side of transactions over the wire, on a real broker process: transactional Produce
 (v9/v10), WriteTxnMarkers v1 sent as Kafka's coordinator sends it, then Fetch (isolation 0/1: records, LSO,
 aborted_transactions) and ListOffsets (isolation 0/1), kill -9 and restart (the LSO and the aborted list
-survive, an open transaction stays open), and confluent-kafka's read_committed / read_uncommitted consumers
-and kafka-python's on the result. The transaction coordinator is not needed: the test plays its part with raw requests."""
+survive, an open transaction stays open), and the read_committed / read_uncommitted consumers of
+confluent-kafka and kafka-python on the result. The transaction coordinator is not needed: the test plays
+its part with raw requests."""
 
 from __future__ import annotations
 
