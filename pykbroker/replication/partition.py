@@ -381,8 +381,15 @@ class Partition:
         return False
 
     def _hwm_moved(self) -> None:
+        self._stabilize()
         self.complete_delayed_produces()
         self._wake(self._hwm_waiters)
+
+    def _stabilize(self) -> None:
+        """Ended transactions whose marker is now below the HWM are stable (Kafka's onHighWatermarkUpdated),
+        so ``log.first_unstable_offset`` is current without a ``last_stable_offset`` call."""
+        if self.producer_state.has_unstable:
+            self.producer_state.first_unstable_offset(self.high_watermark)
 
     def update_follower_fetch_state(
         self, replica_id: int, fetch_offset: int, log_start_offset: int, now_ms: int, leader_end_offset: int
@@ -572,6 +579,7 @@ class Partition:
         if txn is not None:
             self._completed_txn(txn, state.last_stable_offset_after(txn))
         self._appended(now)
+        self._stabilize()
         return AppendOutcome(ErrorCode.none, result.base_offset, -1, result.log_start_offset,
                              last_offset=result.last_offset, has_followers=bool(self._remote))
 
@@ -625,6 +633,7 @@ class Partition:
         if new == self._hwm:
             return False
         self._hwm = new
+        self._stabilize()
         self._wake(self._hwm_waiters)
         return True
 

@@ -220,6 +220,7 @@ def test_commit_and_abort_move_the_lso_and_fill_the_index(tmp_path):
     assert p.last_stable_offset == 5  # producer 2 still open
     out = marker(rm, 2, commit=False)  # offset 8
     assert (out.error, out.base_offset) == (ErrorCode.none, 8)
+    assert p.log.first_unstable_offset is None
     assert p.last_stable_offset == p.high_watermark == 9
     assert p.log.aborted_ranges(0, 9) == [AbortedTxn(2, 5, 8)]
     assert p.log.aborted_ranges(9, 20) == [] and p.log.aborted_ranges(0, 5) == []
@@ -340,7 +341,9 @@ def test_lso_waits_for_the_high_watermark_with_followers(tmp_path):
     assert p.high_watermark == 0 and p.last_stable_offset == 0
     p.update_follower_fetch_state(2, 2, 0, T0, p.log.log_end_offset)
     assert p.high_watermark == 2 and p.last_stable_offset == 0  # the marker itself is not replicated yet
+    assert p.log.first_unstable_offset == 0
     p.update_follower_fetch_state(2, 3, 0, T0, p.log.log_end_offset)
+    assert p.log.first_unstable_offset is None  # stable as the HWM passed the marker, before anyone asked
     assert p.high_watermark == 3 and p.last_stable_offset == 3
 
 
