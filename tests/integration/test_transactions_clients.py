@@ -34,8 +34,9 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from txn_targets import target  # noqa: F401  (the fixture)
+import txn_targets
 
+target = txn_targets.target  # the fixture: Kafka 3.7.1 and pykbroker
 pytestmark = pytest.mark.timeout(300)
 
 TIMEOUT_S = 60.0

@@ -27,8 +27,9 @@ import pytest
 from confluent_kafka import Producer
 
 from test_transactions_clients import committed_offsets, create_topics, read_values, unique
-from txn_targets import target  # noqa: F401  (the fixture)
+import txn_targets
 
+target = txn_targets.target  # the fixture: Kafka 3.7.1 and pykbroker
 pytestmark = pytest.mark.timeout(600)
 
 WORKER = Path(__file__).resolve().parent / "txn_eos_worker.py"
