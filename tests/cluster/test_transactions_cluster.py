@@ -88,7 +88,7 @@ def transaction_coordinator(cluster: BrokerCluster, transactional_id: str, exclu
 
 def txn_producer(cluster: BrokerCluster, transactional_id: str) -> Producer:
     producer = Producer({"bootstrap.servers": cluster.bootstrap, "transactional.id": transactional_id,
-                         "linger.ms": 5, "transaction.timeout.ms": 60000, "message.timeout.ms": 90000})
+                         "linger.ms": 5, "transaction.timeout.ms": 90000, "message.timeout.ms": 90000})
     producer.init_transactions(TIMEOUT_S)
     return producer
 
@@ -203,6 +203,7 @@ def test_coordinator_killed_during_a_transaction(cluster):
     values = {v for _, _, v in read}
     settled = open_txn if outcome == "committed" or open_txn[0] in values else []
     what = f"coordinator {coordinator} killed, then {new_coordinator}; commit {outcome}"
+    print(what)
     assert_exactly(read, [before, settled, after], what)
     if outcome == "aborted":
         assert not settled, f"{what}: the aborted transaction's records are visible"
