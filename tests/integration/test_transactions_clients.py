@@ -430,6 +430,8 @@ def test_java_client_transactions_commit_abort_and_read_committed_consumer(targe
 
 
 def test_kafka_transactions_tool_lists_and_describes_an_open_transaction(target):
+    """kafka-transactions.sh (ListTransactions, DescribeTransactions, DescribeProducers) while a transaction is open
+    and after its commit: the transactional id's state, its partitions, the producer's open transaction start."""
     from kafka_tools import kafka_tools_or_skip
 
     tools = kafka_tools_or_skip()
@@ -437,19 +439,78 @@ def test_kafka_transactions_tool_lists_and_describes_an_open_transaction(target)
     create_topics(target.bootstrap, {topic: 2})
     producer = txn_producer(target.bootstrap, tid)
     producer.begin_transaction()
-    produce_flushed(producer, [(topic, 0, b"x"), (topic, 1, b"y")])
+    produce_flushed(producer, [(topic, 0, b"w"), (topic, 0, b"v")])
+    producer.commit_transaction(TIMEOUT_S)                 # topic-0: w @0, v @1, COMMIT @2
+    producer.begin_transaction()
+    produce_flushed(producer, [(topic, 0, b"x"), (topic, 1, b"y")])   # open: x @3 of topic-0, y @0 of topic-1
 
-    listed = tools.run("kafka-transactions.sh", "--bootstrap-server", target.bootstrap, "list").stdout
-    row = [line.split() for line in listed.splitlines() if tid in line]
-    # TransactionalId  Coordinator  ProducerId  TransactionState
-    assert len(row) == 1 and row[0][0] == tid and row[0][-1] == "Ongoing", listed
-    described = tools.run("kafka-transactions.sh", "--bootstrap-server", target.bootstrap, "describe",
-                          "--transactional-id", tid).stdout
-    header, values = described.splitlines()[0].split(), described.splitlines()[1]
-    assert "TransactionState" in header and "Ongoing" in values.split(), described
-    assert f"{topic}-0" in values and f"{topic}-1" in values, described
+    def run(*args: str) -> list[list[str]]:
+        out = tools.run("kafka-transactions.sh", "--bootstrap-server", target.bootstrap, *args).stdout
+        return [line.split() for line in out.splitlines() if line.strip()]
+
+    listed = run("list")
+    assert listed[0] == ["TransactionalId", "Coordinator", "ProducerId", "TransactionState"], listed
+    rows = [row for row in listed[1:] if row[0] == tid]
+    assert len(rows) == 1 and rows[0][3] == "Ongoing", listed
+    producer_id = rows[0][2]
+
+    header, *values = run("describe", "--transactional-id", tid)
+    described = dict(zip(header, values[0][:len(header) - 1] + [" ".join(values[0][len(header) - 1:])]))
+    assert described["TransactionState"] == "Ongoing" and described["ProducerId"] == producer_id, described
+    assert described["TransactionTimeoutMs"] == "60000", described  # librdkafka's default transaction.timeout.ms
+    assert set(described["TopicPartitions"].split(",")) == {f"{topic}-0", f"{topic}-1"}, described
+
+    header, *values = run("describe-producers", "--topic", topic, "--partition", "0")
+    producers = [dict(zip(header, row)) for row in values]
+    assert [(p["ProducerId"], p["LastSequence"], p["CurrentTransactionStartOffset"]) for p in producers] == [
+        (producer_id, "2", "3")], producers
+    header, *hanging = run("find-hanging", "--broker-id", "1")
+    assert header[:2] == ["Topic", "Partition"] and not hanging, hanging  # open, but known to its coordinator
 
     producer.commit_transaction(TIMEOUT_S)
-    described = tools.run("kafka-transactions.sh", "--bootstrap-server", target.bootstrap, "describe",
-                          "--transactional-id", tid).stdout
-    assert "CompleteCommit" in described.splitlines()[1].split(), described
+    header, *values = run("describe", "--transactional-id", tid)
+    assert dict(zip(header, values[0]))["TransactionState"] == "CompleteCommit", values
+    header, *values = run("describe-producers", "--topic", topic, "--partition", "0")
+    assert [dict(zip(header, row))["CurrentTransactionStartOffset"] for row in values] == ["None"], values
+
+
+# -- the coordinator's limits -------------------------------------------------------------------------------------------
+
+
+def test_confluent_transaction_timeout_above_the_maximum_is_refused(target):
+    """transaction.timeout.ms above the broker's transaction.max.timeout.ms (900000 by default): InitProducerId
+    answers INVALID_TRANSACTION_TIMEOUT, fatal for the producer."""
+    producer = Producer({"bootstrap.servers": target.bootstrap, "transactional.id": unique("tid-too-long"),
+                         "transaction.timeout.ms": 900001})
+    with pytest.raises(KafkaException) as failed:
+        producer.init_transactions(TIMEOUT_S)
+    assert failed.value.args[0].code() == KafkaError.INVALID_TRANSACTION_TIMEOUT, failed.value.args[0]
+    assert failed.value.args[0].fatal()
+
+
+def test_confluent_open_transaction_is_aborted_after_its_timeout(target):
+    """A transaction left open past its transaction.timeout.ms is aborted by the coordinator (Kafka checks every
+    transaction.abort.timed.out.transaction.cleanup.interval.ms, 10 s by default) with an epoch bump: the last
+    stable offset moves past it, read_committed never sees it, and the producer is fenced."""
+    topic = unique("txn-timeout")
+    create_topics(target.bootstrap, {topic: 1})
+    producer = txn_producer(target.bootstrap, unique("tid-timeout"),
+                            **{"transaction.timeout.ms": 2000, "message.timeout.ms": 2000})
+    producer.begin_transaction()
+    produce_flushed(producer, [(topic, 0, b"expired-0"), (topic, 0, b"expired-1")])
+    assert list_offsets(target.bootstrap, topic, 0, IsolationLevel.READ_COMMITTED) == 0
+
+    def aborted() -> bool:
+        return list_offsets(target.bootstrap, topic, 0, IsolationLevel.READ_COMMITTED) == 3  # after the ABORT @2
+    deadline = time.monotonic() + TIMEOUT_S
+    while not aborted():
+        assert time.monotonic() < deadline, "the timed-out transaction was not aborted"
+        time.sleep(0.2)
+    assert list_offsets(target.bootstrap, topic, 0, IsolationLevel.READ_UNCOMMITTED) == 3
+
+    with pytest.raises(KafkaException) as failed:
+        producer.produce(topic, value=b"late", partition=0)
+        producer.flush(TIMEOUT_S)
+        producer.commit_transaction(TIMEOUT_S)
+    assert failed.value.args[0].fatal(), failed.value.args[0]
+    assert read_values(target.bootstrap, [(topic, 0)], "read_committed", 0, quiet=1.0) == []
