@@ -136,9 +136,8 @@ def warm_transaction_coordinator(bootstrap: str) -> None:
         raise WorkloadFailed(f"init_transactions: {exc}; client errors: {client_errors[:5]}") from exc
 
 
-def _send(producer: Producer, topic: str, value: bytes, count: int) -> int:
-    """Send `count` copies of `value` as fast as produce() takes them; the number left unacknowledged
-    after flush()."""
+def _enqueue(producer: Producer, topic: str, value: bytes, count: int) -> None:
+    """Hand `count` copies of `value` to produce() as fast as it takes them (no flush)."""
     produce, poll = producer.produce, producer.poll
     sent = 0
     while sent < count:
@@ -150,6 +149,12 @@ def _send(producer: Producer, topic: str, value: bytes, count: int) -> int:
         sent += 1
         if not sent & 0x3FF:
             poll(0)
+
+
+def _send(producer: Producer, topic: str, value: bytes, count: int) -> int:
+    """Send `count` copies of `value` as fast as produce() takes them; the number left unacknowledged
+    after flush()."""
+    _enqueue(producer, topic, value, count)
     return producer.flush(STALL_TIMEOUT_S)
 
 
@@ -270,7 +275,6 @@ def transactional_produce_throughput(
     except KafkaException as exc:
         raise WorkloadFailed(f"init_transactions: {exc}; client errors: {client_errors[:5]}") from exc
     value = os.urandom(value_size)
-    produce, poll = producer.produce, producer.poll
     transactions = 0
     loop_cpu_before = time.thread_time()
     started = time.perf_counter()
@@ -278,16 +282,9 @@ def transactional_produce_throughput(
     try:
         while sent < count:
             producer.begin_transaction()
-            end = min(count, sent + per_transaction)
-            while sent < end:
-                try:
-                    produce(topic, value)
-                except BufferError:  # local queue full: let librdkafka drain delivery reports, then retry
-                    poll(0.001)
-                    continue
-                sent += 1
-                if not sent & 0x3FF:
-                    poll(0)
+            batch = min(per_transaction, count - sent)
+            _enqueue(producer, topic, value, batch)
+            sent += batch
             producer.commit_transaction(STALL_TIMEOUT_S)  # flushes, then EndTxn(commit)
             transactions += 1
     except KafkaException as exc:

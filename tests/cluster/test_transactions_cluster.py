@@ -29,22 +29,14 @@ from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
 from kio.static.primitive import i8
 
 from broker_cluster import BrokerCluster, ProtocolError, send_request, wait_until
+from test_replication_faults import OVERRIDES as REPLICATION_OVERRIDES
 from txn_targets import TRANSACTION_KEY, skip_unless_transactions
 
-SESSION_TIMEOUT_MS = 6000
-OVERRIDES = {
-    "zookeeper.session.timeout.ms": SESSION_TIMEOUT_MS,
-    "min.insync.replicas": 2,
-    "default.replication.factor": 3,
-    "offsets.topic.replication.factor": 3,
-    "offsets.topic.num.partitions": 6,
+OVERRIDES = {  # the replication fault tests' cluster (6 s ZooKeeper sessions, RF 3, min ISR 2) + the transaction log
+    **REPLICATION_OVERRIDES,
     "transaction.state.log.replication.factor": 3,
     "transaction.state.log.min.isr": 2,
     "transaction.state.log.num.partitions": 6,
-    "replica.lag.time.max.ms": 10000,
-    "replica.fetch.wait.max.ms": 500,
-    "group.initial.rebalance.delay.ms": 0,
-    "auto.create.topics.enable": "false",
 }
 PARTITIONS = 3
 TIMEOUT_S = 120.0  # client operations across a failover (session timeout, election, metadata) on a loaded machine

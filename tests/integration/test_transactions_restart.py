@@ -18,16 +18,7 @@ import pytest
 from confluent_kafka import IsolationLevel, KafkaException
 
 import txn_targets
-from test_transactions_clients import (
-    TIMEOUT_S,
-    create_topics,
-    list_offsets,
-    produce_flushed,
-    read_values,
-    txn_producer,
-    unique,
-    values_of,
-)
+import test_transactions_clients as txc  # its client helpers
 
 target = txn_targets.target  # the fixture: Kafka 3.7.1 and pykbroker
 pytestmark = pytest.mark.timeout(300)
@@ -35,11 +26,11 @@ pytestmark = pytest.mark.timeout(300)
 
 def offsets_when_served(bootstrap: str, topic: str) -> tuple[int, int]:
     """(last stable offset, high watermark) of topic-0 once the restarted broker answers ListOffsets for it."""
-    deadline = time.monotonic() + TIMEOUT_S
+    deadline = time.monotonic() + txc.TIMEOUT_S
     while True:
         try:
-            return (list_offsets(bootstrap, topic, 0, IsolationLevel.READ_COMMITTED),
-                    list_offsets(bootstrap, topic, 0, IsolationLevel.READ_UNCOMMITTED))
+            return (txc.list_offsets(bootstrap, topic, 0, IsolationLevel.READ_COMMITTED),
+                    txc.list_offsets(bootstrap, topic, 0, IsolationLevel.READ_UNCOMMITTED))
         except KafkaException:
             if time.monotonic() > deadline:
                 raise
@@ -47,37 +38,37 @@ def offsets_when_served(bootstrap: str, topic: str) -> tuple[int, int]:
 
 
 def test_transactions_survive_a_broker_kill9(target):
-    topic, open_id, other_id = unique("txn-restart"), unique("tid-open"), unique("tid-other")
-    create_topics(target.bootstrap, {topic: 1})
-    first = txn_producer(target.bootstrap, open_id)
+    topic, open_id, other_id = txc.unique("txn-restart"), txc.unique("tid-open"), txc.unique("tid-other")
+    txc.create_topics(target.bootstrap, {topic: 1})
+    first = txc.txn_producer(target.bootstrap, open_id)
     first.begin_transaction()
-    produce_flushed(first, [(topic, 0, b"committed-0"), (topic, 0, b"committed-1")])
-    first.commit_transaction(TIMEOUT_S)          # 0, 1, COMMIT @2
-    other = txn_producer(target.bootstrap, other_id)
+    txc.produce_flushed(first, [(topic, 0, b"committed-0"), (topic, 0, b"committed-1")])
+    first.commit_transaction(txc.TIMEOUT_S)          # 0, 1, COMMIT @2
+    other = txc.txn_producer(target.bootstrap, other_id)
     other.begin_transaction()
-    produce_flushed(other, [(topic, 0, b"aborted-0")])
-    other.abort_transaction(TIMEOUT_S)           # 3, ABORT @4
+    txc.produce_flushed(other, [(topic, 0, b"aborted-0")])
+    other.abort_transaction(txc.TIMEOUT_S)           # 3, ABORT @4
     first.begin_transaction()
-    produce_flushed(first, [(topic, 0, b"open-0"), (topic, 0, b"open-1")])   # 5, 6: open
+    txc.produce_flushed(first, [(topic, 0, b"open-0"), (topic, 0, b"open-1")])   # 5, 6: open
     assert offsets_when_served(target.bootstrap, topic) == (5, 7)
     del first, other                             # the application dies with the broker
 
     target.restart(kill=True)
 
     assert offsets_when_served(target.bootstrap, topic) == (5, 7), "the open transaction was not recovered"
-    assert values_of(read_values(target.bootstrap, [(topic, 0)], "read_committed", 2)) == [
+    assert txc.values_of(txc.read_values(target.bootstrap, [(topic, 0)], "read_committed", 2)) == [
         b"committed-0", b"committed-1"]
-    assert values_of(read_values(target.bootstrap, [(topic, 0)], "read_uncommitted", 5, quiet=1.0)) == [
+    assert txc.values_of(txc.read_values(target.bootstrap, [(topic, 0)], "read_uncommitted", 5, quiet=1.0)) == [
         b"aborted-0", b"committed-0", b"committed-1", b"open-0", b"open-1"]
 
-    again = txn_producer(target.bootstrap, open_id)   # InitProducerId: aborts the recovered open transaction
-    deadline = time.monotonic() + TIMEOUT_S
+    again = txc.txn_producer(target.bootstrap, open_id)   # InitProducerId: aborts the recovered open transaction
+    deadline = time.monotonic() + txc.TIMEOUT_S
     while offsets_when_served(target.bootstrap, topic) != (8, 8):   # ABORT @7
         assert time.monotonic() < deadline, f"open transaction not aborted: {offsets_when_served(target.bootstrap, topic)}"
         time.sleep(0.1)
     again.begin_transaction()
-    produce_flushed(again, [(topic, 0, b"after-restart")])
-    again.commit_transaction(TIMEOUT_S)          # 8, COMMIT @9
-    assert values_of(read_values(target.bootstrap, [(topic, 0)], "read_committed", 3)) == [
+    txc.produce_flushed(again, [(topic, 0, b"after-restart")])
+    again.commit_transaction(txc.TIMEOUT_S)          # 8, COMMIT @9
+    assert txc.values_of(txc.read_values(target.bootstrap, [(topic, 0)], "read_committed", 3)) == [
         b"after-restart", b"committed-0", b"committed-1"]
     assert offsets_when_served(target.bootstrap, topic) == (10, 10)

@@ -25,6 +25,17 @@ import org.apache.kafka.common.serialization.StringDeserializer;
 import org.apache.kafka.common.serialization.StringSerializer;
 
 public class TxnClient {
+    /** Begin a transaction: PREFIX0..PREFIX(n-1) to partitions 0,1,0,1..., the group's offset of IN_TOPIC-0. */
+    static void transaction(KafkaProducer<String, String> producer, String topic, String prefix, int n, String inTopic,
+                            String group, long offset) {
+        producer.beginTransaction();
+        for (int i = 0; i < n; i++) {
+            producer.send(new ProducerRecord<>(topic, i % 2, null, prefix + i));
+        }
+        producer.sendOffsetsToTransaction(Map.of(new TopicPartition(inTopic, 0), new OffsetAndMetadata(offset)),
+                                          new ConsumerGroupMetadata(group));
+    }
+
     public static void main(String[] args) throws Exception {
         String bootstrap = args[0], topic = args[1], transactionalId = args[2], inTopic = args[3], group = args[4];
         long quietMs = Long.parseLong(args[5]);
@@ -36,20 +47,9 @@ public class TxnClient {
         p.put("value.serializer", StringSerializer.class.getName());
         try (KafkaProducer<String, String> producer = new KafkaProducer<>(p)) {
             producer.initTransactions();
-            producer.beginTransaction();
-            for (int i = 0; i < 4; i++) {
-                producer.send(new ProducerRecord<>(topic, i % 2, null, "java-commit-" + i));
-            }
-            producer.sendOffsetsToTransaction(Map.of(new TopicPartition(inTopic, 0), new OffsetAndMetadata(4)),
-                                              new ConsumerGroupMetadata(group));
+            transaction(producer, topic, "java-commit-", 4, inTopic, group, 4);
             producer.commitTransaction();
-
-            producer.beginTransaction();
-            for (int i = 0; i < 2; i++) {
-                producer.send(new ProducerRecord<>(topic, i % 2, null, "java-abort-" + i));
-            }
-            producer.sendOffsetsToTransaction(Map.of(new TopicPartition(inTopic, 0), new OffsetAndMetadata(6)),
-                                              new ConsumerGroupMetadata(group));
+            transaction(producer, topic, "java-abort-", 2, inTopic, group, 6);
             producer.flush();
             producer.abortTransaction();
         }
