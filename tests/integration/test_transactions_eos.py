@@ -9,12 +9,13 @@ it runs to the end of the input. Afterwards a read_committed reader of the outpu
 transformed exactly once (no loss, no duplicate), a read_uncommitted reader sees the aborted duplicates (the
 kills did hit open transactions), and the group's committed offsets are the input's end.
 
-The seed is in the test id; the kill schedule is printed (shown on failure).
+The seed is in the test id (PYKBROKER_EOS_SEED=N to run another); the kill schedule is printed (shown on failure).
 Run: python3 -m pytest -q tests/integration/test_transactions_eos.py -k "not pykbroker"   (Kafka only)
 """
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -88,7 +89,7 @@ class Worker:
             f"worker exited {code}: {self.lines[-5:]}\n{self.process.stderr.read()[-3000:]}")
 
 
-@pytest.mark.parametrize("seed", [1207])
+@pytest.mark.parametrize("seed", [int(os.environ.get("PYKBROKER_EOS_SEED", "1207"))])
 def test_consume_transform_produce_is_exactly_once_through_kill9(target, seed):
     rng = random.Random(seed)
     source, sink, group, tid = unique("eos-in"), unique("eos-out"), unique("eos-group"), unique("eos-tid")
