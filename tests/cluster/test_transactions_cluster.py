@@ -8,12 +8,16 @@ for a transactional id answers TRANSACTIONAL_ID_AUTHORIZATION_FAILED).
   during a transaction         transaction is open (records produced and in the logs, not committed); the
                                producer commits through the new coordinator (librdkafka retries), or, on a
                                fatal error, a new producer with the same transactional.id completes/aborts it;
-                               then one more transaction commits. read_committed consumers read every record of
-                               the committed transactions exactly once and nothing of an aborted one; the
-                               killed broker, restarted, serves the same.
+                               or (then=new-incarnation) the application dies too and its next incarnation's
+                               InitProducerId, answered by the new coordinator from the replicated
+                               __transaction_state, aborts it; then one more transaction commits.
+                               read_committed consumers read every record of the committed transactions exactly
+                               once, in order, and nothing of an aborted one; the same after the killed broker
+                               is back in every ISR.
 
 ZooKeeper sessions time out after 6 s so failovers are quick; __transaction_state has replication factor 3 and
-min.insync.replicas 2 (Kafka's settings for a production cluster, scaled to 3 brokers).
+min.insync.replicas 2 (Kafka's settings for a production cluster, scaled to 3 brokers). The same tests pass
+against a 3-broker Kafka 3.7.1 (test_transactions_cluster_reference.py, opt-in).
 Run: python3 -m pytest -q tests/cluster/test_transactions_cluster.py
 """
 
@@ -156,7 +160,12 @@ def test_transaction_across_partitions_led_by_different_brokers(cluster):
     assert_exactly(read, [first, second], f"read_committed (leaders {leaders})")
 
 
-def test_coordinator_killed_during_a_transaction(cluster):
+@pytest.mark.parametrize("then", ["commit", "new-incarnation"])
+def test_coordinator_killed_during_a_transaction(cluster, then):
+    """then=commit: the producer commits through the new coordinator (or settles it as the client's error
+    says); then=new-incarnation: the application dies too, and a new producer with the same transactional.id
+    (InitProducerId to the new coordinator, which loaded the Ongoing transaction from the replicated
+    __transaction_state) aborts it: none of its records may ever be read."""
     topic, tid = f"txn-failover-{uuid.uuid4().hex[:8]}", f"tid-{uuid.uuid4().hex[:8]}"
     cluster.create_topic(topic, partitions=PARTITIONS, replication_factor=3)
     producer = txn_producer(cluster, tid)
@@ -172,17 +181,22 @@ def test_coordinator_killed_during_a_transaction(cluster):
     cluster.kill(coordinator)
 
     outcome = "committed"
-    try:
-        producer.commit_transaction(TIMEOUT_S)      # librdkafka finds the new coordinator and retries EndTxn
-    except KafkaException as exc:
-        error = exc.args[0]
-        if error.txn_requires_abort():
-            producer.abort_transaction(TIMEOUT_S)
-            outcome = "aborted"
-        else:  # fatal, or retriable beyond its timeout: a new incarnation settles the transaction
-            assert error.fatal() or error.retriable(), f"unexpected commit error: {error}"
-            producer = txn_producer(cluster, tid)    # completes a prepared commit, or aborts an open transaction
-            outcome = f"unknown ({error})"
+    if then == "new-incarnation":
+        del producer
+        producer = txn_producer(cluster, tid)        # fences the dead one, aborts its open transaction
+        outcome = "aborted"
+    else:
+        try:
+            producer.commit_transaction(TIMEOUT_S)  # librdkafka finds the new coordinator and retries EndTxn
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.txn_requires_abort():
+                producer.abort_transaction(TIMEOUT_S)
+                outcome = "aborted"
+            else:  # fatal, or retriable beyond its timeout: a new incarnation settles the transaction
+                assert error.fatal() or error.retriable(), f"unexpected commit error: {error}"
+                producer = txn_producer(cluster, tid)  # completes a prepared commit, or aborts an open one
+                outcome = f"unknown ({error})"
     new_coordinator = transaction_coordinator(cluster, tid, exclude={coordinator})
     assert new_coordinator != coordinator
 
@@ -194,7 +208,7 @@ def test_coordinator_killed_during_a_transaction(cluster):
     read = read_committed(cluster.bootstrap, topic, len(before) + len(after))
     values = {v for _, _, v in read}
     settled = open_txn if outcome == "committed" or open_txn[0] in values else []
-    what = f"coordinator {coordinator} killed, then {new_coordinator}; commit {outcome}"
+    what = f"coordinator {coordinator} killed, then {new_coordinator}; {then}: {outcome}"
     print(what)
     assert_exactly(read, [before, settled, after], what)
     if outcome == "aborted":

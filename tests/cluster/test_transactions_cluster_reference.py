@@ -4,8 +4,9 @@ where Kafka is the broker. Opt-in, since it starts three JVMs (~50 s of a 2-core
 
     PYKBROKER_REFERENCE_CLUSTER=1 python3 -m pytest -q tests/cluster/test_transactions_cluster_reference.py
 
-Kafka 3.7.1, seen here: a confluent-kafka commit_transaction() in flight when the coordinator is SIGKILLed
-succeeds (librdkafka finds the new coordinator and retries EndTxn); the records are read exactly once.
+Kafka 3.7.1, seen here: a confluent-kafka commit_transaction() called after the coordinator was SIGKILLed
+succeeds (librdkafka finds the new coordinator and retries EndTxn); the records are read exactly once. A new
+incarnation's init_transactions() through the new coordinator aborts the open transaction.
 """
 from __future__ import annotations
 
