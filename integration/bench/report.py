@@ -14,8 +14,11 @@ from dataclasses import dataclass
 
 PYKBROKER, KAFKA = "pykbroker", "kafka"
 A, B, C, D = "a_produce_100b_acks1", "b_produce_1k_acksall", "c_consume_1k", "d_latency_5k"
-WORKLOADS = (A, B, C, D)
-THROUGHPUT_WORKLOADS = (A, B, C)
+# Transactions next to what they build on: (e) an idempotent producer, (t) a transactional one committing every
+# N messages (run_bench.TXN_BATCH), the same 100 B values and message count.
+E, T = "e_produce_100b_idempotent", "t_produce_100b_txn"
+WORKLOADS = (A, B, C, D, E, T)
+THROUGHPUT_WORKLOADS = (A, B, C, E, T)
 
 # A load-generator thread at this share of one core or more is the bottleneck: the figure then
 # measures the client, not the broker.
@@ -70,11 +73,16 @@ FIGURES = [
     Figure(f"{D}.p99_ms", "(d) delivery latency p99 @ 5,000 msgs/s", "ms", False, 20, 1.0),
     Figure("broker.start_to_ready_s", "start-to-ready (spawn to ApiVersions)", "s", False, 0.3),
     Figure("broker.peak_rss_mib", "broker peak RSS (VmHWM)", "MiB", False, 150),
+    Figure(f"{E}.msgs_per_s", "(e) produce 100 B values, idempotent", "msgs/s", True),
+    Figure(f"{T}.msgs_per_s", "(t) produce 100 B values, transactional", "msgs/s", True),
+    Figure(f"{T}.transactions_per_s", "(t) transactions committed", "txn/s", True),
     # What explains them.
     _per_million(A, "(a)"),
     _per_million(B, "(b)"),
     _per_million(C, "(c)"),
     _per_million(D, "(d)"),
+    _per_million(E, "(e)"),
+    _per_million(T, "(t)"),
     Figure("broker.end_rss_mib", "broker RSS after the workloads (VmRSS)", "MiB", False),
     Figure(f"{A}.mb_per_s", "(a) produce 100 B values, acks=1", "MB/s", True),
     Figure(f"{B}.msgs_per_s", "(b) produce 1 KiB values, acks=all", "msgs/s", True),

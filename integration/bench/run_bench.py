@@ -10,6 +10,9 @@ Workloads, each on its own pre-created topic (3 partitions, replication factor 1
   (b) produce 1 KiB values, acks=all               -> MB/s
   (c) consume (b)'s topic from offset 0, assign    -> MB/s
   (d) delivery latency at a steady 5,000 msgs/s    -> p50 / p99 / max ms
+  (e) produce 100-byte values, idempotent producer -> msgs/s
+  (t) produce 100-byte values, transactional producer committing every --txn-batch messages (default 1,000),
+      as many as (e)                               -> msgs/s, transactions/s
 plus broker CPU seconds per million messages (from /proc of the broker process: the JVM for Kafka),
 load-generator CPU, broker peak RSS and start-to-ready time.
 
@@ -57,29 +60,37 @@ from report import (
     B,
     C,
     D,
+    E,
     KAFKA,
     PYKBROKER,
     config_differences,
     derived_figures,
     medians,
+    T,
+    WORKLOADS,
     ratios,
     saturation_warnings,
     table,
     verdicts,
 )
 from workloads import (
+    check_committed,
     check_stored,
     consume_throughput,
     create_topic,
     delivery_latency,
     produce_throughput,
     topic_config,
+    transactional_produce_throughput,
     warm_group_coordinator,
+    warm_transaction_coordinator,
 )
 
 PARTITIONS = 3
 RESULTS_DIR = Path(__file__).resolve().parent / "results"  # git-ignored
 LATENCY_RATE = 5_000
+TXN_BATCH = 1_000  # (t): messages per transaction
+WORKLOAD_LETTERS = dict(zip("abcdet", (A, B, C, D, E, T)))
 
 
 @dataclass(frozen=True)
@@ -90,14 +101,15 @@ class Sizes:
     latency_warmup_s: float  # (d), sent but not counted
     latency_measure_s: float
     extra_start_samples: int  # per round and target, besides the start of the round's own broker
+    produce_txn_count: int  # (e) and (t) each
 
 
 # Full: about 2-4 minutes per target when the targets are met (a: 1 M messages, b/c: 400 MiB,
 # d: 55,000 messages), plus Kafka's start-ups (5-10 s each).
 FULL = Sizes(rounds=3, produce_small_count=1_000_000, produce_large_count=400_000,
-             latency_warmup_s=1.0, latency_measure_s=10.0, extra_start_samples=2)  # fmt: skip
+             latency_warmup_s=1.0, latency_measure_s=10.0, extra_start_samples=2, produce_txn_count=1_000_000)  # fmt: skip
 QUICK = Sizes(rounds=1, produce_small_count=100_000, produce_large_count=40_000,
-              latency_warmup_s=0.5, latency_measure_s=2.0, extra_start_samples=1)  # fmt: skip
+              latency_warmup_s=0.5, latency_measure_s=2.0, extra_start_samples=1, produce_txn_count=100_000)  # fmt: skip
 
 
 def client_cpu_seconds() -> float:
@@ -111,7 +123,7 @@ def log(message: str) -> None:
 
 
 class Round:
-    """The four workloads against one broker. Figures land in `figures`, failures in `errors`."""
+    """The workloads against one broker. Figures land in `figures`, failures in `errors`."""
 
     def __init__(
         self,
@@ -119,8 +131,9 @@ class Round:
         sizes: Sizes,
         partitions: int,
         generators: int = 1,
-        workloads: frozenset[str] = frozenset((A, B, C, D)),
+        workloads: frozenset[str] = frozenset(WORKLOADS),
         profile: tuple[str, Path] | None = None,
+        txn_batch: int = TXN_BATCH,
     ):
         self.broker = broker
         self.sizes = sizes
@@ -128,13 +141,15 @@ class Round:
         self.generators = generators
         self.workloads = workloads
         self.profile = profile  # (workload name, collapsed-stacks path) to sample with py-spy
+        self.txn_batch = txn_batch
         self.figures: dict[str, float] = {}
         self.topic_config: dict[str, str] = {}  # as the broker describes the benchmark topics
         self.errors: list[str] = []
 
     def run(self) -> None:
         bootstrap, partitions, sizes, generators = self.broker.bootstrap, self.partitions, self.sizes, self.generators
-        topics = {A: "bench-a-100b", B: "bench-b-1k", D: "bench-d-latency", "warm-up": "bench-warm-up"}
+        topics = {A: "bench-a-100b", B: "bench-b-1k", D: "bench-d-latency", E: "bench-e-idempotent",
+                  T: "bench-t-txn", "warm-up": "bench-warm-up"}
         try:
             for topic in topics.values():
                 create_topic(bootstrap, topic, partitions)
@@ -146,6 +161,12 @@ class Round:
         except Exception as exc:  # nothing can run without topics
             self._record_failure("set-up", exc)
             return
+        if T in self.workloads:
+            try:  # unmeasured, like the group coordinator's: the transaction log is created on first use
+                warm_transaction_coordinator(bootstrap)
+            except Exception as exc:  # a broker without transactions: (t) fails, the others still run
+                self._record_failure(T, exc)
+                self.workloads = self.workloads - {T}
         if A in self.workloads:
             self._measure(
                 A,
@@ -165,6 +186,20 @@ class Round:
             self._measure(
                 D,
                 lambda: delivery_latency(bootstrap, topics[D], LATENCY_RATE, sizes.latency_warmup_s, sizes.latency_measure_s),
+            )
+        if E in self.workloads:
+            self._measure(
+                E,
+                lambda: produce_throughput(bootstrap, topics[E], sizes.produce_txn_count, 100, "all", generators,
+                                           {"enable.idempotence": True}),
+                lambda: check_stored(bootstrap, topics[E], partitions, sizes.produce_txn_count),
+            )
+        if T in self.workloads:
+            self._measure(
+                T,
+                lambda: transactional_produce_throughput(bootstrap, topics[T], sizes.produce_txn_count, 100,
+                                                         self.txn_batch),
+                lambda: check_committed(bootstrap, topics[T], partitions, sizes.produce_txn_count),
             )
         try:
             self.broker.check_alive()
@@ -257,6 +292,8 @@ def round_summary(figures: dict[str, float]) -> str:
         (f"{B}.mb_per_s", "(b) {:.1f} MB/s"),
         (f"{C}.mb_per_s", "(c) {:.1f} MB/s"),
         (f"{D}.p99_ms", "(d) p99 {:.1f} ms"),
+        (f"{E}.msgs_per_s", "(e) {:,.0f} msgs/s"),
+        (f"{T}.msgs_per_s", "(t) {:,.0f} msgs/s"),
         ("broker.peak_rss_mib", "RSS {:.0f} MiB"),
     ]:
         if key in figures:
@@ -283,9 +320,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="after the rounds, run one more (unmeasured) pykbroker round and sample it with "
                              "py-spy during --profile-workload; write collapsed stacks here and print the hot spots")  # fmt: skip
     parser.add_argument("--profile-workload", choices="abcd", default="a")
+    parser.add_argument("--workloads", default="abcdet",
+                        help="which workloads to run, by letter (default abcdet; e.g. --workloads et for idempotent "
+                             "vs transactional produce only)")  # fmt: skip
+    parser.add_argument("--txn-batch", type=int, default=TXN_BATCH,
+                        help="(t): messages per transaction (default %(default)s)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.generators < 1:
         parser.error("--generators must be at least 1")
+    if args.txn_batch < 1:
+        parser.error("--txn-batch must be at least 1")
+    unknown = set(args.workloads) - set(WORKLOAD_LETTERS)
+    if unknown or not args.workloads:
+        parser.error(f"--workloads takes letters of {''.join(WORKLOAD_LETTERS)}, not {args.workloads!r}")
+    args.workloads = frozenset(WORKLOAD_LETTERS[letter] for letter in args.workloads)
     return args
 
 
@@ -357,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
                     start_samples[target].append(measure_start_to_ready(make_broker[target]))
                 with make_broker[target]() as broker:
                     start_samples[target].append(broker.start_to_ready_s)
-                    this_round = Round(broker, sizes, args.partitions, args.generators)
+                    this_round = Round(broker, sizes, args.partitions, args.generators, args.workloads,
+                                       txn_batch=args.txn_batch)
                     this_round.run()
             except BrokerFailed as exc:
                 errors.append(f"round {number} {target}: {exc}")
@@ -385,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": environment,
         "settings": {**asdict(sizes), "rounds": rounds, "partitions": args.partitions, "generators": args.generators,
                      "latency_rate": LATENCY_RATE, "broker_args": args.broker_arg,
+                     "workloads": sorted(args.workloads), "txn_batch": args.txn_batch,
                      "kafka_properties": args.kafka_property},  # fmt: skip
         "targets": targets,
         "skipped": skipped,

@@ -25,7 +25,7 @@ from functools import partial
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
 MIB = 1 << 20
@@ -126,9 +126,18 @@ def warm_group_coordinator(bootstrap: str, topic: str) -> None:
         consumer.close()
 
 
-def _send(producer: Producer, topic: str, value: bytes, count: int) -> int:
-    """Send `count` copies of `value` as fast as produce() takes them; the number left unacknowledged
-    after flush()."""
+def warm_transaction_coordinator(bootstrap: str) -> None:
+    """Initialize one transactional producer, so the broker creates its transaction log (Kafka:
+    __transaction_state, 50 partitions) now and not inside the transactional workload's CPU window."""
+    producer, client_errors = _producer(bootstrap, **{"transactional.id": "bench-warm-up", "log_level": 3})
+    try:
+        producer.init_transactions(CLIENT_TIMEOUT_S)
+    except KafkaException as exc:
+        raise WorkloadFailed(f"init_transactions: {exc}; client errors: {client_errors[:5]}") from exc
+
+
+def _enqueue(producer: Producer, topic: str, value: bytes, count: int) -> None:
+    """Hand `count` copies of `value` to produce() as fast as it takes them (no flush)."""
     produce, poll = producer.produce, producer.poll
     sent = 0
     while sent < count:
@@ -140,14 +149,21 @@ def _send(producer: Producer, topic: str, value: bytes, count: int) -> int:
         sent += 1
         if not sent & 0x3FF:
             poll(0)
+
+
+def _send(producer: Producer, topic: str, value: bytes, count: int) -> int:
+    """Send `count` copies of `value` as fast as produce() takes them; the number left unacknowledged
+    after flush()."""
+    _enqueue(producer, topic, value, count)
     return producer.flush(STALL_TIMEOUT_S)
 
 
 def _generator_process(
-    bootstrap: str, topic: str, count: int, value_size: int, acks: str, ready: Queue, go: Event, results: Queue
+    bootstrap: str, topic: str, count: int, value_size: int, acks: str, ready: Queue, go: Event, results: Queue,
+    settings: dict[str, object] | None = None,
 ) -> None:
     """One load-generator process of produce_throughput(): connect, say ready, wait for go, send."""
-    producer, client_errors = _producer(bootstrap, acks=acks)
+    producer, client_errors = _producer(bootstrap, **{"acks": acks, **(settings or {})})
     producer.list_topics(topic, timeout=CLIENT_TIMEOUT_S)
     value = os.urandom(value_size)
     ready.put(os.getpid())
@@ -174,7 +190,8 @@ def _process_cpu_seconds() -> float:
 
 
 def _produce_in_processes(
-    bootstrap: str, topic: str, count: int, value_size: int, acks: str, generators: int
+    bootstrap: str, topic: str, count: int, value_size: int, acks: str, generators: int,
+    settings: dict[str, object] | None = None,
 ) -> dict[str, float]:
     """Split `count` over `generators` spawned processes that start sending at one signal; the clock runs
     from the first process's start to the last one's flush()."""
@@ -182,7 +199,7 @@ def _produce_in_processes(
     ready, results, go = context.Queue(), context.Queue(), context.Event()
     shares = [count // generators + (1 if index < count % generators else 0) for index in range(generators)]
     processes = [
-        context.Process(target=_generator_process, args=(bootstrap, topic, share, value_size, acks, ready, go, results))
+        context.Process(target=_generator_process, args=(bootstrap, topic, share, value_size, acks, ready, go, results, settings))
         for share in shares
     ]
     for process in processes:
@@ -212,15 +229,16 @@ def _produce_in_processes(
 
 
 def produce_throughput(
-    bootstrap: str, topic: str, count: int, value_size: int, acks: str, generators: int = 1
+    bootstrap: str, topic: str, count: int, value_size: int, acks: str, generators: int = 1,
+    settings: dict[str, object] | None = None,
 ) -> dict[str, float]:
     """Send `count` values of `value_size` bytes as fast as the client can, from this process or split
-    over `generators` processes; the clock stops when all are acked. Check the result with
-    check_stored() afterwards."""
+    over `generators` processes; the clock stops when all are acked. `settings`: more producer settings
+    (e.g. {"enable.idempotence": True}). Check the result with check_stored() afterwards."""
     if generators > 1:
-        figures = _produce_in_processes(bootstrap, topic, count, value_size, acks, generators)
+        figures = _produce_in_processes(bootstrap, topic, count, value_size, acks, generators, settings)
     else:
-        producer, client_errors = _producer(bootstrap, acks=acks)
+        producer, client_errors = _producer(bootstrap, **{"acks": acks, **(settings or {})})
         # Connect and learn the leaders before the clock starts, so the run measures steady-state sending.
         producer.list_topics(topic, timeout=CLIENT_TIMEOUT_S)
         value = os.urandom(value_size)
@@ -240,6 +258,87 @@ def produce_throughput(
         "msgs_per_s": count / elapsed,
         "mb_per_s": count * value_size / MIB / elapsed,
     }
+
+
+def transactional_produce_throughput(
+    bootstrap: str, topic: str, count: int, value_size: int, per_transaction: int
+) -> dict[str, float]:
+    """Send `count` values of `value_size` bytes with a transactional producer (transactional.id set, so
+    idempotent, acks=all), committing every `per_transaction` messages; the clock runs from the first
+    begin_transaction() to the last commit_transaction() returning (every message acknowledged and
+    committed). init_transactions() (FindCoordinator, InitProducerId, the transaction log's creation on a
+    fresh broker) happens before the clock starts. Check the result with check_committed() afterwards."""
+    producer, client_errors = _producer(bootstrap, **{"transactional.id": f"bench-txn-{topic}-{os.getpid()}"})
+    producer.list_topics(topic, timeout=CLIENT_TIMEOUT_S)
+    try:
+        producer.init_transactions(CLIENT_TIMEOUT_S)
+    except KafkaException as exc:
+        raise WorkloadFailed(f"init_transactions: {exc}; client errors: {client_errors[:5]}") from exc
+    value = os.urandom(value_size)
+    transactions = 0
+    loop_cpu_before = time.thread_time()
+    started = time.perf_counter()
+    sent = 0
+    try:
+        while sent < count:
+            producer.begin_transaction()
+            batch = min(per_transaction, count - sent)
+            _enqueue(producer, topic, value, batch)
+            sent += batch
+            producer.commit_transaction(STALL_TIMEOUT_S)  # flushes, then EndTxn(commit)
+            transactions += 1
+    except KafkaException as exc:
+        raise WorkloadFailed(f"after {transactions} transactions: {exc}; client errors: {client_errors[:5]}") from exc
+    elapsed = time.perf_counter() - started
+    loop_cpu = time.thread_time() - loop_cpu_before
+    return {
+        "seconds": elapsed,
+        "client_loop_core_share": loop_cpu / elapsed,
+        "messages": count,
+        "value_bytes": value_size,
+        "generators": 1,
+        "transactions": transactions,
+        "msgs_per_s": count / elapsed,
+        "mb_per_s": count * value_size / MIB / elapsed,
+        "transactions_per_s": transactions / elapsed,
+    }
+
+
+def check_committed(bootstrap: str, topic: str, partitions: int, sent: int) -> None:
+    """A transactional run counts only if nothing is left open (every partition's last stable offset is
+    its high watermark) and a read_committed consumer of the fresh topic reads exactly what was sent
+    (the log also holds one commit marker per partition and transaction, so offsets do not count records)."""
+    admin = _admin(bootstrap)
+    ends = {}
+    for isolation in (IsolationLevel.READ_UNCOMMITTED, IsolationLevel.READ_COMMITTED):
+        futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)},
+                                     isolation_level=isolation)
+        ends[isolation] = {tp.partition: f.result(timeout=CLIENT_TIMEOUT_S).offset for tp, f in futures.items()}
+    if ends[IsolationLevel.READ_COMMITTED] != ends[IsolationLevel.READ_UNCOMMITTED]:
+        raise WorkloadFailed(f"{topic}: a transaction is still open: last stable offsets "
+                             f"{ends[IsolationLevel.READ_COMMITTED]}, high watermarks {ends[IsolationLevel.READ_UNCOMMITTED]}")
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-check-{topic}",
+                         "isolation.level": "read_committed", "enable.partition.eof": True})
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        received, at_end, last_progress = 0, set(), time.monotonic()
+        while len(at_end) < partitions:
+            batch = consumer.consume(num_messages=1000, timeout=0.5)
+            for message in batch:
+                if message.error() is None:
+                    received += 1
+                elif message.error().code() == KafkaError._PARTITION_EOF:
+                    at_end.add(message.partition())
+                else:
+                    raise WorkloadFailed(f"check of {topic}: consumer error: {message.error()}")
+            if batch:
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress > STALL_TIMEOUT_S:
+                raise WorkloadFailed(f"check of {topic}: consumer stalled at {received} messages")
+    finally:
+        consumer.close()
+    if received != sent:
+        raise WorkloadFailed(f"sent {sent} messages to {topic} in transactions but read_committed reads {received}")
 
 
 def consume_throughput(bootstrap: str, topic: str, partitions: int, expected: int) -> dict[str, float]:

@@ -24,3 +24,17 @@ def test_durability_names_the_settings_given():
 
 def test_durability_of_one_broker_mentions_only_that_one():
     assert "Kafka" not in durability_note(["pykbroker"], [], [])
+
+
+def test_workloads_are_chosen_by_letter_and_txn_batch_is_checked():
+    import pytest
+
+    from report import A, E, T
+    from run_bench import TXN_BATCH, parse_args
+
+    args = parse_args(["--workloads", "et"])
+    assert args.workloads == frozenset((E, T)) and args.txn_batch == TXN_BATCH
+    assert A in parse_args([]).workloads and T in parse_args([]).workloads
+    for bad in (["--workloads", "ex"], ["--workloads", ""], ["--txn-batch", "0"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
