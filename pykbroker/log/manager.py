@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable
 
+from pykbroker.log.cleaner import CLEANER_CHECKPOINT, CleanerConfig, LogCleaner
 from pykbroker.log.config import LogConfig
 from pykbroker.log.errors import LogDirectoryInUse
 from pykbroker.log.checkpoint import CorruptCheckpoint, CorruptFile, read_checkpoint, write_atomically, write_checkpoint
@@ -126,6 +127,7 @@ class LogManager:
         fsync: str = "interval",
         flush_interval_ms: int = 1000,
         retention_check_interval_ms: int = 300000,
+        cleaner: CleanerConfig | None = None,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync policy must be one of {FSYNC_POLICIES}, not {fsync!r}")
@@ -144,6 +146,12 @@ class LogManager:
         self._remover = ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-delete")
         self._closed = False
         self._lock_fd = self._lock_data_dir()
+        # The log cleaner of compacted topics (pykbroker/log/cleaner.py); started by run_background.
+        self.cleaner = LogCleaner(
+            self.data_dir, cleaner or CleanerConfig(), self.logs,
+            lambda topic, partition: self.high_watermark_of(topic, partition) if self.high_watermark_of else None,
+            self.run_file_work_async, self._in_io_thread,
+        )
 
     def _lock_data_dir(self) -> int:
         fd = os.open(self.data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
@@ -316,6 +324,20 @@ class LogManager:
         Cancel-safe: an fsync cut short leaves its segments dirty for the next flush; checkpoints are
         replaced atomically. Cancel this task before calling shutdown().
         """
+        cleaning = asyncio.ensure_future(self.cleaner.run())
+        try:
+            await self._upkeep()
+        finally:
+            cleaning.cancel()
+
+    async def _in_io_thread(self, work: Callable[[], None]) -> None:
+        """Run ``work`` in the I/O thread (a checkpoint write); nothing after shutdown."""
+        try:
+            await asyncio.wrap_future(self._executor.submit(work))
+        except RuntimeError:
+            return
+
+    async def _upkeep(self) -> None:
         tick_s = min(self.flush_interval_ms, self.retention_check_interval_ms, 1000) / 1000
         next_flush = time.monotonic() + self.flush_interval_ms / 1000
         next_retention = time.monotonic() + self.retention_check_interval_ms / 1000
@@ -427,11 +449,13 @@ class LogManager:
         if self._closed:
             return
         self._closed = True
+        self.cleaner.shutdown()
         self._executor.shutdown(wait=True)  # an fsync or checkpoint write still running finishes first
         self._remover.shutdown(wait=True)
         for partition_log in self._logs.values():
             partition_log.close()
         self.write_checkpoints()
+        write_checkpoint(self.data_dir / CLEANER_CHECKPOINT, self.cleaner.checkpoint_rows())
         marker = self.data_dir / CLEAN_SHUTDOWN_MARKER
         fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:

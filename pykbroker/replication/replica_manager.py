@@ -377,8 +377,8 @@ class ReplicaManager:
             return AppendOutcome(ErrorCode.invalid_record, message=str(exc))
         except CorruptRecordBatch as exc:
             return AppendOutcome(ErrorCode.corrupt_message, message=str(exc))
-        except InvalidRecords as exc:
-            return AppendOutcome(ErrorCode.invalid_record, message=str(exc))
+        except InvalidRecords as exc:  # (NullKeyRecords, a compacted topic's keyless records, name them)
+            return AppendOutcome(ErrorCode.invalid_record, message=str(exc), record_errors=tuple(getattr(exc, "errors", ())))
         except RecordErrors as exc:
             return AppendOutcome(ErrorCode.invalid_timestamp, message=str(exc), record_errors=tuple(exc.errors))
         except InvalidRecordBatch as exc:
