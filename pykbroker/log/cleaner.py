@@ -519,6 +519,19 @@ def crash_point(step: str) -> None:
         os._exit(137)
 
 
+def _worker_init() -> None:
+    """A cleaner worker dies with the broker (even a kill -9 of it), so none writes on after a restart."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the broker died before the call above
+        os._exit(0)
+
+
 @dataclass
 class _Candidate:
     log: "PartitionLog"
@@ -627,7 +640,8 @@ class LogCleaner:
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(max_workers=max(self.config.threads, 1),
-                                             mp_context=multiprocessing.get_context("spawn"))
+                                             mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_worker_init)
         return self._pool
 
     async def run(self) -> None:
