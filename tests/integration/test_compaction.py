@@ -39,7 +39,7 @@ def create_topic(bootstrap: str, topic: str, configs: dict, partitions: int = 1)
 
 
 def produce(bootstrap: str, topic: str, pairs, **config) -> list:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, **config})
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 5, **config})
     errors = []
 
     def report(err, msg):
