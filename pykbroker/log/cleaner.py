@@ -578,6 +578,10 @@ class LogCleaner:
         live = {(pl.topic, pl.partition) for pl in self._logs()}
         return [(t, p, o) for (t, p), o in sorted(self._checkpoints.items()) if (t, p) in live]
 
+    def forget(self, topic: str, partition: int) -> None:
+        """The log was deleted (its topic, or the replica moved away): a new log of that name starts dirty."""
+        self._checkpoints.pop((topic, partition), None)
+
     def first_dirty_offset(self, partition_log: "PartitionLog") -> int:
         checkpointed = self._checkpoints.get((partition_log.topic, partition_log.partition), 0)
         if checkpointed > partition_log.log_end_offset:  # truncated below it: that part is dirty again

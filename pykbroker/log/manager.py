@@ -2,7 +2,8 @@
 
 Data-directory files, as Kafka writes them: ``recovery-point-offset-checkpoint`` and
 ``log-start-offset-checkpoint`` (checkpoint text format, "topic partition offset" lines),
-``.kafka_cleanshutdown`` (present only between a clean shutdown and the next start) and ``.lock``.
+``.kafka_cleanshutdown`` (present only between a clean shutdown and the next start) and ``.lock``; the log
+cleaner's ``cleaner-offset-checkpoint`` (pykbroker/log/cleaner.py).
 A corrupt offset checkpoint stops the start with one line (``CorruptFile``) saying it may be deleted.
 
 Each partition directory holds Kafka's ``partition.metadata`` ("version: 0" / "topic_id: <base64 id>"),
@@ -296,6 +297,7 @@ class LogManager:
         partition_log = self._logs.pop((topic, partition), None)
         if partition_log is None:
             return None
+        self.cleaner.forget(topic, partition)
         doomed = self.data_dir / aside_dir_name(topic, partition, DELETE_DIR_SUFFIX)
         os.rename(partition_log.directory, doomed)
         partition_log.abandon()

@@ -808,6 +808,7 @@ class PartitionLog:
             replaced = [by_base[base][0] for base in item.replaces]
             for segment in replaced:
                 self._dirty.discard(segment)
+                segment.fd  # noqa: B018 - opened if closed: its blocks are freed at the close, in the I/O thread, not by the unlink here
                 fd = segment.detach(self.close_later)
                 if fd >= 0:
                     self._file_work.append(partial(os.close, fd))

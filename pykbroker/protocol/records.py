@@ -274,12 +274,7 @@ def validate_client_records(
             raise InvalidRecords(
                 f"invalid sequence number {header.base_sequence} in record batch with producerId {header.producer_id}"
             )
-        data = view[header.position + BATCH_HEADER_SIZE : header.position + header.size]
-        if header.compression != COMPRESSION_NONE:
-            try:
-                data = decompress(header.compression, data, max_decompressed_bytes)
-            except DecompressionError as exc:
-                raise InvalidRecords(f"{CODEC_NAMES.get(header.compression, 'codec')} batch: {exc}") from None
+        data = client_records_section(view, header, max_decompressed_bytes)
         result = scan_records(data, count)
         if isinstance(result, str):
             raise InvalidRecords(result)
@@ -307,12 +302,7 @@ def refuse_null_keys(buf, headers: list[BatchHeader], topic_partition: str,
     for header in headers:
         if header.is_control:
             continue
-        data = view[header.position + BATCH_HEADER_SIZE : header.position + header.size]
-        if header.compression != COMPRESSION_NONE:
-            try:
-                data = decompress(header.compression, data, max_decompressed_bytes)
-            except DecompressionError as exc:
-                raise InvalidRecords(f"{CODEC_NAMES.get(header.compression, 'codec')} batch: {exc}") from None
+        data = client_records_section(view, header, max_decompressed_bytes)
         message = f"Compacted topic cannot accept message without key in topic partition {topic_partition}."
         errors.extend((index, message) for index in null_key_indexes(bytes(data), header.record_count))
     if errors:
@@ -340,6 +330,18 @@ def null_key_indexes(data: bytes, count: int) -> list[int]:
             found.append(index)
         pos = end
     return found
+
+
+def client_records_section(view: memoryview, header: BatchHeader, max_decompressed_bytes: int):
+    """A producer's batch's records section, decompressed (at most ``max_decompressed_bytes``, else
+    InvalidRecords, as for any codec failure)."""
+    data = view[header.position + BATCH_HEADER_SIZE : header.position + header.size]
+    if header.compression != COMPRESSION_NONE:
+        try:
+            data = decompress(header.compression, data, max_decompressed_bytes)
+        except DecompressionError as exc:
+            raise InvalidRecords(f"{CODEC_NAMES.get(header.compression, 'codec')} batch: {exc}") from None
+    return data
 
 
 def _refuse_log_append_time(header: BatchHeader) -> None:

@@ -3,15 +3,13 @@ __consumer_offsets compacted, and a broker killed at each step of a cleaner swap
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from broker_process import BrokerProcess
+from broker_process import BrokerProcess, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -21,15 +19,8 @@ COMPACTED = {"cleanup.policy": "compact", "segment.bytes": "4096", "min.cleanabl
              "delete.retention.ms": "0"}
 
 
-def wait_for(condition, what: str, timeout: float = TIMEOUT_S):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.1)
+def wait_for(condition, what: str) -> None:
+    wait_until(condition, what, TIMEOUT_S)
 
 
 def create_topic(bootstrap: str, topic: str, configs: dict, partitions: int = 1) -> None:
