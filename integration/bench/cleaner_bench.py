@@ -13,6 +13,12 @@ does (LogCleaner.clean_filthiest: the worker process reads and writes, the event
   (idle baseline) and during it (p50 / p99 / max ms).
 With ``--thread`` it repeats the cleaning in a thread of the broker process instead of a worker process,
 to show what the GIL does to the loop.
+
+With ``--broker`` it measures a real broker instead: a compacted topic of ``--mb`` MB produced with
+confluent-kafka (cleaning held back by min.compaction.lag.ms), a probe producer sending one 100-byte
+message every 2 ms (acks=1) to another topic; p50 / p99 / max delivery latency for 5 s before the cleaning
+and while it runs (min.compaction.lag.ms set to 0 until the cleaner-offset-checkpoint names the topic),
+and the broker's own "log cleaner: cleaned" line.
 """
 
 from __future__ import annotations
@@ -110,6 +116,87 @@ async def clean_with_probe(plog: PartitionLog, directory: Path, processes: bool)
     return elapsed, idle.summary(), busy.summary(), cleaner.last_result
 
 
+def broker_latency(megabytes: int, keys: int, seed: int) -> None:
+    import threading
+
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
+
+    sys.path.insert(0, str(ROOT / "tests" / "integration"))
+    from broker_process import BrokerProcess
+
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory(prefix="cleaner-bench-broker-") as tmp:
+        broker = BrokerProcess(Path(tmp) / "b", config={"log.cleaner.backoff.ms": 200}, log_level="info")
+        broker.start()
+        try:
+            admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+            held = {"cleanup.policy": "compact", "segment.bytes": str(16 << 20), "min.compaction.lag.ms": "3600000"}
+            for future in admin.create_topics([NewTopic("compacted", 1, config=held), NewTopic("probe", 1)]).values():
+                future.result(60)
+            producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "acks": 1})
+            payload = rng.randbytes(1024)
+            sent = 0
+            started = time.monotonic()
+            while sent < megabytes * 1_000_000:
+                value = payload[: rng.randint(100, 1024)]
+                while True:
+                    try:
+                        producer.produce("compacted", key=b"key-%d" % rng.randrange(keys), value=value)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                sent += len(value)
+            producer.flush(300)
+            print(f"produced {sent / 1e6:.0f} MB to the compacted topic in {time.monotonic() - started:.1f} s")
+
+            latencies: list[tuple[float, float]] = []  # (sent at, latency ms)
+            stop = threading.Event()
+
+            def probe() -> None:
+                prober = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "acks": 1})
+                while not stop.is_set():
+                    at = time.monotonic()
+                    prober.produce("probe", value=b"p" * 100,
+                                   on_delivery=lambda err, msg, at=at: latencies.append((at, (time.monotonic() - at) * 1000)))
+                    prober.poll(0)
+                    time.sleep(0.002)
+                prober.flush(30)
+
+            thread = threading.Thread(target=probe)
+            thread.start()
+            time.sleep(5)
+            cleaning_from = time.monotonic()
+            resource = ConfigResource(ConfigResource.Type.TOPIC, "compacted", incremental_configs=[
+                ConfigEntry("min.compaction.lag.ms", "0", incremental_operation=AlterConfigOpType.SET)])
+            admin.incremental_alter_configs([resource])[resource].result(60)
+            checkpoint = broker.data_dir / "cleaner-offset-checkpoint"
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline and not (checkpoint.exists() and "compacted" in checkpoint.read_text()):
+                time.sleep(0.05)
+            cleaning_to = time.monotonic()
+            time.sleep(1)
+            stop.set()
+            thread.join()
+
+            def summary(samples: list[float]) -> str:
+                if not samples:
+                    return "no samples"
+                ordered = sorted(samples)
+                p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+                return f"p50 {statistics.median(ordered):.2f} ms, p99 {p99:.2f} ms, max {ordered[-1]:.2f} ms ({len(ordered)} messages)"
+
+            before = [ms for at, ms in latencies if cleaning_from - 5 <= at < cleaning_from]
+            during = [ms for at, ms in latencies if cleaning_from <= at < cleaning_to]
+            print(f"probe produce latency before the cleaning: {summary(before)}")
+            print(f"probe produce latency during the cleaning ({cleaning_to - cleaning_from:.1f} s): {summary(during)}")
+            for line in broker.log_path.read_text().splitlines():
+                if "log cleaner: cleaned" in line:
+                    print("broker:", line.split("log cleaner: ", 1)[1])
+        finally:
+            broker.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=int, default=200)
@@ -118,8 +205,12 @@ def main() -> None:
     parser.add_argument("--segment-mb", type=int, default=32)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--thread", action="store_true", help="also clean in a thread, for comparison")
+    parser.add_argument("--broker", action="store_true", help="produce latency of a real broker during a cleaning")
     args = parser.parse_args()
     print("command:", " ".join([sys.executable, *sys.argv]))
+    if args.broker:
+        broker_latency(args.mb, args.keys, args.seed)
+        return
     with tempfile.TemporaryDirectory(prefix="cleaner-bench-") as tmp:
         root = Path(tmp)
         started = time.monotonic()
