@@ -39,10 +39,26 @@ COMPRESSION_LZ4 = 3
 NOW = int(time.time() * 1000)
 
 
-def open_log(path: Path, **config) -> PartitionLog:
+_opened: list[PartitionLog] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_logs():
+    """Every log a test opened is closed after it: no descriptor outlives the test."""
+    yield
+    while _opened:
+        partition_log = _opened.pop()
+        partition_log.abandon()
+        for segment in partition_log.segments_view():
+            segment.close()
+
+
+def open_log(path: Path, name: str = "t-0", **config) -> PartitionLog:
     settings = {"segment_bytes": 1 << 20, "cleanup_policy": "compact", "index_interval_bytes": 100}
     settings.update(config)
-    return PartitionLog.open(path / "t-0", LogConfig(**settings))
+    partition_log = PartitionLog.open(path / name, LogConfig(**settings))
+    _opened.append(partition_log)
+    return partition_log
 
 
 def append(plog: PartitionLog, records, **batch) -> None:
@@ -418,7 +434,7 @@ def test_a_compacted_topic_refuses_null_keys_naming_each_record(tmp_path):
     assert [index for index, _ in refused.value.errors] == [1, 2]
     assert refused.value.errors[0][1] == "Compacted topic cannot accept message without key in topic partition t-0."
     assert plog.log_end_offset == 0  # nothing appended
-    delete_log = PartitionLog.open(tmp_path / "d-0", LogConfig())
+    delete_log = open_log(tmp_path, "d-0", cleanup_policy="delete")
     delete_log.append(build_batch([(None, b"1")], timestamp_ms=NOW), leader_epoch=0, now_ms=NOW)
     assert delete_log.log_end_offset == 1
 
