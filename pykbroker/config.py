@@ -418,7 +418,7 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
     _broker("log.cleaner.threads", "int", 1, "Worker processes cleaning compacted logs.", _AT_LEAST_0),
     _broker("log.cleaner.backoff.ms", "long", 15000, "Sleep when no log needs cleaning.", _AT_LEAST_0),
     _broker("log.cleaner.dedupe.buffer.size", "long", 134217728,
-            "Memory for the cleaners' key -> offset maps (Kafka's 24 bytes an entry), shared by all cleaner threads."),
+            "Memory for the cleaners' key -> offset maps, shared by all cleaner threads (an entry takes about 128 bytes)."),
     _broker("log.cleaner.io.buffer.size", "int", 524288, "Read buffer of the cleaner, shared by all cleaner threads.", _AT_LEAST_0),
     _broker("log.cleaner.io.buffer.load.factor", "double", 0.9, "How full the cleaner's key -> offset map may get."),
     _broker("log.index.interval.bytes", "int", 4096, "Bytes of log between two offset index entries.", _AT_LEAST_0),

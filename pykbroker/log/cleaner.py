@@ -7,11 +7,13 @@ What it does, as Kafka does:
   offset once transactions exist), the base of the first segment holding a record younger than
   min.compaction.lag.ms). A log is cleaned when dirty bytes / (clean + dirty bytes) >=
   min.cleanable.dirty.ratio, or when its first dirty segment holds a record older than max.compaction.lag.ms.
-- Builds a key -> latest offset map over the dirty section. It holds at most
-  log.cleaner.dedupe.buffer.size / log.cleaner.threads * log.cleaner.io.buffer.load.factor / 24 keys
-  (Kafka's SkimpyOffsetMap: 24 bytes an entry); when it is full, the cleaning ends where it got (the map's
-  latest offset + 1) and the rest waits for the next round. Keys longer than 16 bytes are stored as their
-  16-byte BLAKE2b digest (Kafka stores MD5 digests of every key).
+- Builds a key -> latest offset map over the dirty section, bounded in memory as Kafka's SkimpyOffsetMap
+  is: at most log.cleaner.dedupe.buffer.size / log.cleaner.threads * log.cleaner.io.buffer.load.factor
+  bytes. Kafka's entry takes 24 bytes (MD5 + offset); this map is a Python dict whose entry takes about
+  128 bytes (measured: key bytes object, int, slot), so the same buffer holds about a fifth of Kafka's key
+  count. When it is full, the cleaning ends where it got (the map's latest offset + 1) and the rest waits
+  for the next round, as Kafka's. Keys longer than 16 bytes are stored as their 16-byte BLAKE2b digest
+  (Kafka stores MD5 digests of every key).
 - Rewrites every segment from the log start up to that end, grouped (Kafka's groupSegmentsBySize) into
   segments of at most segment.bytes whose indexes fit segment.index.bytes: a record is kept if it is past
   the map's latest offset, or if it is the latest offset of its key; keyless records go. Tombstones (null
@@ -90,7 +92,7 @@ CLEANER_CHECKPOINT = "cleaner-offset-checkpoint"
 CLEANED_SUFFIX = ".cleaned"
 SWAP_SUFFIX = ".swap"
 END_SUFFIX = ".end"  # <base>.end.cleaned / .end.swap: the end offset of the segments a cleaned one replaces
-MAP_ENTRY_BYTES = 24  # Kafka's SkimpyOffsetMap: 16-byte MD5 + 8-byte offset
+MAP_ENTRY_BYTES = 128  # one entry of the Python map (Kafka's SkimpyOffsetMap: 24, a 16-byte MD5 + an offset)
 LONG_MAX = (1 << 63) - 1
 # Test hook: the broker process exits (as kill -9 would leave it) at this step of a swap.
 CRASH_ENV = "PYKBROKER_CLEANER_CRASH_AT"
@@ -123,7 +125,8 @@ class CleanerConfig:
 
     @property
     def map_capacity(self) -> int:
-        """Keys one cleaning's map may hold (Kafka: the buffer split between the threads, times the load factor)."""
+        """Keys one cleaning's map may hold: the buffer split between the threads, times the load factor (as
+        Kafka), over the bytes a map entry takes."""
         per_thread = self.dedupe_buffer_size // max(self.threads, 1)
         return max(int(per_thread // MAP_ENTRY_BYTES * self.load_factor), 1)
 

@@ -146,8 +146,21 @@ def test_a_full_map_ends_the_cleaning_at_the_last_whole_batch(tmp_path):
     assert len(offsets) == 4 and end == 4
 
 
-def test_map_capacity_is_kafkas_24_bytes_an_entry_split_between_threads():
-    assert CleanerConfig(dedupe_buffer_size=24_000, threads=2, load_factor=0.9).map_capacity == 450
+def test_map_capacity_is_the_dedupe_buffer_split_between_threads_over_the_entry_size():
+    assert CleanerConfig(dedupe_buffer_size=128_000, threads=2, load_factor=0.9).map_capacity == 450
+
+
+def test_the_map_stays_within_the_dedupe_buffer():
+    import tracemalloc
+
+    capacity = CleanerConfig(dedupe_buffer_size=8 << 20, threads=1, load_factor=1.0).map_capacity
+    tracemalloc.start()
+    try:
+        offsets = {b"key-%010d" % i: 10**12 + i for i in range(capacity)}
+        used = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(offsets) == capacity and used <= 8 << 20
 
 
 # -- the rewrite -----------------------------------------------------------------------------------
