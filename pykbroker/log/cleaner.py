@@ -559,6 +559,7 @@ class LogCleaner:
         self._write_in_io_thread = write_in_io_thread
         self._checkpoints: dict[tuple[str, int], int] = self._read_checkpoints()
         self._in_progress: set[tuple[str, int]] = set()
+        self._uncleanable: set[tuple[str, int]] = set()  # their data could not be read (Kafka's uncleanable partitions)
         self._pool: ProcessPoolExecutor | None = None
         self.use_processes = True  # tests may clean in a thread instead
         self._closed = False
@@ -584,6 +585,7 @@ class LogCleaner:
     def forget(self, topic: str, partition: int) -> None:
         """The log was deleted (its topic, or the replica moved away): a new log of that name starts dirty."""
         self._checkpoints.pop((topic, partition), None)
+        self._uncleanable.discard((topic, partition))
 
     def first_dirty_offset(self, partition_log: "PartitionLog") -> int:
         checkpointed = self._checkpoints.get((partition_log.topic, partition_log.partition), 0)
@@ -635,7 +637,8 @@ class LogCleaner:
     def filthiest(self, now_ms: int) -> _Candidate | None:
         best = None
         for partition_log in self._logs():
-            if (partition_log.topic, partition_log.partition) in self._in_progress:
+            key = (partition_log.topic, partition_log.partition)
+            if key in self._in_progress or key in self._uncleanable:
                 continue
             found = self.candidate(partition_log, now_ms)
             if found is not None and (best is None or found.ratio > best.ratio):
@@ -708,9 +711,17 @@ class LogCleaner:
         except BrokenProcessPool:
             self._pool = None
             raise
-        except (OSError, ValueError) as exc:  # a segment deleted or the directory renamed meanwhile
+        except OSError as exc:  # a segment deleted or the directory renamed meanwhile: tried again later
             log.info("log cleaner: cleaning %s-%d stopped: %s", partition_log.topic, partition_log.partition, exc)
             self.aborted += 1
+            return None
+        except Exception as exc:  # noqa: BLE001 - unreadable data: Kafka's markPartitionUncleanable
+            if partition_log.closed or any(segment.deleted for segment, _, _ in snapshot):
+                self.aborted += 1  # (read while retention or a truncation replaced it)
+                return None
+            self._uncleanable.add((partition_log.topic, partition_log.partition))
+            log.warning("log cleaner: %s-%d is not cleaned again until a restart: %r",
+                        partition_log.topic, partition_log.partition, exc)
             return None
         crash_point("cleaned")
         key = (partition_log.topic, partition_log.partition)

@@ -418,6 +418,11 @@ class PartitionLog:
         self._config = config
 
     @property
+    def closed(self) -> bool:
+        """Closed or abandoned (its topic deleted, or the broker shutting down)."""
+        return self._closed
+
+    @property
     def log_start_offset(self) -> int:
         return self._log_start_offset
 

@@ -3,6 +3,7 @@ __consumer_offsets compacted, and a broker killed at each step of a cleaner swap
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -220,3 +221,62 @@ def test_a_broker_killed_during_a_swap_loses_nothing(tmp_path, monkeypatch, step
         assert "log cleaner: exiting at step" in broker.log_path.read_text()
     finally:
         broker.close()
+
+
+# -- idempotent producers' batches -----------------------------------------------------------------
+
+
+def kafka_python_values(bootstrap: str, topic: str) -> dict:
+    from kafka import KafkaConsumer, TopicPartition as KpTopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=3000)
+    try:
+        partition = KpTopicPartition(topic, 0)
+        consumer.assign([partition])
+        consumer.seek_to_beginning(partition)
+        end = consumer.end_offsets([partition])[partition]
+        values = {}
+        deadline = time.monotonic() + TIMEOUT_S
+        while consumer.position(partition) < end and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                for record in records:
+                    values[record.key] = record.value
+        assert consumer.position(partition) >= end
+        return values
+    finally:
+        consumer.close()
+
+
+def batch_headers(broker: BrokerProcess, topic: str) -> list:
+    from pykbroker.log.segment import iter_file_headers
+
+    headers = []
+    for path in sorted((broker.data_dir / f"{topic}-0").glob("*.log")):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            headers.extend(iter_file_headers(fd, 0, os.fstat(fd).st_size))
+        finally:
+            os.close(fd)
+    return headers
+
+
+def test_idempotent_producers_batches_survive_cleaning_and_clients_read_the_cleaned_log(broker_factory, topic_name):
+    broker = broker_factory.make(CLEANER)
+    create_topic(broker.bootstrap, topic_name, COMPACTED)
+    pairs, expected = updates(rounds=20, keys=5)
+    # an idempotent producer's values, all replaced by a plain producer's later ones
+    assert not produce(broker.bootstrap, topic_name, pairs, **{"enable.idempotence": True})
+    newer, expected = updates(rounds=20, keys=5)
+    assert not produce(broker.bootstrap, topic_name, newer + [(b"tail", b"i" * 4000)])
+    expected[b"tail"] = b"i" * 4000
+    end = len(pairs) + len(newer)
+    wait_for(lambda: cleaned_up_to(broker, topic_name) >= end - 1, "the cleaner to reach the last segment")
+    # the idempotent producer's last batch stays, emptied (Kafka's RETAIN_EMPTY): its state survives restarts
+    kept = [h for h in batch_headers(broker, topic_name) if h.producer_id >= 0]
+    assert len(kept) == 1 and kept[0].record_count == 0 and kept[0].last_offset == len(pairs) - 1
+    # clients read a cleaned log with gaps and an empty batch
+    assert latest_values(consume_all(broker.bootstrap, topic_name)) == expected
+    assert kafka_python_values(broker.bootstrap, topic_name) == expected
+    broker.restart()
+    assert not produce(broker.bootstrap, topic_name, [(b"after", b"restart")], **{"enable.idempotence": True})
+    assert latest_values(consume_all(broker.bootstrap, topic_name))[b"after"] == b"restart"

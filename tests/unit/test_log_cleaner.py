@@ -473,3 +473,19 @@ def test_aborted_range_matching():
     assert aborted.contains(read_header(header))
     assert not aborted.contains(read_header(build_batch([(b"a", b"1")], base_offset=15)))
     assert COMPRESSION_NONE == 0
+
+
+def test_a_log_whose_data_cannot_be_read_is_not_cleaned_again(tmp_path):
+    plog = open_log(tmp_path)
+    for i in range(4):
+        append(plog, [(b"k", f"v{i}".encode())], compression=COMPRESSION_GZIP)
+        plog.roll()
+    first = plog.directory / "00000000000000000000.log"
+    data = bytearray(first.read_bytes())
+    data[70:80] = b"\xff" * 10  # inside the gzip stream (the CRC is not checked by the cleaner)
+    first.write_bytes(bytes(data))
+    cleaner = make_cleaner(tmp_path, [plog])
+    assert clean_once(cleaner)
+    assert ("t", 0) in cleaner._uncleanable
+    assert not clean_once(cleaner)  # skipped from now on
+    assert not any(name.endswith(".cleaned") for name in os.listdir(plog.directory))
