@@ -280,3 +280,28 @@ def test_idempotent_producers_batches_survive_cleaning_and_clients_read_the_clea
     broker.restart()
     assert not produce(broker.bootstrap, topic_name, [(b"after", b"restart")], **{"enable.idempotence": True})
     assert latest_values(consume_all(broker.bootstrap, topic_name))[b"after"] == b"restart"
+
+
+def test_kill_9_at_random_moments_of_cleanings_loses_nothing(tmp_path):
+    import random
+
+    rng = random.Random(12)
+    broker = BrokerProcess(tmp_path / "b", config={**CLEANER, "log.cleaner.backoff.ms": 20})
+    try:
+        broker.start()
+        create_topic(broker.bootstrap, "t", {**COMPACTED, "segment.bytes": "65536", "delete.retention.ms": "86400000"})
+        expected: dict = {}
+        for round_ in range(4):
+            pairs, _ = updates(rounds=40, keys=200, size=rng.randint(50, 400))
+            pairs = [(key, value + b"-%d" % round_) for key, value in pairs]
+            assert not produce(broker.bootstrap, "t", pairs)
+            expected.update(pairs)
+            time.sleep(rng.uniform(0, 0.5))  # somewhere in a cleaning, or between two
+            broker.restart(kill=True)
+            records = consume_all(broker.bootstrap, "t")
+            assert latest_values(records) == expected, f"round {round_}"
+            offsets = [offset for offset, _, _ in records]
+            assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+        wait_for(lambda: cleaned_up_to(broker, "t") > 0, "a cleaning to complete")
+    finally:
+        broker.close()
