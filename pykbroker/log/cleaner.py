@@ -5,7 +5,7 @@ What it does, as Kafka does:
   ``cleaner-offset-checkpoint`` of the data directory, Kafka's file and format, or the log start) up to the
   first uncleanable offset: min(active segment base, the partition's high watermark (the last stable
   offset once transactions exist), the base of the first segment holding a record younger than
-  min.compaction.lag.ms). A log is cleaned when dirty bytes / (clean + dirty bytes) >=
+  min.compaction.lag.ms). A log is cleaned when dirty bytes / (clean + dirty bytes) >
   min.cleanable.dirty.ratio, or when its first dirty segment holds a record older than max.compaction.lag.ms.
 - Builds a key -> latest offset map over the dirty section, bounded in memory as Kafka's SkimpyOffsetMap
   is: at most log.cleaner.dedupe.buffer.size / log.cleaner.threads * log.cleaner.io.buffer.load.factor
@@ -630,7 +630,7 @@ class LogCleaner:
         if config.max_compaction_lag_ms < LONG_MAX and first_dirty_segment is not None:
             first_ts = first_dirty_segment.first_batch_timestamp()
             must = first_ts is not None and 0 <= first_ts < now_ms - config.max_compaction_lag_ms
-        if ratio < config.min_cleanable_dirty_ratio and not must:
+        if ratio <= config.min_cleanable_dirty_ratio and not must:  # (Kafka: cleanableRatio > minCleanableRatio)
             return None
         return _Candidate(partition_log, first_dirty, bound, ratio, dirty_bytes)
 

@@ -489,3 +489,15 @@ def test_a_log_whose_data_cannot_be_read_is_not_cleaned_again(tmp_path):
     assert ("t", 0) in cleaner._uncleanable
     assert not clean_once(cleaner)  # skipped from now on
     assert not any(name.endswith(".cleaned") for name in os.listdir(plog.directory))
+
+
+def test_a_dirty_ratio_equal_to_the_minimum_is_not_enough_as_in_kafka(tmp_path):
+    plog = open_log(tmp_path, min_cleanable_dirty_ratio=0.5)
+    for i in range(4):
+        append(plog, [(b"k", b"v")])
+        plog.roll()
+    cleaner = make_cleaner(tmp_path, [plog])
+    cleaner._checkpoints[("t", 0)] = 2  # two clean segments, two dirty ones of the same size
+    assert cleaner.candidate(plog, NOW) is None
+    cleaner._checkpoints[("t", 0)] = 1
+    assert cleaner.candidate(plog, NOW).ratio == 0.75
