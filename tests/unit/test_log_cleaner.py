@@ -65,6 +65,15 @@ def append(plog: PartitionLog, records, **batch) -> None:
     plog.append(build_batch(records, timestamp_ms=NOW, **batch), leader_epoch=0, now_ms=NOW)
 
 
+def four_segments(tmp_path: Path, compression: int = COMPRESSION_NONE, **config) -> PartitionLog:
+    """A log of four one-record segments (values v0-v3 of key k) and an empty active segment."""
+    plog = open_log(tmp_path, **config)
+    for i in range(4):
+        append(plog, [(b"k", f"v{i}".encode())], compression=compression)
+        plog.roll()
+    return plog
+
+
 def contents(plog: PartitionLog) -> list[tuple[int, bytes | None, bytes | None]]:
     return [(r.offset, r.key, r.value) for header, data in plog.batches() if not header.is_control
             for r in read_records(data, header)]
@@ -310,10 +319,7 @@ def test_small_cleaned_segments_are_grouped_up_to_segment_bytes(tmp_path):
 
 
 def test_no_cleaning_below_the_dirty_ratio_or_of_delete_topics(tmp_path):
-    plog = open_log(tmp_path, min_cleanable_dirty_ratio=0.9)
-    for i in range(4):
-        append(plog, [(b"k", b"v")])
-        plog.roll()
+    plog = four_segments(tmp_path, min_cleanable_dirty_ratio=0.9)
     cleaner = make_cleaner(tmp_path, [plog])
     cleaner._checkpoints[("t", 0)] = 2  # half of it clean already
     assert cleaner.candidate(plog, NOW) is None
@@ -323,10 +329,7 @@ def test_no_cleaning_below_the_dirty_ratio_or_of_delete_topics(tmp_path):
 
 
 def test_the_high_watermark_and_min_compaction_lag_bound_the_cleaning(tmp_path):
-    plog = open_log(tmp_path)
-    for i in range(4):
-        append(plog, [(b"k", f"v{i}".encode())])
-        plog.roll()
+    plog = four_segments(tmp_path)
     cleaner = make_cleaner(tmp_path, [plog])
     cleaner._high_watermark_of = lambda t, p: 2
     assert cleaner.candidate(plog, NOW).bound == 2
@@ -337,10 +340,7 @@ def test_the_high_watermark_and_min_compaction_lag_bound_the_cleaning(tmp_path):
 
 
 def test_max_compaction_lag_cleans_below_the_dirty_ratio(tmp_path):
-    plog = open_log(tmp_path, min_cleanable_dirty_ratio=0.99, max_compaction_lag_ms=1000)
-    for i in range(4):
-        append(plog, [(b"k", f"v{i}".encode())])
-        plog.roll()
+    plog = four_segments(tmp_path, min_cleanable_dirty_ratio=0.99, max_compaction_lag_ms=1000)
     cleaner = make_cleaner(tmp_path, [plog])
     cleaner._checkpoints[("t", 0)] = 2
     assert cleaner.candidate(plog, NOW) is None
@@ -476,10 +476,7 @@ def test_aborted_range_matching():
 
 
 def test_a_log_whose_data_cannot_be_read_is_not_cleaned_again(tmp_path):
-    plog = open_log(tmp_path)
-    for i in range(4):
-        append(plog, [(b"k", f"v{i}".encode())], compression=COMPRESSION_GZIP)
-        plog.roll()
+    plog = four_segments(tmp_path, COMPRESSION_GZIP)
     first = plog.directory / "00000000000000000000.log"
     data = bytearray(first.read_bytes())
     data[70:80] = b"\xff" * 10  # inside the gzip stream (the CRC is not checked by the cleaner)
@@ -492,10 +489,7 @@ def test_a_log_whose_data_cannot_be_read_is_not_cleaned_again(tmp_path):
 
 
 def test_a_dirty_ratio_equal_to_the_minimum_is_not_enough_as_in_kafka(tmp_path):
-    plog = open_log(tmp_path, min_cleanable_dirty_ratio=0.5)
-    for i in range(4):
-        append(plog, [(b"k", b"v")])
-        plog.roll()
+    plog = four_segments(tmp_path, min_cleanable_dirty_ratio=0.5)
     cleaner = make_cleaner(tmp_path, [plog])
     cleaner._checkpoints[("t", 0)] = 2  # two clean segments, two dirty ones of the same size
     assert cleaner.candidate(plog, NOW) is None
