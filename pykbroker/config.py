@@ -163,17 +163,6 @@ class EachOneOf:
 
 
 @dataclass(frozen=True)
-class WithoutCompaction(EachOneOf):
-    """cleanup.policy while pykbroker has no log cleaner: ``compact`` is refused rather than accepted and
-    then deleted by time retention (a compacted topic's latest values would be lost)."""
-
-    def check(self, value: Any) -> None:
-        if "compact" in value:
-            raise ValueError("compact is not supported yet (pykbroker has no log cleaner); use delete")
-        super().check(value)
-
-
-@dataclass(frozen=True)
 class Matches:
     pattern: str
     description: str
@@ -327,7 +316,7 @@ _AT_LEAST_0 = Range(0)
 _AT_LEAST_1 = Range(1)
 _COMPRESSION_TYPES = OneOf(("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"))
 _TIMESTAMP_TYPES = OneOf(("CreateTime", "LogAppendTime"))
-_CLEANUP_POLICIES = WithoutCompaction(("compact", "delete"))
+_CLEANUP_POLICIES = EachOneOf(("compact", "delete"))
 _MESSAGE_FORMAT_VERSION = Matches(r"\d+\.\d+(\.\d+)?(-IV\d+)?", "a Kafka version such as 2.8 or 3.0-IV1")
 # Kafka 3.7.1's lower bound (LegacyRecord.RECORD_OVERHEAD_V0); Kafka 4 raised it to 1 MiB, which would
 # forbid the small segments that exercise rolling in tests.
@@ -426,6 +415,12 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
     _broker("log.cleaner.min.compaction.lag.ms", "long", 0, "Minimum age of a record before compaction.", _AT_LEAST_0),
     _broker("log.cleaner.max.compaction.lag.ms", "long", LONG_MAX, "Maximum age of a record before compaction.", _AT_LEAST_1),
     _broker("log.cleaner.min.cleanable.ratio", "double", 0.5, "Dirty ratio that makes a log eligible for cleaning.", Range(0, 1)),
+    _broker("log.cleaner.threads", "int", 1, "Worker processes cleaning compacted logs.", _AT_LEAST_0),
+    _broker("log.cleaner.backoff.ms", "long", 15000, "Sleep when no log needs cleaning.", _AT_LEAST_0),
+    _broker("log.cleaner.dedupe.buffer.size", "long", 134217728,
+            "Memory for the cleaners' key -> offset maps, shared by all cleaner threads (an entry takes about 128 bytes)."),
+    _broker("log.cleaner.io.buffer.size", "int", 524288, "Read buffer of the cleaner, shared by all cleaner threads.", _AT_LEAST_0),
+    _broker("log.cleaner.io.buffer.load.factor", "double", 0.9, "How full the cleaner's key -> offset map may get."),
     _broker("log.index.interval.bytes", "int", 4096, "Bytes of log between two offset index entries.", _AT_LEAST_0),
     _broker("log.index.size.max.bytes", "int", 10485760, "Maximum size of an offset index file.", Range(4)),
     _broker("log.segment.delete.delay.ms", "long", 60000, "Delay before a deleted segment's files are removed.", _AT_LEAST_0),

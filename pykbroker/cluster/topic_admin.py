@@ -7,9 +7,7 @@ both modes. Kafka's rules followed here:
   "Topic 'a_b' collides with existing topics: a.b"), also on auto-creation;
 - one request creates at most 10,000 partitions (Kafka's MAX_PARTITIONS_PER_BATCH: POLICY_VIOLATION,
   "Excessively large number of partitions per request.");
-- ``cleanup.policy`` with ``compact`` is refused (INVALID_CONFIG, see config.py) until compaction exists.
-  A topic stored with it by an older pykbroker keeps its data: it is served with time and size
-  retention off, and a WARN says so.
+- ``cleanup.policy`` delete, compact or both (pykbroker/log/cleaner.py); the internal topics are compacted.
 pykbroker's own limit: at most ``max.broker.partitions`` partitions (the name KIP-578 proposed; Kafka 3.7
 has no such limit; in cluster mode counted over the whole cluster); a change beyond it gets
 POLICY_VIOLATION naming the key.
@@ -51,12 +49,11 @@ from pykbroker.replication.replica_manager import ReplicaManager
 log = logging.getLogger(__name__)
 
 MAX_PARTITIONS_PER_REQUEST = 10_000  # Kafka's ReplicationControlManager.MAX_PARTITIONS_PER_BATCH
-# Stored overrides that replace a compact cleanup.policy of a topic created before it was refused.
-_KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
-# Kafka compacts __consumer_offsets; pykbroker has no compaction yet, so internal topics keep their segments
-# forever instead (time retention would silently drop committed offsets): created with this override, and
-# served with _KEEP_FOREVER whatever their stored overrides say (an AlterConfigs may have replaced them).
-_INTERNAL_CONFIGS = {"retention.ms": "-1"}
+# Kafka compacts its internal topics (__consumer_offsets, __transaction_state): created with this override,
+# and served with it whatever their stored overrides say (an AlterConfigs may have replaced them, or they
+# were created by an older pykbroker with retention.ms=-1 instead). A compact-only topic has no time or size
+# retention, as in Kafka.
+_INTERNAL_CONFIGS = {"cleanup.policy": "compact"}
 _OFFSETS_REPLICATION_KEY = "offsets.topic.replication.factor"
 _KAFKA_OFFSETS_REPLICATION_FACTOR = 3  # Kafka's default of offsets.topic.replication.factor
 _TOPIC_DEFAULT_KEYS = frozenset(key for definition in TOPIC_CONFIGS.values() for key in definition.synonyms)
@@ -80,7 +77,6 @@ class TopicAdmin:
         # topic -> (the overrides dict it was resolved from, the effective configs)
         self._effective_cache: dict[str, tuple[dict[str, str] | None, dict[str, Any]]] = {}
         self.max_partitions = int(config.get("max.broker.partitions"))
-        self._warned_compact: set[str] = set()
         metadata.add_config_listener(self.replicas.update_config)  # hosted logs take a topic's new configs
         self.dynamic.add_listener(self._broker_configs_changed)
 
@@ -110,24 +106,13 @@ class TopicAdmin:
 
     # -- configs ----------------------------------------------------------------------------------
     def _overrides(self, name: str) -> dict[str, str]:
-        """The overrides the topic is served with: the stored ones, but internal topics and topics stored
-        with a compact cleanup.policy keep their data forever (_KEEP_FOREVER; DescribeConfigs shows it)."""
+        """The overrides the topic is served with: the stored ones, but internal topics are compacted."""
         configs = self.metadata.topic_configs(name)
         if configs is None:
             configs = {}
         if name in INTERNAL_TOPICS:
-            configs = {**configs, **_KEEP_FOREVER}
-        if "compact" not in configs.get("cleanup.policy", ""):
-            return configs
-        if name not in self._warned_compact:
-            self._warned_compact.add(name)
-            log.warning(
-                "topic %s has cleanup.policy=%s, which pykbroker does not support yet: serving it with "
-                "cleanup.policy=delete and retention off, so that none of its data is deleted",
-                name, configs["cleanup.policy"],
-            )
-        kept = {key: value for key, value in configs.items() if key != "cleanup.policy"}
-        return {**kept, **_KEEP_FOREVER}
+            configs = {**configs, **_INTERNAL_CONFIGS}
+        return configs
 
     def effective_configs(self, name: str) -> dict[str, tuple[Any, ConfigSource]]:
         """Every topic config with its typed value and DescribeConfigs source."""

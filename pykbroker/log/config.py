@@ -20,6 +20,11 @@ class LogConfig:
     message_timestamp_before_max_ms: int = (1 << 63) - 1  # message.timestamp.before.max.ms
     message_timestamp_after_max_ms: int = (1 << 63) - 1  # message.timestamp.after.max.ms
     max_message_bytes: int = 1048588  # max.message.bytes (per batch, as Kafka checks it)
+    cleanup_policy: str = "delete"  # cleanup.policy: delete | compact | compact,delete (normalised order)
+    delete_retention_ms: int = 86400000  # delete.retention.ms: how long tombstones outlive their cleaning
+    min_compaction_lag_ms: int = 0  # min.compaction.lag.ms
+    max_compaction_lag_ms: int = (1 << 63) - 1  # max.compaction.lag.ms
+    min_cleanable_dirty_ratio: float = 0.5  # min.cleanable.dirty.ratio
 
     def __post_init__(self) -> None:
         if self.message_timestamp_type not in TIMESTAMP_TYPES:
@@ -35,6 +40,16 @@ class LogConfig:
             raise ValueError("segment.ms must be positive")
 
     @property
+    def compact(self) -> bool:
+        """The policy includes compact: the cleaner keeps the latest record per key, null keys are refused."""
+        return "compact" in self.cleanup_policy
+
+    @property
+    def delete(self) -> bool:
+        """The policy includes delete: time and size retention apply (Kafka skips them for compact-only)."""
+        return "delete" in self.cleanup_policy
+
+    @property
     def log_append_time(self) -> bool:
         return self.message_timestamp_type == "LogAppendTime"
 
@@ -46,5 +61,11 @@ class LogConfig:
             name = field.name.replace("_", ".")
             if name in configs and configs[name] is not None:
                 raw = configs[name]
-                values[field.name] = raw if field.type == "str" else int(raw)
+                if field.name == "cleanup_policy":
+                    items = raw if isinstance(raw, (list, tuple)) else str(raw).split(",")
+                    values[field.name] = ",".join(sorted({item.strip() for item in items if item.strip()}))
+                elif field.type == "float":
+                    values[field.name] = float(raw)
+                else:
+                    values[field.name] = raw if field.type == "str" else int(raw)
         return cls(**values)

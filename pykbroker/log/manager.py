@@ -2,7 +2,8 @@
 
 Data-directory files, as Kafka writes them: ``recovery-point-offset-checkpoint`` and
 ``log-start-offset-checkpoint`` (checkpoint text format, "topic partition offset" lines),
-``.kafka_cleanshutdown`` (present only between a clean shutdown and the next start) and ``.lock``.
+``.kafka_cleanshutdown`` (present only between a clean shutdown and the next start) and ``.lock``; the log
+cleaner's ``cleaner-offset-checkpoint`` (pykbroker/log/cleaner.py).
 A corrupt offset checkpoint stops the start with one line (``CorruptFile``) saying it may be deleted.
 
 Each partition directory holds Kafka's ``partition.metadata`` ("version: 0" / "topic_id: <base64 id>"),
@@ -38,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable
 
+from pykbroker.log.cleaner import CLEANER_CHECKPOINT, CleanerConfig, LogCleaner
 from pykbroker.log.config import LogConfig
 from pykbroker.log.errors import LogDirectoryInUse
 from pykbroker.log.checkpoint import CorruptCheckpoint, CorruptFile, read_checkpoint, write_atomically, write_checkpoint
@@ -126,6 +128,7 @@ class LogManager:
         fsync: str = "interval",
         flush_interval_ms: int = 1000,
         retention_check_interval_ms: int = 300000,
+        cleaner: CleanerConfig | None = None,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync policy must be one of {FSYNC_POLICIES}, not {fsync!r}")
@@ -136,6 +139,8 @@ class LogManager:
         self.retention_check_interval_ms = retention_check_interval_ms
         # Set by the replication layer: retention never deletes a segment at or above the high-water mark.
         self.high_watermark_of: Callable[[str, int], int | None] | None = None
+        # Also set by it: the cleaner never cleans at or past the last stable offset (open transactions, HWM).
+        self.last_stable_offset_of: Callable[[str, int], int | None] | None = None
         self._logs: dict[TopicPartition, PartitionLog] = {}
         self._awaiting_removal: list[Path] = []  # deleted logs' directories, removed once the deletion is durable
         # One worker: fsyncs and checkpoint writes leave the event loop but never overlap each other.
@@ -144,6 +149,12 @@ class LogManager:
         self._remover = ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-delete")
         self._closed = False
         self._lock_fd = self._lock_data_dir()
+        # The log cleaner of compacted topics (pykbroker/log/cleaner.py); started by run_background.
+        self.cleaner = LogCleaner(
+            self.data_dir, cleaner or CleanerConfig(), self.logs,
+            lambda topic, partition: self.last_stable_offset_of(topic, partition) if self.last_stable_offset_of else None,
+            self.run_file_work_async, self._in_io_thread,
+        )
 
     def _lock_data_dir(self) -> int:
         fd = os.open(self.data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
@@ -288,6 +299,7 @@ class LogManager:
         partition_log = self._logs.pop((topic, partition), None)
         if partition_log is None:
             return None
+        self.cleaner.forget(topic, partition)
         doomed = self.data_dir / aside_dir_name(topic, partition, DELETE_DIR_SUFFIX)
         os.rename(partition_log.directory, doomed)
         partition_log.abandon()
@@ -316,6 +328,20 @@ class LogManager:
         Cancel-safe: an fsync cut short leaves its segments dirty for the next flush; checkpoints are
         replaced atomically. Cancel this task before calling shutdown().
         """
+        cleaning = asyncio.ensure_future(self.cleaner.run())
+        try:
+            await self._upkeep()
+        finally:
+            cleaning.cancel()
+
+    async def _in_io_thread(self, work: Callable[[], None]) -> None:
+        """Run ``work`` in the I/O thread (a checkpoint write); nothing after shutdown."""
+        try:
+            await asyncio.wrap_future(self._executor.submit(work))
+        except RuntimeError:
+            return
+
+    async def _upkeep(self) -> None:
         tick_s = min(self.flush_interval_ms, self.retention_check_interval_ms, 1000) / 1000
         next_flush = time.monotonic() + self.flush_interval_ms / 1000
         next_retention = time.monotonic() + self.retention_check_interval_ms / 1000
@@ -427,11 +453,13 @@ class LogManager:
         if self._closed:
             return
         self._closed = True
+        self.cleaner.shutdown()
         self._executor.shutdown(wait=True)  # an fsync or checkpoint write still running finishes first
         self._remover.shutdown(wait=True)
         for partition_log in self._logs.values():
             partition_log.close()
         self.write_checkpoints()
+        write_checkpoint(self.data_dir / CLEANER_CHECKPOINT, self.cleaner.checkpoint_rows())
         marker = self.data_dir / CLEAN_SHUTDOWN_MARKER
         fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:

@@ -14,7 +14,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 from functools import partial
-from typing import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from pykbroker.log.config import LogConfig
 from pykbroker.log.errors import OffsetOutOfRange, RecordTooLarge, UnexpectedAppendOffset
@@ -24,7 +24,10 @@ from pykbroker.log.leader_epoch import LeaderEpochCache
 from pykbroker.log.producer_state import CompletedTxn, ProducerStateManager
 from pykbroker.log.txn_index import TXN_INDEX_SUFFIX, AbortedTxn, TransactionIndex, TxnIndexEntry
 from pykbroker.log.segment import (
+    INDEX_SUFFIX,
     INT32_MAX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
     SEGMENT_SUFFIXES,
     RecoveryCut,
     Segment,
@@ -40,12 +43,16 @@ from pykbroker.protocol.records import (
     InvalidRecordBatch,
     read_header,
     read_records,
+    refuse_null_keys,
     set_base_offset,
     set_max_timestamp,
     set_partition_leader_epoch,
     validate_batches,
     validate_client_records,
 )
+
+if TYPE_CHECKING:
+    from pykbroker.log.cleaner import CleanedSegment
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +84,11 @@ def run_file_work(work: Iterable[Callable[[], None]], *, ignore_errors: bool = F
             failure = failure or exc
     if failure is not None and not ignore_errors:
         raise failure
+
+
+def _unlink_all(paths: list[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -340,7 +352,9 @@ class PartitionLog:
         )
 
     def _clean_directory(self) -> list[int]:
-        """Remove leftovers and orphan index files; return the base offsets of the segments present."""
+        """Complete interrupted cleaner swaps, remove leftovers and orphan index files; return the base
+        offsets of the segments present."""
+        self._complete_swaps()
         bases = []
         names = os.listdir(self.directory)
         for name in names:
@@ -355,6 +369,46 @@ class PartitionLog:
             if leftover or orphan:
                 (self.directory / name).unlink(missing_ok=True)
         return sorted(bases)
+
+    def _complete_swaps(self) -> None:
+        """Kafka's LogLoader rule for ``.swap`` files: a ``<base>.log.swap`` is a cleaned segment whose swap a
+        crash interrupted after it became durable; the segments it replaces (bases in [base, end), end from
+        ``<base>.end.swap``, else the swap's last batch) are deleted and the swap files renamed into place.
+        ``.cleaned`` files (a swap that never started) are deleted with the other leftovers."""
+        from pykbroker.log.cleaner import END_SUFFIX, SWAP_SUFFIX
+
+        names = os.listdir(self.directory)
+        bases = sorted(b for name in names if (b := parse_segment_file_name(name)) is not None)
+        for name in names:
+            if not name.endswith(LOG_SUFFIX + SWAP_SUFFIX):
+                continue
+            stem = name.partition(".")[0]
+            if len(stem) != 20 or not stem.isdigit():
+                continue
+            base = int(stem)
+            swap_log = self.directory / name
+            end_path = self.directory / (segment_file_name(base, END_SUFFIX) + SWAP_SUFFIX)
+            try:
+                end = int(end_path.read_text().strip())
+            except (FileNotFoundError, ValueError):
+                fd = os.open(swap_log, os.O_RDONLY)
+                try:
+                    last = last_offset_in(fd, 0, os.fstat(fd).st_size)
+                finally:
+                    os.close(fd)
+                end = base + 1 if last is None else last + 1
+            for old in bases:
+                if base < old < end:
+                    for suffix in SEGMENT_SUFFIXES:
+                        (self.directory / segment_file_name(old, suffix)).unlink(missing_ok=True)
+            for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):  # rebuilt from the log: the pair may be mixed
+                (self.directory / (segment_file_name(base, suffix) + SWAP_SUFFIX)).unlink(missing_ok=True)
+                (self.directory / segment_file_name(base, suffix)).unlink(missing_ok=True)
+            os.rename(swap_log, self.directory / segment_file_name(base, LOG_SUFFIX))
+            end_path.unlink(missing_ok=True)
+            log.warning("%s-%d: completed the log cleaner's interrupted swap of the segments at offsets %d-%d",
+                        self.topic, self.partition, base, end - 1)
+            self._directory_changed = True
 
     def _epoch_recorder(self) -> Callable[[BatchHeader], None]:
         """Records epochs met while loading; the cache is written once, at the end of the load."""
@@ -382,6 +436,11 @@ class PartitionLog:
     @config.setter
     def config(self, config: LogConfig) -> None:
         self._config = config
+
+    @property
+    def closed(self) -> bool:
+        """Closed or abandoned (its topic deleted, or the broker shutting down)."""
+        return self._closed
 
     @property
     def log_start_offset(self) -> int:
@@ -515,6 +574,8 @@ class PartitionLog:
             timestamp_after_max_ms=config.message_timestamp_after_max_ms,
             check_sequence=check_sequence,
         )
+        if config.compact:  # (only compacted topics pay for the walk over keys)
+            refuse_null_keys(records, headers, f"{self.topic}-{self.partition}")
         buf = bytearray(records)
         log_append_time = self._config.log_append_time
         next_offset = self._log_end_offset
@@ -690,11 +751,13 @@ class PartitionLog:
         Yields (header, whole batch bytes) with header.position == 0, so ``read_records(data, header)`` works.
         """
         log_end = self._log_end_offset
-        for segment, position in self._segments_from(start_offset):
+        progress = [start_offset]
+        for segment, position in self._segments_from(start_offset, progress):
             for header, data in segment.iter_batches(position, segment.size):
                 if header.base_offset >= log_end:
                     return
-                if header.last_offset >= start_offset:
+                if header.last_offset >= progress[0]:
+                    progress[0] = header.next_offset
                     yield header, data
 
     def headers(self, start_offset: int = 0) -> Iterator[BatchHeader]:
@@ -708,26 +771,36 @@ class PartitionLog:
     def _headers_with_fd(self, start_offset: int) -> Iterator[tuple[int, BatchHeader]]:
         """(descriptor of its segment, pinned while yielded; header) for ``headers``."""
         log_end = self._log_end_offset
-        for segment, position in self._segments_from(start_offset):
+        progress = [start_offset]
+        for segment, position in self._segments_from(start_offset, progress):
             with segment.pin() as fd:
                 for header in iter_file_headers(fd, position, segment.size):
                     if header.base_offset >= log_end:
                         return
-                    if header.last_offset >= start_offset:
+                    if header.last_offset >= progress[0]:
+                        progress[0] = header.next_offset
                         yield fd, header
 
-    def _segments_from(self, start_offset: int) -> Iterator[tuple[Segment, int]]:
+    def _segments_from(self, start_offset: int, progress: list[int]) -> Iterator[tuple[Segment, int]]:
         """(segment, position to start reading) for the segments that may hold ``start_offset`` and later.
 
-        Segments deleted (by retention) while the caller iterates are skipped: their data is gone.
+        ``progress[0]`` is the offset after the last one the caller read: the next segment is looked up
+        in the current segment list each time, so segments deleted (retention) meanwhile are skipped, and
+        segments the cleaner replaced meanwhile are continued in the segment that replaced them.
         """
-        first_index = max(bisect_right(self._bases, start_offset) - 1, 0)
-        for number, segment in enumerate(list(self._segments[first_index:])):
-            if segment.deleted:
-                continue
-            if number == 0:
+        read: set[Segment] = set()
+        while True:
+            wanted = progress[0]
+            slot = max(bisect_right(self._bases, wanted) - 1, 0)
+            while slot < len(self._segments) and self._segments[slot] in read:  # read to its end: the next one
+                slot += 1
+            if slot >= len(self._segments):
+                return
+            segment = self._segments[slot]
+            read.add(segment)
+            if wanted > segment.base_offset:
                 segment.ensure_indexes(self._config.index_interval_bytes)
-                yield segment, segment.index.lookup(start_offset)[1]
+                yield segment, segment.index.lookup(wanted)[1]
             else:
                 yield segment, 0
 
@@ -783,6 +856,102 @@ class PartitionLog:
     def epoch_for_offset(self, offset: int) -> int:
         """The leader epoch the record at ``offset`` was written in (-1 if unknown)."""
         return self._epochs.epoch_for_offset(offset)
+
+    # -- compaction (pykbroker/log/cleaner.py) -----------------------------------------------------------
+
+    def segments_view(self) -> list[Segment]:
+        """The current segments, oldest first (the last is the active one)."""
+        return list(self._segments)
+
+    def cleanable_segments(self, bound: int) -> list[tuple[Segment, int, int]]:
+        """(segment, size, end offset) of the non-active segments, from the first, that lie wholly below
+        ``bound``: what a cleaning may read and replace. The sizes are checked again at the swap."""
+        chosen = []
+        for segment, following in zip(self._segments, self._segments[1:]):
+            if following.base_offset > bound:
+                break
+            chosen.append((segment, segment.size, following.base_offset))
+        return chosen
+
+    def swap_cleaned(self, snapshot: list[tuple[Segment, int, int]], cleaned: list["CleanedSegment"]) -> bool:
+        """Replace segments by the cleaner's ``.cleaned`` files (Kafka's replaceSegments), if every segment the
+        cleaning read is still in the log unchanged and not active; else delete the ``.cleaned`` files
+        (deferred file work) and return False.
+
+        Runs on the event loop: renames and unlinks only (the worker already fsynced the data); the replaced
+        segments' descriptors close in the I/O thread once no read holds them."""
+        from pykbroker.log.cleaner import CLEANED_SUFFIX, END_SUFFIX, SWAP_SUFFIX, crash_point
+
+        suffixes = (INDEX_SUFFIX, TIME_INDEX_SUFFIX, END_SUFFIX, LOG_SUFFIX)  # the log last
+        by_base = {segment.base_offset: (segment, size) for segment, size, _ in snapshot}
+        position = {id(segment): slot for slot, segment in enumerate(self._segments)}
+        valid = not self._closed
+        for item in cleaned:
+            for base in item.replaces:
+                segment, size = by_base.get(base, (None, -1))
+                slot = position.get(id(segment)) if segment is not None else None
+                if slot is None or slot == len(self._segments) - 1 or segment.deleted or segment.size != size:
+                    valid = False
+        directory = self.directory
+        if not valid:
+            paths = [directory / (segment_file_name(item.base_offset, suffix) + CLEANED_SUFFIX)
+                     for item in cleaned for suffix in suffixes]
+            self._file_work.append(partial(_unlink_all, paths))
+            return False
+        for item in cleaned:  # durable from here: a load completes the swap (_complete_swaps)
+            for suffix in suffixes:
+                name = segment_file_name(item.base_offset, suffix)
+                os.rename(directory / (name + CLEANED_SUFFIX), directory / (name + SWAP_SUFFIX))
+        crash_point("swap")
+        new_segments: dict[int, Segment] = {}
+        for item in cleaned:
+            replaced = [by_base[base][0] for base in item.replaces]
+            for segment in replaced:
+                self._dirty.discard(segment)
+                segment.fd  # noqa: B018 - opened if closed: its blocks are freed at the close, in the I/O thread, not by the unlink here
+                fd = segment.detach(self.close_later)
+                if fd >= 0:
+                    self._file_work.append(partial(os.close, fd))
+                if segment.base_offset != item.base_offset:
+                    segment.unlink_files()
+            crash_point("deleted")
+            for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, LOG_SUFFIX):
+                name = segment_file_name(item.base_offset, suffix)
+                os.replace(directory / (name + SWAP_SUFFIX), directory / name)
+                crash_point("renamed")
+            (directory / (segment_file_name(item.base_offset, END_SUFFIX) + SWAP_SUFFIX)).unlink(missing_ok=True)
+            new_segments[item.base_offset] = Segment.open_existing(directory, item.base_offset)
+        self._carry_txn_indexes(cleaned)
+        replaced_bases = {base for item in cleaned for base in item.replaces}
+        segments = []
+        for segment in self._segments:
+            if segment.base_offset in new_segments:
+                segments.append(new_segments[segment.base_offset])
+            elif segment.base_offset not in replaced_bases:
+                segments.append(segment)
+        self._segments = segments
+        self._bases = [segment.base_offset for segment in segments]
+        self._directory_changed = True
+        return True
+
+    def _carry_txn_indexes(self, cleaned: list["CleanedSegment"]) -> None:
+        """The aborted-transaction entries of the segments a cleaning replaced go to the segment that replaced
+        them (Kafka's cleaner copies them into the cleaned segment's index). The file is rewritten whole
+        (tmp + rename: small); a crash before it loses only entries of data the cleaning already dropped, as a
+        cleaning drops every aborted record of the segments it rewrites."""
+        for item in cleaned:
+            entries = []
+            for base in item.replaces:
+                index = self._txn_indexes.pop(base, None)
+                if index is not None:
+                    entries.extend(index.entries)
+                    if base != item.base_offset:
+                        index.delete()
+            if entries:
+                merged = TransactionIndex(TransactionIndex.for_segment(self.directory, item.base_offset).path,
+                                          sorted(entries, key=lambda e: e.last_offset))
+                merged.rewrite()
+                self._txn_indexes[item.base_offset] = merged
 
     # -- truncation and retention ------------------------------------------------------------------------
 
@@ -847,6 +1016,7 @@ class PartitionLog:
     def apply_retention(self, now_ms: int, *, high_watermark: int | None = None, defer: bool = False) -> int:
         """Delete leading whole segments past retention.ms / retention.bytes or below the log start.
 
+        Time and size retention apply only when cleanup.policy includes delete.
         Never the active segment, and never one holding offsets at or above ``high_watermark``. A segment's
         age is its max timestamp (its file's mtime when it has none). Returns how many were deleted.
         """
@@ -855,6 +1025,8 @@ class PartitionLog:
         deleted = self._delete_leading(
             lambda segment, following: following.base_offset <= self._log_start_offset, bound, defer=defer
         )
+        if not config.delete:  # compact-only: the cleaner, not retention, keeps the log small (as Kafka)
+            return deleted
         if config.retention_ms >= 0:
             deleted += self._delete_leading(
                 lambda segment, following: now_ms - self._segment_age_timestamp(segment) > config.retention_ms, bound, defer=defer

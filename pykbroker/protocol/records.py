@@ -85,6 +85,15 @@ class InvalidRecords(InvalidRecordBatch):
     """A well-framed batch whose records disagree with its header or are malformed: Kafka's INVALID_RECORD."""
 
 
+class NullKeyRecords(InvalidRecords):
+    """Records without a key sent to a compacted topic: Kafka's INVALID_RECORD with one record error each
+    (LogValidator.validateKey). ``errors`` as in RecordErrors."""
+
+    def __init__(self, message: str, errors: list[tuple[int, str]]):
+        super().__init__(message)
+        self.errors = errors
+
+
 class RecordErrors(InvalidRecordBatch):
     """Some records break a per-record rule (timestamps): Kafka's RecordValidationException.
 
@@ -267,12 +276,7 @@ def validate_client_records(
             raise InvalidRecords(
                 f"invalid sequence number {header.base_sequence} in record batch with producerId {header.producer_id}"
             )
-        data = view[header.position + BATCH_HEADER_SIZE : header.position + header.size]
-        if header.compression != COMPRESSION_NONE:
-            try:
-                data = decompress(header.compression, data, max_decompressed_bytes)
-            except DecompressionError as exc:
-                raise InvalidRecords(f"{CODEC_NAMES.get(header.compression, 'codec')} batch: {exc}") from None
+        data = client_records_section(view, header, max_decompressed_bytes)
         result = scan_records(data, count)
         if isinstance(result, str):
             raise InvalidRecords(result)
@@ -286,6 +290,60 @@ def validate_client_records(
                 _refuse_timestamps(header, data, lowest, highest)
         max_timestamps.append(header.base_timestamp + max_delta)
     return max_timestamps
+
+
+def refuse_null_keys(buf, headers: list[BatchHeader], topic_partition: str,
+                     max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES) -> None:
+    """Kafka's check of an append to a compacted topic: every record of every (non-control) batch has a key.
+
+    Runs after ``validate_client_records`` (the records are known to be well formed), decompressing as
+    Kafka's LogValidator does. Raises NullKeyRecords naming each keyless record's index in its batch.
+    """
+    view = memoryview(buf)
+    errors: list[tuple[int, str]] = []
+    for header in headers:
+        if header.is_control:
+            continue
+        data = client_records_section(view, header, max_decompressed_bytes)
+        message = f"Compacted topic cannot accept message without key in topic partition {topic_partition}."
+        errors.extend((index, message) for index in null_key_indexes(bytes(data), header.record_count))
+    if errors:
+        shown = ", ".join(f"RecordError(batchIndex={index}, message='{text}')" for index, text in errors[:3])
+        raise NullKeyRecords(
+            f"One or more records have been rejected due to {len(errors)} record errors in total, and only "
+            f"showing the first three errors at most: [{shown}]", errors)
+
+
+def null_key_indexes(data: bytes, count: int) -> list[int]:
+    """Indexes of the records without a key in a batch's (decompressed, well-formed) records section."""
+    found = []
+    pos = 0
+    for index in range(count):
+        size, pos = _varint64(data, pos, len(data))
+        end = pos + size
+        at = pos + 1  # attributes
+        while data[at] & 0x80:  # timestamp delta
+            at += 1
+        at += 1
+        while data[at] & 0x80:  # offset delta
+            at += 1
+        at += 1
+        if data[at] == 1:  # key length -1 (zigzag 1): a null key
+            found.append(index)
+        pos = end
+    return found
+
+
+def client_records_section(view: memoryview, header: BatchHeader, max_decompressed_bytes: int):
+    """A producer's batch's records section, decompressed (at most ``max_decompressed_bytes``, else
+    InvalidRecords, as for any codec failure)."""
+    data = view[header.position + BATCH_HEADER_SIZE : header.position + header.size]
+    if header.compression != COMPRESSION_NONE:
+        try:
+            data = decompress(header.compression, data, max_decompressed_bytes)
+        except DecompressionError as exc:
+            raise InvalidRecords(f"{CODEC_NAMES.get(header.compression, 'codec')} batch: {exc}") from None
+    return data
 
 
 def _refuse_log_append_time(header: BatchHeader) -> None:

@@ -194,6 +194,7 @@ class ReplicaManager:
         self.leader_quota: ReplicationQuota | None = None  # replication throttle of follower fetches (cluster)
         # Retention must never delete data consumers cannot see yet (above the high-water mark).
         log_manager.high_watermark_of = self._high_watermark_of
+        log_manager.last_stable_offset_of = self._last_stable_offset_of  # the cleaner's bound
 
     @property
     def alter_partition(self) -> AlterPartitionPort | None:
@@ -213,6 +214,10 @@ class ReplicaManager:
     def _high_watermark_of(self, topic: str, index: int) -> int | None:
         partition = self._partitions.get((topic, index))
         return partition.high_watermark if partition is not None else None
+
+    def _last_stable_offset_of(self, topic: str, index: int) -> int | None:
+        partition = self._partitions.get((topic, index))
+        return partition.last_stable_offset if partition is not None else None
 
     # -- high-water mark checkpoint ---------------------------------------------------------------
     @property
@@ -381,8 +386,8 @@ class ReplicaManager:
             return AppendOutcome(ErrorCode.invalid_record, message=str(exc))
         except CorruptRecordBatch as exc:
             return AppendOutcome(ErrorCode.corrupt_message, message=str(exc))
-        except InvalidRecords as exc:
-            return AppendOutcome(ErrorCode.invalid_record, message=str(exc))
+        except InvalidRecords as exc:  # (NullKeyRecords, a compacted topic's keyless records, name them)
+            return AppendOutcome(ErrorCode.invalid_record, message=str(exc), record_errors=tuple(getattr(exc, "errors", ())))
         except RecordErrors as exc:
             return AppendOutcome(ErrorCode.invalid_timestamp, message=str(exc), record_errors=tuple(exc.errors))
         except InvalidRecordBatch as exc:

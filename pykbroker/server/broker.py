@@ -47,6 +47,7 @@ from pykbroker.cluster.topic_admin import TopicAdmin
 from pykbroker.config import BrokerConfig, Listener
 from pykbroker.groups.coordinator import GroupConfig, GroupCoordinator
 from pykbroker.groups.offset_store import OffsetStore
+from pykbroker.log.cleaner import CleanerConfig
 from pykbroker.log.errors import LogDirectoryInUse
 from pykbroker.log.files import raise_descriptor_limit
 from pykbroker.log.manager import LOCK_FILE, LogManager
@@ -104,6 +105,7 @@ class Broker:
             fsync=config.fsync,
             flush_interval_ms=int(config.get("log.flush.interval.ms") or 1000),
             retention_check_interval_ms=int(config.get("log.retention.check.interval.ms")),
+            cleaner=CleanerConfig.from_broker(config.get),
         )
         self.replicas = ReplicaManager(
             self.log_manager, config.broker_id, lambda topic: self.topics.log_config(topic),

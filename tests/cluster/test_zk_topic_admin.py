@@ -260,7 +260,7 @@ def test_the_internal_topic_is_written_with_the_default_replication_factor_and_n
         assert await node.admin.ensure_internal_async("__consumer_offsets", 5) is None
         assignment = await node.zk.get_topic_assignment("__consumer_offsets")
         assert len(assignment.partitions) == 5 and all(len(r) == 3 for r in assignment.partitions.values())
-        assert await node.zk.get_topic_config("__consumer_offsets") == {"retention.ms": "-1"}
+        assert await node.zk.get_topic_config("__consumer_offsets") == {"cleanup.policy": "compact"}
         assert await node.admin.ensure_internal_async("__consumer_offsets", 5) is None  # written; no leaders yet
         node.metadata.apply_update_metadata(update_metadata(
             {"__consumer_offsets": (assignment.topic_id, assignment.partitions)}))

@@ -123,7 +123,7 @@ def test_bad_topic_alterations_get_kafkas_error_codes(shared_broker, topic_name)
         == "INVALID_CONFIG"
     name, message = error_of(lambda: incremental(admin, topic, topic_name, ("retention.ms", "soon", AlterConfigOpType.SET)))
     assert name == "INVALID_CONFIG" and "retention.ms" in message
-    assert error_of(lambda: incremental(admin, topic, topic_name, ("cleanup.policy", "compact", AlterConfigOpType.SET)))[0] \
+    assert error_of(lambda: incremental(admin, topic, topic_name, ("cleanup.policy", "archive", AlterConfigOpType.SET)))[0] \
         == "INVALID_CONFIG"
     assert error_of(lambda: incremental(admin, topic, topic_name, ("retention.ms", "5", AlterConfigOpType.APPEND)))[0] \
         == "INVALID_CONFIG"
@@ -154,7 +154,7 @@ def test_bad_requests_over_the_raw_protocol(shared_broker, topic_name):
     # invalid values: INVALID_REQUEST for broker configs (INVALID_CONFIG for topic configs), as Kafka 3.7.1
     assert raw_incremental(address, (BROKER, "", [("log.roll.ms", 0, "0")]))[0][1] == ErrorCode.invalid_request
     assert raw_incremental(address, (BROKER, "", [("log.segment.bytes", 0, "big")]))[0][1] == ErrorCode.invalid_request
-    assert raw_incremental(address, (BROKER, "", [("log.cleanup.policy", 2, "compact")]))[0][1] == ErrorCode.invalid_request
+    assert raw_incremental(address, (BROKER, "", [("log.cleanup.policy", 0, "archive")]))[0][1] == ErrorCode.invalid_request
     assert raw_incremental(address, (BROKER, "", [("log.retention.ms", 3, "1")]))[0][1] == ErrorCode.invalid_config
     assert raw_describe(address, BROKER, "") == {}  # none of it was applied
     assert raw_incremental(address, (3, "group", set_one))[0][1] == ErrorCode.invalid_request

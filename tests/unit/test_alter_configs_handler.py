@@ -148,15 +148,14 @@ def test_incremental_alter_starts_from_the_store_and_reads_again_after_a_lost_ra
     assert store == {"retention.ms": "5", "segment.bytes": "1048576", "max.message.bytes": "2048"}
 
 
-def test_internal_topics_keep_their_data_whatever_is_stored(node):
+def test_internal_topics_stay_compacted_whatever_is_stored(node):
     node.topics.ensure_internal("__consumer_offsets", 1)
     assert legacy(node, (TOPIC, "__consumer_offsets", [("segment.bytes", "1048576")])) == [
         ("__consumer_offsets", ErrorCode.none, None)]
     assert node.metadata.topic_configs("__consumer_offsets") == {"segment.bytes": "1048576"}  # as stored
     config = node.topics.log_config("__consumer_offsets")
-    assert (config.retention_ms, config.retention_bytes, config.segment_bytes) == (-1, -1, 1048576)
+    assert (config.cleanup_policy, config.compact, config.delete, config.segment_bytes) == ("compact", True, False, 1048576)
     effective = node.topics.effective_configs("__consumer_offsets")  # DescribeConfigs: what is applied
-    assert effective["retention.ms"][0] == -1 and effective["retention.bytes"][0] == -1
-    incremental(node, (TOPIC, "__consumer_offsets", [("retention.ms", SET, "1000")]))
-    assert node.topics.log_config("__consumer_offsets").retention_ms == -1
-    assert node.topics.log_config("a").retention_ms == 1000  # other topics as stored
+    assert effective["cleanup.policy"][0] == ["compact"]
+    incremental(node, (TOPIC, "__consumer_offsets", [("cleanup.policy", SET, "delete")]))
+    assert node.topics.log_config("__consumer_offsets").cleanup_policy == "compact"

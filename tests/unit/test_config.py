@@ -249,7 +249,6 @@ def test_unknown_keys_warn_and_are_ignored(tmp_path, caplog):
         ({"auto.create.topics.enable": "yes"}, "auto.create.topics.enable", "true or false"),
         ({"compression.type": "brotli"}, "compression.type", "uncompressed, zstd, lz4, snappy, gzip, producer"),
         ({"log.cleanup.policy": "delete,archive"}, "log.cleanup.policy", "compact, delete"),
-        ({"log.cleanup.policy": "compact"}, "log.cleanup.policy", "compact is not supported yet"),
         ({"log.level": "chatty"}, "log.level", "DEBUG, INFO, WARNING, ERROR, CRITICAL"),
         ({"offsets.topic.replication.factor": "40000"}, "offsets.topic.replication.factor", "16-bit"),
     ],
@@ -369,9 +368,7 @@ def test_validate_topic_configs_types_values():
         ({"leader.replication.throttled.replicas": "0-1"}, "leader.replication.throttled.replicas", "[partitionId]:[brokerId]"),
         ({"max.message.bytes": None}, "max.message.bytes", "Null value not supported"),
         ({"min.compaction.lag.ms": "10", "max.compaction.lag.ms": "5"}, "min.compaction.lag.ms", "conflict"),
-        # No log cleaner yet: compact would be accepted and then deleted by time retention.
-        ({"cleanup.policy": "compact"}, "cleanup.policy", "compact is not supported yet"),
-        ({"cleanup.policy": "delete,compact"}, "cleanup.policy", "compact is not supported yet"),
+        ({"cleanup.policy": "delete,shrink"}, "cleanup.policy", "compact, delete"),
     ],
 )
 def test_validate_topic_configs_rejects(configs, name, message):

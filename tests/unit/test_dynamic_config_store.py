@@ -83,7 +83,7 @@ def test_broker_synonyms_follow_kafkas_layers(tmp_path):
     ({"log.retention.ms": "soon"}, ErrorCode.invalid_request, "log.retention.ms"),
     ({"log.roll.ms": "0"}, ErrorCode.invalid_request, "segment.ms"),  # the topic default it supplies: >= 1
     ({"log.segment.bytes": "1"}, ErrorCode.invalid_request, "log.segment.bytes"),
-    ({"log.cleanup.policy": "compact"}, ErrorCode.invalid_request, "compact"),
+    ({"log.cleanup.policy": "archive"}, ErrorCode.invalid_request, "compact"),
     ({"leader.replication.throttled.rate": "-1"}, ErrorCode.invalid_request, "leader.replication.throttled.rate"),
 ])
 def test_invalid_dynamic_configs_are_refused(configs, code, words):

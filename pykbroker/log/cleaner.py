@@ -1,0 +1,763 @@
+"""Log compaction: Kafka's LogCleaner, LogCleanerManager and Cleaner, for topics whose cleanup.policy has compact.
+
+What it does, as Kafka does:
+- Picks the dirtiest compacted log: the dirty section runs from the first dirty offset (the
+  ``cleaner-offset-checkpoint`` of the data directory, Kafka's file and format, or the log start) up to the
+  first uncleanable offset: min(active segment base, the partition's high watermark (the last stable
+  offset once transactions exist), the base of the first segment holding a record younger than
+  min.compaction.lag.ms). A log is cleaned when dirty bytes / (clean + dirty bytes) >
+  min.cleanable.dirty.ratio, or when its first dirty segment holds a record older than max.compaction.lag.ms.
+- Builds a key -> latest offset map over the dirty section, bounded in memory as Kafka's SkimpyOffsetMap
+  is: at most log.cleaner.dedupe.buffer.size / log.cleaner.threads * log.cleaner.io.buffer.load.factor
+  bytes. Kafka's entry takes 24 bytes (MD5 + offset); this map is a Python dict whose entry takes about
+  128 bytes (measured: key bytes object, int, slot), so the same buffer holds about a fifth of Kafka's key
+  count. When it is full, the cleaning ends where it got (the map's latest offset + 1) and the rest waits
+  for the next round, as Kafka's. Keys longer than 16 bytes are stored as their 16-byte BLAKE2b digest
+  (Kafka stores MD5 digests of every key).
+- Rewrites every segment from the log start up to that end, grouped (Kafka's groupSegmentsBySize) into
+  segments of at most segment.bytes whose indexes fit segment.index.bytes: a record is kept if it is past
+  the map's latest offset, or if it is the latest offset of its key; keyless records go. Tombstones (null
+  values) stay until delete.retention.ms after the clean section's last segment was last modified: Kafka's
+  rule before KIP-534 (deleteHorizonMs = that segment's mtime - delete.retention.ms; a segment whose mtime
+  is at or below the horizon loses its tombstones; a cleaned segment takes the mtime of the last segment it
+  replaces). Offsets are kept (gaps are allowed); a batch keeps its header (base offset, last offset delta,
+  timestamps, producer id, epoch, base sequence, attributes) and its kept records' bytes unchanged,
+  recompressed with its own codec. A batch emptied of records goes, except the last batch of each producer
+  id in the cleaned range, which stays as an empty batch (Kafka's RETAIN_EMPTY: idempotent producers' state
+  survives a restart). Control batches are kept as they are; records of aborted transactions
+  (PartitionLog.aborted_ranges) never enter the map and go.
+- Crash safety (Kafka's model): the worker writes ``<base>.log.cleaned`` with its ``.index.cleaned`` and
+  ``.timeindex.cleaned`` and ``<base>.end.cleaned`` (the end offset of the segments it replaces, which
+  Kafka derives from the swap segment's last batch: naming it survives a last segment emptied of all its
+  records), fsyncs them and the directory. The broker then renames them to ``.swap`` (log last), deletes the
+  replaced segments, renames the ``.swap`` files into place (log last) and drops ``.end.swap``. A load
+  deletes ``.cleaned`` files and completes each ``.log.swap`` (PartitionLog._complete_swaps).
+
+Where the work runs: reading, decompressing, hashing and writing run in worker processes
+(log.cleaner.threads of them, a ProcessPoolExecutor started at the first cleaning): the GIL would let a
+cleaning thread slow the event loop. The worker reads only non-active segments, which nothing rewrites
+in place. The broker's event loop checks, before the swap, that every replaced segment is still in the log
+unchanged (retention, DeleteRecords, truncation, topic deletion or a move abort the cleaning, as Kafka's
+abortAndPauseCleaning) and then does the renames and the segment-list update in one step (a few renames and
+unlinks, no data I/O); old segments' descriptors close in the log manager's I/O thread, and reads holding
+one of them (FileSlice pins) keep reading the replaced data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import multiprocessing
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, NamedTuple
+
+from pykbroker.log.checkpoint import CorruptCheckpoint, read_checkpoint, write_checkpoint
+from pykbroker.log.index import OffsetIndex, TimeIndex
+from pykbroker.log.segment import (
+    INDEX_SUFFIX,
+    INT32_MAX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    iter_file_headers,
+    pread_exactly,
+    segment_file_name,
+)
+from pykbroker.protocol.compression import compress, decompress
+from pykbroker.protocol.records import (
+    BATCH_HEADER_SIZE,
+    COMPRESSION_MASK,
+    COMPRESSION_NONE,
+    CRC_START,
+    LOG_OVERHEAD,
+    MAX_DECOMPRESSED_BYTES,
+    _HEADER,
+    _UINT32,
+    _varint64,
+    crc32c,
+    peek_header,
+)
+
+if TYPE_CHECKING:
+    from pykbroker.log.partition_log import PartitionLog
+
+log = logging.getLogger(__name__)
+
+CLEANER_CHECKPOINT = "cleaner-offset-checkpoint"
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
+END_SUFFIX = ".end"  # <base>.end.cleaned / .end.swap: the end offset of the segments a cleaned one replaces
+MAP_ENTRY_BYTES = 128  # one entry of the Python map (Kafka's SkimpyOffsetMap: 24, a 16-byte MD5 + an offset)
+LONG_MAX = (1 << 63) - 1
+# Test hook: the broker process exits (as kill -9 would leave it) at this step of a swap.
+CRASH_ENV = "PYKBROKER_CLEANER_CRASH_AT"
+SWAP_STEPS = ("cleaned", "swap", "deleted", "renamed")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Configuration
+
+
+@dataclass(frozen=True)
+class CleanerConfig:
+    enable: bool = True  # log.cleaner.enable
+    threads: int = 1  # log.cleaner.threads
+    backoff_ms: int = 15000  # log.cleaner.backoff.ms
+    dedupe_buffer_size: int = 134217728  # log.cleaner.dedupe.buffer.size
+    io_buffer_size: int = 524288  # log.cleaner.io.buffer.size
+    load_factor: float = 0.9  # log.cleaner.io.buffer.load.factor
+
+    @classmethod
+    def from_broker(cls, get: Callable[[str], object]) -> "CleanerConfig":
+        return cls(
+            enable=bool(get("log.cleaner.enable")),
+            threads=int(get("log.cleaner.threads")),
+            backoff_ms=int(get("log.cleaner.backoff.ms")),
+            dedupe_buffer_size=int(get("log.cleaner.dedupe.buffer.size")),
+            io_buffer_size=int(get("log.cleaner.io.buffer.size")),
+            load_factor=float(get("log.cleaner.io.buffer.load.factor")),
+        )
+
+    @property
+    def map_capacity(self) -> int:
+        """Keys one cleaning's map may hold: the buffer split between the threads, times the load factor (as
+        Kafka), over the bytes a map entry takes."""
+        per_thread = self.dedupe_buffer_size // max(self.threads, 1)
+        return max(int(per_thread // MAP_ENTRY_BYTES * self.load_factor), 1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The worker side: a pure function of the segment files (runs in a worker process)
+
+
+class AbortedRange(NamedTuple):
+    producer_id: int
+    first_offset: int
+    last_offset: int
+
+
+@dataclass(frozen=True)
+class SegmentFile:
+    base_offset: int
+    size: int  # valid bytes (the file may not be longer: non-active segments are never appended to)
+    end_offset: int  # the next segment's base: the offsets this segment covers end below it
+
+
+@dataclass(frozen=True)
+class CleanTask:
+    directory: str
+    segments: tuple[SegmentFile, ...]  # from the log's first segment, every one non-active and below the bound
+    first_dirty: int
+    end_bound: int  # first uncleanable offset
+    map_capacity: int
+    delete_retention_ms: int
+    segment_bytes: int
+    segment_index_bytes: int
+    index_interval_bytes: int
+    aborted: tuple[AbortedRange, ...] = ()
+    io_buffer_size: int = 524288
+
+
+@dataclass(frozen=True)
+class CleanedSegment:
+    base_offset: int
+    replaces: tuple[int, ...]  # base offsets of the segments it replaces (the first is its own)
+    end_offset: int
+    size: int
+
+
+@dataclass
+class CleanResult:
+    end_offset: int  # the new first dirty offset
+    segments: list[CleanedSegment] = field(default_factory=list)
+    bytes_read: int = 0
+    bytes_written: int = 0
+    records_read: int = 0
+    records_kept: int = 0
+    map_entries: int = 0
+    seconds: float = 0.0
+
+
+def _map_key(key: bytes) -> bytes:
+    return key if len(key) <= 16 else hashlib.blake2b(key, digest_size=16).digest()
+
+
+def _zigzag_at(data: bytes, pos: int) -> tuple[int, int]:
+    byte = data[pos]
+    if byte < 0x80:
+        return (byte >> 1) ^ -(byte & 1), pos + 1
+    return _varint64(data, pos, len(data))
+
+
+def walk_records(data: bytes, count: int) -> list[tuple[int, bytes | None, bool, int, int]]:
+    """(offset delta, key, value is null, start, end) of each record in a batch's decompressed records."""
+    out = []
+    pos = 0
+    for _ in range(count):
+        start = pos
+        size, pos = _zigzag_at(data, pos)
+        end = pos + size
+        at = pos + 1  # attributes
+        while data[at] & 0x80:  # timestamp delta
+            at += 1
+        delta, at = _zigzag_at(data, at + 1)
+        key_length, at = _zigzag_at(data, at)
+        if key_length < 0:
+            key = None
+        else:
+            key = data[at : at + key_length]
+            at += key_length
+        value_length, at = _zigzag_at(data, at)
+        out.append((delta, key, value_length < 0, start, end))
+        pos = end
+    return out
+
+
+class _Batch(NamedTuple):
+    header: object  # BatchHeader (position within the segment file)
+    data: bytes  # the whole batch
+
+
+def _iter_segment(fd: int, size: int, chunk: int):
+    """(header, whole batch bytes) of each batch of a segment file, reading ``chunk`` bytes at a time."""
+    position = 0
+    while position < size:
+        buf = pread_exactly(fd, min(max(chunk, BATCH_HEADER_SIZE), size - position), position)
+        at = 0
+        while len(buf) - at >= BATCH_HEADER_SIZE:
+            header = peek_header(buf, at, position + at)
+            if at + header.size > len(buf):
+                if at:
+                    break
+                buf = pread_exactly(fd, header.size, position)
+            yield header, buf[at : at + header.size]
+            at += header.size
+        position += at
+
+
+class _Aborted:
+    """Which data batches belong to aborted transactions (the ranges sorted by first offset)."""
+
+    def __init__(self, ranges: tuple[AbortedRange, ...]) -> None:
+        self._by_producer: dict[int, list[tuple[int, int]]] = {}
+        for item in ranges:
+            self._by_producer.setdefault(item.producer_id, []).append((item.first_offset, item.last_offset))
+
+    def contains(self, header) -> bool:
+        if not header.is_transactional or not self._by_producer:
+            return False
+        for first, last in self._by_producer.get(header.producer_id, ()):
+            if first <= header.base_offset <= last:
+                return True
+        return False
+
+
+def _records_of(header, batch: bytes) -> bytes:
+    body = memoryview(batch)[BATCH_HEADER_SIZE:]
+    if header.compression != COMPRESSION_NONE:
+        return bytes(decompress(header.compression, body, MAX_DECOMPRESSED_BYTES))
+    return bytes(body)
+
+
+def build_offset_map(task: CleanTask, result: CleanResult) -> tuple[dict[bytes, int], int]:
+    """The key -> latest offset map of the dirty section and the offset the cleaning ends at (exclusive)."""
+    offsets: dict[bytes, int] = {}
+    capacity = task.map_capacity
+    aborted = _Aborted(task.aborted)
+    start = task.first_dirty
+    latest = start - 1
+    directory = Path(task.directory)
+    for segment in task.segments:
+        if segment.end_offset <= start:
+            continue
+        fd = os.open(directory / segment_file_name(segment.base_offset, LOG_SUFFIX), os.O_RDONLY)
+        try:
+            for header, batch in _iter_segment(fd, segment.size, task.io_buffer_size):
+                result.bytes_read += header.size
+                if header.last_offset < start:
+                    continue
+                if not header.is_control and not aborted.contains(header) and header.record_count:
+                    base = header.base_offset
+                    for delta, key, _, _, _ in walk_records(_records_of(header, batch), header.record_count):
+                        offset = base + delta
+                        if key is None or offset < start:
+                            continue
+                        mapped = _map_key(key)
+                        if len(offsets) >= capacity and mapped not in offsets:
+                            return offsets, latest + 1  # full: clean up to the last whole batch
+                        offsets[mapped] = offset
+                latest = max(latest, header.last_offset)
+        finally:
+            os.close(fd)
+    return offsets, max(latest + 1, start)
+
+
+def group_segments(task: CleanTask, end_offset: int) -> list[list[SegmentFile]]:
+    """Kafka's groupSegmentsBySize over the segments below ``end_offset``: consecutive segments whose sizes
+    add up to at most segment.bytes, whose index entries fit segment.index.bytes, and whose offsets stay
+    within an int32 of the group's base."""
+    directory = Path(task.directory)
+    chosen = [segment for segment in task.segments if segment.base_offset < end_offset]
+    groups: list[list[SegmentFile]] = []
+    index_bytes: list[int] = []
+    for segment in chosen:
+        try:
+            own_index = os.stat(directory / segment_file_name(segment.base_offset, INDEX_SUFFIX)).st_size
+        except FileNotFoundError:
+            own_index = 0
+        if groups:
+            group = groups[-1]
+            if (
+                sum(s.size for s in group) + segment.size <= task.segment_bytes
+                and index_bytes[-1] + own_index <= task.segment_index_bytes
+                and segment.end_offset - 1 - group[0].base_offset <= INT32_MAX
+            ):
+                group.append(segment)
+                index_bytes[-1] += own_index
+                continue
+        groups.append([segment])
+        index_bytes.append(own_index)
+    return groups
+
+
+def _empty_batch(header) -> bytes:
+    """Kafka's DefaultRecordBatch.writeEmptyHeader: the batch's header with no records, uncompressed."""
+    batch = bytearray(BATCH_HEADER_SIZE)
+    _HEADER.pack_into(
+        batch, 0, header.base_offset, BATCH_HEADER_SIZE - LOG_OVERHEAD, header.partition_leader_epoch, 2, 0,
+        header.attributes & ~COMPRESSION_MASK, header.last_offset_delta, header.base_timestamp, header.max_timestamp,
+        header.producer_id, header.producer_epoch, header.base_sequence, 0,
+    )
+    _UINT32.pack_into(batch, 17, crc32c(memoryview(batch)[CRC_START:]))
+    return bytes(batch)
+
+
+def _rebuilt_batch(header, kept_records: bytes, count: int) -> bytes:
+    """The batch's header (offsets, timestamps, producer fields, attributes unchanged) over the kept records,
+    compressed with the batch's own codec."""
+    body = kept_records if header.compression == COMPRESSION_NONE else compress(header.compression, kept_records)
+    batch = bytearray(BATCH_HEADER_SIZE) + body
+    _HEADER.pack_into(
+        batch, 0, header.base_offset, len(batch) - LOG_OVERHEAD, header.partition_leader_epoch, 2, 0,
+        header.attributes, header.last_offset_delta, header.base_timestamp, header.max_timestamp,
+        header.producer_id, header.producer_epoch, header.base_sequence, count,
+    )
+    _UINT32.pack_into(batch, 17, crc32c(memoryview(batch)[CRC_START:]))
+    return bytes(batch)
+
+
+def _last_batches_of_producers(task: CleanTask, segments: list[SegmentFile]) -> dict[int, int]:
+    """producer id -> last offset of its last data batch in the segments being cleaned (headers only)."""
+    directory = Path(task.directory)
+    last: dict[int, int] = {}
+    for segment in segments:
+        fd = os.open(directory / segment_file_name(segment.base_offset, LOG_SUFFIX), os.O_RDONLY)
+        try:
+            for header in iter_file_headers(fd, 0, segment.size):
+                if header.has_producer_id and not header.is_control:
+                    last[header.producer_id] = header.last_offset
+        finally:
+            os.close(fd)
+    return last
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def clean_log(task: CleanTask) -> CleanResult:
+    """Write the cleaned segments of one log as ``.cleaned`` files (fsynced); the broker swaps them in."""
+    started = time.monotonic()
+    result = CleanResult(task.first_dirty)
+    offsets, end_offset = build_offset_map(task, result)
+    result.end_offset = end_offset
+    result.map_entries = len(offsets)
+    if end_offset <= task.first_dirty and not offsets:
+        result.seconds = time.monotonic() - started
+        return result
+    directory = Path(task.directory)
+    groups = group_segments(task, end_offset)
+    # Tombstones: Kafka's deleteHorizonMs before KIP-534, from the clean section's last segment.
+    clean = [s for s in task.segments if s.end_offset <= task.first_dirty]
+    horizon = 0
+    if clean:
+        horizon = int(os.stat(directory / segment_file_name(clean[-1].base_offset, LOG_SUFFIX)).st_mtime * 1000)
+        horizon -= task.delete_retention_ms
+    producers_last = _last_batches_of_producers(task, [s for group in groups for s in group])
+    aborted = _Aborted(task.aborted)
+    latest_in_map = end_offset - 1
+    written_paths: list[Path] = []
+    try:
+        for group in groups:
+            cleaned = _clean_group(task, group, offsets, latest_in_map, horizon, producers_last, aborted, result)
+            result.segments.append(cleaned)
+            base = group[0].base_offset
+            written_paths.extend(
+                directory / (segment_file_name(base, suffix) + CLEANED_SUFFIX)
+                for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, END_SUFFIX)
+            )
+        for path in written_paths:
+            _fsync_path(path)
+        _fsync_path(directory)
+    except BaseException:
+        for group in groups:
+            for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, END_SUFFIX):
+                (directory / (segment_file_name(group[0].base_offset, suffix) + CLEANED_SUFFIX)).unlink(missing_ok=True)
+        raise
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _clean_group(task: CleanTask, group: list[SegmentFile], offsets: dict[bytes, int], latest_in_map: int,
+                 horizon: int, producers_last: dict[int, int], aborted: _Aborted, result: CleanResult) -> CleanedSegment:
+    directory = Path(task.directory)
+    base = group[0].base_offset
+    log_path = directory / (segment_file_name(base, LOG_SUFFIX) + CLEANED_SUFFIX)
+    index = OffsetIndex.create(directory / (segment_file_name(base, INDEX_SUFFIX) + CLEANED_SUFFIX), base)
+    time_index = TimeIndex.create(directory / (segment_file_name(base, TIME_INDEX_SUFFIX) + CLEANED_SUFFIX), base)
+    interval = task.index_interval_bytes
+    out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    pending = bytearray()
+    position = 0  # bytes of the cleaned segment so far
+    since_index = 0
+    max_ts, max_ts_offset = -1, base
+    latest_mtime = 0.0
+    try:
+        for segment in group:
+            path = directory / segment_file_name(segment.base_offset, LOG_SUFFIX)
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                latest_mtime = max(latest_mtime, os.fstat(fd).st_mtime)
+                retain_deletes = int(os.fstat(fd).st_mtime * 1000) > horizon
+                for header, batch in _iter_segment(fd, segment.size, task.io_buffer_size):
+                    kept = _filter_batch(header, batch, offsets, latest_in_map, retain_deletes, producers_last,
+                                         aborted, result)
+                    if kept is None:
+                        continue
+                    if header.max_timestamp > max_ts:
+                        max_ts, max_ts_offset = header.max_timestamp, header.last_offset
+                    if since_index > interval:
+                        index.append(header.last_offset, position)
+                        time_index.maybe_append(max_ts, max_ts_offset)
+                        since_index = 0
+                    since_index += len(kept)
+                    position += len(kept)
+                    pending += kept
+                    if len(pending) >= task.io_buffer_size:
+                        _write_all(out, pending)
+                        pending = bytearray()
+            finally:
+                os.close(fd)
+        _write_all(out, pending)
+    finally:
+        os.close(out)
+    time_index.maybe_append(max_ts, max_ts_offset)
+    index.write_pending()
+    time_index.write_pending()
+    os.utime(log_path, (latest_mtime, latest_mtime))  # Kafka: the cleaned segment keeps the last one's mtime
+    end_offset = group[-1].end_offset
+    end_path = directory / (segment_file_name(base, END_SUFFIX) + CLEANED_SUFFIX)
+    end_path.write_text(f"{end_offset}\n")
+    result.bytes_written += position
+    return CleanedSegment(base, tuple(s.base_offset for s in group), end_offset, position)
+
+
+def _write_all(fd: int, data: bytearray) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _filter_batch(header, batch: bytes, offsets: dict[bytes, int], latest_in_map: int, retain_deletes: bool,
+                  producers_last: dict[int, int], aborted: _Aborted, result: CleanResult) -> bytes | None:
+    """The batch as the cleaned segment holds it (itself, rebuilt, or empty), or None to drop it."""
+    if header.is_control:
+        return batch
+    keep_empty = header.has_producer_id and producers_last.get(header.producer_id) == header.last_offset
+    result.records_read += header.record_count
+    if header.record_count == 0 or aborted.contains(header):
+        return _empty_batch(header) if keep_empty else None
+    if header.base_offset > latest_in_map:  # past the map: kept whole
+        result.records_kept += header.record_count
+        return batch
+    data = _records_of(header, batch)
+    records = walk_records(data, header.record_count)
+    base = header.base_offset
+    kept = []
+    for delta, key, value_null, start, end in records:
+        offset = base + delta
+        if offset > latest_in_map:
+            kept.append((start, end))
+            continue
+        if key is None:
+            continue
+        if offset >= offsets.get(_map_key(key), -1) and (not value_null or retain_deletes):
+            kept.append((start, end))
+    result.records_kept += len(kept)
+    if len(kept) == len(records):
+        return batch
+    if not kept:
+        return _empty_batch(header) if keep_empty else None
+    return _rebuilt_batch(header, b"".join(data[start:end] for start, end in kept), len(kept))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The broker side
+
+
+def crash_point(step: str) -> None:
+    """Test hook: exit the process at ``step`` of a swap, leaving files as kill -9 would (CRASH_ENV)."""
+    if os.environ.get(CRASH_ENV) == step:
+        log.error("log cleaner: exiting at step %r (%s is set)", step, CRASH_ENV)
+        os._exit(137)
+
+
+def _worker_init() -> None:
+    """A cleaner worker dies with the broker (even a kill -9 of it), so none writes on after a restart."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the broker died before the call above
+        os._exit(0)
+
+
+@dataclass
+class _Candidate:
+    log: "PartitionLog"
+    first_dirty: int
+    bound: int
+    ratio: float
+    dirty_bytes: int
+
+
+class LogCleaner:
+    """Chooses compacted logs to clean, runs the cleanings in worker processes, swaps their results in."""
+
+    def __init__(self, data_dir: Path, config: CleanerConfig, logs: Callable[[], list["PartitionLog"]],
+                 stable_offset_of: Callable[[str, int], int | None],
+                 run_file_work: Callable[[list["PartitionLog"]], "asyncio.Future"],
+                 write_in_io_thread: Callable[[Callable[[], None]], "asyncio.Future"]) -> None:
+        self.data_dir = data_dir
+        self.config = config
+        self._logs = logs
+        self._stable_offset_of = stable_offset_of  # the last stable offset: HWM and open transactions
+        self._run_file_work = run_file_work
+        self._write_in_io_thread = write_in_io_thread
+        self._checkpoints: dict[tuple[str, int], int] = self._read_checkpoints()
+        self._in_progress: set[tuple[str, int]] = set()
+        self._uncleanable: set[tuple[str, int]] = set()  # their data could not be read (Kafka's uncleanable partitions)
+        self._pool: ProcessPoolExecutor | None = None
+        self.use_processes = True  # tests may clean in a thread instead
+        self._closed = False
+        self.cleanings = 0  # completed (swapped) cleanings, for tests and metrics
+        self.aborted = 0
+        self.last_result: CleanResult | None = None
+
+    # -- checkpoint ----------------------------------------------------------------------------------
+
+    def _read_checkpoints(self) -> dict[tuple[str, int], int]:
+        try:
+            rows = read_checkpoint(self.data_dir / CLEANER_CHECKPOINT, 3) or []
+            return {(topic, int(partition)): int(offset) for topic, partition, offset in rows}
+        except (CorruptCheckpoint, ValueError, OSError) as exc:
+            log.warning("%s unreadable (%s): every compacted log is considered dirty",
+                        self.data_dir / CLEANER_CHECKPOINT, exc)
+            return {}
+
+    def checkpoint_rows(self) -> list[tuple[str, int, int]]:
+        live = {(pl.topic, pl.partition) for pl in self._logs()}
+        return [(t, p, o) for (t, p), o in sorted(self._checkpoints.items()) if (t, p) in live]
+
+    def forget(self, topic: str, partition: int) -> None:
+        """The log was deleted (its topic, or the replica moved away): a new log of that name starts dirty."""
+        self._checkpoints.pop((topic, partition), None)
+        self._uncleanable.discard((topic, partition))
+
+    def first_dirty_offset(self, partition_log: "PartitionLog") -> int:
+        checkpointed = self._checkpoints.get((partition_log.topic, partition_log.partition), 0)
+        if checkpointed > partition_log.log_end_offset:  # truncated below it: that part is dirty again
+            checkpointed = partition_log.log_start_offset
+        return max(checkpointed, partition_log.log_start_offset)
+
+    # -- choosing ------------------------------------------------------------------------------------
+
+    def candidate(self, partition_log: "PartitionLog", now_ms: int) -> _Candidate | None:
+        """The log's cleanable state if it needs cleaning now (Kafka's LogCleanerManager.grabFilthiestCompactedLog)."""
+        config = partition_log.config
+        if not config.compact:
+            return None
+        segments = partition_log.segments_view()
+        if len(segments) < 2:
+            return None
+        first_dirty = self.first_dirty_offset(partition_log)
+        bound = segments[-1].base_offset
+        hwm = self._stable_offset_of(partition_log.topic, partition_log.partition)
+        if hwm is not None:
+            bound = min(bound, hwm)
+        if config.min_compaction_lag_ms > 0:
+            cutoff = now_ms - config.min_compaction_lag_ms
+            for segment, end in zip(segments, [s.base_offset for s in segments[1:]]):
+                if end > first_dirty and segment.max_timestamp_and_offset()[0] > cutoff:
+                    bound = min(bound, segment.base_offset)
+                    break
+        clean_bytes = dirty_bytes = 0
+        first_dirty_segment = None
+        for segment, end in zip(segments, [s.base_offset for s in segments[1:]]):
+            if end <= first_dirty:
+                clean_bytes += segment.size
+            elif end <= bound:
+                dirty_bytes += segment.size
+                if first_dirty_segment is None:
+                    first_dirty_segment = segment
+        if not dirty_bytes:
+            return None
+        ratio = dirty_bytes / (clean_bytes + dirty_bytes)
+        must = False
+        if config.max_compaction_lag_ms < LONG_MAX and first_dirty_segment is not None:
+            first_ts = first_dirty_segment.first_batch_timestamp()
+            must = first_ts is not None and 0 <= first_ts < now_ms - config.max_compaction_lag_ms
+        if ratio <= config.min_cleanable_dirty_ratio and not must:  # (Kafka: cleanableRatio > minCleanableRatio)
+            return None
+        return _Candidate(partition_log, first_dirty, bound, ratio, dirty_bytes)
+
+    def filthiest(self, now_ms: int) -> _Candidate | None:
+        best = None
+        for partition_log in self._logs():
+            key = (partition_log.topic, partition_log.partition)
+            if key in self._in_progress or key in self._uncleanable:
+                continue
+            found = self.candidate(partition_log, now_ms)
+            if found is not None and (best is None or found.ratio > best.ratio):
+                best = found
+        return best
+
+    # -- running -------------------------------------------------------------------------------------
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=max(self.config.threads, 1),
+                                             mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_worker_init)
+        return self._pool
+
+    async def run(self) -> None:
+        """Log.cleaner.threads cleaning loops until cancelled."""
+        if not self.config.enable or self.config.threads < 1:
+            return
+        await asyncio.gather(*(self._loop() for _ in range(self.config.threads)))
+
+    async def _loop(self) -> None:
+        while not self._closed:
+            cleaned = False
+            try:
+                cleaned = await self.clean_filthiest()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - one log's failure must not stop cleaning the others
+                log.exception("log cleaner: a cleaning failed")
+            if not cleaned:
+                await asyncio.sleep(self.config.backoff_ms / 1000)
+
+    async def clean_filthiest(self) -> bool:
+        """Clean the dirtiest log, if one needs it; True if a cleaning ran (swapped or aborted)."""
+        candidate = self.filthiest(int(time.time() * 1000))
+        if candidate is None:
+            return False
+        key = (candidate.log.topic, candidate.log.partition)
+        self._in_progress.add(key)
+        try:
+            await self.clean(candidate)
+        finally:
+            self._in_progress.discard(key)
+        return True
+
+    async def clean(self, candidate: _Candidate) -> CleanResult | None:
+        partition_log = candidate.log
+        config = partition_log.config
+        snapshot = partition_log.cleanable_segments(candidate.bound)
+        if not snapshot:
+            return None
+        files = tuple(SegmentFile(segment.base_offset, size, end) for segment, size, end in snapshot)
+        task = CleanTask(
+            directory=str(partition_log.directory),
+            segments=files,
+            first_dirty=candidate.first_dirty,
+            end_bound=candidate.bound,
+            map_capacity=self.config.map_capacity,
+            delete_retention_ms=config.delete_retention_ms,
+            segment_bytes=config.segment_bytes,
+            segment_index_bytes=config.segment_index_bytes,
+            index_interval_bytes=config.index_interval_bytes,
+            aborted=tuple(AbortedRange(*item) for item in partition_log.aborted_ranges(files[0].base_offset, candidate.bound)),
+            io_buffer_size=max(self.config.io_buffer_size // max(self.config.threads, 1), 65536),
+        )
+        loop = asyncio.get_running_loop()
+        try:
+            result = await loop.run_in_executor(self._executor() if self.use_processes else None, clean_log, task)
+        except BrokenProcessPool:
+            self._pool = None
+            raise
+        except OSError as exc:  # a segment deleted or the directory renamed meanwhile: tried again later
+            log.info("log cleaner: cleaning %s-%d stopped: %s", partition_log.topic, partition_log.partition, exc)
+            self.aborted += 1
+            return None
+        except Exception as exc:  # noqa: BLE001 - unreadable data: Kafka's markPartitionUncleanable
+            if partition_log.closed or any(segment.deleted for segment, _, _ in snapshot):
+                self.aborted += 1  # (read while retention or a truncation replaced it)
+                return None
+            self._uncleanable.add((partition_log.topic, partition_log.partition))
+            log.warning("log cleaner: %s-%d is not cleaned again until a restart: %r",
+                        partition_log.topic, partition_log.partition, exc)
+            return None
+        crash_point("cleaned")
+        key = (partition_log.topic, partition_log.partition)
+        if result.segments:
+            swapped = partition_log.swap_cleaned(snapshot, result.segments)
+            if not swapped:
+                self.aborted += 1
+                log.info("log cleaner: cleaning of %s-%d aborted: its segments changed meanwhile",
+                         partition_log.topic, partition_log.partition)
+                await self._run_file_work([partition_log])
+                return None
+            await self._run_file_work([partition_log])
+        self._checkpoints[key] = max(result.end_offset, self._checkpoints.get(key, 0))
+        rows = self.checkpoint_rows()
+        await self._write_in_io_thread(lambda: write_checkpoint(self.data_dir / CLEANER_CHECKPOINT, rows))
+        self.cleanings += 1
+        self.last_result = result
+        mb = result.bytes_read / 1e6
+        log.info(
+            "log cleaner: cleaned %s-%d up to offset %d: %.1f MB read, %.1f MB written, %d of %d records kept, "
+            "%d keys, %.2f s (%.1f MB/s)", partition_log.topic, partition_log.partition, result.end_offset, mb,
+            result.bytes_written / 1e6, result.records_kept, result.records_read, result.map_entries, result.seconds,
+            mb / result.seconds if result.seconds else 0.0,
+        )
+        return result
+
+    def shutdown(self) -> None:
+        """Stop the workers (a cleaning in flight leaves ``.cleaned`` files, which the next load deletes)."""
+        self._closed = True
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        processes = list(getattr(pool, "_processes", {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:  # our own workers: a long cleaning must not outlive the broker
+            if process.is_alive():
+                process.terminate()
+        for process in processes:
+            process.join(5)

@@ -1,0 +1,532 @@
+"""The log cleaner (pykbroker/log/cleaner.py) on real segment files: offset map, segment rewrite, tombstones,
+producer batches, aborted transactions, the swap, and recovery of ``.cleaned`` / ``.swap`` files."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from pykbroker.log.cleaner import (
+    CLEANER_CHECKPOINT,
+    AbortedRange,
+    CleanerConfig,
+    CleanTask,
+    LogCleaner,
+    SegmentFile,
+    build_offset_map,
+    clean_log,
+    CleanResult,
+    walk_records,
+)
+from pykbroker.log.config import LogConfig
+from pykbroker.log.partition_log import AbortedTxn, PartitionLog
+from pykbroker.protocol.records import (
+    COMPRESSION_NONE,
+    TRANSACTIONAL_MASK,
+    InvalidRecords,
+    NullKeyRecords,
+    build_batch,
+    read_records,
+)
+
+COMPRESSION_GZIP = 1
+COMPRESSION_LZ4 = 3
+
+NOW = int(time.time() * 1000)
+
+
+_opened: list[PartitionLog] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_logs():
+    """Every log a test opened is closed after it: no descriptor outlives the test."""
+    yield
+    while _opened:
+        partition_log = _opened.pop()
+        partition_log.abandon()
+        for segment in partition_log.segments_view():
+            segment.close()
+
+
+def open_log(path: Path, name: str = "t-0", **config) -> PartitionLog:
+    settings = {"segment_bytes": 1 << 20, "cleanup_policy": "compact", "index_interval_bytes": 100}
+    settings.update(config)
+    partition_log = PartitionLog.open(path / name, LogConfig(**settings))
+    _opened.append(partition_log)
+    return partition_log
+
+
+def append(plog: PartitionLog, records, **batch) -> None:
+    plog.append(build_batch(records, timestamp_ms=NOW, **batch), leader_epoch=0, now_ms=NOW)
+
+
+def four_segments(tmp_path: Path, compression: int = COMPRESSION_NONE, **config) -> PartitionLog:
+    """A log of four one-record segments (values v0-v3 of key k) and an empty active segment."""
+    plog = open_log(tmp_path, **config)
+    for i in range(4):
+        append(plog, [(b"k", f"v{i}".encode())], compression=compression)
+        plog.roll()
+    return plog
+
+
+def contents(plog: PartitionLog) -> list[tuple[int, bytes | None, bytes | None]]:
+    return [(r.offset, r.key, r.value) for header, data in plog.batches() if not header.is_control
+            for r in read_records(data, header)]
+
+
+def latest(plog: PartitionLog) -> dict[bytes, bytes | None]:
+    values = {}
+    for _, key, value in contents(plog):
+        values[key] = value
+    return values
+
+
+class FakeManager:
+    def __init__(self, logs, hwm=None):
+        self.logs = logs
+        self.hwm = hwm
+
+    async def run_file_work(self, logs):
+        from pykbroker.log.partition_log import run_file_work
+
+        for partition_log in logs:
+            run_file_work(partition_log.take_file_work())
+
+    async def in_io_thread(self, work):
+        work()
+
+
+def make_cleaner(tmp_path: Path, logs: list[PartitionLog], **config) -> LogCleaner:
+    fake = FakeManager(logs)
+    cleaner = LogCleaner(tmp_path, CleanerConfig(**config), lambda: list(logs), lambda t, p: fake.hwm,
+                         fake.run_file_work, fake.in_io_thread)
+    cleaner.use_processes = False
+    return cleaner
+
+
+def clean_once(cleaner: LogCleaner) -> bool:
+    return asyncio.run(cleaner.clean_filthiest())
+
+
+# -- record walk -----------------------------------------------------------------------------------
+
+
+def test_walk_records_reads_keys_and_tombstones():
+    batch = build_batch([(b"a", b"1"), (None, b"2"), (b"k" * 300, None)])
+    from pykbroker.protocol.records import BATCH_HEADER_SIZE
+
+    walked = walk_records(bytes(batch[BATCH_HEADER_SIZE:]), 3)
+    assert [(delta, key, null) for delta, key, null, _, _ in walked] == [(0, b"a", False), (1, None, False), (2, b"k" * 300, True)]
+    assert walked[-1][4] == len(batch) - BATCH_HEADER_SIZE
+
+
+# -- the map ---------------------------------------------------------------------------------------
+
+
+def test_offset_map_holds_the_latest_offset_of_each_key_of_the_dirty_section(tmp_path):
+    plog = open_log(tmp_path)
+    for round_ in range(5):
+        append(plog, [(f"k{i}".encode(), f"v{round_}".encode()) for i in range(3)])
+    plog.roll()
+    snapshot = plog.cleanable_segments(plog.log_end_offset)
+    task = CleanTask(str(plog.directory), tuple(SegmentFile(s.base_offset, size, end) for s, size, end in snapshot),
+                     first_dirty=3, end_bound=plog.log_end_offset, map_capacity=100, delete_retention_ms=0,
+                     segment_bytes=1 << 20, segment_index_bytes=1 << 20, index_interval_bytes=100)
+    offsets, end = build_offset_map(task, CleanResult(3))
+    assert offsets == {b"k0": 12, b"k1": 13, b"k2": 14}
+    assert end == 15
+
+
+def test_a_full_map_ends_the_cleaning_at_the_last_whole_batch(tmp_path):
+    plog = open_log(tmp_path)
+    for i in range(10):
+        append(plog, [(f"k{i}".encode(), b"v")])
+    plog.roll()
+    snapshot = plog.cleanable_segments(plog.log_end_offset)
+    task = CleanTask(str(plog.directory), tuple(SegmentFile(s.base_offset, size, end) for s, size, end in snapshot),
+                     first_dirty=0, end_bound=10, map_capacity=4, delete_retention_ms=0,
+                     segment_bytes=1 << 20, segment_index_bytes=1 << 20, index_interval_bytes=100)
+    offsets, end = build_offset_map(task, CleanResult(0))
+    assert len(offsets) == 4 and end == 4
+
+
+def test_map_capacity_is_the_dedupe_buffer_split_between_threads_over_the_entry_size():
+    assert CleanerConfig(dedupe_buffer_size=128_000, threads=2, load_factor=0.9).map_capacity == 450
+
+
+def test_the_map_stays_within_the_dedupe_buffer():
+    import tracemalloc
+
+    capacity = CleanerConfig(dedupe_buffer_size=8 << 20, threads=1, load_factor=1.0).map_capacity
+    tracemalloc.start()
+    try:
+        offsets = {b"key-%010d" % i: 10**12 + i for i in range(capacity)}
+        used = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(offsets) == capacity and used <= 8 << 20
+
+
+# -- the rewrite -----------------------------------------------------------------------------------
+
+
+def test_many_updates_to_few_keys_over_several_segments_keep_the_latest_value_per_key(tmp_path):
+    plog = open_log(tmp_path, segment_bytes=1000)
+    expected = {}
+    for round_ in range(60):
+        key = f"key-{round_ % 5}".encode()
+        value = f"value-{round_}".encode() * 3
+        append(plog, [(key, value)])
+        expected[key] = value
+    active_base = plog.segment_base_offsets[-1]
+    active_before = [(o, k, v) for o, k, v in contents(plog) if o >= active_base]
+    assert len(plog.segment_base_offsets) > 3
+    size_before = plog.size_bytes
+    cleaner = make_cleaner(tmp_path, [plog])
+    assert clean_once(cleaner)
+    assert latest(plog) == expected
+    after = contents(plog)
+    offsets = [o for o, _, _ in after]
+    assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)  # offsets kept, in order
+    below_active = [o for o in offsets if o < active_base]
+    assert len(below_active) <= 5  # one per key in the cleaned part
+    assert [(o, k, v) for o, k, v in after if o >= active_base] == active_before  # active untouched
+    assert plog.size_bytes < size_before
+    assert plog.log_end_offset == 60
+    # the checkpoint names where the clean part ends
+    rows = (tmp_path / CLEANER_CHECKPOINT).read_text().split("\n")
+    assert rows[2] == f"t 0 {active_base}"
+    # nothing left dirty: a second round has nothing to do
+    assert not clean_once(cleaner)
+    # the cleaned log loads again and reads the same
+    plog.close()
+    again = open_log(tmp_path, segment_bytes=1000)
+    assert contents(again) == after
+
+
+def test_cleaned_batches_keep_their_metadata_and_codec(tmp_path):
+    plog = open_log(tmp_path)
+    append(plog, [(b"a", b"1"), (b"b", b"1"), (b"a", b"2")], producer_id=7, producer_epoch=3, base_sequence=0,
+           compression=COMPRESSION_GZIP)
+    append(plog, [(b"c", b"1")], producer_id=7, producer_epoch=3, base_sequence=3)
+    plog.roll()
+    append(plog, [(b"z", b"1")])
+    assert clean_once(make_cleaner(tmp_path, [plog]))
+    headers = list(plog.headers())
+    first = headers[0]
+    assert (first.base_offset, first.last_offset_delta, first.producer_id, first.producer_epoch, first.base_sequence,
+            first.record_count, first.compression) == (0, 2, 7, 3, 0, 2, COMPRESSION_GZIP)
+    assert contents(plog) == [(1, b"b", b"1"), (2, b"a", b"2"), (3, b"c", b"1"), (4, b"z", b"1")]
+
+
+def test_the_last_batch_of_a_producer_stays_even_when_emptied(tmp_path):
+    plog = open_log(tmp_path)
+    append(plog, [(b"a", b"1")], producer_id=5, producer_epoch=0, base_sequence=0)
+    append(plog, [(b"b", b"1")], producer_id=5, producer_epoch=0, base_sequence=1)  # last of producer 5
+    append(plog, [(b"c", b"1")], producer_id=6, producer_epoch=0, base_sequence=0)  # emptied, not the last of 6
+    append(plog, [(b"c", b"2")], producer_id=6, producer_epoch=0, base_sequence=1)
+    append(plog, [(b"b", b"2"), (b"a", b"2")])
+    plog.roll()
+    append(plog, [(b"z", b"1")])
+    assert clean_once(make_cleaner(tmp_path, [plog]))
+    headers = [(h.base_offset, h.producer_id, h.base_sequence, h.record_count) for h in plog.headers()]
+    assert headers == [(1, 5, 1, 0), (3, 6, 1, 1), (4, -1, -1, 2), (6, -1, -1, 1)]
+    assert latest(plog) == {b"a": b"2", b"b": b"2", b"c": b"2", b"z": b"1"}
+
+
+def test_control_batches_are_kept_and_aborted_records_dropped(tmp_path, monkeypatch):
+    from pykbroker.protocol.control_records import marker_batch
+
+    plog = open_log(tmp_path)
+    append(plog, [(b"a", b"committed")])
+    append(plog, [(b"a", b"aborted"), (b"b", b"aborted")], producer_id=9, producer_epoch=0, base_sequence=0,
+           attributes=TRANSACTIONAL_MASK)  # offsets 1-2
+    plog.append_as_follower(_at_offset(marker_batch(producer_id=9, producer_epoch=0, commit=False,
+                                                    coordinator_epoch=0, timestamp_ms=NOW), 3))
+    append(plog, [(b"c", b"1")])
+    plog.roll()
+    append(plog, [(b"z", b"1")])
+    monkeypatch.setattr(plog, "aborted_ranges", lambda start, end: [AbortedTxn(9, 1, 3)])
+    assert clean_once(make_cleaner(tmp_path, [plog]))
+    assert latest(plog) == {b"a": b"committed", b"c": b"1", b"z": b"1"}
+    kinds = [(h.base_offset, h.is_control, h.record_count) for h in plog.headers()]
+    assert (3, True, 1) in kinds  # the marker stays
+    assert (1, False, 0) in kinds  # the aborted batch: its producer's last, kept empty
+
+
+def _at_offset(batch, offset: int) -> bytearray:
+    from pykbroker.protocol.records import set_base_offset
+
+    batch = bytearray(batch)
+    set_base_offset(batch, 0, offset)
+    return batch
+
+
+def test_tombstones_stay_until_delete_retention_ms_after_their_segment_was_cleaned(tmp_path):
+    plog = open_log(tmp_path, delete_retention_ms=0, min_cleanable_dirty_ratio=0.01)
+    append(plog, [(b"a", b"1"), (b"b", b"1"), (b"c", b"1")])
+    append(plog, [(b"a", None)])  # tombstone
+    plog.roll()
+    append(plog, [(b"z", b"1")])
+    cleaner = make_cleaner(tmp_path, [plog])
+    assert clean_once(cleaner)
+    assert latest(plog) == {b"a": None, b"b": b"1", b"c": b"1", b"z": b"1"}  # first cleaning keeps it
+    # segment mtimes have one-second granularity on some file systems: make the clean part older
+    old = time.time() - 10
+    for base in plog.segment_base_offsets[:-1]:
+        os.utime(plog.directory / f"{base:020d}.log", (old, old))
+    append(plog, [(b"d", b"1")])
+    plog.roll()
+    append(plog, [(b"y", b"1")])
+    assert clean_once(cleaner)
+    assert latest(plog) == {b"b": b"1", b"c": b"1", b"z": b"1", b"d": b"1", b"y": b"1"}  # gone
+
+
+def test_tombstones_stay_within_delete_retention_ms(tmp_path):
+    plog = open_log(tmp_path, delete_retention_ms=3_600_000, min_cleanable_dirty_ratio=0.01)
+    append(plog, [(b"a", b"1"), (b"a", None)])
+    plog.roll()
+    append(plog, [(b"z", b"1")])
+    cleaner = make_cleaner(tmp_path, [plog])
+    assert clean_once(cleaner)
+    append(plog, [(b"d", b"1")])
+    plog.roll()
+    append(plog, [(b"y", b"1")])
+    assert clean_once(cleaner)
+    assert latest(plog)[b"a"] is None
+
+
+def test_small_cleaned_segments_are_grouped_up_to_segment_bytes(tmp_path):
+    # Kafka groups by the segments' sizes before cleaning: a first cleaning shrinks them, the next groups them
+    plog = open_log(tmp_path, segment_bytes=300, min_cleanable_dirty_ratio=0.01)
+    for i in range(80):
+        append(plog, [(b"same", f"v{i}".encode())])
+    segments_before = len(plog.segment_base_offsets)
+    assert segments_before > 10
+    cleaner = make_cleaner(tmp_path, [plog])
+    assert clean_once(cleaner)
+    assert len(plog.segment_base_offsets) == segments_before
+    for i in range(80, 84):
+        append(plog, [(b"same", f"v{i}".encode())])
+    assert clean_once(cleaner)
+    assert len(plog.segment_base_offsets) <= 3
+    assert latest(plog) == {b"same": b"v83"}
+
+
+def test_no_cleaning_below_the_dirty_ratio_or_of_delete_topics(tmp_path):
+    plog = four_segments(tmp_path, min_cleanable_dirty_ratio=0.9)
+    cleaner = make_cleaner(tmp_path, [plog])
+    cleaner._checkpoints[("t", 0)] = 2  # half of it clean already
+    assert cleaner.candidate(plog, NOW) is None
+    plog.config = LogConfig(cleanup_policy="delete")
+    cleaner._checkpoints.clear()
+    assert cleaner.candidate(plog, NOW) is None
+
+
+def test_the_high_watermark_and_min_compaction_lag_bound_the_cleaning(tmp_path):
+    plog = four_segments(tmp_path)
+    cleaner = make_cleaner(tmp_path, [plog])
+    cleaner._stable_offset_of = lambda t, p: 2
+    assert cleaner.candidate(plog, NOW).bound == 2
+    cleaner._stable_offset_of = lambda t, p: None
+    plog.config = LogConfig(cleanup_policy="compact", min_compaction_lag_ms=60_000)
+    assert cleaner.candidate(plog, NOW) is None  # every record is younger than a minute
+    assert cleaner.candidate(plog, NOW + 120_000).bound == 4
+
+
+def test_max_compaction_lag_cleans_below_the_dirty_ratio(tmp_path):
+    plog = four_segments(tmp_path, min_cleanable_dirty_ratio=0.99, max_compaction_lag_ms=1000)
+    cleaner = make_cleaner(tmp_path, [plog])
+    cleaner._checkpoints[("t", 0)] = 2
+    assert cleaner.candidate(plog, NOW) is None
+    assert cleaner.candidate(plog, NOW + 5000) is not None
+
+
+# -- aborting and reads during a swap --------------------------------------------------------------
+
+
+def test_a_cleaning_whose_segments_changed_meanwhile_is_aborted(tmp_path):
+    plog = open_log(tmp_path)
+    for i in range(6):
+        append(plog, [(b"k", f"v{i}".encode())])
+        plog.roll()
+    snapshot = plog.cleanable_segments(plog.log_end_offset)
+    task = CleanTask(str(plog.directory), tuple(SegmentFile(s.base_offset, size, end) for s, size, end in snapshot),
+                     first_dirty=0, end_bound=6, map_capacity=100, delete_retention_ms=0,
+                     segment_bytes=1 << 20, segment_index_bytes=1 << 20, index_interval_bytes=100)
+    result = clean_log(task)
+    assert any(name.endswith(".cleaned") for name in os.listdir(plog.directory))
+    plog.delete_records_before(2)  # retention / DeleteRecords removed segments meanwhile
+    assert not plog.swap_cleaned(snapshot, result.segments)
+    from pykbroker.log.partition_log import run_file_work
+
+    run_file_work(plog.take_file_work())
+    assert not any(name.endswith((".cleaned", ".swap")) for name in os.listdir(plog.directory))
+    assert [v for _, _, v in contents(plog)] == [b"v2", b"v3", b"v4", b"v5"]
+
+
+def test_a_read_in_progress_continues_in_the_replacing_segment(tmp_path):
+    plog = open_log(tmp_path)
+    for i in range(6):
+        append(plog, [(f"k{i % 2}".encode(), f"v{i}".encode())])
+        plog.roll()
+    reader = plog.batches()
+    header, _ = next(reader)  # holds segment 0
+    assert header.base_offset == 0
+    fetched = plog.read(1, 1 << 20)  # a fetch's slices pin the old files
+    before = fetched.read_bytes()
+    assert clean_once(make_cleaner(tmp_path, [plog]))
+    rest = [h.base_offset for h, _ in reader]
+    assert rest == [4, 5]  # continued after offset 0 in the cleaned segment: only the latest per key
+    assert fetched.read_bytes() == before
+
+
+# -- recovery --------------------------------------------------------------------------------------
+
+
+def _cleaned_but_not_swapped(tmp_path):
+    plog = open_log(tmp_path)
+    for i in range(6):
+        append(plog, [(f"k{i % 2}".encode(), f"v{i}".encode())])
+        plog.roll()
+    append(plog, [(b"k9", b"active")])
+    snapshot = plog.cleanable_segments(plog.log_end_offset)
+    task = CleanTask(str(plog.directory), tuple(SegmentFile(s.base_offset, size, end) for s, size, end in snapshot),
+                     first_dirty=0, end_bound=6, map_capacity=100, delete_retention_ms=0,
+                     segment_bytes=1 << 20, segment_index_bytes=1 << 20, index_interval_bytes=100)
+    result = clean_log(task)
+    return plog, snapshot, result
+
+
+def test_cleaned_files_are_deleted_at_load(tmp_path):
+    plog, _, _ = _cleaned_but_not_swapped(tmp_path)
+    before = contents(plog)
+    plog.close()
+    again = open_log(tmp_path)
+    assert contents(again) == before
+    assert not any(name.endswith(".cleaned") for name in os.listdir(again.directory))
+
+
+@pytest.mark.parametrize("step", ["swap", "deleted", "renamed"])
+def test_an_interrupted_swap_completes_at_load(tmp_path, monkeypatch, step):
+    plog, snapshot, result = _cleaned_but_not_swapped(tmp_path)
+    expected = {b"k0": b"v4", b"k1": b"v5", b"k9": b"active"}
+
+    class Crash(Exception):
+        pass
+
+    def crash(at):
+        if at == step:
+            raise Crash(at)
+
+    monkeypatch.setattr("pykbroker.log.cleaner.crash_point", crash)
+    with pytest.raises(Crash):
+        plog.swap_cleaned(snapshot, result.segments)
+    for segment in plog.segments_view():
+        segment.close()
+    again = open_log(tmp_path)
+    assert latest(again) == expected
+    assert [o for o, _, _ in contents(again)] == [4, 5, 6]
+    names = os.listdir(again.directory)
+    assert not any(name.endswith((".cleaned", ".swap")) for name in names)
+
+
+# -- null keys ------------------------------------------------------------------------------------
+
+
+def test_a_compacted_topic_refuses_null_keys_naming_each_record(tmp_path):
+    plog = open_log(tmp_path)
+    with pytest.raises(NullKeyRecords) as refused:
+        append(plog, [(b"a", b"1"), (None, b"2"), (None, b"3")], compression=COMPRESSION_LZ4)
+    assert isinstance(refused.value, InvalidRecords)
+    assert [index for index, _ in refused.value.errors] == [1, 2]
+    assert refused.value.errors[0][1] == "Compacted topic cannot accept message without key in topic partition t-0."
+    assert plog.log_end_offset == 0  # nothing appended
+    delete_log = open_log(tmp_path, "d-0", cleanup_policy="delete")
+    delete_log.append(build_batch([(None, b"1")], timestamp_ms=NOW), leader_epoch=0, now_ms=NOW)
+    assert delete_log.log_end_offset == 1
+
+
+def test_compact_only_topics_have_no_time_retention(tmp_path):
+    plog = open_log(tmp_path, retention_ms=1)
+    append(plog, [(b"a", b"1")])
+    plog.roll()
+    append(plog, [(b"b", b"1")])
+    assert plog.apply_retention(NOW + 10_000) == 0
+    plog.config = LogConfig(cleanup_policy="compact,delete", retention_ms=1)
+    assert plog.apply_retention(NOW + 10_000) == 1
+
+
+def test_aborted_range_matching():
+    from pykbroker.log.cleaner import _Aborted
+
+    aborted = _Aborted((AbortedRange(1, 10, 20),))
+    header = build_batch([(b"a", b"1")], producer_id=1, producer_epoch=0, base_sequence=0, attributes=TRANSACTIONAL_MASK,
+                         base_offset=15)
+    from pykbroker.protocol.records import read_header
+
+    assert aborted.contains(read_header(header))
+    assert not aborted.contains(read_header(build_batch([(b"a", b"1")], base_offset=15)))
+    assert COMPRESSION_NONE == 0
+
+
+def test_a_log_whose_data_cannot_be_read_is_not_cleaned_again(tmp_path):
+    plog = four_segments(tmp_path, COMPRESSION_GZIP)
+    first = plog.directory / "00000000000000000000.log"
+    data = bytearray(first.read_bytes())
+    data[70:80] = b"\xff" * 10  # inside the gzip stream (the CRC is not checked by the cleaner)
+    first.write_bytes(bytes(data))
+    cleaner = make_cleaner(tmp_path, [plog])
+    assert clean_once(cleaner)
+    assert ("t", 0) in cleaner._uncleanable
+    assert not clean_once(cleaner)  # skipped from now on
+    assert not any(name.endswith(".cleaned") for name in os.listdir(plog.directory))
+
+
+def test_a_dirty_ratio_equal_to_the_minimum_is_not_enough_as_in_kafka(tmp_path):
+    plog = four_segments(tmp_path, min_cleanable_dirty_ratio=0.5)
+    cleaner = make_cleaner(tmp_path, [plog])
+    cleaner._checkpoints[("t", 0)] = 2  # two clean segments, two dirty ones of the same size
+    assert cleaner.candidate(plog, NOW) is None
+    cleaner._checkpoints[("t", 0)] = 1
+    assert cleaner.candidate(plog, NOW).ratio == 0.75
+
+
+def test_aborted_entries_of_replaced_segments_move_to_the_replacing_segments_index(tmp_path):
+    """The transaction index (.txnindex) of segments a cleaning replaces is carried to the segment that replaced
+    them: fetches keep getting the aborted transaction, and no index file of a replaced base is left behind."""
+    from pykbroker.log.producer_state import CompletedTxn
+    from pykbroker.log.txn_index import TXN_INDEX_SUFFIX
+
+    plog = open_log(tmp_path)
+    append(plog, [(b"a", b"1")])
+    plog.roll()
+    append(plog, [(b"a", b"2")])
+    plog.roll()  # segment 2 holds an aborted transaction's data (offset 2) and its marker (offset 3)
+    append(plog, [(b"b", b"x")], producer_id=9, producer_epoch=0, base_sequence=0, attributes=TRANSACTIONAL_MASK)
+    plog.append_as_follower(_at_offset(marker_batch_for(9, commit=False), 3))
+    plog.index_aborted(CompletedTxn(producer_id=9, first_offset=2, last_offset=3, is_aborted=True), 4)
+    plog.roll()
+    append(plog, [(b"a", b"3")])
+    plog.roll()
+    append(plog, [(b"z", b"active")])
+    assert [(t.producer_id, t.first_offset) for t in plog.aborted_ranges(0, 10)] == [(9, 2)]
+    assert (tmp_path / "t-0" / f"{2:020d}{TXN_INDEX_SUFFIX}").exists()
+    assert clean_once(make_cleaner(tmp_path, [plog], dedupe_buffer_size=1 << 20))
+    bases = [segment.base_offset for segment in plog.segments_view()]
+    assert 2 not in bases  # grouped into the first cleaned segment
+    assert [(t.producer_id, t.first_offset, t.last_offset) for t in plog.aborted_ranges(0, 10)] == [(9, 2, 3)]
+    index_files = sorted(p.name for p in (tmp_path / "t-0").iterdir() if p.name.endswith(TXN_INDEX_SUFFIX))
+    assert index_files == [f"{bases[0]:020d}{TXN_INDEX_SUFFIX}"]
+    assert latest(plog) == {b"a": b"3", b"z": b"active"}  # the aborted record is gone
+
+
+def marker_batch_for(producer_id: int, *, commit: bool) -> bytearray:
+    from pykbroker.protocol.control_records import marker_batch
+
+    return marker_batch(producer_id=producer_id, producer_epoch=0, commit=commit, coordinator_epoch=0, timestamp_ms=NOW)
