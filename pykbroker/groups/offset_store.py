@@ -45,6 +45,7 @@ import asyncio
 import logging
 import struct
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping, NamedTuple
 
@@ -315,6 +316,9 @@ class OffsetStore:
         # Transactional offsets waiting for their marker: producer id -> group -> partition -> offset (Kafka's
         # pendingTransactionalOffsetCommits, indexed by producer as its openGroupsForProducer).
         self._pending: dict[int, dict[str, dict[TopicPartition, CommittedOffset]]] = {}
+        # Plain commits appended but not yet acknowledged, per group and partition (Kafka's
+        # pendingOffsetCommits): unstable for require_stable, like pending transactional offsets.
+        self._inflight: dict[str, Counter[TopicPartition]] = {}
         self._group_metadata: dict[str, bytes] = {}
         self._epochs = [0] * num_partitions  # bumped by every load and unload of a partition
         self._waiting: set[asyncio.Task] = set()  # appends waiting for the ISR
@@ -410,12 +414,23 @@ class OffsetStore:
             for tp, committed in offsets.items()
         }
         batch = build_batch(self._offset_records(group_id, normalized), timestamp_ms=now_ms)
+        inflight = self._inflight.setdefault(group_id, Counter())
+        inflight.update(normalized.keys())
 
         def apply(record_offset: int) -> None:
             _apply_newer(self._offsets, group_id,
                          {tp: replace(c, record_offset=record_offset) for tp, c in normalized.items()})
 
-        self._write(self.partition_for(group_id), batch, apply, done, offsets=True)
+        def finished(error: ErrorCode) -> None:
+            inflight.subtract(normalized.keys())
+            for tp in normalized:
+                if inflight[tp] <= 0:
+                    del inflight[tp]
+            if not inflight and self._inflight.get(group_id) is inflight:
+                del self._inflight[group_id]
+            done(error)
+
+        self._write(self.partition_for(group_id), batch, apply, finished, offsets=True)
 
     def commit_transactional(self, group_id: str, producer_id: int, producer_epoch: int,
                              offsets: Mapping[TopicPartition, CommittedOffset], now_ms: int, done: Done) -> None:
@@ -470,8 +485,12 @@ class OffsetStore:
         return sorted(completed)
 
     def has_pending(self, group_id: str, tp: TopicPartition | None = None) -> bool:
-        """Whether transactional offsets of the group (for partition ``tp``, or any) await their marker (Kafka's
+        """Whether offsets of the group (for partition ``tp``, or any) are not settled yet: transactional ones
+        awaiting their marker, or a plain commit awaiting its acknowledgement (Kafka's
         hasPendingOffsetCommitsForTopicPartition)."""
+        inflight = self._inflight.get(group_id)
+        if inflight and (tp is None or tp in inflight):
+            return True
         for groups in self._pending.values():
             pending = groups.get(group_id)
             if pending and (tp is None or tp in pending):
@@ -483,7 +502,7 @@ class OffsetStore:
         return sorted(pid for pid, groups in self._pending.items() if groups.get(group_id))
 
     def has_offsets(self, group_id: str) -> bool:
-        """Kafka's GroupMetadata.hasOffsets: committed offsets, or transactional ones awaiting their marker."""
+        """Kafka's GroupMetadata.hasOffsets: committed offsets, or offsets not settled yet (``has_pending``)."""
         return bool(self._offsets.get(group_id)) or self.has_pending(group_id)
 
     def fetch(
@@ -550,10 +569,12 @@ class OffsetStore:
             if not is_group_empty(group):
                 continue
             since = empty_since_ms(group) if empty_since_ms is not None else None
+            inflight = self._inflight.get(group, {})  # a commit being written is no time to expire (Kafka's rule)
             expired = [
                 tp for tp, c in committed.items()
-                if (now_ms >= c.expire_timestamp_ms if c.expire_timestamp_ms != -1
-                    else now_ms - (since if since is not None else c.commit_timestamp_ms) >= retention_ms)
+                if tp not in inflight
+                and (now_ms >= c.expire_timestamp_ms if c.expire_timestamp_ms != -1
+                     else now_ms - (since if since is not None else c.commit_timestamp_ms) >= retention_ms)
             ]
             if expired:
                 doomed[group] = expired

@@ -379,3 +379,22 @@ def test_deleting_a_topic_drops_its_pending_txn_offsets(h):
     h.txn_commit({TP0: 1})
     h.store.delete_topic(TOPIC)
     assert not h.store.has_pending(GROUP)
+
+
+def test_a_plain_commit_waiting_for_its_acknowledgement_is_unstable_and_does_not_expire(h):
+    """Kafka's pendingOffsetCommits: with followers a commit waits for the ISR; meanwhile require_stable
+    answers UNSTABLE_OFFSET_COMMIT for it and expiry leaves that partition alone."""
+    assert h.commit(GROUP, -1, "", offset=1) == ErrorCode.none
+    held = []
+    write = h.store._write
+    h.store._write = lambda *args, **kwargs: held.append((args, kwargs))  # the append waits for followers
+    answers = []
+    h.coordinator.commit_offsets(GROUP, -1, "", {TP0: (2, -1, "")}, answers.append)
+    assert answers == [] and h.coordinator.unstable_offsets(GROUP, [TP0, TP1]) == {TP0}
+    h.clock.advance(h.config.offsets_retention_ms * 2)
+    assert h.coordinator.expire_offsets() == 0
+    h.store._write = write
+    ((args, kwargs),) = held
+    write(*args, **kwargs)  # acknowledged now
+    assert answers == [{TP0: ErrorCode.none}]
+    assert h.coordinator.unstable_offsets(GROUP, [TP0]) == set() and h.offsets() == {TP0: 2}
