@@ -896,19 +896,10 @@ class GroupCoordinator:
     ) -> None:
         """offsets: (topic, partition) -> (offset, leader epoch, metadata). ``respond`` gets an error per
         partition, once the commit is stored (at once when nothing is written or nothing must wait)."""
-        error = self._invalid_group_id(group_id, "offset_commit")
-        if error is not None:
-            respond({tp: error for tp in offsets})
+        admitted = self._admit_commit(group_id, "offset_commit", offsets, respond)
+        if admitted is None:
             return
-        results, known = self._known_partitions(offsets)
-        if not known:
-            respond(results)  # Kafka does not consult the coordinator then (no group is created)
-            return
-        error = self._coordinator_error(group_id)
-        if error is not None:
-            results.update({tp: error for tp in known})
-            respond(results)
-            return
+        results, known = admitted
         group = self._groups.get(group_id)
         if group is None:
             if generation >= 0:  # a generation of a group that does not exist: stale, reject
@@ -952,19 +943,10 @@ class GroupCoordinator:
         (``on_transaction_marker``). Versions before 3 carry no member id / generation (-1, ""): nothing is
         checked against the group then; otherwise they must be current, as for a commit (but a group
         waiting for its SyncGroup is no reason to refuse, and an unknown group is created Empty)."""
-        error = self._invalid_group_id(group_id, "txn_offset_commit")
-        if error is not None:
-            respond({tp: error for tp in offsets})
+        admitted = self._admit_commit(group_id, "txn_offset_commit", offsets, respond)
+        if admitted is None:
             return
-        results, known = self._known_partitions(offsets)
-        if not known:
-            respond(results)
-            return
-        error = self._coordinator_error(group_id)
-        if error is not None:
-            results.update({tp: error for tp in known})
-            respond(results)
-            return
+        results, known = admitted
         group = self._groups.get(group_id) or self._add_group(group_id)
         error = self._validate_offset_commit(group, generation, member_id, group_instance_id, transactional=True)
         if error is not None:
@@ -992,9 +974,16 @@ class GroupCoordinator:
             log.debug("producer %d: transactional offsets of groups %s %s", producer_id, groups,
                       "committed" if commit else "aborted")
 
-    def _known_partitions(self, offsets: TopicPartitionOffsets) -> tuple[dict[TopicPartition, ErrorCode], dict]:
-        """Kafka's KafkaApis first step: partitions that do not exist are answered UNKNOWN_TOPIC_OR_PARTITION
-        before the group is looked at; returns (those answers, the rest)."""
+    def _admit_commit(self, group_id: str, api: str, offsets: TopicPartitionOffsets,
+                      respond: Callable[[dict[TopicPartition, ErrorCode]], None],
+                      ) -> tuple[dict[TopicPartition, ErrorCode], dict] | None:
+        """The checks before the group is looked at: the group id, then (as Kafka's KafkaApis) partitions
+        that do not exist (UNKNOWN_TOPIC_OR_PARTITION), then whether this broker is the coordinator.
+        Returns (the answers so far, the offsets of existing partitions), or None when it has answered."""
+        error = self._invalid_group_id(group_id, api)
+        if error is not None:
+            respond({tp: error for tp in offsets})
+            return None
         results: dict[TopicPartition, ErrorCode] = {}
         known = {}
         for tp, value in offsets.items():
@@ -1002,6 +991,14 @@ class GroupCoordinator:
                 known[tp] = value
             else:
                 results[tp] = ErrorCode.unknown_topic_or_partition
+        if not known:
+            respond(results)  # Kafka does not consult the coordinator then (no group is created)
+            return None
+        error = self._coordinator_error(group_id)
+        if error is not None:
+            results.update({tp: error for tp in known})
+            respond(results)
+            return None
         return results, known
 
     @staticmethod

@@ -409,10 +409,7 @@ class OffsetStore:
         if not offsets:
             done(ErrorCode.none)
             return
-        normalized = {
-            tp: committed if committed.metadata is not None else replace(committed, metadata="")
-            for tp, committed in offsets.items()
-        }
+        normalized = _with_metadata(offsets)
         batch = build_batch(self._offset_records(group_id, normalized), timestamp_ms=now_ms)
         inflight = self._inflight.setdefault(group_id, Counter())
         inflight.update(normalized.keys())
@@ -442,10 +439,7 @@ class OffsetStore:
         if not offsets:
             done(ErrorCode.none)
             return
-        normalized = {
-            tp: committed if committed.metadata is not None else replace(committed, metadata="")
-            for tp, committed in offsets.items()
-        }
+        normalized = _with_metadata(offsets)
         batch = build_batch(self._offset_records(group_id, normalized), timestamp_ms=now_ms, producer_id=producer_id,
                             producer_epoch=producer_epoch, base_sequence=-1, attributes=TRANSACTIONAL_MASK)
         prepared: dict[TopicPartition, CommittedOffset] = {}
@@ -771,6 +765,12 @@ class _Replay:
             # One bad record must not keep every group of this partition from loading.
             log.warning("skipping unreadable record at %s-%d offset %d: %s", OFFSETS_TOPIC, self.partition, offset,
                         exc)
+
+
+def _with_metadata(offsets: Mapping[TopicPartition, CommittedOffset]) -> dict[TopicPartition, CommittedOffset]:
+    """A null metadata stored as "" (the field is not nullable in Kafka's schema)."""
+    return {tp: committed if committed.metadata is not None else replace(committed, metadata="")
+            for tp, committed in offsets.items()}
 
 
 def _apply_newer(offsets: dict[str, dict[TopicPartition, CommittedOffset]], group: str,

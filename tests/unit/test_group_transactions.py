@@ -26,8 +26,8 @@ from pykbroker.protocol.errors import ErrorCode
 from pykbroker.protocol.records import TRANSACTIONAL_MASK, build_batch, read_records, set_base_offset
 from pykbroker.replication.partition import AppendOutcome
 from pykbroker.replication.replica_manager import ReplicaManager
+import tests.unit.test_group_coordinator as coordinator_tests
 from tests.unit.test_group_coordinator import PARTITIONS, TOPIC, Harness
-from tests.unit.test_offset_store import OffsetsLogs
 
 GROUP = "txn-group"
 PID, OTHER_PID = 4000, 4001
@@ -89,11 +89,7 @@ class TxnHarness(Harness):
         return {tp: c.offset for tp, c in committed.items()}
 
 
-@pytest.fixture
-def logs(tmp_path):
-    opened = OffsetsLogs(tmp_path / "data", PARTITIONS)
-    yield opened
-    opened.close()
+logs = coordinator_tests.logs  # the fixture: __consumer_offsets on disk
 
 
 @pytest.fixture

@@ -42,35 +42,33 @@ def requested_offsets(topics) -> dict[tuple[str, int], tuple[int, int, str | Non
     }
 
 
-def partition_errors(topics, errors, topic_cls, partition_cls) -> tuple:
-    """The response topics of a commit: each requested partition with its error, in the request's order."""
-    return tuple(
-        make(topic_cls, name=topic.name, partitions=tuple(
-            make(partition_cls, partition_index=p.partition_index, error_code=errors[(topic.name, p.partition_index)])
-            for p in topic.partitions))
-        for topic in topics
-    )
+def answer_commit(ctx: RequestContext, request, api: str, start) -> object:
+    """Run a commit (``start(respond)``) and answer it as ``{api}Response``: each requested partition with
+    its error, in the request's order (OffsetCommit, TxnOffsetCommit)."""
+    schema = response_module(ctx)
+    topic_cls, partition_cls = getattr(schema, f"{api}ResponseTopic"), getattr(schema, f"{api}ResponsePartition")
+
+    def build(errors) -> object:
+        topics = tuple(
+            make(topic_cls, name=topic.name, partitions=tuple(
+                make(partition_cls, partition_index=p.partition_index,
+                     error_code=errors[(topic.name, p.partition_index)])
+                for p in topic.partitions))
+            for topic in request.topics
+        )
+        return make(getattr(schema, f"{api}Response"), throttle_time=0, topics=topics)
+
+    return answer_later(start, build)
 
 
 @handles(8)
 def offset_commit(ctx: RequestContext, request) -> object:
-    schema = response_module(ctx)
     retention = getattr(request, "retention_time", DEFAULT_RETENTION_TIME)
     retention_ms = retention // timedelta(milliseconds=1) if isinstance(retention, timedelta) else int(retention)
     expire_timestamp = -1 if retention_ms == DEFAULT_RETENTION_TIME else int(time.time() * 1000) + retention_ms
-
-    def build(errors) -> object:
-        topics = partition_errors(request.topics, errors, schema.OffsetCommitResponseTopic,
-                                  schema.OffsetCommitResponsePartition)
-        return make(schema.OffsetCommitResponse, throttle_time=0, topics=topics)
-
-    return answer_later(
-        lambda respond: ctx.broker.groups.commit_offsets(
-            request.group_id, request.generation_id_or_member_epoch, request.member_id,
-            requested_offsets(request.topics), respond,
-            group_instance_id=getattr(request, "group_instance_id", None), expire_timestamp_ms=expire_timestamp),
-        build,
-    )
+    return answer_commit(ctx, request, "OffsetCommit", lambda respond: ctx.broker.groups.commit_offsets(
+        request.group_id, request.generation_id_or_member_epoch, request.member_id, requested_offsets(request.topics),
+        respond, group_instance_id=getattr(request, "group_instance_id", None), expire_timestamp_ms=expire_timestamp))
 
 
 def _group_topics(ctx: RequestContext, group_id: str, requested, partition_cls, topic_cls,

@@ -16,9 +16,7 @@ partition); an abort drops them. See groups/coordinator.py and groups/offset_sto
 from __future__ import annotations
 
 from pykbroker.server.dispatch import RequestContext, handles
-from pykbroker.server.handlers._build import make, response_module
-from pykbroker.server.handlers.committed_offsets import partition_errors, requested_offsets
-from pykbroker.server.handlers.groups import answer_later
+from pykbroker.server.handlers.committed_offsets import answer_commit, requested_offsets
 
 NO_GENERATION = -1
 NO_MEMBER_ID = ""
@@ -26,18 +24,7 @@ NO_MEMBER_ID = ""
 
 @handles(28)
 def txn_offset_commit(ctx: RequestContext, request) -> object:
-    schema = response_module(ctx)
-
-    def build(errors) -> object:
-        topics = partition_errors(request.topics, errors, schema.TxnOffsetCommitResponseTopic,
-                                  schema.TxnOffsetCommitResponsePartition)
-        return make(schema.TxnOffsetCommitResponse, throttle_time=0, topics=topics)
-
-    return answer_later(
-        lambda respond: ctx.broker.groups.commit_transactional_offsets(
-            request.group_id, request.producer_id, request.producer_epoch,
-            getattr(request, "generation_id", NO_GENERATION), getattr(request, "member_id", NO_MEMBER_ID),
-            requested_offsets(request.topics), respond,
-            group_instance_id=getattr(request, "group_instance_id", None)),
-        build,
-    )
+    return answer_commit(ctx, request, "TxnOffsetCommit", lambda respond: ctx.broker.groups.commit_transactional_offsets(
+        request.group_id, request.producer_id, request.producer_epoch, getattr(request, "generation_id", NO_GENERATION),
+        getattr(request, "member_id", NO_MEMBER_ID), requested_offsets(request.topics), respond,
+        group_instance_id=getattr(request, "group_instance_id", None)))
