@@ -77,6 +77,7 @@ from pykbroker.groups.group import (
 from pykbroker.groups.group_record import decode_group_record, encode_group_record, group_from_record, record_of
 from pykbroker.groups.offset_store import OFFSETS_TOPIC, CommittedOffset, OffsetStore
 from pykbroker.protocol.errors import ErrorCode
+from pykbroker.protocol.records import NO_PRODUCER_ID
 
 log = logging.getLogger(__name__)
 
@@ -940,7 +941,7 @@ class GroupCoordinator:
         """TxnOffsetCommit (Kafka's handleTxnCommitOffsets): offsets a transactional producer commits for the
         group as part of its transaction. They are appended to the group's partition as one transactional
         batch and stay pending (invisible to OffsetFetch) until the transaction's marker
-        (``on_transaction_marker``). Versions before 3 carry no member id / generation (-1, ""): nothing is
+        (``on_transaction_marker``); with producer id -1 they are a plain commit, as in Kafka. Versions before 3 carry no member id / generation (-1, ""): nothing is
         checked against the group then; otherwise they must be current, as for a commit (but a group
         waiting for its SyncGroup is no reason to refuse, and an unknown group is created Empty)."""
         admitted = self._admit_commit(group_id, "txn_offset_commit", offsets, respond)
@@ -955,11 +956,13 @@ class GroupCoordinator:
             return
         now = self._now()
         accepted = self._accepted_offsets(known, now, -1, results)
-        if accepted:
+        if not accepted:
+            respond(results)
+        elif producer_id == NO_PRODUCER_ID:  # Kafka's storeOffsets: no producer, so a plain commit
+            self.store.commit(group_id, accepted, now, self._stored(group_id, accepted, results, respond))
+        else:
             self.store.commit_transactional(group_id, producer_id, producer_epoch, accepted, now,
                                             self._stored(group_id, accepted, results, respond))
-        else:
-            respond(results)
 
     def on_transaction_marker(self, offsets_partition: int, producer_id: int, commit: bool) -> None:
         """A COMMIT (``commit``) or ABORT marker of ``producer_id`` was appended and replicated to

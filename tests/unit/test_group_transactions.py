@@ -394,3 +394,10 @@ def test_a_plain_commit_waiting_for_its_acknowledgement_is_unstable_and_does_not
     write(*args, **kwargs)  # acknowledged now
     assert answers == [{TP0: ErrorCode.none}]
     assert h.coordinator.unstable_offsets(GROUP, [TP0]) == set() and h.offsets() == {TP0: 2}
+
+
+def test_a_txn_commit_without_a_producer_id_is_a_plain_commit_as_in_kafka(h):
+    assert h.txn_commit({TP0: 8}, pid=-1, epoch=-1) == {TP0: ErrorCode.none}
+    assert h.offsets() == {TP0: 8} and not h.store.has_pending(GROUP)
+    ((header, _),) = _log_batches(h)
+    assert not header.is_transactional
