@@ -941,9 +941,10 @@ class GroupCoordinator:
         """TxnOffsetCommit (Kafka's handleTxnCommitOffsets): offsets a transactional producer commits for the
         group as part of its transaction. They are appended to the group's partition as one transactional
         batch and stay pending (invisible to OffsetFetch) until the transaction's marker
-        (``on_transaction_marker``); with producer id -1 they are a plain commit, as in Kafka. Versions before 3 carry no member id / generation (-1, ""): nothing is
-        checked against the group then; otherwise they must be current, as for a commit (but a group
-        waiting for its SyncGroup is no reason to refuse, and an unknown group is created Empty)."""
+        (``on_transaction_marker``); with producer id -1 they are a plain commit, as in Kafka. Versions
+        before 3 carry no member id / generation (-1, ""): nothing is checked against the group then;
+        otherwise they must be current, as for a commit (but a group waiting for its SyncGroup is no reason
+        to refuse, and an unknown group is created Empty)."""
         admitted = self._admit_commit(group_id, "txn_offset_commit", offsets, respond)
         if admitted is None:
             return
