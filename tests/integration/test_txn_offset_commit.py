@@ -222,3 +222,23 @@ def test_an_open_transaction_stays_pending_across_a_restart_until_its_marker(bro
     before, after = run(finish())
     assert before == {0: (-1, ErrorCode.unstable_offset_commit)}
     assert after == {0: (42, ErrorCode.none)}
+
+
+@needs_partition_leader_side
+def test_a_txn_commit_from_a_fenced_producer_epoch_is_refused_and_not_pending(broker):
+    topic, group = f"t-{uuid.uuid4().hex[:8]}", f"f-{uuid.uuid4().hex[:8]}"
+
+    async def scenario():
+        connection = await connect(broker)
+        await create_topic(connection, topic)
+        await find_coordinator(connection, group)
+        current = errors_of(await connection.send(txn_commit(group, {(topic, 0): (5, "")}, producer_id=4000, epoch=3)))
+        zombie = errors_of(await connection.send(txn_commit(group, {(topic, 1): (9, "")}, producer_id=4000, epoch=2)))
+        pending = await fetch(connection, group, topic, [0, 1], require_stable=True)
+        await connection.aclose()
+        return current, zombie, pending
+
+    current, zombie, pending = run(scenario())
+    assert current == {(topic, 0): ErrorCode.none}
+    assert zombie == {(topic, 1): ErrorCode.invalid_producer_epoch}  # what Kafka's log answers the coordinator
+    assert pending == {0: (-1, ErrorCode.unstable_offset_commit), 1: (-1, ErrorCode.none)}
