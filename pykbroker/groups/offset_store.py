@@ -511,8 +511,9 @@ class OffsetStore:
     def delete(self, group_id: str, partitions: Iterable[TopicPartition] | None = None, now_ms: int | None = None) -> None:
         """Tombstone some offsets of a group (OffsetDelete), or with ``None`` the whole group (DeleteGroups):
         all its offsets and its group metadata, in one batch."""
+        wanted = None if partitions is None else set(partitions)
         committed = self._offsets.get(group_id, {})
-        targets = list(committed) if partitions is None else [tp for tp in partitions if tp in committed]
+        targets = list(committed) if wanted is None else [tp for tp in committed if tp in wanted]
         records = [(encode_offset_key(group_id, topic, partition), None) for topic, partition in targets]
         if partitions is None and group_id in self._group_metadata:
             records.append((encode_group_metadata_key(group_id), None))
@@ -521,7 +522,7 @@ class OffsetStore:
             self._forget_offset(group_id, tp)
         # Kafka's removeOffsets / removeAllOffsets: pending transactional offsets of those partitions go too
         # (a marker coming later finds nothing).
-        self._drop_pending(group_id, None if partitions is None else set(partitions))
+        self._drop_pending(group_id, wanted)
         if records:
             self._tombstone(self.partition_for(group_id), records, _now_ms() if now_ms is None else now_ms)
 
