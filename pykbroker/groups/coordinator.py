@@ -981,13 +981,10 @@ class GroupCoordinator:
     def _admit_commit(self, group_id: str, api: str, offsets: TopicPartitionOffsets,
                       respond: Callable[[dict[TopicPartition, ErrorCode]], None],
                       ) -> tuple[dict[TopicPartition, ErrorCode], dict] | None:
-        """The checks before the group is looked at: the group id, then (as Kafka's KafkaApis) partitions
-        that do not exist (UNKNOWN_TOPIC_OR_PARTITION), then whether this broker is the coordinator.
-        Returns (the answers so far, the offsets of existing partitions), or None when it has answered."""
-        error = self._invalid_group_id(group_id, api)
-        if error is not None:
-            respond({tp: error for tp in offsets})
-            return None
+        """The checks before the group is looked at, in Kafka's order: partitions that do not exist
+        (UNKNOWN_TOPIC_OR_PARTITION, KafkaApis), then the group id and whether this broker is the group's
+        coordinator (validateGroupStatus). Returns (the answers so far, the offsets of existing partitions),
+        or None when it has answered."""
         results: dict[TopicPartition, ErrorCode] = {}
         known = {}
         for tp, value in offsets.items():
@@ -998,7 +995,7 @@ class GroupCoordinator:
         if not known:
             respond(results)  # Kafka does not consult the coordinator then (no group is created)
             return None
-        error = self._coordinator_error(group_id)
+        error = self._invalid_group_id(group_id, api) or self._coordinator_error(group_id)
         if error is not None:
             results.update({tp: error for tp in known})
             respond(results)

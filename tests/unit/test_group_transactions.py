@@ -294,6 +294,8 @@ def test_txn_commit_to_an_unknown_group_with_a_member_id_is_unknown_member_and_c
 
 def test_txn_commit_request_level_errors(h):
     assert h.txn_commit({TP0: 1}, group="") == {TP0: ErrorCode.invalid_group_id}
+    assert h.txn_commit({TP0: 1, ("nope", 0): 2}, group="") == {  # partitions are checked first, as in Kafka
+        TP0: ErrorCode.invalid_group_id, ("nope", 0): ErrorCode.unknown_topic_or_partition}
     assert h.txn_commit({TP0: 1, ("nope", 0): 2, (TOPIC, 99): 3}) == {
         TP0: ErrorCode.none, ("nope", 0): ErrorCode.unknown_topic_or_partition,
         (TOPIC, 99): ErrorCode.unknown_topic_or_partition}
