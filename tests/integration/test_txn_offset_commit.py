@@ -68,14 +68,14 @@ async def find_coordinator(connection: KafkaClientConnection, group: str) -> Non
 
 
 def txn_commit(group: str, offsets: dict, *, producer_id: int = 1000, epoch: int = 0, generation: int = -1,
-               member: str = "", instance: str | None = None) -> TxnOffsetCommitRequest:
+               member: str = "", instance: str | None = None, transactional_id: str = "txn-1") -> TxnOffsetCommitRequest:
     by_topic: dict[str, list] = {}
     for (topic, partition), (offset, metadata) in offsets.items():
         by_topic.setdefault(topic, []).append(TxnOffsetCommitRequestPartition(
             partition_index=i32(partition), committed_offset=i64(offset), committed_leader_epoch=i32(-1),
             committed_metadata=metadata))
     return TxnOffsetCommitRequest(
-        transactional_id="txn-1", group_id=group, producer_id=i64(producer_id), producer_epoch=i16(epoch),
+        transactional_id=transactional_id, group_id=group, producer_id=i64(producer_id), producer_epoch=i16(epoch),
         generation_id=i32(generation), member_id=member, group_instance_id=instance,
         topics=tuple(TxnOffsetCommitRequestTopic(name=t, partitions=tuple(p)) for t, p in by_topic.items()))
 
