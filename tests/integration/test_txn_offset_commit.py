@@ -67,6 +67,16 @@ async def find_coordinator(connection: KafkaClientConnection, group: str) -> Non
     raise AssertionError(f"FindCoordinator({group}): {answer.error_code!r}")
 
 
+async def ready(broker, topic: str | None, *groups: str) -> KafkaClientConnection:
+    """A connection, the topic created (unless None), the groups' coordinator found."""
+    connection = await connect(broker)
+    if topic is not None:
+        await create_topic(connection, topic)
+    for group in groups:
+        await find_coordinator(connection, group)
+    return connection
+
+
 def txn_commit(group: str, offsets: dict, *, producer_id: int = 1000, epoch: int = 0, generation: int = -1,
                member: str = "", instance: str | None = None, transactional_id: str = "txn-1") -> TxnOffsetCommitRequest:
     by_topic: dict[str, list] = {}
@@ -108,10 +118,8 @@ def test_txn_offset_commit_errors_as_kafka_answers_them(broker):
     topic, group = f"t-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
 
     async def scenario():
-        connection = await connect(broker)
+        connection = await ready(broker, topic, group)
         assert connection.version_for(28, 3) == 3  # advertised v0-3
-        await create_topic(connection, topic)
-        await find_coordinator(connection, group)
         invalid = errors_of(await connection.send(txn_commit("", {(topic, 0): (1, "")})))
         unknown = errors_of(await connection.send(txn_commit(group, {("no-such-topic", 0): (1, ""),
                                                                       (topic, 7): (1, "")})))
@@ -149,10 +157,7 @@ def test_txn_offsets_become_visible_on_commit_and_vanish_on_abort_across_a_resta
     committed_group, aborted_group = f"c-{uuid.uuid4().hex[:8]}", f"a-{uuid.uuid4().hex[:8]}"
 
     async def before_restart():
-        connection = await connect(broker)
-        await create_topic(connection, topic)
-        for group in (committed_group, aborted_group):
-            await find_coordinator(connection, group)
+        connection = await ready(broker, topic, committed_group, aborted_group)
         v0 = TxnOffsetCommitRequestV0(transactional_id="txn-0", group_id=committed_group, producer_id=i64(2000),
                                       producer_epoch=i16(0), topics=(TopicV0(name=topic, partitions=(
                                           PartitionV0(partition_index=i32(0), committed_offset=i64(17),
@@ -183,9 +188,7 @@ def test_txn_offsets_become_visible_on_commit_and_vanish_on_abort_across_a_resta
     broker.restart()
 
     async def after_restart():
-        connection = await connect(broker)
-        for group in (committed_group, aborted_group):
-            await find_coordinator(connection, group)
+        connection = await ready(broker, None, committed_group, aborted_group)
         seen = {group: await fetch_when_loaded(connection, group, topic, [0, 1])
                 for group in (committed_group, aborted_group)}
         await connection.aclose()
@@ -199,9 +202,7 @@ def test_an_open_transaction_stays_pending_across_a_restart_until_its_marker(bro
     topic, group = f"t-{uuid.uuid4().hex[:8]}", f"o-{uuid.uuid4().hex[:8]}"
 
     async def open_transaction():
-        connection = await connect(broker)
-        await create_topic(connection, topic)
-        await find_coordinator(connection, group)
+        connection = await ready(broker, topic, group)
         assert errors_of(await connection.send(txn_commit(group, {(topic, 0): (42, "")}, producer_id=3000))) == {
             (topic, 0): ErrorCode.none}
         await connection.aclose()
@@ -210,8 +211,7 @@ def test_an_open_transaction_stays_pending_across_a_restart_until_its_marker(bro
     broker.restart(kill=True)
 
     async def finish():
-        connection = await connect(broker)
-        await find_coordinator(connection, group)
+        connection = await ready(broker, None, group)
         before = await fetch_when_loaded(connection, group, topic, [0])
         response = await connection.send(_marker(partition_for_group(group, OFFSETS_PARTITIONS), 3000, 0, True))
         assert _marker_errors(response) == [ErrorCode.none]
@@ -229,9 +229,7 @@ def test_a_txn_commit_from_a_fenced_producer_epoch_is_refused_and_not_pending(br
     topic, group = f"t-{uuid.uuid4().hex[:8]}", f"f-{uuid.uuid4().hex[:8]}"
 
     async def scenario():
-        connection = await connect(broker)
-        await create_topic(connection, topic)
-        await find_coordinator(connection, group)
+        connection = await ready(broker, topic, group)
         current = errors_of(await connection.send(txn_commit(group, {(topic, 0): (5, "")}, producer_id=4000, epoch=3)))
         zombie = errors_of(await connection.send(txn_commit(group, {(topic, 1): (9, "")}, producer_id=4000, epoch=2)))
         pending = await fetch(connection, group, topic, [0, 1], require_stable=True)
