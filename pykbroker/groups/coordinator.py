@@ -25,6 +25,11 @@ delayed operation in a purgatory we arm a timer. The rules worth knowing:
 * Offsets: a commit with generation -1 and no member id is a "simple" commit, valid only while the group
   has no members; otherwise member id and generation must be current (UNKNOWN_MEMBER_ID,
   ILLEGAL_GENERATION) and the group not waiting for its SyncGroup (REBALANCE_IN_PROGRESS).
+* Transactional offsets (TxnOffsetCommit) are checked like commits (from v3: member id, generation, group
+  instance id) and stored pending for (group, producer id) until the transaction's marker is written to the
+  group's partition: ``on_transaction_marker`` commits or drops them (offset_store.py has the rules). A
+  group with pending transactional offsets is not removed as finished; OffsetFetch with require_stable
+  answers UNSTABLE_OFFSET_COMMIT for partitions that have some (``unstable_offsets``).
 * A group's membership is written to ``__consumer_offsets`` (Kafka's GroupMetadataValue, see
   group_record.py) when it becomes Stable or Empty, and reloaded with its partition (see below): members of
   a loaded Stable group keep their generation and must heartbeat within their session timeout.
@@ -72,6 +77,7 @@ from pykbroker.groups.group import (
 from pykbroker.groups.group_record import decode_group_record, encode_group_record, group_from_record, record_of
 from pykbroker.groups.offset_store import OFFSETS_TOPIC, CommittedOffset, OffsetStore
 from pykbroker.protocol.errors import ErrorCode
+from pykbroker.protocol.records import NO_PRODUCER_ID
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +90,7 @@ TopicPartition = tuple[str, int]
 # APIs whose group id may be empty (Kafka keeps "" legal there for old clients and admin tools);
 # everything else needs a non-empty id.
 _EMPTY_GROUP_ID_ALLOWED = frozenset({"offset_commit", "offset_fetch", "describe_groups", "delete_groups"})
+TopicPartitionOffsets = Mapping[TopicPartition, tuple[int, int, str | None]]  # (offset, leader epoch, metadata)
 
 
 @dataclass(frozen=True)
@@ -882,7 +889,7 @@ class GroupCoordinator:
         group_id: str,
         generation: int,
         member_id: str,
-        offsets: Mapping[TopicPartition, tuple[int, int, str | None]],
+        offsets: TopicPartitionOffsets,
         respond: Callable[[dict[TopicPartition, ErrorCode]], None],
         *,
         group_instance_id: str | None = None,
@@ -890,25 +897,10 @@ class GroupCoordinator:
     ) -> None:
         """offsets: (topic, partition) -> (offset, leader epoch, metadata). ``respond`` gets an error per
         partition, once the commit is stored (at once when nothing is written or nothing must wait)."""
-        error = self._invalid_group_id(group_id, "offset_commit")
-        if error is not None:
-            respond({tp: error for tp in offsets})
+        admitted = self._admit_commit(group_id, "offset_commit", offsets, respond)
+        if admitted is None:
             return
-        results: dict[TopicPartition, ErrorCode] = {}
-        known = {}
-        for tp, value in offsets.items():  # unknown partitions are answered first, whatever the group says
-            if self.partition_exists(*tp):
-                known[tp] = value
-            else:
-                results[tp] = ErrorCode.unknown_topic_or_partition
-        if not known:
-            respond(results)  # Kafka does not consult the coordinator then (no group is created)
-            return
-        error = self._coordinator_error(group_id)
-        if error is not None:
-            results.update({tp: error for tp in known})
-            respond(results)
-            return
+        results, known = admitted
         group = self._groups.get(group_id)
         if group is None:
             if generation >= 0:  # a generation of a group that does not exist: stale, reject
@@ -928,37 +920,126 @@ class GroupCoordinator:
             # Commits are allowed while preparing: the next heartbeat tells the member to rejoin.
             self._complete_and_schedule_next_heartbeat(group, group.get(member_id))
         now = self._now()
+        accepted = self._accepted_offsets(known, now, expire_timestamp_ms, results)
+        if accepted:
+            self.store.commit(group_id, accepted, now, self._stored(group_id, accepted, results, respond))
+        else:
+            respond(results)
+
+    def commit_transactional_offsets(
+        self,
+        group_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        generation: int,
+        member_id: str,
+        offsets: TopicPartitionOffsets,
+        respond: Callable[[dict[TopicPartition, ErrorCode]], None],
+        *,
+        group_instance_id: str | None = None,
+    ) -> None:
+        """TxnOffsetCommit (Kafka's handleTxnCommitOffsets): offsets a transactional producer commits for the
+        group as part of its transaction. They are appended to the group's partition as one transactional
+        batch and stay pending (invisible to OffsetFetch) until the transaction's marker
+        (``on_transaction_marker``); with producer id -1 they are a plain commit, as in Kafka. Versions
+        before 3 carry no member id / generation (-1, ""): nothing is checked against the group then;
+        otherwise they must be current, as for a commit (but a group waiting for its SyncGroup is no reason
+        to refuse, and an unknown group is created Empty)."""
+        admitted = self._admit_commit(group_id, "txn_offset_commit", offsets, respond)
+        if admitted is None:
+            return
+        results, known = admitted
+        group = self._groups.get(group_id) or self._add_group(group_id)
+        error = self._validate_offset_commit(group, generation, member_id, group_instance_id, transactional=True)
+        if error is not None:
+            results.update({tp: error for tp in known})
+            respond(results)
+            return
+        now = self._now()
+        accepted = self._accepted_offsets(known, now, -1, results)
+        if not accepted:
+            respond(results)
+        elif producer_id == NO_PRODUCER_ID:  # Kafka's storeOffsets: no producer, so a plain commit
+            self.store.commit(group_id, accepted, now, self._stored(group_id, accepted, results, respond))
+        else:
+            self.store.commit_transactional(group_id, producer_id, producer_epoch, accepted, now,
+                                            self._stored(group_id, accepted, results, respond))
+
+    def on_transaction_marker(self, offsets_partition: int, producer_id: int, commit: bool) -> None:
+        """A COMMIT (``commit``) or ABORT marker of ``producer_id`` was appended and replicated to
+        ``__consumer_offsets`` partition ``offsets_partition`` (called by the partition-leader side once
+        WriteTxnMarkers is done there): that producer's pending transactional offsets of the partition's
+        groups become committed offsets, or are dropped (Kafka's handleTxnCompletion). A partition that is
+        not loaded here is ignored: its loading replays the marker from the log."""
+        if offsets_partition not in self._owned:
+            return
+        groups = self.store.complete_transaction(offsets_partition, producer_id, commit)
+        if groups:
+            log.debug("producer %d: transactional offsets of groups %s %s", producer_id, groups,
+                      "committed" if commit else "aborted")
+
+    def _admit_commit(self, group_id: str, api: str, offsets: TopicPartitionOffsets,
+                      respond: Callable[[dict[TopicPartition, ErrorCode]], None],
+                      ) -> tuple[dict[TopicPartition, ErrorCode], dict] | None:
+        """The checks before the group is looked at, in Kafka's order: partitions that do not exist
+        (UNKNOWN_TOPIC_OR_PARTITION, KafkaApis), then the group id and whether this broker is the group's
+        coordinator (validateGroupStatus). Returns (the answers so far, the offsets of existing partitions),
+        or None when it has answered."""
+        results: dict[TopicPartition, ErrorCode] = {}
+        known = {}
+        for tp, value in offsets.items():
+            if self.partition_exists(*tp):
+                known[tp] = value
+            else:
+                results[tp] = ErrorCode.unknown_topic_or_partition
+        if not known:
+            respond(results)  # Kafka does not consult the coordinator then (no group is created)
+            return None
+        error = self._invalid_group_id(group_id, api) or self._coordinator_error(group_id)
+        if error is not None:
+            results.update({tp: error for tp in known})
+            respond(results)
+            return None
+        return results, known
+
+    @staticmethod
+    def _accepted_offsets(known: TopicPartitionOffsets, now: int, expire_timestamp_ms: int,
+                          results: dict[TopicPartition, ErrorCode]) -> dict[TopicPartition, CommittedOffset]:
+        """The offsets to store; OFFSET_METADATA_TOO_LARGE in ``results`` for the others."""
         accepted: dict[TopicPartition, CommittedOffset] = {}
         for tp, (offset, leader_epoch, metadata) in known.items():
             if metadata is not None and len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
                 results[tp] = ErrorCode.offset_metadata_too_large
             else:
                 accepted[tp] = CommittedOffset(offset, leader_epoch, metadata, now, expire_timestamp_ms)
-        if not accepted:
-            respond(results)
-            return
+        return accepted
 
+    @staticmethod
+    def _stored(group_id: str, accepted: Mapping[TopicPartition, CommittedOffset],
+                results: dict[TopicPartition, ErrorCode],
+                respond: Callable[[dict[TopicPartition, ErrorCode]], None]) -> Callable[[ErrorCode], None]:
         def stored(outcome: ErrorCode) -> None:
             if outcome != ErrorCode.none:
                 log.warning("group %s: storing offsets failed: %s", group_id, outcome.name)
             results.update({tp: outcome for tp in accepted})
             respond(results)
 
-        self.store.commit(group_id, accepted, now, stored)
+        return stored
 
     def _validate_offset_commit(self, group: ClassicGroup, generation: int, member_id: str,
-                                group_instance_id: str | None) -> ErrorCode | None:
+                                group_instance_id: str | None, *, transactional: bool = False) -> ErrorCode | None:
         if group.is_state(GroupState.DEAD):
             return ErrorCode.coordinator_not_available
-        if generation < 0 and group.is_state(GroupState.EMPTY):
+        if not transactional and generation < 0 and group.is_state(GroupState.EMPTY):
             return None  # admin tools and consumers without group management
         if generation >= 0 or member_id != UNKNOWN_MEMBER_ID or group_instance_id is not None:
             error = self._validate_current_member(group, member_id, group_instance_id)
             if error is None and generation != group.generation_id:
                 error = ErrorCode.illegal_generation
             return error
-        if not group.is_state(GroupState.EMPTY):
-            return ErrorCode.unknown_member_id  # only members may commit to a group that has members
+        if not transactional and not group.is_state(GroupState.EMPTY):
+            # Only members may commit to a group that has members; transactional commits before v3 name none.
+            return ErrorCode.unknown_member_id
         return None
 
     def fetch_offsets(
@@ -974,6 +1055,12 @@ class GroupCoordinator:
         if wanted is None:
             return ErrorCode.none, dict(committed)
         return ErrorCode.none, {tp: committed.get(tp) for tp in wanted}
+
+    def unstable_offsets(self, group_id: str, partitions: Iterable[TopicPartition]) -> set[TopicPartition]:
+        """Those of ``partitions`` with transactional offsets of the group awaiting their marker: OffsetFetch
+        v7+ with require_stable answers them UNSTABLE_OFFSET_COMMIT (Kafka's rule: what a read_committed
+        consumer must not start from yet)."""
+        return {tp for tp in partitions if self.store.has_pending(group_id, tp)}
 
     def delete_offsets(self, group_id: str, partitions: Iterable[TopicPartition]) -> tuple[ErrorCode, dict[TopicPartition, ErrorCode]]:
         """OffsetDelete: offsets of topics the group does not consume (any, if it is Empty)."""
@@ -1030,9 +1117,10 @@ class GroupCoordinator:
         return removed
 
     def _remove_if_finished(self, group: ClassicGroup) -> None:
-        """An Empty group without offsets is Dead: forget it and tombstone its metadata."""
-        if not group.is_state(GroupState.EMPTY) or self.store.fetch(group.group_id):
-            return
+        """An Empty group without offsets (committed, or transactional awaiting their marker) is Dead: forget
+        it and tombstone its metadata."""
+        if not group.is_state(GroupState.EMPTY) or self.store.has_offsets(group.group_id):
+            return  # (pending transactional offsets count: the group stays until their marker)
         group.transition_to(GroupState.DEAD, self._now())
         self.store.delete_group_metadata(group.group_id, self._now())
         self._drop_group(group)

@@ -27,6 +27,16 @@ mapped as GroupMetadataManager maps them (``coordinator_error``).
 Memory holds only the partitions this broker leads and has loaded: ``load_partition`` replays one
 partition's log (yielding to the loop), ``unload_partition`` forgets it. A per-partition epoch, bumped by
 both, keeps a write acknowledged after its partition was unloaded (or reloaded) out of memory.
+
+Transactional offsets (TxnOffsetCommit, KIP-98/447) follow Kafka's GroupMetadataManager and GroupMetadata:
+they are appended as one transactional batch (the producer's id and epoch, no sequence) and stay *pending*
+for (group, producer id), invisible to OffsetFetch, until the transaction's marker reaches this partition:
+COMMIT makes them committed offsets, ABORT drops them (``complete_transaction``). Every committed offset
+remembers the base offset of the batch that wrote it (Kafka's CommitRecordMetadataAndOffset): an offset
+replaces another only if its batch comes later in the log, so a transactional commit whose marker arrives
+after a newer plain commit of the same partition does not undo it. Loading replays the same rules from the
+log: transactional batches go to pending per producer id, control batches (markers) commit or drop them,
+and whatever is still pending at the end stays pending (its marker will come).
 """
 
 from __future__ import annotations
@@ -35,11 +45,13 @@ import asyncio
 import logging
 import struct
 import time
-from dataclasses import dataclass, replace
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping, NamedTuple
 
+from pykbroker.protocol.control_records import read_marker
 from pykbroker.protocol.errors import ErrorCode
-from pykbroker.protocol.records import build_batch, read_records
+from pykbroker.protocol.records import TRANSACTIONAL_MASK, build_batch, read_records
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +101,13 @@ class CommittedOffset:
     metadata: str | None
     commit_timestamp_ms: int
     expire_timestamp_ms: int = -1
+    # The base offset, in __consumer_offsets, of the batch that wrote this commit (Kafka's appendedBatchOffset);
+    # -1 before it is appended. Not part of the value: two commits of the same offset are equal.
+    record_offset: int = field(default=-1, compare=False)
+
+    def older_than(self, other: "CommittedOffset") -> bool:
+        """Kafka's CommitRecordMetadataAndOffset.olderThan: written earlier in the log."""
+        return self.record_offset < other.record_offset
 
 
 class OffsetKey(NamedTuple):
@@ -294,6 +313,12 @@ class OffsetStore:
         self._min_insync_replicas = min_insync_replicas
         self._commit_timeout_ms = commit_timeout_ms
         self._offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
+        # Transactional offsets waiting for their marker: producer id -> group -> partition -> offset (Kafka's
+        # pendingTransactionalOffsetCommits, indexed by producer as its openGroupsForProducer).
+        self._pending: dict[int, dict[str, dict[TopicPartition, CommittedOffset]]] = {}
+        # Plain commits appended but not yet acknowledged, per group and partition (Kafka's
+        # pendingOffsetCommits): unstable for require_stable, like pending transactional offsets.
+        self._inflight: dict[str, Counter[TopicPartition]] = {}
         self._group_metadata: dict[str, bytes] = {}
         self._epochs = [0] * num_partitions  # bumped by every load and unload of a partition
         self._waiting: set[asyncio.Task] = set()  # appends waiting for the ISR
@@ -323,29 +348,37 @@ class OffsetStore:
         return True
 
     async def load_partition(self, partition: int) -> bool:
-        """Replay one partition's log, oldest record first, up to its log end when the load starts (as
-        Kafka's doLoadGroupsAndOffsets), yielding to the loop every few batches. The replayed state replaces
-        that partition's groups in memory at the end, and only if nothing unloaded or reloaded the partition
+        """Replay one partition's log, oldest record first, up to its log end (as Kafka's
+        doLoadGroupsAndOffsets, which reads until the end it sees at each step: markers appended while
+        loading are replayed too), yielding to the loop every few batches. The replayed state replaces that
+        partition's groups in memory at the end, and only if nothing unloaded or reloaded the partition
         meanwhile: returns False then (the load was abandoned)."""
         self._epochs[partition] += 1
         epoch = self._epochs[partition]
-        offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
-        metadata: dict[str, bytes] = {}
+        replay = _Replay(partition)
         hosted = self._replicas.partition(OFFSETS_TOPIC, partition)
         if hosted is not None:
-            for count, (header, data) in enumerate(hosted.log.batches(), 1):
-                if not header.is_control:  # transaction markers: no offsets in them
-                    for record in read_records(data, header):  # batches() yields each batch alone, at position 0
-                        _replay(offsets, metadata, record.key, record.value, partition, record.offset)
-                if count % LOAD_BATCHES_PER_STEP == 0:
-                    await asyncio.sleep(0)
-                    if self._epochs[partition] != epoch:
-                        return False
+            next_offset, count, progressed = 0, 0, True
+            while progressed:  # until a pass finds nothing appended since the previous one
+                progressed = False
+                for header, data in hosted.log.batches(next_offset):
+                    progressed = True
+                    replay.batch(header, data)
+                    next_offset = header.next_offset
+                    count += 1
+                    if count % LOAD_BATCHES_PER_STEP == 0:
+                        await asyncio.sleep(0)
+                        if self._epochs[partition] != epoch:
+                            return False
         if self._epochs[partition] != epoch:
             return False
         self._forget_partition(partition)
-        self._offsets.update(offsets)
-        self._group_metadata.update(metadata)
+        self._offsets.update(replay.offsets)
+        self._group_metadata.update(replay.metadata)
+        for producer_id, groups in replay.pending.items():
+            for group, offsets in groups.items():
+                if offsets:
+                    self._pending.setdefault(producer_id, {})[group] = offsets
         return True
 
     def unload_partition(self, partition: int) -> list[str]:
@@ -355,11 +388,12 @@ class OffsetStore:
         return self._forget_partition(partition)
 
     def _forget_partition(self, partition: int) -> list[str]:
-        groups = [g for g in self._offsets.keys() | self._group_metadata.keys() if self.partition_for(g) == partition]
+        groups = self.groups(partition)
         for group in groups:
             self._offsets.pop(group, None)
             self._group_metadata.pop(group, None)
-        return sorted(groups)
+            self._drop_pending(group)
+        return groups
 
     # -- offsets --------------------------------------------------------------------------------------
 
@@ -375,19 +409,95 @@ class OffsetStore:
         if not offsets:
             done(ErrorCode.none)
             return
-        normalized = {
-            tp: committed if committed.metadata is not None else replace(committed, metadata="")
-            for tp, committed in offsets.items()
-        }
-        records = [
-            (encode_offset_key(group_id, topic, partition), encode_offset_value(committed))
-            for (topic, partition), committed in normalized.items()
-        ]
+        normalized = _with_metadata(offsets)
+        batch = build_batch(self._offset_records(group_id, normalized), timestamp_ms=now_ms)
+        inflight = self._inflight.setdefault(group_id, Counter())
+        inflight.update(normalized.keys())
 
-        def apply() -> None:
-            self._offsets.setdefault(group_id, {}).update(normalized)
+        def apply(record_offset: int) -> None:
+            _apply_newer(self._offsets, group_id,
+                         {tp: replace(c, record_offset=record_offset) for tp, c in normalized.items()})
 
-        self._write(self.partition_for(group_id), records, now_ms, apply, done, offsets=True)
+        def finished(error: ErrorCode) -> None:
+            inflight.subtract(normalized.keys())
+            for tp in normalized:
+                if inflight[tp] <= 0:
+                    del inflight[tp]
+            if not inflight and self._inflight.get(group_id) is inflight:
+                del self._inflight[group_id]
+            done(error)
+
+        self._write(self.partition_for(group_id), batch, apply, finished, offsets=True)
+
+    def commit_transactional(self, group_id: str, producer_id: int, producer_epoch: int,
+                             offsets: Mapping[TopicPartition, CommittedOffset], now_ms: int, done: Done) -> None:
+        """TxnOffsetCommit (Kafka's storeOffsets with a producer id): the offsets go to the group's partition
+        as one transactional batch of that producer (appended with the coordinator's origin: no sequence),
+        and are pending for (group, producer) from the append on, invisible to ``fetch``, until
+        ``complete_transaction``. ``done`` is called once the append is acknowledged; if it fails they are
+        no longer pending (Kafka's failPendingTxnOffsetCommit)."""
+        if not offsets:
+            done(ErrorCode.none)
+            return
+        normalized = _with_metadata(offsets)
+        batch = build_batch(self._offset_records(group_id, normalized), timestamp_ms=now_ms, producer_id=producer_id,
+                            producer_epoch=producer_epoch, base_sequence=-1, attributes=TRANSACTIONAL_MASK)
+        prepared: dict[TopicPartition, CommittedOffset] = {}
+
+        def prepare(record_offset: int) -> None:  # Kafka's prepareTxnOffsetCommit + onTxnOffsetCommitAppend
+            prepared.update({tp: replace(c, record_offset=record_offset) for tp, c in normalized.items()})
+            self._pending.setdefault(producer_id, {}).setdefault(group_id, {}).update(prepared)
+
+        def fail() -> None:  # Kafka's failPendingTxnOffsetCommit: only what this request made pending
+            groups = self._pending.get(producer_id, {})
+            pending = groups.get(group_id, {})
+            for tp, committed in prepared.items():
+                if pending.get(tp) is committed:
+                    del pending[tp]
+            if not pending:
+                groups.pop(group_id, None)
+            if not groups:
+                self._pending.pop(producer_id, None)
+
+        self._write(self.partition_for(group_id), batch, lambda _offset: None, done, offsets=True,
+                    transactional=True, on_append=prepare, on_failure=fail)
+
+    def complete_transaction(self, partition: int, producer_id: int, commit: bool) -> list[str]:
+        """The transaction marker of ``producer_id`` is written (and replicated) in ``partition``: its
+        pending offsets there become committed where nothing later in the log was committed (``commit``), or
+        are dropped. Returns the groups concerned (Kafka's handleTxnCompletion)."""
+        groups = self._pending.get(producer_id)
+        if not groups:
+            return []
+        completed = [group for group in groups if self.partition_for(group) == partition]
+        for group in completed:
+            offsets = groups.pop(group)
+            if commit:
+                _apply_newer(self._offsets, group, offsets)
+        if not groups:
+            del self._pending[producer_id]
+        return sorted(completed)
+
+    def has_pending(self, group_id: str, tp: TopicPartition | None = None) -> bool:
+        """Whether offsets of the group (for partition ``tp``, or any) are not settled yet: transactional ones
+        awaiting their marker, or a plain commit awaiting its acknowledgement (Kafka's
+        hasPendingOffsetCommitsForTopicPartition)."""
+        inflight = self._inflight.get(group_id)
+        if inflight and (tp is None or tp in inflight):
+            return True
+        for groups in self._pending.values():
+            pending = groups.get(group_id)
+            if pending and (tp is None or tp in pending):
+                return True
+        return False
+
+    def pending_producers(self, group_id: str) -> list[int]:
+        """The producer ids with transactional offsets of the group awaiting their marker."""
+        return sorted(pid for pid, groups in self._pending.items() if groups.get(group_id))
+
+    def has_offsets(self, group_id: str) -> bool:
+        """Kafka's GroupMetadata.hasOffsets: committed offsets, or offsets not settled yet (``has_pending``)."""
+        return bool(self._offsets.get(group_id)) or self.has_pending(group_id)
 
     def fetch(
         self, group_id: str, partitions: Iterable[TopicPartition] | None = None
@@ -401,14 +511,18 @@ class OffsetStore:
     def delete(self, group_id: str, partitions: Iterable[TopicPartition] | None = None, now_ms: int | None = None) -> None:
         """Tombstone some offsets of a group (OffsetDelete), or with ``None`` the whole group (DeleteGroups):
         all its offsets and its group metadata, in one batch."""
+        wanted = None if partitions is None else set(partitions)
         committed = self._offsets.get(group_id, {})
-        targets = list(committed) if partitions is None else [tp for tp in partitions if tp in committed]
+        targets = list(committed) if wanted is None else [tp for tp in committed if tp in wanted]
         records = [(encode_offset_key(group_id, topic, partition), None) for topic, partition in targets]
         if partitions is None and group_id in self._group_metadata:
             records.append((encode_group_metadata_key(group_id), None))
             del self._group_metadata[group_id]
         for tp in targets:
             self._forget_offset(group_id, tp)
+        # Kafka's removeOffsets / removeAllOffsets: pending transactional offsets of those partitions go too
+        # (a marker coming later finds nothing).
+        self._drop_pending(group_id, wanted)
         if records:
             self._tombstone(self.partition_for(group_id), records, _now_ms() if now_ms is None else now_ms)
 
@@ -418,11 +532,17 @@ class OffsetStore:
             group: [tp for tp in committed if tp[0] == topic]
             for group, committed in self._offsets.items()
         }
+        for groups in list(self._pending.values()):
+            for group, pending in list(groups.items()):
+                self._drop_pending(group, {tp for tp in pending if tp[0] == topic})
         return self._remove({group: tps for group, tps in doomed.items() if tps}, _now_ms() if now_ms is None else now_ms)
 
     def groups(self, partition: int | None = None) -> list[str]:
-        """Every group (of one offsets partition) with committed offsets or stored group metadata."""
+        """Every group (of one offsets partition) with committed offsets, pending transactional offsets or
+        stored group metadata."""
         groups = self._offsets.keys() | self._group_metadata.keys()
+        for pending in self._pending.values():
+            groups |= pending.keys()
         return sorted(g for g in groups if partition is None or self.partition_for(g) == partition)
 
     def expire(
@@ -444,10 +564,12 @@ class OffsetStore:
             if not is_group_empty(group):
                 continue
             since = empty_since_ms(group) if empty_since_ms is not None else None
+            inflight = self._inflight.get(group, {})  # a commit being written is no time to expire (Kafka's rule)
             expired = [
                 tp for tp, c in committed.items()
-                if (now_ms >= c.expire_timestamp_ms if c.expire_timestamp_ms != -1
-                    else now_ms - (since if since is not None else c.commit_timestamp_ms) >= retention_ms)
+                if tp not in inflight
+                and (now_ms >= c.expire_timestamp_ms if c.expire_timestamp_ms != -1
+                     else now_ms - (since if since is not None else c.commit_timestamp_ms) >= retention_ms)
             ]
             if expired:
                 doomed[group] = expired
@@ -460,11 +582,12 @@ class OffsetStore:
         kept in memory and ``done`` called once the append is acknowledged."""
         value = bytes(value)
 
-        def apply() -> None:
+        def apply(_record_offset: int) -> None:
             self._group_metadata[group_id] = value
 
-        self._write(self.partition_for(group_id), [(encode_group_metadata_key(group_id), value)], now_ms, apply,
-                    done, offsets=False)
+        self._write(self.partition_for(group_id),
+                    build_batch([(encode_group_metadata_key(group_id), value)], timestamp_ms=now_ms), apply, done,
+                    offsets=False)
 
     def delete_group_metadata(self, group_id: str, now_ms: int | None = None) -> None:
         """Tombstone a group's metadata (a group that died), forgotten at once."""
@@ -497,6 +620,27 @@ class OffsetStore:
             removed += len(entries)
         return removed
 
+    def _drop_pending(self, group: str, partitions: set[TopicPartition] | None = None) -> None:
+        """Forget the group's pending transactional offsets (of ``partitions``, or all), of every producer."""
+        for producer_id in list(self._pending):
+            groups = self._pending[producer_id]
+            pending = groups.get(group)
+            if pending is None:
+                continue
+            if partitions is None:
+                pending.clear()
+            else:
+                for tp in partitions & pending.keys():
+                    del pending[tp]
+            if not pending:
+                del groups[group]
+            if not groups:
+                del self._pending[producer_id]
+
+    def _offset_records(self, group_id: str, offsets: Mapping[TopicPartition, CommittedOffset]) -> list[tuple[bytes, bytes]]:
+        return [(encode_offset_key(group_id, topic, partition), encode_offset_value(committed))
+                for (topic, partition), committed in offsets.items()]
+
     def _forget_offset(self, group: str, tp: TopicPartition) -> None:
         committed = self._offsets.get(group)
         if committed is not None:
@@ -512,59 +656,132 @@ class OffsetStore:
             log.warning("writing %d tombstones to %s-%d failed: %s", len(records), OFFSETS_TOPIC, partition,
                         outcome.error.name)
 
-    def _write(self, partition: int, records: list[tuple[bytes, bytes | None]], now_ms: int,
-               apply: Callable[[], None], done: Done, *, offsets: bool) -> None:
-        """Append with acks=all; once acknowledged, ``apply`` (unless the partition was unloaded or
-        reloaded meanwhile: NOT_COORDINATOR then), then ``done``."""
+    def _write(self, partition: int, batch: bytearray, apply: Callable[[int], None], done: Done, *, offsets: bool,
+               transactional: bool = False, on_append: Callable[[int], None] | None = None,
+               on_failure: Callable[[], None] | None = None) -> None:
+        """Append with acks=all; once acknowledged, ``apply(base offset of the batch)`` (unless the partition
+        was unloaded or reloaded meanwhile: NOT_COORDINATOR then), then ``done``. ``on_append`` runs as soon
+        as the leader has appended (before followers acknowledge), ``on_failure`` when the write fails after
+        that or before. A transactional batch is appended with the coordinator's origin (Kafka's
+        AppendOrigin.Coordinator: no sequence numbers, the producer epoch still checked)."""
         epoch = self._epochs[partition]
         min_isr = self._min_insync_replicas()
-        outcome = self._replicas.append(OFFSETS_TOPIC, partition, build_batch(records, timestamp_ms=now_ms),
-                                        acks=-1, min_insync_replicas=min_isr)
+        if transactional:
+            outcome = self._replicas.append(OFFSETS_TOPIC, partition, batch, acks=-1, min_insync_replicas=min_isr,
+                                            origin="coordinator")
+        else:
+            outcome = self._replicas.append(OFFSETS_TOPIC, partition, batch, acks=-1, min_insync_replicas=min_isr)
+        step = _WriteStep(partition, epoch, outcome.base_offset, apply, done, offsets, on_failure)
+        if outcome.error == ErrorCode.none and on_append is not None:
+            on_append(outcome.base_offset)
         if outcome.has_followers and self._replicas.needs_replication_wait(OFFSETS_TOPIC, partition, outcome, min_isr):
             operation = self._replicas.delay_produce([(OFFSETS_TOPIC, partition, outcome.last_offset, min_isr)],
                                                      self._commit_timeout_ms)
-            task = asyncio.ensure_future(self._after_replication(operation, partition, epoch, apply, done, offsets))
+            task = asyncio.ensure_future(self._after_replication(operation, step))
             self._waiting.add(task)
             task.add_done_callback(self._waiting.discard)
             return
-        self._complete(outcome.error, partition, epoch, apply, done, offsets)
+        self._complete(outcome.error, step)
 
-    async def _after_replication(self, operation, partition: int, epoch: int, apply: Callable[[], None], done: Done,
-                                 offsets: bool) -> None:
+    async def _after_replication(self, operation, step: "_WriteStep") -> None:
         (error,) = await self._replicas.purgatory.wait(operation)
-        self._complete(error, partition, epoch, apply, done, offsets)
+        self._complete(error, step)
 
-    def _complete(self, error: ErrorCode, partition: int, epoch: int, apply: Callable[[], None], done: Done,
-                  offsets: bool) -> None:
-        if error == ErrorCode.none and self._epochs[partition] != epoch:
+    def _complete(self, error: ErrorCode, step: "_WriteStep") -> None:
+        if error == ErrorCode.none and self._epochs[step.partition] != step.epoch:
             error = ErrorCode.not_leader_or_follower  # unloaded meanwhile: the new coordinator has it
         if error == ErrorCode.none:
-            apply()
-        done(coordinator_error(error, offsets=offsets))
+            step.apply(step.record_offset)
+        elif step.on_failure is not None:
+            step.on_failure()
+        step.done(coordinator_error(error, offsets=step.offsets))
 
 
-def _replay(offsets: dict[str, dict[TopicPartition, CommittedOffset]], metadata: dict[str, bytes],
-            key_bytes: bytes | None, value: bytes | None, partition: int, offset: int) -> None:
-    """Apply one record of __consumer_offsets to the state being loaded; a tombstone deletes its key."""
-    if key_bytes is None:
+@dataclass(frozen=True)
+class _WriteStep:
+    """What an append to __consumer_offsets does once acknowledged (or failed)."""
+
+    partition: int
+    epoch: int
+    record_offset: int
+    apply: Callable[[int], None]
+    done: Done
+    offsets: bool
+    on_failure: Callable[[], None] | None
+
+
+class _Replay:
+    """The state being loaded from one __consumer_offsets partition, batch by batch (Kafka's
+    doLoadGroupsAndOffsets): plain records apply in log order; a transactional batch's offsets go to
+    ``pending`` for its producer; a COMMIT marker moves them to ``offsets`` where they are newer, an ABORT
+    marker drops them. A tombstone deletes its key (in ``pending`` for a transactional batch)."""
+
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+        self.offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
+        self.metadata: dict[str, bytes] = {}
+        self.pending: dict[int, dict[str, dict[TopicPartition, CommittedOffset]]] = {}
+
+    def batch(self, header, data) -> None:
+        """One batch, as ``PartitionLog.batches`` yields it (alone, at position 0)."""
+        if header.is_control:
+            marker = read_marker(data, header)
+            if marker is not None:
+                groups = self.pending.pop(header.producer_id, {})
+                if marker.commit:
+                    for group, offsets in groups.items():
+                        _apply_newer(self.offsets, group, offsets)
+            return
+        transactional = header.is_transactional
+        for record in read_records(data, header):
+            if transactional:
+                target = self.pending.setdefault(header.producer_id, {})
+            else:
+                target = self.offsets
+            self._record(target, record.key, record.value, header.base_offset, record.offset)
+
+    def _record(self, offsets: dict[str, dict[TopicPartition, CommittedOffset]], key_bytes: bytes | None,
+                value: bytes | None, batch_offset: int, offset: int) -> None:
+        if key_bytes is None:
+            return
+        try:
+            key = decode_key(key_bytes)
+            if isinstance(key, OffsetKey):
+                tp = (key.topic, key.partition)
+                if value is None:
+                    committed = offsets.get(key.group)
+                    if committed is not None:
+                        committed.pop(tp, None)
+                        if not committed:
+                            del offsets[key.group]
+                else:
+                    offsets.setdefault(key.group, {})[tp] = replace(decode_offset_value(value),
+                                                                   record_offset=batch_offset)
+            elif isinstance(key, GroupMetadataKey):
+                if value is None:
+                    self.metadata.pop(key.group, None)
+                else:
+                    self.metadata[key.group] = value
+        except (ValueError, UnicodeDecodeError) as exc:
+            # One bad record must not keep every group of this partition from loading.
+            log.warning("skipping unreadable record at %s-%d offset %d: %s", OFFSETS_TOPIC, self.partition, offset,
+                        exc)
+
+
+def _with_metadata(offsets: Mapping[TopicPartition, CommittedOffset]) -> dict[TopicPartition, CommittedOffset]:
+    """A null metadata stored as "" (the field is not nullable in Kafka's schema)."""
+    return {tp: committed if committed.metadata is not None else replace(committed, metadata="")
+            for tp, committed in offsets.items()}
+
+
+def _apply_newer(offsets: dict[str, dict[TopicPartition, CommittedOffset]], group: str,
+                 candidates: Mapping[TopicPartition, CommittedOffset]) -> None:
+    """Make ``candidates`` the group's committed offsets where no offset written later in the log is there
+    (Kafka's completePendingTxnOffsetCommit / onOffsetCommitAppend rule)."""
+    if not candidates:
         return
-    try:
-        key = decode_key(key_bytes)
-        if isinstance(key, OffsetKey):
-            tp = (key.topic, key.partition)
-            if value is None:
-                committed = offsets.get(key.group)
-                if committed is not None:
-                    committed.pop(tp, None)
-                    if not committed:
-                        del offsets[key.group]
-            else:
-                offsets.setdefault(key.group, {})[tp] = decode_offset_value(value)
-        elif isinstance(key, GroupMetadataKey):
-            if value is None:
-                metadata.pop(key.group, None)
-            else:
-                metadata[key.group] = value
-    except (ValueError, UnicodeDecodeError) as exc:
-        # One bad record must not keep every group of this partition from loading.
-        log.warning("skipping unreadable record at %s-%d offset %d: %s", OFFSETS_TOPIC, partition, offset, exc)
+    committed = offsets.setdefault(group, {})
+    for tp, candidate in candidates.items():
+        current = committed.get(tp)
+        if current is None or current.older_than(candidate):
+            committed[tp] = candidate

@@ -9,7 +9,9 @@ commit (Kafka's expire timestamp) instead of by the broker's offsets retention.
 The answer comes once the commit is stored in __consumer_offsets (with followers: replicated to the ISR):
 NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS / COORDINATOR_NOT_AVAILABLE per partition when this broker
 cannot store it (see groups/coordinator.py). OffsetFetch answers offset -1 and empty metadata for partitions without a commit; a null topic list
-(v2+) returns everything the group committed; v8 batches several groups in one request. v9's member id
+(v2+) returns everything the group committed; v8 batches several groups in one request. v7+ with require_stable
+answers UNSTABLE_OFFSET_COMMIT (offset -1) for a partition with transactional offsets (TxnOffsetCommit)
+still awaiting their transaction's marker, as Kafka does. v9's member id
 and epoch belong to the new consumer protocol (KIP-848) and are not checked for classic groups, as in Kafka.
 A coordinator error (NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS) is the top-level error from v2 (the
 group's error in v8+), and each requested partition's error in v1, which has no top-level error.
@@ -30,55 +32,63 @@ NO_EPOCH = -1
 DEFAULT_RETENTION_TIME = -1  # OffsetCommit v2-4: use the broker's retention
 
 
-@handles(8)
-def offset_commit(ctx: RequestContext, request) -> object:
-    schema = response_module(ctx)
-    retention = getattr(request, "retention_time", DEFAULT_RETENTION_TIME)
-    retention_ms = retention // timedelta(milliseconds=1) if isinstance(retention, timedelta) else int(retention)
-    expire_timestamp = -1 if retention_ms == DEFAULT_RETENTION_TIME else int(time.time() * 1000) + retention_ms
-    offsets = {
-        (topic.name, p.partition_index): (p.committed_offset, getattr(p, "committed_leader_epoch", NO_EPOCH), p.committed_metadata)
-        for topic in request.topics
+def requested_offsets(topics) -> dict[tuple[str, int], tuple[int, int, str | None]]:
+    """(topic, partition) -> (offset, leader epoch, metadata) of an OffsetCommit / TxnOffsetCommit request."""
+    return {
+        (topic.name, p.partition_index): (p.committed_offset, getattr(p, "committed_leader_epoch", NO_EPOCH),
+                                          p.committed_metadata)
+        for topic in topics
         for p in topic.partitions
     }
 
+
+def answer_commit(ctx: RequestContext, request, api: str, start) -> object:
+    """Run a commit (``start(respond)``) and answer it as ``{api}Response``: each requested partition with
+    its error, in the request's order (OffsetCommit, TxnOffsetCommit)."""
+    schema = response_module(ctx)
+    topic_cls, partition_cls = getattr(schema, f"{api}ResponseTopic"), getattr(schema, f"{api}ResponsePartition")
+
     def build(errors) -> object:
         topics = tuple(
-            make(
-                schema.OffsetCommitResponseTopic,
-                name=topic.name,
-                partitions=tuple(
-                    make(
-                        schema.OffsetCommitResponsePartition,
-                        partition_index=p.partition_index,
-                        error_code=errors[(topic.name, p.partition_index)],
-                    )
-                    for p in topic.partitions
-                ),
-            )
+            make(topic_cls, name=topic.name, partitions=tuple(
+                make(partition_cls, partition_index=p.partition_index,
+                     error_code=errors[(topic.name, p.partition_index)])
+                for p in topic.partitions))
             for topic in request.topics
         )
-        return make(schema.OffsetCommitResponse, throttle_time=0, topics=topics)
+        return make(getattr(schema, f"{api}Response"), throttle_time=0, topics=topics)
 
-    return answer_later(
-        lambda respond: ctx.broker.groups.commit_offsets(
-            request.group_id, request.generation_id_or_member_epoch, request.member_id, offsets, respond,
-            group_instance_id=getattr(request, "group_instance_id", None), expire_timestamp_ms=expire_timestamp),
-        build,
-    )
+    return answer_later(start, build)
 
 
-def _group_topics(ctx: RequestContext, group_id: str, requested, partition_cls, topic_cls) -> tuple[ErrorCode, tuple]:
+@handles(8)
+def offset_commit(ctx: RequestContext, request) -> object:
+    retention = getattr(request, "retention_time", DEFAULT_RETENTION_TIME)
+    retention_ms = retention // timedelta(milliseconds=1) if isinstance(retention, timedelta) else int(retention)
+    expire_timestamp = -1 if retention_ms == DEFAULT_RETENTION_TIME else int(time.time() * 1000) + retention_ms
+    return answer_commit(ctx, request, "OffsetCommit", lambda respond: ctx.broker.groups.commit_offsets(
+        request.group_id, request.generation_id_or_member_epoch, request.member_id, requested_offsets(request.topics),
+        respond, group_instance_id=getattr(request, "group_instance_id", None), expire_timestamp_ms=expire_timestamp))
+
+
+def _group_topics(ctx: RequestContext, group_id: str, requested, partition_cls, topic_cls,
+                  require_stable: bool = False) -> tuple[ErrorCode, tuple]:
     """(the coordinator's error, the topics to answer); with an error, the requested partitions carry it
-    (what OffsetFetch v1, without a top-level error, shows)."""
+    (what OffsetFetch v1, without a top-level error, shows). With ``require_stable`` (v7+) a partition with
+    transactional offsets awaiting their marker answers UNSTABLE_OFFSET_COMMIT, offset -1."""
     wanted = None
     if requested is not None:
         wanted = [(t.name, p) for t in requested for p in t.partition_indexes]
     error, committed = ctx.broker.groups.fetch_offsets(group_id, wanted)
     if error != ErrorCode.none:
         committed = dict.fromkeys(wanted or ())
+    unstable = ctx.broker.groups.unstable_offsets(group_id, committed) if require_stable and error == ErrorCode.none else ()
     by_topic: dict[str, list] = {}
     for (topic, partition), value in committed.items():
+        if (topic, partition) in unstable:
+            value, partition_error = None, ErrorCode.unstable_offset_commit
+        else:
+            partition_error = error
         by_topic.setdefault(topic, []).append(
             make(
                 partition_cls,
@@ -86,7 +96,7 @@ def _group_topics(ctx: RequestContext, group_id: str, requested, partition_cls, 
                 committed_offset=value.offset if value else NO_OFFSET,
                 committed_leader_epoch=value.leader_epoch if value else NO_EPOCH,
                 metadata=(value.metadata if value and value.metadata is not None else ""),
-                error_code=error,
+                error_code=partition_error,
             )
         )
     return error, tuple(make(topic_cls, name=name, partitions=tuple(parts)) for name, parts in by_topic.items())
@@ -99,12 +109,12 @@ def offset_fetch(ctx: RequestContext, request) -> object:
         groups = []
         for group in request.groups:
             error, topics = _group_topics(ctx, group.group_id, group.topics, schema.OffsetFetchResponsePartitions,
-                                          schema.OffsetFetchResponseTopics)
+                                          schema.OffsetFetchResponseTopics, request.require_stable)
             groups.append(make(schema.OffsetFetchResponseGroup, group_id=group.group_id,
                                topics=() if error != ErrorCode.none else topics, error_code=error))
         return make(schema.OffsetFetchResponse, throttle_time=0, groups=tuple(groups))
     error, topics = _group_topics(ctx, request.group_id, request.topics, schema.OffsetFetchResponsePartition,
-                                  schema.OffsetFetchResponseTopic)
+                                  schema.OffsetFetchResponseTopic, getattr(request, "require_stable", False))
     if ctx.version >= 2 and error != ErrorCode.none:
         topics = ()
     return make(schema.OffsetFetchResponse, throttle_time=0, topics=topics, error_code=error)
