@@ -19,9 +19,9 @@ def _time(ms: int) -> datetime.datetime:
 
 def _state(ctx: RequestContext, schema, transactional_id: str) -> object:
     error, metadata = ctx.broker.transactions.describe(transactional_id)
-    if metadata is None:
+    if metadata is None:  # the message's defaults (zeros) beside the error, as Kafka answers
         return make(schema.TransactionState, error_code=error, transactional_id=transactional_id, transaction_state="",
-                    transaction_timeout=0, transaction_start_time=_time(-1), producer_id=-1, producer_epoch=-1, topics=())
+                    transaction_timeout=0, transaction_start_time=_time(0), producer_id=0, producer_epoch=0, topics=())
     by_topic: dict[str, list[int]] = {}
     for topic, index in sorted(metadata.partitions):
         by_topic.setdefault(topic, []).append(index)
