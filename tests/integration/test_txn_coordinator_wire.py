@@ -238,3 +238,38 @@ def test_kafka_transactions_tool_lists_and_describes(txn_broker, topic_name):
     described = tools.run("kafka-transactions.sh", "--bootstrap-server", txn_broker.bootstrap, "describe",
                           "--transactional-id", "tx-tool").stdout
     assert "Ongoing" in described and f"{topic_name}-2" in described and str(pid) in described
+
+
+def test_timed_out_transactions_are_aborted_and_idle_ids_expire(broker_factory, topic_name):
+    broker = broker_factory.make(config={
+        "transaction.state.log.num.partitions": TXN_PARTITIONS,
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": 200,
+        "transaction.remove.expired.transaction.cleanup.interval.ms": 300,
+        "transactional.id.expiration.ms": 1500,
+    })
+    address = broker.address
+    # Before any FindCoordinator for a transactional id there is no __transaction_state: not the coordinator.
+    assert init(address, "tx-early")[0] == E.not_coordinator
+    create_topic(address, topic_name)
+    find_coordinator(address, "tx-slow")
+    _, pid, epoch = init(address, "tx-slow", timeout_ms=1000)
+    assert add_partitions(address, "tx-slow", pid, epoch, {topic_name: [0]}) == {(topic_name, 0): E.none}
+    _, idle_pid, _ = init(address, "tx-idle")
+
+    def aborted():
+        state = describe(address, "tx-slow")[0]
+        return state.transaction_state in ("PrepareAbort", "CompleteAbort") and state.producer_epoch == epoch + 1
+
+    wait_until(aborted, "the timed-out transaction aborted with a bumped epoch", TIMEOUT_S)
+    assert add_partitions(address, "tx-slow", pid, epoch, {topic_name: [0]}) == {(topic_name, 0): E.producer_fenced}
+
+    def expired():
+        listed = send_request(address, ListTransactionsRequest(state_filters=(), producer_id_filters=(idle_pid,)))
+        return not listed.transaction_states
+
+    wait_until(expired, "the idle transactional id to expire", TIMEOUT_S)
+    assert describe(address, "tx-idle")[0].error_code == E.transactional_id_not_found
+    broker.restart()  # the tombstone keeps it gone
+    find_coordinator(address, "tx-idle")
+    wait_until(lambda: describe(address, "tx-idle")[0].error_code == E.transactional_id_not_found,
+               "tx-idle still unknown after the restart", TIMEOUT_S)
