@@ -242,11 +242,15 @@ class Broker:
         return partition.leader_epoch if partition is not None and partition.is_leader else None
 
     def _leader_of(self, topic: str, index: int) -> int | None:
-        """The partition's leader from the metadata cache (for the marker sender); None if unknown."""
-        if self.cluster is not None:
-            return self.cluster.metadata.leader_of(topic, index)
+        """The partition's leader from the metadata cache (for the marker sender): None for a partition the
+        cache does not have (a deleted topic), -1 for one without a leader just now."""
         info = self.metadata.topic(topic)
-        return self.broker_id if info is not None and 0 <= index < len(info.partitions) else None
+        if info is None or not 0 <= index < len(info.partitions):
+            return None
+        if self.cluster is None:
+            return self.broker_id
+        leader = self.cluster.metadata.leader_of(topic, index)
+        return -1 if leader is None else leader
 
     def _address_of(self, broker_id: int) -> tuple[str, int] | None:
         """Where the marker sender reaches a broker: its inter-broker listener (the single node: its first

@@ -2,7 +2,8 @@
 markers of a transaction in PrepareCommit/PrepareAbort, sent as WriteTxnMarkers v1 to the leader of every
 partition in it, then the completion (CompleteCommit/CompleteAbort) written to __transaction_state.
 
-* Leaders come from the metadata cache (``leader_of``); markers are queued per broker and each broker's
+* Leaders come from the metadata cache (``leader_of``: None for a partition not in it, -1 for one without
+  a leader just now, retried later); markers are queued per broker and each broker's
   queue is sent as one request (several transactions' markers batched, as Kafka does), one request in
   flight per broker, over ``NodeClients`` (the same path to this broker itself on a single node, as Kafka
   does: its coordinator sends WriteTxnMarkers to itself through the network too).
@@ -124,10 +125,13 @@ class MarkerSender:
         for tp in sorted(partitions):
             leader = self._leader_of(*tp)
             if leader is None:
-                # No leader in the metadata: the topic is most likely deleted; skip it, as Kafka does.
-                log.info("no leader for %s-%d: skipping its %s marker of %s (deleted topic?)", tp[0], tp[1],
+                # Not in the metadata: the topic is most likely deleted; skip it, as Kafka does.
+                log.info("%s-%d is not in the metadata: skipping its %s marker of %s (deleted topic?)", tp[0], tp[1],
                          "commit" if pending.commit else "abort", pending.transactional_id)
                 pending.metadata.remove_partition(tp)
+                continue
+            if leader < 0:  # no leader just now (Kafka's unknown-broker queue): look again later
+                self._retry_later(pending, {tp})
                 continue
             queue = self._queues.setdefault(leader, {})
             queue.setdefault(id(pending), _Entry(pending)).partitions.add(tp)

@@ -370,10 +370,11 @@ def test_marker_retries_re_resolve_the_leader_and_survive_connection_loss(tmp_pa
         pid, epoch = await begin(w, "tx", [(TOPIC, 0), (TOPIC, 1)])
         w.leaders.errors[(TOPIC, 0)] = [E.not_leader_or_follower, E.not_enough_replicas]
         w.leaders.fail_requests = 1
-        w.leaders.leaders[(TOPIC, 1)] = 2
+        w.leaders.leaders[(TOPIC, 1)] = -1  # no leader just now: retried, not skipped
         assert await c.handle_end_txn("tx", pid, epoch, commit=True) == E.none
         await asyncio.sleep(0.005)
         w.leaders.leaders[(TOPIC, 0)] = 3  # the leader moved
+        w.leaders.leaders[(TOPIC, 1)] = 2
         await wait_for(lambda: w.meta("tx").state is S.COMPLETE_COMMIT)
         sent_to = {(broker, index) for broker, _, _, _, _, index, _ in w.leaders.received}
         assert (3, 0) in sent_to and (2, 1) in sent_to
