@@ -81,6 +81,7 @@ class TransactionCoordinator:
         self._now = now_ms or (lambda: int(time.time() * 1000))
         self.markers: MarkerSender | None = None
         self._loading: dict[int, asyncio.Task] = {}
+        self._loading_epochs: dict[int, int] = {}  # the coordinator epoch each load in progress loads with
         self._tasks: set[asyncio.Task] = set()
         self.active = True
 
@@ -107,20 +108,20 @@ class TransactionCoordinator:
         if topic != TRANSACTION_STATE_TOPIC or not 0 <= index < self.state.num_partitions:
             return
         if is_leader:
+            # Kafka's onElection: load with the partition's leader epoch as the coordinator epoch; nothing to do
+            # if loaded or loading with that epoch already, a reload for a newer one.
             epoch = self._leader_epoch(index)
-            if epoch is None or index in self._loading:
+            if epoch is None or self._loading_epochs.get(index, self.state.coordinator_epoch(index)) == epoch:
                 return
-            if index in self.state.owned_partitions:
-                current = self.state._cache[index].coordinator_epoch
-                if current == epoch:
-                    return
             self._unload(index)
+            self._loading_epochs[index] = epoch
             self._loading[index] = self._spawn(self._load(index, epoch))
             return
         self._unload(index)
 
     def _unload(self, index: int) -> None:
         loading = self._loading.pop(index, None)
+        self._loading_epochs.pop(index, None)
         if loading is not None:
             loading.cancel()
         self.state.unload_partition(index)
@@ -134,6 +135,7 @@ class TransactionCoordinator:
         finally:
             if self._loading.get(index) is asyncio.current_task():
                 del self._loading[index]
+                del self._loading_epochs[index]
         if loaded is None:
             return
         log.info("transaction coordinator loaded %d transactional ids of %s-%d (coordinator epoch %d) in %.0f ms",

@@ -85,6 +85,11 @@ class TransactionStateManager:
     def owned_partitions(self) -> frozenset[int]:
         return frozenset(self._cache)
 
+    def coordinator_epoch(self, partition: int) -> int | None:
+        """The coordinator epoch a loaded partition was loaded with; None if it is not loaded."""
+        cache = self._cache.get(partition)
+        return cache.coordinator_epoch if cache is not None else None
+
     # -- lookups --------------------------------------------------------------------------------------
 
     def get_state(self, transactional_id: str) -> tuple[ErrorCode, int, TransactionMetadata | None]:

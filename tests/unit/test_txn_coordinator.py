@@ -441,8 +441,13 @@ def test_loading_and_not_coordinating(tmp_path):
         w.state.loading.discard(index)
         w.epoch = 3
         c.on_leadership_change(TRANSACTION_STATE_TOPIC, index, True)
+        w.epoch = 4  # a newer leader epoch while loading: loaded again with it
+        c.on_leadership_change(TRANSACTION_STATE_TOPIC, index, True)
         await wait_for(lambda: index in w.state.owned_partitions)
         assert w.meta("tx").state is S.ONGOING
+        assert w.state.get_state("tx")[1] == 4
+        c.on_leadership_change(TRANSACTION_STATE_TOPIC, index, True)  # same epoch: nothing happens
+        assert c.loading_partitions == frozenset() and w.state.get_state("tx")[1] == 4
 
     run(tmp_path, scenario)
 
