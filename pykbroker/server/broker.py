@@ -163,6 +163,7 @@ class Broker:
         self._slot_freed = asyncio.Event()  # set when a connection closes: an acceptor at max.connections goes on
         self.advertised: dict[str, BrokerEndpoint] = {}  # listener name -> this broker's endpoint there
         self._background: list[asyncio.Task] = []
+        self._self_address: tuple[str, int] | None = None  # where this broker reaches itself (see _address_of)
         self._owned: set[asyncio.Task] = set()  # work a request started that must finish (see run_owned)
         # Metrics (pykbroker/metrics): counters while metrics.port is set; the endpoint's readiness flags.
         self.stats: BrokerStats | None = BrokerStats() if config.get("metrics.port") else None
@@ -253,14 +254,12 @@ class Broker:
         return -1 if leader is None else leader
 
     def _address_of(self, broker_id: int) -> tuple[str, int] | None:
-        """Where the marker sender reaches a broker: its inter-broker listener (the single node: its first
-        advertised listener, itself)."""
+        """Where the marker sender reaches a broker: its inter-broker listener; the single node reaches itself
+        on the address its first listener is bound to (the loopback for a wildcard), which works whatever
+        it advertises (a container's published name may not resolve inside it)."""
         if self.cluster is not None:
             return self.cluster.metadata.address_of(broker_id)
-        if broker_id != self.broker_id or not self.config.advertised_listeners:
-            return None
-        endpoint = self.advertised.get(self.config.advertised_listeners[0].name)
-        return (endpoint.host, endpoint.port) if endpoint is not None else None
+        return self._self_address if broker_id == self.broker_id else None
 
     def run_owned(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         """Run ``work`` in a task the broker owns: it finishes even if the request that started it is
@@ -293,6 +292,12 @@ class Broker:
         self._lead_offsets_partitions()
         max_request = int(self.config.get("socket.request.max.bytes"))
         bound_ports = {listener.name: sock.getsockname()[1] for listener, sock in listening}
+        if listening:
+            listener, sock = listening[0]
+            bound_host = sock.getsockname()[0]
+            if listener.binds_all:
+                bound_host = "::1" if listener.host == "::" else "127.0.0.1"  # "" binds IPv4 too
+            self._self_address = (bound_host, sock.getsockname()[1])
         for advertised in self.config.advertised_listeners:
             # Port 0 means any free port: advertise the one the listener of that name got.
             self.advertised[advertised.name] = BrokerEndpoint(

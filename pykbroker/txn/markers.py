@@ -187,6 +187,11 @@ class MarkerSender:
                 for e in entries:
                     self._retry_later(e.pending, e.partitions)
                 continue
+            except Exception:  # a bug must not lose the markers: they stay pending and are retried
+                log.exception("WriteTxnMarkers to broker %d failed: retrying %d transaction(s)", broker, len(entries))
+                for e in entries:
+                    self._retry_later(e.pending, e.partitions)
+                continue
             results = {m.producer_id: m for m in response.markers}
             for e in entries:
                 result = results.get(e.pending.producer_id)
