@@ -30,7 +30,7 @@ from kio.schema.end_txn.v3.request import EndTxnRequest
 from kio.schema.errors import ErrorCode
 from kio.schema.find_coordinator.v1.request import FindCoordinatorRequest as FindCoordinatorV1
 from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
-from kio.schema.init_producer_id.v2.request import InitProducerIdRequest as InitV2
+from kio.schema.init_producer_id.v3.request import InitProducerIdRequest as InitV3
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
 from kio.schema.list_transactions.v0.request import ListTransactionsRequest
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
@@ -75,12 +75,8 @@ def find_coordinator(address, key: str):
 def init(address, tid: str, timeout_ms: int = 60000, producer_id: int = -1, epoch: int = -1, request_type=None):
     deadline = time.monotonic() + TIMEOUT_S
     while True:
-        if request_type is InitV2:
-            request = InitV2(transactional_id=tid, transaction_timeout=ms(timeout_ms), producer_id=producer_id,
-                             producer_epoch=i16(epoch))
-        else:
-            request = InitProducerIdRequest(transactional_id=tid, transaction_timeout=ms(timeout_ms),
-                                            producer_id=producer_id, producer_epoch=i16(epoch))
+        request = (request_type or InitProducerIdRequest)(transactional_id=tid, transaction_timeout=ms(timeout_ms),
+                                                          producer_id=producer_id, producer_epoch=i16(epoch))
         response = send_request(address, request)
         if response.error_code not in (E.coordinator_load_in_progress,):
             return response.error_code, response.producer_id, response.producer_epoch
@@ -129,9 +125,9 @@ def test_init_producer_id_fencing_and_errors(txn_broker):
     assert init(address, "tx-init", timeout_ms=900001)[0] == E.invalid_transaction_timeout
     assert init(address, "tx-init", producer_id=pid, epoch=1) == (E.none, pid, 2)  # KIP-360 re-init
     assert init(address, "tx-init", producer_id=pid, epoch=0)[0] == E.producer_fenced  # v4
+    assert init(address, "tx-init", producer_id=pid, epoch=0, request_type=InitV3)[0] == E.invalid_producer_epoch
     assert init(address, "", )[0] == E.invalid_request
     # The fenced producer's requests (EndTxn v1 answers INVALID_PRODUCER_EPOCH, v3 PRODUCER_FENCED).
-    assert add_partitions(address, "tx-init", pid, 0, {"__consumer_offsets": []}) == {}
     v1 = send_request(address, EndTxnV1(transactional_id="tx-init", producer_id=pid, producer_epoch=i16(0),
                                         committed=True))
     assert v1.error_code == E.invalid_producer_epoch
