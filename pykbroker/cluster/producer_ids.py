@@ -38,8 +38,6 @@ NO_PRODUCER_EPOCH = -1
 NONE = 0
 UNKNOWN_SERVER_ERROR = -1
 COORDINATOR_LOAD_IN_PROGRESS = 14
-INVALID_REQUEST = 42
-TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 
 
 PREFETCH_FRACTION = 0.9  # Kafka's RPCProducerIdManager asks for the next block once 90% of this one is used
@@ -185,7 +183,7 @@ class ZkProducerIdAllocator:
 
 
 class ProducerRegistry:
-    """InitProducerId for a broker without transactions.
+    """Producer ids for InitProducerId.
 
     Kafka's TransactionCoordinator.handleInitProducerId, for a null transactional id, "always blindly
     accept[s] the request and return[s] a new producerId" with epoch 0: the producer id and epoch a v3+
@@ -193,29 +191,31 @@ class ProducerRegistry:
     sequence error (the Java client since 2.5) and come back here only when the epoch would overflow or they
     reset, so a fresh id is what they expect.
 
-    Transactions are not supported. Kafka has no "transactions disabled" error; the answer chosen is
-    TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53), Kafka's own refusal of a transactional id, because every client
-    treats it as fatal: ``initTransactions()`` fails at once with a clear exception instead of retrying (a
-    retriable code such as COORDINATOR_NOT_AVAILABLE would make clients spin until their timeout). An empty
-    transactional id gets INVALID_REQUEST (42), exactly as in Kafka.
+    Transactional ids are the transaction coordinator's (pykbroker/txn/coordinator.py), which takes its
+    producer ids from ``new_id``.
     """
 
     def __init__(self, allocator: ProducerIdSource) -> None:
         self._allocator = allocator
 
-    async def init_producer_id(
-        self, transactional_id: str | None, producer_id: int = NO_PRODUCER_ID, producer_epoch: int = NO_PRODUCER_EPOCH
-    ) -> tuple[int, int, int]:
-        """Returns (error_code, producer_id, producer_epoch) for an InitProducerId response."""
-        if transactional_id is None:
-            try:
-                return NONE, await self._allocator.next_id(), 0
-            except ProducerIdsUnavailable as exc:
-                log.warning("no producer id available yet: %s", exc)
-                return COORDINATOR_LOAD_IN_PROGRESS, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
-            except (OSError, ProducerIdsExhausted):
-                log.exception("cannot allocate a producer id (%s)", self._allocator)
-                return UNKNOWN_SERVER_ERROR, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
-        if transactional_id == "":
-            return INVALID_REQUEST, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
-        return TRANSACTIONAL_ID_AUTHORIZATION_FAILED, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
+    async def new_id(self) -> tuple[int, int]:
+        """(error code, producer id): COORDINATOR_LOAD_IN_PROGRESS while no block can be reserved (retriable,
+        as Kafka's RPCProducerIdManager answers), UNKNOWN_SERVER_ERROR when ids are exhausted or the file
+        cannot be written."""
+        try:
+            return NONE, await self._allocator.next_id()
+        except ProducerIdsUnavailable as exc:
+            log.warning("no producer id available yet: %s", exc)
+            return COORDINATOR_LOAD_IN_PROGRESS, NO_PRODUCER_ID
+        except (OSError, ProducerIdsExhausted):
+            log.exception("cannot allocate a producer id (%s)", self._allocator)
+            return UNKNOWN_SERVER_ERROR, NO_PRODUCER_ID
+
+    async def init_producer_id(self, transactional_id: None = None, producer_id: int = NO_PRODUCER_ID,
+                               producer_epoch: int = NO_PRODUCER_EPOCH) -> tuple[int, int, int]:
+        """Returns (error_code, producer_id, producer_epoch) for an InitProducerId without transactional id
+        (the request's producer id and epoch are ignored, as Kafka does)."""
+        if transactional_id is not None:
+            raise ValueError("transactional ids are the transaction coordinator's")
+        error, producer_id = await self.new_id()
+        return error, producer_id, 0 if error == NONE else NO_PRODUCER_EPOCH

@@ -403,19 +403,21 @@ class TopicAdmin:
         return future
 
     # -- internal topics ------------------------------------------------------------------------------
-    def ensure_internal(self, name: str, partitions: int) -> TopicInfo:
+    def ensure_internal(self, name: str, partitions: int, configs: dict[str, str] | None = None) -> TopicInfo:
         """Single node only: the internal topic, created if absent and every partition hosted, at once (see
-        ``ensure_internal_async`` for the way that lets other requests run in between)."""
+        ``ensure_internal_async`` for the way that lets other requests run in between). ``configs``: its
+        overrides beyond the internal topics' own (__transaction_state's cleanup.policy, min.insync.replicas)."""
         info = self.metadata.topic(name)
         if info is None:
-            self.metadata.create_topic(name, partitions, 1, dict(_INTERNAL_CONFIGS))
+            self.metadata.create_topic(name, partitions, 1, {**_INTERNAL_CONFIGS, **(configs or {})})
             self.metadata.commit()
             info = self.metadata.topic(name)
         self._host(info)  # hosting is idempotent: finishes what an async creation has not hosted yet
         return info
 
     async def ensure_internal_async(
-        self, name: str, partitions: int, replication_factor: int | None = None
+        self, name: str, partitions: int, replication_factor: int | None = None,
+        configs: dict[str, str] | None = None,
     ) -> TopicInfo | None:
         """The internal topic, created if absent. Single node: created and its partitions hosted one at a
         time (``host_async``), returned. Cluster: written to ZooKeeper if absent, not awaited: None until
@@ -427,9 +429,10 @@ class TopicAdmin:
         created (too few brokers for the configured factor) is logged and None returned."""
         if self.metadata.topic(name) is None:
             if replication_factor is None:
-                replication_factor = self._internal_replication_factor()
+                replication_factor = self.internal_replication_factor()
             try:
-                await self.metadata.create_topic_async(name, partitions, replication_factor, dict(_INTERNAL_CONFIGS))
+                await self.metadata.create_topic_async(name, partitions, replication_factor,
+                                                       {**_INTERNAL_CONFIGS, **(configs or {})})
                 log.info("created internal topic %s with %d partitions, replication factor %d",
                          name, partitions, replication_factor)
             except KafkaError as exc:
@@ -443,11 +446,13 @@ class TopicAdmin:
         await self.host_async(info)
         return info
 
-    def _internal_replication_factor(self) -> int:
+    def internal_replication_factor(self, key: str = _OFFSETS_REPLICATION_KEY) -> int:
+        """The replication factor of a new internal topic: 1 on the single node, else ``key``
+        (offsets.topic.replication.factor, transaction.state.log.replication.factor) if set, else Kafka's 3."""
         if self.metadata.local_leadership:
             return 1
-        if _OFFSETS_REPLICATION_KEY in self.config.explicit:
-            return int(self.config.get(_OFFSETS_REPLICATION_KEY))
+        if key in self.config.explicit:
+            return int(self.config.get(key))
         # Kafka's default, whatever the brokers alive now: an offsets topic created while brokers are still
         # starting must not be stuck with fewer replicas. Until 3 brokers are up, group requests get
         # COORDINATOR_NOT_AVAILABLE (retriable); a smaller cluster sets offsets.topic.replication.factor.

@@ -57,6 +57,9 @@ from pykbroker.protocol.apis import apis_for
 from pykbroker.replication.replica_manager import ReplicaManager
 from pykbroker.server.connection import KafkaConnection, RequestMemory
 from pykbroker.server.dispatch import load_handlers
+from pykbroker.txn.coordinator import TransactionCoordinator, TxnConfig
+from pykbroker.txn.log import TRANSACTION_STATE_TOPIC
+from pykbroker.txn.state_manager import TransactionStateManager
 
 if TYPE_CHECKING:
     from pykbroker.cluster.node import ClusterNode
@@ -134,7 +137,7 @@ class Broker:
             min_insync_replicas=lambda: self.topics.min_insync_replicas(OFFSETS_TOPIC),
             commit_timeout_ms=int(config.get("offsets.commit.timeout.ms")),
         )
-        self._offsets_creation: asyncio.Task | None = None  # __consumer_offsets being created (create_offsets_topic)
+        self._internal_creations: dict[str, asyncio.Task] = {}  # internal topics being created (create_internal_topic)
         self.groups = GroupCoordinator(
             self.offset_store, self._partition_exists,
             GroupConfig.from_broker_config(config),
@@ -142,6 +145,18 @@ class Broker:
         )
         if self.cluster is not None:  # the coordinator follows the offsets partitions' leadership
             self.cluster.on_leadership_change.append(self.groups.on_leadership_change)
+        # The transaction coordinator (pykbroker/txn): the __transaction_state partitions led here.
+        self.transaction_partitions = int(config.get("transaction.state.log.num.partitions"))
+        txn_info = self.metadata.topic(TRANSACTION_STATE_TOPIC)
+        self.txn_state = TransactionStateManager(
+            self.replicas, len(txn_info.partitions) if txn_info is not None else self.transaction_partitions,
+            min_insync_replicas=lambda: self.topics.min_insync_replicas(TRANSACTION_STATE_TOPIC),
+        )
+        self.transactions = TransactionCoordinator(self.txn_state, self.producer_ids.new_id, self._txn_leader_epoch,
+                                                   TxnConfig.from_broker_config(config))
+        self.transactions.make_marker_sender(config.broker_id, leader_of=self._leader_of, address_of=self._address_of)
+        if self.cluster is not None:
+            self.cluster.on_leadership_change.append(self.transactions.on_leadership_change)
         self.connections: set[KafkaConnection] = set()
         self._connections_per_host: Counter[str] = Counter()
         self.request_memory = RequestMemory(int(config.get("queued.max.request.bytes")))
@@ -150,6 +165,7 @@ class Broker:
         self._slot_freed = asyncio.Event()  # set when a connection closes: an acceptor at max.connections goes on
         self.advertised: dict[str, BrokerEndpoint] = {}  # listener name -> this broker's endpoint there
         self._background: list[asyncio.Task] = []
+        self._self_address: tuple[str, int] | None = None  # where this broker reaches itself (see _address_of)
         self._owned: set[asyncio.Task] = set()  # work a request started that must finish (see run_owned)
         # Metrics (pykbroker/metrics): counters while metrics.port is set; the endpoint's readiness flags.
         self.stats: BrokerStats | None = BrokerStats() if config.get("metrics.port") else None
@@ -175,33 +191,77 @@ class Broker:
         return info is not None and 0 <= index < len(info.partitions)
 
     def _lead_offsets_partitions(self) -> None:
-        """Single broker: this broker leads every __consumer_offsets partition; the coordinator loads them.
-        (In a cluster, LeaderAndIsr says which ones: cluster/node.py tells the coordinator.)"""
+        """Single broker: this broker leads every __consumer_offsets and __transaction_state partition; the
+        coordinators load them. (In a cluster, LeaderAndIsr says which ones: cluster/node.py tells them.)"""
         if self.cluster is not None:
             return
-        info = self.metadata.topic(OFFSETS_TOPIC)
-        for index in range(len(info.partitions) if info is not None else 0):
-            self.groups.on_leadership_change(OFFSETS_TOPIC, index, True)
+        for topic, coordinator in ((OFFSETS_TOPIC, self.groups), (TRANSACTION_STATE_TOPIC, self.transactions)):
+            info = self.metadata.topic(topic)
+            for index in range(len(info.partitions) if info is not None else 0):
+                coordinator.on_leadership_change(topic, index, True)
 
     def _lead_offsets_topic_now(self) -> None:
         """Single broker: a group request came before any FindCoordinator: create __consumer_offsets at once."""
         self.topics.ensure_internal(OFFSETS_TOPIC, self.offsets_partitions)
         self._lead_offsets_partitions()
 
-    async def create_offsets_topic(self) -> None:
-        """Create __consumer_offsets (FindCoordinator's first use, as in Kafka): 50 partitions by default, a
-        few fsyncs each, hosted one at a time in a broker-owned task so other clients are served meanwhile;
-        the requests that asked wait for it."""
-        if self._offsets_creation is None:
-            self._offsets_creation = self.run_owned(self._create_offsets_topic())
-        await asyncio.shield(self._offsets_creation)
+    def _transaction_topic_configs(self, replication_factor: int) -> dict[str, str]:
+        """Kafka's TransactionLog.transactionTopicConfigs (min.insync.replicas capped at the replication
+        factor, so that a topic with fewer replicas than transaction.state.log.min.isr still takes writes)."""
+        return {
+            "cleanup.policy": "compact",
+            "min.insync.replicas": str(min(int(self.config.get("transaction.state.log.min.isr")), replication_factor)),
+            "segment.bytes": str(self.config.get("transaction.state.log.segment.bytes")),
+            "unclean.leader.election.enable": "false",
+            "compression.type": "uncompressed",
+        }
 
-    async def _create_offsets_topic(self) -> None:
+    async def create_internal_topic(self, name: str) -> None:
+        """Create __consumer_offsets or __transaction_state (FindCoordinator's first use, as in Kafka): 50
+        partitions by default, a few fsyncs each, hosted one at a time in a broker-owned task so other clients
+        are served meanwhile; the requests that asked wait for it."""
+        if name not in self._internal_creations:
+            self._internal_creations[name] = self.run_owned(self._create_internal_topic(name))
+        await asyncio.shield(self._internal_creations[name])
+
+    async def create_offsets_topic(self) -> None:
+        await self.create_internal_topic(OFFSETS_TOPIC)
+
+    async def _create_internal_topic(self, name: str) -> None:
         try:
-            await self.topics.ensure_internal_async(OFFSETS_TOPIC, self.offsets_partitions)
+            if name == TRANSACTION_STATE_TOPIC:
+                rf = self.topics.internal_replication_factor("transaction.state.log.replication.factor")
+                await self.topics.ensure_internal_async(name, self.transaction_partitions, rf,
+                                                        configs=self._transaction_topic_configs(rf))
+            else:
+                await self.topics.ensure_internal_async(OFFSETS_TOPIC, self.offsets_partitions)
             self._lead_offsets_partitions()
         finally:
-            self._offsets_creation = None
+            self._internal_creations.pop(name, None)
+
+    def _txn_leader_epoch(self, index: int) -> int | None:
+        """The coordinator epoch of a __transaction_state partition: its leader epoch, if led here."""
+        partition = self.replicas.partition(TRANSACTION_STATE_TOPIC, index)
+        return partition.leader_epoch if partition is not None and partition.is_leader else None
+
+    def _leader_of(self, topic: str, index: int) -> int | None:
+        """The partition's leader from the metadata cache (for the marker sender): None for a partition the
+        cache does not have (a deleted topic), -1 for one without a leader just now."""
+        info = self.metadata.topic(topic)
+        if info is None or not 0 <= index < len(info.partitions):
+            return None
+        if self.cluster is None:
+            return self.broker_id
+        leader = self.cluster.metadata.leader_of(topic, index)
+        return -1 if leader is None else leader
+
+    def _address_of(self, broker_id: int) -> tuple[str, int] | None:
+        """Where the marker sender reaches a broker: its inter-broker listener; the single node reaches itself
+        on the address its first listener is bound to (the loopback for a wildcard), which works whatever
+        it advertises (a container's published name may not resolve inside it)."""
+        if self.cluster is not None:
+            return self.cluster.metadata.address_of(broker_id)
+        return self._self_address if broker_id == self.broker_id else None
 
     def run_owned(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         """Run ``work`` in a task the broker owns: it finishes even if the request that started it is
@@ -234,6 +294,12 @@ class Broker:
         self._lead_offsets_partitions()
         max_request = int(self.config.get("socket.request.max.bytes"))
         bound_ports = {listener.name: sock.getsockname()[1] for listener, sock in listening}
+        if listening:
+            listener, sock = listening[0]
+            bound_host = sock.getsockname()[0]
+            if listener.binds_all:
+                bound_host = "::1" if listener.host == "::" else "127.0.0.1"  # "" binds IPv4 too
+            self._self_address = (bound_host, sock.getsockname()[1])
         for advertised in self.config.advertised_listeners:
             # Port 0 means any free port: advertise the one the listener of that name got.
             self.advertised[advertised.name] = BrokerEndpoint(
@@ -245,6 +311,7 @@ class Broker:
             int(self.config.get("replica.high.watermark.checkpoint.interval.ms")))))
         self._background.append(asyncio.ensure_future(self.replicas.run_isr_checks()))
         self._background.append(asyncio.ensure_future(self.groups.run()))
+        self._background.append(asyncio.ensure_future(self.transactions.run()))
         self._background.append(asyncio.ensure_future(self._close_idle_connections()))
         if self.cluster is not None:
             # Kafka's KafkaServer.startup enables request processing only after the registration: until
@@ -288,6 +355,9 @@ class Broker:
         offsets = await self.cluster.zk.get_topic_assignment(OFFSETS_TOPIC)
         if offsets is not None:  # the cluster's offsets topic decides which partition holds a group
             self.offset_store.set_partition_count(len(offsets.partitions))
+        transactions = await self.cluster.zk.get_topic_assignment(TRANSACTION_STATE_TOPIC)
+        if transactions is not None:  # likewise for a transactional id
+            self.txn_state.set_partition_count(len(transactions.partitions))
 
     async def _register_in_cluster(self) -> None:
         """Cluster mode, with the listeners bound but not accepting yet: register and run for controller."""

@@ -104,6 +104,8 @@ def _zero(field: _Field) -> Any:
     kafka_type = field.kafka_type
     if kafka_type.startswith("timedelta"):
         return datetime.timedelta(0)
+    if kafka_type.startswith("datetime"):
+        return datetime.datetime.fromtimestamp(0, datetime.timezone.utc)
     if kafka_type == "bool":
         return False
     if kafka_type.startswith("int") and field.name in _MINUS_ONE:

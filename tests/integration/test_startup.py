@@ -12,13 +12,11 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from kio.schema.describe_cluster.v1.request import DescribeClusterRequest
 from kio.schema.errors import ErrorCode
-from kio.schema.find_coordinator.v1.request import FindCoordinatorRequest as FindCoordinatorRequestV1
 from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
 from kio.schema.metadata.v12.request import MetadataRequest
 from kio.static.primitive import i8
@@ -26,7 +24,6 @@ from kio.static.primitive import i8
 from broker_process import HOST, REPO_ROOT, BrokerProcess, free_port, send_request
 
 FAIL_TIMEOUT_S = 30.0  # a failing start must exit long before this, even on a loaded machine
-TRANSACTIONAL_FAILURE_S = 5.0  # well under the 10-15 s clients used to wait; Kafka's answer takes milliseconds
 
 
 def serve(*args: str, data_dir: Path) -> subprocess.CompletedProcess:
@@ -174,50 +171,6 @@ def test_serve_version(tmp_path):
     result = serve("--version", data_dir=tmp_path / "unused")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("pykbroker ")
-
-
-# -- transactional producers fail fast ----------------------------------------------------------------
-
-
-@pytest.mark.parametrize("version", [1, 4])
-def test_transaction_coordinator_is_refused_with_a_fatal_error(shared_broker, version):
-    if version == 1:
-        response = send_request(shared_broker.address, FindCoordinatorRequestV1(key="tx", key_type=i8(1)))
-        error, message = response.error_code, response.error_message
-    else:
-        response = send_request(shared_broker.address, FindCoordinatorRequest(key_type=i8(1), coordinator_keys=("tx",)))
-        error, message = response.coordinators[0].error_code, response.coordinators[0].error_message
-    assert error == ErrorCode.transactional_id_authorization_failed
-    assert "does not support transactions" in message
-
-
-def test_confluent_transactional_producer_fails_fast(shared_broker):
-    confluent_kafka = pytest.importorskip("confluent_kafka")
-    producer = confluent_kafka.Producer({"bootstrap.servers": shared_broker.bootstrap, "transactional.id": "tx-confluent"})
-    started = time.monotonic()
-    with pytest.raises(confluent_kafka.KafkaException) as raised:
-        producer.init_transactions(30)
-    elapsed = time.monotonic() - started
-    error = raised.value.args[0]
-    assert error.code() == confluent_kafka.KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-    assert error.fatal()
-    assert "does not support transactions" in error.str()
-    assert elapsed < TRANSACTIONAL_FAILURE_S, f"init_transactions took {elapsed:.1f} s to fail"
-
-
-def test_kafka_python_transactional_producer_fails_fast(shared_broker):
-    kafka = pytest.importorskip("kafka")
-    from kafka.errors import TransactionalIdAuthorizationFailedError
-
-    producer = kafka.KafkaProducer(bootstrap_servers=shared_broker.bootstrap, transactional_id="tx-kafka-python")
-    try:
-        started = time.monotonic()
-        with pytest.raises(TransactionalIdAuthorizationFailedError):
-            producer.init_transactions()
-        elapsed = time.monotonic() - started
-        assert elapsed < TRANSACTIONAL_FAILURE_S, f"init_transactions took {elapsed:.1f} s to fail"
-    finally:
-        producer.close(timeout=5)
 
 
 def test_sigusr1_logs_every_task_and_thread_and_the_broker_keeps_serving(broker):

@@ -9,9 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pykbroker.cluster.producer_ids import (
-    INVALID_REQUEST,
     PRODUCER_ID_BLOCK_SIZE,
-    TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     ProducerIdAllocator,
     ProducerRegistry,
 )
@@ -314,11 +312,12 @@ def test_init_producer_id_without_transactional_id_always_gives_a_new_id_at_epoc
     assert asyncio.run(registry.init_producer_id(None, producer_id=0, producer_epoch=4)) == (0, 1, 0)
 
 
-def test_init_producer_id_refuses_transactions(tmp_path):
+def test_transactional_ids_are_the_transaction_coordinators(tmp_path):
     registry = ProducerRegistry(ProducerIdAllocator(tmp_path / "ids"))
-    assert asyncio.run(registry.init_producer_id("tx-1")) == (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1, -1)
-    assert asyncio.run(registry.init_producer_id("")) == (INVALID_REQUEST, -1, -1)
-    assert asyncio.run(registry.init_producer_id(None))[1] == 0  # refusals consumed no id
+    with pytest.raises(ValueError):
+        asyncio.run(registry.init_producer_id("tx-1"))
+    assert asyncio.run(registry.new_id()) == (0, 0)  # the coordinator's ids come from the same blocks
+    assert asyncio.run(registry.init_producer_id(None))[1] == 1
 
 
 def test_rebuild_from_a_real_partition_log_after_restart(tmp_path):

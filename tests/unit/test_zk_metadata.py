@@ -342,9 +342,9 @@ def test_a_replication_factor_beyond_the_live_brokers_is_refused_before_zookeepe
 
 def test_the_internal_topics_replication_factor_is_kafkas_3_unless_set(cluster_admin):
     # Not capped at the 2 live brokers: an offsets topic created while brokers start keeps 3 replicas.
-    assert cluster_admin()._internal_replication_factor() == 3
-    assert cluster_admin(**{"offsets.topic.replication.factor": 1})._internal_replication_factor() == 1
-    assert cluster_admin(**{"offsets.topic.replication.factor": 3})._internal_replication_factor() == 3
+    assert cluster_admin().internal_replication_factor() == 3
+    assert cluster_admin(**{"offsets.topic.replication.factor": 1}).internal_replication_factor() == 1
+    assert cluster_admin(**{"offsets.topic.replication.factor": 3}).internal_replication_factor() == 3
 
 
 # -- config writes and reads racing with UpdateMetadata, the start's read of the broker configs -------------

@@ -9,37 +9,32 @@ COORDINATOR_NOT_AVAILABLE until the partition has a leader (the client retries),
 has no endpoint on this listener. An empty group id: INVALID_REQUEST; an unknown key type:
 INVALID_REQUEST. Success carries error_message "NONE" before v4 and "" from v4, as Kafka 3.7 answers.
 
-Transactions are not implemented, so a transaction coordinator (key_type 1) is refused with
-TRANSACTIONAL_ID_AUTHORIZATION_FAILED and a message saying why: Kafka's own answer to a transactional id
-the client may not use, and one every client treats as fatal at once (librdkafka, kafka-python and the
-Java client fail ``init_transactions()`` within milliseconds). COORDINATOR_NOT_AVAILABLE, the retriable
-answer, made them retry for their whole timeout (10-60 s). InitProducerId refuses transactional ids the
-same way (cluster/producer_ids.py).
+A transaction coordinator (key_type 1) is found the same way: the leader of the transactional id's
+__transaction_state partition (same hash, transaction.state.log.num.partitions), the topic being created on
+the first such request, as Kafka does.
 """
 
 from __future__ import annotations
 
 from pykbroker.groups.offset_store import OFFSETS_TOPIC, partition_for_group
+from pykbroker.txn.log import TRANSACTION_STATE_TOPIC
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
 
 GROUP_KEY = 0
 TRANSACTION_KEY = 1
-
-
-TRANSACTIONS_UNSUPPORTED = "pykbroker does not support transactions (transactional id {key!r})"
+_TOPIC_OF = {GROUP_KEY: OFFSETS_TOPIC, TRANSACTION_KEY: TRANSACTION_STATE_TOPIC}
 
 
 def _locate(ctx: RequestContext, key: str, key_type: int) -> tuple[ErrorCode, str | None, object | None]:
     """(error, error message or None for the error's name, coordinator endpoint or None)."""
-    if key_type == TRANSACTION_KEY:
-        return ErrorCode.transactional_id_authorization_failed, TRANSACTIONS_UNSUPPORTED.format(key=key), None
-    if key_type != GROUP_KEY:
+    topic = _TOPIC_OF.get(key_type)
+    if topic is None:
         return ErrorCode.invalid_request, f"Unknown coordinator type received: {key_type}", None
     if not key:
         return ErrorCode.invalid_request, None, None
-    info = ctx.broker.metadata.topic(OFFSETS_TOPIC)
+    info = ctx.broker.metadata.topic(topic)
     if info is None:
         return ErrorCode.coordinator_not_available, None, None
     leader = info.partitions[partition_for_group(key, len(info.partitions))].leader
@@ -49,22 +44,25 @@ def _locate(ctx: RequestContext, key: str, key_type: int) -> tuple[ErrorCode, st
     return ErrorCode.none, None, found[0]
 
 
-def _asks_for_groups(request, version: int) -> bool:
-    if getattr(request, "key_type", GROUP_KEY) != GROUP_KEY:
-        return False
-    keys = request.coordinator_keys if version >= 4 else (request.key,)
-    return any(keys)
+def _topic_to_create(ctx: RequestContext, request) -> str | None:
+    """The internal topic this request needs and the cache does not show yet (created first, as Kafka does)."""
+    topic = _TOPIC_OF.get(getattr(request, "key_type", GROUP_KEY))
+    keys = request.coordinator_keys if ctx.version >= 4 else (request.key,)
+    if topic is None or not any(keys) or ctx.broker.metadata.topic(topic) is not None:
+        return None
+    return topic
 
 
 @handles(10)
 def find_coordinator(ctx: RequestContext, request) -> object:
-    if ctx.broker.metadata.topic(OFFSETS_TOPIC) is None and _asks_for_groups(request, ctx.version):
-        return _after_offsets_topic(ctx, request)
+    topic = _topic_to_create(ctx, request)
+    if topic is not None:
+        return _after_internal_topic(ctx, request, topic)
     return _answer(ctx, request)
 
 
-async def _after_offsets_topic(ctx: RequestContext, request) -> object:
-    await ctx.broker.create_offsets_topic()
+async def _after_internal_topic(ctx: RequestContext, request, topic: str) -> object:
+    await ctx.broker.create_internal_topic(topic)
     return _answer(ctx, request)
 
 
