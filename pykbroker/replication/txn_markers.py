@@ -83,9 +83,7 @@ async def write_markers(broker, markers) -> list[MarkerResult]:
         for (answers, position), error in zip(slots, errors):
             if error != ErrorCode.none:
                 answers[position] = (answers[position][0], error)
-    on_marker = getattr(getattr(broker, "groups", None), "on_transaction_marker", None)
-    if on_marker is not None:
-        for producer_id, commit, index, answers, position in applied:
-            if answers[position][1] == ErrorCode.none:
-                on_marker(index, producer_id, commit)
+    for producer_id, commit, index, answers, position in applied:
+        if answers[position][1] == ErrorCode.none:
+            broker.groups.on_transaction_marker(index, producer_id, commit)
     return results
