@@ -343,6 +343,9 @@ DYNAMIC_BROKER_CONFIG_NAMES = frozenset({
     "log.preallocate", "log.retention.bytes", "log.retention.ms", "log.roll.jitter.ms", "log.roll.ms",
     "log.segment.bytes", "log.segment.delete.delay.ms", "message.max.bytes", "min.insync.replicas",
     "leader.replication.throttled.rate", "follower.replication.throttled.rate",
+    # the cleaner's own settings: its loops and workers start again with them (LogCleaner.reconfigure)
+    "log.cleaner.threads", "log.cleaner.backoff.ms", "log.cleaner.dedupe.buffer.size", "log.cleaner.io.buffer.size",
+    "log.cleaner.io.buffer.load.factor",
 })
 
 

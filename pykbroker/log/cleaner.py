@@ -561,6 +561,7 @@ class LogCleaner:
         self._in_progress: set[tuple[str, int]] = set()
         self._uncleanable: set[tuple[str, int]] = set()  # their data could not be read (Kafka's uncleanable partitions)
         self._pool: ProcessPoolExecutor | None = None
+        self._reconfigured: asyncio.Event | None = None  # set by reconfigure: run() restarts the loops
         self.use_processes = True  # tests may clean in a thread instead
         self._closed = False
         self.cleanings = 0  # completed (swapped) cleanings, for tests and metrics
@@ -655,10 +656,30 @@ class LogCleaner:
         return self._pool
 
     async def run(self) -> None:
-        """Log.cleaner.threads cleaning loops until cancelled."""
-        if not self.config.enable or self.config.threads < 1:
+        """Log.cleaner.threads cleaning loops until cancelled; started again with the new settings after a
+        ``reconfigure`` (Kafka's LogCleaner.reconfigure restarts its threads the same way)."""
+        while not self._closed:
+            self._reconfigured = asyncio.Event()
+            loops = []
+            if self.config.enable and self.config.threads >= 1:
+                loops = [asyncio.ensure_future(self._loop()) for _ in range(self.config.threads)]
+            try:
+                await self._reconfigured.wait()
+            finally:
+                for task in loops:
+                    task.cancel()
+                await asyncio.gather(*loops, return_exceptions=True)
+            self._stop_workers()  # a cleaning cut short leaves .cleaned files, deleted at the next load
+
+    def reconfigure(self, config: CleanerConfig) -> None:
+        """New cleaner settings (dynamic broker configs log.cleaner.*): the cleanings in flight stop, the
+        workers are replaced, and the loops start again with ``config``."""
+        if config == self.config:
             return
-        await asyncio.gather(*(self._loop() for _ in range(self.config.threads)))
+        log.info("log cleaner: reconfigured: %s", config)
+        self.config = config
+        if self._reconfigured is not None:
+            self._reconfigured.set()
 
     async def _loop(self) -> None:
         while not self._closed:
@@ -751,6 +772,9 @@ class LogCleaner:
     def shutdown(self) -> None:
         """Stop the workers (a cleaning in flight leaves ``.cleaned`` files, which the next load deletes)."""
         self._closed = True
+        self._stop_workers()
+
+    def _stop_workers(self) -> None:
         pool, self._pool = self._pool, None
         if pool is None:
             return

@@ -125,6 +125,7 @@ class Broker:
         self.apis = apis_for(cluster=self.cluster is not None)  # what ApiVersions advertises and we serve
         # The broker configs with their dynamic layers (AlterConfigs): value(name), add_listener(callback).
         self.dynamic_configs = DynamicConfigs(config, self.metadata)
+        self.dynamic_configs.add_listener(self._cleaner_configs_changed)
         self.topics = TopicAdmin(config, self.metadata, self.replicas, self.dynamic_configs)
         if self.cluster is not None:  # blocks of ids reserved in ZooKeeper: unique across the cluster
             self.producer_ids = ProducerRegistry(ZkProducerIdAllocator(self.cluster.zk, config.broker_id))
@@ -183,6 +184,11 @@ class Broker:
         self.log_manager.load_all(self.topics.log_config, self.topics.topic_id_of)
         self.replicas.load_high_watermarks()  # a corrupt replication-offset-checkpoint stops the start here
         self.topics.host_all()
+
+    def _cleaner_configs_changed(self, names: set[str]) -> None:
+        """Dynamic log.cleaner.* settings: the cleaner restarts its loops and workers with them."""
+        if any(name.startswith("log.cleaner.") for name in names):
+            self.log_manager.cleaner.reconfigure(CleanerConfig.from_broker(self.dynamic_configs.value))
 
     def _partition_exists(self, topic: str, index: int) -> bool:
         """Whether offsets may be committed for a partition: it exists in the cluster (Kafka asks its metadata

@@ -530,3 +530,36 @@ def marker_batch_for(producer_id: int, *, commit: bool) -> bytearray:
     from pykbroker.protocol.control_records import marker_batch
 
     return marker_batch(producer_id=producer_id, producer_epoch=0, commit=commit, coordinator_epoch=0, timestamp_ms=NOW)
+
+
+def test_reconfigure_restarts_the_cleaning_loops_with_the_new_settings(tmp_path):
+    """Dynamic log.cleaner.* configs: the loops stop and start again with the new thread count and backoff
+    (Kafka's LogCleaner.reconfigure); an unchanged config changes nothing."""
+    plog = four_segments(tmp_path)
+    cleaner = make_cleaner(tmp_path, [plog], threads=1, backoff_ms=60_000)
+    started = []
+    original_loop = cleaner._loop
+
+    async def counting_loop():
+        started.append(cleaner.config.threads)
+        await original_loop()
+
+    cleaner._loop = counting_loop
+
+    async def scenario():
+        runner = asyncio.ensure_future(cleaner.run())
+        deadline = time.monotonic() + 10
+        while cleaner.cleanings < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert cleaner.cleanings == 1 and started == [1]
+        cleaner.reconfigure(cleaner.config)  # the same settings: no restart
+        await asyncio.sleep(0.05)
+        assert started == [1]
+        cleaner.reconfigure(CleanerConfig(threads=2, backoff_ms=60_000))
+        while len(started) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert started == [1, 2, 2]
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+
+    asyncio.run(scenario())
