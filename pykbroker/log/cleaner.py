@@ -81,7 +81,9 @@ from pykbroker.protocol.records import (
     _varint64,
     crc32c,
     peek_header,
+    read_header,
 )
+from pykbroker.protocol.control_records import read_marker
 
 if TYPE_CHECKING:
     from pykbroker.log.partition_log import PartitionLog
@@ -161,6 +163,9 @@ class CleanTask:
     index_interval_bytes: int
     aborted: tuple[AbortedRange, ...] = ()
     io_buffer_size: int = 524288
+    # Producer ids in the partition's producer state: only their last batch stays as an empty batch (Kafka's
+    # lastRecordsOfActiveProducers); None keeps the last batch of every producer id.
+    active_producers: frozenset[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -181,10 +186,15 @@ class CleanResult:
     records_kept: int = 0
     map_entries: int = 0
     seconds: float = 0.0
+    # (producer id, marker offset) of the markers the cleaning removed: their .txnindex entries go too
+    # (a consumer given an entry whose marker is gone would skip that producer's later transactions).
+    removed_aborts: set[tuple[int, int]] = field(default_factory=set)
 
 
 def _map_key(key: bytes) -> bytes:
-    return key if len(key) <= 16 else hashlib.blake2b(key, digest_size=16).digest()
+    """The map's key for a record key: a tag byte keeps raw short keys and digests of long ones apart (else
+    a 16-byte key equal to a long key's digest would supersede that key's records)."""
+    return b"\0" + key if len(key) <= 16 else b"\1" + hashlib.blake2b(key, digest_size=16).digest()
 
 
 def _zigzag_at(data: bytes, pos: int) -> tuple[int, int]:
@@ -255,6 +265,45 @@ class _Aborted:
             if first <= header.base_offset <= last:
                 return True
         return False
+
+
+class _TxnTracker:
+    """Kafka's CleanedTransactionMetadata: which transaction markers may go because no batch of their
+    transaction is left in the log (read in log order over one cleaning)."""
+
+    def __init__(self, ranges: tuple[AbortedRange, ...]) -> None:
+        self._pending = sorted(ranges, key=lambda item: item.first_offset, reverse=True)  # popped from the end
+        self._aborted: dict[int, bool] = {}  # producer id -> a batch of its ongoing aborted transaction seen
+        self._committed: set[int] = set()  # producers with a batch of an ongoing (not aborted) transaction seen
+
+    def _consume_up_to(self, offset: int) -> None:
+        while self._pending and self._pending[-1].first_offset <= offset:
+            self._aborted[self._pending.pop().producer_id] = False
+
+    def discard(self, header, batch: bytes) -> bool:
+        """True for a control batch whose transaction has no batch left (it may go once past the delete
+        horizon); data batches only update the state (and are never discarded here)."""
+        self._consume_up_to(header.last_offset)
+        producer_id = header.producer_id
+        if not header.is_control:
+            if header.is_transactional:
+                if producer_id in self._aborted:
+                    self._aborted[producer_id] = True
+                else:
+                    self._committed.add(producer_id)
+            return False
+        if not header.record_count:
+            return True  # an empty control batch
+        marker = read_marker(batch, read_header(batch, 0))
+        if marker is None:
+            return False
+        # A batch seen as committed may belong to an aborted transaction whose index entry a crash lost: that
+        # ABORT marker stays too.
+        seen = self._aborted.pop(producer_id, False) if not marker.commit else False
+        if producer_id in self._committed:
+            self._committed.discard(producer_id)
+            seen = True
+        return not seen
 
 
 def _records_of(header, batch: bytes) -> bytes:
@@ -381,7 +430,7 @@ def clean_log(task: CleanTask) -> CleanResult:
     offsets, end_offset = build_offset_map(task, result)
     result.end_offset = end_offset
     result.map_entries = len(offsets)
-    if end_offset <= task.first_dirty and not offsets:
+    if end_offset <= task.first_dirty:  # no progress (nothing dirty, or the map filled in the first batch)
         result.seconds = time.monotonic() - started
         return result
     directory = Path(task.directory)
@@ -393,12 +442,16 @@ def clean_log(task: CleanTask) -> CleanResult:
         horizon = int(os.stat(directory / segment_file_name(clean[-1].base_offset, LOG_SUFFIX)).st_mtime * 1000)
         horizon -= task.delete_retention_ms
     producers_last = _last_batches_of_producers(task, [s for group in groups for s in group])
+    if task.active_producers is not None:
+        producers_last = {pid: last for pid, last in producers_last.items() if pid in task.active_producers}
+    txns = _TxnTracker(task.aborted)
     aborted = _Aborted(task.aborted)
     latest_in_map = end_offset - 1
     written_paths: list[Path] = []
     try:
         for group in groups:
-            cleaned = _clean_group(task, group, offsets, latest_in_map, horizon, producers_last, aborted, result)
+            cleaned = _clean_group(task, group, offsets, latest_in_map, horizon, producers_last, aborted, txns,
+                                   result)
             result.segments.append(cleaned)
             base = group[0].base_offset
             written_paths.extend(
@@ -418,7 +471,8 @@ def clean_log(task: CleanTask) -> CleanResult:
 
 
 def _clean_group(task: CleanTask, group: list[SegmentFile], offsets: dict[bytes, int], latest_in_map: int,
-                 horizon: int, producers_last: dict[int, int], aborted: _Aborted, result: CleanResult) -> CleanedSegment:
+                 horizon: int, producers_last: dict[int, int], aborted: _Aborted, txns: "_TxnTracker",
+                 result: CleanResult) -> CleanedSegment:
     directory = Path(task.directory)
     base = group[0].base_offset
     log_path = directory / (segment_file_name(base, LOG_SUFFIX) + CLEANED_SUFFIX)
@@ -439,6 +493,10 @@ def _clean_group(task: CleanTask, group: list[SegmentFile], offsets: dict[bytes,
                 latest_mtime = max(latest_mtime, os.fstat(fd).st_mtime)
                 retain_deletes = int(os.fstat(fd).st_mtime * 1000) > horizon
                 for header, batch in _iter_segment(fd, segment.size, task.io_buffer_size):
+                    if txns.discard(header, batch) and not retain_deletes:
+                        # a marker whose transaction has no data left, past the delete horizon
+                        result.removed_aborts.add((header.producer_id, header.last_offset))
+                        continue
                     kept = _filter_batch(header, batch, offsets, latest_in_map, retain_deletes, producers_last,
                                          aborted, result)
                     if kept is None:
@@ -560,6 +618,8 @@ class LogCleaner:
         self._checkpoints: dict[tuple[str, int], int] = self._read_checkpoints()
         self._in_progress: set[tuple[str, int]] = set()
         self._uncleanable: set[tuple[str, int]] = set()  # their data could not be read (Kafka's uncleanable partitions)
+        # Logs whose last cleaning made no progress (failed, aborted, map full): not chosen before this time (ms).
+        self._backoff: dict[tuple[str, int], int] = {}
         self._pool: ProcessPoolExecutor | None = None
         self._reconfigured: asyncio.Event | None = None  # set by reconfigure: run() restarts the loops
         self.use_processes = True  # tests may clean in a thread instead
@@ -588,11 +648,27 @@ class LogCleaner:
         self._checkpoints.pop((topic, partition), None)
         self._uncleanable.discard((topic, partition))
 
+    def truncate_checkpoint(self, topic: str, partition: int, offset: int) -> None:
+        """The log was truncated to ``offset`` (Kafka's maybeTruncateCheckpoint): what is written there again
+        is dirty."""
+        key = (topic, partition)
+        if self._checkpoints.get(key, 0) > offset:
+            self._checkpoints[key] = offset
+
+    def check_loaded(self, partition_log: "PartitionLog") -> None:
+        """A loaded log ending below its checkpoint (a recovery cut it): the whole log is dirty again (Kafka's
+        cleanableOffsets resets a checkpoint past the log end to the log start), and stays so as it refills."""
+        key = (partition_log.topic, partition_log.partition)
+        if self._checkpoints.get(key, 0) > partition_log.log_end_offset:
+            log.warning("log cleaner: %s-%d ends at %d, below its cleaner checkpoint %d: cleaned again from its start",
+                        key[0], key[1], partition_log.log_end_offset, self._checkpoints[key])
+            self._checkpoints[key] = partition_log.log_start_offset
+
     def first_dirty_offset(self, partition_log: "PartitionLog") -> int:
-        checkpointed = self._checkpoints.get((partition_log.topic, partition_log.partition), 0)
-        if checkpointed > partition_log.log_end_offset:  # truncated below it: that part is dirty again
-            checkpointed = partition_log.log_start_offset
-        return max(checkpointed, partition_log.log_start_offset)
+        key = (partition_log.topic, partition_log.partition)
+        if self._checkpoints.get(key, 0) > partition_log.log_end_offset:  # truncated below it unnoticed
+            self.check_loaded(partition_log)
+        return max(self._checkpoints.get(key, 0), partition_log.log_start_offset)
 
     # -- choosing ------------------------------------------------------------------------------------
 
@@ -605,10 +681,10 @@ class LogCleaner:
         if len(segments) < 2:
             return None
         first_dirty = self.first_dirty_offset(partition_log)
-        bound = segments[-1].base_offset
         hwm = self._stable_offset_of(partition_log.topic, partition_log.partition)
-        if hwm is not None:
-            bound = min(bound, hwm)
+        if hwm is None:  # not hosted (yet): no high watermark or producer state to bound a cleaning
+            return None
+        bound = min(segments[-1].base_offset, hwm)
         if config.min_compaction_lag_ms > 0:
             cutoff = now_ms - config.min_compaction_lag_ms
             for segment, end in zip(segments, [s.base_offset for s in segments[1:]]):
@@ -639,7 +715,7 @@ class LogCleaner:
         best = None
         for partition_log in self._logs():
             key = (partition_log.topic, partition_log.partition)
-            if key in self._in_progress or key in self._uncleanable:
+            if key in self._in_progress or key in self._uncleanable or self._backoff.get(key, 0) > now_ms:
                 continue
             found = self.candidate(partition_log, now_ms)
             if found is not None and (best is None or found.ratio > best.ratio):
@@ -669,7 +745,11 @@ class LogCleaner:
                 for task in loops:
                     task.cancel()
                 await asyncio.gather(*loops, return_exceptions=True)
-            self._stop_workers()  # a cleaning cut short leaves .cleaned files, deleted at the next load
+            # A cleaning cut short leaves .cleaned files, deleted at the next load. The joins (a stuck worker
+            # takes up to 5 s) run in a thread, never on the event loop.
+            processes = self._stop_workers()
+            if processes:
+                await asyncio.get_running_loop().run_in_executor(None, _join_all, processes)
 
     def reconfigure(self, config: CleanerConfig) -> None:
         """New cleaner settings (dynamic broker configs log.cleaner.*): the cleanings in flight stop, the
@@ -694,21 +774,30 @@ class LogCleaner:
                 await asyncio.sleep(self.config.backoff_ms / 1000)
 
     async def clean_filthiest(self) -> bool:
-        """Clean the dirtiest log, if one needs it; True if a cleaning ran (swapped or aborted)."""
+        """Clean the dirtiest log, if one needs it; True if a cleaning made progress. A cleaning that did not
+        (failed, aborted, or a map full in the first dirty batch) backs off: that log is not chosen again for
+        log.cleaner.backoff.ms, and the loop sleeps (no tight retry on a full disk)."""
         candidate = self.filthiest(int(time.time() * 1000))
         if candidate is None:
             return False
         key = (candidate.log.topic, candidate.log.partition)
         self._in_progress.add(key)
+        result = None
         try:
-            await self.clean(candidate)
+            result = await self.clean(candidate)
         finally:
             self._in_progress.discard(key)
-        return True
+            if result is None:
+                self._backoff[key] = int(time.time() * 1000) + self.config.backoff_ms
+            else:
+                self._backoff.pop(key, None)
+        return result is not None
 
     async def clean(self, candidate: _Candidate) -> CleanResult | None:
+        """Clean one log; its result if the cleaning made progress (swapped in, checkpoint moved), else None."""
         partition_log = candidate.log
         config = partition_log.config
+        truncations = partition_log.truncations
         snapshot = partition_log.cleanable_segments(candidate.bound)
         if not snapshot:
             return None
@@ -725,6 +814,7 @@ class LogCleaner:
             index_interval_bytes=config.index_interval_bytes,
             aborted=tuple(AbortedRange(*item) for item in partition_log.aborted_ranges(files[0].base_offset, candidate.bound)),
             io_buffer_size=max(self.config.io_buffer_size // max(self.config.threads, 1), 65536),
+            active_producers=frozenset(partition_log.producer_state.producer_ids()),
         )
         loop = asyncio.get_running_loop()
         try:
@@ -746,8 +836,13 @@ class LogCleaner:
             return None
         crash_point("cleaned")
         key = (partition_log.topic, partition_log.partition)
+        if result.end_offset <= candidate.first_dirty:
+            log.error("log cleaner: unable to build the offset map of %s-%d: the map is full in the first dirty "
+                      "batch at offset %d; increase log.cleaner.dedupe.buffer.size", partition_log.topic,
+                      partition_log.partition, candidate.first_dirty)
+            return None
         if result.segments:
-            swapped = partition_log.swap_cleaned(snapshot, result.segments)
+            swapped = partition_log.swap_cleaned(snapshot, result.segments, truncations, result.removed_aborts)
             if not swapped:
                 self.aborted += 1
                 log.info("log cleaner: cleaning of %s-%d aborted: its segments changed meanwhile",
@@ -755,7 +850,10 @@ class LogCleaner:
                 await self._run_file_work([partition_log])
                 return None
             await self._run_file_work([partition_log])
-        self._checkpoints[key] = max(result.end_offset, self._checkpoints.get(key, 0))
+        elif partition_log.truncations != truncations:  # truncated meanwhile: its checkpoint went down
+            self.aborted += 1
+            return None
+        self._checkpoints[key] = result.end_offset
         rows = self.checkpoint_rows()
         await self._write_in_io_thread(lambda: write_checkpoint(self.data_dir / CLEANER_CHECKPOINT, rows))
         self.cleanings += 1
@@ -772,16 +870,21 @@ class LogCleaner:
     def shutdown(self) -> None:
         """Stop the workers (a cleaning in flight leaves ``.cleaned`` files, which the next load deletes)."""
         self._closed = True
-        self._stop_workers()
+        _join_all(self._stop_workers())
 
-    def _stop_workers(self) -> None:
+    def _stop_workers(self) -> list:
+        """Stop the pool and terminate its processes; the processes, for the caller to join."""
         pool, self._pool = self._pool, None
         if pool is None:
-            return
+            return []
         processes = list(getattr(pool, "_processes", {}).values())
         pool.shutdown(wait=False, cancel_futures=True)
         for process in processes:  # our own workers: a long cleaning must not outlive the broker
             if process.is_alive():
                 process.terminate()
-        for process in processes:
-            process.join(5)
+        return processes
+
+
+def _join_all(processes: list) -> None:
+    for process in processes:
+        process.join(5)

@@ -202,7 +202,8 @@ class LogManager:
                 clean_shutdown=clean_shutdown,
                 log_start_offset=start_offsets.get(parsed),
             )
-            partition_log.close_later = self._close_in_io_thread
+            self._adopt(partition_log)
+            self.cleaner.check_loaded(partition_log)  # a recovery cut it below its cleaner checkpoint
             self._logs[parsed] = partition_log
             loaded.append(partition_log)
         if not clean_shutdown and self._logs:
@@ -281,9 +282,14 @@ class LogManager:
         partition_log = PartitionLog.open(self.data_dir / log_dir_name(topic, partition), config, fsync=self.fsync)
         if topic_id is not None:
             write_partition_metadata(partition_log.directory, topic_id)
-        partition_log.close_later = self._close_in_io_thread
+        self._adopt(partition_log)
         self._logs[(topic, partition)] = partition_log
         return partition_log
+
+    def _adopt(self, partition_log: PartitionLog) -> None:
+        partition_log.close_later = self._close_in_io_thread
+        topic, partition = partition_log.topic, partition_log.partition
+        partition_log.on_truncate = lambda offset: self.cleaner.truncate_checkpoint(topic, partition, offset)
 
     def delete_topic(self, topic: str) -> list[Path]:
         """Stop serving the topic's logs: rename each directory to ``<topic>-<p>.<uuid>-delete`` now and

@@ -195,6 +195,8 @@ class PartitionLog:
         self._dirty: set[Segment] = set()  # appended to since the last flush
         self._directory_changed = False  # segment files created or deleted since the last flush
         self._truncations = 0
+        # Set by the log manager: called with the offset of each truncation (the cleaner lowers its checkpoint).
+        self.on_truncate: Callable[[int], None] | None = None
         self._index_write_failed = False  # the last flush could not write index entries (warned once)
         self._closed = False
         # Closes the descriptor of a segment deleted while a read held it, when that read lets go (usually on
@@ -873,10 +875,19 @@ class PartitionLog:
             chosen.append((segment, segment.size, following.base_offset))
         return chosen
 
-    def swap_cleaned(self, snapshot: list[tuple[Segment, int, int]], cleaned: list["CleanedSegment"]) -> bool:
+    @property
+    def truncations(self) -> int:
+        """How many truncations this log had (truncate_to, truncate_fully_and_start_at): a cleaning refuses
+        its swap if it changed since its snapshot (Kafka's abortAndPauseCleaning in truncateTo)."""
+        return self._truncations
+
+    def swap_cleaned(self, snapshot: list[tuple[Segment, int, int]], cleaned: list["CleanedSegment"],
+                     truncations: int | None = None, removed_markers: set[tuple[int, int]] | None = None) -> bool:
         """Replace segments by the cleaner's ``.cleaned`` files (Kafka's replaceSegments), if every segment the
-        cleaning read is still in the log unchanged and not active; else delete the ``.cleaned`` files
-        (deferred file work) and return False.
+        cleaning read is still in the log unchanged and not active, and (``truncations``: the counter when
+        the snapshot was taken) the log was not truncated meanwhile; else delete the ``.cleaned`` files
+        (deferred file work) and return False. ``removed_markers``: (producer id, offset) of the markers the
+        cleaning dropped, whose aborted-transaction entries go with them.
 
         Runs on the event loop: renames and unlinks only (the worker already fsynced the data); the replaced
         segments' descriptors close in the I/O thread once no read holds them."""
@@ -885,7 +896,7 @@ class PartitionLog:
         suffixes = (INDEX_SUFFIX, TIME_INDEX_SUFFIX, END_SUFFIX, LOG_SUFFIX)  # the log last
         by_base = {segment.base_offset: (segment, size) for segment, size, _ in snapshot}
         position = {id(segment): slot for slot, segment in enumerate(self._segments)}
-        valid = not self._closed
+        valid = not self._closed and (truncations is None or truncations == self._truncations)
         for item in cleaned:
             for base in item.replaces:
                 segment, size = by_base.get(base, (None, -1))
@@ -902,6 +913,7 @@ class PartitionLog:
             for suffix in suffixes:
                 name = segment_file_name(item.base_offset, suffix)
                 os.rename(directory / (name + CLEANED_SUFFIX), directory / (name + SWAP_SUFFIX))
+        fsync_path(directory)  # the renames are durable before the replaced segments' unlinks
         crash_point("swap")
         new_segments: dict[int, Segment] = {}
         for item in cleaned:
@@ -921,7 +933,7 @@ class PartitionLog:
                 crash_point("renamed")
             (directory / (segment_file_name(item.base_offset, END_SUFFIX) + SWAP_SUFFIX)).unlink(missing_ok=True)
             new_segments[item.base_offset] = Segment.open_existing(directory, item.base_offset)
-        self._carry_txn_indexes(cleaned)
+        self._carry_txn_indexes(cleaned, removed_markers or set())
         replaced_bases = {base for item in cleaned for base in item.replaces}
         segments = []
         for segment in self._segments:
@@ -934,7 +946,7 @@ class PartitionLog:
         self._directory_changed = True
         return True
 
-    def _carry_txn_indexes(self, cleaned: list["CleanedSegment"]) -> None:
+    def _carry_txn_indexes(self, cleaned: list["CleanedSegment"], removed_markers: set[tuple[int, int]]) -> None:
         """The aborted-transaction entries of the segments a cleaning replaced go to the segment that replaced
         them (Kafka's cleaner copies them into the cleaned segment's index). The file is rewritten whole
         (tmp + rename: small); a crash before it loses only entries of data the cleaning already dropped, as a
@@ -944,7 +956,7 @@ class PartitionLog:
             for base in item.replaces:
                 index = self._txn_indexes.pop(base, None)
                 if index is not None:
-                    entries.extend(index.entries)
+                    entries.extend(e for e in index.entries if (e.producer_id, e.last_offset) not in removed_markers)
                     if base != item.base_offset:
                         index.delete()
             if entries:
@@ -981,6 +993,8 @@ class PartitionLog:
         self._recovery_point = min(self._recovery_point, offset)
         self._truncations += 1
         self._epochs.truncate_from_end(offset)
+        if self.on_truncate is not None:
+            self.on_truncate(offset)
 
     def _truncate_fully_and_start_at(self, offset: int) -> None:
         self._retire(list(self._segments))
@@ -991,6 +1005,8 @@ class PartitionLog:
         self._truncations += 1
         self._directory_changed = True
         self._epochs.clear()
+        if self.on_truncate is not None:
+            self.on_truncate(offset)
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Drop the whole log and continue at ``offset`` (a follower far behind the leader's log start)."""

@@ -20,10 +20,12 @@ from pykbroker.log.cleaner import (
     build_offset_map,
     clean_log,
     CleanResult,
+    _map_key,
     walk_records,
 )
 from pykbroker.log.config import LogConfig
 from pykbroker.log.partition_log import AbortedTxn, PartitionLog
+from pykbroker.log.producer_state import CompletedTxn
 from pykbroker.protocol.records import (
     COMPRESSION_NONE,
     TRANSACTIONAL_MASK,
@@ -87,7 +89,7 @@ def latest(plog: PartitionLog) -> dict[bytes, bytes | None]:
 
 
 class FakeManager:
-    def __init__(self, logs, hwm=None):
+    def __init__(self, logs, hwm=1 << 62):  # hosted logs, bounded by their active segment only
         self.logs = logs
         self.hwm = hwm
 
@@ -138,7 +140,7 @@ def test_offset_map_holds_the_latest_offset_of_each_key_of_the_dirty_section(tmp
                      first_dirty=3, end_bound=plog.log_end_offset, map_capacity=100, delete_retention_ms=0,
                      segment_bytes=1 << 20, segment_index_bytes=1 << 20, index_interval_bytes=100)
     offsets, end = build_offset_map(task, CleanResult(3))
-    assert offsets == {b"k0": 12, b"k1": 13, b"k2": 14}
+    assert offsets == {_map_key(b"k0"): 12, _map_key(b"k1"): 13, _map_key(b"k2"): 14}
     assert end == 15
 
 
@@ -233,10 +235,29 @@ def test_the_last_batch_of_a_producer_stays_even_when_emptied(tmp_path):
     append(plog, [(b"b", b"2"), (b"a", b"2")])
     plog.roll()
     append(plog, [(b"z", b"1")])
+    plog.producer_state.rebuild(plog.headers())  # as the Partition owning the log keeps it
     assert clean_once(make_cleaner(tmp_path, [plog]))
     headers = [(h.base_offset, h.producer_id, h.base_sequence, h.record_count) for h in plog.headers()]
     assert headers == [(1, 5, 1, 0), (3, 6, 1, 1), (4, -1, -1, 2), (6, -1, -1, 1)]
     assert latest(plog) == {b"a": b"2", b"b": b"2", b"c": b"2", b"z": b"1"}
+
+
+def test_the_emptied_last_batch_of_an_expired_producer_goes(tmp_path):
+    """Kafka keeps the emptied last batch only for producers still in the producer state: an idempotent
+    producer restarting (a new id each time) must not leave a batch behind forever."""
+    plog = open_log(tmp_path)
+    append(plog, [(b"a", b"1")], producer_id=5, producer_epoch=0, base_sequence=0)  # producer 5: expired
+    append(plog, [(b"a", b"2")], producer_id=6, producer_epoch=0, base_sequence=0)  # producer 6: emptied, active
+    append(plog, [(b"a", b"3")])
+    plog.roll()
+    append(plog, [(b"z", b"1")])
+    plog.producer_state.rebuild(plog.headers())
+    plog.producer_state.expire(NOW + 10**9, expiration_ms=1)
+    plog.producer_state.rebuild([h for h in plog.headers() if h.producer_id == 6])
+    assert plog.producer_state.producer_ids() == [6]
+    assert clean_once(make_cleaner(tmp_path, [plog]))
+    headers = [(h.base_offset, h.producer_id, h.record_count) for h in plog.headers()]
+    assert headers == [(1, 6, 0), (2, -1, 1), (3, -1, 1)]
 
 
 def test_control_batches_are_kept_and_aborted_records_dropped(tmp_path, monkeypatch):
@@ -252,6 +273,7 @@ def test_control_batches_are_kept_and_aborted_records_dropped(tmp_path, monkeypa
     plog.roll()
     append(plog, [(b"z", b"1")])
     monkeypatch.setattr(plog, "aborted_ranges", lambda start, end: [AbortedTxn(9, 1, 3)])
+    plog.producer_state.rebuild(plog.headers())
     assert clean_once(make_cleaner(tmp_path, [plog]))
     assert latest(plog) == {b"a": b"committed", b"c": b"1", b"z": b"1"}
     kinds = [(h.base_offset, h.is_control, h.record_count) for h in plog.headers()]
@@ -333,7 +355,7 @@ def test_the_high_watermark_and_min_compaction_lag_bound_the_cleaning(tmp_path):
     cleaner = make_cleaner(tmp_path, [plog])
     cleaner._stable_offset_of = lambda t, p: 2
     assert cleaner.candidate(plog, NOW).bound == 2
-    cleaner._stable_offset_of = lambda t, p: None
+    cleaner._stable_offset_of = lambda t, p: 1 << 62
     plog.config = LogConfig(cleanup_policy="compact", min_compaction_lag_ms=60_000)
     assert cleaner.candidate(plog, NOW) is None  # every record is younger than a minute
     assert cleaner.candidate(plog, NOW + 120_000).bound == 4
@@ -482,7 +504,7 @@ def test_a_log_whose_data_cannot_be_read_is_not_cleaned_again(tmp_path):
     data[70:80] = b"\xff" * 10  # inside the gzip stream (the CRC is not checked by the cleaner)
     first.write_bytes(bytes(data))
     cleaner = make_cleaner(tmp_path, [plog])
-    assert clean_once(cleaner)
+    assert not clean_once(cleaner)  # no progress
     assert ("t", 0) in cleaner._uncleanable
     assert not clean_once(cleaner)  # skipped from now on
     assert not any(name.endswith(".cleaned") for name in os.listdir(plog.directory))
@@ -563,3 +585,233 @@ def test_reconfigure_restarts_the_cleaning_loops_with_the_new_settings(tmp_path)
         await asyncio.gather(runner, return_exceptions=True)
 
     asyncio.run(scenario())
+
+
+# -- review findings (issue 12): each test failed before its fix ------------------------------------
+
+
+def test_a_16_byte_key_equal_to_a_long_keys_digest_does_not_supersede_it(tmp_path):
+    import hashlib
+
+    victim = b"connect-offsets-for-some-connector-partition-0"
+    plog = open_log(tmp_path)
+    append(plog, [(victim, b"latest-value")])
+    plog.roll()
+    append(plog, [(hashlib.blake2b(victim, digest_size=16).digest(), b"x")])
+    plog.roll()
+    append(plog, [(b"z", b"1")])
+    assert clean_once(make_cleaner(tmp_path, [plog]))
+    assert latest(plog)[victim] == b"latest-value"
+
+
+def test_a_log_not_hosted_yet_is_not_cleaned(tmp_path):
+    """No high watermark or producer state yet (cluster start before LeaderAndIsr): an open transaction's
+    record must not remove the committed value."""
+    plog = open_log(tmp_path)
+    append(plog, [(b"k", b"committed")])
+    plog.roll()
+    append(plog, [(b"k", b"open-txn")], producer_id=5, producer_epoch=0, base_sequence=0, attributes=TRANSACTIONAL_MASK)
+    plog.roll()
+    append(plog, [(b"z", b"1")])
+    cleaner = make_cleaner(tmp_path, [plog])
+    cleaner._stable_offset_of = lambda t, p: None
+    assert cleaner.candidate(plog, NOW) is None
+    assert not clean_once(cleaner)
+    assert (0, b"k", b"committed") in contents(plog)
+
+
+def _follower_batch(key: bytes, value: bytes, offset: int):
+    return _at_offset(build_batch([(key, value)], timestamp_ms=NOW), offset)
+
+
+def test_a_truncation_and_refill_of_the_same_size_refuses_the_swap(tmp_path):
+    plog = open_log(tmp_path)
+    for i in range(4):
+        append(plog, [(b"k%d" % i, b"old%d" % i)])
+    plog.roll()
+    for i in range(4, 8):
+        append(plog, [(b"k%d" % i, b"old%d" % i)])
+    plog.roll()
+    append(plog, [(b"x", b"1")])
+    truncations = plog.truncations
+    snapshot = plog.cleanable_segments(plog.log_end_offset)
+    task = CleanTask(str(plog.directory), tuple(SegmentFile(s.base_offset, size, end) for s, size, end in snapshot),
+                     first_dirty=0, end_bound=8, map_capacity=1000, delete_retention_ms=0,
+                     segment_bytes=1 << 20, segment_index_bytes=1 << 20, index_interval_bytes=100)
+    result = clean_log(task)
+    plog.truncate_to(6)  # meanwhile: a new leader; the follower fetches other records of the same size
+    for i in range(6, 8):
+        plog.append_as_follower(_follower_batch(b"k%d" % i, b"NEW%d" % i, i))
+    plog.roll()
+    append(plog, [(b"y", b"1")])
+    assert [s.size for s, _, _ in plog.cleanable_segments(plog.log_end_offset)] == [s.size for s in task.segments]
+    assert not plog.swap_cleaned(snapshot, result.segments, truncations)
+    assert latest(plog)[b"k6"] == b"NEW6" and latest(plog)[b"k7"] == b"NEW7"
+
+
+def test_the_checkpoint_goes_down_with_a_truncation_so_a_tombstone_written_again_deletes(tmp_path):
+    plog = open_log(tmp_path, delete_retention_ms=0, min_cleanable_dirty_ratio=0.01)
+    append(plog, [(b"k", b"v1")])
+    plog.roll()
+    for i in range(6):
+        append(plog, [(b"f%d" % i, b"x")])
+        plog.roll()
+    append(plog, [(b"z", b"1")])
+    cleaner = make_cleaner(tmp_path, [plog])
+    plog.on_truncate = lambda offset: cleaner.truncate_checkpoint("t", 0, offset)  # as LogManager sets it
+    assert clean_once(cleaner)
+    assert cleaner._checkpoints[("t", 0)] == 7
+    plog.truncate_to(3)
+    assert cleaner._checkpoints[("t", 0)] == 3
+    append(plog, [(b"k", None)])  # a tombstone of k at offset 3
+    plog.roll()
+    for i in range(6):
+        append(plog, [(b"g%d" % i, b"x")])
+        plog.roll()
+    append(plog, [(b"z", b"2")])
+    old = time.time() - 3600
+    for segment in plog.segments_view()[:-1]:
+        os.utime(segment.log_path, (old, old))
+    for _ in range(3):
+        clean_once(cleaner)
+        cleaner._backoff.clear()
+    assert b"k" not in latest(plog) or latest(plog)[b"k"] is None
+
+
+def test_a_checkpoint_past_the_end_of_a_loaded_log_is_reset(tmp_path):
+    plog = four_segments(tmp_path)
+    cleaner = make_cleaner(tmp_path, [plog])
+    cleaner._checkpoints[("t", 0)] = 100  # a recovery cut the log below it
+    cleaner.check_loaded(plog)
+    assert cleaner._checkpoints[("t", 0)] == plog.log_start_offset
+    for i in range(200):  # refilled past the old checkpoint: still dirty from the start
+        append(plog, [(b"k", b"%d" % i)])
+    assert cleaner.first_dirty_offset(plog) == 0
+
+
+def test_a_map_full_in_the_first_dirty_batch_makes_no_progress_and_backs_off(tmp_path):
+    plog = open_log(tmp_path)
+    append(plog, [(b"a", b"1")])
+    plog.roll()
+    append(plog, [(f"k{i}".encode(), b"v") for i in range(50)])
+    plog.roll()
+    append(plog, [(b"z", b"1")])
+    cleaner = make_cleaner(tmp_path, [plog], dedupe_buffer_size=128 * 10, backoff_ms=60_000)  # 9 keys
+    files = sorted(os.listdir(plog.directory))
+    assert clean_once(cleaner)  # offset 0 (the first batch fits)
+    assert cleaner._checkpoints[("t", 0)] == 1
+    written = cleaner.cleanings
+    assert not clean_once(cleaner)  # the 50-key batch never fits: nothing rewritten, no progress
+    assert cleaner.cleanings == written and cleaner._checkpoints[("t", 0)] == 1
+    assert ("t", 0) in cleaner._backoff
+    assert cleaner.filthiest(NOW) is None  # not chosen again before the backoff
+    assert sorted(os.listdir(plog.directory)) == files
+
+
+def test_an_aborted_cleaning_backs_off(tmp_path, monkeypatch):
+    plog = four_segments(tmp_path)
+    cleaner = make_cleaner(tmp_path, [plog], backoff_ms=60_000)
+
+    def full_disk(task):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("pykbroker.log.cleaner.clean_log", full_disk)
+    assert not clean_once(cleaner)
+    assert cleaner.filthiest(int(time.time() * 1000)) is None
+    monkeypatch.undo()
+    cleaner._backoff.clear()
+    assert clean_once(cleaner)
+
+
+def _txn_log(tmp_path, commit: bool):
+    """k=v0; a transaction of producer 9 writing k (offset 1) and its marker (2); k=v3 supersedes it."""
+    from pykbroker.protocol.control_records import marker_batch
+
+    plog = open_log(tmp_path, delete_retention_ms=0, min_cleanable_dirty_ratio=0.01)
+    append(plog, [(b"k", b"v0")])
+    append(plog, [(b"k", b"txn")], producer_id=9, producer_epoch=0, base_sequence=0, attributes=TRANSACTIONAL_MASK)
+    plog.append_as_follower(_at_offset(marker_batch(producer_id=9, producer_epoch=0, commit=commit,
+                                                    coordinator_epoch=0, timestamp_ms=NOW), 2))
+    append(plog, [(b"k", b"v3")])
+    plog.roll()
+    append(plog, [(b"z", b"1")])
+    return plog
+
+
+@pytest.mark.parametrize("commit", [True, False])
+def test_a_marker_goes_once_its_transaction_has_no_data_left_past_the_delete_horizon(tmp_path, commit):
+    plog = _txn_log(tmp_path, commit)
+    if not commit:
+        plog.index_aborted(CompletedTxn(9, 1, 2, True), 1)
+        assert plog.aborted_ranges(0, 10) == [AbortedTxn(9, 1, 2)]
+    # producer 9 expired: its emptied batch goes in the first cleaning, its marker stays (a batch was read)
+    cleaner = make_cleaner(tmp_path, [plog], backoff_ms=0)
+    assert clean_once(cleaner)
+    assert any(h.is_control for h in plog.headers())
+    append(plog, [(b"k2", b"1")])  # more dirty data, so the log is cleaned again
+    plog.roll()
+    append(plog, [(b"z", b"2")])
+    old = time.time() - 3600
+    for segment in plog.segments_view()[:-1]:
+        os.utime(segment.log_path, (old, old))
+    assert clean_once(cleaner)
+    assert not any(h.is_control for h in plog.headers())
+    assert latest(plog)[b"k"] == b"v3"
+    # a fetch never gets an aborted-transaction entry whose marker is gone
+    assert plog.aborted_ranges(0, plog.log_end_offset) == []
+
+
+def test_a_marker_stays_while_its_transaction_has_data(tmp_path):
+    from pykbroker.protocol.control_records import marker_batch
+
+    plog = open_log(tmp_path, delete_retention_ms=0)
+    append(plog, [(b"t", b"1")], producer_id=9, producer_epoch=0, base_sequence=0, attributes=TRANSACTIONAL_MASK)
+    plog.append_as_follower(_at_offset(marker_batch(producer_id=9, producer_epoch=0, commit=True,
+                                                    coordinator_epoch=0, timestamp_ms=NOW), 1))
+    append(plog, [(b"k", b"1")])
+    append(plog, [(b"k", b"2")])
+    plog.roll()
+    append(plog, [(b"z", b"1")])
+    old = time.time() - 3600
+    for segment in plog.segments_view()[:-1]:
+        os.utime(segment.log_path, (old, old))
+    cleaner = make_cleaner(tmp_path, [plog], backoff_ms=0)
+    for _ in range(2):
+        clean_once(cleaner)
+        append(plog, [(b"k", b"3")])
+        plog.roll()
+    assert (0, b"t", b"1") in contents(plog)
+    assert any(h.is_control for h in plog.headers())
+
+
+def test_reconfiguring_joins_the_workers_off_the_event_loop(tmp_path, monkeypatch):
+    import threading
+
+    cleaner = make_cleaner(tmp_path, [])
+    joined_in = []
+
+    class Process:
+        def is_alive(self):
+            return True
+
+        def terminate(self):
+            pass
+
+        def join(self, timeout=None):
+            joined_in.append(threading.current_thread())
+
+    monkeypatch.setattr(cleaner, "_stop_workers", lambda: [Process()])
+
+    async def main():
+        run = asyncio.ensure_future(cleaner.run())
+        await asyncio.sleep(0)
+        cleaner.reconfigure(CleanerConfig(enable=False, backoff_ms=1))
+        deadline = time.monotonic() + 30
+        while not joined_in and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        cleaner._closed = True
+        cleaner.reconfigure(CleanerConfig(enable=False, backoff_ms=2))
+        await asyncio.wait_for(run, 30)
+
+    asyncio.run(main())
+    assert joined_in and all(thread is not threading.main_thread() for thread in joined_in)
