@@ -136,6 +136,20 @@ class Range:
 
 
 @dataclass(frozen=True)
+class AboveZeroAtMost:
+    """A number in (0, max]."""
+
+    max: float
+
+    def check(self, value: Any) -> None:
+        if not 0 < value <= self.max:
+            raise ValueError(f"Value must be greater than 0 and no more than {self.max}")
+
+    def describe(self) -> str:
+        return f"(0,...,{self.max}]"
+
+
+@dataclass(frozen=True)
 class OneOf:
     choices: tuple[str, ...]
 
@@ -423,7 +437,8 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
     _broker("log.cleaner.dedupe.buffer.size", "long", 134217728,
             "Memory for the cleaners' key -> offset maps, shared by all cleaner threads (an entry takes about 128 bytes)."),
     _broker("log.cleaner.io.buffer.size", "int", 524288, "Read buffer of the cleaner, shared by all cleaner threads.", _AT_LEAST_0),
-    _broker("log.cleaner.io.buffer.load.factor", "double", 0.9, "How full the cleaner's key -> offset map may get."),
+    _broker("log.cleaner.io.buffer.load.factor", "double", 0.9, "How full the cleaner's key -> offset map may get.",
+            AboveZeroAtMost(1.0)),
     _broker("log.index.interval.bytes", "int", 4096, "Bytes of log between two offset index entries.", _AT_LEAST_0),
     _broker("log.index.size.max.bytes", "int", 10485760, "Maximum size of an offset index file.", Range(4)),
     _broker("log.segment.delete.delay.ms", "long", 60000, "Delay before a deleted segment's files are removed.", _AT_LEAST_0),
@@ -716,6 +731,36 @@ def _check_queued_max_request_bytes(values: Mapping[str, Any]) -> None:
     if 0 < queued < largest:
         raise ConfigError("queued.max.request.bytes", f"queued.max.request.bytes ({queued}) must be <= 0 (unbounded) "
                           f"or at least socket.request.max.bytes ({largest})")
+
+
+MIN_DEDUPE_BUFFER_PER_THREAD = 1024 * 1024
+
+
+def check_cleaner_configs(values: Mapping[str, Any], current: Mapping[str, Any] | None = None) -> None:
+    """Kafka's rules for the log cleaner's broker configs (KafkaConfig.validateValues): more than 1 MiB of
+    log.cleaner.dedupe.buffer.size per cleaner thread; and, on a dynamic update from ``current`` (Kafka's
+    LogCleaner.validateReconfiguration), log.cleaner.threads at least 1, at least half and at most double
+    the current number. Raises ConfigError."""
+    threads = int(values["log.cleaner.threads"])
+    dedupe = int(values["log.cleaner.dedupe.buffer.size"])
+    if threads >= 1 and dedupe // threads <= MIN_DEDUPE_BUFFER_PER_THREAD:
+        raise ConfigError("log.cleaner.dedupe.buffer.size",
+                          "log.cleaner.dedupe.buffer.size must be at least 1MB per cleaner thread.")
+    if current is None:
+        return
+    now = int(current["log.cleaner.threads"])
+    if threads == now:
+        return
+    if threads < 1:
+        raise ConfigError("log.cleaner.threads", "Log cleaner threads should be at least 1")
+    if now < 1:  # the cleaner was off: any number from 1
+        return
+    if threads < now // 2:
+        raise ConfigError("log.cleaner.threads",
+                          f"Log cleaner threads cannot be reduced to less than half the current value {now}")
+    if threads > now * 2:
+        raise ConfigError("log.cleaner.threads",
+                          f"Log cleaner threads cannot be increased to more than double the current value {now}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1109,6 +1154,7 @@ def load_config(
     explicit = set(values)
     if "fsync" in merged:
         explicit.update(_FSYNC_FLUSH_DEFAULTS[settings["fsync"]])  # implied by a choice the user made
+    check_cleaner_configs({**{n: d.default for n, d in BROKER_CONFIGS.items()}, **values})
     data_dir = settings["data.dir"]
     if "," in data_dir:
         raise ConfigError("data.dir", f"pykbroker uses one data directory, not a list: {data_dir!r} ({merged['data.dir'].origin})")

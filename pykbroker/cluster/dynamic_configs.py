@@ -38,6 +38,7 @@ from pykbroker.config import (
     TOPIC_CONFIGS,
     BrokerConfig,
     ConfigError,
+    check_cleaner_configs,
     listed_names,
     to_topic_unit,
 )
@@ -120,7 +121,16 @@ class DynamicConfigs:
                           version: int | None = None) -> None:
         """Replace ``entity``'s dynamic configs with ``configs`` (validated first; KafkaError); ``version``:
         only if the stored configs are still the ones read at that version (StaleConfigVersion)."""
-        parse_dynamic_configs(configs)
+        typed = parse_dynamic_configs(configs)
+        if entity in self._typed:  # this broker's effective configs after the change must be valid as a whole
+            broker = typed if entity == self.entity else self._typed[self.entity]
+            default = typed if entity == DEFAULT_BROKER_ENTITY else self._typed[DEFAULT_BROKER_ENTITY]
+            after, now = self.static.with_dynamic(broker, default).values, self.config.values
+            try:
+                if any(after[name] != now[name] for name in after if name.startswith("log.cleaner.")):
+                    check_cleaner_configs(after, now)
+            except ConfigError as exc:
+                raise KafkaError(ErrorCode.invalid_request, str(exc)) from None
         if validate_only:
             return
         log.info("updating dynamic configs of broker %s: %s", entity, configs)

@@ -305,3 +305,29 @@ def test_kill_9_at_random_moments_of_cleanings_loses_nothing(tmp_path):
         wait_for(lambda: cleaned_up_to(broker, "t") > 0, "a cleaning to complete")
     finally:
         broker.close()
+
+
+def test_invalid_cleaner_configs_are_refused_as_kafka_refuses_them(broker):
+    """Kafka's rules (KafkaConfig.validateValues, LogCleaner.validateReconfiguration): more than 1 MiB of dedupe
+    buffer per thread, a load factor in (0, 1], threads within [current / 2, current * 2]: INVALID_REQUEST."""
+    from kio.schema.errors import ErrorCode
+    from test_dynamic_configs import BROKER, raw_incremental
+
+    set_ = 0
+
+    def alter(key, value, validate_only=False):
+        ((_, code, message),) = raw_incremental(broker.address, (BROKER, "1", [(key, set_, value)]),
+                                                validate_only=validate_only)
+        return code, message
+
+    code, message = alter("log.cleaner.dedupe.buffer.size", "1048576")
+    assert code == ErrorCode.invalid_request and "at least 1MB per cleaner thread" in message
+    assert alter("log.cleaner.io.buffer.load.factor", "0")[0] == ErrorCode.invalid_request
+    assert alter("log.cleaner.io.buffer.load.factor", "1.5")[0] == ErrorCode.invalid_request
+    code, message = alter("log.cleaner.threads", "500")  # (Kafka checks the buffer per thread first, too)
+    assert code == ErrorCode.invalid_request and "at least 1MB per cleaner thread" in message
+    code, message = alter("log.cleaner.threads", "3")
+    assert code == ErrorCode.invalid_request and "more than double the current value 1" in message
+    assert alter("log.cleaner.threads", "0")[0] == ErrorCode.invalid_request
+    assert alter("log.cleaner.threads", "2", validate_only=True)[0] == ErrorCode.none
+    assert alter("log.cleaner.io.buffer.load.factor", "1.0")[0] == ErrorCode.none

@@ -146,6 +146,25 @@ def test_several_data_dirs_are_refused(tmp_path):
         load(cli={"log.dirs": f"{tmp_path}/a,{tmp_path}/b"})
 
 
+def test_log_cleaner_configs_are_validated_as_kafka_validates_them():
+    with pytest.raises(ConfigError, match="at least 1MB per cleaner thread"):
+        load(cli={"log.cleaner.dedupe.buffer.size": "2097152", "log.cleaner.threads": "2"})
+    with pytest.raises(ConfigError, match="log.cleaner.io.buffer.load.factor"):
+        load(cli={"log.cleaner.io.buffer.load.factor": "0"})
+    assert load(cli={"log.cleaner.dedupe.buffer.size": "2097154", "log.cleaner.threads": "2"}).get(
+        "log.cleaner.threads") == 2
+    from pykbroker.config import check_cleaner_configs
+
+    current = load().values
+    for threads, ok in ((0, False), (1, True), (2, True), (3, False)):
+        values = {**current, "log.cleaner.threads": threads}
+        if ok:
+            check_cleaner_configs(values, current)
+        else:
+            with pytest.raises(ConfigError):
+                check_cleaner_configs(values, current)
+
+
 # -- file formats -----------------------------------------------------------------------------------
 
 
