@@ -129,7 +129,42 @@ done:
     return message;
 }
 
+/* count_null_keys(data, count): how many of the ``count`` records (already checked by scan_records) have a
+ * null key; -1 if the data runs out (it cannot after scan_records). The C twin of null_key_indexes' count. */
+static PyObject *count_null_keys(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    long long count, found = 0;
+    if (!PyArg_ParseTuple(args, "y*L", &view, &count))
+        return NULL;
+    const unsigned char *p = (const unsigned char *)view.buf;
+    const Py_ssize_t end = view.len;
+    Py_ssize_t pos = 0;
+    for (long long i = 0; i < count; i++) {
+        int32_t size, offset_delta, key_length;
+        int64_t timestamp_delta;
+        if (read_int32(p, end, &pos, &size) < 0 || size < 0 || size > end - pos) {
+            found = -1;
+            break;
+        }
+        const Py_ssize_t record_end = pos + size;
+        pos++; /* attributes */
+        if (read_int64(p, record_end, &pos, &timestamp_delta) < 0 || read_int32(p, record_end, &pos, &offset_delta) < 0
+            || read_int32(p, record_end, &pos, &key_length) < 0) {
+            found = -1;
+            break;
+        }
+        if (key_length < 0)
+            found++;
+        pos = record_end;
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromLongLong(found);
+}
+
 static PyMethodDef methods[] = {
+    {"count_null_keys", count_null_keys, METH_VARARGS,
+     "count_null_keys(data, count) -> how many of the (well-formed) records have a null key, -1 if malformed."},
     {"scan_records", scan_records, METH_VARARGS,
      "scan_records(data, count) -> (min_timestamp_delta, max_timestamp_delta) or an error message (str)."},
     {NULL, NULL, 0, NULL},

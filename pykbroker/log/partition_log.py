@@ -43,7 +43,6 @@ from pykbroker.protocol.records import (
     InvalidRecordBatch,
     read_header,
     read_records,
-    refuse_null_keys,
     set_base_offset,
     set_max_timestamp,
     set_partition_leader_epoch,
@@ -575,9 +574,8 @@ class PartitionLog:
             timestamp_before_max_ms=config.message_timestamp_before_max_ms,
             timestamp_after_max_ms=config.message_timestamp_after_max_ms,
             check_sequence=check_sequence,
+            null_keys_of=f"{self.topic}-{self.partition}" if config.compact else None,
         )
-        if config.compact:  # (only compacted topics pay for the walk over keys)
-            refuse_null_keys(records, headers, f"{self.topic}-{self.partition}")
         buf = bytearray(records)
         log_append_time = self._config.log_append_time
         next_offset = self._log_end_offset

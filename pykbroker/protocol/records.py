@@ -252,8 +252,13 @@ def validate_client_records(
     timestamp_after_max_ms: int = LONG_MAX,
     max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES,
     check_sequence: bool = True,
+    null_keys_of: str | None = None,
 ) -> list[int]:
     """Validate the records of a producer's batches as Kafka's LogValidator does for client appends.
+
+    ``null_keys_of``: the topic partition ("topic-N") of a compacted topic, whose records must all have a
+    key: keyless ones raise NullKeyRecords naming each one's index in its batch (after every other check;
+    counted in C on the records already decompressed, the Python walk only names them).
 
     ``headers`` come from ``validate_batches`` (framing and CRC already checked). ``log_append_time``
     is the topic's message.timestamp.type: with LogAppendTime the broker stamps the batch and record
@@ -264,6 +269,7 @@ def validate_client_records(
     """
     view = memoryview(buf)
     max_timestamps = []
+    null_keys: list[tuple[int, str]] = []
     for header in headers:
         count = header.record_count
         if count <= 0:
@@ -289,29 +295,26 @@ def validate_client_records(
             if header.base_timestamp + min_delta < lowest or header.base_timestamp + max_delta > highest:
                 _refuse_timestamps(header, data, lowest, highest)
         max_timestamps.append(header.base_timestamp + max_delta)
+        if null_keys_of is not None and not header.is_control and count_null_keys(data, count):
+            message = f"Compacted topic cannot accept message without key in topic partition {null_keys_of}."
+            null_keys.extend((index, message) for index in null_key_indexes(bytes(data), count))
+    _refuse_null_keys(null_keys)
     return max_timestamps
 
 
-def refuse_null_keys(buf, headers: list[BatchHeader], topic_partition: str,
-                     max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES) -> None:
-    """Kafka's check of an append to a compacted topic: every record of every (non-control) batch has a key.
-
-    Runs after ``validate_client_records`` (the records are known to be well formed), decompressing as
-    Kafka's LogValidator does. Raises NullKeyRecords naming each keyless record's index in its batch.
-    """
-    view = memoryview(buf)
-    errors: list[tuple[int, str]] = []
-    for header in headers:
-        if header.is_control:
-            continue
-        data = client_records_section(view, header, max_decompressed_bytes)
-        message = f"Compacted topic cannot accept message without key in topic partition {topic_partition}."
-        errors.extend((index, message) for index in null_key_indexes(bytes(data), header.record_count))
+def _refuse_null_keys(errors: list[tuple[int, str]]) -> None:
+    """Kafka's answer to an append to a compacted topic with keyless records (``errors``: each keyless
+    record's index in its batch, with its message)."""
     if errors:
         shown = ", ".join(f"RecordError(batchIndex={index}, message='{text}')" for index, text in errors[:3])
         raise NullKeyRecords(
             f"One or more records have been rejected due to {len(errors)} record errors in total, and only "
             f"showing the first three errors at most: [{shown}]", errors)
+
+
+def _count_null_keys_py(data, count: int) -> int:
+    """The pure-Python twin of ``pykbroker._speedups.count_null_keys``."""
+    return len(null_key_indexes(bytes(data), count))
 
 
 def null_key_indexes(data: bytes, count: int) -> list[int]:
@@ -457,6 +460,11 @@ try:
     from pykbroker._speedups import scan_records
 except ImportError:  # built without a C compiler: the pure-Python twin does the same checks
     scan_records = _scan_records_py
+
+try:  # (an extension built before count_null_keys existed lacks it)
+    from pykbroker._speedups import count_null_keys
+except ImportError:
+    count_null_keys = _count_null_keys_py
 
 ACCELERATED = scan_records is not _scan_records_py
 

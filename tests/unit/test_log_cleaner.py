@@ -815,3 +815,36 @@ def test_reconfiguring_joins_the_workers_off_the_event_loop(tmp_path, monkeypatc
 
     asyncio.run(main())
     assert joined_in and all(thread is not threading.main_thread() for thread in joined_in)
+
+
+def test_the_null_key_check_reuses_the_validation_walk(tmp_path, monkeypatch):
+    """A compacted topic's append decompresses each batch once (the null keys are counted in the walk over
+    the records validation already decompressed), and still names every keyless record."""
+    from pykbroker.protocol import records
+
+    plog = open_log(tmp_path)
+    calls = []
+    original = records.client_records_section
+    monkeypatch.setattr(records, "client_records_section", lambda *a: calls.append(1) or original(*a))
+    append(plog, [(b"k%d" % i, b"v") for i in range(1000)], compression=COMPRESSION_GZIP)
+    assert len(calls) == 1
+    with pytest.raises(NullKeyRecords) as info:
+        append(plog, [(b"a", b"1"), (None, b"2"), (b"b", b"3"), (None, b"4")], compression=COMPRESSION_GZIP)
+    assert [index for index, _ in info.value.errors] == [1, 3]
+
+
+@pytest.mark.parametrize("compression", [COMPRESSION_NONE, COMPRESSION_GZIP])
+def test_null_keys_are_counted_alike_in_c_and_python(compression):
+    from pykbroker.protocol import records
+
+    batch = build_batch([(None if i % 7 == 0 else b"k", None if i % 3 else b"v") for i in range(100)],
+                        compression=compression)
+    header = records.validate_batches(batch)[0]
+    data = bytes(records.client_records_section(memoryview(batch), header, records.MAX_DECOMPRESSED_BYTES))
+    expected = len(records.null_key_indexes(data, 100))
+    assert expected == 15
+    assert records._count_null_keys_py(data, 100) == expected
+    if records.ACCELERATED:
+        from pykbroker._speedups import count_null_keys
+
+        assert count_null_keys(data, 100) == expected
