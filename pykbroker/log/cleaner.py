@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from bisect import bisect_right
 import logging
 import multiprocessing
 import os
@@ -254,17 +255,22 @@ class _Aborted:
     """Which data batches belong to aborted transactions (the ranges sorted by first offset)."""
 
     def __init__(self, ranges: tuple[AbortedRange, ...]) -> None:
-        self._by_producer: dict[int, list[tuple[int, int]]] = {}
+        by_producer: dict[int, list[tuple[int, int]]] = {}
         for item in ranges:
-            self._by_producer.setdefault(item.producer_id, []).append((item.first_offset, item.last_offset))
+            by_producer.setdefault(item.producer_id, []).append((item.first_offset, item.last_offset))
+        # A producer's transactions do not overlap: sorted first offsets, bisected (not a scan per batch).
+        self._by_producer = {pid: ([f for f, _ in sorted(r)], [last for _, last in sorted(r)])
+                             for pid, r in by_producer.items()}
 
     def contains(self, header) -> bool:
         if not header.is_transactional or not self._by_producer:
             return False
-        for first, last in self._by_producer.get(header.producer_id, ()):
-            if first <= header.base_offset <= last:
-                return True
-        return False
+        found = self._by_producer.get(header.producer_id)
+        if found is None:
+            return False
+        firsts, lasts = found
+        at = bisect_right(firsts, header.base_offset) - 1
+        return at >= 0 and header.base_offset <= lasts[at]
 
 
 class _TxnTracker:
@@ -647,6 +653,7 @@ class LogCleaner:
         """The log was deleted (its topic, or the replica moved away): a new log of that name starts dirty."""
         self._checkpoints.pop((topic, partition), None)
         self._uncleanable.discard((topic, partition))
+        self._backoff.pop((topic, partition), None)
 
     def truncate_checkpoint(self, topic: str, partition: int, offset: int) -> None:
         """The log was truncated to ``offset`` (Kafka's maybeTruncateCheckpoint): what is written there again

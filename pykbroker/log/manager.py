@@ -283,6 +283,7 @@ class LogManager:
         if topic_id is not None:
             write_partition_metadata(partition_log.directory, topic_id)
         self._adopt(partition_log)
+        self.cleaner.check_loaded(partition_log)
         self._logs[(topic, partition)] = partition_log
         return partition_log
 

@@ -497,6 +497,21 @@ def test_aborted_range_matching():
     assert COMPRESSION_NONE == 0
 
 
+def test_aborted_range_matching_bisects_many_ranges():
+    from pykbroker.log.cleaner import _Aborted
+    from pykbroker.protocol.records import read_header
+
+    aborted = _Aborted(tuple(AbortedRange(1, first, first + 5) for first in range(10_000, 0, -10)))
+
+    def at(offset, producer_id=1):
+        return read_header(build_batch([(b"a", b"1")], producer_id=producer_id, producer_epoch=0, base_sequence=0,
+                                       attributes=TRANSACTIONAL_MASK, base_offset=offset))
+
+    assert aborted.contains(at(10)) and aborted.contains(at(15)) and aborted.contains(at(9995))
+    assert not aborted.contains(at(16)) and not aborted.contains(at(9)) and not aborted.contains(at(10_006))
+    assert not aborted.contains(at(15, producer_id=2))
+
+
 def test_a_log_whose_data_cannot_be_read_is_not_cleaned_again(tmp_path):
     plog = four_segments(tmp_path, COMPRESSION_GZIP)
     first = plog.directory / "00000000000000000000.log"
