@@ -12,8 +12,10 @@ What it does, as Kafka does:
   bytes. Kafka's entry takes 24 bytes (MD5 + offset); this map is a Python dict whose entry takes about
   128 bytes (measured: key bytes object, int, slot), so the same buffer holds about a fifth of Kafka's key
   count. When it is full, the cleaning ends where it got (the map's latest offset + 1) and the rest waits
-  for the next round, as Kafka's. Keys longer than 16 bytes are stored as their 16-byte BLAKE2b digest
-  (Kafka stores MD5 digests of every key).
+  for the next round, as Kafka's; a map full in the first dirty batch rewrites nothing and backs off
+  (Kafka: "Unable to build the offset map"). Keys longer than 16 bytes are stored as their 16-byte BLAKE2b
+  digest (Kafka stores MD5 digests of every key), tagged apart from raw short keys so that no key can
+  equal another's digest.
 - Rewrites every segment from the log start up to that end, grouped (Kafka's groupSegmentsBySize) into
   segments of at most segment.bytes whose indexes fit segment.index.bytes: a record is kept if it is past
   the map's latest offset, or if it is the latest offset of its key; keyless records go. Tombstones (null
@@ -23,9 +25,14 @@ What it does, as Kafka does:
   replaces). Offsets are kept (gaps are allowed); a batch keeps its header (base offset, last offset delta,
   timestamps, producer id, epoch, base sequence, attributes) and its kept records' bytes unchanged,
   recompressed with its own codec. A batch emptied of records goes, except the last batch of each producer
-  id in the cleaned range, which stays as an empty batch (Kafka's RETAIN_EMPTY: idempotent producers' state
-  survives a restart). Control batches are kept as they are; records of aborted transactions
-  (PartitionLog.aborted_ranges) never enter the map and go.
+  id in the cleaned range still in the partition's producer state, which stays as an empty batch (Kafka's
+  RETAIN_EMPTY for lastRecordsOfActiveProducers: idempotent producers' state survives a restart). Records of
+  aborted transactions (PartitionLog.aborted_ranges) never enter the map and go. A COMMIT/ABORT marker whose
+  transaction has no batch left goes once its segment is past the delete horizon (Kafka's
+  CleanedTransactionMetadata), with the .txnindex entry of an ABORT marker; other control batches stay.
+- Only logs the replica manager hosts are cleaned (their last stable offset is known); a truncation lowers
+  the checkpoint (Kafka's maybeTruncateCheckpoint) and refuses a swap in flight; a cleaning that did not
+  progress (failed, aborted, no room in the map) backs that log off for log.cleaner.backoff.ms.
 - Crash safety (Kafka's model): the worker writes ``<base>.log.cleaned`` with its ``.index.cleaned`` and
   ``.timeindex.cleaned`` and ``<base>.end.cleaned`` (the end offset of the segments it replaces, which
   Kafka derives from the swap segment's last batch: naming it survives a last segment emptied of all its
