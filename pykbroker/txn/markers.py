@@ -235,6 +235,10 @@ class MarkerSender:
             del self._pending[pending.transactional_id]
             self._write_completion(pending)
 
+    async def send(self, broker: int, request: object) -> object:
+        """Send any request to a broker over these clients (the transaction verifier's too)."""
+        return await self._send_over_network(broker, request)
+
     async def _send_over_network(self, broker: int, request: object) -> object:
         address = self._address_of(broker)
         if address is None:
