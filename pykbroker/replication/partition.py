@@ -258,13 +258,15 @@ class Partition:
 
     @property
     def last_stable_offset(self) -> int:
-        """min(high-water mark, first unstable offset): consumers reading committed data stop here."""
+        """min(high-water mark, first unstable offset): consumers reading committed data stop here. The first
+        unstable offset is never below the log start (Kafka's maybeIncrementFirstUnstableOffset: DeleteRecords
+        or retention past an open transaction's start)."""
         hwm = self.high_watermark
         state = self.producer_state
         if not state.has_unstable:
             return hwm
         first = state.first_unstable_offset(hwm)
-        return hwm if first is None else min(hwm, first)
+        return hwm if first is None else min(hwm, max(first, self.log.log_start_offset))
 
     # -- LeaderAndIsr -----------------------------------------------------------------------------
     def init_single_broker(self, leader_epoch: int) -> None:
