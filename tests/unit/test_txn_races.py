@@ -23,3 +23,25 @@ def test_end_txn_while_the_timeout_fence_is_pending_is_concurrent_transactions(t
         assert w.leaders.received == [(1, pid, epoch + 1, False, TOPIC, 0, 0)]
 
     run(tmp_path, scenario)
+
+
+def test_marker_errors_follow_kafkas_completion_handler(tmp_path):
+    """TransactionMarkerRequestCompletionHandler (3.7.1): UNSUPPORTED_FOR_MESSAGE_FORMAT / UNSUPPORTED_VERSION
+    remove the partition (done); INVALID_PRODUCER_EPOCH stops sending and writes no completion, even when this
+    coordinator is current: Kafka's rule, kept (the transaction stays in Prepare* until the partition of
+    __transaction_state is reloaded)."""
+    async def scenario(w) -> None:
+        c = w.coordinator
+        pid, epoch = await begin(w, "old-format", [(TOPIC, 0), (TOPIC, 1)])
+        w.leaders.errors[(TOPIC, 0)] = [E.unsupported_for_message_format]
+        w.leaders.errors[(TOPIC, 1)] = [E.unsupported_version]
+        assert await c.handle_end_txn("old-format", pid, epoch, commit=True) == E.none
+        await wait_for(lambda: w.meta("old-format").state is S.COMPLETE_COMMIT)
+        assert len(w.leaders.received) == 2  # no retry
+        pid, epoch = await begin(w, "stuck", [(TOPIC, 2)])
+        w.leaders.errors[(TOPIC, 2)] = [E.invalid_producer_epoch]
+        assert await c.handle_end_txn("stuck", pid, epoch, commit=False) == E.none
+        await wait_for(lambda: not c.markers.has_pending("stuck"))
+        assert w.meta("stuck").state is S.PREPARE_ABORT
+
+    run(tmp_path, scenario)
