@@ -5,12 +5,15 @@ producer's ongoing transaction, so no write the coordinator never saw can leave 
 
 from __future__ import annotations
 
+from kio.schema.add_offsets_to_txn.v3.request import AddOffsetsToTxnRequest
 from kio.schema.end_txn.v3.request import EndTxnRequest
 from kio.schema.errors import ErrorCode
-from kio.static.primitive import i16
+from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
+from kio.static.primitive import i8, i16
 
 from broker_process import send_request, wait_until
 from test_txn_coordinator_wire import TIMEOUT_S, add_partitions, describe, find_coordinator, init
+from test_txn_offset_commit import errors_of, txn_commit
 from test_txn_partition_leader import create_topic, fetch, produce, txn_records
 
 E = ErrorCode
@@ -79,3 +82,23 @@ def test_verification_can_be_turned_off(broker_factory, topic_name):
     answer = produce(broker.address, topic_name, txn_records(424242, 0, 0, [b"x"]), transactional_id="nobody")
     assert answer.error_code == E.none
     assert _stable(broker.address, topic_name) == (1, 0)
+
+
+def test_txn_offset_commit_is_verified_too(broker, topic_name):
+    """Kafka 3.7.1 verifies a TxnOffsetCommit the same way (GroupCoordinator.handleTxnCommitOffsets): the
+    group's __consumer_offsets partition must be in the transaction (AddOffsetsToTxn)."""
+    address = broker.address
+    group = "g-" + topic_name
+    create_topic(address, topic_name)
+    find_coordinator(address, "tx-offsets")
+    wait_until(lambda: send_request(address, FindCoordinatorRequest(key_type=i8(0), coordinator_keys=(group,)))
+               .coordinators[0].error_code == E.none, "group coordinator", TIMEOUT_S)
+    _, pid, epoch = init(address, "tx-offsets")
+    commit = txn_commit(group, {(topic_name, 0): (5, ""), (topic_name + "-missing", 0): (1, "")},
+                        producer_id=pid, epoch=epoch, transactional_id="tx-offsets")
+    # Not added: INVALID_TXN_STATE for the group's partitions, UNKNOWN_TOPIC_OR_PARTITION stays for a missing one.
+    assert errors_of(send_request(address, commit)) == {
+        (topic_name, 0): E.invalid_txn_state, (topic_name + "-missing", 0): E.unknown_topic_or_partition}
+    assert send_request(address, AddOffsetsToTxnRequest(transactional_id="tx-offsets", producer_id=pid,
+                                                        producer_epoch=i16(epoch), group_id=group)).error_code == E.none
+    assert errors_of(send_request(address, commit))[(topic_name, 0)] == E.none
