@@ -4,11 +4,13 @@ Empty group is accepted before any member check, for transactional commits as fo
 from __future__ import annotations
 
 from pykbroker.protocol.errors import ErrorCode
-from tests.unit.test_group_coordinator import logs  # noqa: F401 (fixture)
+import tests.unit.test_group_coordinator as coordinator_tests
 from tests.unit.test_group_transactions import GROUP, TP0, TxnHarness
 
+logs = coordinator_tests.logs  # the fixture
 
-def test_txn_commit_with_generation_minus_one_to_an_empty_group_is_accepted_whatever_its_member_id(logs):  # noqa: F811
+
+def test_txn_commit_with_generation_minus_one_to_an_empty_group_is_accepted_whatever_its_member_id(logs):
     h = TxnHarness(logs)
     assert h.txn_commit({TP0: 1}, member="not-a-member", instance="some-instance") == {TP0: ErrorCode.none}
     assert h.coordinator.group(GROUP) is not None
