@@ -512,6 +512,9 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
             "How often transactions older than their timeout are aborted.", _AT_LEAST_1),
     _broker("transaction.remove.expired.transaction.cleanup.interval.ms", "int", 3600000,
             "How often expired transactional ids are removed.", _AT_LEAST_1),
+    _broker("transaction.partition.verification.enable", "boolean", True,
+            "Verify with the transaction coordinator that a partition is in the transaction before a producer's "
+            "first transactional write to it (KIP-890)."),
     # replication
     _broker("replica.lag.time.max.ms", "long", 30000, "A follower this far behind leaves the ISR."),
     _broker("replica.fetch.max.bytes", "int", 1048576, "Bytes a follower fetches per partition.", _AT_LEAST_0),

@@ -1030,8 +1030,8 @@ class GroupCoordinator:
                                 group_instance_id: str | None, *, transactional: bool = False) -> ErrorCode | None:
         if group.is_state(GroupState.DEAD):
             return ErrorCode.coordinator_not_available
-        if not transactional and generation < 0 and group.is_state(GroupState.EMPTY):
-            return None  # admin tools and consumers without group management
+        if generation < 0 and group.is_state(GroupState.EMPTY):
+            return None  # admin tools and consumers without group management (transactional too: Kafka 3.7.1)
         if generation >= 0 or member_id != UNKNOWN_MEMBER_ID or group_instance_id is not None:
             error = self._validate_current_member(group, member_id, group_instance_id)
             if error is None and generation != group.generation_id:

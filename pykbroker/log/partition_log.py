@@ -484,8 +484,10 @@ class PartitionLog:
     def first_unstable_offset(self) -> int | None:
         """The first offset of the earliest transaction that is open or whose marker the high-water mark has
         not passed yet (Kafka's firstUnstableOffset); None when there is none. ``Partition.last_stable_offset``
-        forgets the ended transactions below the HWM as it asks."""
-        return self.producer_state.first_unstable_offset()
+        forgets the ended transactions below the HWM as it asks. Never below the log start offset (Kafka's
+        maybeIncrementFirstUnstableOffset)."""
+        first = self.producer_state.first_unstable_offset()
+        return first if first is None else max(first, self._log_start_offset)
 
     def aborted_ranges(self, start_offset: int, end_offset: int) -> list[AbortedTxn]:
         """The aborted transactions overlapping [start_offset, end_offset): last offset >= start and first

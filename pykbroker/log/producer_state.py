@@ -132,6 +132,27 @@ def append_time_of(header: BatchHeader) -> int:
     return header.max_timestamp if header.log_append_time else -1
 
 
+class VerificationGuard:
+    """Kafka's VerificationGuard: an identity token handed out by ``maybe_start_verification`` and required
+    by the append of a producer's first transactional batch in the partition (compared with ``is``)."""
+
+    __slots__ = ()
+
+
+NO_VERIFICATION = VerificationGuard()  # the append does not require one (verification off, or coordinator writes)
+SENTINEL = VerificationGuard()  # Kafka's VerificationGuard.SENTINEL: nothing verified (never any producer's guard)
+
+
+@dataclass
+class VerificationStateEntry:
+    """Kafka's VerificationStateEntry: the guard of a verification in flight for a producer, with the lowest
+    sequence and the epoch it was started for."""
+
+    guard: VerificationGuard
+    lowest_sequence: int
+    epoch: int
+
+
 class ProducerStateManager:
     """Per-partition idempotent-producer state. ``check_batches`` before an append, ``update`` after it."""
 
@@ -145,6 +166,7 @@ class ProducerStateManager:
         self._ongoing: dict[int, int] = {}
         self._unreplicated: dict[int, CompletedTxn] = {}
         self.next_offset = 0  # the offset after the last batch recorded: where a replay would continue
+        self._verifying: dict[int, VerificationStateEntry] = {}  # producer id -> its verification in flight
 
     # -- queries ---------------------------------------------------------------------------------------
 
@@ -185,13 +207,38 @@ class ProducerStateManager:
         others = [first for first, pid in self._ongoing.items() if pid != completed.producer_id]
         return min(others) if others else completed.last_offset + 1
 
+    # -- transaction verification (KIP-890 part 1) ----------------------------------------------------
+
+    def maybe_start_verification(self, producer_id: int, sequence: int, epoch: int) -> VerificationGuard:
+        """Kafka's UnifiedLog.maybeStartTransactionVerification: SENTINEL when the producer
+        has an open transaction here (nothing to verify: the cache that keeps later batches free), else the
+        guard of its verification entry, created or updated (Kafka's maybeUpdateLowestSequenceAndEpoch)."""
+        entry = self._producers.get(producer_id)
+        if entry is not None and entry.current_txn_first_offset != NO_TXN:
+            return SENTINEL
+        verifying = self._verifying.get(producer_id)
+        if verifying is None:
+            verifying = self._verifying[producer_id] = VerificationStateEntry(VerificationGuard(), sequence, epoch)
+        elif epoch > verifying.epoch:
+            verifying.lowest_sequence, verifying.epoch = sequence, epoch
+        elif epoch == verifying.epoch and sequence < verifying.lowest_sequence:
+            verifying.lowest_sequence = sequence
+        return verifying.guard
+
+    def verification_failed(self, producer_id: int, guard: VerificationGuard) -> None:
+        """The coordinator refused: drop the entry if it is still this guard's (bounds the map)."""
+        verifying = self._verifying.get(producer_id)
+        if verifying is not None and verifying.guard is guard:
+            del self._verifying[producer_id]
+
     # -- before an append ------------------------------------------------------------------------------
 
     def check(self, header: BatchHeader) -> DuplicateBatch | None:
         """Check one batch against the recorded state; see ``check_batches``."""
         return self.check_batches((header,))
 
-    def check_batches(self, headers: Iterable[BatchHeader], *, check_sequence: bool = True) -> DuplicateBatch | None:
+    def check_batches(self, headers: Iterable[BatchHeader], *, check_sequence: bool = True,
+                      verification: VerificationGuard = NO_VERIFICATION) -> DuplicateBatch | None:
         """Check the batches of one records field, in order, without changing any state.
 
         Returns the original offsets if a batch is a retry of one already appended (as Kafka does, the whole
@@ -199,7 +246,11 @@ class ProducerStateManager:
         or 48) when a batch breaks the rules. Batches without a producer id pass. Later batches of the same
         producer are checked against the earlier ones of the same field, as if those had been appended.
         ``check_sequence`` False is Kafka's AppendOrigin.Coordinator (the group coordinator's transactional
-        offset batches carry no sequence): epochs and transaction rules are still checked.
+        offset batches carry no sequence): epochs and transaction rules are still checked. ``verification``
+        (unless NO_VERIFICATION): the guard the coordinator's verification gave; a transactional batch that
+        would open a transaction needs it to still be the producer's (Kafka's UnifiedLog.append rule: a
+        late batch verified before its transaction started and ended here cannot reopen it),
+        INVALID_TXN_STATE otherwise.
         """
         pending: dict[int, tuple[int, int, bool]] = {}  # producer id -> (epoch, last sequence, in txn) in this field
         for header in headers:
@@ -212,9 +263,13 @@ class ProducerStateManager:
                 if duplicate is not None:
                     return DuplicateBatch(duplicate.first_offset, duplicate.last_offset, duplicate.log_append_time_ms)
             before = pending.get(producer_id)
-            _validate(header, entry, before, check_sequence)
             in_txn = before[2] if before is not None else (entry is not None and entry.current_txn_first_offset != NO_TXN)
             transactional = header.is_transactional
+            if transactional and not in_txn and verification is not NO_VERIFICATION:
+                verifying = self._verifying.get(producer_id)
+                if verifying is None or verifying.guard is not verification:
+                    raise ProducerStateError(INVALID_TXN_STATE, "Record was not part of an ongoing transaction")
+            _validate(header, entry, before, check_sequence)
             if in_txn and not transactional:
                 raise ProducerStateError(
                     INVALID_TXN_STATE, f"expected a transactional write from producer {producer_id}: its transaction is open"
@@ -277,6 +332,8 @@ class ProducerStateManager:
         if header.is_transactional and entry.current_txn_first_offset == NO_TXN:
             entry.current_txn_first_offset = header.base_offset
             self._ongoing[header.base_offset] = header.producer_id
+            if self._verifying:  # Kafka clears the verification entry once the transaction is open
+                self._verifying.pop(header.producer_id, None)
         if len(entry.batches) >= self._max_cached_batches:
             entry.batches.popleft()
         entry.batches.append(
@@ -312,6 +369,7 @@ class ProducerStateManager:
         self._producers.clear()
         self._ongoing.clear()
         self._unreplicated.clear()
+        self._verifying.clear()
         self.next_offset = 0
 
     def expire(self, now_ms: int, expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS) -> int:

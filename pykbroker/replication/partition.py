@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 from pykbroker.log.errors import OffsetOutOfRange
 from pykbroker.log.partition_log import AppendResult, PartitionLog
-from pykbroker.log.producer_state import CompletedTxn
+from pykbroker.log.producer_state import NO_VERIFICATION, CompletedTxn, VerificationGuard
 from pykbroker.protocol.control_records import Marker, read_marker
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.protocol.records import InvalidRecordBatch, iter_headers
@@ -258,13 +258,15 @@ class Partition:
 
     @property
     def last_stable_offset(self) -> int:
-        """min(high-water mark, first unstable offset): consumers reading committed data stop here."""
+        """min(high-water mark, first unstable offset): consumers reading committed data stop here. The first
+        unstable offset is never below the log start (Kafka's maybeIncrementFirstUnstableOffset: DeleteRecords
+        or retention past an open transaction's start)."""
         hwm = self.high_watermark
         state = self.producer_state
         if not state.has_unstable:
             return hwm
         first = state.first_unstable_offset(hwm)
-        return hwm if first is None else min(hwm, first)
+        return hwm if first is None else min(hwm, max(first, self.log.log_start_offset))
 
     # -- LeaderAndIsr -----------------------------------------------------------------------------
     def init_single_broker(self, leader_epoch: int) -> None:
@@ -528,9 +530,11 @@ class Partition:
         self.pending_isr_change = None
 
     # -- leader appends ---------------------------------------------------------------------------
-    def append(self, records, now: int, *, check_sequence: bool = True) -> AppendOutcome:
+    def append(self, records, now: int, *, check_sequence: bool = True,
+               verification: VerificationGuard = NO_VERIFICATION) -> AppendOutcome:
         """Append a producer's records field as leader; ``check_sequence`` False for the group coordinator's
-        transactional offset batches (Kafka's AppendOrigin.Coordinator)."""
+        transactional offset batches (Kafka's AppendOrigin.Coordinator); ``verification`` the guard of a
+        transactional produce verified with the coordinator (see ProducerStateManager.check_batches)."""
         headers = list(iter_headers(records))
         if not headers:
             raise InvalidRecordBatch("no record batch in the records field")
@@ -539,7 +543,8 @@ class Partition:
         idempotent = [h for h in headers if h.has_producer_id]
         if idempotent:
             # A retried batch is answered with its original offsets and nothing is appended (Kafka's rule).
-            duplicate = self.producer_state.check_batches(idempotent, check_sequence=check_sequence)
+            duplicate = self.producer_state.check_batches(idempotent, check_sequence=check_sequence,
+                                                          verification=verification)
             if duplicate is not None:
                 return AppendOutcome(
                     ErrorCode.none, duplicate.base_offset, duplicate.log_append_time_ms, self.log.log_start_offset,

@@ -40,7 +40,7 @@ from pykbroker.log.config import LogConfig
 from pykbroker.log.errors import OffsetOutOfRange, RecordTooLarge
 from pykbroker.log.manager import LogManager
 from pykbroker.log.partition_log import ReadResult
-from pykbroker.log.producer_state import ProducerStateError
+from pykbroker.log.producer_state import NO_VERIFICATION, ProducerStateError, VerificationGuard
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.protocol.records import (
     CorruptRecordBatch,
@@ -362,7 +362,7 @@ class ReplicaManager:
 
     # -- produce ----------------------------------------------------------------------------------
     def append(self, topic: str, index: int, records, *, acks: int, min_insync_replicas: int,
-               origin: str = "client") -> AppendOutcome:
+               origin: str = "client", verification: VerificationGuard = NO_VERIFICATION) -> AppendOutcome:
         """Append a records field as leader. ``origin="coordinator"`` (Kafka's AppendOrigin.Coordinator: the
         group coordinator's transactional offset batches) skips the sequence checks; epochs and the
         transaction rules still apply."""
@@ -377,7 +377,8 @@ class ReplicaManager:
                 message=f"ISR has {len(partition.isr)} replicas, min.insync.replicas is {min_insync_replicas}",
             )
         try:
-            outcome = partition.append(records, now_ms(), check_sequence=origin != "coordinator")
+            outcome = partition.append(records, now_ms(), check_sequence=origin != "coordinator",
+                                       verification=verification)
         except OSError as exc:
             log.debug("%s-%d: append refused with KAFKA_STORAGE_ERROR: %s", topic, index, exc)
             self.storage_errors.failed(partition.log.directory.parent, (topic, index), exc)

@@ -60,6 +60,7 @@ from pykbroker.server.dispatch import load_handlers
 from pykbroker.txn.coordinator import TransactionCoordinator, TxnConfig
 from pykbroker.txn.log import TRANSACTION_STATE_TOPIC
 from pykbroker.txn.state_manager import TransactionStateManager
+from pykbroker.txn.verification import TransactionVerifier
 
 if TYPE_CHECKING:
     from pykbroker.cluster.node import ClusterNode
@@ -156,6 +157,11 @@ class Broker:
         self.transactions = TransactionCoordinator(self.txn_state, self.producer_ids.new_id, self._txn_leader_epoch,
                                                    TxnConfig.from_broker_config(config))
         self.transactions.make_marker_sender(config.broker_id, leader_of=self._leader_of, address_of=self._address_of)
+        # KIP-890 partition verification of transactional produces (pykbroker/txn/verification.py); None: off.
+        self.txn_verifier: TransactionVerifier | None = None
+        if config.get("transaction.partition.verification.enable"):
+            self.txn_verifier = TransactionVerifier(config.broker_id, coordinator_of=self._txn_coordinator_of,
+                                                    local=self.transactions, send=self.transactions.markers.send)
         if self.cluster is not None:
             self.cluster.on_leadership_change.append(self.transactions.on_leadership_change)
         self.connections: set[KafkaConnection] = set()
@@ -249,6 +255,11 @@ class Broker:
         """The coordinator epoch of a __transaction_state partition: its leader epoch, if led here."""
         partition = self.replicas.partition(TRANSACTION_STATE_TOPIC, index)
         return partition.leader_epoch if partition is not None and partition.is_leader else None
+
+    def _txn_coordinator_of(self, transactional_id: str) -> int | None:
+        """The broker leading the id's __transaction_state partition (None: no such topic or no leader)."""
+        leader = self._leader_of(TRANSACTION_STATE_TOPIC, self.txn_state.partition_for(transactional_id))
+        return None if leader is None or leader < 0 else leader
 
     def _leader_of(self, topic: str, index: int) -> int | None:
         """The partition's leader from the metadata cache (for the marker sender): None for a partition the

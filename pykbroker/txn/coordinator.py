@@ -264,7 +264,10 @@ class TransactionCoordinator:
         # Clients must match the epoch exactly; the coordinator's own abort (a fence) carries a bumped one.
         if (from_client and producer_epoch != metadata.producer_epoch) or producer_epoch < metadata.producer_epoch:
             return ErrorCode.producer_fenced
-        if metadata.pending_transition_in_progress and metadata.pending_state is not S.PREPARE_EPOCH_FENCE:
+        # Kafka lets only the fence's own abort through a pending PrepareEpochFence (its window between the
+        # lock and endTransaction is a thread's; here the fence's task runs an iteration later): a client's
+        # EndTxn meanwhile gets CONCURRENT_TRANSACTIONS, as for any pending transition.
+        if metadata.pending_transition_in_progress and (from_client or metadata.pending_state is not S.PREPARE_EPOCH_FENCE):
             return ErrorCode.concurrent_transactions
         state = metadata.state
         is_epoch_fence = False

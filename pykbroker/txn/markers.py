@@ -13,7 +13,9 @@ partition in it, then the completion (CompleteCommit/CompleteAbort) written to _
   (connection lost, timeout, leader without an address) retries all its markers the same way. A partition
   without a leader in the metadata (a deleted topic) counts as done, as Kafka skips it.
   INVALID_PRODUCER_EPOCH / TRANSACTION_COORDINATOR_FENCED: a newer coordinator has the transaction; this one
-  stops sending for it (and writes no completion).
+  stops sending for it (and writes no completion; Kafka 3.7.1's rule even when this coordinator is current,
+  so the transaction stays in Prepare* until its __transaction_state partition is reloaded).
+  UNSUPPORTED_FOR_MESSAGE_FORMAT / UNSUPPORTED_VERSION: the partition is done, as Kafka counts it.
 * Before each send and on each answer, a transaction whose id this broker no longer coordinates with the
   same coordinator epoch is dropped (``is_current``): the new coordinator resends after loading.
 * When no partition is left, ``write_completion(pending)`` is called (once).
@@ -39,6 +41,7 @@ RETRIABLE = frozenset({
     ErrorCode.not_enough_replicas_after_append, ErrorCode.request_timed_out, ErrorCode.kafka_storage_error,
 })
 FENCED = frozenset({ErrorCode.invalid_producer_epoch, ErrorCode.transaction_coordinator_fenced})
+NOT_SUPPORTED = frozenset({ErrorCode.unsupported_for_message_format, ErrorCode.unsupported_version})
 DEFAULT_RETRY_BACKOFF_S = 0.1
 
 
@@ -220,6 +223,10 @@ class MarkerSender:
                 return
             elif error in RETRIABLE:
                 retry.add(tp)
+            elif error in NOT_SUPPORTED:  # Kafka: the producer could not have written there either: done
+                log.info("%s marker of %s for %s-%d: %s, the partition is done", "commit" if pending.commit else "abort",
+                         pending.transactional_id, *tp, error.name)
+                pending.metadata.remove_partition(tp)
             else:
                 # Kafka throws (a bug); a broker must not stall the transaction forever: retry and say so.
                 log.error("unexpected %s writing a marker of %s to %s-%d: retrying", error.name,
@@ -234,6 +241,10 @@ class MarkerSender:
         if not pending.metadata.partitions and self._pending.get(pending.transactional_id) is pending:
             del self._pending[pending.transactional_id]
             self._write_completion(pending)
+
+    async def send(self, broker: int, request: object) -> object:
+        """Send any request to a broker over these clients (the transaction verifier's too)."""
+        return await self._send_over_network(broker, request)
 
     async def _send_over_network(self, broker: int, request: object) -> object:
         address = self._address_of(broker)

@@ -2,7 +2,9 @@
 error answers, then the whole group side of a transaction: offsets committed in a transaction are pending
 (OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT, without it they are not there) until
 WriteTxnMarkers writes the transaction's marker to the group's __consumer_offsets partition; a COMMIT makes
-them the group's offsets, an ABORT drops them, and a broker restart replays the same from the log."""
+them the group's offsets, an ABORT drops them, and a broker restart replays the same from the log. The test
+plays the transaction coordinator with raw requests, so the broker runs with
+``transaction.partition.verification.enable=false`` (verification: test_txn_verification.py)."""
 
 from __future__ import annotations
 
@@ -37,6 +39,12 @@ B_MERGED = "origin" in inspect.signature(ReplicaManager.append).parameters
 needs_partition_leader_side = pytest.mark.skipif(
     not B_MERGED, reason="needs the partition-leader side of transactions (ReplicaManager.append origin=, "
                          "WriteTxnMarkers)")
+
+
+@pytest.fixture
+def broker(broker_factory):
+    """No coordinator plays along here: the producers' transactions are not verified (KIP-890 off)."""
+    return broker_factory.make(config={"transaction.partition.verification.enable": False})
 
 
 def run(coroutine, timeout: float = 90):

@@ -3,7 +3,8 @@
 aborted_transactions) and ListOffsets (isolation 0/1), kill -9 and restart (the LSO and the aborted list
 survive, an open transaction stays open), and the read_committed / read_uncommitted consumers of
 confluent-kafka and kafka-python on the result. The transaction coordinator is not needed: the test plays
-its part with raw requests."""
+its part with raw requests, so the broker runs with ``transaction.partition.verification.enable=false`` (the
+coordinator's verification is tested in test_txn_verification.py)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,12 @@ from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
 from broker_process import init_producer_id, send_request, wait_until
 from pykbroker.protocol.records import TRANSACTIONAL_MASK, build_batch, iter_headers, read_records
+
+
+@pytest.fixture
+def broker(broker_factory):
+    """No coordinator plays along here: the producers' transactions are not verified (KIP-890 off)."""
+    return broker_factory.make(config={"transaction.partition.verification.enable": False})
 
 
 def ms(value: int) -> i32Timedelta:

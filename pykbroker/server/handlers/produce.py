@@ -21,15 +21,25 @@ Transactions (KIP-98): transactional batches need the request's transactional_id
 gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED (Kafka's KafkaApis.handleProduceRequest); a transactional batch
 starts or continues its producer's transaction in the partition, and a non-transactional batch from a
 producer whose transaction there is open gets INVALID_TXN_STATE (replication/partition.py, Kafka's
-ProducerAppendInfo). Kafka 3.6+'s partition verification with the coordinator (KIP-890) is not done.
+ProducerAppendInfo). Partition verification (KIP-890 part 1, ``transaction.partition.verification.enable``,
+Kafka 3.7.1's ReplicaManager.handleProduceAppend): a producer's first transactional batch in a partition
+(no transaction of it open there) is verified with the transactional id's coordinator before anything of
+the request is appended (pykbroker/txn/verification.py; the request waits on the loop, other clients go on,
+the connection's answers stay in order); a partition the coordinator does not have in the transaction gets
+INVALID_TXN_STATE, a fenced epoch INVALID_PRODUCER_EPOCH, a coordinator that cannot answer just now
+NOT_ENOUGH_REPLICAS (retriable); transactional batches of more than one producer in one request:
+INVALID_PRODUCER_ID_MAPPING for every partition.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
+from pykbroker.log.producer_state import NO_VERIFICATION, SENTINEL
 from pykbroker.protocol.errors import ErrorCode
-from pykbroker.protocol.records import TRANSACTIONAL_MASK, more_than_one_batch
+from pykbroker.protocol.records import TRANSACTIONAL_MASK, more_than_one_batch, read_header
+from pykbroker.txn.verification import produce_error
 from pykbroker.replication.replica_manager import AppendOutcome
 from pykbroker.server.dispatch import NO_RESPONSE, CloseConnection, RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
@@ -46,14 +56,49 @@ def _outcome_for_request(ctx: RequestContext, request) -> ErrorCode | None:
 _ATTRIBUTES_LOW_BYTE = 22  # a batch's int16 attributes sit at bytes 21-22; the transactional bit is in the low byte
 
 
+def _is_transactional(records) -> bool:
+    return records is not None and len(records) > _ATTRIBUTES_LOW_BYTE and records[_ATTRIBUTES_LOW_BYTE] & TRANSACTIONAL_MASK
+
+
 def _has_transactional_records(request) -> bool:
     """Kafka's ProduceRequest.hasTransactionalRecords, on each partition's first batch (v3+ allows one)."""
     for topic_data in request.topic_data:
         for partition_data in topic_data.partition_data:
-            records = partition_data.records
-            if records is not None and len(records) > _ATTRIBUTES_LOW_BYTE and records[_ATTRIBUTES_LOW_BYTE] & TRANSACTIONAL_MASK:
+            if _is_transactional(partition_data.records):
                 return True
     return False
+
+
+def _start_verification(ctx: RequestContext, request, guards: dict) -> tuple[ErrorCode | None, list, int, int]:
+    """Kafka's handleProduceAppend up to the verification: the guard of each transactional partition led
+    here (``guards``), the partitions still to verify, the producer (id, epoch); INVALID_PRODUCER_ID_MAPPING
+    when the transactional batches come from more than one producer."""
+    replicas = ctx.broker.replicas
+    producers = set()
+    to_verify = []
+    for topic_data in request.topic_data:
+        for partition_data in topic_data.partition_data:
+            records = partition_data.records
+            if not _is_transactional(records):
+                continue
+            try:
+                header = read_header(records)
+            except Exception:  # framing errors are the append's to answer
+                continue
+            producers.add((header.producer_id, header.producer_epoch))
+            partition = replicas.partition(topic_data.name, partition_data.index)
+            if partition is None or not partition.is_leader:
+                continue
+            key = (topic_data.name, partition_data.index)
+            guard = partition.producer_state.maybe_start_verification(
+                header.producer_id, header.base_sequence, header.producer_epoch)
+            guards[key] = guard
+            if guard is not SENTINEL:
+                to_verify.append(key)
+    if len(producers) > 1:
+        return ErrorCode.invalid_producer_id_mapping, [], -1, -1
+    producer_id, producer_epoch = next(iter(producers)) if producers else (-1, -1)
+    return None, to_verify, producer_id, producer_epoch
 
 
 def _for_version(error: ErrorCode, version: int) -> ErrorCode:
@@ -95,12 +140,40 @@ def _response(schema, version: int, topics: list[tuple[str, list[tuple[int, Appe
 
 @handles(0)
 def produce(ctx: RequestContext, request) -> object:
+    request_error = _outcome_for_request(ctx, request)
+    verifier = ctx.broker.txn_verifier
+    if request_error is None and request.transactional_id is not None and verifier is not None:
+        guards: dict = {}
+        request_error, to_verify, producer_id, producer_epoch = _start_verification(ctx, request, guards)
+        if to_verify and request_error is None:
+            return _verify_then_append(ctx, request, verifier, guards, to_verify, producer_id, producer_epoch)
+        return _append(ctx, request, request_error, guards, {})
+    return _append(ctx, request, request_error, None, None)
+
+
+async def _verify_then_append(ctx: RequestContext, request, verifier, guards: dict, to_verify: list,
+                              producer_id: int, producer_epoch: int) -> object:
+    errors = await verifier.verify(request.transactional_id, producer_id, producer_epoch, to_verify)
+    failed = {}
+    for key, error in errors.items():
+        if error != ErrorCode.none:
+            failed[key] = produce_error(error)
+            partition = ctx.broker.replicas.partition(*key)
+            if partition is not None:
+                partition.producer_state.verification_failed(producer_id, guards[key])
+    result = _append(ctx, request, None, guards, failed)
+    return await result if inspect.isawaitable(result) else result
+
+
+def _append(ctx: RequestContext, request, request_error: ErrorCode | None, guards: dict | None,
+            failed: dict | None) -> object:
+    """Append every partition (``guards``: the verification guard of each transactional partition;
+    ``failed``: the partitions whose verification failed, (error, message)) and answer, or wait for acks=all."""
     broker = ctx.broker
     replicas = broker.replicas
     stats = broker.stats  # messages and bytes in per topic for /metrics (None: metrics off)
     schema = response_module(ctx)
     version = ctx.version
-    request_error = _outcome_for_request(ctx, request)
     acks_all = request.acks == -1
     waits = None  # (topic, index, last offset, min.insync.replicas, where the outcome is) of appends awaiting the ISR
     topics = []
@@ -124,9 +197,13 @@ def produce(ctx: RequestContext, request) -> object:
                     message=f"Produce requests with version {version} are only allowed to contain exactly one "
                     "record batch per partition",
                 )
+            elif failed and (name, partition_data.index) in failed:
+                error, message = failed[(name, partition_data.index)]
+                outcome = AppendOutcome(error, message=message)
             else:
                 outcome = replicas.append(
-                    name, partition_data.index, partition_data.records, acks=request.acks, min_insync_replicas=min_isr
+                    name, partition_data.index, partition_data.records, acks=request.acks, min_insync_replicas=min_isr,
+                    verification=NO_VERIFICATION if guards is None else guards.get((name, partition_data.index), NO_VERIFICATION),
                 )
                 if stats is not None and outcome.error == ErrorCode.none:
                     stats.produced(name, outcome.last_offset - outcome.base_offset + 1, len(partition_data.records))
@@ -141,10 +218,10 @@ def produce(ctx: RequestContext, request) -> object:
     if request.acks == 0:
         # Kafka (KafkaApis.handleProduceRequest) closes the connection when an acks=0 request has any
         # partition error: the producer reads no answer, but notices the close and refreshes its metadata.
-        failed = [f"{name}-{index}: {outcome.error.name}" for name, outcomes in topics for index, outcome in outcomes
-                  if outcome.error != ErrorCode.none]
-        if failed:
-            return CloseConnection("acks=0 produce failed for " + ", ".join(failed))
+        failures = [f"{name}-{index}: {outcome.error.name}" for name, outcomes in topics for index, outcome in outcomes
+                    if outcome.error != ErrorCode.none]
+        if failures:
+            return CloseConnection("acks=0 produce failed for " + ", ".join(failures))
         return NO_RESPONSE
     if waits is not None:
         timeout_ms = int(request.timeout.total_seconds() * 1000)

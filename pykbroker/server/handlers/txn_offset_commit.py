@@ -15,16 +15,82 @@ partition); an abort drops them. See groups/coordinator.py and groups/offset_sto
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
+from pykbroker.groups.offset_store import OFFSETS_TOPIC, coordinator_error
+from pykbroker.log.producer_state import SENTINEL
+from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers.committed_offsets import answer_commit, requested_offsets
+
+log = logging.getLogger(__name__)
 
 NO_GENERATION = -1
 NO_MEMBER_ID = ""
 
 
+_COMMIT_ERRORS = frozenset({
+    ErrorCode.unknown_topic_or_partition, ErrorCode.not_enough_replicas, ErrorCode.not_enough_replicas_after_append,
+    ErrorCode.not_leader_or_follower, ErrorCode.kafka_storage_error, ErrorCode.message_too_large,
+    ErrorCode.record_list_too_large, ErrorCode.invalid_fetch_size,
+})
+
+
+def _verification_error(error: ErrorCode) -> ErrorCode:
+    """Kafka's GroupMetadataManager.maybeConvertOffsetCommitError for a failed verification."""
+    if error == ErrorCode.network_exception:
+        return ErrorCode.coordinator_load_in_progress
+    return coordinator_error(error, offsets=True) if error in _COMMIT_ERRORS else error
+
+
+def _verification_needed(ctx: RequestContext, request):
+    """The producer state of the group's __consumer_offsets partition led here, and the guard, when the
+    commit must be verified; None otherwise (verification off, no producer, partition not led here: the
+    group coordinator answers NOT_COORDINATOR, or a transaction already open there)."""
+    broker = ctx.broker
+    if broker.txn_verifier is None or request.producer_id < 0 or not request.group_id or not request.transactional_id:
+        return None
+    partition = broker.replicas.partition(OFFSETS_TOPIC, broker.offset_store.partition_for(request.group_id))
+    if partition is None or not partition.is_leader:
+        return None
+    state = partition.producer_state
+    guard = state.maybe_start_verification(request.producer_id, -1, request.producer_epoch)
+    return None if guard is SENTINEL else (partition, state, guard)
+
+
 @handles(28)
 def txn_offset_commit(ctx: RequestContext, request) -> object:
-    return answer_commit(ctx, request, "TxnOffsetCommit", lambda respond: ctx.broker.groups.commit_transactional_offsets(
-        request.group_id, request.producer_id, request.producer_epoch, getattr(request, "generation_id", NO_GENERATION),
-        getattr(request, "member_id", NO_MEMBER_ID), requested_offsets(request.topics), respond,
-        group_instance_id=getattr(request, "group_instance_id", None)))
+    def commit(respond) -> None:
+        ctx.broker.groups.commit_transactional_offsets(
+            request.group_id, request.producer_id, request.producer_epoch,
+            getattr(request, "generation_id", NO_GENERATION), getattr(request, "member_id", NO_MEMBER_ID),
+            requested_offsets(request.topics), respond, group_instance_id=getattr(request, "group_instance_id", None))
+
+    verification = _verification_needed(ctx, request)
+    if verification is None:
+        return answer_commit(ctx, request, "TxnOffsetCommit", commit)
+    partition, state, guard = verification
+
+    async def verify_then_commit(respond) -> None:
+        tp = (OFFSETS_TOPIC, partition.index)
+        try:
+            errors = await ctx.broker.txn_verifier.verify(request.transactional_id, request.producer_id,
+                                                          request.producer_epoch, [tp])
+        except Exception:  # never leave the request unanswered
+            log.exception("verifying the transaction of %s failed", request.transactional_id)
+            errors = {}
+        error = errors.get(tp, ErrorCode.unknown_server_error)
+        if error == ErrorCode.none:
+            commit(respond)
+            return
+        state.verification_failed(request.producer_id, guard)
+        error = _verification_error(error)
+        metadata = ctx.broker.metadata
+        respond({(topic.name, p.partition_index):
+                 error if (info := metadata.topic(topic.name)) is not None and 0 <= p.partition_index < len(info.partitions)
+                 else ErrorCode.unknown_topic_or_partition
+                 for topic in request.topics for p in topic.partitions})
+
+    return answer_commit(ctx, request, "TxnOffsetCommit",
+                         lambda respond: asyncio.ensure_future(verify_then_commit(respond)))
