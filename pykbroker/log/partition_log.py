@@ -21,6 +21,8 @@ from pykbroker.log.errors import OffsetOutOfRange, RecordTooLarge, UnexpectedApp
 from pykbroker.log.checkpoint import CorruptCheckpoint
 from pykbroker.log.files import Pin, shared_budget
 from pykbroker.log.leader_epoch import LeaderEpochCache
+from pykbroker.log.producer_state import CompletedTxn, ProducerStateManager
+from pykbroker.log.txn_index import TXN_INDEX_SUFFIX, AbortedTxn, TransactionIndex, TxnIndexEntry
 from pykbroker.log.segment import (
     INT32_MAX,
     SEGMENT_SUFFIXES,
@@ -30,7 +32,9 @@ from pykbroker.log.segment import (
     last_offset_in,
     parse_segment_file_name,
     pread_exactly,
+    segment_file_name,
 )
+from pykbroker.protocol.control_records import Marker, marker_batch, read_marker
 from pykbroker.protocol.records import (
     BatchHeader,
     InvalidRecordBatch,
@@ -188,6 +192,10 @@ class PartitionLog:
         # leader-epoch checkpoint): ``take_file_work``, run in order by ``run_file_work``.
         self._file_work: list[Callable[[], None]] = []
         self.rolled_since_flush = False  # lets a "never" fsync policy still flush at rolls, as Kafka does
+        # Producer state (idempotence and transactions): checked and updated by the Partition that owns the log.
+        self.producer_state = ProducerStateManager()
+        # Transaction indexes (.txnindex) of the segments that have any, by segment base offset.
+        self._txn_indexes: dict[int, TransactionIndex] = {}
 
     # -- opening and recovery ----------------------------------------------------------------------------
 
@@ -280,6 +288,8 @@ class PartitionLog:
         if recovered or not epoch_file_usable:
             self._epochs.write()
 
+        self._load_txn_indexes()
+
         self._dirty.update(segment for segment in recovered if segment in self._segments)
         if recovered or self._directory_changed:
             # As Kafka does, loading fsyncs nothing it recovered or created (thousands of small segments
@@ -292,6 +302,25 @@ class PartitionLog:
                 fsync_path(self.directory)
         else:
             self._recovery_point = self._log_end_offset
+
+    def _load_txn_indexes(self) -> None:
+        """Load the segments' .txnindex files; entries past the log end (a recovery cut their markers) go, and
+        a file whose segment is gone is deleted. Entries the log holds but a file lacks (a crash between the
+        marker and the index write) come back when the owner replays the log (``index_aborted``)."""
+        bases = set(self._bases)
+        self._txn_indexes = {}
+        for name in os.listdir(self.directory):
+            if not name.endswith(TXN_INDEX_SUFFIX):
+                continue
+            base = parse_segment_file_name(name.removesuffix(TXN_INDEX_SUFFIX) + ".log")
+            path = self.directory / name
+            if base is None or base not in bases:
+                path.unlink(missing_ok=True)
+                continue
+            index = TransactionIndex.load(path)
+            index.truncate_to(self._log_end_offset)
+            if index.entries:
+                self._txn_indexes[base] = index
 
     def _report_cut(self, segment: Segment, cut: RecoveryCut | None, dropped: list[Segment]) -> None:
         """A WARN naming the partition, the offsets and the bytes a recovery cut (as Kafka logs it)."""
@@ -389,10 +418,84 @@ class PartitionLog:
     def _active(self) -> Segment:
         return self._segments[-1]
 
+    # -- transactions ------------------------------------------------------------------------------------
+
+    @property
+    def first_unstable_offset(self) -> int | None:
+        """The first offset of the earliest transaction that is open or whose marker the high-water mark has
+        not passed yet (Kafka's firstUnstableOffset); None when there is none. ``Partition.last_stable_offset``
+        forgets the ended transactions below the HWM as it asks."""
+        return self.producer_state.first_unstable_offset()
+
+    def aborted_ranges(self, start_offset: int, end_offset: int) -> list[AbortedTxn]:
+        """The aborted transactions overlapping [start_offset, end_offset): last offset >= start and first
+        offset < end, from the transaction indexes of the segment holding ``start_offset`` onward (Kafka's
+        collectAbortedTransactions), in marker order."""
+        indexes = self._txn_indexes
+        out: list[AbortedTxn] = []
+        if not indexes:
+            return out
+        first_base = self._bases[max(bisect_right(self._bases, start_offset) - 1, 0)]
+        for base in sorted(b for b in indexes if b >= first_base):
+            if indexes[base].collect(start_offset, end_offset, out):
+                break
+        return out
+
+    def index_aborted(self, txn: CompletedTxn, last_stable_offset: int) -> None:
+        """Add an aborted transaction to the transaction index of the segment holding its marker (nothing
+        if it is there already: replaying the log after a restart finds the markers again)."""
+        if not txn.is_aborted or txn.last_offset < self._log_start_offset or txn.last_offset >= self._log_end_offset:
+            return
+        base = self._bases[max(bisect_right(self._bases, txn.last_offset) - 1, 0)]
+        index = self._txn_indexes.get(base)
+        if index is None:
+            index = TransactionIndex(self.directory / segment_file_name(base, TXN_INDEX_SUFFIX))
+        elif index.contains(txn.producer_id, txn.first_offset, txn.last_offset):
+            return
+        self._txn_indexes[base] = index
+        self._dirty.add(self._segments[bisect_right(self._bases, base) - 1])
+        try:
+            index.append(TxnIndexEntry(txn.producer_id, txn.first_offset, txn.last_offset, last_stable_offset))
+        except OSError as exc:  # the marker is in the log: a restart's replay writes the entry again
+            log.warning("%s-%d: could not write %s (%s); fetches use the entry, a restart rewrites it",
+                        self.topic, self.partition, index.path.name, exc)
+
+    def append_marker(self, *, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
+                      leader_epoch: int, now_ms: int) -> AppendResult:
+        """Append a COMMIT/ABORT control batch as leader (the caller checked it with the producer state)."""
+        buf = marker_batch(producer_id=producer_id, producer_epoch=producer_epoch, commit=commit,
+                           coordinator_epoch=coordinator_epoch, timestamp_ms=now_ms, partition_leader_epoch=leader_epoch)
+        set_base_offset(buf, 0, self._log_end_offset)
+        header = read_header(buf, 0)
+        self._write(buf, [header], now_ms)
+        return AppendResult(header.base_offset, header.last_offset, -1, self._log_start_offset, [header])
+
+    def headers_and_markers(self, start_offset: int = 0) -> Iterator[tuple[BatchHeader, Marker | None]]:
+        """``headers`` with, for each control batch, its COMMIT/ABORT marker (read from the file: control
+        batches are tiny); what a producer-state replay needs."""
+        for fd, header in self._headers_with_fd(start_offset):
+            marker = None
+            if header.is_control:
+                data = pread_exactly(fd, header.size, header.position)
+                marker = read_marker(data, read_header(data, 0))
+            yield header, marker
+
+    def _truncate_txn_indexes(self, offset: int) -> None:
+        """Drop transaction-index entries whose marker is at or after ``offset`` (log truncation)."""
+        for base in list(self._txn_indexes):
+            index = self._txn_indexes[base]
+            if base >= offset:
+                index.delete()
+                del self._txn_indexes[base]
+            elif index.truncate_to(offset) and not index.entries:
+                del self._txn_indexes[base]
+
     # -- appends -----------------------------------------------------------------------------------------
 
-    def append(self, records: bytes | bytearray | memoryview, *, leader_epoch: int, now_ms: int) -> AppendResult:
+    def append(self, records: bytes | bytearray | memoryview, *, leader_epoch: int, now_ms: int,
+               check_sequence: bool = True) -> AppendResult:
         """Append a producer's batches as leader: validate, assign offsets and epoch in place, write once.
+        ``check_sequence`` False for the group coordinator's batches (no sequence numbers).
 
         Raises CorruptRecordBatch / InvalidRecordBatch (InvalidRecords, RecordErrors) / RecordTooLarge
         before anything is written.
@@ -410,6 +513,7 @@ class PartitionLog:
             log_append_time=config.log_append_time,
             timestamp_before_max_ms=config.message_timestamp_before_max_ms,
             timestamp_after_max_ms=config.message_timestamp_after_max_ms,
+            check_sequence=check_sequence,
         )
         buf = bytearray(records)
         log_append_time = self._config.log_append_time
@@ -598,6 +702,11 @@ class PartitionLog:
 
         The cheap way to rebuild state that lives in headers, such as producer ids and sequences.
         """
+        for _, header in self._headers_with_fd(start_offset):
+            yield header
+
+    def _headers_with_fd(self, start_offset: int) -> Iterator[tuple[int, BatchHeader]]:
+        """(descriptor of its segment, pinned while yielded; header) for ``headers``."""
         log_end = self._log_end_offset
         for segment, position in self._segments_from(start_offset):
             with segment.pin() as fd:
@@ -605,7 +714,7 @@ class PartitionLog:
                     if header.base_offset >= log_end:
                         return
                     if header.last_offset >= start_offset:
-                        yield header
+                        yield fd, header
 
     def _segments_from(self, start_offset: int) -> Iterator[tuple[Segment, int]]:
         """(segment, position to start reading) for the segments that may hold ``start_offset`` and later.
@@ -690,6 +799,7 @@ class PartitionLog:
             self._truncate_fully_and_start_at(offset)
             return
         keep = bisect_right(self._bases, offset)
+        self._truncate_txn_indexes(offset)
         self._retire(self._segments[keep:])
         del self._segments[keep:]
         del self._bases[keep:]
@@ -798,6 +908,12 @@ class PartitionLog:
         """
         for segment in segments:
             self._dirty.discard(segment)
+            index = self._txn_indexes.pop(segment.base_offset, None)
+            if index is not None:
+                if defer:
+                    self._file_work.append(partial(self._delete_txn_index, index))
+                else:
+                    index.delete()
             if defer:  # unlinked and closed in the I/O thread; no reader finds it from now on
                 self._file_work.append(partial(self._delete_segment_files, segment, segment.detach(self.close_later)))
             else:
@@ -816,6 +932,10 @@ class PartitionLog:
         finally:
             if fd >= 0:
                 os.close(fd)
+
+    def _delete_txn_index(self, index: TransactionIndex) -> None:
+        if not self._closed:
+            index.delete()
 
     def _write_epochs(self, snapshot: tuple[int, list[tuple[int, int]]]) -> None:
         """The deferred leader-epoch checkpoint write (any thread); nothing once the log was closed."""
@@ -850,6 +970,8 @@ class PartitionLog:
             if changed_indexes or segment in self._dirty:
                 included.append(segment)
                 paths.extend(segment.path_for(suffix) for suffix in SEGMENT_SUFFIXES)
+                if segment.base_offset in self._txn_indexes:
+                    paths.append(self._txn_indexes[segment.base_offset].path)
         self._dirty.clear()
         self._index_write_failed = index_write_failed
         directory_changed = self._directory_changed

@@ -17,6 +17,15 @@ answers UNKNOWN_PRODUCER_ID (59) from the log for non-transactional producers. T
 "if the current epoch is NO_PRODUCER_EPOCH, accept any sequence", which also covers the later batches of
 that same first request.
 
+Transactions (KIP-98, Kafka's ProducerAppendInfo.appendDataBatch / appendEndTxnMarker): a transactional
+batch starts the producer's transaction in this partition (its first offset is remembered) or continues it;
+a non-transactional batch from a producer whose transaction is open is INVALID_TXN_STATE (48). A COMMIT or
+ABORT marker (a control batch the coordinator has the leader write) ends it: a marker whose producer epoch
+is below the producer's is INVALID_PRODUCER_EPOCH (47), one whose coordinator epoch is below the last one
+seen for the producer TRANSACTION_COORDINATOR_FENCED (52). An ended transaction stays "unstable" until the
+high-water mark passes its marker (Kafka's unreplicatedTxns); the first offset of the earliest open or
+unstable transaction is the partition's first unstable offset, which bounds the last stable offset.
+
 The state is rebuilt on start by replaying batch headers from the log (the way Kafka replays the log tail
 after its last snapshot), with no validation, since the log is the truth. Expiry follows Kafka: a producer
 whose last batch's max timestamp is ``producer.id.expiration.ms`` old or more is forgotten.
@@ -27,17 +36,33 @@ from __future__ import annotations
 import json
 from collections import deque
 from dataclasses import astuple, dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable, NamedTuple
 
+from pykbroker.protocol.control_records import Marker
 from pykbroker.protocol.records import NO_PRODUCER_EPOCH, NO_SEQUENCE, BatchHeader
 
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 INVALID_PRODUCER_EPOCH = 47
+INVALID_TXN_STATE = 48
+TRANSACTION_COORDINATOR_FENCED = 52
 UNKNOWN_PRODUCER_ID = 59  # kept for callers that map errors; Kafka 3.x does not raise it from the log
 
 INT32_MAX = (1 << 31) - 1
 DEFAULT_PRODUCER_ID_EXPIRATION_MS = 86_400_000  # producer.id.expiration.ms
 NUM_BATCHES_TO_RETAIN = 5  # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN (= max.in.flight per connection)
+
+
+NO_TXN = -1  # no transaction open (Kafka's empty currentTxnFirstOffset)
+NO_COORDINATOR_EPOCH = -1
+
+
+class CompletedTxn(NamedTuple):
+    """A transaction a marker ended: its first offset, the marker's offset, whether it was aborted."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    is_aborted: bool
 
 
 class ProducerStateError(Exception):
@@ -74,6 +99,8 @@ class ProducerEntry:
     epoch: int = NO_PRODUCER_EPOCH
     last_timestamp: int = -1  # max timestamp of the producer's last batch, used for expiry (as Kafka does)
     batches: deque[BatchMetadata] = field(default_factory=deque)
+    coordinator_epoch: int = NO_COORDINATOR_EPOCH  # of the last marker written for this producer
+    current_txn_first_offset: int = NO_TXN  # first offset of its open transaction in this partition
 
     @property
     def last_seq(self) -> int:
@@ -113,6 +140,10 @@ class ProducerStateManager:
             raise ValueError("max_cached_batches must be at least 1")
         self._max_cached_batches = max_cached_batches
         self._producers: dict[int, ProducerEntry] = {}
+        # Open transactions, first offset -> producer id (Kafka's ongoingTxns), and ended ones whose marker the
+        # high-water mark has not passed yet, first offset -> CompletedTxn (Kafka's unreplicatedTxns).
+        self._ongoing: dict[int, int] = {}
+        self._unreplicated: dict[int, CompletedTxn] = {}
         self.next_offset = 0  # the offset after the last batch recorded: where a replay would continue
 
     # -- queries ---------------------------------------------------------------------------------------
@@ -126,46 +157,105 @@ class ProducerStateManager:
     def __len__(self) -> int:
         return len(self._producers)
 
+    @property
+    def has_unstable(self) -> bool:
+        """Whether any transaction is open or not yet below the high-water mark (cheap: the fast path)."""
+        return bool(self._ongoing or self._unreplicated)
+
+    def first_unstable_offset(self, high_watermark: int | None = None) -> int | None:
+        """The first offset of the earliest open transaction, or ended one whose marker is at or above the
+        high-water mark (Kafka's firstUnstableOffset); None if there is none. With ``high_watermark`` the ended
+        transactions below it are forgotten first (Kafka's onHighWatermarkUpdated)."""
+        unreplicated = self._unreplicated
+        if unreplicated and high_watermark is not None:
+            for first in [f for f, txn in unreplicated.items() if txn.last_offset < high_watermark]:
+                del unreplicated[first]
+        if not (self._ongoing or unreplicated):
+            return None
+        return min(min(self._ongoing, default=self.next_offset), min(unreplicated, default=self.next_offset))
+
+    def ongoing_transactions(self) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the open transactions, by first offset."""
+        return [(pid, first) for first, pid in sorted(self._ongoing.items())]
+
+    def last_stable_offset_after(self, completed: CompletedTxn) -> int:
+        """Kafka's ProducerStateManager.lastStableOffset(completedTxn): where the LSO would be once this
+        transaction is stable (the first offset of another open transaction, else the marker's next offset);
+        stored in the transaction index."""
+        others = [first for first, pid in self._ongoing.items() if pid != completed.producer_id]
+        return min(others) if others else completed.last_offset + 1
+
     # -- before an append ------------------------------------------------------------------------------
 
     def check(self, header: BatchHeader) -> DuplicateBatch | None:
         """Check one batch against the recorded state; see ``check_batches``."""
         return self.check_batches((header,))
 
-    def check_batches(self, headers: Iterable[BatchHeader]) -> DuplicateBatch | None:
+    def check_batches(self, headers: Iterable[BatchHeader], *, check_sequence: bool = True) -> DuplicateBatch | None:
         """Check the batches of one records field, in order, without changing any state.
 
         Returns the original offsets if a batch is a retry of one already appended (as Kafka does, the whole
-        records field is then answered with them and nothing is appended). Raises ProducerStateError (45 or
-        47) when a batch breaks the rules. Batches without a producer id pass. Later batches of the same
+        records field is then answered with them and nothing is appended). Raises ProducerStateError (45, 47
+        or 48) when a batch breaks the rules. Batches without a producer id pass. Later batches of the same
         producer are checked against the earlier ones of the same field, as if those had been appended.
+        ``check_sequence`` False is Kafka's AppendOrigin.Coordinator (the group coordinator's transactional
+        offset batches carry no sequence): epochs and transaction rules are still checked.
         """
-        pending: dict[int, tuple[int, int]] = {}  # producer id -> (epoch, last sequence) within this field
+        pending: dict[int, tuple[int, int, bool]] = {}  # producer id -> (epoch, last sequence, in txn) in this field
         for header in headers:
             producer_id = header.producer_id
             if producer_id < 0:
                 continue
             entry = self._producers.get(producer_id)
-            if entry is not None:
+            if entry is not None and check_sequence:
                 duplicate = entry.find_duplicate(header)
                 if duplicate is not None:
                     return DuplicateBatch(duplicate.first_offset, duplicate.last_offset, duplicate.log_append_time_ms)
-            _validate(header, entry, pending.get(producer_id))
-            pending[producer_id] = (header.producer_epoch, header.last_sequence)
+            before = pending.get(producer_id)
+            _validate(header, entry, before, check_sequence)
+            in_txn = before[2] if before is not None else (entry is not None and entry.current_txn_first_offset != NO_TXN)
+            transactional = header.is_transactional
+            if in_txn and not transactional:
+                raise ProducerStateError(
+                    INVALID_TXN_STATE, f"expected a transactional write from producer {producer_id}: its transaction is open"
+                )
+            pending[producer_id] = (header.producer_epoch, header.last_sequence, in_txn or transactional)
         return None
+
+    def check_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> None:
+        """Kafka's appendEndTxnMarker checks for a marker the coordinator asks this leader to write: a producer
+        epoch below the producer's is INVALID_PRODUCER_EPOCH, a coordinator epoch below the last one seen for
+        it TRANSACTION_COORDINATOR_FENCED. A producer with no state here passes (Kafka writes the marker)."""
+        entry = self._producers.get(producer_id)
+        if entry is None:
+            return
+        if producer_epoch < entry.epoch:
+            raise ProducerStateError(
+                INVALID_PRODUCER_EPOCH,
+                f"marker for producer {producer_id} has epoch {producer_epoch}, older than the known epoch {entry.epoch}",
+            )
+        if coordinator_epoch < entry.coordinator_epoch:
+            raise ProducerStateError(
+                TRANSACTION_COORDINATOR_FENCED,
+                f"marker for producer {producer_id} has coordinator epoch {coordinator_epoch}, older than the last "
+                f"one seen, {entry.coordinator_epoch}",
+            )
 
     # -- after an append, and when replaying the log ---------------------------------------------------
 
-    def update(self, header_after_append: BatchHeader, append_time_ms: int) -> None:
+    def update(self, header_after_append: BatchHeader, append_time_ms: int, marker: Marker | None = None,
+               ) -> CompletedTxn | None:
         """Record a batch that was appended; its header must carry the assigned base offset.
 
         ``append_time_ms`` is what a retry of this batch will be answered with as log_append_time: the
-        append time for LogAppendTime topics, -1 for CreateTime (what the Produce response said).
+        append time for LogAppendTime topics, -1 for CreateTime (what the Produce response said). For a
+        control batch, ``marker`` is its COMMIT/ABORT marker: the producer's transaction ends, and the
+        CompletedTxn is returned (None when the producer had no open transaction here: an empty one).
         """
         header = header_after_append
         self.next_offset = max(self.next_offset, header.next_offset)
         if header.producer_id < 0:
-            return
+            return None
         entry = self._producers.get(header.producer_id)
         if entry is None:
             entry = self._producers[header.producer_id] = ProducerEntry(header.producer_id)
@@ -173,27 +263,62 @@ class ProducerStateManager:
         entry.last_timestamp = header.max_timestamp
         if header.is_control:
             # A transaction marker moves the epoch but carries no data sequence.
-            return
+            if marker is None:
+                return None
+            entry.coordinator_epoch = marker.coordinator_epoch
+            first = entry.current_txn_first_offset
+            if first == NO_TXN:
+                return None
+            entry.current_txn_first_offset = NO_TXN
+            self._ongoing.pop(first, None)
+            completed = CompletedTxn(header.producer_id, first, header.base_offset, not marker.commit)
+            self._unreplicated[first] = completed
+            return completed
+        if header.is_transactional and entry.current_txn_first_offset == NO_TXN:
+            entry.current_txn_first_offset = header.base_offset
+            self._ongoing[header.base_offset] = header.producer_id
         if len(entry.batches) >= self._max_cached_batches:
             entry.batches.popleft()
         entry.batches.append(
             BatchMetadata(header.base_sequence, header.last_sequence, header.base_offset, header.last_offset, append_time_ms)
         )
+        return None
 
     def replay(self, headers: Iterable[BatchHeader]) -> None:
         """Apply batches read back from the log on top of the current state (no validation: the log is the truth)."""
         for header in headers:
             self.update(header, append_time_of(header))
 
+    def replay_with_markers(self, items: Iterable[tuple[BatchHeader, Marker | None]], *,
+                            on_completed: Callable[[CompletedTxn, int], None] | None = None,
+                            stable_below: int | None = None) -> None:
+        """``replay`` of (header, marker of a control batch or None) pairs. Each transaction a marker ends is
+        passed to ``on_completed`` with the LSO it leaves (for the transaction index); ended transactions whose
+        marker is below ``stable_below`` (the high-water mark) are stable at once."""
+        for header, marker in items:
+            txn = self.update(header, append_time_of(header), marker)
+            if txn is not None:
+                if on_completed is not None:
+                    on_completed(txn, self.last_stable_offset_after(txn))
+                if stable_below is not None and txn.last_offset < stable_below:
+                    del self._unreplicated[txn.first_offset]
+
     def rebuild(self, headers: Iterable[BatchHeader]) -> None:
         """Forget everything and replay the log from its first batch (on start, or after the log was truncated)."""
-        self._producers.clear()
-        self.next_offset = 0
+        self.clear()
         self.replay(headers)
 
+    def clear(self) -> None:
+        self._producers.clear()
+        self._ongoing.clear()
+        self._unreplicated.clear()
+        self.next_offset = 0
+
     def expire(self, now_ms: int, expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS) -> int:
-        """Forget producers whose last batch is ``expiration_ms`` old or more; returns how many were dropped."""
-        expired = [pid for pid, e in self._producers.items() if now_ms - e.last_timestamp >= expiration_ms]
+        """Forget producers whose last batch is ``expiration_ms`` old or more, never one with an open transaction;
+        returns how many were dropped."""
+        expired = [pid for pid, e in self._producers.items()
+                   if now_ms - e.last_timestamp >= expiration_ms and e.current_txn_first_offset == NO_TXN]
         for producer_id in expired:
             del self._producers[producer_id]
         return len(expired)
@@ -203,24 +328,34 @@ class ProducerStateManager:
     def snapshot(self) -> bytes:
         """The whole state as bytes; ``load_snapshot`` then ``replay`` of the batches from ``next_offset`` on."""
         producers = [
-            [e.producer_id, e.epoch, e.last_timestamp, [list(astuple(b)) for b in e.batches]]
+            [e.producer_id, e.epoch, e.last_timestamp, [list(astuple(b)) for b in e.batches], e.coordinator_epoch,
+             e.current_txn_first_offset]
             for e in self._producers.values()
         ]
-        return json.dumps({"version": 1, "next_offset": self.next_offset, "producers": producers}).encode()
+        unreplicated = [list(txn) for txn in self._unreplicated.values()]
+        return json.dumps({"version": 2, "next_offset": self.next_offset, "producers": producers,
+                           "unreplicated": unreplicated}).encode()
 
     def load_snapshot(self, data: bytes) -> None:
         state = json.loads(data)
-        if state.get("version") != 1:
+        if state.get("version") not in (1, 2):
             raise ValueError(f"unknown producer state snapshot version {state.get('version')}")
-        self._producers.clear()
+        self.clear()
         self.next_offset = state["next_offset"]
-        for producer_id, epoch, last_timestamp, batches in state["producers"]:
+        for producer_id, epoch, last_timestamp, batches, *txn in state["producers"]:
             entry = ProducerEntry(producer_id, epoch, last_timestamp)
             entry.batches.extend(BatchMetadata(*b) for b in batches[-self._max_cached_batches :])
+            if txn:
+                entry.coordinator_epoch, entry.current_txn_first_offset = txn
+                if entry.current_txn_first_offset != NO_TXN:
+                    self._ongoing[entry.current_txn_first_offset] = producer_id
             self._producers[producer_id] = entry
+        for producer_id, first, last, aborted in state.get("unreplicated", ()):
+            self._unreplicated[first] = CompletedTxn(producer_id, first, last, aborted)
 
 
-def _validate(header: BatchHeader, entry: ProducerEntry | None, pending: tuple[int, int] | None) -> None:
+def _validate(header: BatchHeader, entry: ProducerEntry | None, pending: tuple[int, int, bool] | None,
+              check_sequence: bool = True) -> None:
     """Kafka's ProducerAppendInfo.checkProducerEpoch + checkSequence for a client append.
 
     ``entry`` is the state before this records field; ``pending`` the (epoch, last sequence) left by earlier
@@ -232,7 +367,7 @@ def _validate(header: BatchHeader, entry: ProducerEntry | None, pending: tuple[i
     where = f"producer {header.producer_id} (epoch {epoch}, sequence {first_seq})"
     if epoch < updated_epoch:
         raise ProducerStateError(INVALID_PRODUCER_EPOCH, f"{where}: epoch is older than the known epoch {updated_epoch}")
-    if header.is_control:
+    if header.is_control or not check_sequence:
         return
     if epoch != updated_epoch:
         if first_seq != 0 and updated_epoch != NO_PRODUCER_EPOCH:

@@ -242,6 +242,7 @@ def validate_client_records(
     timestamp_before_max_ms: int = LONG_MAX,
     timestamp_after_max_ms: int = LONG_MAX,
     max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES,
+    check_sequence: bool = True,
 ) -> list[int]:
     """Validate the records of a producer's batches as Kafka's LogValidator does for client appends.
 
@@ -249,7 +250,8 @@ def validate_client_records(
     is the topic's message.timestamp.type: with LogAppendTime the broker stamps the batch and record
     timestamps are not checked. Raises InvalidRecords or RecordErrors. Returns each batch's true max
     timestamp (base timestamp + the largest record delta): Kafka rewrites a CreateTime batch's
-    maxTimestamp to it when the producer's differs, and so does the log.
+    maxTimestamp to it when the producer's differs, and so does the log. ``check_sequence`` False: the group
+    coordinator's transactional offset batches (Kafka's AppendOrigin.Coordinator) carry no sequence.
     """
     view = memoryview(buf)
     max_timestamps = []
@@ -261,7 +263,7 @@ def validate_client_records(
             raise InvalidRecords(
                 f"inconsistent batch offset range [0, {header.last_offset_delta}] and count of records {count}"
             )
-        if header.has_producer_id and header.base_sequence < 0:
+        if check_sequence and header.has_producer_id and header.base_sequence < 0:
             raise InvalidRecords(
                 f"invalid sequence number {header.base_sequence} in record batch with producerId {header.producer_id}"
             )

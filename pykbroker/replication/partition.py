@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 from pykbroker.log.errors import OffsetOutOfRange
 from pykbroker.log.partition_log import AppendResult, PartitionLog
-from pykbroker.log.producer_state import ProducerStateManager
+from pykbroker.log.producer_state import CompletedTxn
+from pykbroker.protocol.control_records import Marker, read_marker
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.protocol.records import InvalidRecordBatch, iter_headers
 
@@ -185,7 +186,7 @@ class Partition:
         # Kafka's isReplicaIsrEligible (ZooKeeper mode: the broker is alive in the metadata cache): only such
         # a replica may join the ISR, and only such a caught-up replica holds the HWM back before it joins.
         self.isr_eligible = isr_eligible
-        self.producer_state = ProducerStateManager()
+        self.producer_state = log.producer_state
         # Replication state.
         self.role = Role.NONE
         self.is_leader = False
@@ -244,7 +245,26 @@ class Partition:
         return list(self._remote.values())
 
     def rebuild_producer_state(self) -> None:
-        self.producer_state.rebuild(self.log.headers(self.log.log_start_offset))
+        """Replay the log's batch headers (and markers) into a fresh producer state: open transactions come
+        back, and aborted ones whose transaction-index entry a crash lost are indexed again."""
+        state = self.producer_state
+        state.clear()
+        state.replay_with_markers(self.log.headers_and_markers(self.log.log_start_offset),
+                                  on_completed=self._completed_txn, stable_below=self.high_watermark)
+
+    def _completed_txn(self, txn: CompletedTxn, last_stable_offset: int) -> None:
+        if txn.is_aborted:
+            self.log.index_aborted(txn, last_stable_offset)
+
+    @property
+    def last_stable_offset(self) -> int:
+        """min(high-water mark, first unstable offset): consumers reading committed data stop here."""
+        hwm = self.high_watermark
+        state = self.producer_state
+        if not state.has_unstable:
+            return hwm
+        first = state.first_unstable_offset(hwm)
+        return hwm if first is None else min(hwm, first)
 
     # -- LeaderAndIsr -----------------------------------------------------------------------------
     def init_single_broker(self, leader_epoch: int) -> None:
@@ -361,8 +381,15 @@ class Partition:
         return False
 
     def _hwm_moved(self) -> None:
+        self._stabilize()
         self.complete_delayed_produces()
         self._wake(self._hwm_waiters)
+
+    def _stabilize(self) -> None:
+        """Ended transactions whose marker is now below the HWM are stable (Kafka's onHighWatermarkUpdated),
+        so ``log.first_unstable_offset`` is current without a ``last_stable_offset`` call."""
+        if self.producer_state.has_unstable:
+            self.producer_state.first_unstable_offset(self.high_watermark)
 
     def update_follower_fetch_state(
         self, replica_id: int, fetch_offset: int, log_start_offset: int, now_ms: int, leader_end_offset: int
@@ -501,7 +528,9 @@ class Partition:
         self.pending_isr_change = None
 
     # -- leader appends ---------------------------------------------------------------------------
-    def append(self, records, now: int) -> AppendOutcome:
+    def append(self, records, now: int, *, check_sequence: bool = True) -> AppendOutcome:
+        """Append a producer's records field as leader; ``check_sequence`` False for the group coordinator's
+        transactional offset batches (Kafka's AppendOrigin.Coordinator)."""
         headers = list(iter_headers(records))
         if not headers:
             raise InvalidRecordBatch("no record batch in the records field")
@@ -510,17 +539,22 @@ class Partition:
         idempotent = [h for h in headers if h.has_producer_id]
         if idempotent:
             # A retried batch is answered with its original offsets and nothing is appended (Kafka's rule).
-            duplicate = self.producer_state.check_batches(idempotent)
+            duplicate = self.producer_state.check_batches(idempotent, check_sequence=check_sequence)
             if duplicate is not None:
                 return AppendOutcome(
                     ErrorCode.none, duplicate.base_offset, duplicate.log_append_time_ms, self.log.log_start_offset,
                     last_offset=duplicate.last_offset, has_followers=bool(self._remote),
                 )
-        result = self.log.append(records, leader_epoch=self.leader_epoch, now_ms=now)
+        result = self.log.append(records, leader_epoch=self.leader_epoch, now_ms=now, check_sequence=check_sequence)
         if idempotent:
             for header in result.headers:
                 if header.has_producer_id:
                     self.producer_state.update(header, result.log_append_time_ms)
+        self._appended(now)
+        return AppendOutcome(ErrorCode.none, result.base_offset, result.log_append_time_ms, result.log_start_offset,
+                             last_offset=result.last_offset, has_followers=bool(self._remote))
+
+    def _appended(self, now: int) -> None:
         if self._remote:
             self._wake(self._leo_waiters)
             if self._maybe_increment_hwm(now):
@@ -530,7 +564,23 @@ class Partition:
                 self._wake(self._hwm_waiters)
             if self._leo_waiters:
                 self._wake(self._leo_waiters)
-        return AppendOutcome(ErrorCode.none, result.base_offset, result.log_append_time_ms, result.log_start_offset,
+
+    def append_marker(self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
+                      now: int) -> AppendOutcome:
+        """Write a COMMIT/ABORT marker as leader (WriteTxnMarkers): Kafka's checks first (raises
+        ProducerStateError 47 / 52), then the control batch; the producer's transaction here ends, an abort
+        is added to the transaction index, and the LSO moves once the HWM passes the marker."""
+        state = self.producer_state
+        state.check_marker(producer_id, producer_epoch, coordinator_epoch)
+        result = self.log.append_marker(producer_id=producer_id, producer_epoch=producer_epoch, commit=commit,
+                                        coordinator_epoch=coordinator_epoch, leader_epoch=self.leader_epoch, now_ms=now)
+        header = result.headers[0]
+        txn = state.update(header, -1, Marker(commit, coordinator_epoch))
+        if txn is not None:
+            self._completed_txn(txn, state.last_stable_offset_after(txn))
+        self._appended(now)
+        self._stabilize()
+        return AppendOutcome(ErrorCode.none, result.base_offset, -1, result.log_start_offset,
                              last_offset=result.last_offset, has_followers=bool(self._remote))
 
     # -- DeleteRecords (leader side) ---------------------------------------------------------------
@@ -570,7 +620,10 @@ class Partition:
         """Append batches fetched from the leader as they are (offsets and epochs kept); raises the log's
         UnexpectedAppendOffset / InvalidRecordBatch. Producer state follows, so this replica can lead later."""
         result = self.log.append_as_follower(records, now_ms=now_ms)
-        self.producer_state.replay(h for h in result.headers if h.has_producer_id)
+        self.producer_state.replay_with_markers(
+            ((h, read_marker(records, h) if h.is_control else None) for h in result.headers if h.has_producer_id),
+            on_completed=self._completed_txn,
+        )
         self._wake(self._leo_waiters)
         return result
 
@@ -580,6 +633,7 @@ class Partition:
         if new == self._hwm:
             return False
         self._hwm = new
+        self._stabilize()
         self._wake(self._hwm_waiters)
         return True
 

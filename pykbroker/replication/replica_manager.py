@@ -356,7 +356,11 @@ class ReplicaManager:
         return self._partitions.values()
 
     # -- produce ----------------------------------------------------------------------------------
-    def append(self, topic: str, index: int, records, *, acks: int, min_insync_replicas: int) -> AppendOutcome:
+    def append(self, topic: str, index: int, records, *, acks: int, min_insync_replicas: int,
+               origin: str = "client") -> AppendOutcome:
+        """Append a records field as leader. ``origin="coordinator"`` (Kafka's AppendOrigin.Coordinator: the
+        group coordinator's transactional offset batches) skips the sequence checks; epochs and the
+        transaction rules still apply."""
         partition = self._partitions.get((topic, index))
         if partition is None:
             return AppendOutcome(ErrorCode.unknown_topic_or_partition)
@@ -368,7 +372,7 @@ class ReplicaManager:
                 message=f"ISR has {len(partition.isr)} replicas, min.insync.replicas is {min_insync_replicas}",
             )
         try:
-            outcome = partition.append(records, now_ms())
+            outcome = partition.append(records, now_ms(), check_sequence=origin != "coordinator")
         except OSError as exc:
             log.debug("%s-%d: append refused with KAFKA_STORAGE_ERROR: %s", topic, index, exc)
             self.storage_errors.failed(partition.log.directory.parent, (topic, index), exc)
@@ -390,6 +394,26 @@ class ReplicaManager:
         if self.storage_errors.any_failing:  # (the produce path pays one attribute test)
             self.storage_errors.succeeded(partition.log.directory.parent)
         return outcome
+
+    def append_marker(self, topic: str, index: int, *, producer_id: int, producer_epoch: int, commit: bool,
+                      coordinator_epoch: int, min_insync_replicas: int = 1) -> AppendOutcome:
+        """Write a transaction marker as leader (WriteTxnMarkers): NOT_LEADER_OR_FOLLOWER,
+        UNKNOWN_TOPIC_OR_PARTITION, INVALID_PRODUCER_EPOCH, TRANSACTION_COORDINATOR_FENCED,
+        KAFKA_STORAGE_ERROR, or NONE with the marker's offset (the caller waits for the ISR)."""
+        partition = self._partitions.get((topic, index))
+        if partition is None:
+            return AppendOutcome(ErrorCode.unknown_topic_or_partition)
+        if not partition.is_leader:
+            return AppendOutcome(ErrorCode.not_leader_or_follower)
+        if len(partition.isr) < min_insync_replicas:
+            return AppendOutcome(ErrorCode.not_enough_replicas)
+        try:
+            return partition.append_marker(producer_id, producer_epoch, commit, coordinator_epoch, now_ms())
+        except ProducerStateError as exc:
+            return AppendOutcome(ErrorCode(exc.error_code), message=str(exc))
+        except OSError as exc:
+            self.storage_errors.failed(partition.log.directory.parent, (topic, index), exc)
+            return AppendOutcome(ErrorCode.kafka_storage_error, message=f"storage error: {exc.strerror or exc}")
 
     def needs_replication_wait(self, topic: str, index: int, outcome: AppendOutcome, min_insync_replicas: int) -> bool:
         """Whether an acks=all append must wait for the ISR (never on a single broker: its HWM is the log end)."""
@@ -462,9 +486,14 @@ class ReplicaManager:
                     partition.remove_low_watermark_waiter(waiter)
 
     # -- fetch ------------------------------------------------------------------------------------
-    def read(self, partition: Partition, offset: int, max_bytes: int, *, min_one: bool, up_to_hwm: bool = True) -> ReadResult:
-        """Whole batches from ``offset``; consumers never see past the high-water mark. Raises OffsetOutOfRange."""
-        upper = partition.high_watermark if up_to_hwm else None
+    def read(self, partition: Partition, offset: int, max_bytes: int, *, min_one: bool, up_to_hwm: bool = True,
+             read_committed: bool = False) -> ReadResult:
+        """Whole batches from ``offset``; consumers never see past the high-water mark, read_committed ones
+        past the last stable offset. Raises OffsetOutOfRange."""
+        if read_committed:
+            upper = partition.last_stable_offset
+        else:
+            upper = partition.high_watermark if up_to_hwm else None
         return partition.log.read(offset, max_bytes, upper_bound=upper, min_one=min_one)
 
     def watch(self, partitions: list[Partition], *, follower: bool = False) -> PartitionWatch:

@@ -1,8 +1,8 @@
 """DescribeProducers (key 61), v0: ``kafka-transactions.sh describe-producers``, AdminClient.describeProducers.
 
 Behaviour, as Kafka's ReplicaManager.activeProducerState: per partition this broker leads, the producer ids
-its producer state holds (idempotent producers; their epoch, last sequence, the max timestamp of their last
-batch), coordinator epoch -1 and no current transaction (-1: pykbroker has no transactions). Errors:
+its producer state holds (their epoch, last sequence, the max timestamp of their last batch, the coordinator
+epoch of their last marker, -1 before any) and the first offset of their open transaction (-1: none). Errors:
 UNKNOWN_TOPIC_OR_PARTITION for a partition not in the metadata, NOT_LEADER_OR_FOLLOWER for one not led here.
 """
 
@@ -12,10 +12,6 @@ from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
 from pykbroker.server.handlers._epochs import leader_partition
-
-NO_COORDINATOR_EPOCH = -1
-NO_TRANSACTION = -1
-
 
 def _partition(ctx: RequestContext, schema, topic: str, index: int) -> object:
     info = ctx.broker.metadata.topic(topic)
@@ -33,7 +29,8 @@ def _partition(ctx: RequestContext, schema, topic: str, index: int) -> object:
             producers = tuple(
                 make(schema.ProducerState, producer_id=entry.producer_id, producer_epoch=entry.epoch,
                      last_sequence=entry.last_seq, last_timestamp=entry.last_timestamp,
-                     coordinator_epoch=NO_COORDINATOR_EPOCH, current_txn_start_offset=NO_TRANSACTION)
+                     coordinator_epoch=entry.coordinator_epoch,
+                     current_txn_start_offset=entry.current_txn_first_offset)
                 for entry in (state.entry(pid) for pid in state.producer_ids()) if entry is not None
             )
     return make(schema.PartitionResponse, partition_index=index, error_code=error, error_message=message,

@@ -18,6 +18,11 @@ FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH for a stale or future current_leader_
 leadership, each time a long poll wakes, as Kafka's DelayedFetch does). v12+: a fetch whose
 last_fetched_epoch ended below its fetch offset on this leader gets diverging_epoch (KIP-595's truncation on
 fetch; followers truncate to it, see replication/fetcher.py).
+Transactions: isolation_level 1 (read_committed) reads up to the last stable offset, never past it, and gets
+aborted_transactions (producer id, first offset) of the aborted transactions overlapping what it read, from
+the transaction indexes (an empty list when there are none; null for read_uncommitted, as Kafka answers);
+every fetch answers the partition's last stable offset. A read_committed long poll parked for data wakes
+when the HWM moves (which is when the LSO can move: a marker is stable once the HWM passes it).
 """
 
 from __future__ import annotations
@@ -94,6 +99,7 @@ def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, 
     """
     replicas = ctx.broker.replicas
     is_follower = replica_id >= 0
+    read_committed = not is_follower and getattr(ctx.request.body, "isolation_level", 0) == READ_COMMITTED
     now = replicas.clock() if is_follower else 0
     quota = replicas.leader_quota if is_follower else None
     throttled_bytes = 0
@@ -106,6 +112,7 @@ def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, 
         for wanted in wanted_topic:
             records = b""
             diverging = None
+            aborted = ()
             error = wanted.error
             partition = wanted.partition
             if error == ErrorCode.none and partition is not None and replicas.partition(partition.topic, partition.index) is not partition:
@@ -120,7 +127,9 @@ def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, 
                         diverging = partition.diverging_epoch(wanted.offset, wanted.last_fetched_epoch)
                     if diverging is None:
                         records = _read_one(replicas, partition, wanted, min(wanted.max_bytes, remaining),
-                                            total == 0, replica_id, now)
+                                            total == 0, replica_id, now, read_committed)
+                        if read_committed and records:
+                            aborted = partition.log.aborted_ranges(wanted.offset, partition.last_stable_offset)
                         if quota is not None and quota.is_throttled(partition.topic, partition.index):
                             # Kafka's shouldLeaderThrottle: a follower outside the ISR gets nothing while the
                             # leader's replication quota is exceeded (its fetch state was still updated).
@@ -133,28 +142,29 @@ def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, 
                 answer_now = True
             total += len(records)
             remaining -= len(records)
-            topic_results.append((wanted, error, records, diverging))
+            topic_results.append((wanted, error, records, diverging, aborted))
         results.append(topic_results)
     if throttled_bytes:
         quota.record(throttled_bytes)
     return results, total, answer_now
 
 
-def _read_one(replicas, partition: Partition, wanted: _Wanted, limit: int, min_one: bool, replica_id: int, now: int):
+def _read_one(replicas, partition: Partition, wanted: _Wanted, limit: int, min_one: bool, replica_id: int, now: int,
+              read_committed: bool = False):
     """One partition's records; a follower's read goes to the log end and records its progress."""
     if replica_id >= 0:
         leader_end = partition.log.log_end_offset  # before the read, as Kafka's readRecords
         read = replicas.read(partition, wanted.offset, max(limit, 0), min_one=min_one, up_to_hwm=False)
         partition.update_follower_fetch_state(replica_id, wanted.offset, wanted.log_start_offset, now, leader_end)
     else:
-        read = replicas.read(partition, wanted.offset, max(limit, 0), min_one=min_one)
+        read = replicas.read(partition, wanted.offset, max(limit, 0), min_one=min_one, read_committed=read_committed)
     return FileRecords(read) if read.slices else b""
 
 
 def _count_out(stats, results, replica_id: int) -> None:
     """Record bytes sent, for /metrics: per topic to consumers, in total to followers (as Kafka splits them)."""
     for topic_results in results:
-        for wanted, _, records, _ in topic_results:
+        for wanted, _, records, _, _ in topic_results:
             if records and wanted.partition is not None:
                 if replica_id >= 0:
                     stats.replication_bytes_out += len(records)
@@ -169,22 +179,25 @@ def _respond(ctx: RequestContext, schema, results, session_id: int = NO_SESSION,
         _count_out(stats, results, replica_id)
     by_id = ctx.version >= 13
     # Kafka sends an empty aborted-transactions list to read_committed fetchers and null to the others.
-    aborted = () if getattr(ctx.request.body, "isolation_level", 0) == READ_COMMITTED else None
+    read_committed = getattr(ctx.request.body, "isolation_level", 0) == READ_COMMITTED
     responses = []
     for topic_results in results:
         partitions = []
-        for wanted, code, records, diverging in topic_results:
+        for wanted, code, records, diverging, aborted in topic_results:
             partition = wanted.partition
             hwm = partition.high_watermark if partition is not None else -1
+            lso = partition.last_stable_offset if partition is not None else -1
             partitions.append(
                 make(
                     schema.PartitionData,
                     partition_index=wanted.index,
                     error_code=code,
                     high_watermark=hwm,
-                    last_stable_offset=hwm,  # no transactions: everything below the HWM is stable
+                    last_stable_offset=lso,
                     log_start_offset=partition.log.log_start_offset if partition is not None else -1,
-                    aborted_transactions=aborted,
+                    aborted_transactions=tuple(
+                        make(schema.AbortedTransaction, producer_id=txn.producer_id, first_offset=txn.first_offset)
+                        for txn in aborted) if read_committed else None,
                     preferred_read_replica=-1,
                     records=records,
                     **({} if diverging is None else {

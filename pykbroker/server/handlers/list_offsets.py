@@ -1,7 +1,8 @@
 """ListOffsets (key 2), v1-9.
 
-Behaviour per partition: timestamp -1 (LATEST) answers the high-water mark (the last stable offset is the
-same: no transactions); -2 (EARLIEST) and -4 (EARLIEST_LOCAL) the log start offset; -3 (MAX_TIMESTAMP,
+Behaviour per partition: timestamp -1 (LATEST) answers the high-water mark, or the last stable offset for
+isolation_level 1 (read_committed, v2+), as Kafka's fetchOffsetForTimestamp; a timestamp lookup never
+answers an offset at or past that bound either; -2 (EARLIEST) and -4 (EARLIEST_LOCAL) the log start offset; -3 (MAX_TIMESTAMP,
 v7+) the offset of the record with the largest timestamp; -5 (LATEST_TIERED, v9) -1 since nothing is
 tiered; any other timestamp the first offset whose timestamp is >= it, through the time index, or -1 if
 none. Errors: UNKNOWN_TOPIC_OR_PARTITION, FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH (v4+),
@@ -21,16 +22,23 @@ from pykbroker.server.handlers._epochs import NO_EPOCH, leader_partition
 
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -1, -2, -3, -4, -5
 CONSUMER_REPLICA_ID, DEBUGGING_REPLICA_ID = -1, -2
+READ_COMMITTED = 1
 
 
-def _lookup(partition: Partition, timestamp: int, from_client: bool) -> tuple[ErrorCode, int, int]:
+def _lookup(partition: Partition, timestamp: int, from_client: bool, read_committed: bool = False,
+            ) -> tuple[ErrorCode, int, int]:
     """(error, timestamp, offset) answered for one partition (Kafka's Partition.fetchOffsetForTimestamp).
 
     A client's lookups stop at the high-water mark, a replica's at the log end; a client asking a new leader
     whose HWM is still below the start of its epoch gets OFFSET_NOT_AVAILABLE for LATEST, and for a timestamp
     whose offset is not below the HWM."""
     log = partition.log
-    last_fetchable = partition.high_watermark if from_client else log.log_end_offset
+    if not from_client:
+        last_fetchable = log.log_end_offset
+    elif read_committed:
+        last_fetchable = partition.last_stable_offset
+    else:
+        last_fetchable = partition.high_watermark
     lagging = from_client and partition.high_watermark_lags_epoch_start
     if timestamp == LATEST:
         return (ErrorCode.offset_not_available, -1, -1) if lagging else (ErrorCode.none, -1, last_fetchable)
@@ -51,6 +59,7 @@ def list_offsets(ctx: RequestContext, request) -> object:
     broker = ctx.broker
     schema = response_module(ctx)
     replica_id = getattr(request, "replica_id", CONSUMER_REPLICA_ID)
+    read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
     topics = []
     for topic in request.topics:
         partitions = []
@@ -61,7 +70,8 @@ def list_offsets(ctx: RequestContext, request) -> object:
             )
             timestamp, offset, epoch = -1, -1, -1
             if partition is not None:
-                error, timestamp, offset = _lookup(partition, p.timestamp, replica_id == CONSUMER_REPLICA_ID)
+                error, timestamp, offset = _lookup(partition, p.timestamp, replica_id == CONSUMER_REPLICA_ID,
+                                                   read_committed)
                 epoch = partition.leader_epoch if error == ErrorCode.none else -1
             partitions.append(
                 make(

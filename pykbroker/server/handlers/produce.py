@@ -17,8 +17,11 @@ any of its partitions has an error, the connection is closed instead (CloseConne
 acks=all with followers waits until the HWM passes the batch (replication/purgatory.py): then NONE,
 NOT_ENOUGH_REPLICAS_AFTER_APPEND if the ISR shrank below min.insync.replicas meanwhile, REQUEST_TIMED_OUT
 after the request's timeout; NOT_LEADER_OR_FOLLOWER from a broker that does not lead the partition.
-Transactions are not implemented: a transactional produce gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-(clients cannot reach that point, since InitProducerId refuses transactional ids).
+Transactions (KIP-98): transactional batches need the request's transactional_id, else the whole request
+gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED (Kafka's KafkaApis.handleProduceRequest); a transactional batch
+starts or continues its producer's transaction in the partition, and a non-transactional batch from a
+producer whose transaction there is open gets INVALID_TXN_STATE (replication/partition.py, Kafka's
+ProducerAppendInfo). Kafka 3.6+'s partition verification with the coordinator (KIP-890) is not done.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 
 from pykbroker.protocol.errors import ErrorCode
-from pykbroker.protocol.records import more_than_one_batch
+from pykbroker.protocol.records import TRANSACTIONAL_MASK, more_than_one_batch
 from pykbroker.replication.replica_manager import AppendOutcome
 from pykbroker.server.dispatch import NO_RESPONSE, CloseConnection, RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
@@ -35,9 +38,22 @@ from pykbroker.server.handlers._build import make, response_module
 def _outcome_for_request(ctx: RequestContext, request) -> ErrorCode | None:
     if request.acks not in (-1, 0, 1):
         return ErrorCode.invalid_required_acks
-    if request.transactional_id is not None:
+    if request.transactional_id is None and _has_transactional_records(request):
         return ErrorCode.transactional_id_authorization_failed
     return None
+
+
+_ATTRIBUTES_LOW_BYTE = 22  # a batch's int16 attributes sit at bytes 21-22; the transactional bit is in the low byte
+
+
+def _has_transactional_records(request) -> bool:
+    """Kafka's ProduceRequest.hasTransactionalRecords, on each partition's first batch (v3+ allows one)."""
+    for topic_data in request.topic_data:
+        for partition_data in topic_data.partition_data:
+            records = partition_data.records
+            if records is not None and len(records) > _ATTRIBUTES_LOW_BYTE and records[_ATTRIBUTES_LOW_BYTE] & TRANSACTIONAL_MASK:
+                return True
+    return False
 
 
 def _for_version(error: ErrorCode, version: int) -> ErrorCode:
