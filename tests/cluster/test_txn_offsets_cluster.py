@@ -11,7 +11,6 @@ makes them visible.
 
 from __future__ import annotations
 
-import inspect
 import time
 import uuid
 
@@ -23,11 +22,11 @@ from kio.schema.txn_offset_commit.v3.request import (
     TxnOffsetCommitRequestPartition,
     TxnOffsetCommitRequestTopic,
 )
+from kio.schema.write_txn_markers.v1.request import WritableTxnMarker, WritableTxnMarkerTopic, WriteTxnMarkersRequest
 from kio.static.primitive import i16, i32, i64
 
 from broker_cluster import BrokerCluster, ProtocolError, send_request, wait_until
 from pykbroker.groups.offset_store import OFFSETS_TOPIC, partition_for_group
-from pykbroker.replication.replica_manager import ReplicaManager
 
 OFFSETS_PARTITIONS = 6
 OVERRIDES = {
@@ -43,11 +42,7 @@ FAILOVER_S = 60.0
 RETRIABLE = {ErrorCode.not_coordinator, ErrorCode.coordinator_load_in_progress, ErrorCode.coordinator_not_available,
              ErrorCode.not_leader_or_follower, ErrorCode.not_enough_replicas, ErrorCode.request_timed_out}
 
-pytestmark = [
-    pytest.mark.timeout(300),
-    pytest.mark.skipif("origin" not in inspect.signature(ReplicaManager.append).parameters,
-                       reason="needs the partition-leader side of transactions (WriteTxnMarkers)"),
-]
+pytestmark = pytest.mark.timeout(300)
 
 
 def txn_commit(group: str, topic: str, offsets: dict[int, int], producer_id: int) -> TxnOffsetCommitRequest:
@@ -60,8 +55,6 @@ def txn_commit(group: str, topic: str, offsets: dict[int, int], producer_id: int
 
 
 def commit_marker(offsets_partition: int, producer_id: int):
-    from kio.schema.write_txn_markers.v1.request import WritableTxnMarker, WritableTxnMarkerTopic, WriteTxnMarkersRequest
-
     return WriteTxnMarkersRequest(markers=(WritableTxnMarker(
         producer_id=i64(producer_id), producer_epoch=i16(0), transaction_result=True,
         topics=(WritableTxnMarkerTopic(name=OFFSETS_TOPIC, partition_indexes=(i32(offsets_partition),)),),

@@ -2,15 +2,16 @@
 error answers, then the whole group side of a transaction: offsets committed in a transaction are pending
 (OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT, without it they are not there) until
 WriteTxnMarkers writes the transaction's marker to the group's __consumer_offsets partition; a COMMIT makes
-them the group's offsets, an ABORT drops them, and a broker restart replays the same from the log. The test
-plays the transaction coordinator with raw requests, so the broker runs with
+them the group's offsets, an ABORT drops them, and a broker restart replays the same from the log.
+A zombie producer epoch is refused. (Checked against Kafka 3.7.1 by hand: UNKNOWN_MEMBER_ID, per-partition
+OFFSET_METADATA_TOO_LARGE, INVALID_GROUP_ID next to UNKNOWN_TOPIC_OR_PARTITION, UNSTABLE_OFFSET_COMMIT.) The
+test plays the transaction coordinator with raw requests, so the broker runs with
 ``transaction.partition.verification.enable=false`` (verification: test_txn_verification.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime
-import inspect
 import uuid
 
 import pytest
@@ -26,19 +27,15 @@ from kio.schema.txn_offset_commit.v3.request import (
     TxnOffsetCommitRequestPartition,
     TxnOffsetCommitRequestTopic,
 )
+from kio.schema.write_txn_markers.v1.request import WritableTxnMarker, WritableTxnMarkerTopic, WriteTxnMarkersRequest
 from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
 from pykbroker.groups.offset_store import partition_for_group
 from pykbroker.protocol.client import KafkaClientConnection
-from pykbroker.replication.replica_manager import ReplicaManager
 
 pytestmark = pytest.mark.timeout(120)
 
 OFFSETS_PARTITIONS = 50
-B_MERGED = "origin" in inspect.signature(ReplicaManager.append).parameters
-needs_partition_leader_side = pytest.mark.skipif(
-    not B_MERGED, reason="needs the partition-leader side of transactions (ReplicaManager.append origin=, "
-                         "WriteTxnMarkers)")
 
 
 @pytest.fixture
@@ -147,8 +144,6 @@ def test_txn_offset_commit_errors_as_kafka_answers_them(broker):
 
 
 def _marker(topic_partition: int, producer_id: int, epoch: int, commit: bool):
-    from kio.schema.write_txn_markers.v1.request import WritableTxnMarker, WritableTxnMarkerTopic, WriteTxnMarkersRequest
-
     return WriteTxnMarkersRequest(markers=(WritableTxnMarker(
         producer_id=i64(producer_id), producer_epoch=i16(epoch), transaction_result=commit,
         topics=(WritableTxnMarkerTopic(name="__consumer_offsets", partition_indexes=(i32(topic_partition),)),),
@@ -159,7 +154,6 @@ def _marker_errors(response) -> list:
     return [p.error_code for m in response.markers for t in m.topics for p in t.partitions]
 
 
-@needs_partition_leader_side
 def test_txn_offsets_become_visible_on_commit_and_vanish_on_abort_across_a_restart(broker):
     topic = f"t-{uuid.uuid4().hex[:8]}"
     committed_group, aborted_group = f"c-{uuid.uuid4().hex[:8]}", f"a-{uuid.uuid4().hex[:8]}"
@@ -205,7 +199,6 @@ def test_txn_offsets_become_visible_on_commit_and_vanish_on_abort_across_a_resta
     assert run(after_restart()) == expected
 
 
-@needs_partition_leader_side
 def test_an_open_transaction_stays_pending_across_a_restart_until_its_marker(broker):
     topic, group = f"t-{uuid.uuid4().hex[:8]}", f"o-{uuid.uuid4().hex[:8]}"
 
@@ -232,7 +225,6 @@ def test_an_open_transaction_stays_pending_across_a_restart_until_its_marker(bro
     assert after == {0: (42, ErrorCode.none)}
 
 
-@needs_partition_leader_side
 def test_a_txn_commit_from_a_fenced_producer_epoch_is_refused_and_not_pending(broker):
     topic, group = f"t-{uuid.uuid4().hex[:8]}", f"f-{uuid.uuid4().hex[:8]}"
 

@@ -3,12 +3,12 @@ GroupMetadataManager.storeOffsets with a producer id / handleTxnCompletion / loa
 pendingTransactionalOffsetCommits): TxnOffsetCommit checks, pending offsets per (group, producer) until the
 marker, the log-order rule against plain commits, loading control batches and open transactions,
 require_stable, and what deletion and expiry do with pending offsets. Real offset store on real logs; the
-markers are written into the log as the partition leader would, then ``on_transaction_marker`` is called."""
+markers are written by the partition leader's side (ReplicaManager.append_marker, as WriteTxnMarkers does),
+then ``on_transaction_marker`` is called."""
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 
 import pytest
@@ -21,10 +21,8 @@ from pykbroker.groups.offset_store import (
     encode_offset_key,
     encode_offset_value,
 )
-from pykbroker.protocol.control_records import marker_batch
 from pykbroker.protocol.errors import ErrorCode
-from pykbroker.protocol.records import TRANSACTIONAL_MASK, build_batch, read_records, set_base_offset
-from pykbroker.replication.partition import AppendOutcome
+from pykbroker.protocol.records import TRANSACTIONAL_MASK, build_batch, read_records
 from pykbroker.replication.replica_manager import ReplicaManager
 import tests.unit.test_group_coordinator as coordinator_tests
 from tests.unit.test_group_coordinator import PARTITIONS, TOPIC, Harness
@@ -34,36 +32,14 @@ PID, OTHER_PID = 4000, 4001
 TP0, TP1 = (TOPIC, 0), (TOPIC, 1)
 
 
-def _accept_coordinator_origin(replicas: ReplicaManager) -> None:
-    """Until the partition-leader side (ReplicaManager.append's ``origin``) is merged: accept the keyword and
-    append the coordinator's batches without the client checks (sequence -1), as that origin does."""
-    if "origin" in inspect.signature(ReplicaManager.append).parameters:
-        return
-    plain = replicas.append
-
-    def append(topic, index, records, *, origin="client", **kwargs):
-        hosted = replicas.partition(topic, index)
-        if origin != "coordinator" or hosted is None or kwargs["min_insync_replicas"] > len(hosted.isr):
-            return plain(topic, index, records, **kwargs)
-        result = write_as_leader_side(hosted, records)
-        return AppendOutcome(ErrorCode.none, result.base_offset, last_offset=result.last_offset)
-
-    replicas.append = append
-
-
-def write_as_leader_side(hosted, batch):
-    """Put a broker-made batch (a marker, a coordinator's transactional batch) at the log end as it is, the
-    way the partition leader's own writes land, without the checks a producer's batch goes through."""
-    batch = bytearray(batch)
-    set_base_offset(batch, 0, hosted.log.log_end_offset)
-    return hosted.log.append_as_follower(batch)
+def write_marker(replicas: ReplicaManager, partition: int, producer_id: int, epoch: int, commit: bool) -> None:
+    """The partition leader's side of WriteTxnMarkers: the marker appended to the offsets partition."""
+    outcome = replicas.append_marker(OFFSETS_TOPIC, partition, producer_id=producer_id, producer_epoch=epoch,
+                                     commit=commit, coordinator_epoch=0)
+    assert outcome.error == ErrorCode.none, outcome
 
 
 class TxnHarness(Harness):
-    def _new_coordinator(self):
-        _accept_coordinator_origin(self.logs.replicas)
-        return super()._new_coordinator()
-
     def txn_commit(self, offsets: dict, *, pid: int = PID, epoch: int = 0, group: str = GROUP, generation: int = -1,
                    member: str = "", instance: str | None = None) -> dict:
         answers = []
@@ -78,9 +54,7 @@ class TxnHarness(Harness):
     def marker(self, commit: bool, *, pid: int = PID, epoch: int = 0, group: str = GROUP) -> None:
         """What the partition leader does for WriteTxnMarkers: the marker in the log, then the callback."""
         partition = self.store.partition_for(group)
-        hosted = self.logs.replicas.partition(OFFSETS_TOPIC, partition)
-        write_as_leader_side(hosted, marker_batch(producer_id=pid, producer_epoch=epoch, commit=commit,
-                                                  coordinator_epoch=0, timestamp_ms=self.clock.now))
+        write_marker(self.logs.replicas, partition, pid, epoch, commit)
         self.coordinator.on_transaction_marker(partition, pid, commit)
 
     def offsets(self, group: str = GROUP) -> dict:
@@ -237,13 +211,13 @@ def test_a_tombstone_in_the_log_removes_the_committed_offset_not_the_pending_one
 def test_loading_reads_markers_appended_while_it_runs(logs):
     """Kafka's loader reads up to the log end it sees at each step: a marker written during the load (whose
     callback finds the partition still loading, and is ignored) is replayed by the load itself."""
-    _accept_coordinator_origin(logs.replicas)
     store = OffsetStore(logs.replicas, PARTITIONS)
     partition = store.partition_for(GROUP)
     hosted = logs.replicas.partition(OFFSETS_TOPIC, partition)
     txn = build_batch([(encode_offset_key(GROUP, TOPIC, 0), encode_offset_value(CommittedOffset(99, -1, "", 1)))],
                       producer_id=PID, producer_epoch=0, attributes=TRANSACTIONAL_MASK)
-    write_as_leader_side(hosted, txn)
+    assert logs.replicas.append(OFFSETS_TOPIC, partition, txn, acks=-1, min_insync_replicas=1,
+                                origin="coordinator").error == ErrorCode.none
     for n in range(LOAD_BATCHES_PER_STEP * 2):  # enough batches for the load to yield to the loop
         value = encode_offset_value(CommittedOffset(n, -1, "", 1))
         hosted.log.append(build_batch([(encode_offset_key("filler", TOPIC, 1), value)]), leader_epoch=0, now_ms=1)
@@ -252,8 +226,7 @@ def test_loading_reads_markers_appended_while_it_runs(logs):
         load = asyncio.ensure_future(store.load_partition(partition))
         await asyncio.sleep(0)
         assert not load.done()
-        write_as_leader_side(hosted, marker_batch(producer_id=PID, producer_epoch=0, commit=True,
-                                                  coordinator_epoch=0, timestamp_ms=1))
+        write_marker(logs.replicas, partition, PID, 0, True)
         return await load
 
     assert asyncio.run(load_with_a_marker_meanwhile())
