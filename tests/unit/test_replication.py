@@ -415,7 +415,7 @@ def test_a_garbage_checkpoint_is_refused_with_one_line(tmp_path):
 # -- two brokers: a follower fetching through the real fetch path -----------------------------------------
 
 def _broker(rm: ReplicaManager) -> SimpleNamespace:
-    return SimpleNamespace(replicas=rm, stats=None, metadata=SimpleNamespace(topic=lambda name: SimpleNamespace(name=name)))
+    return SimpleNamespace(replicas=rm, stats=None, txn_verifier=None, metadata=SimpleNamespace(topic=lambda name: SimpleNamespace(name=name)))
 
 
 def _follower_fetch(leader_rm: ReplicaManager, replica_id: int, offset: int, leader_epoch: int = -1):
