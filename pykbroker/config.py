@@ -360,6 +360,7 @@ DYNAMIC_BROKER_CONFIG_NAMES = frozenset({
     # the cleaner's own settings: its loops and workers start again with them (LogCleaner.reconfigure)
     "log.cleaner.threads", "log.cleaner.backoff.ms", "log.cleaner.dedupe.buffer.size", "log.cleaner.io.buffer.size",
     "log.cleaner.io.buffer.load.factor",
+    "transaction.partition.verification.enable",  # the broker switches its verifier (server/broker.py)
 })
 
 

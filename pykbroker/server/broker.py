@@ -69,6 +69,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
+VERIFICATION_CONFIG = "transaction.partition.verification.enable"
 T = TypeVar("T")
 LISTEN_BACKLOG = 100
 
@@ -158,10 +159,12 @@ class Broker:
                                                    TxnConfig.from_broker_config(config))
         self.transactions.make_marker_sender(config.broker_id, leader_of=self._leader_of, address_of=self._address_of)
         # KIP-890 partition verification of transactional produces (pykbroker/txn/verification.py); None: off.
+        # A dynamic broker config, as in Kafka: _verification_config_changed switches it on and off live.
+        self._verifier = TransactionVerifier(config.broker_id, coordinator_of=self._txn_coordinator_of,
+                                             local=self.transactions, send=self.transactions.markers.send)
         self.txn_verifier: TransactionVerifier | None = None
-        if config.get("transaction.partition.verification.enable"):
-            self.txn_verifier = TransactionVerifier(config.broker_id, coordinator_of=self._txn_coordinator_of,
-                                                    local=self.transactions, send=self.transactions.markers.send)
+        self._verification_config_changed({VERIFICATION_CONFIG})
+        self.dynamic_configs.add_listener(self._verification_config_changed)
         if self.cluster is not None:
             self.cluster.on_leadership_change.append(self.transactions.on_leadership_change)
         self.connections: set[KafkaConnection] = set()
@@ -190,6 +193,10 @@ class Broker:
         self.log_manager.load_all(self.topics.log_config, self.topics.topic_id_of)
         self.replicas.load_high_watermarks()  # a corrupt replication-offset-checkpoint stops the start here
         self.topics.host_all()
+
+    def _verification_config_changed(self, names: set[str]) -> None:
+        if VERIFICATION_CONFIG in names:
+            self.txn_verifier = self._verifier if self.dynamic_configs.value(VERIFICATION_CONFIG) else None
 
     def _cleaner_configs_changed(self, names: set[str]) -> None:
         """Dynamic log.cleaner.* settings: the cleaner restarts its loops and workers with them."""
@@ -491,6 +498,7 @@ class Broker:
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        await self._verifier.close()  # produces waiting for a verification get NETWORK_EXCEPTION
         while self._owned:  # topic creations whose clients left: their partitions get hosted and committed
             await asyncio.gather(*self._owned, return_exceptions=True)
         try:

@@ -102,3 +102,28 @@ def test_txn_offset_commit_is_verified_too(broker, topic_name):
     assert send_request(address, AddOffsetsToTxnRequest(transactional_id="tx-offsets", producer_id=pid,
                                                         producer_epoch=i16(epoch), group_id=group)).error_code == E.none
     assert errors_of(send_request(address, commit))[(topic_name, 0)] == E.none
+
+
+def test_verification_is_a_dynamic_broker_config(broker_factory, topic_name):
+    """As in Kafka, transaction.partition.verification.enable changes without a restart (IncrementalAlterConfigs
+    on the broker): off, an unverified transactional write is appended; on again, it is refused."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    broker = broker_factory.make()
+    create_topic(broker.address, topic_name)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+
+    def set_verification(value: str) -> None:
+        resource = ConfigResource(ConfigResource.Type.BROKER, "1", incremental_configs=[
+            ConfigEntry("transaction.partition.verification.enable", value,
+                        incremental_operation=AlterConfigOpType.SET)])
+        admin.incremental_alter_configs([resource])[resource].result(TIMEOUT_S)
+
+    refused = produce(broker.address, topic_name, txn_records(424242, 0, 0, [b"x"]), transactional_id="nobody")
+    assert refused.error_code != E.none
+    set_verification("false")
+    accepted = produce(broker.address, topic_name, txn_records(525252, 0, 0, [b"y"]), transactional_id="nobody2")
+    assert accepted.error_code == E.none
+    set_verification("true")
+    again = produce(broker.address, topic_name, txn_records(626262, 0, 0, [b"z"]), transactional_id="nobody3")
+    assert again.error_code != E.none
