@@ -867,7 +867,12 @@ class LogCleaner:
         elif partition_log.truncations != truncations:  # truncated meanwhile: its checkpoint went down
             self.aborted += 1
             return None
-        self._checkpoints[key] = result.end_offset
+        if partition_log.truncations != truncations:
+            # Truncated during the await after the swap: on_truncate lowered the checkpoint, which stays (what
+            # is written again from the truncation point on is dirty).
+            self._checkpoints[key] = min(self._checkpoints.get(key, 0), result.end_offset)
+        else:
+            self._checkpoints[key] = result.end_offset
         rows = self.checkpoint_rows()
         await self._write_in_io_thread(lambda: write_checkpoint(self.data_dir / CLEANER_CHECKPOINT, rows))
         self.cleanings += 1

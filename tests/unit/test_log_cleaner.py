@@ -863,3 +863,28 @@ def test_null_keys_are_counted_alike_in_c_and_python(compression):
         from pykbroker._speedups import count_null_keys
 
         assert count_null_keys(data, 100) == expected
+
+
+def test_a_truncation_during_the_await_after_the_swap_keeps_the_lowered_checkpoint(tmp_path):
+    plog = open_log(tmp_path, delete_retention_ms=0, min_cleanable_dirty_ratio=0.01)
+    append(plog, [(b"k", b"v1")])
+    plog.roll()
+    for i in range(6):
+        append(plog, [(b"f%d" % i, b"x")])
+        plog.roll()
+    append(plog, [(b"z", b"1")])
+    cleaner = make_cleaner(tmp_path, [plog])
+    plog.on_truncate = lambda offset: cleaner.truncate_checkpoint("t", 0, offset)  # as LogManager sets it
+    cleaner._checkpoints[("t", 0)] = 1
+    run_file_work = cleaner._run_file_work
+    truncated = []
+
+    async def truncating_file_work(logs):  # a follower truncation while the swap's file work runs
+        if not truncated:
+            truncated.append(plog.truncate_to(3))
+        return await run_file_work(logs)
+
+    cleaner._run_file_work = truncating_file_work
+    assert clean_once(cleaner)
+    assert truncated
+    assert cleaner._checkpoints[("t", 0)] <= 3  # not raised back to the cleaned end (7) above the truncation
