@@ -34,6 +34,7 @@ whose last batch's max timestamp is ``producer.id.expiration.ms`` old or more is
 from __future__ import annotations
 
 import json
+import time
 from collections import deque
 from dataclasses import astuple, dataclass, field
 from typing import Callable, Iterable, NamedTuple
@@ -146,11 +147,12 @@ SENTINEL = VerificationGuard()  # Kafka's VerificationGuard.SENTINEL: nothing ve
 @dataclass
 class VerificationStateEntry:
     """Kafka's VerificationStateEntry: the guard of a verification in flight for a producer, with the lowest
-    sequence and the epoch it was started for."""
+    sequence and the epoch it was started for, and when (wall clock ms: expired after producer.id.expiration.ms)."""
 
     guard: VerificationGuard
     lowest_sequence: int
     epoch: int
+    timestamp_ms: int = 0
 
 
 class ProducerStateManager:
@@ -209,7 +211,8 @@ class ProducerStateManager:
 
     # -- transaction verification (KIP-890 part 1) ----------------------------------------------------
 
-    def maybe_start_verification(self, producer_id: int, sequence: int, epoch: int) -> VerificationGuard:
+    def maybe_start_verification(self, producer_id: int, sequence: int, epoch: int,
+                                 now_ms: int | None = None) -> VerificationGuard:
         """Kafka's UnifiedLog.maybeStartTransactionVerification: SENTINEL when the producer
         has an open transaction here (nothing to verify: the cache that keeps later batches free), else the
         guard of its verification entry, created or updated (Kafka's maybeUpdateLowestSequenceAndEpoch)."""
@@ -218,18 +221,24 @@ class ProducerStateManager:
             return SENTINEL
         verifying = self._verifying.get(producer_id)
         if verifying is None:
-            verifying = self._verifying[producer_id] = VerificationStateEntry(VerificationGuard(), sequence, epoch)
+            verifying = self._verifying[producer_id] = VerificationStateEntry(
+                VerificationGuard(), sequence, epoch, int(time.time() * 1000) if now_ms is None else now_ms)
         elif epoch > verifying.epoch:
             verifying.lowest_sequence, verifying.epoch = sequence, epoch
         elif epoch == verifying.epoch and sequence < verifying.lowest_sequence:
             verifying.lowest_sequence = sequence
         return verifying.guard
 
-    def verification_failed(self, producer_id: int, guard: VerificationGuard) -> None:
-        """The coordinator refused: drop the entry if it is still this guard's (bounds the map)."""
+    def release_verification(self, producer_id: int, guard: VerificationGuard) -> None:
+        """The verified write was not appended (refused at append or by the group): drop the entry if it is
+        still this guard's. Not for a failed verification: the entry is shared by the producer's other
+        requests in flight (Kafka keeps it; ``expire`` bounds the map)."""
         verifying = self._verifying.get(producer_id)
         if verifying is not None and verifying.guard is guard:
             del self._verifying[producer_id]
+
+    def verification_entries(self) -> int:
+        return len(self._verifying)
 
     # -- before an append ------------------------------------------------------------------------------
 
@@ -265,11 +274,19 @@ class ProducerStateManager:
             before = pending.get(producer_id)
             in_txn = before[2] if before is not None else (entry is not None and entry.current_txn_first_offset != NO_TXN)
             transactional = header.is_transactional
+            verifying = None
             if transactional and not in_txn and verification is not NO_VERIFICATION:
                 verifying = self._verifying.get(producer_id)
                 if verifying is None or verifying.guard is not verification:
                     raise ProducerStateError(INVALID_TXN_STATE, "Record was not part of an ongoing transaction")
             _validate(header, entry, before, check_sequence)
+            if verifying is not None and check_sequence and header.base_sequence > verifying.lowest_sequence:
+                # Kafka's ProducerAppendInfo.checkSequence: a pipelined later batch cannot open the transaction
+                # before the lowest one that started this verification.
+                raise ProducerStateError(
+                    OUT_OF_ORDER_SEQUENCE_NUMBER,
+                    f"producer {producer_id}: sequence {header.base_sequence} is above the lowest sequence "
+                    f"{verifying.lowest_sequence} of its verification in flight")
             if in_txn and not transactional:
                 raise ProducerStateError(
                     INVALID_TXN_STATE, f"expected a transactional write from producer {producer_id}: its transaction is open"
@@ -316,6 +333,9 @@ class ProducerStateManager:
             entry = self._producers[header.producer_id] = ProducerEntry(header.producer_id)
         entry.set_epoch(header.producer_epoch)
         entry.last_timestamp = header.max_timestamp
+        if header.is_transactional and self._verifying:
+            # Kafka's UnifiedLog.updateProducers: a marker or a data batch, the verification entry goes.
+            self._verifying.pop(header.producer_id, None)
         if header.is_control:
             # A transaction marker moves the epoch but carries no data sequence.
             if marker is None:
@@ -332,8 +352,6 @@ class ProducerStateManager:
         if header.is_transactional and entry.current_txn_first_offset == NO_TXN:
             entry.current_txn_first_offset = header.base_offset
             self._ongoing[header.base_offset] = header.producer_id
-            if self._verifying:  # Kafka clears the verification entry once the transaction is open
-                self._verifying.pop(header.producer_id, None)
         if len(entry.batches) >= self._max_cached_batches:
             entry.batches.popleft()
         entry.batches.append(
@@ -379,6 +397,9 @@ class ProducerStateManager:
                    if now_ms - e.last_timestamp >= expiration_ms and e.current_txn_first_offset == NO_TXN]
         for producer_id in expired:
             del self._producers[producer_id]
+        if self._verifying:  # Kafka's removeExpiredProducers: verification entries on the same timer
+            for producer_id in [pid for pid, v in self._verifying.items() if now_ms - v.timestamp_ms >= expiration_ms]:
+                del self._verifying[producer_id]
         return len(expired)
 
     # -- snapshots: lets a caller skip replaying the whole log on start ----------------------------------

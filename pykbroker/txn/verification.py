@@ -17,7 +17,7 @@ transaction in the producer state is the cache, and the hot path pays nothing.
   NETWORK_EXCEPTION; PRODUCER_FENCED from the coordinator becomes INVALID_PRODUCER_EPOCH (Kafka 3.7.1).
 * ``produce_error`` is ReplicaManager's translation for the Produce response: INVALID_TXN_STATE
   ("Partition was not added to the transaction"); CONCURRENT_TRANSACTIONS, COORDINATOR_LOAD_IN_PROGRESS,
-  COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR become NOT_ENOUGH_REPLICAS (retriable, no metadata refresh).
+  COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR, NETWORK_EXCEPTION become NOT_ENOUGH_REPLICAS (retriable, no metadata refresh).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ Result = dict[TopicPartition, ErrorCode]
 _TO_NOT_ENOUGH_REPLICAS = frozenset({
     ErrorCode.concurrent_transactions, ErrorCode.coordinator_load_in_progress,
     ErrorCode.coordinator_not_available, ErrorCode.not_coordinator,
+    ErrorCode.network_exception,  # Kafka 3.7.1 ReplicaManager.appendEntries: older clients do not retry it
 })
 
 
@@ -104,29 +105,30 @@ class TransactionVerifier:
             queued.answer_all(ErrorCode.invalid_producer_epoch if queued.producer_epoch < producer_epoch
                               else ErrorCode.network_exception)
         queue[transactional_id] = txn
-        if broker not in self._drains:
-            task = self._drains[broker] = asyncio.ensure_future(self._drain(broker))
-            task.add_done_callback(lambda _t, b=broker: self._drains.pop(b, None))
+        task = self._drains.get(broker)
+        if task is None or task.done():  # a finished drain is absent (its queue was found empty)
+            self._drains[broker] = asyncio.ensure_future(self._drain(broker))
         return await txn.future
 
     async def _drain(self, broker: int) -> None:
         while True:
             batch = self._queues.pop(broker, None)
             if not batch:
+                # Leave in the same loop step the queue is found empty: a verify() queued later starts a drain.
+                if self._drains.get(broker) is asyncio.current_task():
+                    del self._drains[broker]
                 return
             txns = list(batch.values())
             try:
                 response = await self._send(broker, _request(txns))
+                _answer(txns, response)
             except asyncio.CancelledError:
-                for txn in txns:
-                    txn.answer_all(ErrorCode.network_exception)
                 raise
-            except Exception as exc:  # connection lost, timeout, no address: Kafka's wasDisconnected/wasTimedOut
+            except Exception as exc:  # connection lost, timeout, no address (Kafka's wasDisconnected/wasTimedOut), bad answer
                 log.debug("transaction verification with broker %d failed: %s", broker, exc)
+            finally:  # every waiter of the batch is answered (no-op for those already answered)
                 for txn in txns:
                     txn.answer_all(ErrorCode.network_exception)
-                continue
-            _answer(txns, response)
 
     async def close(self) -> None:
         drains = list(self._drains.values())

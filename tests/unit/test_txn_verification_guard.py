@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 import datetime
 
+import pytest
+
 from kio.schema.add_partitions_to_txn.v4 import response as aptr
 
 from pykbroker.log.producer_state import (
     INVALID_TXN_STATE,
     NO_VERIFICATION,
+    OUT_OF_ORDER_SEQUENCE_NUMBER,
     SENTINEL,
     ProducerStateError,
     ProducerStateManager,
@@ -61,19 +64,53 @@ def test_a_late_verified_batch_cannot_reopen_an_ended_transaction():
     assert refused(state, txn_header(1, 2), SENTINEL)
 
 
-def test_a_failed_verification_drops_its_entry():
+def test_a_released_verification_drops_its_entry_only_if_still_its_guard():
     state = ProducerStateManager()
     guard = state.maybe_start_verification(PID, 0, 0)
-    state.verification_failed(PID, guard)
+    state.release_verification(PID, SENTINEL)  # another guard: nothing happens
+    assert not refused(state, txn_header(0, 0), guard)
+    state.release_verification(PID, guard)
     assert refused(state, txn_header(0, 0), guard)
     assert state.maybe_start_verification(PID, 0, 0) is not guard
+
+
+def test_a_marker_clears_the_verification_entry_so_a_stale_guard_cannot_reopen_the_transaction():
+    """Review-2 finding 2 (Kafka's UnifiedLog.updateProducers): no transaction open here, the ABORT marker
+    of the producer's transaction arrives while a produce verified in it waits; its guard is stale."""
+    state = ProducerStateManager()
+    stale = state.maybe_start_verification(PID, 0, 0)
+    state.update(txn_header(0, 0, control=True), -1, Marker(commit=False, coordinator_epoch=0))
+    assert refused(state, txn_header(0, 1), stale)
+
+
+def test_verification_entries_expire_with_producer_id_expiration():
+    state = ProducerStateManager()
+    state.maybe_start_verification(PID, 0, 0, now_ms=1_000)
+    state.maybe_start_verification(PID + 1, 0, 0, now_ms=5_000)
+    state.expire(6_000, expiration_ms=5_000)
+    assert state.verification_entries() == 1
+    state.expire(10_000, expiration_ms=5_000)
+    assert state.verification_entries() == 0
+
+
+def test_a_batch_above_the_lowest_sequence_of_the_verification_is_out_of_order():
+    """Kafka's ProducerAppendInfo.checkSequence: pipelined R1 (seq 0) and R2 (seq 10) share the entry; R2
+    cannot open the transaction first."""
+    state = ProducerStateManager()
+    state.maybe_start_verification(PID, 10, 0)
+    guard = state.maybe_start_verification(PID, 0, 0)
+    with pytest.raises(ProducerStateError) as refused_r2:
+        state.check_batches([txn_header(10, 0)], verification=guard)
+    assert refused_r2.value.error_code == OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert not refused(state, txn_header(0, 0), guard)
+    state.check_batches([txn_header(0, 0)], verification=guard)
 
 
 def test_produce_error_mapping_is_kafkas():
     assert produce_error(ErrorCode.invalid_txn_state) == (ErrorCode.invalid_txn_state,
                                                           "Partition was not added to the transaction")
     for error in (ErrorCode.concurrent_transactions, ErrorCode.coordinator_load_in_progress,
-                  ErrorCode.coordinator_not_available, ErrorCode.not_coordinator):
+                  ErrorCode.coordinator_not_available, ErrorCode.not_coordinator, ErrorCode.network_exception):
         mapped, message = produce_error(error)
         assert mapped == ErrorCode.not_enough_replicas and error.name.upper() in message
     assert produce_error(ErrorCode.invalid_producer_epoch) == (ErrorCode.invalid_producer_epoch, None)
@@ -152,3 +189,58 @@ def test_a_lost_connection_answers_network_exception():
 
     verifier = TransactionVerifier(1, coordinator_of=lambda tid: 2, local=None, send=send)
     assert asyncio.run(verifier.verify("t", 5, 0, [("a", 0)])) == {("a", 0): ErrorCode.network_exception}
+
+
+def _ok_response(request):
+    return _response(request, lambda tid, topic, p: ErrorCode.none)
+
+
+def test_a_verification_queued_as_the_drain_ends_is_sent():
+    """Review-2 finding 1: the answer for A arrives and, in the same loop turn, B is verified against the
+    same broker; B must be sent, not wait with no end."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        net = []
+
+        async def send(broker, request):
+            future = loop.create_future()
+            net.append((future, request))
+            return await future
+
+        verifier = TransactionVerifier(1, coordinator_of=lambda tid: 2, local=None, send=send)
+        a = asyncio.ensure_future(verifier.verify("A", 10, 0, [("t", 0)]))
+        while not net:
+            await asyncio.sleep(0)
+        future, request = net.pop()
+        future.set_result(_ok_response(request))
+        b = asyncio.ensure_future(verifier.verify("B", 11, 0, [("t", 1)]))
+        assert await a == {("t", 0): ErrorCode.none}
+        deadline = loop.time() + 5
+        while not net and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        assert net, "B was never sent"
+        future, request = net.pop()
+        future.set_result(_ok_response(request))
+        return await asyncio.wait_for(b, 5)
+
+    assert asyncio.run(main()) == {("t", 1): ErrorCode.none}
+
+
+def test_a_malformed_answer_still_answers_every_waiter_and_later_ones_are_sent():
+    sent = []
+
+    async def send(broker, request):
+        sent.append(request)
+        if len(sent) == 1:
+            return object()  # no error_code: _answer raises
+        return _ok_response(request)
+
+    async def main():
+        verifier = TransactionVerifier(1, coordinator_of=lambda tid: 2, local=None, send=send)
+        first = await asyncio.wait_for(verifier.verify("t", 5, 0, [("a", 0)]), 5)
+        second = await asyncio.wait_for(verifier.verify("u", 6, 0, [("a", 1)]), 5)
+        return first, second
+
+    first, second = asyncio.run(main())
+    assert first == {("a", 0): ErrorCode.network_exception}
+    assert second == {("a", 1): ErrorCode.none}
