@@ -9,12 +9,13 @@ from kio.schema.add_offsets_to_txn.v3.request import AddOffsetsToTxnRequest
 from kio.schema.end_txn.v3.request import EndTxnRequest
 from kio.schema.errors import ErrorCode
 from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
-from kio.static.primitive import i8, i16
+from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
+from kio.static.primitive import i8, i16, i32
 
 from broker_process import send_request, wait_until
 from test_txn_coordinator_wire import TIMEOUT_S, add_partitions, describe, find_coordinator, init
 from test_txn_offset_commit import errors_of, txn_commit
-from test_txn_partition_leader import create_topic, fetch, produce, txn_records
+from test_txn_partition_leader import create_topic, fetch, ms, produce, txn_records
 
 E = ErrorCode
 
@@ -127,3 +128,33 @@ def test_verification_is_a_dynamic_broker_config(broker_factory, topic_name):
     set_verification("true")
     again = produce(broker.address, topic_name, txn_records(626262, 0, 0, [b"z"]), transactional_id="nobody3")
     assert again.error_code != E.none
+
+
+def _produce_partitions(address, topic: str, records_of: dict[int, bytes], transactional_id: str) -> dict:
+    request = ProduceRequest(transactional_id=transactional_id, acks=i16(-1), timeout=ms(10_000),
+                             topic_data=(TopicProduceData(name=topic, partition_data=tuple(
+                                 PartitionProduceData(index=i32(index), records=records)
+                                 for index, records in records_of.items())),))
+    return {p.index: p.error_code for p in send_request(address, request).responses[0].partition_responses}
+
+
+def test_one_producer_id_with_two_epochs_gets_the_epoch_error_not_the_mapping_error(broker, topic_name):
+    """Kafka checks the transactional batches for more than one producer *id*; the same id with an older
+    epoch on one partition is that partition's INVALID_PRODUCER_EPOCH at append (review-2 finding 7)."""
+    address = broker.address
+    create_topic(address, topic_name, partitions=2)
+    find_coordinator(address, "tx-epochs")
+    _, pid, epoch = init(address, "tx-epochs")
+    _, pid, epoch = init(address, "tx-epochs")  # epoch >= 1, so epoch - 1 is a real older epoch
+    assert epoch >= 1
+    assert add_partitions(address, "tx-epochs", pid, epoch, {topic_name: [0, 1]}) == {
+        (topic_name, 0): E.none, (topic_name, 1): E.none}
+    opened = _produce_partitions(address, topic_name, {0: txn_records(pid, epoch, 0, [b"a"]),
+                                                       1: txn_records(pid, epoch, 0, [b"b"])}, "tx-epochs")
+    assert opened == {0: E.none, 1: E.none}
+    mixed = _produce_partitions(address, topic_name, {0: txn_records(pid, epoch, 1, [b"c"]),
+                                                      1: txn_records(pid, epoch - 1, 1, [b"d"])}, "tx-epochs")
+    assert mixed == {0: E.none, 1: E.invalid_producer_epoch}
+    other = _produce_partitions(address, topic_name, {0: txn_records(pid, epoch, 2, [b"e"]),
+                                                      1: txn_records(pid + 1, 0, 0, [b"f"])}, "tx-epochs")
+    assert other == {0: E.invalid_producer_id_mapping, 1: E.invalid_producer_id_mapping}

@@ -244,3 +244,31 @@ def test_a_malformed_answer_still_answers_every_waiter_and_later_ones_are_sent()
     first, second = asyncio.run(main())
     assert first == {("a", 0): ErrorCode.network_exception}
     assert second == {("a", 1): ErrorCode.none}
+
+
+class _Partition:
+    is_leader = True
+
+    def __init__(self):
+        self.producer_state = ProducerStateManager()
+
+
+def test_a_request_of_two_producer_ids_makes_no_verification_entry():
+    """Review-2 finding 3: INVALID_PRODUCER_ID_MAPPING is found before any guard is made (none leaks)."""
+    from types import SimpleNamespace
+
+    from pykbroker.server.handlers.produce import _start_verification
+
+    partitions = {("t", 0): _Partition(), ("t", 1): _Partition()}
+    ctx = SimpleNamespace(broker=SimpleNamespace(replicas=SimpleNamespace(partition=lambda t, i: partitions[(t, i)])))
+
+    def records(pid):
+        return bytes(build_batch([(None, b"v")], timestamp_ms=1, producer_id=pid, producer_epoch=0, base_sequence=0,
+                                 attributes=TRANSACTIONAL_MASK))
+
+    request = SimpleNamespace(topic_data=[SimpleNamespace(name="t", partition_data=[
+        SimpleNamespace(index=0, records=records(1)), SimpleNamespace(index=1, records=records(2))])])
+    guards: dict = {}
+    error, to_verify, _, _ = _start_verification(ctx, request, guards)
+    assert error == ErrorCode.invalid_producer_id_mapping and not to_verify and not guards
+    assert [p.producer_state.verification_entries() for p in partitions.values()] == [0, 0]

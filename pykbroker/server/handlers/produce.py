@@ -27,7 +27,7 @@ Kafka 3.7.1's ReplicaManager.handleProduceAppend): a producer's first transactio
 the request is appended (pykbroker/txn/verification.py; the request waits on the loop, other clients go on,
 the connection's answers stay in order); a partition the coordinator does not have in the transaction gets
 INVALID_TXN_STATE, a fenced epoch INVALID_PRODUCER_EPOCH, a coordinator that cannot answer just now
-NOT_ENOUGH_REPLICAS (retriable); transactional batches of more than one producer in one request:
+NOT_ENOUGH_REPLICAS (retriable, NETWORK_EXCEPTION included); transactional batches of more than one producer id in one request:
 INVALID_PRODUCER_ID_MAPPING for every partition.
 """
 
@@ -71,11 +71,12 @@ def _has_transactional_records(request) -> bool:
 
 def _start_verification(ctx: RequestContext, request, guards: dict) -> tuple[ErrorCode | None, list, int, int]:
     """Kafka's handleProduceAppend up to the verification: the guard of each transactional partition led
-    here (``guards``), the partitions still to verify, the producer (id, epoch); INVALID_PRODUCER_ID_MAPPING
-    when the transactional batches come from more than one producer."""
+    here (``guards``), the partitions still to verify, the producer (id, epoch of its first batch);
+    INVALID_PRODUCER_ID_MAPPING when the transactional batches come from more than one producer id, checked
+    before any guard is made (nothing to release)."""
     replicas = ctx.broker.replicas
-    producers = set()
-    to_verify = []
+    producer_id = producer_epoch = -1
+    transactional = []
     for topic_data in request.topic_data:
         for partition_data in topic_data.partition_data:
             records = partition_data.records
@@ -85,19 +86,21 @@ def _start_verification(ctx: RequestContext, request, guards: dict) -> tuple[Err
                 header = read_header(records)
             except Exception:  # framing errors are the append's to answer
                 continue
-            producers.add((header.producer_id, header.producer_epoch))
-            partition = replicas.partition(topic_data.name, partition_data.index)
-            if partition is None or not partition.is_leader:
-                continue
-            key = (topic_data.name, partition_data.index)
-            guard = partition.producer_state.maybe_start_verification(
-                header.producer_id, header.base_sequence, header.producer_epoch)
-            guards[key] = guard
-            if guard is not SENTINEL:
-                to_verify.append(key)
-    if len(producers) > 1:
-        return ErrorCode.invalid_producer_id_mapping, [], -1, -1
-    producer_id, producer_epoch = next(iter(producers)) if producers else (-1, -1)
+            if producer_id == -1:
+                producer_id, producer_epoch = header.producer_id, header.producer_epoch
+            elif header.producer_id != producer_id:
+                return ErrorCode.invalid_producer_id_mapping, [], -1, -1
+            transactional.append((topic_data.name, partition_data.index, header))
+    to_verify = []
+    for name, index, header in transactional:
+        partition = replicas.partition(name, index)
+        if partition is None or not partition.is_leader:
+            continue
+        guard = partition.producer_state.maybe_start_verification(
+            header.producer_id, header.base_sequence, header.producer_epoch)
+        guards[(name, index)] = guard
+        if guard is not SENTINEL:
+            to_verify.append((name, index))
     return None, to_verify, producer_id, producer_epoch
 
 
@@ -154,14 +157,15 @@ def produce(ctx: RequestContext, request) -> object:
 async def _verify_then_append(ctx: RequestContext, request, verifier, guards: dict, to_verify: list,
                               producer_id: int, producer_epoch: int) -> object:
     errors = await verifier.verify(request.transactional_id, producer_id, producer_epoch, to_verify)
-    failed = {}
-    for key, error in errors.items():
-        if error != ErrorCode.none:
-            failed[key] = produce_error(error)
+    # A failed verification keeps its entry: other requests of the producer may share it (expiry drops it).
+    failed = {key: produce_error(error) for key, error in errors.items() if error != ErrorCode.none}
+    result = _append(ctx, request, None, guards, failed)
+    # The leader's appends are done: a verified entry still there was not used (the append was refused).
+    for key in to_verify:
+        if key not in failed:
             partition = ctx.broker.replicas.partition(*key)
             if partition is not None:
-                partition.producer_state.verification_failed(producer_id, guards[key])
-    result = _append(ctx, request, None, guards, failed)
+                partition.producer_state.release_verification(producer_id, guards[key])
     return await result if inspect.isawaitable(result) else result
 
 
