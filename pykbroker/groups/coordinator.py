@@ -937,6 +937,7 @@ class GroupCoordinator:
         respond: Callable[[dict[TopicPartition, ErrorCode]], None],
         *,
         group_instance_id: str | None = None,
+        verification=None,
     ) -> None:
         """TxnOffsetCommit (Kafka's handleTxnCommitOffsets): offsets a transactional producer commits for the
         group as part of its transaction. They are appended to the group's partition as one transactional
@@ -963,7 +964,8 @@ class GroupCoordinator:
             self.store.commit(group_id, accepted, now, self._stored(group_id, accepted, results, respond))
         else:
             self.store.commit_transactional(group_id, producer_id, producer_epoch, accepted, now,
-                                            self._stored(group_id, accepted, results, respond))
+                                            self._stored(group_id, accepted, results, respond),
+                                            verification=verification)
 
     def on_transaction_marker(self, offsets_partition: int, producer_id: int, commit: bool) -> None:
         """A COMMIT (``commit``) or ABORT marker of ``producer_id`` was appended and replicated to

@@ -430,12 +430,14 @@ class OffsetStore:
         self._write(self.partition_for(group_id), batch, apply, finished, offsets=True)
 
     def commit_transactional(self, group_id: str, producer_id: int, producer_epoch: int,
-                             offsets: Mapping[TopicPartition, CommittedOffset], now_ms: int, done: Done) -> None:
+                             offsets: Mapping[TopicPartition, CommittedOffset], now_ms: int, done: Done,
+                             *, verification=None) -> None:
         """TxnOffsetCommit (Kafka's storeOffsets with a producer id): the offsets go to the group's partition
         as one transactional batch of that producer (appended with the coordinator's origin: no sequence),
         and are pending for (group, producer) from the append on, invisible to ``fetch``, until
         ``complete_transaction``. ``done`` is called once the append is acknowledged; if it fails they are
-        no longer pending (Kafka's failPendingTxnOffsetCommit)."""
+        no longer pending (Kafka's failPendingTxnOffsetCommit). ``verification``: the guard of the
+        TxnOffsetCommit's verification, checked by the append as for a produce (Kafka's appendForGroup)."""
         if not offsets:
             done(ErrorCode.none)
             return
@@ -460,7 +462,7 @@ class OffsetStore:
                 self._pending.pop(producer_id, None)
 
         self._write(self.partition_for(group_id), batch, lambda _offset: None, done, offsets=True,
-                    transactional=True, on_append=prepare, on_failure=fail)
+                    transactional=True, on_append=prepare, on_failure=fail, verification=verification)
 
     def complete_transaction(self, partition: int, producer_id: int, commit: bool) -> list[str]:
         """The transaction marker of ``producer_id`` is written (and replicated) in ``partition``: its
@@ -658,7 +660,7 @@ class OffsetStore:
 
     def _write(self, partition: int, batch: bytearray, apply: Callable[[int], None], done: Done, *, offsets: bool,
                transactional: bool = False, on_append: Callable[[int], None] | None = None,
-               on_failure: Callable[[], None] | None = None) -> None:
+               on_failure: Callable[[], None] | None = None, verification=None) -> None:
         """Append with acks=all; once acknowledged, ``apply(base offset of the batch)`` (unless the partition
         was unloaded or reloaded meanwhile: NOT_COORDINATOR then), then ``done``. ``on_append`` runs as soon
         as the leader has appended (before followers acknowledge), ``on_failure`` when the write fails after
@@ -668,7 +670,8 @@ class OffsetStore:
         min_isr = self._min_insync_replicas()
         if transactional:
             outcome = self._replicas.append(OFFSETS_TOPIC, partition, batch, acks=-1, min_insync_replicas=min_isr,
-                                            origin="coordinator")
+                                            origin="coordinator",
+                                            **({} if verification is None else {"verification": verification}))
         else:
             outcome = self._replicas.append(OFFSETS_TOPIC, partition, batch, acks=-1, min_insync_replicas=min_isr)
         step = _WriteStep(partition, epoch, outcome.base_offset, apply, done, offsets, on_failure)

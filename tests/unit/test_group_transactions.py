@@ -376,3 +376,24 @@ def test_a_txn_commit_without_a_producer_id_is_a_plain_commit_as_in_kafka(h):
     assert h.offsets() == {TP0: 8} and not h.store.has_pending(GROUP)
     ((header, _),) = _log_batches(h)
     assert not header.is_transactional
+
+
+def test_a_txn_commit_verified_before_its_transactions_marker_cannot_reopen_it(h):
+    """Review-2 finding 2 (Kafka's appendForGroup passes the verification guard to appendRecords): the
+    guard of a TxnOffsetCommit verified in a transaction whose ABORT marker then reached the offsets
+    partition is stale; the offset batch is refused, nothing is left pending."""
+    partition = h.store.partition_for(GROUP)
+    state = h.logs.replicas.partition(OFFSETS_TOPIC, partition).producer_state
+    stale = state.maybe_start_verification(PID, -1, 0)
+    write_marker(h.logs.replicas, partition, PID, 0, False)
+    answers = []
+    h.coordinator.commit_transactional_offsets(GROUP, PID, 0, -1, "", {TP0: (10, -1, "")}, answers.append,
+                                               verification=stale)
+    (answer,) = answers
+    assert answer[TP0] != ErrorCode.none
+    assert not h.store.has_pending(GROUP)
+    fresh = state.maybe_start_verification(PID, -1, 0)
+    answers.clear()
+    h.coordinator.commit_transactional_offsets(GROUP, PID, 0, -1, "", {TP0: (10, -1, "")}, answers.append,
+                                               verification=fresh)
+    assert answers == [{TP0: ErrorCode.none}] and h.store.has_pending(GROUP)

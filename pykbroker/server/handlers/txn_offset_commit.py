@@ -61,11 +61,12 @@ def _verification_needed(ctx: RequestContext, request):
 
 @handles(28)
 def txn_offset_commit(ctx: RequestContext, request) -> object:
-    def commit(respond) -> None:
+    def commit(respond, verification=None) -> None:
         ctx.broker.groups.commit_transactional_offsets(
             request.group_id, request.producer_id, request.producer_epoch,
             getattr(request, "generation_id", NO_GENERATION), getattr(request, "member_id", NO_MEMBER_ID),
-            requested_offsets(request.topics), respond, group_instance_id=getattr(request, "group_instance_id", None))
+            requested_offsets(request.topics), respond, group_instance_id=getattr(request, "group_instance_id", None),
+            verification=verification)
 
     verification = _verification_needed(ctx, request)
     if verification is None:
@@ -82,9 +83,14 @@ def txn_offset_commit(ctx: RequestContext, request) -> object:
             errors = {}
         error = errors.get(tp, ErrorCode.unknown_server_error)
         if error == ErrorCode.none:
-            commit(respond)
+            def answered(results) -> None:
+                # Appended: the entry is gone already; refused by the group or the append: drop it.
+                state.release_verification(request.producer_id, guard)
+                respond(results)
+
+            commit(answered, guard)  # the append checks the guard, as a produce's (Kafka's appendForGroup)
             return
-        state.verification_failed(request.producer_id, guard)
+        # A failed verification keeps the entry (shared with the producer's other requests; expiry drops it).
         error = _verification_error(error)
         metadata = ctx.broker.metadata
         respond({(topic.name, p.partition_index):
