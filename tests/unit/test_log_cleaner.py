@@ -664,7 +664,9 @@ def test_a_truncation_and_refill_of_the_same_size_refuses_the_swap(tmp_path):
     assert latest(plog)[b"k6"] == b"NEW6" and latest(plog)[b"k7"] == b"NEW7"
 
 
-def test_the_checkpoint_goes_down_with_a_truncation_so_a_tombstone_written_again_deletes(tmp_path):
+def _cleanable_log_with_truncation_hook(tmp_path):
+    """Seven cleanable one-batch segments (offsets 0-6) and an active one; the cleaner's checkpoint follows
+    truncations (``on_truncate``, as LogManager sets it)."""
     plog = open_log(tmp_path, delete_retention_ms=0, min_cleanable_dirty_ratio=0.01)
     append(plog, [(b"k", b"v1")])
     plog.roll()
@@ -674,6 +676,11 @@ def test_the_checkpoint_goes_down_with_a_truncation_so_a_tombstone_written_again
     append(plog, [(b"z", b"1")])
     cleaner = make_cleaner(tmp_path, [plog])
     plog.on_truncate = lambda offset: cleaner.truncate_checkpoint("t", 0, offset)  # as LogManager sets it
+    return plog, cleaner
+
+
+def test_the_checkpoint_goes_down_with_a_truncation_so_a_tombstone_written_again_deletes(tmp_path):
+    plog, cleaner = _cleanable_log_with_truncation_hook(tmp_path)
     assert clean_once(cleaner)
     assert cleaner._checkpoints[("t", 0)] == 7
     plog.truncate_to(3)
@@ -866,15 +873,7 @@ def test_null_keys_are_counted_alike_in_c_and_python(compression):
 
 
 def test_a_truncation_during_the_await_after_the_swap_keeps_the_lowered_checkpoint(tmp_path):
-    plog = open_log(tmp_path, delete_retention_ms=0, min_cleanable_dirty_ratio=0.01)
-    append(plog, [(b"k", b"v1")])
-    plog.roll()
-    for i in range(6):
-        append(plog, [(b"f%d" % i, b"x")])
-        plog.roll()
-    append(plog, [(b"z", b"1")])
-    cleaner = make_cleaner(tmp_path, [plog])
-    plog.on_truncate = lambda offset: cleaner.truncate_checkpoint("t", 0, offset)  # as LogManager sets it
+    plog, cleaner = _cleanable_log_with_truncation_hook(tmp_path)
     cleaner._checkpoints[("t", 0)] = 1
     run_file_work = cleaner._run_file_work
     truncated = []
