@@ -30,6 +30,8 @@ from pykbroker.groups.offset_store import OFFSETS_TOPIC, partition_for_group
 
 OFFSETS_PARTITIONS = 6
 OVERRIDES = {
+    # The test plays the transaction coordinator with raw requests: no coordinator to verify with (KIP-890).
+    "transaction.partition.verification.enable": False,
     "zookeeper.session.timeout.ms": 6000,
     "min.insync.replicas": 2,
     "default.replication.factor": 3,

@@ -1,7 +1,8 @@
 """Transactions across a leader failover on a 3-broker cluster (ZooKeeper mode): followers replicate the
 transactional batches and the markers, so a follower that becomes leader knows the open transaction (its
 LSO is the transaction's first offset) and, after the marker, answers the same aborted list; a third leader,
-elected after another kill, too. The test plays the transaction coordinator with raw WriteTxnMarkers."""
+elected after another kill, too. The test plays the transaction coordinator with raw WriteTxnMarkers, so
+the brokers run without partition verification (KIP-890: there is no coordinator to verify with)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def wait_for_view(cluster: BrokerCluster, broker_id: int, topic: str, expected, 
 
 def test_new_leader_knows_open_transactions_and_aborted_ranges(zk_connect, tmp_path):
     topic = "txn-failover"
-    with BrokerCluster(zk_connect, tmp_path, n=3) as cluster:
+    with BrokerCluster(zk_connect, tmp_path, n=3,
+                       overrides={"transaction.partition.verification.enable": False}) as cluster:
         cluster.create_topic(topic, 1, 3)
         leader = cluster.wait_for_leader(topic, 0)
         address = cluster.brokers[leader].address
