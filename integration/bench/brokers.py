@@ -245,8 +245,12 @@ def kafka_unavailable_reason(refkit: Path) -> str | None:
 
 def kraft_cluster_id() -> str:
     """A cluster id as `kafka-storage.sh random-uuid` prints it: 16 random bytes, URL-safe base64, no
-    padding (made here to save a JVM start per broker)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    padding (made here to save a JVM start per broker). Like Kafka's Uuid.randomUuid, never one starting
+    with "-": kafka-storage.sh's argument parser would take it for an option."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def kraft_properties(host: str, port: int, controller_port: int, log_dirs: Path) -> str:
