@@ -94,7 +94,8 @@ async def clean_with_probe(plog: PartitionLog, directory: Path, processes: bool)
     async def in_io(work):
         await asyncio.wrap_future(io_thread.submit(work))
 
-    cleaner = LogCleaner(directory, CleanerConfig(), lambda: [plog], lambda t, p: None, run_work, in_io)
+    stable_offset = lambda topic, partition: plog.log_end_offset  # noqa: E731 - one replica: all of it is stable
+    cleaner = LogCleaner(directory, CleanerConfig(), lambda: [plog], stable_offset, run_work, in_io)
     cleaner.use_processes = processes
     if processes:  # start the worker first: its start-up is not the cleaning's
         await asyncio.get_running_loop().run_in_executor(cleaner._executor(), time.sleep, 0)
