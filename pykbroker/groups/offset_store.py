@@ -49,6 +49,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping, NamedTuple
 
+from pykbroker.log.producer_state import NO_VERIFICATION
 from pykbroker.protocol.control_records import read_marker
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.protocol.records import TRANSACTIONAL_MASK, build_batch, read_records
@@ -668,12 +669,9 @@ class OffsetStore:
         AppendOrigin.Coordinator: no sequence numbers, the producer epoch still checked)."""
         epoch = self._epochs[partition]
         min_isr = self._min_insync_replicas()
-        if transactional:
-            outcome = self._replicas.append(OFFSETS_TOPIC, partition, batch, acks=-1, min_insync_replicas=min_isr,
-                                            origin="coordinator",
-                                            **({} if verification is None else {"verification": verification}))
-        else:
-            outcome = self._replicas.append(OFFSETS_TOPIC, partition, batch, acks=-1, min_insync_replicas=min_isr)
+        outcome = self._replicas.append(OFFSETS_TOPIC, partition, batch, acks=-1, min_insync_replicas=min_isr,
+                                        origin="coordinator" if transactional else "client",
+                                        verification=NO_VERIFICATION if verification is None else verification)
         step = _WriteStep(partition, epoch, outcome.base_offset, apply, done, offsets, on_failure)
         if outcome.error == ErrorCode.none and on_append is not None:
             on_append(outcome.base_offset)
