@@ -38,7 +38,7 @@ CLI) doing one job. Replaying one file:
    it) and is reported; so is every difference, with file, seq, connection, API and path.
 6. A broker that refuses transactions outright (FindCoordinator for a transactional id, or InitProducerId
    with one, answered with anything but success or a retriable error) cannot be brought into file 17's
-   starting state: `TransactionsRefused` says so with the broker's answer (a test skips on it).
+   starting state: `TransactionsRefused` says so with the broker's answer (the test fails on it).
 
 The result is a `ReplayResult`: its `differences` say precisely where the broker and Kafka disagree.
 """

@@ -1,6 +1,6 @@
 """Transactions on a 3-broker pykbroker cluster (ZooKeeper mode), with confluent-kafka: no reference cluster here,
-so these run against pykbroker only, and skip at run time while the brokers refuse transactions (FindCoordinator
-for a transactional id answers TRANSACTIONAL_ID_AUTHORIZATION_FAILED).
+so these run against pykbroker only (the opt-in test_transactions_cluster_reference.py runs the same scenarios
+against a 3-broker Kafka 3.7.1).
 
   commit across leaders        one transaction over partitions led by different brokers: the coordinator's
                                markers reach every leader; read_committed reads all, in order, once
@@ -34,7 +34,7 @@ from kio.static.primitive import i8
 
 from broker_cluster import BrokerCluster, ProtocolError, send_request, wait_until
 from test_replication_faults import OVERRIDES as REPLICATION_OVERRIDES
-from txn_targets import TRANSACTION_KEY, skip_unless_transactions
+from txn_targets import TRANSACTION_KEY
 
 OVERRIDES = {  # the replication fault tests' cluster (6 s ZooKeeper sessions, RF 3, min ISR 2) + the transaction log
     **REPLICATION_OVERRIDES,
@@ -52,7 +52,6 @@ pytestmark = pytest.mark.timeout(420)
 @pytest.fixture
 def cluster(zk_connect, tmp_path):
     with BrokerCluster(zk_connect, tmp_path, n=3, overrides=OVERRIDES) as brokers:
-        skip_unless_transactions(brokers.brokers[1])
         yield brokers
 
 

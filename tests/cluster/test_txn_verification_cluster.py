@@ -17,7 +17,6 @@ from kio.static.primitive import i16, i32, i32Timedelta
 from broker_cluster import BrokerCluster, send_request
 from pykbroker.protocol.records import TRANSACTIONAL_MASK, build_batch
 from test_transactions_cluster import OVERRIDES, transaction_coordinator
-from txn_targets import skip_unless_transactions
 
 pytestmark = pytest.mark.timeout(300)
 E = ErrorCode
@@ -40,7 +39,6 @@ def produce(address, topic: str, index: int, pid: int, epoch: int, seq: int):
 
 def test_a_leader_verifies_with_a_coordinator_on_another_broker(zk_connect, tmp_path):
     with BrokerCluster(zk_connect, tmp_path, n=3, overrides=OVERRIDES) as cluster:
-        skip_unless_transactions(cluster.brokers[1])
         topic = "verified"
         cluster.create_topic(topic, PARTITIONS)
         coordinator = transaction_coordinator(cluster, TID)

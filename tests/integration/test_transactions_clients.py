@@ -1,5 +1,5 @@
 """Transactions (KIP-98) end to end with real clients, against a real Apache Kafka 3.7.1 and against pykbroker
-(txn_targets.py: the `target` fixture; pykbroker skips at run time while it refuses transactions).
+(txn_targets.py: the `target` fixture).
 
 What each client does here is what applications do: confluent-kafka (librdkafka) transactions over two topics and
 partitions with consumer-group offsets in the transaction, abort, fencing by a second producer with the same

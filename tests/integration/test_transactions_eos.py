@@ -1,5 +1,5 @@
 """Exactly-once consume-transform-produce through crashes, against a real Apache Kafka 3.7.1 and against pykbroker
-(txn_targets.py `target`; pykbroker skips at run time while it refuses transactions).
+(txn_targets.py `target`).
 
 The application (txn_eos_worker.py, confluent-kafka: read_committed input consumer, transactional producer,
 send_offsets_to_transaction) runs as a real process. It is killed with SIGKILL at a seeded random moment while

@@ -1,5 +1,5 @@
 """Transactions across a broker crash (SIGKILL and restart on the same data dir), against a real Apache Kafka 3.7.1
-and against pykbroker (txn_targets.py `target`; pykbroker skips at run time while it refuses transactions).
+and against pykbroker (txn_targets.py `target`).
 
 Before the kill one partition holds a committed transaction, an aborted one and an open one (records in the log,
 no marker). After the restart the broker must have rebuilt all of it from its logs: the open transaction still

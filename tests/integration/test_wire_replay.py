@@ -7,9 +7,8 @@ cannot match yet are listed below with their reason; anything else that differs 
 file, seq, connection, API and the path of the differing field. An allow-list entry whose exchanges
 all match fails too, so the list only ever shrinks.
 
-A capture of transactions (file 17) skips, with the broker's answer as the reason, while the broker refuses
-transactional ids (TRANSACTIONAL_ID_AUTHORIZATION_FAILED at setup: wire_replay.TransactionsRefused); it runs
-as soon as the broker accepts them.
+A broker refusing transactional ids fails the capture of transactions (file 17) at setup
+(wire_replay.TransactionsRefused, with the broker's answer).
 """
 
 from __future__ import annotations
@@ -47,10 +46,7 @@ def test_replayed_conversation_gets_kafkas_answers(path, broker_factory):
     capture = wr.load_capture(path)
     preconditions = wr.preconditions_for(capture)
     broker = broker_factory.make({**CAPTURE_BROKER_CONFIG, **preconditions.broker_config})
-    try:
-        result = wr.replay(capture, broker.address, preconditions=preconditions, allowances=EXPECTED_UNSUPPORTED)
-    except wr.TransactionsRefused as refused:
-        pytest.skip(str(refused))
+    result = wr.replay(capture, broker.address, preconditions=preconditions, allowances=EXPECTED_UNSUPPORTED)
     print(result.report())  # every difference, allowed ones and notes included (pytest -s, or on failure)
     problems = result.summary()
     problems += [f"allow-list entry no longer needed, its exchanges match Kafka now: {allowance}"

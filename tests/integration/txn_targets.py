@@ -6,9 +6,7 @@
 
 - "kafka": ONE reference Kafka for the whole test session (a JVM start is 5-15 s of a loaded machine), shared by
   every module that imports this fixture; skipped with the reason where the kit or Java is absent.
-- "pykbroker": one pykbroker per module. It is skipped, with the broker's own words, while the broker still
-  refuses transactions (FindCoordinator for a transactional id answers TRANSACTIONAL_ID_AUTHORIZATION_FAILED):
-  detected at run time, so the tests run by themselves once transactions are in.
+- "pykbroker": one pykbroker per module (never skipped: a broker refusing transactional ids fails the tests).
 
 Select one target with ``-k "not pykbroker"`` (Kafka) or ``-k pykbroker``.
 """
@@ -16,7 +14,6 @@ Select one target with ``-k "not pykbroker"`` (Kafka) or ``-k pykbroker``.
 from __future__ import annotations
 
 import atexit
-import uuid
 
 import pytest
 from kio.schema.errors import ErrorCode
@@ -29,22 +26,6 @@ TARGETS = ["kafka", "pykbroker"]
 TRANSACTION_KEY = 1
 
 _reference: dict[str, BrokerProcess] = {}
-
-
-def transactions_refused(address: tuple[str, int]) -> str | None:
-    """Why the broker at `address` refuses transactions (its FindCoordinator answer for a transactional id is
-    TRANSACTIONAL_ID_AUTHORIZATION_FAILED, pykbroker's refusal before transactions), or None when it does not."""
-    response = send_request(address, FindCoordinatorRequest(key=f"probe-{uuid.uuid4().hex[:8]}",
-                                                             key_type=i8(TRANSACTION_KEY)))
-    if response.error_code == ErrorCode.transactional_id_authorization_failed:
-        return f"transactions not merged yet ({response.error_message})"
-    return None
-
-
-def skip_unless_transactions(broker: BrokerProcess) -> None:
-    reason = transactions_refused(broker.address)
-    if reason is not None:
-        pytest.skip(reason)
 
 
 def shared_reference_kafka(tmp_path_factory) -> BrokerProcess:
@@ -68,6 +49,7 @@ def wait_transaction_coordinator(broker: BrokerProcess, timeout: float = 60.0) -
     def ready() -> bool:
         response = send_request(broker.address, FindCoordinatorRequest(key="txn-tests-warmup",
                                                                        key_type=i8(TRANSACTION_KEY)))
+        assert response.error_code != ErrorCode.transactional_id_authorization_failed, response.error_message
         return response.error_code == ErrorCode.none
 
     wait_until(ready, "a transaction coordinator", timeout)
@@ -82,6 +64,5 @@ def target(request, tmp_path_factory):
         return
     broker = BrokerProcess(tmp_path_factory.mktemp("txn-pykbroker"))
     with broker:
-        skip_unless_transactions(broker)
         wait_transaction_coordinator(broker)
         yield broker
