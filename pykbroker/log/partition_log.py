@@ -125,6 +125,9 @@ class FileSlice:
 @dataclass
 class ReadResult:
     slices: list[FileSlice]
+    # No offset at or past this one is in the slices: the first offset of the batch after them (or the read's
+    # bound when the read reached it), Kafka's fetch upper bound for the aborted transactions it collects.
+    end_offset: int = -1
 
     def read_bytes(self) -> bytes:
         """The slices' bytes, concatenated (tests and tools; a fetch response sends them chunk by chunk)."""
@@ -715,12 +718,14 @@ class PartitionLog:
         limit = log_end if upper_bound is None else min(upper_bound, log_end)
         slices: list[FileSlice] = []
         if offset >= limit or self._closed:  # closed: deleted under a long poll that still holds the log
-            return ReadResult(slices)
+            return ReadResult(slices, offset)
         interval = self._config.index_interval_bytes
         remaining = max_bytes
         found_first = False
+        end_offset = limit  # lowered to the first batch left out when the read stops before the bound
         for segment in self._segments[max(bisect_right(self._bases, offset) - 1, 0) :]:
             if segment.base_offset >= limit or (slices and not shared_budget.can_pin_more()):
+                end_offset = min(segment.base_offset, limit)
                 break  # (each slice pins a descriptor: a read over many tiny segments stops at the budget)
             end = segment.size
             if not found_first:
@@ -729,23 +734,34 @@ class PartitionLog:
                     continue  # the offset lies past this segment's data: look in the next one
                 found_first = True
                 if first.last_offset >= limit:
+                    end_offset = offset
                     break
                 start = first.position
                 if first.size > remaining:
                     if min_one:
                         slices.append(FileSlice.of(segment, start, first.size))
+                    end_offset = first.next_offset if min_one else offset
                     break
-                run_end, stopped = segment.extend_run(start + first.size, start + remaining, limit, end)
+                run_end, refused = segment.extend_run(start + first.size, start + remaining, limit, end)
             else:
                 start = 0
                 segment.ensure_indexes(interval)
-                run_end, stopped = segment.extend_run(0, remaining, limit, end)
+                run_end, refused = segment.extend_run(0, remaining, limit, end)
             if run_end > start:
                 slices.append(FileSlice.of(segment, start, run_end - start))
                 remaining -= run_end - start
-            if stopped or remaining <= 0:
+            if refused is not None:
+                end_offset = refused if slices else offset
                 break
-        return ReadResult(slices)
+            if remaining <= 0:
+                end_offset = min(end_offset, self._next_base_after(segment.base_offset))
+                break
+        return ReadResult(slices, end_offset)
+
+    def _next_base_after(self, base_offset: int) -> int:
+        """The base offset of the segment after the one at ``base_offset``; the log end if it is the last."""
+        at = bisect_right(self._bases, base_offset)
+        return self._bases[at] if at < len(self._bases) else self._log_end_offset
 
     def batches(self, start_offset: int = 0) -> Iterator[tuple[BatchHeader, bytes]]:
         """Every batch holding offsets >= ``start_offset`` up to the log end at the time of the call.

@@ -369,13 +369,13 @@ class Segment:
                 return header
         return None
 
-    def extend_run(self, position: int, budget_end: int, limit_offset: int, end: int) -> tuple[int, bool]:
+    def extend_run(self, position: int, budget_end: int, limit_offset: int, end: int) -> tuple[int, int | None]:
         """Grow a run of whole batches from batch boundary ``position``.
 
         Takes batches while they end at or before ``budget_end`` and their last offset is below
-        ``limit_offset``. Returns (end of run, stopped) where ``stopped`` means a batch was refused, so the
-        read must not continue into the next segment. Jumps ahead with the offset index, so it walks at most
-        about one index interval of headers.
+        ``limit_offset``. Returns (end of run, refused) where ``refused`` is the base offset of the batch that
+        was refused (the read must not continue into the next segment), None if the run reached ``end``.
+        Jumps ahead with the offset index, so it walks at most about one index interval of headers.
         """
         budget_end = min(budget_end, end)
         _, jump_to = self.index.boundary_before(budget_end, limit_offset)
@@ -383,9 +383,9 @@ class Segment:
             position = jump_to
         for header in iter_file_headers(self.fd, position, end):
             if header.last_offset >= limit_offset or header.position + header.size > budget_end:
-                return position, True
+                return position, header.base_offset
             position = header.position + header.size
-        return position, False
+        return position, None
 
     def iter_batches(self, position: int, end: int, chunk: int = 1 << 20) -> Iterator[tuple[BatchHeader, bytes]]:
         """(header, batch bytes) for each batch from ``position`` to ``end``; header positions are 0 (in the bytes)."""

@@ -129,7 +129,8 @@ def test_append_then_read_across_rolls(sizes, segment_bytes, interval, chunk):
     ),
 )
 def test_read_matches_a_model(sizes, segment_bytes, interval, queries):
-    """read() against a plain list of batches: containing batch first, whole batches, max_bytes, upper bound."""
+    """read() against a plain list of batches: containing batch first, whole batches, max_bytes, upper bound,
+    and the end offset (the first offset after the data, the fetch's bound for aborted transactions)."""
     config = LogConfig(segment_bytes=segment_bytes, index_interval_bytes=interval)
     with tempfile.TemporaryDirectory() as root:
         log = open_log(Path(root), config)
@@ -150,9 +151,12 @@ def test_read_matches_a_model(sizes, segment_bytes, interval, queries):
                     break
                 expected.append(base)
                 total += size
+                next_offset = last + 1
             result = log.read(offset, max_bytes, upper_bound=upper_bound, min_one=min_one)
             assert [h.base_offset for h in iter_headers(result.read_bytes())] == expected
             assert result.size == total
+            if expected:  # offsets are dense here: what was read ends right before the end offset
+                assert result.end_offset == next_offset
         log.close()
 
 

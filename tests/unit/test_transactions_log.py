@@ -373,13 +373,13 @@ def _call(handler, rm, api_key, version, body):
     return handler(RequestContext(_broker(rm), request, "test"), body)
 
 
-def _fetch(rm, offset: int, isolation: int):
+def _fetch(rm, offset: int, isolation: int, partition_max_bytes: int = 1 << 20):
     body = fr.FetchRequest(
         replica_state=fr.ReplicaState(replica_id=-1), max_wait=datetime.timedelta(0), min_bytes=0,
         max_bytes=1 << 20, isolation_level=isolation, session_id=0, session_epoch=-1,
         topics=(fr.FetchTopic(topic_id=TOPIC_ID, partitions=(fr.FetchPartition(
             partition=0, current_leader_epoch=-1, fetch_offset=offset, last_fetched_epoch=-1,
-            log_start_offset=-1, partition_max_bytes=1 << 20),)),),
+            log_start_offset=-1, partition_max_bytes=partition_max_bytes),)),),
         forgotten_topics_data=(), rack_id="")
     return _call(fetch_handler, rm, 1, 16, body).responses[0].partitions[0]
 
@@ -420,6 +420,26 @@ def test_fetch_and_list_offsets_by_isolation(tmp_path):
     after = _fetch(rm, 3, 1)
     assert _offsets(after.records) == [3, 5, 6]
     assert [(a.producer_id, a.first_offset) for a in after.aborted_transactions] == [(1, 1)]
+
+
+def test_read_committed_fetch_lists_only_the_aborted_transactions_overlapping_what_it_read(tmp_path):
+    # 200 aborted one-record transactions: a fetch that reads a few batches gets their aborted transactions,
+    # not the whole partition's (Kafka's upper bound: the first offset after the data read), so the list
+    # never outgrows what the fetch's max bytes allows.
+    rm = manager(tmp_path)
+    rm.host("t", 0, 0)
+    for pid in range(1, 201):
+        append(rm, txn_batch(pid, 1))  # 2 * (pid - 1)
+        marker(rm, pid, commit=False)  # 2 * (pid - 1) + 1
+    batch = len(txn_batch(1, 1))
+    part = _fetch(rm, 0, 1, partition_max_bytes=3 * batch + 2 * len(_marker_bytes(1, False, 0)))
+    assert _offsets(part.records) == [0, 1, 2, 3, 4]
+    assert [(a.producer_id, a.first_offset) for a in part.aborted_transactions] == [(1, 0), (2, 2), (3, 4)]
+    middle = _fetch(rm, 201, 1, partition_max_bytes=1)  # min one batch: the marker at 201 alone
+    assert _offsets(middle.records) == [201]
+    assert [(a.producer_id, a.first_offset) for a in middle.aborted_transactions] == [(101, 200)]
+    whole = _fetch(rm, 0, 1)
+    assert len(whole.aborted_transactions) == 200
 
 
 def test_read_committed_long_poll_wakes_when_a_marker_makes_data_stable(tmp_path):

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 
 from pykbroker.log.errors import OffsetOutOfRange
+from pykbroker.log.partition_log import ReadResult
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.replication.replica_manager import FileRecords, Partition
 from pykbroker.server.dispatch import RequestContext, handles
@@ -126,10 +127,12 @@ def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, 
                     if wanted.last_fetched_epoch >= 0:
                         diverging = partition.diverging_epoch(wanted.offset, wanted.last_fetched_epoch)
                     if diverging is None:
-                        records = _read_one(replicas, partition, wanted, min(wanted.max_bytes, remaining),
-                                            total == 0, replica_id, now, read_committed)
+                        read = _read_one(replicas, partition, wanted, min(wanted.max_bytes, remaining),
+                                         total == 0, replica_id, now, read_committed)
+                        records = FileRecords(read) if read.slices else b""
                         if read_committed and records:
-                            aborted = partition.log.aborted_ranges(wanted.offset, partition.last_stable_offset)
+                            # Kafka's collectAbortedTransactions(fetch offset, upper bound of what was read)
+                            aborted = partition.log.aborted_ranges(wanted.offset, read.end_offset)
                         if quota is not None and quota.is_throttled(partition.topic, partition.index):
                             # Kafka's shouldLeaderThrottle: a follower outside the ISR gets nothing while the
                             # leader's replication quota is exceeded (its fetch state was still updated).
@@ -150,15 +153,14 @@ def _read_all(ctx: RequestContext, topics: list[list[_Wanted]], max_bytes: int, 
 
 
 def _read_one(replicas, partition: Partition, wanted: _Wanted, limit: int, min_one: bool, replica_id: int, now: int,
-              read_committed: bool = False):
-    """One partition's records; a follower's read goes to the log end and records its progress."""
+              read_committed: bool = False) -> ReadResult:
+    """One partition's read; a follower's read goes to the log end and records its progress."""
     if replica_id >= 0:
         leader_end = partition.log.log_end_offset  # before the read, as Kafka's readRecords
         read = replicas.read(partition, wanted.offset, max(limit, 0), min_one=min_one, up_to_hwm=False)
         partition.update_follower_fetch_state(replica_id, wanted.offset, wanted.log_start_offset, now, leader_end)
-    else:
-        read = replicas.read(partition, wanted.offset, max(limit, 0), min_one=min_one, read_committed=read_committed)
-    return FileRecords(read) if read.slices else b""
+        return read
+    return replicas.read(partition, wanted.offset, max(limit, 0), min_one=min_one, read_committed=read_committed)
 
 
 def _count_out(stats, results, replica_id: int) -> None:
