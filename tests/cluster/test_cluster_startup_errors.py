@@ -5,7 +5,6 @@ InconsistentClusterIdException), a broker id held by a live broker."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,14 +15,10 @@ pytest.importorskip("kazoo", reason="kazoo is not installed")
 
 from kazoo.client import KazooClient
 
+from pykbroker.cluster.zk_server import free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FAIL_TIMEOUT_S = 60.0  # every failure below must end long before this, even on a loaded machine
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def serve(data_dir: Path, zookeeper: str, *overrides: str) -> subprocess.CompletedProcess:

@@ -35,7 +35,9 @@ def cleaned_up_to(data_dir: Path, topic: str) -> int:
 
 
 def test_each_replica_cleans_its_own_log_and_consumers_see_the_latest_values(zk_connect, tmp_path):
-    with BrokerCluster(zk_connect, tmp_path, n=3, overrides={"log.cleaner.backoff.ms": 100}) as cluster:
+    # (6 s ZooKeeper sessions: the killed leader is noticed in 6 s, not 18)
+    overrides = {"log.cleaner.backoff.ms": 100, "zookeeper.session.timeout.ms": 6000}
+    with BrokerCluster(zk_connect, tmp_path, n=3, overrides=overrides) as cluster:
         cluster.create_topic("compacted", partitions=1, replication_factor=3, config=COMPACTED)
         pairs, expected = updates(rounds=30, keys=10)
         assert not produce(cluster.bootstrap, "compacted", pairs + [(b"tail", b"t" * 4000)], acks="all")
@@ -55,5 +57,5 @@ def test_each_replica_cleans_its_own_log_and_consumers_see_the_latest_values(zk_
         # another leader serves the same latest values
         leader = cluster.partition("compacted", 0).leader
         cluster.kill(leader)
-        cluster.wait_for_leader("compacted", 0, exclude={leader})
+        cluster.wait_for_leader("compacted", 0, exclude={leader}, timeout=60)
         assert latest_values(consume_all(cluster.bootstrap, "compacted")) == expected

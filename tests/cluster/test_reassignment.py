@@ -195,9 +195,10 @@ def test_kafka_reassign_partitions_moves_replicas_with_their_data(zk_connect, tm
 @pytest.mark.timeout(300)
 def test_reassignment_api_errors_cancel_and_not_controller(zk_connect, tmp_path):
     topic = "errs"
-    # A longer session: the paused broker stays registered (alive) while the tools run. Were it declared dead,
+    # A long session (the test ZooKeeper's maximum): the paused broker stays registered (alive) while the tools
+    # run, however slow the machine. Were it declared dead,
     # the cancel's StopReplica would never reach it and its copy would stay behind, as in Kafka.
-    with start_cluster(zk_connect, tmp_path, **{"zookeeper.session.timeout.ms": 30000}) as cluster:
+    with start_cluster(zk_connect, tmp_path, **{"zookeeper.session.timeout.ms": 60000}) as cluster:
         controller = cluster.controller_id()
         other = next(b for b in (1, 2, 3) if b != controller)  # the new replica, paused: it cannot catch up
         a, b = [x for x in (1, 2, 3) if x != other]

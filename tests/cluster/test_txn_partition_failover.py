@@ -46,7 +46,8 @@ def wait_for_view(cluster: BrokerCluster, broker_id: int, topic: str, expected, 
 def test_new_leader_knows_open_transactions_and_aborted_ranges(zk_connect, tmp_path):
     topic = "txn-failover"
     with BrokerCluster(zk_connect, tmp_path, n=3,
-                       overrides={"transaction.partition.verification.enable": False}) as cluster:
+                       overrides={"transaction.partition.verification.enable": False,
+                                 "zookeeper.session.timeout.ms": 6000}) as cluster:
         cluster.create_topic(topic, 1, 3)
         leader = cluster.wait_for_leader(topic, 0)
         address = cluster.brokers[leader].address
@@ -59,7 +60,7 @@ def test_new_leader_knows_open_transactions_and_aborted_ranges(zk_connect, tmp_p
         assert committed_view(address, topic) == expected_open
 
         cluster.kill(leader)
-        second = cluster.wait_for_leader(topic, 0, exclude={leader})
+        second = cluster.wait_for_leader(topic, 0, exclude={leader}, timeout=60)
         wait_for_view(cluster, second, topic, expected_open, "the new leader's LSO at the open transaction")
 
         result = []
@@ -73,5 +74,5 @@ def test_new_leader_knows_open_transactions_and_aborted_ranges(zk_connect, tmp_p
         cluster.start_broker(leader)
         cluster.wait_for_isr(topic, 0, {1, 2, 3})
         cluster.kill(second)
-        third = cluster.wait_for_leader(topic, 0, exclude={second})
+        third = cluster.wait_for_leader(topic, 0, exclude={second}, timeout=60)
         wait_for_view(cluster, third, topic, expected_done, "the third leader's aborted list")

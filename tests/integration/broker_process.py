@@ -36,6 +36,7 @@ from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, 
 from kio.serial import entity_reader
 from kio.static.primitive import i16, i32, i32Timedelta, i64
 
+from pykbroker.cluster.zk_server import free_port as zk_free_port
 from pykbroker.protocol.client import encode_request
 from pykbroker.protocol.records import CODEC_NAMES, LOG_OVERHEAD, read_header
 
@@ -63,10 +64,19 @@ class BrokerError(RuntimeError):
     """The broker process did not start, did not stop, or died; the message carries its log tail."""
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(host: str = HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A port free on ``host`` now, never one this process handed out before (two brokers of a cluster asking
+    in turn never get the same one), outside the kernel's ephemeral range when possible (a broker restarted on
+    it never finds it taken by an outgoing connection): pykbroker's own ``zk_server.free_port``."""
+    for _ in range(100):
+        port = zk_free_port(host)
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError(f"no free port on {host} that was not handed out before ({len(_HANDED_OUT)} were)")
 
 
 def _die_with_parent() -> None:

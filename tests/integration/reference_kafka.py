@@ -33,9 +33,7 @@ class ReferenceKafka(BrokerProcess):
             pytest.skip(reason)
         super().__init__(workdir)
         self.bin = refkit / KAFKA_DIST / "bin"
-        self.controller_port = free_port()
-        while self.controller_port == self.port:  # two free_port() calls may hand out the same port
-            self.controller_port = free_port()
+        self.controller_port = free_port()  # (never the same as self.port: free_port does not repeat itself)
         self.properties = self.workdir / "kraft.properties"
         self.log_path = self.workdir / "kafka.log"
 

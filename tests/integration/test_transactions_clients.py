@@ -437,7 +437,8 @@ def test_kafka_transactions_tool_lists_and_describes_an_open_transaction(target)
     tools = kafka_tools_or_skip()
     topic, tid = unique("txn-tool"), unique("tid-tool")
     create_topics(target.bootstrap, {topic: 2})
-    producer = txn_producer(target.bootstrap, tid)
+    # (a 10-minute transaction timeout: four JVM runs on a loaded machine must not outlast the open transaction)
+    producer = txn_producer(target.bootstrap, tid, **{"transaction.timeout.ms": 600000})
     producer.begin_transaction()
     produce_flushed(producer, [(topic, 0, b"w"), (topic, 0, b"v")])
     producer.commit_transaction(TIMEOUT_S)                 # topic-0: w @0, v @1, COMMIT @2
@@ -457,7 +458,7 @@ def test_kafka_transactions_tool_lists_and_describes_an_open_transaction(target)
     header, *values = run("describe", "--transactional-id", tid)
     described = dict(zip(header, values[0][:len(header) - 1] + [" ".join(values[0][len(header) - 1:])]))
     assert described["TransactionState"] == "Ongoing" and described["ProducerId"] == producer_id, described
-    assert described["TransactionTimeoutMs"] == "60000", described  # librdkafka's default transaction.timeout.ms
+    assert described["TransactionTimeoutMs"] == "600000", described
     assert set(described["TopicPartitions"].split(",")) == {f"{topic}-0", f"{topic}-1"}, described
 
     header, *values = run("describe-producers", "--topic", topic, "--partition", "0")
@@ -495,10 +496,10 @@ def test_confluent_open_transaction_is_aborted_after_its_timeout(target):
     topic = unique("txn-timeout")
     create_topics(target.bootstrap, {topic: 1})
     producer = txn_producer(target.bootstrap, unique("tid-timeout"),
-                            **{"transaction.timeout.ms": 2000, "message.timeout.ms": 2000})
+                            **{"transaction.timeout.ms": 10000, "message.timeout.ms": 10000})
     producer.begin_transaction()
     produce_flushed(producer, [(topic, 0, b"expired-0"), (topic, 0, b"expired-1")])
-    assert list_offsets(target.bootstrap, topic, 0, IsolationLevel.READ_COMMITTED) == 0
+    assert list_offsets(target.bootstrap, topic, 0, IsolationLevel.READ_COMMITTED) == 0  # (10 s before the abort)
 
     def aborted() -> bool:
         return list_offsets(target.bootstrap, topic, 0, IsolationLevel.READ_COMMITTED) == 3  # after the ABORT @2

@@ -18,6 +18,7 @@ import pytest
 from confluent_kafka import IsolationLevel, KafkaException
 
 import txn_targets
+from broker_process import wait_until
 import test_transactions_clients as txc  # its client helpers
 
 target = txn_targets.target  # the fixture: Kafka 3.7.1 and pykbroker
@@ -40,7 +41,8 @@ def offsets_when_served(bootstrap: str, topic: str) -> tuple[int, int]:
 def test_transactions_survive_a_broker_kill9(target):
     topic, open_id, other_id = txc.unique("txn-restart"), txc.unique("tid-open"), txc.unique("tid-other")
     txc.create_topics(target.bootstrap, {topic: 1})
-    first = txc.txn_producer(target.bootstrap, open_id)
+    # (a timeout far beyond a JVM's kill -9 and restart: the open transaction must outlive them)
+    first = txc.txn_producer(target.bootstrap, open_id, **{"transaction.timeout.ms": 600000})
     first.begin_transaction()
     txc.produce_flushed(first, [(topic, 0, b"committed-0"), (topic, 0, b"committed-1")])
     first.commit_transaction(txc.TIMEOUT_S)          # 0, 1, COMMIT @2
@@ -48,6 +50,9 @@ def test_transactions_survive_a_broker_kill9(target):
     other.begin_transaction()
     txc.produce_flushed(other, [(topic, 0, b"aborted-0")])
     other.abort_transaction(txc.TIMEOUT_S)           # 3, ABORT @4
+    # the markers are written after EndTxn is answered: the ABORT lands before the next transaction's records
+    wait_until(lambda: offsets_when_served(target.bootstrap, topic) == (5, 5), "the ABORT marker at offset 4",
+               txc.TIMEOUT_S)
     first.begin_transaction()
     txc.produce_flushed(first, [(topic, 0, b"open-0"), (topic, 0, b"open-1")])   # 5, 6: open
     assert offsets_when_served(target.bootstrap, topic) == (5, 7)

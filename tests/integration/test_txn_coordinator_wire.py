@@ -241,7 +241,8 @@ def test_timed_out_transactions_are_aborted_and_idle_ids_expire(broker_factory, 
         "transaction.state.log.num.partitions": TXN_PARTITIONS,
         "transaction.abort.timed.out.transaction.cleanup.interval.ms": 200,
         "transaction.remove.expired.transaction.cleanup.interval.ms": 300,
-        "transactional.id.expiration.ms": 1500,
+        # long enough for tx-slow's abort to be seen and its fencing checked before its id expires too
+        "transactional.id.expiration.ms": 5000,
     })
     address = broker.address
     # Before any FindCoordinator for a transactional id there is no __transaction_state: not the coordinator.
