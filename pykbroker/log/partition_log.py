@@ -638,6 +638,9 @@ class PartitionLog:
                                   stable_below=high_watermark)
         self.producer_state_replayed = replayed[0]
         self._producer_state_loaded = True
+        if replayed[0]:
+            log.info("%s-%d: producer state loaded from %s, %d batches replayed from offset %d", self.topic,
+                     self.partition, "the snapshot" if start in self._snapshots else "the log", replayed[0], start)
         return start
 
     def take_producer_snapshot(self, offset: int | None = None) -> None:
