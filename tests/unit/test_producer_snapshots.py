@@ -289,6 +289,30 @@ def test_the_number_of_snapshots_is_bounded(tmp_path):
     assert len(snapshots(tmp_path)) == MAX_SNAPSHOTS  # the durable one is among the newest now
 
 
+def test_a_flush_snapshots_after_enough_bytes_within_one_segment(tmp_path, monkeypatch):
+    """A big segment of small batches is not replayed whole after a crash or a truncation: once
+    SNAPSHOT_INTERVAL_BYTES were appended, the next flush writes a snapshot at the log end (and fsyncs it)."""
+    monkeypatch.setattr("pykbroker.log.partition_log.SNAPSHOT_INTERVAL_BYTES", 1000)
+    rm = manager(tmp_path)
+    p = rm.host("t", 0, 0)
+    for seq in range(10):
+        append(rm, idem(1, seq))
+    p.log.flush()
+    assert snapshots(tmp_path) == []  # under 1000 bytes
+    for seq in range(10, 30):
+        append(rm, idem(1, seq))
+    job = p.log.prepare_flush()
+    assert snapshots(tmp_path) == [30] and tmp_path / "t-0" / f"{30:020d}.snapshot" in job.paths
+    job.run()
+    p.log.complete_flush(job)
+    assert len(p.log.segment_base_offsets) == 1
+    for seq in range(30, 33):
+        append(rm, idem(1, seq))
+    p.truncate_to(32)
+    assert p.log.producer_state_replayed == 2
+    assert_same_as_full_replay(p)
+
+
 def test_a_follower_takes_snapshots_at_its_own_rolls(tmp_path):
     leader_log = PartitionLog.open(tmp_path / "l" / "t-0", SMALL_SEGMENTS, fsync="never")
     records = []
