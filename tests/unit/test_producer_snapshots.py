@@ -197,6 +197,33 @@ def test_restart_after_a_crash_replays_from_the_newest_snapshot_at_or_below_the_
     assert append(rm, idem(1, 29)).base_offset == 59  # deduplicated after the crash
 
 
+def test_a_snapshot_above_the_checkpointed_high_watermark_is_not_used(tmp_path):
+    """A transaction whose marker is at or above the HWM stays unstable (it bounds the LSO) until the HWM
+    passes the marker; a snapshot cannot hold such ended transactions (Kafka's format has only open ones), so
+    only a snapshot at or below the HWM is loaded, and the LSO is the one a full replay gives."""
+    from pykbroker.log.checkpoint import write_checkpoint
+
+    rm = manager(tmp_path, SMALL_SEGMENTS)
+    p = rm.host("t", 0, 0)
+    append(rm, txn_batch(1, 2))  # 0, 1
+    marker(rm, 1, commit=True)  # 2
+    p.log.roll()  # a snapshot at 3: the transaction ended
+    for seq in range(3):
+        append(rm, idem(2, seq))  # 3-5
+    p.log.flush()
+    rm.log_manager.write_checkpoints()  # recovery point 6
+    write_checkpoint(rm.checkpoint_path, [("t", 0, 2)])  # the HWM was last checkpointed below the marker
+    rm = restart(rm, tmp_path, SMALL_SEGMENTS, clean=False)
+    p = rm.partition("t", 0)
+    assert 3 in snapshots(tmp_path)
+    assert p.log.producer_state_replayed == 5  # every batch: no snapshot at or below 2
+    # Loaded with the HWM at 2, the committed transaction is unstable (a follower's LSO stays at 0 until its
+    # leader's HWM passes the marker); this single broker's HWM is its log end once it leads.
+    assert p.producer_state.first_unstable_offset() == 0
+    assert p.last_stable_offset == p.high_watermark == 6
+    assert_same_as_full_replay(p)
+
+
 def test_a_log_whose_state_was_never_loaded_writes_no_snapshot(tmp_path):
     log = PartitionLog.open(tmp_path / "t-0", SMALL_SEGMENTS, fsync="never")
     for seq in range(10):
