@@ -263,6 +263,29 @@ def test_a_corrupt_snapshot_is_logged_deleted_and_an_older_one_or_the_log_used(t
     assert_same_as_full_replay(p)
 
 
+def test_a_snapshot_that_cannot_be_written_fails_nothing(tmp_path, monkeypatch, caplog):
+    import pykbroker.log.partition_log as partition_log_module
+
+    rm = manager(tmp_path, SMALL_SEGMENTS)
+    p = rm.host("t", 0, 0)
+    real_open = partition_log_module.os.open
+
+    def full_disk(path, *args, **kwargs):
+        if str(path).endswith(".snapshot.tmp"):
+            raise OSError(28, "No space left on device")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(partition_log_module.os, "open", full_disk)
+    for seq in range(20):  # the rolls go on
+        assert append(rm, idem(1, seq)).error == 0
+    monkeypatch.undo()
+    assert len(p.log.segment_base_offsets) > 2 and snapshots(tmp_path) == []
+    assert "could not write producer snapshot" in caplog.text
+    assert not list((tmp_path / "t-0").glob("*.tmp"))
+    rm = restart(rm, tmp_path, SMALL_SEGMENTS)
+    assert rm.partition("t", 0).log.producer_state_replayed == 0  # the disk has room again at shutdown
+
+
 def test_truncation_deletes_snapshots_above_and_reloads_from_the_newest_below(tmp_path):
     rm = manager(tmp_path, SMALL_SEGMENTS)
     p = rm.host("t", 0, 0)
