@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from bisect import bisect_right
+from bisect import bisect_right, insort
 from dataclasses import dataclass, field
 from pathlib import Path
 from functools import partial
@@ -21,7 +21,7 @@ from pykbroker.log.errors import OffsetOutOfRange, RecordTooLarge, UnexpectedApp
 from pykbroker.log.checkpoint import CorruptCheckpoint
 from pykbroker.log.files import Pin, shared_budget
 from pykbroker.log.leader_epoch import LeaderEpochCache
-from pykbroker.log.producer_state import CompletedTxn, ProducerStateManager
+from pykbroker.log.producer_state import CompletedTxn, CorruptSnapshot, ProducerStateManager
 from pykbroker.log.txn_index import TXN_INDEX_SUFFIX, AbortedTxn, TransactionIndex, TxnIndexEntry
 from pykbroker.log.segment import (
     INDEX_SUFFIX,
@@ -58,6 +58,14 @@ log = logging.getLogger(__name__)
 FSYNC_POLICIES = ("always", "interval", "never")
 # Files Kafka (or an interrupted run of ours) may leave behind mid-operation; none holds needed data.
 LEFTOVER_SUFFIXES = (".tmp", ".deleted", ".cleaned", ".swap")
+SNAPSHOT_SUFFIX = ".snapshot"  # <20-digit offset>.snapshot: the producer state as of that offset (Kafka's file)
+# Producer snapshots kept: the newest ones (a follower's truncation reloads from one at or below its new end)
+# and the newest one at or below the recovery point (what a start after a crash may use).
+MAX_SNAPSHOTS = 3
+# A flush also snapshots the producer state once this much was appended since the last snapshot: a segment
+# (1 GiB by default) of small batches would otherwise be replayed whole after a crash or a follower's
+# truncation, on the event loop. 16 MiB of the smallest batches is about 250,000 headers.
+SNAPSHOT_INTERVAL_BYTES = 16 << 20
 
 
 def log_dir_name(topic: str, partition: int) -> str:
@@ -161,6 +169,7 @@ class FlushJob:
     segments: list[Segment]
     directory_changed: bool
     truncations: int
+    snapshots: list[Path] = field(default_factory=list)  # producer snapshots written since the last flush
 
     def run(self) -> None:
         for path in self.paths:
@@ -212,6 +221,18 @@ class PartitionLog:
         self.producer_state = ProducerStateManager()
         # Transaction indexes (.txnindex) of the segments that have any, by segment base offset.
         self._txn_indexes: dict[int, TransactionIndex] = {}
+        # Producer-state snapshots present (offsets, ascending), those written since the last flush (fsynced by
+        # it), whether the producer state covers the log (loaded: only then are snapshots written), the
+        # recovery point the log was opened with, and how many batches the last load replayed.
+        self._snapshots: list[int] = []
+        self._unsynced_snapshots: list[Path] = []
+        self._appended_since_snapshot = 0  # bytes
+        self._producer_state_loaded = False
+        self._opened_recovery_point = 0
+        self.producer_state_replayed = 0
+        # The first marker whose transaction-index entry could not be written (disk full): no snapshot above
+        # it is written, so a restart's replay passes the marker and writes the entry.
+        self._unindexed_marker: int | None = None
 
     # -- opening and recovery ----------------------------------------------------------------------------
 
@@ -305,6 +326,7 @@ class PartitionLog:
             self._epochs.write()
 
         self._load_txn_indexes()
+        self._load_snapshot_list()
 
         self._dirty.update(segment for segment in recovered if segment in self._segments)
         if recovered or self._directory_changed:
@@ -318,6 +340,7 @@ class PartitionLog:
                 fsync_path(self.directory)
         else:
             self._recovery_point = self._log_end_offset
+        self._opened_recovery_point = self._recovery_point
 
     def _load_txn_indexes(self) -> None:
         """Load the segments' .txnindex files; entries past the log end (a recovery cut their markers) go, and
@@ -522,6 +545,8 @@ class PartitionLog:
         try:
             index.append(TxnIndexEntry(txn.producer_id, txn.first_offset, txn.last_offset, last_stable_offset))
         except OSError as exc:  # the marker is in the log: a restart's replay writes the entry again
+            if self._unindexed_marker is None or txn.last_offset < self._unindexed_marker:
+                self._unindexed_marker = txn.last_offset
             log.warning("%s-%d: could not write %s (%s); fetches use the entry, a restart rewrites it",
                         self.topic, self.partition, index.path.name, exc)
 
@@ -554,6 +579,120 @@ class PartitionLog:
                 del self._txn_indexes[base]
             elif index.truncate_to(offset) and not index.entries:
                 del self._txn_indexes[base]
+
+    # -- producer-state snapshots (Kafka's ProducerStateManager snapshot files) ----------------------------
+
+    def _snapshot_path(self, offset: int) -> Path:
+        return self.directory / segment_file_name(offset, SNAPSHOT_SUFFIX)
+
+    def _load_snapshot_list(self) -> None:
+        """Find the snapshot files; those past the log end (a recovery cut the log they describe) or below its
+        start are deleted, as Kafka's truncateAndReload does."""
+        found = []
+        for name in os.listdir(self.directory):
+            if name.endswith(SNAPSHOT_SUFFIX):
+                stem = name.removesuffix(SNAPSHOT_SUFFIX)
+                if len(stem) == 20 and stem.isdigit():
+                    found.append(int(stem))
+        self._snapshots = sorted(found)
+        self._delete_snapshots(lambda offset: offset > self._log_end_offset or offset < self._log_start_offset)
+
+    @property
+    def snapshot_offsets(self) -> list[int]:
+        return list(self._snapshots)
+
+    def load_producer_state(self, high_watermark: int | None = None) -> int:
+        """Load the producer state from the newest usable snapshot, then replay the batches after it (all of
+        the log if there is none); aborted transactions met in the replay go to the transaction index again
+        (entries a crash lost). Returns the offset the replay started from.
+
+        A snapshot is usable at or above the log start and at or below the high-water mark (the ended
+        transactions it cannot hold are those whose marker is still above the HWM) and, on the first load,
+        the recovery point the log was opened with: below it the log and its transaction indexes were fsynced,
+        so the replay from the snapshot re-indexes every aborted transaction a crash can have lost. One that
+        cannot be read is logged, deleted and the next older one tried.
+        """
+        state = self.producer_state
+        bound = self._log_end_offset if high_watermark is None else min(high_watermark, self._log_end_offset)
+        if not self._producer_state_loaded:
+            bound = min(bound, self._opened_recovery_point)
+        start = self._log_start_offset
+        state.clear()
+        for offset in reversed(self._snapshots):
+            if offset > bound:
+                continue
+            if offset < self._log_start_offset:
+                break
+            path = self._snapshot_path(offset)
+            try:
+                state.load_snapshot(path.read_bytes(), offset, log_append_time=self._config.log_append_time)
+            except (OSError, CorruptSnapshot) as exc:
+                log.warning("%s-%d: ignoring producer snapshot %s (%s)", self.topic, self.partition, path.name, exc)
+                self._delete_snapshots(lambda o, bad=offset: o == bad)
+                continue
+            start = offset
+            break
+        replayed = [0]
+
+        def counted(items: Iterator[tuple[BatchHeader, Marker | None]]) -> Iterator[tuple[BatchHeader, Marker | None]]:
+            for item in items:
+                replayed[0] += 1
+                yield item
+
+        state.replay_with_markers(counted(self.headers_and_markers(start)), on_completed=self.index_aborted,
+                                  stable_below=high_watermark)
+        self.producer_state_replayed = replayed[0]
+        self._producer_state_loaded = True
+        if replayed[0]:
+            log.info("%s-%d: producer state loaded from %s, %d batches replayed from offset %d", self.topic,
+                     self.partition, "the snapshot" if start in self._snapshots else "the log", replayed[0], start)
+        return start
+
+    def take_producer_snapshot(self, offset: int | None = None) -> None:
+        """Write the producer state as ``<offset>.snapshot`` (default: the log end), unless the state was never
+        loaded (it would not describe the log) or that snapshot exists. Written to a temporary file and
+        renamed, on this thread (a few thousand producers are a few hundred KB); the next flush fsyncs it (off
+        the event loop) with the directory. A snapshot that a crash leaves torn fails its CRC and is skipped.
+        A failure (disk full) is logged: a restart replays more of the log."""
+        if not self._producer_state_loaded or self._closed:
+            return
+        offset = self._log_end_offset if offset is None else offset
+        if offset in self._snapshots:
+            self._appended_since_snapshot = 0
+            return
+        if self._unindexed_marker is not None and offset > self._unindexed_marker:
+            return
+        path = self._snapshot_path(offset)
+        temp = path.with_name(path.name + ".tmp")
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, self.producer_state.snapshot())
+            finally:
+                os.close(fd)
+            os.replace(temp, path)
+        except OSError as exc:
+            log.warning("%s-%d: could not write producer snapshot %s (%s)", self.topic, self.partition, path.name, exc)
+            temp.unlink(missing_ok=True)
+            return
+        insort(self._snapshots, offset)
+        self._unsynced_snapshots.append(path)
+        self._appended_since_snapshot = 0
+        self._directory_changed = True
+        keep = set(self._snapshots[-MAX_SNAPSHOTS:])
+        durable = [o for o in self._snapshots if o <= self._recovery_point]
+        if durable:
+            keep.add(durable[-1])
+        self._delete_snapshots(lambda o: o not in keep)
+
+    def _delete_snapshots(self, doomed: Callable[[int], bool]) -> None:
+        """Delete the snapshot files whose offset ``doomed`` picks (tiny files: unlinked at once)."""
+        for offset in [o for o in self._snapshots if doomed(o)]:
+            self._snapshots.remove(offset)
+            try:
+                self._snapshot_path(offset).unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("%s-%d: could not delete producer snapshot at %d (%s)", self.topic, self.partition, offset, exc)
 
     # -- appends -----------------------------------------------------------------------------------------
 
@@ -622,6 +761,7 @@ class PartitionLog:
         if self._should_roll(segment, len(buf), headers[-1].last_offset, now_ms):
             segment = self._roll(headers[0].base_offset)
         segment.append(buf, headers, self._config.index_interval_bytes)
+        self._appended_since_snapshot += len(buf)
         if segment.rolling_base_ms is None:
             segment.rolling_base_ms = now_ms
         self._log_end_offset = headers[-1].next_offset
@@ -686,6 +826,7 @@ class PartitionLog:
         self._bases.append(base)
         self._directory_changed = True
         self.rolled_since_flush = True
+        self.take_producer_snapshot(base)  # Kafka's roll: the state as of the new segment's base
         return segment
 
     def maybe_roll(self, now_ms: int) -> None:
@@ -997,6 +1138,9 @@ class PartitionLog:
             return
         keep = bisect_right(self._bases, offset)
         self._truncate_txn_indexes(offset)
+        self._delete_snapshots(lambda o: o > offset)  # they describe batches that are gone
+        if self._unindexed_marker is not None and self._unindexed_marker >= offset:
+            self._unindexed_marker = None
         self._retire(self._segments[keep:])
         del self._segments[keep:]
         del self._bases[keep:]
@@ -1014,6 +1158,8 @@ class PartitionLog:
 
     def _truncate_fully_and_start_at(self, offset: int) -> None:
         self._retire(list(self._segments))
+        self._delete_snapshots(lambda o: True)
+        self._unindexed_marker = None
         segment = Segment.create(self.directory, offset)
         self._segments = [segment]
         self._bases = [offset]
@@ -1042,6 +1188,7 @@ class PartitionLog:
             return
         self._log_start_offset = offset
         self._delete_leading(lambda segment, following: following.base_offset <= self._log_start_offset, defer=True)
+        self._delete_snapshots(lambda o: o < offset)  # unusable below the log start (Kafka deletes them)
         if self._epochs.truncate_from_start(offset, persist=False):
             self._file_work.append(partial(self._write_epochs, self._epochs.snapshot()))
 
@@ -1101,6 +1248,7 @@ class PartitionLog:
                 self._log_start_offset = self._bases[0]
                 if self._epochs.truncate_from_start(self._log_start_offset, persist=not defer):
                     self._file_work.append(partial(self._write_epochs, self._epochs.snapshot()))
+            self._delete_snapshots(lambda o: o < self._log_start_offset)
         return count
 
     def _retire(self, segments: list[Segment], *, defer: bool = False) -> None:
@@ -1162,6 +1310,8 @@ class PartitionLog:
         paths: list[Path] = []
         included: list[Segment] = []
         index_write_failed = False
+        if self._appended_since_snapshot >= SNAPSHOT_INTERVAL_BYTES:
+            self.take_producer_snapshot()  # fsynced by this flush
         for segment in self._segments:
             try:
                 changed_indexes = segment.write_pending_indexes()
@@ -1178,11 +1328,13 @@ class PartitionLog:
                     paths.append(self._txn_indexes[segment.base_offset].path)
         self._dirty.clear()
         self._index_write_failed = index_write_failed
+        snapshots, self._unsynced_snapshots = self._unsynced_snapshots, []
+        paths.extend(snapshots)
         directory_changed = self._directory_changed
         if directory_changed:
             paths.append(self.directory)
             self._directory_changed = False
-        return FlushJob(paths, self._log_end_offset, included, directory_changed, self._truncations)
+        return FlushJob(paths, self._log_end_offset, included, directory_changed, self._truncations, snapshots)
 
     def complete_flush(self, job: FlushJob) -> None:
         """The job ran: advance the recovery point (unless the log was truncated meanwhile)."""
@@ -1194,6 +1346,7 @@ class PartitionLog:
         """The job did not finish: keep its segments dirty for the next flush."""
         self._dirty.update(segment for segment in job.segments if segment in self._segments)
         self._directory_changed = self._directory_changed or job.directory_changed
+        self._unsynced_snapshots[:0] = job.snapshots
 
     def flush(self) -> None:
         """Make everything appended so far durable (fsync) and advance the recovery point to the log end."""
@@ -1207,9 +1360,11 @@ class PartitionLog:
         self.complete_flush(job)
 
     def close(self) -> None:
-        """Seal the active segment, flush, and close every file."""
+        """Snapshot the producer state at the log end (a clean restart replays nothing), seal the active
+        segment, flush, and close every file."""
         if self._closed:
             return
+        self.take_producer_snapshot()
         self._active.seal()
         self.flush()
         self.abandon()

@@ -26,21 +26,22 @@ seen for the producer TRANSACTION_COORDINATOR_FENCED (52). An ended transaction 
 high-water mark passes its marker (Kafka's unreplicatedTxns); the first offset of the earliest open or
 unstable transaction is the partition's first unstable offset, which bounds the last stable offset.
 
-The state is rebuilt on start by replaying batch headers from the log (the way Kafka replays the log tail
-after its last snapshot), with no validation, since the log is the truth. Expiry follows Kafka: a producer
+The state is rebuilt on start from the newest usable snapshot (Kafka's ``<offset>.snapshot`` file format,
+``encode_snapshot``; the PartitionLog writes and picks them) and a replay of the batch headers after it, with
+no validation, since the log is the truth. Expiry follows Kafka: a producer
 whose last batch's max timestamp is ``producer.id.expiration.ms`` old or more is forgotten.
 """
 
 from __future__ import annotations
 
-import json
+import struct
 import time
 from collections import deque
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple
 
 from pykbroker.protocol.control_records import Marker
-from pykbroker.protocol.records import NO_PRODUCER_EPOCH, NO_SEQUENCE, BatchHeader
+from pykbroker.protocol.records import NO_PRODUCER_EPOCH, NO_SEQUENCE, BatchHeader, crc32c
 
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 INVALID_PRODUCER_EPOCH = 47
@@ -402,35 +403,81 @@ class ProducerStateManager:
                 del self._verifying[producer_id]
         return len(expired)
 
-    # -- snapshots: lets a caller skip replaying the whole log on start ----------------------------------
+    # -- snapshots: Kafka's <offset>.snapshot files, so a start replays only the log after one ------------
 
     def snapshot(self) -> bytes:
-        """The whole state as bytes; ``load_snapshot`` then ``replay`` of the batches from ``next_offset`` on."""
-        producers = [
-            [e.producer_id, e.epoch, e.last_timestamp, [list(astuple(b)) for b in e.batches], e.coordinator_epoch,
-             e.current_txn_first_offset]
-            for e in self._producers.values()
-        ]
-        unreplicated = [list(txn) for txn in self._unreplicated.values()]
-        return json.dumps({"version": 2, "next_offset": self.next_offset, "producers": producers,
-                           "unreplicated": unreplicated}).encode()
+        """The state as a Kafka producer snapshot (version 1, see ``encode_snapshot``); ``load_snapshot`` then
+        ``replay`` of the batches from the snapshot's offset on gives it back. Kept per producer: its epoch, last
+        batch, coordinator epoch and open transaction, not its older batches nor the ended transactions still
+        above the high-water mark (Kafka's rule)."""
+        return encode_snapshot(self._producers.values())
 
-    def load_snapshot(self, data: bytes) -> None:
-        state = json.loads(data)
-        if state.get("version") not in (1, 2):
-            raise ValueError(f"unknown producer state snapshot version {state.get('version')}")
+    def load_snapshot(self, data: bytes, offset: int, *, log_append_time: bool = False) -> None:
+        """Replace the state by a snapshot taken at ``offset`` (everything below it applied); raises
+        CorruptSnapshot (and changes nothing) if ``data`` is not a version 1 snapshot with a valid CRC.
+        ``log_append_time``: the topic's timestamps are LogAppendTime, so a retry of a producer's last batch
+        is answered with its timestamp (else -1, as for CreateTime)."""
+        entries = decode_snapshot(data)
         self.clear()
-        self.next_offset = state["next_offset"]
-        for producer_id, epoch, last_timestamp, batches, *txn in state["producers"]:
-            entry = ProducerEntry(producer_id, epoch, last_timestamp)
-            entry.batches.extend(BatchMetadata(*b) for b in batches[-self._max_cached_batches :])
-            if txn:
-                entry.coordinator_epoch, entry.current_txn_first_offset = txn
-                if entry.current_txn_first_offset != NO_TXN:
-                    self._ongoing[entry.current_txn_first_offset] = producer_id
+        self.next_offset = offset
+        for producer_id, epoch, last_seq, last_offset, offset_delta, timestamp, coordinator_epoch, txn_first in entries:
+            entry = ProducerEntry(producer_id, epoch, timestamp, coordinator_epoch=coordinator_epoch,
+                                  current_txn_first_offset=txn_first if txn_first >= 0 else NO_TXN)
+            if last_offset >= 0:
+                first_seq = (last_seq - offset_delta) % (INT32_MAX + 1) if last_seq >= 0 else last_seq
+                entry.batches.append(BatchMetadata(first_seq, last_seq, last_offset - offset_delta, last_offset,
+                                                   timestamp if log_append_time else -1))
+            if entry.current_txn_first_offset != NO_TXN:
+                self._ongoing[entry.current_txn_first_offset] = producer_id
             self._producers[producer_id] = entry
-        for producer_id, first, last, aborted in state.get("unreplicated", ()):
-            self._unreplicated[first] = CompletedTxn(producer_id, first, last, aborted)
+
+
+# Kafka's producer snapshot file (ProducerStateManager.PID_SNAPSHOT_MAP_SCHEMA), version 1: int16 version,
+# uint32 CRC32C of everything after it, then an int32 count and that many PRODUCER_SNAPSHOT_ENTRY_SCHEMA
+# entries: producer_id int64, epoch int16, last_sequence int32, last_offset int64, offset_delta int32,
+# timestamp int64, coordinator_epoch int32, current_txn_first_offset int64 (-1: none). A producer with no
+# data batch (only markers) has last_sequence -1, last_offset -1, offset_delta 0, as Kafka writes it.
+SNAPSHOT_VERSION = 1
+_SNAPSHOT_HEAD = struct.Struct(">hIi")  # version, crc, entry count
+_SNAPSHOT_ENTRY = struct.Struct(">qhiqiqiq")
+_CRC_START = 6  # Kafka's PRODUCER_ENTRIES_OFFSET
+
+
+class CorruptSnapshot(ValueError):
+    """A producer snapshot that cannot be used (unknown version, bad CRC, truncated)."""
+
+
+def encode_snapshot(entries: Iterable[ProducerEntry]) -> bytes:
+    """Kafka's ProducerStateManager.writeSnapshot bytes for ``entries`` (sorted by producer id)."""
+    pack = _SNAPSHOT_ENTRY.pack
+    body = []
+    for e in sorted(entries, key=lambda e: e.producer_id):
+        if e.batches:
+            last = e.batches[-1]
+            last_seq, last_offset, delta = last.last_seq, last.last_offset, last.last_offset - last.first_offset
+        else:
+            last_seq, last_offset, delta = NO_SEQUENCE, -1, 0
+        body.append(pack(e.producer_id, e.epoch, last_seq, last_offset, delta, e.last_timestamp,
+                         e.coordinator_epoch, e.current_txn_first_offset))
+    out = bytearray(_SNAPSHOT_HEAD.pack(SNAPSHOT_VERSION, 0, len(body)))
+    out += b"".join(body)
+    struct.pack_into(">I", out, 2, crc32c(memoryview(out)[_CRC_START:]))
+    return bytes(out)
+
+
+def decode_snapshot(data: bytes) -> list[tuple[int, int, int, int, int, int, int, int]]:
+    """The entries of a snapshot's bytes, as tuples in ``_SNAPSHOT_ENTRY`` field order; raises CorruptSnapshot."""
+    if len(data) < _SNAPSHOT_HEAD.size:
+        raise CorruptSnapshot(f"snapshot of {len(data)} bytes is shorter than its header")
+    version, crc, count = _SNAPSHOT_HEAD.unpack_from(data)
+    if version != SNAPSHOT_VERSION:
+        raise CorruptSnapshot(f"snapshot contains an unknown file version {version}")
+    computed = crc32c(memoryview(data)[_CRC_START:])
+    if crc != computed:
+        raise CorruptSnapshot(f"snapshot is corrupt (stored CRC {crc}, computed {computed})")
+    if count < 0 or len(data) != _SNAPSHOT_HEAD.size + count * _SNAPSHOT_ENTRY.size:
+        raise CorruptSnapshot(f"snapshot of {len(data)} bytes does not hold {count} entries")
+    return list(_SNAPSHOT_ENTRY.iter_unpack(memoryview(data)[_SNAPSHOT_HEAD.size:]))
 
 
 def _validate(header: BatchHeader, entry: ProducerEntry | None, pending: tuple[int, int, bool] | None,

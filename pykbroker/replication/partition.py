@@ -245,12 +245,10 @@ class Partition:
         return list(self._remote.values())
 
     def rebuild_producer_state(self) -> None:
-        """Replay the log's batch headers (and markers) into a fresh producer state: open transactions come
-        back, and aborted ones whose transaction-index entry a crash lost are indexed again."""
-        state = self.producer_state
-        state.clear()
-        state.replay_with_markers(self.log.headers_and_markers(self.log.log_start_offset),
-                                  on_completed=self._completed_txn, stable_below=self.high_watermark)
+        """Load the producer state from the log's newest usable snapshot and replay the batch headers (and
+        markers) after it: open transactions come back, and aborted ones whose transaction-index entry a
+        crash lost are indexed again (PartitionLog.load_producer_state)."""
+        self.log.load_producer_state(self.high_watermark)
 
     def _completed_txn(self, txn: CompletedTxn, last_stable_offset: int) -> None:
         if txn.is_aborted:
@@ -653,7 +651,8 @@ class Partition:
         return True
 
     def truncate_to(self, offset: int) -> None:
-        """Drop the log from ``offset`` on (diverging epochs); the HWM never stays above the log end."""
+        """Drop the log from ``offset`` on (diverging epochs); the HWM never stays above the log end. The
+        producer state reloads from the newest snapshot at or below the new end (the log deleted those above)."""
         if offset >= self.log.log_end_offset:
             return
         self.log.truncate_to(offset)

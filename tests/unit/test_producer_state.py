@@ -197,7 +197,7 @@ def test_snapshot_round_trip_then_replay_the_tail():
         p.produce((7, 0, seq, 2))
     p.produce((8, 2, 0, 1))
     restored = ProducerStateManager()
-    restored.load_snapshot(p.state.snapshot())
+    restored.load_snapshot(p.state.snapshot(), p.state.next_offset)
     assert restored.snapshot() == p.state.snapshot()
     assert restored.check(header(7, 0, 10, 2)) == DuplicateBatch(10, 11, -1)
     tail = header(8, 2, 1, offset=restored.next_offset)

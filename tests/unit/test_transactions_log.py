@@ -162,7 +162,7 @@ def test_expiry_keeps_producers_with_open_transactions_and_snapshot_keeps_them()
     assert state.expire(T0 + 10**10, 1000) == 1
     assert state.producer_ids() == [1]
     restored = ProducerStateManager()
-    restored.load_snapshot(state.snapshot())
+    restored.load_snapshot(state.snapshot(), state.next_offset)
     assert restored.entry(1).current_txn_first_offset == 0
     assert restored.first_unstable_offset() == 0
 
@@ -246,15 +246,35 @@ def test_restart_rebuilds_open_transactions_and_a_lost_index(tmp_path):
     assert p.last_stable_offset == 3
     assert p.producer_state.entry(3).current_txn_first_offset == 3
     assert p.log.aborted_ranges(0, 10) == [AbortedTxn(1, 0, 2)]
-    # A crash lost the index file: the replay of the log puts the entry back.
+    marker(rm, 3, commit=False)  # aborted 3..5, after the recovery point (5, the clean shutdown's log end)
+    assert p.last_stable_offset == p.high_watermark == 6
+    # A crash lost the index entry written after the last flush: the replay of the log from the snapshot at
+    # or below the recovery point (here the shutdown's, at 5) puts it back.
+    index_path = max((tmp_path / "t-0").glob("*.txnindex"))  # the segment holding the marker
+    lost = index_path.read_bytes()
+    index_path.write_bytes(lost[:-ENTRY_SIZE])
+    rm = restart(rm, tmp_path, clean=False)
+    p = rm.partition("t", 0)
+    assert p.log.producer_state_replayed == 1
+    assert p.log.aborted_ranges(0, 10) == [AbortedTxn(1, 0, 2), AbortedTxn(3, 3, 5)]
+    assert index_path.read_bytes() == lost
+    assert p.last_stable_offset == p.high_watermark == 6
+
+
+def test_restart_without_snapshots_rebuilds_a_lost_index_file(tmp_path):
+    rm = manager(tmp_path)
+    rm.host("t", 0, 0)
+    append(rm, txn_batch(1, 2))
+    marker(rm, 1, commit=False)  # aborted 0..2
+    rm = restart(rm, tmp_path)
+    for snapshot in (tmp_path / "t-0").glob("*.snapshot"):
+        snapshot.unlink()
     (tmp_path / "t-0" / "00000000000000000000.txnindex").unlink()
     rm = restart(rm, tmp_path, clean=False)
     p = rm.partition("t", 0)
+    assert p.log.producer_state_replayed == 2
     assert p.log.aborted_ranges(0, 10) == [AbortedTxn(1, 0, 2)]
     assert (tmp_path / "t-0" / "00000000000000000000.txnindex").exists()
-    marker(rm, 3, commit=False)
-    assert p.last_stable_offset == p.high_watermark == 6
-    assert p.log.aborted_ranges(0, 10) == [AbortedTxn(1, 0, 2), AbortedTxn(3, 3, 5)]
 
 
 def test_index_entries_past_the_recovered_log_end_are_dropped(tmp_path):
