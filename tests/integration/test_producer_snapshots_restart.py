@@ -34,6 +34,13 @@ def checkpointed(broker, name: str, topic: str) -> int:
                  if t == topic and partition == "0"), -1)
 
 
+def stable_at(broker, topic: str, offset: int) -> None:
+    """Until the last stable offset and the high-water mark of topic-0 are both ``offset``."""
+    wait_until(lambda: (txc.list_offsets(broker.bootstrap, topic, 0, IsolationLevel.READ_COMMITTED),
+                        txc.list_offsets(broker.bootstrap, topic, 0, IsolationLevel.READ_UNCOMMITTED)) == (offset, offset),
+               f"LSO and HW at {offset}", txc.TIMEOUT_S)
+
+
 @pytest.mark.parametrize("how", ["sigterm", "kill9"])
 def test_restart_keeps_dedup_and_open_transactions(broker, topic_name, how):
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
@@ -52,10 +59,12 @@ def test_restart_keeps_dedup_and_open_transactions(broker, topic_name, how):
     committer.begin_transaction()
     txc.produce_flushed(committer, [(topic_name, 0, b"c0"), (topic_name, 0, b"c1")])
     committer.commit_transaction(txc.TIMEOUT_S)  # 60, 61, COMMIT @62
+    stable_at(broker, topic_name, 63)  # (markers are written after EndTxn is answered: wait for each)
     aborter = txc.txn_producer(broker.bootstrap, topic_name + "-b")
     aborter.begin_transaction()
     txc.produce_flushed(aborter, [(topic_name, 0, b"a0")])
     aborter.abort_transaction(txc.TIMEOUT_S)  # 63, ABORT @64
+    stable_at(broker, topic_name, 65)
     committer.begin_transaction()
     txc.produce_flushed(committer, [(topic_name, 0, b"o0"), (topic_name, 0, b"o1")])  # 65, 66: open
     wait_until(lambda: txc.list_offsets(broker.bootstrap, topic_name, 0, IsolationLevel.READ_COMMITTED) == 65,
