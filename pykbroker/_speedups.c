@@ -210,18 +210,14 @@ static void siphash128(uint64_t k0, uint64_t k1, const unsigned char *m, size_t 
     SIPROUND;
     SIPROUND;
     v0 ^= last;
-    v2 ^= 0xee;
-    SIPROUND;
-    SIPROUND;
-    SIPROUND;
-    SIPROUND;
-    out[0] = v0 ^ v1 ^ v2 ^ v3;
-    v1 ^= 0xdd;
-    SIPROUND;
-    SIPROUND;
-    SIPROUND;
-    SIPROUND;
-    out[1] = v0 ^ v1 ^ v2 ^ v3;
+    v2 ^= 0xee; /* finalization: 4 rounds per 64-bit half of the output */
+    for (int half = 0; half < 2; half++) {
+        if (half)
+            v1 ^= 0xdd;
+        for (int round = 0; round < 4; round++)
+            SIPROUND;
+        out[half] = v0 ^ v1 ^ v2 ^ v3;
+    }
 }
 
 static int parse_secret(Py_buffer *secret, uint64_t *k0, uint64_t *k1)
