@@ -12,10 +12,15 @@
  * first failure. The messages are the same, byte for byte, as the pure-Python twin's: tests compare them.
  * Varints follow Kafka's ByteUtils: zigzag, at most 5 bytes for int32 fields (bits past 32 dropped) and
  * 10 bytes for the int64 timestamp delta. Key, value and header value lengths below zero mean null.
+ *
+ * It also holds the log cleaner's offset map (OffsetMap, below: Kafka's SkimpyOffsetMap, 24 bytes a key)
+ * and the SipHash-2-4 digest it keys that map with.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
+#include <limits.h>
 
 /* Reads a zigzag varint of at most max_bytes from p[*pos..limit); 0 on success, -1 if malformed. */
 static int read_varint(const unsigned char *p, Py_ssize_t limit, Py_ssize_t *pos, int max_bytes, uint64_t *raw_out)
@@ -162,7 +167,465 @@ static PyObject *count_null_keys(PyObject *self, PyObject *args)
     return PyLong_FromLongLong(found);
 }
 
+/* ------------------------------------------------------------------------------------------------
+ * SipHash-2-4 with a 128-bit output ("SipHash-128"), written from the description in Aumasson and
+ * Bernstein, "SipHash: a fast short-input PRF" (2012) and its 128-bit variant (v1 ^= 0xee at the start,
+ * v2 ^= 0xee before the finalization, v1 ^= 0xdd before the second half of the output). The offset map
+ * keys its entries by this digest of the record key under a random 128-bit secret drawn for each map:
+ * SipHash is a PRF, so whoever produces to a compacted topic, without the secret, cannot choose a key
+ * whose digest equals another key's (which would make the cleaner drop that key's latest record), as
+ * they could with Kafka's MD5. Checked against the reference implementation's vectors_sip128. */
+
+#define ROTL64(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                                   \
+    do {                                                                           \
+        v0 += v1; v1 = ROTL64(v1, 13); v1 ^= v0; v0 = ROTL64(v0, 32);              \
+        v2 += v3; v3 = ROTL64(v3, 16); v3 ^= v2;                                   \
+        v0 += v3; v3 = ROTL64(v3, 21); v3 ^= v0;                                   \
+        v2 += v1; v1 = ROTL64(v1, 17); v1 ^= v2; v2 = ROTL64(v2, 32);              \
+    } while (0)
+
+static inline uint64_t load_le64(const unsigned char *p)
+{
+    return (uint64_t)p[0] | ((uint64_t)p[1] << 8) | ((uint64_t)p[2] << 16) | ((uint64_t)p[3] << 24)
+           | ((uint64_t)p[4] << 32) | ((uint64_t)p[5] << 40) | ((uint64_t)p[6] << 48) | ((uint64_t)p[7] << 56);
+}
+
+static void siphash128(uint64_t k0, uint64_t k1, const unsigned char *m, size_t len, uint64_t out[2])
+{
+    uint64_t v0 = k0 ^ 0x736f6d6570736575ULL, v1 = k1 ^ 0x646f72616e646f6dULL ^ 0xee;
+    uint64_t v2 = k0 ^ 0x6c7967656e657261ULL, v3 = k1 ^ 0x7465646279746573ULL;
+    const unsigned char *whole_end = m + (len & ~(size_t)7);
+    for (; m < whole_end; m += 8) {
+        uint64_t word = load_le64(m);
+        v3 ^= word;
+        SIPROUND;
+        SIPROUND;
+        v0 ^= word;
+    }
+    uint64_t last = (uint64_t)len << 56; /* the length's low byte, then the 0-7 bytes left */
+    for (size_t i = 0; i < (len & 7); i++)
+        last |= (uint64_t)m[i] << (8 * i);
+    v3 ^= last;
+    SIPROUND;
+    SIPROUND;
+    v0 ^= last;
+    v2 ^= 0xee; /* finalization: 4 rounds per 64-bit half of the output */
+    for (int half = 0; half < 2; half++) {
+        if (half)
+            v1 ^= 0xdd;
+        for (int round = 0; round < 4; round++)
+            SIPROUND;
+        out[half] = v0 ^ v1 ^ v2 ^ v3;
+    }
+}
+
+static int parse_secret(Py_buffer *secret, uint64_t *k0, uint64_t *k1)
+{
+    if (secret->len != 16) {
+        PyErr_Format(PyExc_ValueError, "the secret takes 16 bytes, not %zd", secret->len);
+        return -1;
+    }
+    *k0 = load_le64((const unsigned char *)secret->buf);
+    *k1 = load_le64((const unsigned char *)secret->buf + 8);
+    return 0;
+}
+
+static void store_le64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* siphash128(secret, data) -> the 16-byte digest (tests check it against the reference vectors). */
+static PyObject *py_siphash128(PyObject *self, PyObject *args)
+{
+    Py_buffer secret, data;
+    uint64_t k0, k1, out[2];
+    unsigned char digest[16];
+    if (!PyArg_ParseTuple(args, "y*y*", &secret, &data))
+        return NULL;
+    if (parse_secret(&secret, &k0, &k1) < 0) {
+        PyBuffer_Release(&secret);
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    siphash128(k0, k1, (const unsigned char *)data.buf, (size_t)data.len, out);
+    PyBuffer_Release(&secret);
+    PyBuffer_Release(&data);
+    store_le64(digest, out[0]);
+    store_le64(digest + 8, out[1]);
+    return PyBytes_FromStringAndSize((const char *)digest, 16);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * OffsetMap: the log cleaner's key -> latest offset map, Kafka's SkimpyOffsetMap in layout and bound.
+ *
+ * One buffer of ``slots`` entries of 24 bytes, allocated (zeroed) once at construction and freed with
+ * the object: the key's SipHash-128 digest (two 64-bit words) and the offset + 1 (0 marks a free slot,
+ * so a zeroed buffer is an empty map and its pages are only touched as keys land in them). Every key is
+ * digested, whatever its length: the map never holds raw keys, so no key can pass for another's digest.
+ * Open addressing with linear probing from digest word 0 modulo ``slots``. At most ``capacity`` keys
+ * (< slots: a probe always meets a free slot), which the cleaner sets as Kafka does: slots = the dedupe
+ * buffer per cleaner thread / 24, capacity = slots * log.cleaner.io.buffer.load.factor (0.9: expected
+ * probes per lookup stay low; the full buffer is 24 / 0.9 = 26.7 bytes per key).
+ * A put of a new key into a map holding ``capacity`` keys is refused; a put of a key already there
+ * replaces its offset even then (the cleaner's "map full" rule).
+ */
+
+typedef struct {
+    uint64_t h0, h1;
+    int64_t stored; /* offset + 1; 0: free */
+} map_entry;
+
+typedef struct {
+    PyObject_HEAD
+    map_entry *entries;
+    Py_ssize_t slots, capacity, size;
+    uint64_t k0, k1;
+    int64_t latest; /* the offset of the last put, -1 before any */
+} OffsetMapObject;
+
+_Static_assert(sizeof(map_entry) == 24, "an offset map entry takes 24 bytes");
+
+static map_entry *map_find(OffsetMapObject *map, const unsigned char *key, Py_ssize_t length, uint64_t h[2])
+{
+    siphash128(map->k0, map->k1, key, (size_t)length, h);
+    Py_ssize_t at = (Py_ssize_t)(h[0] % (uint64_t)map->slots);
+    for (;;) {
+        map_entry *entry = &map->entries[at];
+        if (!entry->stored || (entry->h0 == h[0] && entry->h1 == h[1]))
+            return entry;
+        if (++at == map->slots)
+            at = 0;
+    }
+}
+
+/* 1: stored; 0: refused (a new key, the map holds ``capacity`` keys). */
+static int map_put(OffsetMapObject *map, const unsigned char *key, Py_ssize_t length, int64_t offset)
+{
+    uint64_t h[2];
+    map_entry *entry = map_find(map, key, length, h);
+    if (!entry->stored) {
+        if (map->size >= map->capacity)
+            return 0;
+        entry->h0 = h[0];
+        entry->h1 = h[1];
+        map->size++;
+    }
+    entry->stored = offset + 1;
+    map->latest = offset;
+    return 1;
+}
+
+static int64_t map_get(OffsetMapObject *map, const unsigned char *key, Py_ssize_t length)
+{
+    uint64_t h[2];
+    map_entry *entry = map_find(map, key, length, h);
+    return entry->stored ? entry->stored - 1 : -1;
+}
+
+static PyObject *OffsetMap_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"slots", "capacity", "secret", NULL};
+    Py_ssize_t slots, capacity;
+    Py_buffer secret;
+    uint64_t k0, k1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nny*", names, &slots, &capacity, &secret))
+        return NULL;
+    int bad_secret = parse_secret(&secret, &k0, &k1);
+    PyBuffer_Release(&secret);
+    if (bad_secret < 0)
+        return NULL;
+    if (slots < 2 || capacity < 1 || capacity >= slots) {
+        PyErr_Format(PyExc_ValueError, "an offset map needs 1 <= capacity < slots (capacity %zd, slots %zd)",
+                     capacity, slots);
+        return NULL;
+    }
+    if ((size_t)slots > PY_SSIZE_T_MAX / sizeof(map_entry))
+        return PyErr_NoMemory();
+    OffsetMapObject *map = (OffsetMapObject *)type->tp_alloc(type, 0);
+    if (map == NULL)
+        return NULL;
+    /* PyMem_RawCalloc: zeroed pages from the OS, visible to tracemalloc (tests measure the map with it). */
+    map->entries = PyMem_RawCalloc((size_t)slots, sizeof(map_entry));
+    if (map->entries == NULL) {
+        Py_DECREF(map);
+        return PyErr_NoMemory();
+    }
+    map->slots = slots;
+    map->capacity = capacity;
+    map->size = 0;
+    map->k0 = k0;
+    map->k1 = k1;
+    map->latest = -1;
+    return (PyObject *)map;
+}
+
+static void OffsetMap_dealloc(OffsetMapObject *map)
+{
+    PyMem_RawFree(map->entries);
+    Py_TYPE(map)->tp_free((PyObject *)map);
+}
+
+static Py_ssize_t OffsetMap_len(OffsetMapObject *map)
+{
+    return map->size;
+}
+
+static PyObject *OffsetMap_put(OffsetMapObject *map, PyObject *args)
+{
+    Py_buffer key;
+    long long offset;
+    if (!PyArg_ParseTuple(args, "y*L", &key, &offset))
+        return NULL;
+    if (offset < 0 || offset == INT64_MAX) {
+        PyBuffer_Release(&key);
+        PyErr_Format(PyExc_ValueError, "offset %lld out of range", offset);
+        return NULL;
+    }
+    int stored = map_put(map, (const unsigned char *)key.buf, key.len, (int64_t)offset);
+    PyBuffer_Release(&key);
+    return PyBool_FromLong(stored);
+}
+
+static PyObject *OffsetMap_get(OffsetMapObject *map, PyObject *args)
+{
+    Py_buffer key;
+    PyObject *fallback = NULL;
+    if (!PyArg_ParseTuple(args, "y*|O", &key, &fallback))
+        return NULL;
+    int64_t offset = map_get(map, (const unsigned char *)key.buf, key.len);
+    PyBuffer_Release(&key);
+    if (offset < 0 && fallback != NULL) {
+        Py_INCREF(fallback);
+        return fallback;
+    }
+    return PyLong_FromLongLong(offset);
+}
+
+/* One record of a batch's (decompressed) records section, as the cleaner needs it. */
+typedef struct {
+    Py_ssize_t start, end; /* the whole record, its length varint included */
+    int32_t offset_delta;
+    const unsigned char *key; /* NULL: a null key */
+    int32_t key_length;
+    int value_null;
+} cleaner_record;
+
+/* Reads record ``index`` at *pos (moved to its end); 0, or -1 with a ValueError set. Every length is
+ * checked against the record's and the data's ends: files a crash damaged are read without overrun. A
+ * negative key or value length means null, as for Kafka's DefaultRecord and scan_records (which accepted
+ * the record on produce). */
+static int read_cleaner_record(const unsigned char *p, Py_ssize_t end, Py_ssize_t *pos, long long index,
+                               cleaner_record *record)
+{
+    int32_t size, value_length;
+    int64_t timestamp_delta;
+    record->start = *pos;
+    if (read_int32(p, end, pos, &size) < 0) {
+        PyErr_Format(PyExc_ValueError, "record %lld: malformed length varint at byte %zd", index, record->start);
+        return -1;
+    }
+    if (size < 1 || size > end - *pos) {
+        PyErr_Format(PyExc_ValueError, "record %lld: invalid record size %d with %zd bytes left", index, (int)size,
+                     end - *pos);
+        return -1;
+    }
+    const Py_ssize_t record_end = *pos + size;
+    (*pos)++; /* attributes */
+    if (read_int64(p, record_end, pos, &timestamp_delta) < 0 || read_int32(p, record_end, pos, &record->offset_delta) < 0
+        || read_int32(p, record_end, pos, &record->key_length) < 0)
+        goto past_end;
+    record->key = NULL;
+    if (record->key_length >= 0) {
+        if (record->key_length > record_end - *pos)
+            goto past_end;
+        record->key = p + *pos;
+        *pos += record->key_length;
+    }
+    if (read_int32(p, record_end, pos, &value_length) < 0 || (value_length >= 0 && value_length > record_end - *pos))
+        goto past_end;
+    record->value_null = value_length < 0;
+    record->end = record_end;
+    *pos = record_end;
+    return 0;
+past_end:
+    PyErr_Format(PyExc_ValueError, "record %lld: a field runs past the record", index);
+    return -1;
+}
+
+/* base_offset + delta into *offset; -1 with a ValueError set if that overflows (a damaged base offset). */
+static int record_offset(long long base_offset, int32_t delta, long long index, long long *offset)
+{
+    if ((delta > 0 && base_offset > LLONG_MAX - delta) || (delta < 0 && base_offset < LLONG_MIN - delta)) {
+        PyErr_Format(PyExc_ValueError, "record %lld: base offset %lld + delta %d overflows", index, base_offset,
+                     (int)delta);
+        return -1;
+    }
+    *offset = base_offset + delta;
+    return 0;
+}
+
+/* add_records(data, count, base_offset, start_offset) -> True, or False when the map filled up before
+ * the last record (the keys that fitted stay). Keyless records and offsets below start_offset are
+ * skipped. */
+static PyObject *OffsetMap_add_records(OffsetMapObject *map, PyObject *args)
+{
+    Py_buffer view;
+    long long count, base_offset, start_offset;
+    int full = 0;
+    if (!PyArg_ParseTuple(args, "y*LLL", &view, &count, &base_offset, &start_offset))
+        return NULL;
+    const unsigned char *p = (const unsigned char *)view.buf;
+    Py_ssize_t pos = 0;
+    for (long long i = 0; i < count; i++) {
+        cleaner_record record;
+        if (read_cleaner_record(p, view.len, &pos, i, &record) < 0) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        long long offset;
+        if (record_offset(base_offset, record.offset_delta, i, &offset) < 0) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        if (record.key == NULL || offset < start_offset)
+            continue;
+        if (offset < 0 || offset == INT64_MAX) {
+            PyBuffer_Release(&view);
+            PyErr_Format(PyExc_ValueError, "record %lld: offset %lld out of range", i, offset);
+            return NULL;
+        }
+        if (!map_put(map, record.key, record.key_length, offset)) {
+            full = 1;
+            break;
+        }
+    }
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(!full);
+}
+
+/* filter_records(data, count, base_offset, latest_in_map, retain_deletes) -> (kept, records): which
+ * records the cleaned batch keeps. A record is kept if its offset is past latest_in_map, or if it has a
+ * key whose latest offset in the map is not above its own, and a value (a tombstone only with
+ * retain_deletes). ``records`` is None when every record is kept, else the kept records' bytes. */
+static PyObject *OffsetMap_filter_records(OffsetMapObject *map, PyObject *args)
+{
+    Py_buffer view;
+    long long count, base_offset, latest_in_map;
+    int retain_deletes;
+    if (!PyArg_ParseTuple(args, "y*LLLp", &view, &count, &base_offset, &latest_in_map, &retain_deletes))
+        return NULL;
+    const unsigned char *p = (const unsigned char *)view.buf;
+    unsigned char *out = NULL; /* allocated at the first record dropped */
+    Py_ssize_t pos = 0, written = 0, copied_to = 0; /* data[copied_to:record.start] is kept, not yet copied */
+    long long kept = 0;
+    PyObject *result = NULL;
+    for (long long i = 0; i < count; i++) {
+        cleaner_record record;
+        if (read_cleaner_record(p, view.len, &pos, i, &record) < 0)
+            goto done;
+        long long offset;
+        if (record_offset(base_offset, record.offset_delta, i, &offset) < 0)
+            goto done;
+        int keep;
+        if (offset > latest_in_map)
+            keep = 1;
+        else if (record.key == NULL)
+            keep = 0;
+        else
+            keep = offset >= map_get(map, record.key, record.key_length) && (!record.value_null || retain_deletes);
+        if (keep) {
+            kept++;
+            continue;
+        }
+        if (out == NULL && (out = PyMem_Malloc(view.len ? (size_t)view.len : 1)) == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        memcpy(out + written, p + copied_to, (size_t)(record.start - copied_to));
+        written += record.start - copied_to;
+        copied_to = record.end;
+    }
+    if (out == NULL) {
+        result = Py_BuildValue("(LO)", kept, Py_None);
+    } else {
+        memcpy(out + written, p + copied_to, (size_t)(pos - copied_to));
+        written += pos - copied_to;
+        result = Py_BuildValue("(Ly#)", kept, (const char *)out, written);
+    }
+done:
+    PyMem_Free(out);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyObject *OffsetMap_sizeof(OffsetMapObject *map, PyObject *unused)
+{
+    return PyLong_FromSize_t(sizeof(OffsetMapObject) + (size_t)map->slots * sizeof(map_entry));
+}
+
+static PyObject *OffsetMap_get_nbytes(OffsetMapObject *map, void *closure)
+{
+    return PyLong_FromSize_t((size_t)map->slots * sizeof(map_entry));
+}
+
+static PyObject *OffsetMap_get_slots(OffsetMapObject *map, void *closure)
+{
+    return PyLong_FromSsize_t(map->slots);
+}
+
+static PyObject *OffsetMap_get_capacity(OffsetMapObject *map, void *closure)
+{
+    return PyLong_FromSsize_t(map->capacity);
+}
+
+static PyObject *OffsetMap_get_latest(OffsetMapObject *map, void *closure)
+{
+    return PyLong_FromLongLong(map->latest);
+}
+
+static PyMethodDef OffsetMap_methods[] = {
+    {"put", (PyCFunction)OffsetMap_put, METH_VARARGS,
+     "put(key, offset) -> True, or False if the key is new and the map holds capacity keys."},
+    {"get", (PyCFunction)OffsetMap_get, METH_VARARGS, "get(key[, default]) -> the key's offset, or default (-1)."},
+    {"add_records", (PyCFunction)OffsetMap_add_records, METH_VARARGS,
+     "add_records(data, count, base_offset, start_offset) -> False if the map filled up before the last record."},
+    {"filter_records", (PyCFunction)OffsetMap_filter_records, METH_VARARGS,
+     "filter_records(data, count, base_offset, latest_in_map, retain_deletes) -> (kept, kept bytes or None if all)."},
+    {"__sizeof__", (PyCFunction)OffsetMap_sizeof, METH_NOARGS, "The object and its entry buffer, in bytes."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef OffsetMap_getset[] = {
+    {"nbytes", (getter)OffsetMap_get_nbytes, NULL, "bytes of the entry buffer (slots * 24)", NULL},
+    {"slots", (getter)OffsetMap_get_slots, NULL, "entries the buffer has room for", NULL},
+    {"capacity", (getter)OffsetMap_get_capacity, NULL, "keys the map accepts (slots * load factor)", NULL},
+    {"latest_offset", (getter)OffsetMap_get_latest, NULL, "the offset of the last put, -1 before any", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods OffsetMap_as_sequence = {
+    .sq_length = (lenfunc)OffsetMap_len,
+};
+
+static PyTypeObject OffsetMapType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pykbroker._speedups.OffsetMap",
+    .tp_basicsize = sizeof(OffsetMapObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "OffsetMap(slots, capacity, secret): the log cleaner's key -> latest offset map, 24 bytes a slot, "
+              "keys digested with SipHash-128 under the 16-byte secret.",
+    .tp_new = OffsetMap_new,
+    .tp_dealloc = (destructor)OffsetMap_dealloc,
+    .tp_methods = OffsetMap_methods,
+    .tp_getset = OffsetMap_getset,
+    .tp_as_sequence = &OffsetMap_as_sequence,
+};
+
 static PyMethodDef methods[] = {
+    {"siphash128", py_siphash128, METH_VARARGS, "siphash128(secret, data) -> SipHash-2-4 128-bit digest (16 bytes)."},
     {"count_null_keys", count_null_keys, METH_VARARGS,
      "count_null_keys(data, count) -> how many of the (well-formed) records have a null key, -1 if malformed."},
     {"scan_records", scan_records, METH_VARARGS,
@@ -177,5 +640,23 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__speedups(void)
 {
-    return PyModule_Create(&module);
+    if (PyType_Ready(&OffsetMapType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    PyObject *entry_bytes = PyLong_FromSize_t(sizeof(map_entry));
+    if (entry_bytes == NULL || PyDict_SetItemString(OffsetMapType.tp_dict, "ENTRY_BYTES", entry_bytes) < 0) {
+        Py_XDECREF(entry_bytes);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_DECREF(entry_bytes);
+    Py_INCREF(&OffsetMapType);
+    if (PyModule_AddObject(m, "OffsetMap", (PyObject *)&OffsetMapType) < 0) {
+        Py_DECREF(&OffsetMapType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

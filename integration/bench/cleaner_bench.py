@@ -3,6 +3,7 @@
 
     python integration/bench/cleaner_bench.py [--mb 200] [--keys 10000] [--codec none|gzip|snappy|lz4|zstd]
                                               [--segment-mb 32] [--thread] [--seed 1]
+    python integration/bench/cleaner_bench.py --distinct 2000000 [--dedupe-mb 128]
 
 Writes a compacted log of ``--mb`` MB (records of random 100 B - 1 KiB values over ``--keys`` keys, 50
 records a batch, in segments of ``--segment-mb``) with PartitionLog.append, then runs one cleaning as the broker
@@ -10,7 +11,8 @@ does (LogCleaner.clean_filthiest: the worker process reads and writes, the event
 - cleaning speed: MB of log read per second of the whole cleaning (map + rewrite + fsync + swap), and the
   worker's own time;
 - event-loop lag: a probe sleeping 5 ms on the loop records how late it wakes, for 3 s before the cleaning
-  (idle baseline) and during it (p50 / p99 / max ms).
+  (idle baseline) and during it (p50 / p99 / max ms);
+- the worker process's peak RSS (its ru_maxrss after the cleaning).
 With ``--thread`` it repeats the cleaning in a thread of the broker process instead of a worker process,
 to show what the GIL does to the loop.
 
@@ -19,6 +21,11 @@ confluent-kafka (cleaning held back by min.compaction.lag.ms), a probe producer 
 message every 2 ms (acks=1) to another topic; p50 / p99 / max delivery latency for 5 s before the cleaning
 and while it runs (min.compaction.lag.ms set to 0 until the cleaner-offset-checkpoint names the topic),
 and the broker's own "log cleaner: cleaned" line.
+
+With ``--distinct N`` it measures the offset map's reach instead: a log of N records with N distinct keys
+(10-byte values, 500 records a batch), cleaned by a worker process with log.cleaner.dedupe.buffer.size =
+``--dedupe-mb`` MiB (Kafka's default 128) until nothing is dirty: the passes that takes, the keys each pass
+mapped, and the worker's peak RSS.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import resource
 import shutil
 import statistics
 import sys
@@ -44,6 +52,11 @@ from pykbroker.protocol.records import build_batch  # noqa: E402
 
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 PROBE_S = 0.005
+
+
+def worker_peak_rss_mb() -> float:
+    """This process's peak resident set (run in the cleaner's worker process)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def write_log(directory: Path, megabytes: int, keys: int, codec: int, segment_mb: int, seed: int) -> PartitionLog:
@@ -84,9 +97,7 @@ class LagProbe:
         return f"p50 {statistics.median(ordered):.2f} ms, p99 {p99:.2f} ms, max {ordered[-1]:.2f} ms ({len(ordered)} samples)"
 
 
-async def clean_with_probe(plog: PartitionLog, directory: Path, processes: bool) -> tuple[float, str, str, object]:
-    io_thread = ThreadPoolExecutor(max_workers=1)  # the log manager's I/O thread
-
+def make_cleaner(plog: PartitionLog, directory: Path, io_thread: ThreadPoolExecutor, **config) -> LogCleaner:
     async def run_work(logs):
         work = [job for partition_log in logs for job in partition_log.take_file_work()]
         await asyncio.wrap_future(io_thread.submit(run_file_work, work))
@@ -95,7 +106,13 @@ async def clean_with_probe(plog: PartitionLog, directory: Path, processes: bool)
         await asyncio.wrap_future(io_thread.submit(work))
 
     stable_offset = lambda topic, partition: plog.log_end_offset  # noqa: E731 - one replica: all of it is stable
-    cleaner = LogCleaner(directory, CleanerConfig(), lambda: [plog], stable_offset, run_work, in_io)
+    return LogCleaner(directory, CleanerConfig(**config), lambda: [plog], stable_offset, run_work, in_io)
+
+
+async def clean_with_probe(plog: PartitionLog, directory: Path, processes: bool) -> tuple[float, str, str, object, float | None]:
+    io_thread = ThreadPoolExecutor(max_workers=1)  # the log manager's I/O thread
+
+    cleaner = make_cleaner(plog, directory, io_thread)
     cleaner.use_processes = processes
     if processes:  # start the worker first: its start-up is not the cleaning's
         await asyncio.get_running_loop().run_in_executor(cleaner._executor(), time.sleep, 0)
@@ -111,9 +128,49 @@ async def clean_with_probe(plog: PartitionLog, directory: Path, processes: bool)
     elapsed = time.monotonic() - started
     busy.stop()
     await task
+    peak = None
+    if processes:
+        peak = await asyncio.get_running_loop().run_in_executor(cleaner._executor(), worker_peak_rss_mb)
     cleaner.shutdown()
     io_thread.shutdown()
-    return elapsed, idle.summary(), busy.summary(), cleaner.last_result
+    return elapsed, idle.summary(), busy.summary(), cleaner.last_result, peak
+
+
+def distinct_keys(directory: Path, count: int, dedupe_mb: int) -> None:
+    """Clean a log of ``count`` distinct keys until nothing is dirty; print the passes and keys per pass."""
+    config = LogConfig(segment_bytes=64 << 20, cleanup_policy="compact", min_cleanable_dirty_ratio=0.01)
+    plog = PartitionLog.open(directory / "bench-0", config, fsync="never")
+    now = int(time.time() * 1000)
+    started = time.monotonic()
+    for first in range(0, count, 500):
+        records = [(b"key-%012d" % i, b"v" * 10) for i in range(first, min(first + 500, count))]
+        plog.append(build_batch(records, timestamp_ms=now), leader_epoch=0, now_ms=now)
+    plog.roll()
+    plog.append(build_batch([(b"tail", b"x")], timestamp_ms=now), leader_epoch=0, now_ms=now)
+    plog.flush()
+    end = plog.segment_base_offsets[-1]
+    print(f"wrote {plog.size_bytes / 1e6:.0f} MB, {count} records of distinct keys in {time.monotonic() - started:.1f} s")
+
+    async def run() -> None:
+        io_thread = ThreadPoolExecutor(max_workers=1)
+        cleaner = make_cleaner(plog, directory, io_thread, dedupe_buffer_size=dedupe_mb << 20)
+        print(f"dedupe buffer {dedupe_mb} MiB: map capacity {cleaner.config.map_capacity} keys")
+        await asyncio.get_running_loop().run_in_executor(cleaner._executor(), time.sleep, 0)
+        passes = 0
+        began = time.monotonic()
+        while cleaner.first_dirty_offset(plog) < end:
+            assert await cleaner.clean_filthiest(), "a cleaning made no progress"
+            passes += 1
+            result = cleaner.last_result
+            print(f"  pass {passes}: {result.map_entries} keys mapped, clean up to offset {result.end_offset}, "
+                  f"{result.seconds:.2f} s")
+        peak = await asyncio.get_running_loop().run_in_executor(cleaner._executor(), worker_peak_rss_mb)
+        print(f"{passes} passes for {count} keys in {time.monotonic() - began:.1f} s; worker peak RSS {peak:.0f} MB")
+        cleaner.shutdown()
+        io_thread.shutdown()
+
+    asyncio.run(run())
+    plog.close()
 
 
 def broker_latency(megabytes: int, keys: int, seed: int) -> None:
@@ -206,8 +263,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--thread", action="store_true", help="also clean in a thread, for comparison")
     parser.add_argument("--broker", action="store_true", help="produce latency of a real broker during a cleaning")
+    parser.add_argument("--distinct", type=int, default=0, help="passes to clean this many distinct keys")
+    parser.add_argument("--dedupe-mb", type=int, default=128, help="log.cleaner.dedupe.buffer.size for --distinct")
     args = parser.parse_args()
     print("command:", " ".join([sys.executable, *sys.argv]))
+    if args.distinct:
+        with tempfile.TemporaryDirectory(prefix="cleaner-bench-") as tmp:
+            distinct_keys(Path(tmp), args.distinct, args.dedupe_mb)
+        return
     if args.broker:
         broker_latency(args.mb, args.keys, args.seed)
         return
@@ -225,11 +288,13 @@ def main() -> None:
         for name, processes in modes:
             directory = root / ("process" if processes else "thread")
             log = plog if processes else PartitionLog.open(directory / "bench-0", plog.config, fsync="never")
-            elapsed, idle, busy, result = asyncio.run(clean_with_probe(log, directory, processes))
+            elapsed, idle, busy, result, peak = asyncio.run(clean_with_probe(log, directory, processes))
             print(f"cleaning in a {name}: {result.bytes_read / 1e6:.0f} MB read, {result.bytes_written / 1e6:.1f} MB "
                   f"written, {result.records_kept} of {result.records_read} records kept, "
                   f"{elapsed:.2f} s -> {result.bytes_read / 1e6 / elapsed:.1f} MB/s "
                   f"(worker alone {result.seconds:.2f} s, {result.bytes_read / 1e6 / result.seconds:.1f} MB/s)")
+            if peak is not None:
+                print(f"  worker peak RSS: {peak:.0f} MB ({result.map_entries} keys mapped)")
             print(f"  event-loop lag idle:            {idle}")
             print(f"  event-loop lag during cleaning: {busy}")
             log.close()

@@ -7,15 +7,20 @@ What it does, as Kafka does:
   offset once transactions exist), the base of the first segment holding a record younger than
   min.compaction.lag.ms). A log is cleaned when dirty bytes / (clean + dirty bytes) >
   min.cleanable.dirty.ratio, or when its first dirty segment holds a record older than max.compaction.lag.ms.
-- Builds a key -> latest offset map over the dirty section, bounded in memory as Kafka's SkimpyOffsetMap
-  is: at most log.cleaner.dedupe.buffer.size / log.cleaner.threads * log.cleaner.io.buffer.load.factor
-  bytes. Kafka's entry takes 24 bytes (MD5 + offset); this map is a Python dict whose entry takes about
-  128 bytes (measured: key bytes object, int, slot), so the same buffer holds about a fifth of Kafka's key
-  count. When it is full, the cleaning ends where it got (the map's latest offset + 1) and the rest waits
-  for the next round, as Kafka's; a map full in the first dirty batch rewrites nothing and backs off
-  (Kafka: "Unable to build the offset map"). Keys longer than 16 bytes are stored as their 16-byte BLAKE2b
-  digest (Kafka stores MD5 digests of every key), tagged apart from raw short keys so that no key can
-  equal another's digest.
+- Builds a key -> latest offset map over the dirty section, laid out and bounded as Kafka's SkimpyOffsetMap:
+  ``OffsetMap`` (pykbroker/_speedups.c), one buffer of slots = log.cleaner.dedupe.buffer.size /
+  log.cleaner.threads / 24 entries of 24 bytes (a 16-byte key digest + the offset), allocated once per
+  cleaning, open addressing with linear probing, holding at most slots * log.cleaner.io.buffer.load.factor
+  keys (0.9: about 26.7 bytes of buffer per key, so Kafka's default 128 MiB holds 5,033,164 keys, as
+  Kafka's). Every key is digested, whatever its length: SipHash-2-4 with a 128-bit output under a random
+  secret drawn for each map (Kafka uses MD5, whose collisions can be made: a producer could write a key
+  whose digest equals another key's and so erase that key's latest value; without the secret, a SipHash
+  collision cannot be chosen). The records of each batch are walked, digested and inserted in C
+  (``add_records``); so is the rewrite's choice of the records to keep (``filter_records``). When the map is
+  full, the cleaning ends where it got (the last offset of the last whole batch mapped, + 1) and the rest
+  waits for the next round, as Kafka's; a map full in the first dirty batch rewrites nothing and backs off
+  (Kafka: "Unable to build the offset map"). Built without a C compiler, a pure-Python twin (a dict of
+  keyed BLAKE2b digests, about 128 bytes a key) stands in, its capacity computed from its own entry size.
 - Rewrites every segment from the log start up to that end, grouped (Kafka's groupSegmentsBySize) into
   segments of at most segment.bytes whose indexes fit segment.index.bytes: a record is kept if it is past
   the map's latest offset, or if it is the latest offset of its key; keyless records go. Tombstones (null
@@ -102,7 +107,6 @@ CLEANER_CHECKPOINT = "cleaner-offset-checkpoint"
 CLEANED_SUFFIX = ".cleaned"
 SWAP_SUFFIX = ".swap"
 END_SUFFIX = ".end"  # <base>.end.cleaned / .end.swap: the end offset of the segments a cleaned one replaces
-MAP_ENTRY_BYTES = 128  # one entry of the Python map (Kafka's SkimpyOffsetMap: 24, a 16-byte MD5 + an offset)
 LONG_MAX = (1 << 63) - 1
 # Test hook: the broker process exits (as kill -9 would leave it) at this step of a swap.
 CRASH_ENV = "PYKBROKER_CLEANER_CRASH_AT"
@@ -134,11 +138,18 @@ class CleanerConfig:
         )
 
     @property
+    def map_slots(self) -> int:
+        """Entries of one cleaning's map buffer: the dedupe buffer split between the threads, over the bytes an
+        entry takes (Kafka's SkimpyOffsetMap: slots = memory / bytesPerEntry)."""
+        per_thread = min(self.dedupe_buffer_size // max(self.threads, 1), INT32_MAX)  # (Kafka's cap too)
+        return max(per_thread // MAP_ENTRY_BYTES, 2)
+
+    @property
     def map_capacity(self) -> int:
-        """Keys one cleaning's map may hold: the buffer split between the threads, times the load factor (as
-        Kafka), over the bytes a map entry takes."""
-        per_thread = self.dedupe_buffer_size // max(self.threads, 1)
-        return max(int(per_thread // MAP_ENTRY_BYTES * self.load_factor), 1)
+        """Keys one cleaning's map may hold: its slots times the load factor (Kafka's maxDesiredMapSize), below
+        the slots (a probe always ends at a free slot)."""
+        slots = self.map_slots
+        return min(max(int(slots * self.load_factor), 1), slots - 1)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -164,7 +175,7 @@ class CleanTask:
     segments: tuple[SegmentFile, ...]  # from the log's first segment, every one non-active and below the bound
     first_dirty: int
     end_bound: int  # first uncleanable offset
-    map_capacity: int
+    map_capacity: int  # keys the map may hold (CleanerConfig.map_capacity)
     delete_retention_ms: int
     segment_bytes: int
     segment_index_bytes: int
@@ -174,6 +185,8 @@ class CleanTask:
     # Producer ids in the partition's producer state: only their last batch stays as an empty batch (Kafka's
     # lastRecordsOfActiveProducers); None keeps the last batch of every producer id.
     active_producers: frozenset[int] | None = None
+    # Entries of the map's buffer (CleanerConfig.map_slots); 0: the capacity at Kafka's default load factor 0.9.
+    map_slots: int = 0
 
 
 @dataclass(frozen=True)
@@ -197,12 +210,6 @@ class CleanResult:
     # (producer id, marker offset) of the markers the cleaning removed: their .txnindex entries go too
     # (a consumer given an entry whose marker is gone would skip that producer's later transactions).
     removed_aborts: set[tuple[int, int]] = field(default_factory=set)
-
-
-def _map_key(key: bytes) -> bytes:
-    """The map's key for a record key: a tag byte keeps raw short keys and digests of long ones apart (else
-    a 16-byte key equal to a long key's digest would supersede that key's records)."""
-    return b"\0" + key if len(key) <= 16 else b"\1" + hashlib.blake2b(key, digest_size=16).digest()
 
 
 def _zigzag_at(data: bytes, pos: int) -> tuple[int, int]:
@@ -234,6 +241,71 @@ def walk_records(data: bytes, count: int) -> list[tuple[int, bytes | None, bool,
         out.append((delta, key, value_length < 0, start, end))
         pos = end
     return out
+
+
+class _OffsetMapPy:
+    """The pure-Python twin of ``pykbroker._speedups.OffsetMap`` (the C file documents it), for a build without
+    a C compiler: a dict of keyed BLAKE2b digests (a PRF too) whose entry takes about 128 bytes (measured: the
+    digest's bytes object, the int, the dict slot), so the same dedupe buffer holds about a fifth of the keys."""
+
+    ENTRY_BYTES = 128
+
+    def __init__(self, slots: int, capacity: int, secret: bytes) -> None:
+        if len(secret) != 16:
+            raise ValueError(f"the secret takes 16 bytes, not {len(secret)}")
+        if not 1 <= capacity < slots:
+            raise ValueError(f"an offset map needs 1 <= capacity < slots (capacity {capacity}, slots {slots})")
+        self.slots, self.capacity, self._secret = slots, capacity, secret
+        self._offsets: dict[bytes, int] = {}
+        self.latest_offset = -1
+
+    @property
+    def nbytes(self) -> int:
+        return self.slots * self.ENTRY_BYTES
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    def _digest(self, key) -> bytes:
+        return hashlib.blake2b(key, digest_size=16, key=self._secret).digest()
+
+    def put(self, key, offset: int) -> bool:
+        digest = self._digest(key)
+        if len(self._offsets) >= self.capacity and digest not in self._offsets:
+            return False
+        self._offsets[digest] = offset
+        self.latest_offset = offset
+        return True
+
+    def get(self, key, default: int = -1) -> int:
+        return self._offsets.get(self._digest(key), default)
+
+    def add_records(self, data: bytes, count: int, base_offset: int, start_offset: int) -> bool:
+        for delta, key, _, _, _ in walk_records(data, count):
+            offset = base_offset + delta
+            if key is not None and offset >= start_offset and not self.put(key, offset):
+                return False
+        return True
+
+    def filter_records(self, data: bytes, count: int, base_offset: int, latest_in_map: int,
+                       retain_deletes: bool) -> tuple[int, bytes | None]:
+        kept = []
+        for delta, key, value_null, start, end in walk_records(data, count):
+            offset = base_offset + delta
+            if offset > latest_in_map or (key is not None and offset >= self.get(key)
+                                          and (not value_null or retain_deletes)):
+                kept.append((start, end))
+        if len(kept) == count:
+            return count, None
+        return len(kept), b"".join(data[start:end] for start, end in kept)
+
+
+try:
+    from pykbroker._speedups import OffsetMap
+except ImportError:  # built without a C compiler (or an extension built before OffsetMap existed)
+    OffsetMap = _OffsetMapPy
+
+MAP_ENTRY_BYTES = OffsetMap.ENTRY_BYTES  # 24 (Kafka's SkimpyOffsetMap: a 16-byte digest + an 8-byte offset)
 
 
 class _Batch(NamedTuple):
@@ -326,10 +398,10 @@ def _records_of(header, batch: bytes) -> bytes:
     return bytes(body)
 
 
-def build_offset_map(task: CleanTask, result: CleanResult) -> tuple[dict[bytes, int], int]:
+def build_offset_map(task: CleanTask, result: CleanResult) -> tuple[OffsetMap, int]:
     """The key -> latest offset map of the dirty section and the offset the cleaning ends at (exclusive)."""
-    offsets: dict[bytes, int] = {}
     capacity = task.map_capacity
+    offsets = OffsetMap(task.map_slots or capacity * 10 // 9 + 1, capacity, os.urandom(16))
     aborted = _Aborted(task.aborted)
     start = task.first_dirty
     latest = start - 1
@@ -343,16 +415,10 @@ def build_offset_map(task: CleanTask, result: CleanResult) -> tuple[dict[bytes, 
                 result.bytes_read += header.size
                 if header.last_offset < start:
                     continue
-                if not header.is_control and not aborted.contains(header) and header.record_count:
-                    base = header.base_offset
-                    for delta, key, _, _, _ in walk_records(_records_of(header, batch), header.record_count):
-                        offset = base + delta
-                        if key is None or offset < start:
-                            continue
-                        mapped = _map_key(key)
-                        if len(offsets) >= capacity and mapped not in offsets:
-                            return offsets, latest + 1  # full: clean up to the last whole batch
-                        offsets[mapped] = offset
+                if (not header.is_control and not aborted.contains(header) and header.record_count
+                        and not offsets.add_records(_records_of(header, batch), header.record_count,
+                                                    header.base_offset, start)):
+                    return offsets, latest + 1  # full: clean up to the last whole batch
                 latest = max(latest, header.last_offset)
         finally:
             os.close(fd)
@@ -483,7 +549,7 @@ def clean_log(task: CleanTask) -> CleanResult:
     return result
 
 
-def _clean_group(task: CleanTask, group: list[SegmentFile], offsets: dict[bytes, int], latest_in_map: int,
+def _clean_group(task: CleanTask, group: list[SegmentFile], offsets: OffsetMap, latest_in_map: int,
                  horizon: int, producers_last: dict[int, int], aborted: _Aborted, txns: "_TxnTracker",
                  result: CleanResult) -> CleanedSegment:
     directory = Path(task.directory)
@@ -549,7 +615,7 @@ def _write_all(fd: int, data: bytearray) -> None:
         view = view[written:]
 
 
-def _filter_batch(header, batch: bytes, offsets: dict[bytes, int], latest_in_map: int, retain_deletes: bool,
+def _filter_batch(header, batch: bytes, offsets: OffsetMap, latest_in_map: int, retain_deletes: bool,
                   producers_last: dict[int, int], aborted: _Aborted, result: CleanResult) -> bytes | None:
     """The batch as the cleaned segment holds it (itself, rebuilt, or empty), or None to drop it."""
     if header.is_control:
@@ -561,25 +627,14 @@ def _filter_batch(header, batch: bytes, offsets: dict[bytes, int], latest_in_map
     if header.base_offset > latest_in_map:  # past the map: kept whole
         result.records_kept += header.record_count
         return batch
-    data = _records_of(header, batch)
-    records = walk_records(data, header.record_count)
-    base = header.base_offset
-    kept = []
-    for delta, key, value_null, start, end in records:
-        offset = base + delta
-        if offset > latest_in_map:
-            kept.append((start, end))
-            continue
-        if key is None:
-            continue
-        if offset >= offsets.get(_map_key(key), -1) and (not value_null or retain_deletes):
-            kept.append((start, end))
-    result.records_kept += len(kept)
-    if len(kept) == len(records):
+    kept, records = offsets.filter_records(_records_of(header, batch), header.record_count, header.base_offset,
+                                           latest_in_map, retain_deletes)
+    result.records_kept += kept
+    if records is None:  # every record kept
         return batch
     if not kept:
         return _empty_batch(header) if keep_empty else None
-    return _rebuilt_batch(header, b"".join(data[start:end] for start, end in kept), len(kept))
+    return _rebuilt_batch(header, records, kept)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -822,6 +877,7 @@ class LogCleaner:
             first_dirty=candidate.first_dirty,
             end_bound=candidate.bound,
             map_capacity=self.config.map_capacity,
+            map_slots=self.config.map_slots,
             delete_retention_ms=config.delete_retention_ms,
             segment_bytes=config.segment_bytes,
             segment_index_bytes=config.segment_index_bytes,

@@ -12,6 +12,8 @@ import pytest
 
 from pykbroker.log.cleaner import (
     CLEANER_CHECKPOINT,
+    MAP_ENTRY_BYTES,
+    OffsetMap,
     AbortedRange,
     CleanerConfig,
     CleanTask,
@@ -20,7 +22,6 @@ from pykbroker.log.cleaner import (
     build_offset_map,
     clean_log,
     CleanResult,
-    _map_key,
     walk_records,
 )
 from pykbroker.log.config import LogConfig
@@ -36,6 +37,14 @@ from pykbroker.protocol.records import (
 )
 
 COMPRESSION_GZIP = 1
+
+
+def records_accelerated() -> bool:
+    """The C offset map is in use (pykbroker._speedups built with it)."""
+    from pykbroker.log import cleaner
+
+    return cleaner.OffsetMap is not cleaner._OffsetMapPy
+
 COMPRESSION_LZ4 = 3
 
 NOW = int(time.time() * 1000)
@@ -140,7 +149,7 @@ def test_offset_map_holds_the_latest_offset_of_each_key_of_the_dirty_section(tmp
                      first_dirty=3, end_bound=plog.log_end_offset, map_capacity=100, delete_retention_ms=0,
                      segment_bytes=1 << 20, segment_index_bytes=1 << 20, index_interval_bytes=100)
     offsets, end = build_offset_map(task, CleanResult(3))
-    assert offsets == {_map_key(b"k0"): 12, _map_key(b"k1"): 13, _map_key(b"k2"): 14}
+    assert len(offsets) == 3 and [offsets.get(b"k%d" % i) for i in range(3)] == [12, 13, 14]
     assert end == 15
 
 
@@ -158,20 +167,52 @@ def test_a_full_map_ends_the_cleaning_at_the_last_whole_batch(tmp_path):
 
 
 def test_map_capacity_is_the_dedupe_buffer_split_between_threads_over_the_entry_size():
-    assert CleanerConfig(dedupe_buffer_size=128_000, threads=2, load_factor=0.9).map_capacity == 450
+    config = CleanerConfig(dedupe_buffer_size=128_000, threads=2, load_factor=0.9)
+    assert config.map_slots == 64_000 // MAP_ENTRY_BYTES
+    assert config.map_capacity == int(64_000 // MAP_ENTRY_BYTES * 0.9)
+    if records_accelerated():
+        assert (config.map_slots, config.map_capacity) == (2666, 2399)
 
 
 def test_the_map_stays_within_the_dedupe_buffer():
     import tracemalloc
 
-    capacity = CleanerConfig(dedupe_buffer_size=8 << 20, threads=1, load_factor=1.0).map_capacity
+    config = CleanerConfig(dedupe_buffer_size=8 << 20, threads=1, load_factor=1.0)
+    capacity = config.map_capacity
+    assert capacity == config.map_slots - 1  # (a load factor of 1 leaves one free slot: probes end)
     tracemalloc.start()
     try:
-        offsets = {b"key-%010d" % i: 10**12 + i for i in range(capacity)}
+        offsets = OffsetMap(config.map_slots, capacity, os.urandom(16))
+        assert all(offsets.put(b"key-%010d" % i, 10**12 + i) for i in range(capacity))
         used = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    assert len(offsets) == capacity and used <= 8 << 20
+    assert len(offsets) == capacity and offsets.nbytes <= 8 << 20
+    assert used <= (8 << 20) + 1024  # the buffer, and the few Python objects around it
+    assert not offsets.put(b"one more", 1)
+
+
+def test_a_default_dedupe_buffer_maps_over_four_times_the_keys_of_the_dict_in_one_pass(tmp_path):
+    """Kafka's default 128 MiB buffer: slots of 24 bytes at a load factor 0.9, 5,033,164 keys (the dict map
+    held 943,718); scaled down to 1 MiB here, one cleaning maps every key of a log of 39,000 distinct keys."""
+    config = CleanerConfig(dedupe_buffer_size=1 << 20, threads=1, load_factor=0.9)
+    if not records_accelerated():
+        pytest.skip("the C offset map is not built")
+    assert CleanerConfig().map_capacity == 134217728 // 24 * 9 // 10 == 5_033_164
+    assert config.map_capacity == (1 << 20) // 24 * 9 // 10 == 39_321
+    assert config.map_capacity > 4 * int((1 << 20) // 128 * 0.9)
+    plog = open_log(tmp_path, segment_bytes=1 << 30)
+    for first in range(0, 39_000, 500):
+        append(plog, [(b"key-%08d" % i, b"v") for i in range(first, first + 500)])
+    plog.roll()
+    append(plog, [(b"key-00000000", b"new")])
+    plog.roll()
+    append(plog, [(b"z", b"1")])
+    cleaner = make_cleaner(tmp_path, [plog], dedupe_buffer_size=1 << 20)
+    assert clean_once(cleaner)
+    assert cleaner.last_result.map_entries == 39_000
+    assert cleaner._checkpoints[("t", 0)] == 39_001  # every dirty key in one pass
+    assert cleaner.last_result.records_kept == 39_000 and latest(plog)[b"key-00000000"] == b"new"
 
 
 # -- the rewrite -----------------------------------------------------------------------------------
@@ -718,7 +759,7 @@ def test_a_map_full_in_the_first_dirty_batch_makes_no_progress_and_backs_off(tmp
     append(plog, [(f"k{i}".encode(), b"v") for i in range(50)])
     plog.roll()
     append(plog, [(b"z", b"1")])
-    cleaner = make_cleaner(tmp_path, [plog], dedupe_buffer_size=128 * 10, backoff_ms=60_000)  # 9 keys
+    cleaner = make_cleaner(tmp_path, [plog], dedupe_buffer_size=128 * 10, backoff_ms=60_000)  # 47 keys (9 in Python)
     files = sorted(os.listdir(plog.directory))
     assert clean_once(cleaner)  # offset 0 (the first batch fits)
     assert cleaner._checkpoints[("t", 0)] == 1
