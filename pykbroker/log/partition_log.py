@@ -233,6 +233,9 @@ class PartitionLog:
         # The first marker whose transaction-index entry could not be written (disk full): no snapshot above
         # it is written, so a restart's replay passes the marker and writes the entry.
         self._unindexed_marker: int | None = None
+        # The first batch written to the log whose append then failed (an fdatasync error): the producer state
+        # may miss it, so no snapshot above it is written until a reload replays past it.
+        self._state_gap: int | None = None
 
     # -- opening and recovery ----------------------------------------------------------------------------
 
@@ -311,6 +314,7 @@ class PartitionLog:
         self._log_end_offset = active.next_offset
         self._log_start_offset = max(log_start_offset or 0, segments[0].base_offset)
         self._start_rolling_clock(active)
+        self._load_snapshot_list()
         if self._log_start_offset > self._log_end_offset:
             self._truncate_fully_and_start_at(self._log_start_offset)
 
@@ -326,7 +330,6 @@ class PartitionLog:
             self._epochs.write()
 
         self._load_txn_indexes()
-        self._load_snapshot_list()
 
         self._dirty.update(segment for segment in recovered if segment in self._segments)
         if recovered or self._directory_changed:
@@ -341,6 +344,11 @@ class PartitionLog:
         else:
             self._recovery_point = self._log_end_offset
         self._opened_recovery_point = self._recovery_point
+        if not clean_shutdown:
+            # Snapshots above the recovery point were not durable, and the transaction-index entries of the
+            # markers below them may be lost: a later run must replay those markers again, so they go now (a
+            # flush of this run moving the recovery point must not make them usable).
+            self._delete_snapshots(lambda offset: offset > self._recovery_point)
 
     def _load_txn_indexes(self) -> None:
         """Load the segments' .txnindex files; entries past the log end (a recovery cut their markers) go, and
@@ -610,13 +618,17 @@ class PartitionLog:
         transactions it cannot hold are those whose marker is still above the HWM) and, on the first load,
         the recovery point the log was opened with: below it the log and its transaction indexes were fsynced,
         so the replay from the snapshot re-indexes every aborted transaction a crash can have lost. One that
-        cannot be read is logged, deleted and the next older one tried.
+        is corrupt is logged, deleted and the next older one tried (one that cannot be read now, an I/O error,
+        is skipped and kept). Until the replay has finished no snapshot is written: a load that fails half way
+        leaves a state that must not be saved.
         """
         state = self.producer_state
         bound = self._log_end_offset if high_watermark is None else min(high_watermark, self._log_end_offset)
         if not self._producer_state_loaded:
             bound = min(bound, self._opened_recovery_point)
+        self._producer_state_loaded = False
         start = self._log_start_offset
+        loaded_from = None
         state.clear()
         for offset in reversed(self._snapshots):
             if offset > bound:
@@ -628,9 +640,10 @@ class PartitionLog:
                 state.load_snapshot(path.read_bytes(), offset, log_append_time=self._config.log_append_time)
             except (OSError, CorruptSnapshot) as exc:
                 log.warning("%s-%d: ignoring producer snapshot %s (%s)", self.topic, self.partition, path.name, exc)
-                self._delete_snapshots(lambda o, bad=offset: o == bad)
+                if isinstance(exc, CorruptSnapshot):
+                    self._delete_snapshots(lambda o, bad=offset: o == bad)
                 continue
-            start = offset
+            start = loaded_from = offset
             break
         replayed = [0]
 
@@ -643,9 +656,11 @@ class PartitionLog:
                                   stable_below=high_watermark)
         self.producer_state_replayed = replayed[0]
         self._producer_state_loaded = True
+        if self._state_gap is not None and start <= self._state_gap:
+            self._state_gap = None  # the replay passed the batch the state had missed
         if replayed[0]:
             log.info("%s-%d: producer state loaded from %s, %d batches replayed from offset %d", self.topic,
-                     self.partition, "the snapshot" if start in self._snapshots else "the log", replayed[0], start)
+                     self.partition, "the snapshot" if loaded_from is not None else "the log", replayed[0], start)
         return start
 
     def take_producer_snapshot(self, offset: int | None = None) -> None:
@@ -660,14 +675,16 @@ class PartitionLog:
         if offset in self._snapshots:
             self._appended_since_snapshot = 0
             return
-        if self._unindexed_marker is not None and offset > self._unindexed_marker:
+        if any(ceiling is not None and offset > ceiling for ceiling in (self._unindexed_marker, self._state_gap)):
             return
         path = self._snapshot_path(offset)
         temp = path.with_name(path.name + ".tmp")
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                os.write(fd, self.producer_state.snapshot())
+                view = memoryview(self.producer_state.snapshot())
+                while view:  # a short write (disk filling up) must not install a torn file
+                    view = view[os.write(fd, view):]
             finally:
                 os.close(fd)
             os.replace(temp, path)
@@ -680,17 +697,33 @@ class PartitionLog:
         self._appended_since_snapshot = 0
         self._directory_changed = True
         keep = set(self._snapshots[-MAX_SNAPSHOTS:])
-        durable = [o for o in self._snapshots if o <= self._recovery_point]
+        unsynced = set(self._unsynced_snapshots)
+        durable = [o for o in self._snapshots if o <= self._recovery_point and self._snapshot_path(o) not in unsynced]
         if durable:
             keep.add(durable[-1])
         self._delete_snapshots(lambda o: o not in keep)
 
+    def _forget_below_log_start(self) -> None:
+        """The log start moved: snapshots below it are unusable (Kafka deletes them), and a failed index entry
+        or append below it no longer holds snapshots back (a replay from the log start would not see it either)."""
+        start = self._log_start_offset
+        self._delete_snapshots(lambda o: o < start)
+        if self._unindexed_marker is not None and self._unindexed_marker < start:
+            self._unindexed_marker = None
+        if self._state_gap is not None and self._state_gap < start:
+            self._state_gap = None
+
     def _delete_snapshots(self, doomed: Callable[[int], bool]) -> None:
-        """Delete the snapshot files whose offset ``doomed`` picks (tiny files: unlinked at once)."""
+        """Delete the snapshot files whose offset ``doomed`` picks (tiny files: unlinked at once; the next flush
+        fsyncs the directory, so a snapshot deleted for describing a truncated history stays deleted)."""
         for offset in [o for o in self._snapshots if doomed(o)]:
             self._snapshots.remove(offset)
+            path = self._snapshot_path(offset)
+            if path in self._unsynced_snapshots:
+                self._unsynced_snapshots.remove(path)
+            self._directory_changed = True
             try:
-                self._snapshot_path(offset).unlink(missing_ok=True)
+                path.unlink(missing_ok=True)
             except OSError as exc:
                 log.warning("%s-%d: could not delete producer snapshot at %d (%s)", self.topic, self.partition, offset, exc)
 
@@ -772,7 +805,14 @@ class PartitionLog:
             if epoch > epochs.latest_epoch:  # latest_epoch is -1 when empty, so this also skips epoch -1
                 self._assign_epoch(epoch, header.base_offset)
         if self._fsync == "always":
-            os.fdatasync(segment.fd)
+            try:
+                os.fdatasync(segment.fd)
+            except OSError:
+                # The batches are in the log but the caller fails the append and its producer state misses
+                # them: no snapshot may record that state past them (a reload's replay puts them back).
+                if self._state_gap is None or headers[0].base_offset < self._state_gap:
+                    self._state_gap = headers[0].base_offset
+                raise
 
     def assign_epoch_start(self, epoch: int, start_offset: int) -> None:
         """A new leader's epoch starts at ``start_offset`` (its log end) before anything is written in it, so
@@ -1141,6 +1181,8 @@ class PartitionLog:
         self._delete_snapshots(lambda o: o > offset)  # they describe batches that are gone
         if self._unindexed_marker is not None and self._unindexed_marker >= offset:
             self._unindexed_marker = None
+        if self._state_gap is not None and self._state_gap >= offset:
+            self._state_gap = None
         self._retire(self._segments[keep:])
         del self._segments[keep:]
         del self._bases[keep:]
@@ -1159,7 +1201,7 @@ class PartitionLog:
     def _truncate_fully_and_start_at(self, offset: int) -> None:
         self._retire(list(self._segments))
         self._delete_snapshots(lambda o: True)
-        self._unindexed_marker = None
+        self._unindexed_marker = self._state_gap = None
         segment = Segment.create(self.directory, offset)
         self._segments = [segment]
         self._bases = [offset]
@@ -1188,7 +1230,7 @@ class PartitionLog:
             return
         self._log_start_offset = offset
         self._delete_leading(lambda segment, following: following.base_offset <= self._log_start_offset, defer=True)
-        self._delete_snapshots(lambda o: o < offset)  # unusable below the log start (Kafka deletes them)
+        self._forget_below_log_start()
         if self._epochs.truncate_from_start(offset, persist=False):
             self._file_work.append(partial(self._write_epochs, self._epochs.snapshot()))
 
@@ -1248,7 +1290,7 @@ class PartitionLog:
                 self._log_start_offset = self._bases[0]
                 if self._epochs.truncate_from_start(self._log_start_offset, persist=not defer):
                     self._file_work.append(partial(self._write_epochs, self._epochs.snapshot()))
-            self._delete_snapshots(lambda o: o < self._log_start_offset)
+            self._forget_below_log_start()
         return count
 
     def _retire(self, segments: list[Segment], *, defer: bool = False) -> None:

@@ -325,7 +325,10 @@ def test_the_number_of_snapshots_is_bounded(tmp_path):
     for seq in range(20):
         append(rm, idem(1, seq))
     p.log.flush()
-    durable = p.log.recovery_point  # 20: the next append rolls there, its snapshot is the one a crash would load
+    # The newest snapshot this flush made durable; the next append rolls at the recovery point (20), but that
+    # roll's snapshot is written after the flush: until a flush fsyncs it, it is not the one a crash can load.
+    durable = max(p.log.snapshot_offsets)
+    assert durable < p.log.recovery_point == 20
     for seq in range(20, 200):
         append(rm, idem(1, seq))
     assert len(p.log.segment_base_offsets) > 30
@@ -444,3 +447,107 @@ def test_random_histories_load_the_state_a_full_replay_gives(tmp_path, seed):
             open_txn = {pid for pid, _ in p.producer_state.ongoing_transactions()}
         assert len(snapshots(tmp_path)) <= MAX_SNAPSHOTS + 2
     assert loads
+
+
+# -- review fixes: states that must never be saved, deletions that must last --------------------------------------
+
+
+def test_a_reload_that_fails_half_way_writes_no_snapshot_of_its_partial_state(tmp_path, monkeypatch):
+    rm = manager(tmp_path)
+    p = rm.host("t", 0, 0)
+    for pid in range(1, 6):
+        append(rm, idem(pid, 0))
+    real = PartitionLog.headers_and_markers
+
+    def failing(self, start=0):
+        for index, item in enumerate(real(self, start)):
+            if index == 2:
+                raise OSError(5, "Input/output error")  # EIO reading a segment during the truncation's reload
+            yield item
+
+    monkeypatch.setattr(PartitionLog, "headers_and_markers", failing)
+    with pytest.raises(OSError):
+        p.truncate_to(4)
+    monkeypatch.setattr(PartitionLog, "headers_and_markers", real)
+    assert p.producer_state.producer_ids() == [1, 2]  # half loaded
+    p.log.roll()
+    p.log.take_producer_snapshot()
+    assert p.log.snapshot_offsets == []  # neither the roll nor an explicit snapshot saved it
+    rm = restart(rm, tmp_path)  # (nor the close)
+    assert rm.partition("t", 0).producer_state.producer_ids() == [1, 2, 3, 4]
+
+
+def test_a_failed_fdatasync_holds_snapshots_back_until_a_reload_covers_the_batch(tmp_path, monkeypatch):
+    log = PartitionLog.open(tmp_path / "t-0", LogConfig(), fsync="always")
+    log.load_producer_state()
+    log.append(idem(1, 0), leader_epoch=0, now_ms=T0)
+
+    def failing(fd):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr("pykbroker.log.partition_log.os.fdatasync", failing)
+    with pytest.raises(OSError):
+        log.append(idem(2, 0), leader_epoch=0, now_ms=T0)  # written, failed: the caller skips its state update
+    monkeypatch.undo()
+    assert log.log_end_offset == 2
+    log.take_producer_snapshot()
+    assert log.snapshot_offsets == []  # the state misses producer 2's batch at offset 1
+    log.take_producer_snapshot(1)
+    assert log.snapshot_offsets == [1]  # at or below the gap is fine
+    log.load_producer_state()  # the replay from 1 covers the batch: snapshots above it again
+    assert log.producer_state.entry(2) is not None
+    log.take_producer_snapshot()
+    assert log.snapshot_offsets == [1, 2]
+    log.close()
+
+
+def test_a_deleted_snapshot_is_made_durable_by_the_next_flush(tmp_path):
+    rm = manager(tmp_path)
+    p = rm.host("t", 0, 0)
+    for seq in range(6):
+        append(rm, idem(7, seq))
+    p.log.take_producer_snapshot()  # at 6
+    for seq in range(6, 9):
+        append(rm, idem(7, seq))
+    p.log.flush()
+    p.truncate_to(3)  # inside the active segment: no segment file goes, only the snapshot at 6
+    assert 6 not in snapshots(tmp_path)
+    assert p.log.directory in p.log.prepare_flush().paths  # the unlink is fsynced, as a segment's would be
+
+
+def test_snapshots_above_the_recovery_point_go_after_a_crash(tmp_path):
+    rm = manager(tmp_path, SMALL_SEGMENTS)
+    p = rm.host("t", 0, 0)
+    for seq in range(10):
+        append(rm, idem(1, seq))
+    p.log.flush()
+    flushed = p.log.recovery_point
+    for seq in range(10, 40):
+        append(rm, idem(1, seq))  # rolls: snapshots above the recovery point, never fsynced
+    assert max(snapshots(tmp_path)) > flushed
+    rm = restart(rm, tmp_path, clean=False)
+    # A later run's flush moves the recovery point past them: they must not be usable then (the markers below
+    # them may have lost their index entries), so the crash recovery deleted them.
+    assert all(offset <= flushed for offset in snapshots(tmp_path))
+
+
+def test_a_snapshot_that_cannot_be_read_now_is_kept(tmp_path, monkeypatch, caplog):
+    rm = manager(tmp_path, SMALL_SEGMENTS)
+    p = rm.host("t", 0, 0)
+    for seq in range(30):
+        append(rm, idem(1, seq))
+    newest = max(snapshots(tmp_path))
+    real = Path.read_bytes
+
+    def failing(self):
+        if self.name.endswith(".snapshot"):
+            raise OSError(24, "Too many open files")
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", failing)
+    with caplog.at_level(logging.WARNING):
+        p.log.load_producer_state(p.high_watermark)
+    monkeypatch.undo()
+    assert "Too many open files" in caplog.text
+    assert newest in snapshots(tmp_path)  # not corrupt: kept (a corrupt one is deleted)
+    assert p.log.producer_state_replayed == 30  # the whole log instead
