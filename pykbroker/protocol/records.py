@@ -321,18 +321,15 @@ def null_key_indexes(data: bytes, count: int) -> list[int]:
     """Indexes of the records without a key in a batch's (decompressed, well-formed) records section."""
     found = []
     pos = 0
+    limit = len(data)
     for index in range(count):
-        size, pos = _varint64(data, pos, len(data))
+        size, pos = _varint64(data, pos, limit)
         end = pos + size
-        at = pos + 1  # attributes
-        while data[at] & 0x80:  # timestamp delta
-            at += 1
-        at += 1
-        while data[at] & 0x80:  # offset delta
-            at += 1
-        at += 1
-        if data[at] == 1:  # key length -1 (zigzag 1): a null key
-            found.append(index)
+        _, at = _varint64(data, pos + 1, end)  # (attributes,) timestamp delta
+        _, at = _varint32(data, at, end)  # offset delta
+        key_length, _ = _varint32(data, at, end)
+        if key_length < 0:  # any negative length is a null key, as Kafka's DefaultRecord reads it (-1, -2, or
+            found.append(index)  # -1 in a longer varint such as 0x81 0x00)
         pos = end
     return found
 

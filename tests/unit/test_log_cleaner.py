@@ -515,6 +515,41 @@ def test_a_compacted_topic_refuses_null_keys_naming_each_record(tmp_path):
     assert delete_log.log_end_offset == 1
 
 
+def _zigzag(value: int) -> bytes:
+    raw = ((value << 1) ^ (value >> 63)) & ((1 << 64) - 1)
+    out = bytearray()
+    while raw >= 0x80:
+        out.append(raw & 0x7F | 0x80)
+        raw >>= 7
+    return bytes(out + bytes([raw]))
+
+
+@pytest.mark.parametrize("accelerated", [True, False])
+def test_null_keys_in_any_encoding_are_refused(tmp_path, monkeypatch, accelerated):
+    """Kafka reads any negative key length as a null key: -2, or -1 written in two bytes (0x81 0x00), is no key
+    either, so a compacted topic refuses them too (the cleaner would otherwise drop them as keyless: an
+    acknowledged write lost)."""
+    import struct
+
+    from pykbroker.protocol import records
+
+    if not accelerated:
+        monkeypatch.setattr(records, "count_null_keys", records._count_null_keys_py)
+    keys = [_zigzag(1) + b"k", _zigzag(-2), b"\x81\x00", _zigzag(-1)]
+    body = b""
+    for delta, key in enumerate(keys):
+        record = b"\x00" + _zigzag(0) + _zigzag(delta) + key + _zigzag(1) + b"v" + b"\x00"
+        body += _zigzag(len(record)) + record
+    batch = bytearray(build_batch([(b"k", b"v")] * len(keys), timestamp_ms=NOW)[:records.BATCH_HEADER_SIZE]) + body
+    struct.pack_into(">i", batch, 8, len(batch) - 12)
+    struct.pack_into(">I", batch, 17, records.crc32c(memoryview(batch)[records.CRC_START:]))
+    plog = open_log(tmp_path)
+    with pytest.raises(NullKeyRecords) as refused:
+        plog.append(batch, leader_epoch=0, now_ms=NOW)
+    assert [index for index, _ in refused.value.errors] == [1, 2, 3]
+    assert plog.log_end_offset == 0
+
+
 def test_compact_only_topics_have_no_time_retention(tmp_path):
     plog = open_log(tmp_path, retention_ms=1)
     append(plog, [(b"a", b"1")])
