@@ -286,7 +286,9 @@ typedef struct {
     int64_t latest; /* the offset of the last put, -1 before any */
 } OffsetMapObject;
 
-_Static_assert(sizeof(map_entry) == 24, "an offset map entry takes 24 bytes");
+/* sizeof(map_entry) == 24, checked without C11 (the extension is optional: a compiler without C11 must not
+ * lose every accelerated function): the array's size is -1, a compile error, otherwise. */
+typedef char map_entry_takes_24_bytes[sizeof(map_entry) == 24 ? 1 : -1];
 
 static map_entry *map_find(OffsetMapObject *map, const unsigned char *key, Py_ssize_t length, uint64_t h[2])
 {
@@ -652,6 +654,7 @@ PyMODINIT_FUNC PyInit__speedups(void)
         return NULL;
     }
     Py_DECREF(entry_bytes);
+    PyType_Modified(&OffsetMapType); /* its dict changed after PyType_Ready: drop any cached lookup */
     Py_INCREF(&OffsetMapType);
     if (PyModule_AddObject(m, "OffsetMap", (PyObject *)&OffsetMapType) < 0) {
         Py_DECREF(&OffsetMapType);

@@ -91,6 +91,8 @@ from pykbroker.protocol.records import (
     MAX_DECOMPRESSED_BYTES,
     _HEADER,
     _UINT32,
+    _Malformed,
+    _varint32,
     _varint64,
     crc32c,
     peek_header,
@@ -212,34 +214,39 @@ class CleanResult:
     removed_aborts: set[tuple[int, int]] = field(default_factory=set)
 
 
-def _zigzag_at(data: bytes, pos: int) -> tuple[int, int]:
-    byte = data[pos]
-    if byte < 0x80:
-        return (byte >> 1) ^ -(byte & 1), pos + 1
-    return _varint64(data, pos, len(data))
-
-
 def walk_records(data: bytes, count: int) -> list[tuple[int, bytes | None, bool, int, int]]:
-    """(offset delta, key, value is null, start, end) of each record in a batch's decompressed records."""
+    """(offset delta, key, value is null, start, end) of each record in a batch's decompressed records.
+
+    Bounded as the C OffsetMap's walk is: a record runs within the data, its fields within the record (a
+    negative key or value length is null, as Kafka reads it); anything else raises ValueError, so a damaged
+    batch is never rewritten (with a fresh CRC) as if it were whole."""
     out = []
-    pos = 0
-    for _ in range(count):
-        start = pos
-        size, pos = _zigzag_at(data, pos)
-        end = pos + size
-        at = pos + 1  # attributes
-        while data[at] & 0x80:  # timestamp delta
-            at += 1
-        delta, at = _zigzag_at(data, at + 1)
-        key_length, at = _zigzag_at(data, at)
-        if key_length < 0:
-            key = None
-        else:
-            key = data[at : at + key_length]
-            at += key_length
-        value_length, at = _zigzag_at(data, at)
-        out.append((delta, key, value_length < 0, start, end))
-        pos = end
+    pos = index = 0
+    limit = len(data)
+    try:
+        for index in range(count):
+            start = pos
+            size, pos = _varint32(data, pos, limit)
+            if size < 1 or size > limit - pos:
+                raise ValueError(f"record {index}: invalid record size {size} with {limit - pos} bytes left")
+            end = pos + size
+            _, at = _varint64(data, pos + 1, end)  # (attributes,) timestamp delta
+            delta, at = _varint32(data, at, end)
+            key_length, at = _varint32(data, at, end)
+            if key_length < 0:
+                key = None
+            elif key_length > end - at:
+                raise ValueError(f"record {index}: key of {key_length} bytes runs past the record")
+            else:
+                key = data[at : at + key_length]
+                at += key_length
+            value_length, at = _varint32(data, at, end)
+            if value_length > end - at:
+                raise ValueError(f"record {index}: value of {value_length} bytes runs past the record")
+            out.append((delta, key, value_length < 0, start, end))
+            pos = end
+    except _Malformed:
+        raise ValueError(f"record {index}: malformed varint") from None
     return out
 
 

@@ -213,11 +213,11 @@ MALFORMED = {
 }
 
 
-@needs_c
+@pytest.mark.parametrize("map_type", IMPLEMENTATIONS)
 @pytest.mark.parametrize("name", sorted(MALFORMED))
-def test_malformed_records_raise_instead_of_reading_past_the_data(name):
+def test_malformed_records_raise_instead_of_reading_past_the_data(name, map_type):
     data = MALFORMED[name]
-    offsets = COffsetMap(10, 9, SECRET)
+    offsets = map_type(10, 9, SECRET)
     with pytest.raises(ValueError, match="record 0"):
         offsets.add_records(data, 1, 0, 0)
     with pytest.raises(ValueError, match="record 0"):
@@ -227,13 +227,13 @@ def test_malformed_records_raise_instead_of_reading_past_the_data(name):
         offsets.add_records(good + data, 2, 0, 0)
 
 
-@needs_c
-def test_more_records_declared_than_the_data_holds_raise():
+@pytest.mark.parametrize("map_type", IMPLEMENTATIONS)
+def test_more_records_declared_than_the_data_holds_raise(map_type):
     data = records_of([(b"a", b"1"), (b"b", b"2")])
     with pytest.raises(ValueError, match="record 2"):
-        COffsetMap(10, 9, SECRET).add_records(data, 3, 0, 0)
+        map_type(10, 9, SECRET).add_records(data, 3, 0, 0)
     with pytest.raises(ValueError, match="record 2"):
-        COffsetMap(10, 9, SECRET).filter_records(data, 3, 0, 5, False)
+        map_type(10, 9, SECRET).filter_records(data, 3, 0, 5, False)
 
 
 @needs_c
@@ -243,11 +243,11 @@ def test_an_offset_overflow_raises():
         COffsetMap(10, 9, SECRET).add_records(data, 1, (1 << 63) - 2, 0)
 
 
-@needs_c
+@pytest.mark.parametrize("map_type", IMPLEMENTATIONS)
 @settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=64), st.integers(0, 4))
-def test_random_bytes_never_crash_the_walk(data, count):
-    offsets = COffsetMap(50, 45, SECRET)
+@given(data=st.binary(max_size=64), count=st.integers(0, 4))
+def test_random_bytes_never_crash_the_walk(map_type, data, count):
+    offsets = map_type(50, 45, SECRET)
     for call in (lambda: offsets.add_records(data, count, 0, 0), lambda: offsets.filter_records(data, count, 0, 3, True)):
         try:
             call()
