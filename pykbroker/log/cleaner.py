@@ -639,6 +639,10 @@ def _filter_batch(header, batch: bytes, offsets: OffsetMap, latest_in_map: int, 
     result.records_kept += kept
     if records is None:  # every record kept
         return batch
+    if crc32c(memoryview(batch)[CRC_START:]) != header.crc:
+        # Rebuilt, the batch would get a fresh CRC over damaged bytes (bit rot made to look valid): the
+        # partition is left uncleaned instead, with a warning (its consumers see the bad CRC as before).
+        raise ValueError(f"batch at offset {header.base_offset}: CRC mismatch, its data is corrupt")
     if not kept:
         return _empty_batch(header) if keep_empty else None
     return _rebuilt_batch(header, records, kept)

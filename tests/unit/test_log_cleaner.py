@@ -601,6 +601,25 @@ def test_a_log_whose_data_cannot_be_read_is_not_cleaned_again(tmp_path):
     assert not any(name.endswith(".cleaned") for name in os.listdir(plog.directory))
 
 
+def test_a_batch_with_a_bad_crc_is_never_rewritten_under_a_fresh_one(tmp_path):
+    """Bit rot inside an uncompressed value still parses: rebuilt, the batch would carry a valid CRC over the
+    damaged bytes. The cleaner checks the CRC of every batch it rewrites and leaves the partition uncleaned."""
+    plog = open_log(tmp_path)
+    append(plog, [(b"k", b"old-value"), (b"j", b"kept-value")])  # k's record goes in the cleaning: rebuilt
+    plog.roll()
+    append(plog, [(b"k", b"new-value")])
+    plog.roll()
+    first = plog.directory / "00000000000000000000.log"
+    data = bytearray(first.read_bytes())
+    at = data.index(b"kept-value")
+    data[at] ^= 0x01  # "jept-value": a damaged value the walk reads as well as the real one
+    first.write_bytes(bytes(data))
+    cleaner = make_cleaner(tmp_path, [plog])
+    assert not clean_once(cleaner)
+    assert ("t", 0) in cleaner._uncleanable
+    assert first.read_bytes() == bytes(data)  # left as it was: consumers still see the bad CRC
+
+
 def test_a_dirty_ratio_equal_to_the_minimum_is_not_enough_as_in_kafka(tmp_path):
     plog = four_segments(tmp_path, min_cleanable_dirty_ratio=0.5)
     cleaner = make_cleaner(tmp_path, [plog])
