@@ -366,6 +366,8 @@ class LogManager:
                 if time.monotonic() >= next_flush:
                     if self.fsync == "never":  # Kafka's default: no timed fsync, but flush what a roll completed
                         due = [partition_log for partition_log in self.logs() if partition_log.rolled_since_flush]
+                        for partition_log in self.logs():  # (a big segment is not replayed whole after a truncation)
+                            partition_log.maybe_take_interval_snapshot()
                     else:
                         due = self.logs()
                     await self.flush_async(due)

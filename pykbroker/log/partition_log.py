@@ -703,6 +703,12 @@ class PartitionLog:
             keep.add(durable[-1])
         self._delete_snapshots(lambda o: o not in keep)
 
+    def maybe_take_interval_snapshot(self) -> None:
+        """Snapshot the producer state at the log end once SNAPSHOT_INTERVAL_BYTES were appended since the last
+        snapshot (each flush asks; with fsync=never, where only rolled logs are flushed, the upkeep asks too)."""
+        if self._appended_since_snapshot >= SNAPSHOT_INTERVAL_BYTES:
+            self.take_producer_snapshot()
+
     def _forget_below_log_start(self) -> None:
         """The log start moved: snapshots below it are unusable (Kafka deletes them), and a failed index entry
         or append below it no longer holds snapshots back (a replay from the log start would not see it either)."""
@@ -1352,8 +1358,7 @@ class PartitionLog:
         paths: list[Path] = []
         included: list[Segment] = []
         index_write_failed = False
-        if self._appended_since_snapshot >= SNAPSHOT_INTERVAL_BYTES:
-            self.take_producer_snapshot()  # fsynced by this flush
+        self.maybe_take_interval_snapshot()  # fsynced by this flush
         for segment in self._segments:
             try:
                 changed_indexes = segment.write_pending_indexes()

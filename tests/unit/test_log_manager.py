@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -182,6 +183,33 @@ def test_background_task_flushes_checkpoints_and_applies_retention(tmp_path):
         assert log.recovery_point == 120
         assert "t 0 120" in checkpoint.read_text()
         assert len(log.segment_base_offsets) == 1 and log.log_start_offset > 0  # old segments expired
+        manager.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_with_fsync_never_the_upkeep_still_takes_interval_producer_snapshots(tmp_path, monkeypatch):
+    """fsync=never flushes only rolled logs; a big active segment still gets a producer snapshot every
+    SNAPSHOT_INTERVAL_BYTES, so a truncation does not replay it whole."""
+    monkeypatch.setattr("pykbroker.log.partition_log.SNAPSHOT_INTERVAL_BYTES", 1000)
+
+    async def scenario() -> None:
+        manager = LogManager(tmp_path, fsync="never", flush_interval_ms=20, retention_check_interval_ms=10_000)
+        log = manager.create("t", 0, LogConfig())
+        log.load_producer_state()  # (hosted: its producer state covers the log)
+        now = int(time.time() * 1000)  # (no roll by segment.ms)
+        for seq in range(40):
+            batch = build_batch([(None, b"v" * 20)], timestamp_ms=now, producer_id=1, producer_epoch=0, base_sequence=seq)
+            log.producer_state.update(log.append(batch, leader_epoch=0, now_ms=now).headers[0], -1)
+        task = asyncio.create_task(manager.run_background())
+        for _ in range(500):  # wait for the condition, not for a duration
+            await asyncio.sleep(0.01)
+            if log.snapshot_offsets:
+                break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert log.snapshot_offsets == [40] and len(log.segment_base_offsets) == 1
         manager.shutdown()
 
     asyncio.run(scenario())
