@@ -408,8 +408,9 @@ class ProducerStateManager:
     def snapshot(self) -> bytes:
         """The state as a Kafka producer snapshot (version 1, see ``encode_snapshot``); ``load_snapshot`` then
         ``replay`` of the batches from the snapshot's offset on gives it back. Kept per producer: its epoch, last
-        batch, coordinator epoch and open transaction, not its older batches nor the ended transactions still
-        above the high-water mark (Kafka's rule)."""
+        batch, coordinator epoch and open transaction (Kafka's entry), and its older cached batches (pykbroker's
+        extension after Kafka's entries, so a retry of any of its last five batches is still a duplicate after a
+        restart); not the ended transactions still above the high-water mark (Kafka's rule)."""
         return encode_snapshot(self._producers.values())
 
     def load_snapshot(self, data: bytes, offset: int, *, log_append_time: bool = False) -> None:
@@ -417,16 +418,22 @@ class ProducerStateManager:
         CorruptSnapshot (and changes nothing) if ``data`` is not a version 1 snapshot with a valid CRC.
         ``log_append_time``: the topic's timestamps are LogAppendTime, so a retry of a producer's last batch
         is answered with its timestamp (else -1, as for CreateTime)."""
-        entries = decode_snapshot(data)
+        entries, older = decode_snapshot(data)
         self.clear()
         self.next_offset = offset
         for producer_id, epoch, last_seq, last_offset, offset_delta, timestamp, coordinator_epoch, txn_first in entries:
             entry = ProducerEntry(producer_id, epoch, timestamp, coordinator_epoch=coordinator_epoch,
                                   current_txn_first_offset=txn_first if txn_first >= 0 else NO_TXN)
             if last_offset >= 0:
+                for first_seq, seq, first_offset, end_offset, batch_time in older.get(producer_id, ()):
+                    if end_offset < last_offset - offset_delta:  # (an extension that disagrees is ignored)
+                        entry.batches.append(BatchMetadata(first_seq, seq, first_offset, end_offset,
+                                                           batch_time if log_append_time else -1))
                 first_seq = (last_seq - offset_delta) % (INT32_MAX + 1) if last_seq >= 0 else last_seq
                 entry.batches.append(BatchMetadata(first_seq, last_seq, last_offset - offset_delta, last_offset,
                                                    timestamp if log_append_time else -1))
+                while len(entry.batches) > self._max_cached_batches:
+                    entry.batches.popleft()
             if entry.current_txn_first_offset != NO_TXN:
                 self._ongoing[entry.current_txn_first_offset] = producer_id
             self._producers[producer_id] = entry
@@ -437,10 +444,22 @@ class ProducerStateManager:
 # entries: producer_id int64, epoch int16, last_sequence int32, last_offset int64, offset_delta int32,
 # timestamp int64, coordinator_epoch int32, current_txn_first_offset int64 (-1: none). A producer with no
 # data batch (only markers) has last_sequence -1, last_offset -1, offset_delta 0, as Kafka writes it.
+#
+# pykbroker's extension, after Kafka's entries and under the same CRC (Kafka's reader stops after its entries and
+# checks the CRC over the whole file, so it reads these files as its own): the batches each producer has cached
+# before its last one, which Kafka's entry cannot hold (a retry of one of them after a restart would otherwise
+# get OUT_OF_ORDER_SEQUENCE): magic b"PYKB", int16 version 1, int32 producer count, then per producer its id
+# (int64), a batch count (int16) and per batch first_sequence int32, last_sequence int32, first_offset int64,
+# last_offset int64, max timestamp int64. Written only when some producer has more than one cached batch, so a
+# state Kafka's format holds whole is written byte for byte as Kafka writes it.
 SNAPSHOT_VERSION = 1
 _SNAPSHOT_HEAD = struct.Struct(">hIi")  # version, crc, entry count
 _SNAPSHOT_ENTRY = struct.Struct(">qhiqiqiq")
 _CRC_START = 6  # Kafka's PRODUCER_ENTRIES_OFFSET
+_EXTENSION_MAGIC = b"PYKB"
+_EXTENSION_HEAD = struct.Struct(">4shi")  # magic, version, producer count
+_EXTENSION_PRODUCER = struct.Struct(">qh")
+_EXTENSION_BATCH = struct.Struct(">iiqqq")
 
 
 class CorruptSnapshot(ValueError):
@@ -451,6 +470,8 @@ def encode_snapshot(entries: Iterable[ProducerEntry]) -> bytes:
     """Kafka's ProducerStateManager.writeSnapshot bytes for ``entries`` (sorted by producer id)."""
     pack = _SNAPSHOT_ENTRY.pack
     body = []
+    extension: list[bytes] = []
+    producers_extended = 0
     for e in sorted(entries, key=lambda e: e.producer_id):
         if e.batches:
             last = e.batches[-1]
@@ -459,14 +480,26 @@ def encode_snapshot(entries: Iterable[ProducerEntry]) -> bytes:
             last_seq, last_offset, delta = NO_SEQUENCE, -1, 0
         body.append(pack(e.producer_id, e.epoch, last_seq, last_offset, delta, e.last_timestamp,
                          e.coordinator_epoch, e.current_txn_first_offset))
+        if len(e.batches) > 1:
+            older = list(e.batches)[:-1]
+            extension.append(_EXTENSION_PRODUCER.pack(e.producer_id, len(older)))
+            extension.extend(_EXTENSION_BATCH.pack(b.first_seq, b.last_seq, b.first_offset, b.last_offset,
+                                                   b.log_append_time_ms) for b in older)
+            producers_extended += 1
     out = bytearray(_SNAPSHOT_HEAD.pack(SNAPSHOT_VERSION, 0, len(body)))
     out += b"".join(body)
+    if producers_extended:
+        out += _EXTENSION_HEAD.pack(_EXTENSION_MAGIC, 1, producers_extended)
+        out += b"".join(extension)
     struct.pack_into(">I", out, 2, crc32c(memoryview(out)[_CRC_START:]))
     return bytes(out)
 
 
-def decode_snapshot(data: bytes) -> list[tuple[int, int, int, int, int, int, int, int]]:
-    """The entries of a snapshot's bytes, as tuples in ``_SNAPSHOT_ENTRY`` field order; raises CorruptSnapshot."""
+def decode_snapshot(data: bytes) -> tuple[list[tuple[int, int, int, int, int, int, int, int]],
+                                          dict[int, list[tuple[int, int, int, int, int]]]]:
+    """The entries of a snapshot's bytes, as tuples in ``_SNAPSHOT_ENTRY`` field order, and pykbroker's
+    extension (producer id -> its older batches, ``_EXTENSION_BATCH`` fields; empty in a file Kafka wrote);
+    raises CorruptSnapshot."""
     if len(data) < _SNAPSHOT_HEAD.size:
         raise CorruptSnapshot(f"snapshot of {len(data)} bytes is shorter than its header")
     version, crc, count = _SNAPSHOT_HEAD.unpack_from(data)
@@ -475,9 +508,28 @@ def decode_snapshot(data: bytes) -> list[tuple[int, int, int, int, int, int, int
     computed = crc32c(memoryview(data)[_CRC_START:])
     if crc != computed:
         raise CorruptSnapshot(f"snapshot is corrupt (stored CRC {crc}, computed {computed})")
-    if count < 0 or len(data) != _SNAPSHOT_HEAD.size + count * _SNAPSHOT_ENTRY.size:
+    end = _SNAPSHOT_HEAD.size + count * _SNAPSHOT_ENTRY.size
+    if count < 0 or len(data) < end or (len(data) > end and data[end:end + 4] != _EXTENSION_MAGIC):
         raise CorruptSnapshot(f"snapshot of {len(data)} bytes does not hold {count} entries")
-    return list(_SNAPSHOT_ENTRY.iter_unpack(memoryview(data)[_SNAPSHOT_HEAD.size:]))
+    entries = list(_SNAPSHOT_ENTRY.iter_unpack(memoryview(data)[_SNAPSHOT_HEAD.size:end]))
+    older: dict[int, list[tuple[int, int, int, int, int]]] = {}
+    if len(data) > end:
+        try:
+            _, version, producers = _EXTENSION_HEAD.unpack_from(data, end)
+            position = end + _EXTENSION_HEAD.size
+            if version != 1 or producers < 0:
+                raise CorruptSnapshot(f"snapshot extension version {version}, {producers} producers")
+            for _ in range(producers):
+                producer_id, batches = _EXTENSION_PRODUCER.unpack_from(data, position)
+                position += _EXTENSION_PRODUCER.size
+                older[producer_id] = [_EXTENSION_BATCH.unpack_from(data, position + i * _EXTENSION_BATCH.size)
+                                      for i in range(max(batches, 0))]
+                position += max(batches, 0) * _EXTENSION_BATCH.size
+        except struct.error as exc:
+            raise CorruptSnapshot(f"snapshot extension runs past the file: {exc}") from None
+        if position != len(data):
+            raise CorruptSnapshot(f"snapshot of {len(data)} bytes has {len(data) - position} bytes after its extension")
+    return entries, older
 
 
 def _validate(header: BatchHeader, entry: ProducerEntry | None, pending: tuple[int, int, bool] | None,

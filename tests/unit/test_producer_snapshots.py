@@ -130,6 +130,53 @@ def test_decoding_refuses_damaged_snapshots(damage):
 KAFKA_SNAPSHOT = Path(__file__).parent / "data" / "kafka-3.7.1-snap-0"
 
 
+def kafka_reads(data: bytes) -> list[tuple]:
+    """What Kafka's ProducerStateManager.readSnapshot takes from a file: version 1, the CRC32C of everything
+    after the CRC field, the entry array; bytes after the array are not read (the schema is not flexible)."""
+    version, crc, count = struct.unpack_from(">hIi", data)
+    assert version == 1 and crc == crc32c(data[6:])
+    return [struct.unpack_from(">qhiqiqiq", data, 10 + 46 * i) for i in range(count)]
+
+
+def test_older_batches_survive_a_snapshot_so_retries_of_them_are_duplicates():
+    """Kafka's entry holds a producer's last batch only: a retry of one of the four before it, after a restart
+    from a snapshot, would get OUT_OF_ORDER_SEQUENCE. pykbroker's extension keeps them."""
+    state = ProducerStateManager()
+    for seq in range(0, 10, 2):
+        state.update(read_header(idem(7, seq, 2))._replace(base_offset=seq), -1)
+    data = state.snapshot()
+    assert [entry[:5] for entry in kafka_reads(data)] == [(7, 0, 9, 9, 1)]  # Kafka's view: the last batch
+    restored = ProducerStateManager()
+    restored.load_snapshot(data, 10)
+    assert [(b.first_seq, b.last_offset) for b in restored.entry(7).batches] == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9)]
+    duplicate = restored.check(read_header(idem(7, 4, 2)))
+    assert duplicate is not None and (duplicate.base_offset, duplicate.last_offset) == (4, 5)
+    assert restored.snapshot() == data
+    one_batch = ProducerStateManager()
+    one_batch.update(read_header(idem(8, 0, 2))._replace(base_offset=0), -1)
+    assert len(one_batch.snapshot()) == 10 + 46  # nothing beyond Kafka's format when it holds the state whole
+
+
+@pytest.mark.parametrize("damage", ["magic", "version", "short", "long"])
+def test_a_damaged_extension_is_refused_with_a_valid_crc(damage):
+    state = ProducerStateManager()
+    for seq in range(0, 4, 2):
+        state.update(read_header(idem(7, seq, 2))._replace(base_offset=seq), -1)
+    data = bytearray(state.snapshot())
+    extension = 10 + 46
+    if damage == "magic":
+        data[extension] ^= 1
+    elif damage == "version":
+        data[extension + 5] = 9
+    elif damage == "short":
+        data = data[:-3]
+    else:
+        data += b"\x00"
+    struct.pack_into(">I", data, 2, crc32c(bytes(data[6:])))
+    with pytest.raises(CorruptSnapshot):
+        decode_snapshot(bytes(data))
+
+
 def test_byte_exact_against_the_snapshots_kafka_wrote(tmp_path):
     """Kafka 3.7.1 wrote ``6.snapshot`` at a roll and ``8.snapshot`` at its clean shutdown after idempotent
     batches (producer 0), an aborted transaction then one left open (producer 1): a replay of its log up to each offset gives the same bytes, and loading each file gives that state."""
@@ -144,10 +191,13 @@ def test_byte_exact_against_the_snapshots_kafka_wrote(tmp_path):
             offset = int(kafka_file.name.removesuffix(".snapshot"))
             state = ProducerStateManager()
             state.replay_with_markers((h, m) for h, m in log.headers_and_markers(0) if h.base_offset < offset)
-            assert state.snapshot() == kafka_file.read_bytes()
+            ours, theirs = state.snapshot(), kafka_file.read_bytes()
+            # Kafka's part byte for byte (the CRC also covers pykbroker's extension of older batches after it)
+            assert ours[:2] + ours[6:len(theirs)] == theirs[:2] + theirs[6:]
+            assert kafka_reads(ours) == kafka_reads(theirs)  # Kafka's reader takes our file as its own
             loaded = ProducerStateManager()
-            loaded.load_snapshot(kafka_file.read_bytes(), offset)
-            assert loaded.snapshot() == kafka_file.read_bytes()
+            loaded.load_snapshot(theirs, offset)
+            assert loaded.snapshot() == theirs  # a file Kafka wrote (no extension): loaded and written back alike
             assert loaded.ongoing_transactions() == state.ongoing_transactions() == [(1, offset - 1)]
         assert (loaded.entry(1).last_seq, loaded.entry(1).coordinator_epoch) == (1, 0)  # after the abort marker
         assert loaded.entry(0).last_seq == 4 and loaded.entry(0).batches[-1].last_offset == 4
