@@ -107,3 +107,25 @@ def test_restart_keeps_dedup_and_open_transactions(broker, topic_name, how):
     values = txc.values_of(txc.read_values(broker.bootstrap, [(topic_name, 0)], "read_committed", 64, quiet=1.0))
     assert b"a0" not in values and b"o0" not in values and len(values) == 64
     del again
+
+
+def test_kafkas_dump_log_tool_reads_the_snapshots_pykbroker_writes(broker, topic_name):
+    """Kafka 3.7.1's kafka-dump-log.sh (its ProducerStateManager.readSnapshot) reads a snapshot with
+    pykbroker's extension of older batches as its own: the CRC holds and the entries are Kafka's."""
+    from kafka_tools import kafka_tools_or_skip
+
+    tools = kafka_tools_or_skip()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 1, 1, config={"segment.bytes": "600"})])[topic_name].result(txc.TIMEOUT_S)
+    producer_id, epoch = init_producer_id(broker.address)
+    now = int(time.time() * 1000)
+    for seq in range(0, 20, 2):  # several batches before each roll: the snapshots carry the extension
+        records = build_batch([(b"k", b"v%d" % (seq + i)) for i in range(2)], timestamp_ms=now,
+                              producer_id=producer_id, producer_epoch=epoch, base_sequence=seq)
+        assert produce_raw(broker.address, topic_name, 0, bytes(records)).error_code == ErrorCode.none
+    broker.stop()  # the shutdown snapshot at the log end: the producer's last five batches
+    snapshot = broker.data_dir / f"{topic_name}-0" / f"{20:020d}.snapshot"
+    assert snapshot.stat().st_size > 10 + 46  # Kafka's entry and the extension after it
+    dumped = tools.run("kafka-dump-log.sh", "--files", str(snapshot)).stdout
+    assert f"producerId: {producer_id} producerEpoch: {epoch}" in dumped, dumped
+    assert "lastSequence: 19 lastOffset: 19" in dumped, dumped
