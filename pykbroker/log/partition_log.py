@@ -1147,6 +1147,9 @@ class PartitionLog:
         self._segments = segments
         self._bases = [segment.base_offset for segment in segments]
         self._directory_changed = True
+        # Snapshots strictly inside a cleaned range go (Kafka's replaceSegments): one taken inside a transaction
+        # whose marker this cleaning removed would, loaded, keep that transaction open for good.
+        self._delete_snapshots(lambda o: any(item.base_offset < o < item.end_offset for item in cleaned))
         return True
 
     def _carry_txn_indexes(self, cleaned: list["CleanedSegment"], removed_markers: set[tuple[int, int]]) -> None:

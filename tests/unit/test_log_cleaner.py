@@ -252,6 +252,28 @@ def test_many_updates_to_few_keys_over_several_segments_keep_the_latest_value_pe
     assert contents(again) == after
 
 
+def test_producer_snapshots_inside_a_cleaned_range_go(tmp_path):
+    """As Kafka's replaceSegments: a snapshot strictly inside the offsets a cleaned segment replaces is deleted
+    (it could lie inside a transaction whose marker the cleaning removed); those at its bounds stay."""
+    plog = open_log(tmp_path, segment_bytes=100_000)
+    plog.load_producer_state()  # (hosted: rolls snapshot its producer state)
+    for round_ in range(60):
+        append(plog, [(f"key-{round_ % 5}".encode(), f"value-{round_}".encode() * 3)])
+        if round_ % 10 == 9:
+            plog.roll()  # small segments: the cleaning groups them
+    before = plog.snapshot_offsets
+    segments_before = plog.segment_base_offsets
+    assert before == segments_before[-len(before):]  # the newest rolls' (older ones were deleted: at most 4)
+    cleaner = make_cleaner(tmp_path, [plog])
+    assert clean_once(cleaner)
+    bases = plog.segment_base_offsets
+    assert len(bases) < len(segments_before)  # small cleaned segments were grouped
+    gone = [o for o in before if o not in bases]
+    assert gone  # at the base of a replaced segment inside a group
+    assert plog.snapshot_offsets == [o for o in before if o in bases]
+    assert sorted(int(p.name[:20]) for p in plog.directory.glob("*.snapshot")) == plog.snapshot_offsets
+
+
 def test_cleaned_batches_keep_their_metadata_and_codec(tmp_path):
     plog = open_log(tmp_path)
     append(plog, [(b"a", b"1"), (b"b", b"1"), (b"a", b"2")], producer_id=7, producer_epoch=3, base_sequence=0,
