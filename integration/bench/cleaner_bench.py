@@ -4,7 +4,7 @@
     python integration/bench/cleaner_bench.py [--mb 200] [--keys 10000] [--codec none|gzip|snappy|lz4|zstd]
                                               [--segment-mb 32] [--thread] [--seed 1]
     python integration/bench/cleaner_bench.py --distinct 2000000 [--dedupe-mb 128]
-    python integration/bench/cleaner_bench.py --target both|kafka|pykbroker [--mb 200] [--codec lz4] [--refkit DIR]
+    python integration/bench/cleaner_bench.py --target both|kafka|pykbroker [--mb 200] [--codec lz4] [--warm-up-mb 20]
 
 Writes a compacted log of ``--mb`` MB (records of random 100 B - 1 KiB values over ``--keys`` keys, 50
 records a batch, in segments of ``--segment-mb``) with PartitionLog.append, then runs one cleaning as the broker
@@ -275,6 +275,8 @@ def main() -> None:
     parser.add_argument("--target", choices=("both", "pykbroker", "kafka"),
                         help="one cleaning in real brokers, Apache Kafka 3.7.1 and/or pykbroker, side by side")
     parser.add_argument("--refkit", type=Path, help="the reference kit holding Kafka (default ../shared/refkit)")
+    parser.add_argument("--warm-up-mb", type=float, default=20,
+                        help="--target: MB of another topic cleaned first, unmeasured (0: measure a cold cleaner)")
     args = parser.parse_args()
     print("command:", " ".join([sys.executable, *sys.argv]))
     if args.target:

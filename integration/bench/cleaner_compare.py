@@ -5,6 +5,9 @@ For each target, one after the other, on a fresh broker (brokers.py: Kafka a sin
 reference kit with its default 1 GiB heap, pykbroker a ``pykbroker serve`` process):
 - both cleaners get the same settings: log.cleaner.threads=1, log.cleaner.dedupe.buffer.size=128 MiB
   (Kafka's default; Kafka allocates it on its heap at start-up, which its 1 GiB holds), log.cleaner.backoff.ms=100;
+- unless --warm-up-mb 0, another compacted topic of --warm-up-mb MB (1 MiB segments) produced and cleaned first,
+  unmeasured: a broker that has been running has its cleaner code JIT-compiled (Kafka) and its cleaner worker
+  process started (pykbroker); a fresh broker pays both once, at its first cleaning;
 - a topic of one partition (workloads.create_topic), then altered (IncrementalAlterConfigs) to
   cleanup.policy=compact, segment.bytes=--segment-mb MiB, min.compaction.lag.ms=1 hour: nothing is cleaned
   while producing;
@@ -45,6 +48,7 @@ from brokers import (
 from report import KAFKA, PYKBROKER, config_differences
 
 TOPIC = "cleaner-bench"
+WARM_UP_TOPIC = "cleaner-bench-warm-up"
 BATCH_RECORDS = 50  # as write_log's batches
 HOLD_MS = 3_600_000  # min.compaction.lag.ms while producing
 BACKOFF_MS = 100
@@ -108,6 +112,7 @@ class Summary:
     records_kept: int
     seconds: float  # the broker's own time for the cleaning
     details: dict[str, float] = field(default_factory=dict)
+    text: str = ""  # as logged
 
 
 def kafka_summaries(text: str) -> list[Summary]:
@@ -125,7 +130,7 @@ def kafka_summaries(text: str) -> list[Summary]:
                    "buffer_utilization_pct": _number(match["buffer"])}
         found.append(Summary(match["log"], int(match["end"]), mib_read * MIB / 1e6, _number(match["mib_written"]) * MIB / 1e6,
                              int(match["records_read"].replace(",", "")), int(match["records_kept"].replace(",", "")),
-                             seconds, details))
+                             seconds, details, match[0]))
     return found
 
 
@@ -133,7 +138,7 @@ def pykbroker_summaries(text: str) -> list[Summary]:
     return [
         Summary(match["log"], int(match["end"]), float(match["mb_read"]), float(match["mb_written"]),
                 int(match["records_read"]), int(match["records_kept"]), float(match["seconds"]),
-                {"keys": int(match["keys"])})
+                {"keys": int(match["keys"])}, match[0])
         for match in PYKBROKER_SUMMARY.finditer(text)
     ]
 
@@ -153,9 +158,9 @@ def cleaner_log_text(target: str, broker: BrokerProcess) -> str:
     return "\n".join(texts)
 
 
-def cleanings(target: str, broker: BrokerProcess) -> list[Summary]:
+def cleanings(target: str, broker: BrokerProcess, topic: str = TOPIC) -> list[Summary]:
     parse = pykbroker_summaries if target == PYKBROKER else kafka_summaries
-    return [summary for summary in parse(cleaner_log_text(target, broker)) if summary.log == f"{TOPIC}-0"]
+    return [summary for summary in parse(cleaner_log_text(target, broker)) if summary.log == f"{topic}-0"]
 
 
 # -- the broker's processes, from /proc ---------------------------------------------------------------------
@@ -221,11 +226,11 @@ def wait_quiet(pid: int, timeout: float = 20.0) -> None:
 # -- the client side -----------------------------------------------------------------------------------------
 
 
-def alter_topic(bootstrap: str, settings: dict[str, str]) -> None:
+def alter_topic(bootstrap: str, settings: dict[str, str], topic: str = TOPIC) -> None:
     from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 5})
-    resource = ConfigResource(ConfigResource.Type.TOPIC, TOPIC, incremental_configs=[
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
         ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET) for name, value in settings.items()])
     admin.incremental_alter_configs([resource])[resource].result(CLIENT_TIMEOUT_S)
 
@@ -238,7 +243,7 @@ class Produced:
     latest: dict[bytes, bytes]  # key -> the last value produced for it
 
 
-def produce(bootstrap: str, megabytes: float, keys: int, seed: int, codec: str) -> Produced:
+def produce(bootstrap: str, megabytes: float, keys: int, seed: int, codec: str, topic: str = TOPIC) -> Produced:
     """``megabytes`` MB (10**6) of keys + values, in order, acks=all; batches of BATCH_RECORDS records (a long
     linger: a batch leaves full), so both brokers store the same batches."""
     from confluent_kafka import Producer
@@ -253,7 +258,7 @@ def produce(bootstrap: str, megabytes: float, keys: int, seed: int, codec: str) 
         key, value = next(records)
         while True:
             try:
-                producer.produce(TOPIC, value, key)
+                producer.produce(topic, value, key)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -311,10 +316,29 @@ class Result:
     topic_config: dict[str, str]
 
 
+def warm_up(target: str, broker: BrokerProcess, args) -> None:
+    """One unmeasured cleaning of another topic first, as in a broker that has been running: Kafka's cleaner code
+    JIT-compiled, pykbroker's cleaner worker process started (both are one-time costs of a fresh broker)."""
+    from workloads import create_topic
+
+    create_topic(broker.bootstrap, WARM_UP_TOPIC, 1)
+    alter_topic(broker.bootstrap, {"cleanup.policy": "compact", "segment.bytes": str(1 << 20)}, WARM_UP_TOPIC)
+    produce(broker.bootstrap, args.warm_up_mb, args.keys, args.seed + 1, args.codec, WARM_UP_TOPIC)
+    deadline = time.monotonic() + CLEANING_TIMEOUT_S
+    while not cleanings(target, broker, WARM_UP_TOPIC):
+        broker.check_alive()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{target} did not clean {WARM_UP_TOPIC} within {CLEANING_TIMEOUT_S:.0f} s")
+        time.sleep(0.1)
+    log(f"{target}: warmed up: {WARM_UP_TOPIC} ({args.warm_up_mb} MB) cleaned")
+
+
 def measure(target: str, broker: BrokerProcess, args) -> Result:
     from workloads import check_stored, create_topic, topic_config
 
     bootstrap = broker.bootstrap
+    if args.warm_up_mb:
+        warm_up(target, broker, args)
     create_topic(bootstrap, TOPIC, 1)
     alter_topic(bootstrap, {"cleanup.policy": "compact", "segment.bytes": str(args.segment_mb << 20),
                             "min.compaction.lag.ms": str(HOLD_MS)})
@@ -439,6 +463,9 @@ def run(args) -> int:
         try:
             with make[target]() as broker:
                 results[target] = measure(target, broker, args)
+        except KeyboardInterrupt:  # the broker is stopped and its data deleted by now
+            print(f"interrupted while measuring {target}")
+            return 130
         except (BrokerFailed, RuntimeError, OSError) as exc:
             print(f"{target} failed: {exc}")
             return 1
@@ -455,13 +482,15 @@ def run(args) -> int:
     print()
     print(f"{args.mb} MB of keys + values over {args.keys} keys (100 B - 1 KiB random values, seed {args.seed}), "
           f"codec {args.codec}, segments of {args.segment_mb} MiB, batches of {BATCH_RECORDS} records, acks=all; "
-          f"1 MB = 10**6 bytes (Kafka's MiB converted).")
+          f"1 MB = 10**6 bytes (Kafka's MiB converted); "
+          + (f"{args.warm_up_mb:g} MB of another topic cleaned first (warm-up)." if args.warm_up_mb else "no warm-up (cold cleaners)."))
     print("cleaners: " + ", ".join(f"{name}={value}" for name, value in CLEANER_SETTINGS.items())
           + "; Kafka's heap -Xmx1g -Xms1g (holds its 128 MiB offset map).")
     for target, result in results.items():
         produced = result.produced
         print(f"{target}: produced {produced.records:,} records in {produced.seconds:.1f} s; read back "
-              f"{result.records_read_back:,} records, {len(produced.latest):,} keys; details {result.summary.details}")
+              f"{result.records_read_back:,} records, {len(produced.latest):,} keys; logged:\n  "
+              + result.summary.text.strip().replace("\n", "\n  "))
     differences = config_differences({target: result.topic_config for target, result in results.items()})
     if differences:
         print("topic settings that differ (DescribeConfigs):\n  " + "\n  ".join(differences))

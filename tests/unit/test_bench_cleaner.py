@@ -96,7 +96,8 @@ def run_side_by_side(*args: str, timeout: float) -> str:
 
 
 def test_side_by_side_mode_cleans_once_in_a_real_pykbroker():
-    out = run_side_by_side("--target", "pykbroker", "--mb", "3", "--segment-mb", "1", timeout=180)
+    out = run_side_by_side("--target", "pykbroker", "--mb", "3", "--segment-mb", "1", "--warm-up-mb", "3",
+                           timeout=180)
     # 3 MB in 1 MiB segments: the non-active part (2 segments at least) cleaned once, the data read back intact
     read = re.search(r"\| MB read \(the cleaned section\) \| ([\d.]+) \|", out)
     assert read and float(read.group(1)) >= 2.0, out
@@ -105,6 +106,7 @@ def test_side_by_side_mode_cleans_once_in_a_real_pykbroker():
     assert re.search(r"\| peak RSS in the window \(MiB\) \| \d+ \|", out), out
     assert "| keys whose latest value differs | 0 |" in out, out
     assert "pykbroker / Kafka" not in out  # one target: no ratio column
+    assert "3 MB of another topic cleaned first (warm-up)" in out, out
 
 
 def test_side_by_side_mode_parses_a_real_kafka_cleaning():
@@ -114,7 +116,7 @@ def test_side_by_side_mode_parses_a_real_kafka_cleaning():
     reason = kafka_unavailable_reason(default_refkit())
     if reason:
         pytest.skip(reason)
-    out = run_side_by_side("--target", "kafka", "--mb", "3", "--segment-mb", "1", timeout=300)
+    out = run_side_by_side("--target", "kafka", "--mb", "3", "--segment-mb", "1", "--warm-up-mb", "0", timeout=300)
     found = re.search(r"\| records read -> kept \| ([\d,]+) -> ([\d,]+) \|", out)
     assert found and int(found.group(1).replace(",", "")) > int(found.group(2).replace(",", "")) > 0, out
     assert re.search(r"\| cleaning speed \(MB/s, higher is better\) \| [\d.]+ \|", out), out
