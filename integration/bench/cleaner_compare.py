@@ -36,15 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from brokers import (
-    CLOCK_TICKS_PER_SECOND,
-    REPO_ROOT,
-    BrokerFailed,
-    BrokerProcess,
-    KafkaBroker,
-    default_refkit,
-    kafka_unavailable_reason,
-)
+from brokers import CLOCK_TICKS_PER_SECOND, REPO_ROOT, BrokerFailed, BrokerProcess, KafkaBroker
+from brokers import default_refkit, kafka_unavailable_reason
 from report import KAFKA, PYKBROKER, config_differences
 
 TOPIC = "cleaner-bench"
@@ -128,7 +121,8 @@ def kafka_summaries(text: str) -> list[Summary]:
             pass
         details = {"map_mb": _number(match["map_mib"]) * MIB / 1e6, "map_s": _number(match["map_seconds"]),
                    "buffer_utilization_pct": _number(match["buffer"])}
-        found.append(Summary(match["log"], int(match["end"]), mib_read * MIB / 1e6, _number(match["mib_written"]) * MIB / 1e6,
+        mb_written = _number(match["mib_written"]) * MIB / 1e6
+        found.append(Summary(match["log"], int(match["end"]), mib_read * MIB / 1e6, mb_written,
                              int(match["records_read"].replace(",", "")), int(match["records_kept"].replace(",", "")),
                              seconds, details, match[0]))
     return found
@@ -483,7 +477,8 @@ def run(args) -> int:
     print(f"{args.mb} MB of keys + values over {args.keys} keys (100 B - 1 KiB random values, seed {args.seed}), "
           f"codec {args.codec}, segments of {args.segment_mb} MiB, batches of {BATCH_RECORDS} records, acks=all; "
           f"1 MB = 10**6 bytes (Kafka's MiB converted); "
-          + (f"{args.warm_up_mb:g} MB of another topic cleaned first (warm-up)." if args.warm_up_mb else "no warm-up (cold cleaners)."))
+          + (f"{args.warm_up_mb:g} MB of another topic cleaned first (warm-up)." if args.warm_up_mb
+             else "no warm-up (cold cleaners)."))
     print("cleaners: " + ", ".join(f"{name}={value}" for name, value in CLEANER_SETTINGS.items())
           + "; Kafka's heap -Xmx1g -Xms1g (holds its 128 MiB offset map).")
     for target, result in results.items():
