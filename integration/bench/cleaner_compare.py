@@ -129,12 +129,14 @@ def kafka_summaries(text: str) -> list[Summary]:
 
 
 def pykbroker_summaries(text: str) -> list[Summary]:
-    return [
-        Summary(match["log"], int(match["end"]), float(match["mb_read"]), float(match["mb_written"]),
-                int(match["records_read"]), int(match["records_kept"]), float(match["seconds"]),
-                {"keys": int(match["keys"])}, match[0])
-        for match in PYKBROKER_SUMMARY.finditer(text)
-    ]
+    found = []
+    for match in PYKBROKER_SUMMARY.finditer(text):
+        mb_read, rate = float(match["mb_read"]), float(match["rate"])
+        seconds = mb_read / rate if rate > 0 else float(match["seconds"])  # printed to 0.01 s: from the rate
+        found.append(Summary(match["log"], int(match["end"]), mb_read, float(match["mb_written"]),
+                             int(match["records_read"]), int(match["records_kept"]), seconds,
+                             {"keys": int(match["keys"])}, match[0]))
+    return found
 
 
 def cleaner_log_text(target: str, broker: BrokerProcess) -> str:
