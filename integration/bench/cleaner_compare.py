@@ -12,7 +12,7 @@ reference kit with its default 1 GiB heap, pykbroker a ``pykbroker serve`` proce
   cleanup.policy=compact, segment.bytes=--segment-mb MiB, min.compaction.lag.ms=1 hour: nothing is cleaned
   while producing;
 - confluent-kafka produces --mb MB of keys + values (bench_records: random 100 B - 1 KiB values over --keys
-  keys, seeded; acks=all, batches of 50 records, compression.type=--codec), checked with workloads.check_stored;
+  keys, seeded; with a codec each value a random half written twice, else librdkafka would send them uncompressed; acks=all, batches of 50 records, compression.type=--codec), checked with workloads.check_stored;
 - the page cache is synced (nothing left to write back), the broker left to go quiet, then min.compaction.lag.ms
   is altered to 0, which starts exactly one cleaning of every segment but the active one. The window runs from
   that alter until the broker logs the cleaning's summary (Kafka: log-cleaner.log, LogCleaner.recordStats;
@@ -77,12 +77,20 @@ PYKBROKER_SUMMARY = re.compile(
 )
 
 
-def bench_records(seed: int, keys: int) -> Iterator[tuple[bytes, bytes]]:
+def bench_records(seed: int, keys: int, halves: bool = False) -> Iterator[tuple[bytes, bytes]]:
     """The benchmark's records, endless: random 100 B - 1 KiB values (a codec gains nothing on them, as with
-    encrypted or dense data) over ``keys`` keys, from one seeded generator."""
+    encrypted or dense data) over ``keys`` keys, from one seeded generator. With ``halves`` each value is a random
+    half written twice, which a codec halves: librdkafka sends a batch that compression does not shrink
+    uncompressed, so a codec is only exercised on such values."""
     rng = random.Random(seed)
     while True:
-        yield b"key-%d" % rng.randrange(keys), rng.randbytes(rng.randint(100, 1024))
+        key = b"key-%d" % rng.randrange(keys)
+        size = rng.randint(100, 1024)
+        if halves:
+            half = rng.randbytes((size + 1) // 2)
+            yield key, (half + half)[:size]
+        else:
+            yield key, rng.randbytes(size)
 
 
 def log(message: str) -> None:
@@ -248,7 +256,7 @@ def produce(bootstrap: str, megabytes: float, keys: int, seed: int, codec: str, 
                          "batch.num.messages": BATCH_RECORDS, "compression.type": codec})
     latest: dict[bytes, bytes] = {}
     count = size = value_bytes = 0
-    records = bench_records(seed, keys)
+    records = bench_records(seed, keys, halves=codec != "none")
     started = time.monotonic()
     while size < megabytes * 1e6:
         key, value = next(records)
@@ -477,7 +485,9 @@ def run(args) -> int:
     print(table(results))
     print()
     print(f"{args.mb} MB of keys + values over {args.keys} keys (100 B - 1 KiB random values, seed {args.seed}), "
-          f"codec {args.codec}, segments of {args.segment_mb} MiB, batches of {BATCH_RECORDS} records, acks=all; "
+          + (f"codec {args.codec} (each value a random half written twice: compressible), " if args.codec != "none"
+             else "codec none, ")
+          + f"segments of {args.segment_mb} MiB, batches of {BATCH_RECORDS} records, acks=all; "
           f"1 MB = 10**6 bytes (Kafka's MiB converted); "
           + (f"{args.warm_up_mb:g} MB of another topic cleaned first (warm-up)." if args.warm_up_mb
              else "no warm-up (cold cleaners)."))
