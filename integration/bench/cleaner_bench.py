@@ -4,6 +4,7 @@
     python integration/bench/cleaner_bench.py [--mb 200] [--keys 10000] [--codec none|gzip|snappy|lz4|zstd]
                                               [--segment-mb 32] [--thread] [--seed 1]
     python integration/bench/cleaner_bench.py --distinct 2000000 [--dedupe-mb 128]
+    python integration/bench/cleaner_bench.py --target both|kafka|pykbroker [--mb 200] [--codec lz4] [--warm-up-mb 20]
 
 Writes a compacted log of ``--mb`` MB (records of random 100 B - 1 KiB values over ``--keys`` keys, 50
 records a batch, in segments of ``--segment-mb``) with PartitionLog.append, then runs one cleaning as the broker
@@ -26,6 +27,10 @@ With ``--distinct N`` it measures the offset map's reach instead: a log of N rec
 (10-byte values, 500 records a batch), cleaned by a worker process with log.cleaner.dedupe.buffer.size =
 ``--dedupe-mb`` MiB (Kafka's default 128) until nothing is dirty: the passes that takes, the keys each pass
 mapped, and the worker's peak RSS.
+
+With ``--target`` it compares Apache Kafka 3.7.1's cleaner with pykbroker's: one cleaning of the same
+``--mb`` MB, produced by the same client, in each real broker; the broker's own figures, its CPU and peak RSS
+during the cleaning, and the ratios (cleaner_compare.py says how).
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+import cleaner_compare  # noqa: E402
+from cleaner_compare import BATCH_RECORDS, bench_records  # noqa: E402
 from pykbroker.log.cleaner import CleanerConfig, LogCleaner  # noqa: E402
 from pykbroker.log.config import LogConfig  # noqa: E402
 from pykbroker.log.partition_log import PartitionLog, run_file_work  # noqa: E402
@@ -60,14 +67,14 @@ def worker_peak_rss_mb() -> float:
 
 
 def write_log(directory: Path, megabytes: int, keys: int, codec: int, segment_mb: int, seed: int) -> PartitionLog:
-    rng = random.Random(seed)
+    records = bench_records(seed, keys)
     config = LogConfig(segment_bytes=segment_mb << 20, cleanup_policy="compact", min_cleanable_dirty_ratio=0.01)
     plog = PartitionLog.open(directory / "bench-0", config, fsync="never")
     target = megabytes * 1_000_000
     now = int(time.time() * 1000)
-    while plog.size_bytes < target:  # random values: a codec gains nothing, as with encrypted or dense data
-        records = [(b"key-%d" % rng.randrange(keys), rng.randbytes(rng.randint(100, 1024))) for _ in range(50)]
-        plog.append(build_batch(records, timestamp_ms=now, compression=codec), leader_epoch=0, now_ms=now)
+    while plog.size_bytes < target:
+        batch = [next(records) for _ in range(BATCH_RECORDS)]
+        plog.append(build_batch(batch, timestamp_ms=now, compression=codec), leader_epoch=0, now_ms=now)
     plog.roll()
     plog.append(build_batch([(b"tail", b"x")], timestamp_ms=now), leader_epoch=0, now_ms=now)
     plog.flush()
@@ -265,8 +272,15 @@ def main() -> None:
     parser.add_argument("--broker", action="store_true", help="produce latency of a real broker during a cleaning")
     parser.add_argument("--distinct", type=int, default=0, help="passes to clean this many distinct keys")
     parser.add_argument("--dedupe-mb", type=int, default=128, help="log.cleaner.dedupe.buffer.size for --distinct")
+    parser.add_argument("--target", choices=("both", "pykbroker", "kafka"),
+                        help="one cleaning in real brokers, Apache Kafka 3.7.1 and/or pykbroker, side by side")
+    parser.add_argument("--refkit", type=Path, help="the reference kit holding Kafka (default ../shared/refkit)")
+    parser.add_argument("--warm-up-mb", type=float, default=20,
+                        help="--target: MB of another topic cleaned first, unmeasured (0: measure a cold cleaner)")
     args = parser.parse_args()
     print("command:", " ".join([sys.executable, *sys.argv]))
+    if args.target:
+        sys.exit(cleaner_compare.run(args))
     if args.distinct:
         with tempfile.TemporaryDirectory(prefix="cleaner-bench-") as tmp:
             distinct_keys(Path(tmp), args.distinct, args.dedupe_mb)
