@@ -703,6 +703,20 @@ class PartitionLog:
             keep.add(durable[-1])
         self._delete_snapshots(lambda o: o not in keep)
 
+    def _rewrite_unindexed(self) -> None:
+        """A transaction-index entry could not be written (disk full): each flush rewrites the indexes from
+        the one holding it on (their entries are whole in memory) until that works, then snapshots may be
+        taken above it again. Small files, and only after such a failure."""
+        first = self._bases[max(bisect_right(self._bases, self._unindexed_marker) - 1, 0)]
+        try:
+            for base in sorted(b for b in self._txn_indexes if b >= first):
+                self._txn_indexes[base].rewrite()
+        except OSError:
+            return  # still failing: the next flush tries again
+        self._dirty.update(segment for segment in self._segments if segment.base_offset >= first)
+        log.info("%s-%d: transaction index entries written again", self.topic, self.partition)
+        self._unindexed_marker = None
+
     def maybe_take_interval_snapshot(self) -> None:
         """Snapshot the producer state at the log end once SNAPSHOT_INTERVAL_BYTES were appended since the last
         snapshot (each flush asks; with fsync=never, where only rolled logs are flushed, the upkeep asks too)."""
@@ -1361,6 +1375,8 @@ class PartitionLog:
         paths: list[Path] = []
         included: list[Segment] = []
         index_write_failed = False
+        if self._unindexed_marker is not None:
+            self._rewrite_unindexed()
         self.maybe_take_interval_snapshot()  # fsynced by this flush
         for segment in self._segments:
             try:

@@ -23,7 +23,7 @@ from pykbroker.log.producer_state import (
 )
 from pykbroker.protocol.records import build_batch, crc32c, read_header
 from pykbroker.replication.partition import Partition
-from pykbroker.log.txn_index import AbortedTxn
+from pykbroker.log.txn_index import ENTRY_SIZE, AbortedTxn
 from test_transactions_log import T0, append, manager, marker, plain, restart, txn_batch
 
 SMALL_SEGMENTS = LogConfig(segment_bytes=400)
@@ -601,3 +601,26 @@ def test_a_snapshot_that_cannot_be_read_now_is_kept(tmp_path, monkeypatch, caplo
     assert "Too many open files" in caplog.text
     assert newest in snapshots(tmp_path)  # not corrupt: kept (a corrupt one is deleted)
     assert p.log.producer_state_replayed == 30  # the whole log instead
+
+
+def test_a_failed_index_entry_is_written_again_by_the_next_flush_and_snapshots_resume(tmp_path, monkeypatch):
+    import pykbroker.log.txn_index as txn_index_module
+
+    rm = manager(tmp_path)
+    p = rm.host("t", 0, 0)
+    append(rm, txn_batch(1, 2))
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(txn_index_module.os, "open", full_disk)
+    marker(rm, 1, commit=False)  # aborted 0..2: its index entry is in memory only
+    monkeypatch.undo()
+    index = tmp_path / "t-0" / "00000000000000000000.txnindex"
+    assert not index.exists()
+    p.log.take_producer_snapshot()
+    assert p.log.snapshot_offsets == []  # a restart loading it would skip the marker: the entry lost for good
+    p.log.flush()  # the disk has room again: the entry is written, then snapshots resume
+    assert index.stat().st_size == ENTRY_SIZE
+    p.log.take_producer_snapshot()
+    assert p.log.snapshot_offsets == [3]
