@@ -42,6 +42,7 @@ MAX_FRAMES = 1000
 # Xerial blocks hold 32 KiB of input each (snappy-java's default block size): 4096 of them are twice the
 # 64 MiB the validator lets a batch inflate to. Empty blocks are otherwise ~200,000 a megabyte.
 MAX_XERIAL_BLOCKS = 4096
+_LZ4_STEP = 1 << 20  # most output asked of the lz4 decompressor at a time
 
 
 class DecompressionError(ValueError):
@@ -133,18 +134,29 @@ def _snappy(data: bytes, limit: int) -> bytes:
 
 
 def _lz4(data: bytes, limit: int) -> bytes:
+    # The output comes in pieces of at most _LZ4_STEP bytes: python-lz4 allocates max_length bytes up front,
+    # and asking for limit + 1 (64 MiB) at once costs an mmap, page faults and an munmap per batch (~25 us,
+    # 30 times the decompression of a 28 KB batch).
     decompressor = lz4.frame.LZ4FrameDecompressor()
+    room = limit + 1
+    pieces = []
     try:
-        out = decompressor.decompress(data, max_length=limit + 1)
+        piece = decompressor.decompress(data, max_length=min(room, _LZ4_STEP))
+        while True:
+            pieces.append(piece)
+            room -= len(piece)
+            if room <= 0 or decompressor.eof or decompressor.needs_input or not piece:
+                break
+            piece = decompressor.decompress(b"", max_length=min(room, _LZ4_STEP))
     except RuntimeError as exc:  # python-lz4 reports malformed frames as RuntimeError
         raise DecompressionError(f"lz4: {exc}") from None
-    if len(out) > limit:
+    if room <= 0:
         raise _too_large(limit)
     if not decompressor.eof:
         raise DecompressionError("lz4: truncated frame")
     if decompressor.unused_data:
         raise DecompressionError("lz4: bytes after the end of the frame")
-    return out
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 def _zstd(data: bytes, limit: int) -> bytes:

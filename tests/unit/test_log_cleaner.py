@@ -1004,3 +1004,99 @@ def test_a_truncation_during_the_await_after_the_swap_keeps_the_lowered_checkpoi
     assert clean_once(cleaner)
     assert truncated
     assert cleaner._checkpoints[("t", 0)] <= 3  # not raised back to the cleaned end (7) above the truncation
+
+
+# -- lz4 decompression in bounded pieces (protocol/compression.py _lz4, which the cleaner calls twice a batch) --
+
+
+def _lz4_frame(data: bytes) -> bytes:
+    import lz4.frame
+
+    return lz4.frame.compress(data, store_size=False)  # as Kafka's Java client writes it: no content size
+
+
+def _count_lz4_requests(monkeypatch) -> list[int]:
+    """The max_length of every call to the lz4 decompressor."""
+    import lz4.frame
+
+    asked: list[int] = []
+    real = lz4.frame.LZ4FrameDecompressor.decompress
+
+    def spy(self, data, max_length=-1):
+        asked.append(max_length)
+        return real(self, data, max_length=max_length)
+
+    monkeypatch.setattr(lz4.frame.LZ4FrameDecompressor, "decompress", spy)
+    return asked
+
+
+@pytest.mark.parametrize("pieces", [0, 1, 3])
+def test_lz4_output_larger_than_one_step_reads_back_whole_and_holds_the_bound(monkeypatch, pieces):
+    from pykbroker.protocol import compression
+
+    data = bytes(range(256)) * ((pieces * compression._LZ4_STEP + 1000) // 256)
+    frame = _lz4_frame(data)
+    asked = _count_lz4_requests(monkeypatch)
+    assert compression.decompress(COMPRESSION_LZ4, frame, len(data)) == data  # exactly at the bound
+    assert asked and max(asked) <= compression._LZ4_STEP  # never the whole bound at once
+    assert len(asked) == len(data) // compression._LZ4_STEP + 1
+    with pytest.raises(compression.DecompressionError, match=f"decompresses to more than {len(data) - 1} bytes"):
+        compression.decompress(COMPRESSION_LZ4, frame, len(data) - 1)
+
+
+def test_an_lz4_bomb_stops_at_the_bound_in_steps(monkeypatch):
+    from pykbroker.protocol import compression
+
+    bomb = _lz4_frame(bytes(16 * compression._LZ4_STEP))
+    assert len(bomb) < 100_000
+    asked = _count_lz4_requests(monkeypatch)
+    limit = 2 * compression._LZ4_STEP + 5
+    with pytest.raises(compression.DecompressionError, match=f"more than {limit} bytes"):
+        compression.decompress(COMPRESSION_LZ4, bomb, limit)
+    assert sum(asked) == limit + 1 and len(asked) == 3  # stopped at limit + 1 bytes, not at the frame's end
+
+
+def test_damaged_lz4_frames_raise_a_decompression_error():
+    from pykbroker.protocol import compression
+
+    data = b"some record bytes " * 5000
+    frame = _lz4_frame(data)
+    with pytest.raises(compression.DecompressionError, match="lz4: truncated frame"):
+        compression.decompress(COMPRESSION_LZ4, frame[:-20], len(data))
+    with pytest.raises(compression.DecompressionError, match="lz4: bytes after the end of the frame"):
+        compression.decompress(COMPRESSION_LZ4, frame + b"xx", len(data))
+    damaged = bytearray(frame)
+    damaged[4] ^= 0xFF  # the frame descriptor's flags: its header checksum no longer matches
+    with pytest.raises(compression.DecompressionError, match="lz4: "):
+        compression.decompress(COMPRESSION_LZ4, bytes(damaged), len(data))
+    assert issubclass(compression.DecompressionError, ValueError)
+
+
+def test_a_log_with_a_damaged_lz4_batch_is_not_cleaned_again(tmp_path):
+    plog = four_segments(tmp_path, COMPRESSION_LZ4)
+    first = plog.directory / "00000000000000000000.log"
+    data = bytearray(first.read_bytes())
+    data[61 + 4] ^= 0xFF  # the lz4 frame's flags, right after its magic (the cleaner reads them before the CRC)
+    first.write_bytes(bytes(data))
+    cleaner = make_cleaner(tmp_path, [plog])
+    assert not clean_once(cleaner)
+    assert ("t", 0) in cleaner._uncleanable
+    assert first.read_bytes() == bytes(data)
+    assert not any(name.endswith(".cleaned") for name in os.listdir(plog.directory))
+
+
+def test_a_compressed_log_cleans_to_the_latest_values_in_each_codec(tmp_path):
+    for codec in (1, 2, COMPRESSION_LZ4, 4):
+        plog = open_log(tmp_path, name=f"t-{codec}")
+        for round_ in range(3):
+            append(plog, [(f"k{i}".encode(), f"v{round_}-{i}".encode() * 50) for i in range(40)], compression=codec)
+            append(plog, [(f"k{i}".encode(), f"w{round_}-{i}".encode() * 50) for i in range(0, 40, 3)],
+                   compression=codec)
+            plog.roll()
+        append(plog, [(b"tail", b"x")])
+        assert clean_once(make_cleaner(tmp_path, [plog]))
+        expected = {f"k{i}".encode(): (f"w2-{i}" if i % 3 == 0 else f"v2-{i}").encode() * 50 for i in range(40)}
+        expected[b"tail"] = b"x"
+        assert latest(plog) == expected
+        assert len(contents(plog)) == 41
+        assert {h.compression for h in plog.headers() if h.record_count and h.base_offset < 162} == {codec}  # (the tail: none)
