@@ -1100,3 +1100,62 @@ def test_a_compressed_log_cleans_to_the_latest_values_in_each_codec(tmp_path):
         assert latest(plog) == expected
         assert len(contents(plog)) == 41
         assert {h.compression for h in plog.headers() if h.record_count and h.base_offset < 162} == {codec}  # (the tail: none)
+
+
+# -- record summaries from the map pass (no second decompression of batches kept whole or dropped whole) --
+
+
+def _updates_log(path: Path, codec: int, **config) -> PartitionLog:
+    """Batches dropped whole (every key updated later), kept whole (the last updates), partly kept, with
+    tombstones; three segments and an active one."""
+    plog = open_log(path, **config)
+    for round_ in range(3):
+        append(plog, [(f"k{i}".encode(), f"v{round_}-{i}".encode() * 30) for i in range(20)], compression=codec)
+        append(plog, [(f"k{i}".encode(), None if i % 5 == 0 else f"w{round_}-{i}".encode()) for i in range(0, 20, 2)]
+               + [(f"only{round_}".encode(), b"x")], compression=codec)
+        plog.roll()
+    append(plog, [(b"tail", b"x")])
+    return plog
+
+
+@pytest.mark.parametrize("accelerated", [True, False])
+@pytest.mark.parametrize("codec", [COMPRESSION_NONE, COMPRESSION_GZIP, COMPRESSION_LZ4, 4])
+def test_summaries_write_the_same_segments_and_spare_the_second_decompression(tmp_path, monkeypatch, codec,
+                                                                              accelerated):
+    from pykbroker.log import cleaner as cleaner_module
+
+    if not accelerated:
+        monkeypatch.setattr(cleaner_module, "OffsetMap", cleaner_module._OffsetMapPy)
+
+    written = {}
+    decompressions = {}
+    real = cleaner_module._records_of
+    for budget in (0, cleaner_module.SUMMARY_BUDGET):
+        monkeypatch.setattr(cleaner_module, "SUMMARY_BUDGET", budget)
+        calls = []
+        monkeypatch.setattr(cleaner_module, "_records_of", lambda header, batch: calls.append(header) or real(header, batch))
+        plog = _updates_log(tmp_path / f"b{budget}", codec)
+        assert clean_once(make_cleaner(tmp_path / f"b{budget}", [plog]))
+        written[budget] = [(p.name, p.read_bytes()) for p in sorted(plog.directory.iterdir()) if p.suffix == ".log"]
+        decompressions[budget] = len(calls)
+    assert written[0] == written[cleaner_module.SUMMARY_BUDGET]
+    # Six dirty batches are read by the map pass; without summaries the rewrite reads all six again, with
+    # them only the three partly kept ones: the second batches of rounds 0 and 1 (only0, only1 stay) and the
+    # first of round 2 (its odd keys stay). Round 0's and 1's first go whole, round 2's second stays whole.
+    assert decompressions[0] == 12
+    assert decompressions[cleaner_module.SUMMARY_BUDGET] == 6 + 3
+    headers = [h for h in _opened[-1].headers() if h.record_count]
+    assert [h.record_count for h in headers] == [1, 1, 10, 11, 1]
+
+
+def test_a_second_cleaning_reads_the_clean_section_without_summaries_and_keeps_the_latest(tmp_path):
+    plog = _updates_log(tmp_path, COMPRESSION_LZ4, min_cleanable_dirty_ratio=0.01)
+    cleaner = make_cleaner(tmp_path, [plog])
+    assert clean_once(cleaner)
+    first = latest(plog)
+    append(plog, [(b"k1", b"newest"), (b"k0", b"back")], compression=COMPRESSION_LZ4)
+    plog.roll()
+    append(plog, [(b"tail2", b"y")])
+    assert clean_once(cleaner)
+    first.update({b"k1": b"newest", b"k0": b"back", b"tail2": b"y"})
+    assert latest(plog) == first
