@@ -1159,3 +1159,28 @@ def test_a_second_cleaning_reads_the_clean_section_without_summaries_and_keeps_t
     assert clean_once(cleaner)
     first.update({b"k1": b"newest", b"k0": b"back", b"tail2": b"y"})
     assert latest(plog) == first
+
+
+def test_the_per_thread_zstd_context_survives_failed_frames_and_is_not_shared_between_threads():
+    import threading
+
+    import zstandard
+
+    from pykbroker.protocol import compression
+
+    data = b"record bytes " * 2000
+    frame = zstandard.ZstdCompressor().compress(data)
+    for damaged in (frame[: len(frame) // 2], b"\x28\xb5\x2f\xfd" + b"\xff" * 40):  # truncated; bad header
+        with pytest.raises(compression.DecompressionError, match="zstd"):
+            compression.decompress(4, damaged, len(data))
+        assert compression.decompress(4, frame + frame, 2 * len(data)) == data + data  # the context is reset
+    contexts = [compression._thread_state.zstd]
+
+    def other_thread():
+        assert compression.decompress(4, frame, len(data)) == data
+        contexts.append(compression._thread_state.zstd)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+    assert len(contexts) == 2 and contexts[0] is not contexts[1]
