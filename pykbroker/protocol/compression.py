@@ -165,9 +165,10 @@ def _zstd(data: bytes, limit: int) -> bytes:
     # zstandard's decompressobj has no output bound, so input goes in small slices and the output is
     # checked after each: one slice can inflate to at most ~256 times its size (RLE blocks).
     # One context for all frames, used by one frame at a time (decompressobj resets it), kept per thread:
-    # making one takes ~9 us, the decompression of a small batch less.
+    # making one takes ~9 us, the decompression of a small batch less. (An instance of whatever
+    # zstandard.ZstdDecompressor is now: tests replace the class to count the decompressor's calls.)
     context = getattr(_thread_state, "zstd", None)
-    if context is None:
+    if not isinstance(context, zstandard.ZstdDecompressor):
         context = _thread_state.zstd = zstandard.ZstdDecompressor()
     return _concatenated(data, limit, "zstd", "frame", context.decompressobj,
                          lambda decompressor, piece, room: decompressor.decompress(piece), zstandard.ZstdError)
