@@ -194,7 +194,10 @@ def compress(codec: int, data) -> bytes:
         block = bytes(cramjam.snappy.compress_raw(data))
         return XERIAL_MAGIC + _INT32.pack(1) + _INT32.pack(1) + _INT32.pack(len(block)) + block
     if codec == LZ4:
-        return lz4.frame.compress(data)
+        # Independent 64 KiB blocks, as Kafka's Lz4BlockOutputStream writes them: its reader refuses a frame of
+        # linked blocks ("Dependent block stream is unsupported"), which python-lz4 writes by default for
+        # input over one block.
+        return lz4.frame.compress(data, block_linked=False)
     if codec == ZSTD:
         return zstandard.ZstdCompressor().compress(data)
     raise UnknownCodec(f"unknown compression codec {codec}")
