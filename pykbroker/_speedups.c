@@ -473,6 +473,15 @@ static int record_offset(long long base_offset, int32_t delta, long long index, 
     return 0;
 }
 
+/* Record ``index`` at *pos (read_cleaner_record) and its offset (record_offset); 0, or -1 with a ValueError. */
+static int next_cleaner_record(const unsigned char *p, Py_ssize_t end, Py_ssize_t *pos, long long index,
+                               long long base_offset, cleaner_record *record, long long *offset)
+{
+    if (read_cleaner_record(p, end, pos, index, record) < 0)
+        return -1;
+    return record_offset(base_offset, record->offset_delta, index, offset);
+}
+
 /* What the rewrite needs of one record to decide whether it stays, kept by map_records: its key's entry
  * (SUMMARY_NULL_KEY, or SUMMARY_UNMAPPED below start_offset), its offset delta, whether its value is null. */
 typedef struct {
@@ -509,10 +518,8 @@ static PyObject *add_records_impl(OffsetMapObject *map, PyObject *args, int summ
     Py_ssize_t pos = 0;
     for (long long i = 0; i < count; i++) {
         cleaner_record record;
-        if (read_cleaner_record(p, view.len, &pos, i, &record) < 0)
-            goto failed;
         long long offset;
-        if (record_offset(base_offset, record.offset_delta, i, &offset) < 0)
+        if (next_cleaner_record(p, view.len, &pos, i, base_offset, &record, &offset) < 0)
             goto failed;
         record_summary entry = {SUMMARY_UNMAPPED, record.offset_delta, record.value_null};
         if (record.key == NULL || offset < start_offset) {
@@ -624,10 +631,8 @@ static PyObject *OffsetMap_filter_records(OffsetMapObject *map, PyObject *args)
     PyObject *result = NULL;
     for (long long i = 0; i < count; i++) {
         cleaner_record record;
-        if (read_cleaner_record(p, view.len, &pos, i, &record) < 0)
-            goto done;
         long long offset;
-        if (record_offset(base_offset, record.offset_delta, i, &offset) < 0)
+        if (next_cleaner_record(p, view.len, &pos, i, base_offset, &record, &offset) < 0)
             goto done;
         int keep;
         if (offset > latest_in_map)
