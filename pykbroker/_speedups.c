@@ -303,11 +303,15 @@ static map_entry *map_find(OffsetMapObject *map, const unsigned char *key, Py_ss
     }
 }
 
-/* 1: stored; 0: refused (a new key, the map holds ``capacity`` keys). */
-static int map_put(OffsetMapObject *map, const unsigned char *key, Py_ssize_t length, int64_t offset)
+/* 1: stored (*where: the key's entry, if where is not NULL); 0: refused (a new key, the map holds
+ * ``capacity`` keys). An entry never moves once taken (no removal, no resizing). */
+static int map_put(OffsetMapObject *map, const unsigned char *key, Py_ssize_t length, int64_t offset,
+                   map_entry **where)
 {
     uint64_t h[2];
     map_entry *entry = map_find(map, key, length, h);
+    if (where != NULL)
+        *where = entry;
     if (!entry->stored) {
         if (map->size >= map->capacity)
             return 0;
@@ -386,7 +390,7 @@ static PyObject *OffsetMap_put(OffsetMapObject *map, PyObject *args)
         PyErr_Format(PyExc_ValueError, "offset %lld out of range", offset);
         return NULL;
     }
-    int stored = map_put(map, (const unsigned char *)key.buf, key.len, (int64_t)offset);
+    int stored = map_put(map, (const unsigned char *)key.buf, key.len, (int64_t)offset, NULL);
     PyBuffer_Release(&key);
     return PyBool_FromLong(stored);
 }
@@ -469,43 +473,144 @@ static int record_offset(long long base_offset, int32_t delta, long long index, 
     return 0;
 }
 
-/* add_records(data, count, base_offset, start_offset) -> True, or False when the map filled up before
- * the last record (the keys that fitted stay). Keyless records and offsets below start_offset are
- * skipped. */
-static PyObject *OffsetMap_add_records(OffsetMapObject *map, PyObject *args)
+/* Record ``index`` at *pos (read_cleaner_record) and its offset (record_offset); 0, or -1 with a ValueError. */
+static int next_cleaner_record(const unsigned char *p, Py_ssize_t end, Py_ssize_t *pos, long long index,
+                               long long base_offset, cleaner_record *record, long long *offset)
+{
+    if (read_cleaner_record(p, end, pos, index, record) < 0)
+        return -1;
+    return record_offset(base_offset, record->offset_delta, index, offset);
+}
+
+/* What the rewrite needs of one record to decide whether it stays, kept by map_records: its key's entry
+ * (SUMMARY_NULL_KEY, or SUMMARY_UNMAPPED below start_offset), its offset delta, whether its value is null. */
+typedef struct {
+    int64_t slot;
+    int32_t offset_delta;
+    int32_t value_null;
+} record_summary;
+
+#define SUMMARY_NULL_KEY (-1)
+#define SUMMARY_UNMAPPED (-2)
+
+/* The loop of add_records and map_records: the keys of the records into the map; with ``summarize``, also
+ * a bytes object of one record_summary per record (or None when the map filled up). */
+static PyObject *add_records_impl(OffsetMapObject *map, PyObject *args, int summarize)
 {
     Py_buffer view;
     long long count, base_offset, start_offset;
     int full = 0;
     if (!PyArg_ParseTuple(args, "y*LLL", &view, &count, &base_offset, &start_offset))
         return NULL;
+    PyObject *summary = NULL;
+    record_summary *out = NULL;
+    if (summarize) {
+        /* A record takes at least 2 bytes: more than len(data) records fail the walk before filling this. */
+        Py_ssize_t entries = count < 0 ? 0 : (count < view.len ? (Py_ssize_t)count : view.len);
+        summary = PyBytes_FromStringAndSize(NULL, entries * (Py_ssize_t)sizeof(record_summary));
+        if (summary == NULL) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        out = (record_summary *)PyBytes_AS_STRING(summary);
+    }
     const unsigned char *p = (const unsigned char *)view.buf;
     Py_ssize_t pos = 0;
     for (long long i = 0; i < count; i++) {
         cleaner_record record;
-        if (read_cleaner_record(p, view.len, &pos, i, &record) < 0) {
-            PyBuffer_Release(&view);
-            return NULL;
-        }
         long long offset;
-        if (record_offset(base_offset, record.offset_delta, i, &offset) < 0) {
-            PyBuffer_Release(&view);
-            return NULL;
-        }
-        if (record.key == NULL || offset < start_offset)
+        if (next_cleaner_record(p, view.len, &pos, i, base_offset, &record, &offset) < 0)
+            goto failed;
+        record_summary entry = {SUMMARY_UNMAPPED, record.offset_delta, record.value_null};
+        if (record.key == NULL || offset < start_offset) {
+            if (out != NULL) {
+                entry.slot = record.key == NULL ? SUMMARY_NULL_KEY : SUMMARY_UNMAPPED;
+                memcpy(&out[i], &entry, sizeof(entry));
+            }
             continue;
-        if (offset < 0 || offset == INT64_MAX) {
-            PyBuffer_Release(&view);
-            PyErr_Format(PyExc_ValueError, "record %lld: offset %lld out of range", i, offset);
-            return NULL;
         }
-        if (!map_put(map, record.key, record.key_length, offset)) {
+        if (offset < 0 || offset == INT64_MAX) {
+            PyErr_Format(PyExc_ValueError, "record %lld: offset %lld out of range", i, offset);
+            goto failed;
+        }
+        map_entry *where;
+        if (!map_put(map, record.key, record.key_length, offset, &where)) {
             full = 1;
             break;
         }
+        if (out != NULL) {
+            entry.slot = (int64_t)(where - map->entries);
+            memcpy(&out[i], &entry, sizeof(entry));
+        }
     }
     PyBuffer_Release(&view);
-    return PyBool_FromLong(!full);
+    if (!summarize)
+        return PyBool_FromLong(!full);
+    if (full) {
+        Py_DECREF(summary);
+        Py_RETURN_NONE;
+    }
+    return summary;
+failed:
+    PyBuffer_Release(&view);
+    Py_XDECREF(summary);
+    return NULL;
+}
+
+/* add_records(data, count, base_offset, start_offset) -> True, or False when the map filled up before
+ * the last record (the keys that fitted stay). Keyless records and offsets below start_offset are
+ * skipped. */
+static PyObject *OffsetMap_add_records(OffsetMapObject *map, PyObject *args)
+{
+    return add_records_impl(map, args, 0);
+}
+
+/* map_records(data, count, base_offset, start_offset) -> the records' summary (bytes, 16 a record) for
+ * kept_records, or None when the map filled up: add_records, remembering where each key went. */
+static PyObject *OffsetMap_map_records(OffsetMapObject *map, PyObject *args)
+{
+    return add_records_impl(map, args, 1);
+}
+
+/* kept_records(summary, base_offset, latest_in_map, retain_deletes) -> how many of the summarized records
+ * filter_records would keep (the same rule, read from the keys' entries without the records), or -1 if a
+ * record was not mapped (below start_offset: only filter_records can tell). */
+static PyObject *OffsetMap_kept_records(OffsetMapObject *map, PyObject *args)
+{
+    Py_buffer view;
+    long long base_offset, latest_in_map;
+    int retain_deletes;
+    if (!PyArg_ParseTuple(args, "y*LLp", &view, &base_offset, &latest_in_map, &retain_deletes))
+        return NULL;
+    if (view.len % (Py_ssize_t)sizeof(record_summary)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "not a record summary");
+        return NULL;
+    }
+    const Py_ssize_t n = view.len / (Py_ssize_t)sizeof(record_summary);
+    long long kept = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        record_summary entry;
+        memcpy(&entry, (const char *)view.buf + i * (Py_ssize_t)sizeof(entry), sizeof(entry));
+        long long offset;
+        if (record_offset(base_offset, entry.offset_delta, i, &offset) < 0) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        if (offset > latest_in_map) {
+            kept++;
+        } else if (entry.slot == SUMMARY_NULL_KEY) {
+            continue;
+        } else if (entry.slot < 0 || entry.slot >= map->slots) {
+            kept = -1;
+            break;
+        } else {
+            int64_t latest = map->entries[entry.slot].stored - 1;
+            kept += offset >= latest && (!entry.value_null || retain_deletes);
+        }
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromLongLong(kept);
 }
 
 /* filter_records(data, count, base_offset, latest_in_map, retain_deletes) -> (kept, records): which
@@ -526,10 +631,8 @@ static PyObject *OffsetMap_filter_records(OffsetMapObject *map, PyObject *args)
     PyObject *result = NULL;
     for (long long i = 0; i < count; i++) {
         cleaner_record record;
-        if (read_cleaner_record(p, view.len, &pos, i, &record) < 0)
-            goto done;
         long long offset;
-        if (record_offset(base_offset, record.offset_delta, i, &offset) < 0)
+        if (next_cleaner_record(p, view.len, &pos, i, base_offset, &record, &offset) < 0)
             goto done;
         int keep;
         if (offset > latest_in_map)
@@ -594,6 +697,12 @@ static PyMethodDef OffsetMap_methods[] = {
     {"get", (PyCFunction)OffsetMap_get, METH_VARARGS, "get(key[, default]) -> the key's offset, or default (-1)."},
     {"add_records", (PyCFunction)OffsetMap_add_records, METH_VARARGS,
      "add_records(data, count, base_offset, start_offset) -> False if the map filled up before the last record."},
+    {"map_records", (PyCFunction)OffsetMap_map_records, METH_VARARGS,
+     "map_records(data, count, base_offset, start_offset) -> add_records' work and a summary for kept_records, "
+     "or None if the map filled up."},
+    {"kept_records", (PyCFunction)OffsetMap_kept_records, METH_VARARGS,
+     "kept_records(summary, base_offset, latest_in_map, retain_deletes) -> records filter_records would keep, "
+     "or -1 if unknown."},
     {"filter_records", (PyCFunction)OffsetMap_filter_records, METH_VARARGS,
      "filter_records(data, count, base_offset, latest_in_map, retain_deletes) -> (kept, kept bytes or None if all)."},
     {"__sizeof__", (PyCFunction)OffsetMap_sizeof, METH_NOARGS, "The object and its entry buffer, in bytes."},

@@ -21,6 +21,11 @@ What it does, as Kafka does:
   waits for the next round, as Kafka's; a map full in the first dirty batch rewrites nothing and backs off
   (Kafka: "Unable to build the offset map"). Built without a C compiler, a pure-Python twin (a dict of
   keyed BLAKE2b digests, about 128 bytes a key) stands in, its capacity computed from its own entry size.
+  The map pass also keeps, for the batches wholly in the dirty section, a summary of 16 bytes a record (the
+  key's map entry, the offset delta, a null-value flag; OffsetMap.map_records), up to SUMMARY_BUDGET (32 MiB)
+  a cleaning: the rewrite counts from it (``kept_records``) how many records a batch keeps once the map is
+  complete, and decompresses and walks again only the batches that keep some but not all of them (a batch
+  kept whole is copied, one dropped whole goes, without reading its records). Kafka reads every batch twice.
 - Rewrites every segment from the log start up to that end, grouped (Kafka's groupSegmentsBySize) into
   segments of at most segment.bytes whose indexes fit segment.index.bytes: a record is kept if it is past
   the map's latest offset, or if it is the latest offset of its key; keyless records go. Tombstones (null
@@ -288,11 +293,33 @@ class _OffsetMapPy:
         return self._offsets.get(self._digest(key), default)
 
     def add_records(self, data: bytes, count: int, base_offset: int, start_offset: int) -> bool:
-        for delta, key, _, _, _ in walk_records(data, count):
+        return self.map_records(data, count, base_offset, start_offset) is not None
+
+    def map_records(self, data: bytes, count: int, base_offset: int, start_offset: int) -> list | None:
+        summary = []
+        for delta, key, value_null, _, _ in walk_records(data, count):
             offset = base_offset + delta
-            if key is not None and offset >= start_offset and not self.put(key, offset):
-                return False
-        return True
+            if key is None:
+                summary.append((None, delta, value_null))
+            elif offset < start_offset:
+                summary.append((False, delta, value_null))  # not mapped
+            elif self.put(key, offset):
+                summary.append((self._digest(key), delta, value_null))
+            else:
+                return None
+        return summary
+
+    def kept_records(self, summary: list, base_offset: int, latest_in_map: int, retain_deletes: bool) -> int:
+        kept = 0
+        for digest, delta, value_null in summary:
+            offset = base_offset + delta
+            if offset > latest_in_map:
+                kept += 1
+            elif digest is False:
+                return -1
+            elif digest is not None:
+                kept += offset >= self._offsets.get(digest, -1) and (not value_null or retain_deletes)
+        return kept
 
     def filter_records(self, data: bytes, count: int, base_offset: int, latest_in_map: int,
                        retain_deletes: bool) -> tuple[int, bytes | None]:
@@ -405,13 +432,25 @@ def _records_of(header, batch: bytes) -> bytes:
     return bytes(body)
 
 
-def build_offset_map(task: CleanTask, result: CleanResult) -> tuple[OffsetMap, int]:
-    """The key -> latest offset map of the dirty section and the offset the cleaning ends at (exclusive)."""
+# Bytes of record summaries (OffsetMap.map_records, 16 a record) one cleaning keeps from the map pass for the
+# rewrite: 2M records, about 1 GB of log at 500-byte records. Batches past it are decompressed again.
+SUMMARY_BUDGET = 32 << 20
+
+
+def build_offset_map(task: CleanTask, result: CleanResult,
+                     summaries: dict[int, object] | None = None) -> tuple[OffsetMap, int]:
+    """The key -> latest offset map of the dirty section and the offset the cleaning ends at (exclusive).
+
+    With ``summaries``, the batches wholly in the dirty section leave there (base offset ->
+    OffsetMap.map_records summary, up to SUMMARY_BUDGET bytes) what the rewrite needs to tell, without
+    decompressing and walking them again, that a batch keeps all or none of its records (most batches of a
+    log of frequently updated keys keep none)."""
     capacity = task.map_capacity
     offsets = OffsetMap(task.map_slots or capacity * 10 // 9 + 1, capacity, os.urandom(16))
     aborted = _Aborted(task.aborted)
     start = task.first_dirty
     latest = start - 1
+    budget = SUMMARY_BUDGET
     directory = Path(task.directory)
     for segment in task.segments:
         if segment.end_offset <= start:
@@ -422,10 +461,17 @@ def build_offset_map(task: CleanTask, result: CleanResult) -> tuple[OffsetMap, i
                 result.bytes_read += header.size
                 if header.last_offset < start:
                     continue
-                if (not header.is_control and not aborted.contains(header) and header.record_count
-                        and not offsets.add_records(_records_of(header, batch), header.record_count,
-                                                    header.base_offset, start)):
-                    return offsets, latest + 1  # full: clean up to the last whole batch
+                if not header.is_control and not aborted.contains(header) and header.record_count:
+                    records = _records_of(header, batch)
+                    if (summaries is not None
+                            and header.base_offset >= start and budget >= 16 * header.record_count):
+                        summary = offsets.map_records(records, header.record_count, header.base_offset, start)
+                        if summary is None:
+                            return offsets, latest + 1  # full: clean up to the last whole batch
+                        summaries[header.base_offset] = summary
+                        budget -= 16 * header.record_count
+                    elif not offsets.add_records(records, header.record_count, header.base_offset, start):
+                        return offsets, latest + 1
                 latest = max(latest, header.last_offset)
         finally:
             os.close(fd)
@@ -513,7 +559,8 @@ def clean_log(task: CleanTask) -> CleanResult:
     """Write the cleaned segments of one log as ``.cleaned`` files (fsynced); the broker swaps them in."""
     started = time.monotonic()
     result = CleanResult(task.first_dirty)
-    offsets, end_offset = build_offset_map(task, result)
+    summaries: dict[int, object] = {}
+    offsets, end_offset = build_offset_map(task, result, summaries)
     result.end_offset = end_offset
     result.map_entries = len(offsets)
     if end_offset <= task.first_dirty:  # no progress (nothing dirty, or the map filled in the first batch)
@@ -537,7 +584,7 @@ def clean_log(task: CleanTask) -> CleanResult:
     try:
         for group in groups:
             cleaned = _clean_group(task, group, offsets, latest_in_map, horizon, producers_last, aborted, txns,
-                                   result)
+                                   result, summaries)
             result.segments.append(cleaned)
             base = group[0].base_offset
             written_paths.extend(
@@ -558,7 +605,7 @@ def clean_log(task: CleanTask) -> CleanResult:
 
 def _clean_group(task: CleanTask, group: list[SegmentFile], offsets: OffsetMap, latest_in_map: int,
                  horizon: int, producers_last: dict[int, int], aborted: _Aborted, txns: "_TxnTracker",
-                 result: CleanResult) -> CleanedSegment:
+                 result: CleanResult, summaries: dict[int, object]) -> CleanedSegment:
     directory = Path(task.directory)
     base = group[0].base_offset
     log_path = directory / (segment_file_name(base, LOG_SUFFIX) + CLEANED_SUFFIX)
@@ -584,7 +631,7 @@ def _clean_group(task: CleanTask, group: list[SegmentFile], offsets: OffsetMap, 
                         result.removed_aborts.add((header.producer_id, header.last_offset))
                         continue
                     kept = _filter_batch(header, batch, offsets, latest_in_map, retain_deletes, producers_last,
-                                         aborted, result)
+                                         aborted, result, summaries.pop(header.base_offset, None))
                     if kept is None:
                         continue
                     if header.max_timestamp > max_ts:
@@ -623,8 +670,10 @@ def _write_all(fd: int, data: bytearray) -> None:
 
 
 def _filter_batch(header, batch: bytes, offsets: OffsetMap, latest_in_map: int, retain_deletes: bool,
-                  producers_last: dict[int, int], aborted: _Aborted, result: CleanResult) -> bytes | None:
-    """The batch as the cleaned segment holds it (itself, rebuilt, or empty), or None to drop it."""
+                  producers_last: dict[int, int], aborted: _Aborted, result: CleanResult,
+                  summary: object = None) -> bytes | None:
+    """The batch as the cleaned segment holds it (itself, rebuilt, or empty), or None to drop it. With the
+    batch's ``summary`` from the map pass, a batch keeping all or none of its records is not decompressed."""
     if header.is_control:
         return batch
     keep_empty = header.has_producer_id and producers_last.get(header.producer_id) == header.last_offset
@@ -634,8 +683,14 @@ def _filter_batch(header, batch: bytes, offsets: OffsetMap, latest_in_map: int, 
     if header.base_offset > latest_in_map:  # past the map: kept whole
         result.records_kept += header.record_count
         return batch
-    kept, records = offsets.filter_records(_records_of(header, batch), header.record_count, header.base_offset,
-                                           latest_in_map, retain_deletes)
+    kept = -1 if summary is None else offsets.kept_records(summary, header.base_offset, latest_in_map, retain_deletes)
+    if kept == header.record_count:
+        records = None
+    elif kept == 0:
+        records = b""
+    else:  # some records go (or no summary): the kept ones' bytes
+        kept, records = offsets.filter_records(_records_of(header, batch), header.record_count, header.base_offset,
+                                               latest_in_map, retain_deletes)
     result.records_kept += kept
     if records is None:  # every record kept
         return batch

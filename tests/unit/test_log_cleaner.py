@@ -1004,3 +1004,221 @@ def test_a_truncation_during_the_await_after_the_swap_keeps_the_lowered_checkpoi
     assert clean_once(cleaner)
     assert truncated
     assert cleaner._checkpoints[("t", 0)] <= 3  # not raised back to the cleaned end (7) above the truncation
+
+
+# -- lz4 decompression in bounded pieces (protocol/compression.py _lz4, which the cleaner calls twice a batch) --
+
+
+def _lz4_frame(data: bytes) -> bytes:
+    import lz4.frame
+
+    return lz4.frame.compress(data, store_size=False)  # as Kafka's Java client writes it: no content size
+
+
+def _count_lz4_requests(monkeypatch) -> list[int]:
+    """The max_length of every call to the lz4 decompressor."""
+    import lz4.frame
+
+    asked: list[int] = []
+    real = lz4.frame.LZ4FrameDecompressor.decompress
+
+    def spy(self, data, max_length=-1):
+        asked.append(max_length)
+        return real(self, data, max_length=max_length)
+
+    monkeypatch.setattr(lz4.frame.LZ4FrameDecompressor, "decompress", spy)
+    return asked
+
+
+@pytest.mark.parametrize("pieces", [0, 1, 3])
+def test_lz4_output_larger_than_one_step_reads_back_whole_and_holds_the_bound(monkeypatch, pieces):
+    from pykbroker.protocol import compression
+
+    data = bytes(range(256)) * ((pieces * compression._LZ4_STEP + 1000) // 256)
+    frame = _lz4_frame(data)
+    asked = _count_lz4_requests(monkeypatch)
+    assert compression.decompress(COMPRESSION_LZ4, frame, len(data)) == data  # exactly at the bound
+    assert asked and max(asked) <= compression._LZ4_STEP  # never the whole bound at once
+    assert len(asked) == len(data) // compression._LZ4_STEP + 1
+    with pytest.raises(compression.DecompressionError, match=f"decompresses to more than {len(data) - 1} bytes"):
+        compression.decompress(COMPRESSION_LZ4, frame, len(data) - 1)
+
+
+def test_an_lz4_bomb_stops_at_the_bound_in_steps(monkeypatch):
+    from pykbroker.protocol import compression
+
+    bomb = _lz4_frame(bytes(16 * compression._LZ4_STEP))
+    assert len(bomb) < 100_000
+    asked = _count_lz4_requests(monkeypatch)
+    limit = 2 * compression._LZ4_STEP + 5
+    with pytest.raises(compression.DecompressionError, match=f"more than {limit} bytes"):
+        compression.decompress(COMPRESSION_LZ4, bomb, limit)
+    assert sum(asked) == limit + 1 and len(asked) == 3  # stopped at limit + 1 bytes, not at the frame's end
+
+
+def test_damaged_lz4_frames_raise_a_decompression_error():
+    from pykbroker.protocol import compression
+
+    data = b"some record bytes " * 5000
+    frame = _lz4_frame(data)
+    with pytest.raises(compression.DecompressionError, match="lz4: truncated frame"):
+        compression.decompress(COMPRESSION_LZ4, frame[:-20], len(data))
+    with pytest.raises(compression.DecompressionError, match="lz4: bytes after the end of the frame"):
+        compression.decompress(COMPRESSION_LZ4, frame + b"xx", len(data))
+    damaged = bytearray(frame)
+    damaged[4] ^= 0xFF  # the frame descriptor's flags: its header checksum no longer matches
+    with pytest.raises(compression.DecompressionError, match="lz4: "):
+        compression.decompress(COMPRESSION_LZ4, bytes(damaged), len(data))
+    assert issubclass(compression.DecompressionError, ValueError)
+
+
+def test_a_log_with_a_damaged_lz4_batch_is_not_cleaned_again(tmp_path):
+    plog = four_segments(tmp_path, COMPRESSION_LZ4)
+    first = plog.directory / "00000000000000000000.log"
+    data = bytearray(first.read_bytes())
+    data[61 + 4] ^= 0xFF  # the lz4 frame's flags, right after its magic (the cleaner reads them before the CRC)
+    first.write_bytes(bytes(data))
+    cleaner = make_cleaner(tmp_path, [plog])
+    assert not clean_once(cleaner)
+    assert ("t", 0) in cleaner._uncleanable
+    assert first.read_bytes() == bytes(data)
+    assert not any(name.endswith(".cleaned") for name in os.listdir(plog.directory))
+
+
+def test_a_compressed_log_cleans_to_the_latest_values_in_each_codec(tmp_path):
+    for codec in (1, 2, COMPRESSION_LZ4, 4):
+        plog = open_log(tmp_path, name=f"t-{codec}")
+        for round_ in range(3):
+            append(plog, [(f"k{i}".encode(), f"v{round_}-{i}".encode() * 50) for i in range(40)], compression=codec)
+            append(plog, [(f"k{i}".encode(), f"w{round_}-{i}".encode() * 50) for i in range(0, 40, 3)],
+                   compression=codec)
+            plog.roll()
+        append(plog, [(b"tail", b"x")])
+        assert clean_once(make_cleaner(tmp_path, [plog]))
+        expected = {f"k{i}".encode(): (f"w2-{i}" if i % 3 == 0 else f"v2-{i}").encode() * 50 for i in range(40)}
+        expected[b"tail"] = b"x"
+        assert latest(plog) == expected
+        assert len(contents(plog)) == 41
+        assert {h.compression for h in plog.headers() if h.record_count and h.base_offset < 162} == {codec}  # (the tail: none)
+
+
+# -- record summaries from the map pass (no second decompression of batches kept whole or dropped whole) --
+
+
+def _updates_log(path: Path, codec: int, **config) -> PartitionLog:
+    """Batches dropped whole (every key updated later), kept whole (the last updates), partly kept, with
+    tombstones; three segments and an active one."""
+    plog = open_log(path, **config)
+    for round_ in range(3):
+        append(plog, [(f"k{i}".encode(), f"v{round_}-{i}".encode() * 30) for i in range(20)], compression=codec)
+        append(plog, [(f"k{i}".encode(), None if i % 5 == 0 else f"w{round_}-{i}".encode()) for i in range(0, 20, 2)]
+               + [(f"only{round_}".encode(), b"x")], compression=codec)
+        plog.roll()
+    append(plog, [(b"tail", b"x")])
+    return plog
+
+
+@pytest.mark.parametrize("accelerated", [True, False])
+@pytest.mark.parametrize("codec", [COMPRESSION_NONE, COMPRESSION_GZIP, COMPRESSION_LZ4, 4])
+def test_summaries_write_the_same_segments_and_spare_the_second_decompression(tmp_path, monkeypatch, codec,
+                                                                              accelerated):
+    from pykbroker.log import cleaner as cleaner_module
+
+    if not accelerated:
+        monkeypatch.setattr(cleaner_module, "OffsetMap", cleaner_module._OffsetMapPy)
+
+    written = {}
+    decompressions = {}
+    real = cleaner_module._records_of
+    for budget in (0, cleaner_module.SUMMARY_BUDGET):
+        monkeypatch.setattr(cleaner_module, "SUMMARY_BUDGET", budget)
+        calls = []
+        monkeypatch.setattr(cleaner_module, "_records_of", lambda header, batch: calls.append(header) or real(header, batch))
+        plog = _updates_log(tmp_path / f"b{budget}", codec)
+        assert clean_once(make_cleaner(tmp_path / f"b{budget}", [plog]))
+        written[budget] = [(p.name, p.read_bytes()) for p in sorted(plog.directory.iterdir()) if p.suffix == ".log"]
+        decompressions[budget] = len(calls)
+    assert written[0] == written[cleaner_module.SUMMARY_BUDGET]
+    # Six dirty batches are read by the map pass; without summaries the rewrite reads all six again, with
+    # them only the three partly kept ones: the second batches of rounds 0 and 1 (only0, only1 stay) and the
+    # first of round 2 (its odd keys stay). Round 0's and 1's first go whole, round 2's second stays whole.
+    assert decompressions[0] == 12
+    assert decompressions[cleaner_module.SUMMARY_BUDGET] == 6 + 3
+    headers = [h for h in _opened[-1].headers() if h.record_count]
+    assert [h.record_count for h in headers] == [1, 1, 10, 11, 1]
+
+
+def test_a_second_cleaning_reads_the_clean_section_without_summaries_and_keeps_the_latest(tmp_path):
+    plog = _updates_log(tmp_path, COMPRESSION_LZ4, min_cleanable_dirty_ratio=0.01)
+    cleaner = make_cleaner(tmp_path, [plog])
+    assert clean_once(cleaner)
+    first = latest(plog)
+    append(plog, [(b"k1", b"newest"), (b"k0", b"back")], compression=COMPRESSION_LZ4)
+    plog.roll()
+    append(plog, [(b"tail2", b"y")])
+    assert clean_once(cleaner)
+    first.update({b"k1": b"newest", b"k0": b"back", b"tail2": b"y"})
+    assert latest(plog) == first
+
+
+def test_the_per_thread_zstd_context_survives_failed_frames_and_is_not_shared_between_threads():
+    import threading
+
+    import zstandard
+
+    from pykbroker.protocol import compression
+
+    data = b"record bytes " * 2000
+    frame = zstandard.ZstdCompressor().compress(data)
+    for damaged in (frame[: len(frame) // 2], b"\x28\xb5\x2f\xfd" + b"\xff" * 40):  # truncated; bad header
+        with pytest.raises(compression.DecompressionError, match="zstd"):
+            compression.decompress(4, damaged, len(data))
+        assert compression.decompress(4, frame + frame, 2 * len(data)) == data + data  # the context is reset
+    contexts = [compression._thread_state.zstd]
+
+    def other_thread():
+        assert compression.decompress(4, frame, len(data)) == data
+        contexts.append(compression._thread_state.zstd)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+    assert len(contexts) == 2 and contexts[0] is not contexts[1]
+
+
+def _blocks_as_kafkas_java_reader_reads_them(frame: bytes) -> bytes:
+    """Kafka's Lz4BlockInputStream: FLG must say independent blocks; each block decompressed alone."""
+    import struct
+
+    import lz4.block
+
+    flg = frame[4]
+    assert flg & 0x20, "Dependent block stream is unsupported"
+    pos = 4 + 2 + (8 if flg & 0x08 else 0) + 1
+    out = b""
+    while True:
+        (size,) = struct.unpack_from("<I", frame, pos)
+        pos += 4
+        if size == 0:
+            return out
+        raw, size = size & 0x80000000, size & 0x7FFFFFFF
+        block = frame[pos : pos + size]
+        out += block if raw else lz4.block.decompress(block, uncompressed_size=1 << 16)
+        pos += size
+
+
+def test_a_rebuilt_lz4_batch_over_one_block_is_readable_by_kafkas_java_reader(tmp_path):
+    plog = open_log(tmp_path, segment_bytes=8 << 20)
+    values = [(f"k{i}".encode(), (f"value {i} " * 2000).encode()) for i in range(20)]  # ~300 KB, compressible
+    append(plog, values + [(b"k0", b"old")], compression=COMPRESSION_LZ4)
+    append(plog, [(b"k0", b"new")])
+    plog.roll()
+    append(plog, [(b"tail", b"x")])
+    assert clean_once(make_cleaner(tmp_path, [plog]))
+    header, data = next(iter(plog.batches()))
+    assert header.compression == COMPRESSION_LZ4 and header.record_count == 19  # rebuilt: k0's two records went
+    from pykbroker.protocol.records import BATCH_HEADER_SIZE
+
+    records = _blocks_as_kafkas_java_reader_reads_them(bytes(data[BATCH_HEADER_SIZE:]))
+    assert len(records) > 4 * (1 << 16)
+    assert [(k, v) for _, k, v in contents(plog)][:19] == values[1:]

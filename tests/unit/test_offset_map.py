@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -248,7 +249,8 @@ def test_an_offset_overflow_raises():
 @given(data=st.binary(max_size=64), count=st.integers(0, 4))
 def test_random_bytes_never_crash_the_walk(map_type, data, count):
     offsets = map_type(50, 45, SECRET)
-    for call in (lambda: offsets.add_records(data, count, 0, 0), lambda: offsets.filter_records(data, count, 0, 3, True)):
+    for call in (lambda: offsets.add_records(data, count, 0, 0), lambda: offsets.filter_records(data, count, 0, 3, True),
+                 lambda: offsets.map_records(data, count * 1000, 0, 0)):  # (more records than bytes too)
         try:
             call()
         except ValueError:
@@ -300,6 +302,60 @@ def test_batches_are_mapped_and_filtered_as_the_per_record_rule_says(map_type, b
                                               and (not null or retain))]
     expected = (len(batch), None) if len(kept) == len(batch) else (len(kept), b"".join(data[s:e] for s, e in kept))
     assert offsets.filter_records(data, len(batch), 100, 100 + latest, retain) == expected
+
+
+@pytest.mark.parametrize("map_type", IMPLEMENTATIONS)
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.sampled_from([None, b"a", b"b", b"c" * 20, b"d", b""]), st.booleans()),
+                         min_size=1, max_size=12), min_size=1, max_size=4),
+       st.integers(0, 60), st.booleans(), st.integers(1, 6))
+def test_summaries_of_the_map_pass_count_what_filter_records_keeps_once_the_map_is_complete(map_type, batches, latest,
+                                                                                             retain, capacity):
+    """map_records does add_records' work (same map, same "full" answer); after every batch is mapped,
+    kept_records on a batch's summary counts the records filter_records keeps of it."""
+    mapped, twin = map_type(capacity + 1, capacity, SECRET), map_type(capacity + 1, capacity, SECRET)
+    summaries = []
+    base = 100
+    for batch in batches:
+        data = records_of([(key, None if null else b"v") for key, null in batch], base_offset=base)
+        summary = mapped.map_records(data, len(batch), base, 100)
+        assert (summary is not None) == twin.add_records(data, len(batch), base, 100)
+        if summary is None:
+            break
+        summaries.append((data, len(batch), base, summary))
+        base += len(batch)
+    assert len(mapped) == len(twin) and mapped.latest_offset == twin.latest_offset
+    for data, count, base, summary in summaries:
+        kept, _ = mapped.filter_records(data, count, base, 100 + latest, retain)
+        assert mapped.kept_records(summary, base, 100 + latest, retain) == kept
+
+
+@pytest.mark.parametrize("map_type", IMPLEMENTATIONS)
+def test_a_summary_with_records_below_the_start_cannot_tell(map_type):
+    data = records_of([(b"a", b"1"), (None, b"x"), (b"a", b"2")], base_offset=10)
+    offsets = map_type(10, 9, SECRET)
+    summary = offsets.map_records(data, 3, 10, 11)  # offset 10 is below the start: not mapped
+    assert offsets.get(b"a") == 12
+    assert offsets.kept_records(summary, 10, 12, True) == -1
+    assert offsets.kept_records(summary, 10, 9, True) == 3  # all past the map: no lookup needed
+
+
+@pytest.mark.parametrize("map_type", IMPLEMENTATIONS)
+def test_map_records_refuses_malformed_records_as_add_records_does(map_type):
+    with pytest.raises(ValueError, match="record 1"):
+        map_type(10, 9, SECRET).map_records(record(1, b"k", 1, b"v") + MALFORMED["record past the end"], 2, 0, 0)
+    with pytest.raises(ValueError, match="record 2"):  # more records declared than the data holds
+        map_type(10, 9, SECRET).map_records(records_of([(b"a", b"1"), (b"b", b"2")]), 3, 0, 0)
+
+
+@needs_c
+def test_a_summary_that_is_not_one_is_refused():
+    offsets = COffsetMap(10, 9, SECRET)
+    with pytest.raises(ValueError, match="not a record summary"):
+        offsets.kept_records(b"\x00" * 15, 0, 5, True)
+    assert offsets.map_records(b"", 0, 0, 0) == b""
+    # a slot past the map's buffer (a summary of another map) is not read: unknown
+    assert offsets.kept_records((10**6).to_bytes(8, sys.byteorder) + bytes(8), 0, 5, True) == -1
 
 
 # -- memory ----------------------------------------------------------------------------------------
