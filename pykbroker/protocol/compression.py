@@ -135,6 +135,17 @@ def _snappy(data: bytes, limit: int) -> bytes:
     return bytes(out)
 
 
+_LZ4_MAGIC = b"\x04\x22\x4d\x18"  # 0x184D2204, little-endian
+_LZ4_BLOCK_INDEPENDENT = 0x20  # the frame descriptor's FLG bit
+
+
+def lz4_blocks_linked(data) -> bool:
+    """Whether an lz4 frame declares linked (dependent) blocks, which Kafka's reader refuses ("Dependent block
+    stream is unsupported"): a Java consumer cannot read such a batch. False when ``data`` is not an lz4 frame
+    (decompression reports that)."""
+    return len(data) >= 5 and bytes(data[:4]) == _LZ4_MAGIC and not data[4] & _LZ4_BLOCK_INDEPENDENT
+
+
 def _lz4(data: bytes, limit: int) -> bytes:
     # The output comes in pieces of at most _LZ4_STEP bytes: python-lz4 allocates max_length bytes up front,
     # and asking for limit + 1 (64 MiB) at once costs an mmap, page faults and an munmap per batch (~25 us,

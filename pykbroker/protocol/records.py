@@ -46,7 +46,7 @@ from typing import Iterator, NamedTuple
 
 import crc32c as _crc32c
 
-from pykbroker.protocol.compression import DecompressionError, compress, decompress
+from pykbroker.protocol.compression import DecompressionError, compress, decompress, lz4_blocks_linked
 
 BATCH_HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # baseOffset + batchLength: the part not counted in batchLength
@@ -338,6 +338,9 @@ def client_records_section(view: memoryview, header: BatchHeader, max_decompress
     """A producer's batch's records section, decompressed (at most ``max_decompressed_bytes``, else
     InvalidRecords, as for any codec failure)."""
     data = view[header.position + BATCH_HEADER_SIZE : header.position + header.size]
+    if header.compression == COMPRESSION_LZ4 and lz4_blocks_linked(data):
+        # Kafka refuses it (its lz4 reader has no dependent blocks); stored, Java consumers could not read it
+        raise InvalidRecords("lz4 batch: Dependent block stream is unsupported (Kafka reads independent blocks only)")
     if header.compression != COMPRESSION_NONE:
         try:
             data = decompress(header.compression, data, max_decompressed_bytes)

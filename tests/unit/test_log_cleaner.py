@@ -1012,7 +1012,7 @@ def test_a_truncation_during_the_await_after_the_swap_keeps_the_lowered_checkpoi
 def _lz4_frame(data: bytes) -> bytes:
     import lz4.frame
 
-    return lz4.frame.compress(data, store_size=False)  # as Kafka's Java client writes it: no content size
+    return lz4.frame.compress(data, store_size=False, block_linked=False)  # as Kafka's Java client writes it
 
 
 def _count_lz4_requests(monkeypatch) -> list[int]:

@@ -153,6 +153,22 @@ def test_a_small_batch_that_inflates_past_the_bound_is_refused(codec):
         _validate(_reframe(bomb, count=1, last_offset_delta=0, codec=codec), max_decompressed_bytes=1 << 20)
 
 
+def test_an_lz4_frame_of_linked_blocks_is_refused_as_kafka_does(walker):
+    """Kafka's lz4 reader refuses frames whose blocks depend on each other (a Java consumer could not read
+    them); python-lz4 writes them by default above one 64 KiB block. Independent blocks pass."""
+    import lz4.frame
+
+    body = _body(build_batch(_records(1000)))
+    assert len(body) > 64 * 1024
+    linked = lz4.frame.compress(body, block_linked=True)
+    assert compression.lz4_blocks_linked(linked)
+    with pytest.raises(InvalidRecords, match="Dependent block stream is unsupported"):
+        _validate(_reframe(linked, count=1000, last_offset_delta=999, codec=COMPRESSION_LZ4))
+    independent = compression.compress(COMPRESSION_LZ4, body)
+    assert not compression.lz4_blocks_linked(independent)
+    _validate(_reframe(independent, count=1000, last_offset_delta=999, codec=COMPRESSION_LZ4))
+
+
 def test_truncated_compressed_payloads_are_refused():
     data = random.Random(7).randbytes(5000)
     for codec in CODECS[1:]:
