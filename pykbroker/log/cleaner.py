@@ -432,9 +432,14 @@ def _records_of(header, batch: bytes) -> bytes:
     return bytes(body)
 
 
-# Bytes of record summaries (OffsetMap.map_records, 16 a record) one cleaning keeps from the map pass for the
-# rewrite: 2M records, about 1 GB of log at 500-byte records. Batches past it are decompressed again.
+# Bytes of record summaries one cleaning keeps from the map pass for the rewrite: 2M records, about 1 GB of log
+# at 500-byte records. Batches past it are decompressed again. Each summary is charged what it takes: 16 bytes a
+# record (OffsetMap.map_records), and per batch its bytes object, int key and dict entry (measured ~110 bytes:
+# a log of one-record batches took 7 times the budget when only the 16 were counted); the pure-Python twin's
+# tuples take ~150 bytes a record.
 SUMMARY_BUDGET = 32 << 20
+SUMMARY_BATCH_BYTES = 160
+SUMMARY_RECORD_BYTES = 16 if OffsetMap is not _OffsetMapPy else 160
 
 
 def build_offset_map(task: CleanTask, result: CleanResult,
@@ -463,13 +468,13 @@ def build_offset_map(task: CleanTask, result: CleanResult,
                     continue
                 if not header.is_control and not aborted.contains(header) and header.record_count:
                     records = _records_of(header, batch)
-                    if (summaries is not None
-                            and header.base_offset >= start and budget >= 16 * header.record_count):
+                    cost = SUMMARY_BATCH_BYTES + SUMMARY_RECORD_BYTES * header.record_count
+                    if summaries is not None and header.base_offset >= start and budget >= cost:
                         summary = offsets.map_records(records, header.record_count, header.base_offset, start)
                         if summary is None:
                             return offsets, latest + 1  # full: clean up to the last whole batch
                         summaries[header.base_offset] = summary
-                        budget -= 16 * header.record_count
+                        budget -= cost
                     elif not offsets.add_records(records, header.record_count, header.base_offset, start):
                         return offsets, latest + 1
                 latest = max(latest, header.last_offset)

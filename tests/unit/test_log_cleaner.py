@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import time
 from pathlib import Path
 
@@ -1038,8 +1039,11 @@ def test_lz4_output_larger_than_one_step_reads_back_whole_and_holds_the_bound(mo
     frame = _lz4_frame(data)
     asked = _count_lz4_requests(monkeypatch)
     assert compression.decompress(COMPRESSION_LZ4, frame, len(data)) == data  # exactly at the bound
-    assert asked and max(asked) <= compression._LZ4_STEP  # never the whole bound at once
-    assert len(asked) == len(data) // compression._LZ4_STEP + 1
+    first = max(compression._LZ4_STEP, 4 * len(frame))
+    assert asked[0] == min(first, len(data) + 1)  # never the whole bound at once
+    for index in range(1, len(asked)):  # then each piece at most as big as all the output before it
+        assert asked[index] <= max(first, sum(min(a, len(data)) for a in asked[:index]))
+    assert len(asked) <= 2 + pieces
     with pytest.raises(compression.DecompressionError, match=f"decompresses to more than {len(data) - 1} bytes"):
         compression.decompress(COMPRESSION_LZ4, frame, len(data) - 1)
 
@@ -1054,6 +1058,18 @@ def test_an_lz4_bomb_stops_at_the_bound_in_steps(monkeypatch):
     with pytest.raises(compression.DecompressionError, match=f"more than {limit} bytes"):
         compression.decompress(COMPRESSION_LZ4, bomb, limit)
     assert sum(asked) == limit + 1 and len(asked) == 3  # stopped at limit + 1 bytes, not at the frame's end
+
+
+def test_a_large_incompressible_lz4_frame_is_asked_for_in_growing_pieces(monkeypatch):
+    """python-lz4 copies the input left at each call: fixed 1 MiB pieces over a 12 MiB incompressible frame took
+    a dozen copies of the input; growing pieces take a handful."""
+    from pykbroker.protocol import compression
+
+    data = random.Random(3).randbytes(12 * compression._LZ4_STEP)
+    frame = _lz4_frame(data)
+    asked = _count_lz4_requests(monkeypatch)
+    assert compression.decompress(COMPRESSION_LZ4, frame, 64 << 20) == data
+    assert len(asked) <= 3
 
 
 def test_damaged_lz4_frames_raise_a_decompression_error():
@@ -1146,6 +1162,40 @@ def test_summaries_write_the_same_segments_and_spare_the_second_decompression(tm
     assert decompressions[cleaner_module.SUMMARY_BUDGET] == 6 + 3
     headers = [h for h in _opened[-1].headers() if h.record_count]
     assert [h.record_count for h in headers] == [1, 1, 10, 11, 1]
+
+
+@pytest.mark.parametrize("accelerated", [True, False])
+def test_summaries_of_one_record_batches_stay_within_the_budget(tmp_path, monkeypatch, accelerated):
+    """Each summary is charged what it takes (its object, key and dict entry with its records), so many one-record
+    batches, common on compacted topics, cannot take several times the budget."""
+    import sys
+
+    from pykbroker.log import cleaner as cleaner_module
+
+    if not accelerated:
+        monkeypatch.setattr(cleaner_module, "OffsetMap", cleaner_module._OffsetMapPy)
+        monkeypatch.setattr(cleaner_module, "SUMMARY_RECORD_BYTES", 160)
+    budget = 100_000
+    monkeypatch.setattr(cleaner_module, "SUMMARY_BUDGET", budget)
+    plog = open_log(tmp_path)
+    for i in range(3000):
+        append(plog, [(f"k{i % 50}".encode(), b"v")])
+    plog.roll()
+    snapshot = plog.cleanable_segments(plog.log_end_offset)
+    task = CleanTask(str(plog.directory), tuple(SegmentFile(s.base_offset, size, end) for s, size, end in snapshot),
+                     first_dirty=0, end_bound=plog.log_end_offset, map_capacity=100, delete_retention_ms=0,
+                     segment_bytes=1 << 20, segment_index_bytes=1 << 20, index_interval_bytes=100)
+    summaries = {}
+    build_offset_map(task, CleanResult(0), summaries)
+    assert 100 < len(summaries) < 3000  # some batches summarised, the budget stopped the rest
+
+    def deep(value) -> int:
+        if isinstance(value, (list, tuple)):
+            return sys.getsizeof(value) + sum(deep(item) for item in value)
+        return sys.getsizeof(value)
+
+    taken = sys.getsizeof(summaries) + sum(deep(key) + deep(value) for key, value in summaries.items())
+    assert taken <= budget, taken
 
 
 def test_a_second_cleaning_reads_the_clean_section_without_summaries_and_keeps_the_latest(tmp_path):
