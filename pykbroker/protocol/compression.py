@@ -44,6 +44,7 @@ MAX_FRAMES = 1000
 # 64 MiB the validator lets a batch inflate to. Empty blocks are otherwise ~200,000 a megabyte.
 MAX_XERIAL_BLOCKS = 4096
 _LZ4_STEP = 1 << 20  # most output asked of the lz4 decompressor at a time
+_ZSTD_SHARED_WINDOW = 8 << 20  # frames declaring a larger window are decompressed with a context of their own
 _thread_state = threading.local()  # each thread's zstd decompression context
 
 
@@ -184,9 +185,16 @@ def _zstd(data: bytes, limit: int) -> bytes:
     # One context for all frames, used by one frame at a time (decompressobj resets it), kept per thread:
     # making one takes ~9 us, the decompression of a small batch less. (An instance of whatever
     # zstandard.ZstdDecompressor is now: tests replace the class to count the decompressor's calls.)
+    # A frame declaring a window over _ZSTD_SHARED_WINDOW gets a context of its own: the shared one would keep
+    # that window's buffer for the thread's life (a producer's zstd frames use a few MiB at most).
     context = getattr(_thread_state, "zstd", None)
     if not isinstance(context, zstandard.ZstdDecompressor):
         context = _thread_state.zstd = zstandard.ZstdDecompressor()
+    try:
+        if zstandard.get_frame_parameters(data).window_size > _ZSTD_SHARED_WINDOW:
+            context = zstandard.ZstdDecompressor()
+    except zstandard.ZstdError:
+        pass  # not a frame header: the decompression below says what is wrong
     return _concatenated(data, limit, "zstd", "frame", context.decompressobj,
                          lambda decompressor, piece, room: decompressor.decompress(piece), zstandard.ZstdError)
 

@@ -1236,6 +1236,29 @@ def test_the_per_thread_zstd_context_survives_failed_frames_and_is_not_shared_be
     assert len(contexts) == 2 and contexts[0] is not contexts[1]
 
 
+def test_a_zstd_frame_with_a_large_window_does_not_use_the_shared_context(monkeypatch):
+    """The thread's shared context would keep a large frame window's buffer for good: such frames get their own."""
+    import zstandard
+
+    from pykbroker.protocol import compression
+
+    small = zstandard.ZstdCompressor().compress(b"small " * 100)
+    assert compression.decompress(4, small, 1000) == b"small " * 100
+    shared = compression._thread_state.zstd
+    params = zstandard.ZstdCompressionParameters.from_level(3, window_log=26, write_content_size=False)
+    streamed = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    data = b"big window " * 1000
+    big = streamed.compress(data) + streamed.flush()
+    assert zstandard.get_frame_parameters(big).window_size == 1 << 26
+    used = []
+    real = type(shared).decompressobj
+    monkeypatch.setattr(type(shared), "decompressobj", lambda self, *a, **k: used.append(self) or real(self, *a, **k))
+    assert compression.decompress(4, big, len(data)) == data
+    assert used and shared not in used
+    assert compression.decompress(4, small, 1000) == b"small " * 100
+    assert used[-1] is shared and compression._thread_state.zstd is shared
+
+
 def _blocks_as_kafkas_java_reader_reads_them(frame: bytes) -> bytes:
     """Kafka's Lz4BlockInputStream: FLG must say independent blocks; each block decompressed alone."""
     import struct
