@@ -24,7 +24,7 @@ from pykbroker.log.producer_state import (
 from pykbroker.protocol.records import build_batch, crc32c, read_header
 from pykbroker.replication.partition import Partition
 from pykbroker.log.txn_index import ENTRY_SIZE, AbortedTxn
-from test_transactions_log import T0, append, manager, marker, plain, restart, txn_batch
+from test_transactions_log import T0, abort_while_the_disk_is_full, append, manager, marker, plain, restart, txn_batch
 
 SMALL_SEGMENTS = LogConfig(segment_bytes=400)
 
@@ -604,18 +604,7 @@ def test_a_snapshot_that_cannot_be_read_now_is_kept(tmp_path, monkeypatch, caplo
 
 
 def test_a_failed_index_entry_is_written_again_by_the_next_flush_and_snapshots_resume(tmp_path, monkeypatch):
-    import pykbroker.log.txn_index as txn_index_module
-
-    rm = manager(tmp_path)
-    p = rm.host("t", 0, 0)
-    append(rm, txn_batch(1, 2))
-
-    def full_disk(*args, **kwargs):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(txn_index_module.os, "open", full_disk)
-    marker(rm, 1, commit=False)  # aborted 0..2: its index entry is in memory only
-    monkeypatch.undo()
+    _, p = abort_while_the_disk_is_full(tmp_path, monkeypatch)  # aborted 0..2: its index entry in memory only
     index = tmp_path / "t-0" / "00000000000000000000.txnindex"
     assert not index.exists()
     p.log.take_producer_snapshot()

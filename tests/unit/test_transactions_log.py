@@ -512,7 +512,9 @@ def test_write_markers_answers_per_partition_and_applies_offsets_markers(tmp_pat
     assert rm.partition("__consumer_offsets", 0).last_stable_offset == 2
 
 
-def test_a_failing_index_write_keeps_the_marker_and_the_entry_in_memory(tmp_path, monkeypatch):
+def abort_while_the_disk_is_full(tmp_path, monkeypatch):
+    """A partition t-0 with producer 1's transaction 0..1 aborted (marker at 2) while its .txnindex file
+    could not be written (ENOSPC); the disk has room again afterwards."""
     import pykbroker.log.txn_index as txn_index_module
 
     rm = manager(tmp_path)
@@ -525,6 +527,11 @@ def test_a_failing_index_write_keeps_the_marker_and_the_entry_in_memory(tmp_path
     monkeypatch.setattr(txn_index_module.os, "open", full_disk)
     assert marker(rm, 1, commit=False).error == ErrorCode.none
     monkeypatch.undo()
+    return rm, p
+
+
+def test_a_failing_index_write_keeps_the_marker_and_the_entry_in_memory(tmp_path, monkeypatch):
+    rm, p = abort_while_the_disk_is_full(tmp_path, monkeypatch)
     assert p.log.aborted_ranges(0, 10) == [AbortedTxn(1, 0, 2)] and p.last_stable_offset == 3
     assert not (tmp_path / "t-0" / "00000000000000000000.txnindex").exists()
     rm = restart(rm, tmp_path)  # the replay writes the entry
