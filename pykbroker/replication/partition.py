@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 from pykbroker.log.errors import OffsetOutOfRange
 from pykbroker.log.partition_log import AppendResult, PartitionLog
-from pykbroker.log.producer_state import NO_VERIFICATION, CompletedTxn, VerificationGuard
+from pykbroker.log.producer_state import NO_VERIFICATION, VerificationGuard
 from pykbroker.protocol.control_records import Marker, read_marker
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.protocol.records import InvalidRecordBatch, iter_headers
@@ -249,10 +249,6 @@ class Partition:
         markers) after it: open transactions come back, and aborted ones whose transaction-index entry a
         crash lost are indexed again (PartitionLog.load_producer_state)."""
         self.log.load_producer_state(self.high_watermark)
-
-    def _completed_txn(self, txn: CompletedTxn, last_stable_offset: int) -> None:
-        if txn.is_aborted:
-            self.log.index_aborted(txn, last_stable_offset)
 
     @property
     def last_stable_offset(self) -> int:
@@ -580,7 +576,7 @@ class Partition:
         header = result.headers[0]
         txn = state.update(header, -1, Marker(commit, coordinator_epoch))
         if txn is not None:
-            self._completed_txn(txn, state.last_stable_offset_after(txn))
+            self.log.index_aborted(txn, state.last_stable_offset_after(txn))
         self._appended(now)
         self._stabilize()
         return AppendOutcome(ErrorCode.none, result.base_offset, -1, result.log_start_offset,
@@ -625,7 +621,7 @@ class Partition:
         result = self.log.append_as_follower(records, now_ms=now_ms)
         self.producer_state.replay_with_markers(
             ((h, read_marker(records, h) if h.is_control else None) for h in result.headers if h.has_producer_id),
-            on_completed=self._completed_txn,
+            on_completed=self.log.index_aborted,
         )
         self._wake(self._leo_waiters)
         return result
