@@ -169,7 +169,7 @@ class FlushJob:
     segments: list[Segment]
     directory_changed: bool
     truncations: int
-    snapshots: list[Path] = field(default_factory=list)  # producer snapshots written since the last flush
+    snapshots: list[int] = field(default_factory=list)  # offsets of the producer snapshots written since the last flush
 
     def run(self) -> None:
         for path in self.paths:
@@ -225,7 +225,7 @@ class PartitionLog:
         # it), whether the producer state covers the log (loaded: only then are snapshots written), the
         # recovery point the log was opened with, and how many batches the last load replayed.
         self._snapshots: list[int] = []
-        self._unsynced_snapshots: list[Path] = []
+        self._unsynced_snapshots: list[int] = []
         self._appended_since_snapshot = 0  # bytes
         self._producer_state_loaded = False
         self._opened_recovery_point = 0
@@ -693,12 +693,11 @@ class PartitionLog:
             temp.unlink(missing_ok=True)
             return
         insort(self._snapshots, offset)
-        self._unsynced_snapshots.append(path)
+        self._unsynced_snapshots.append(offset)
         self._appended_since_snapshot = 0
         self._directory_changed = True
         keep = set(self._snapshots[-MAX_SNAPSHOTS:])
-        unsynced = set(self._unsynced_snapshots)
-        durable = [o for o in self._snapshots if o <= self._recovery_point and self._snapshot_path(o) not in unsynced]
+        durable = [o for o in self._snapshots if o <= self._recovery_point and o not in self._unsynced_snapshots]
         if durable:
             keep.add(durable[-1])
         self._delete_snapshots(lambda o: o not in keep)
@@ -728,9 +727,14 @@ class PartitionLog:
         or append below it no longer holds snapshots back (a replay from the log start would not see it either)."""
         start = self._log_start_offset
         self._delete_snapshots(lambda o: o < start)
-        if self._unindexed_marker is not None and self._unindexed_marker < start:
+        self._lift_snapshot_ceilings(lambda ceiling: ceiling < start)
+
+    def _lift_snapshot_ceilings(self, gone: Callable[[int], bool]) -> None:
+        """Forget the failed index entry and the failed append that hold snapshots back when ``gone`` says
+        their offset left the log (truncated, or below the log start)."""
+        if self._unindexed_marker is not None and gone(self._unindexed_marker):
             self._unindexed_marker = None
-        if self._state_gap is not None and self._state_gap < start:
+        if self._state_gap is not None and gone(self._state_gap):
             self._state_gap = None
 
     def _delete_snapshots(self, doomed: Callable[[int], bool]) -> None:
@@ -738,12 +742,11 @@ class PartitionLog:
         fsyncs the directory, so a snapshot deleted for describing a truncated history stays deleted)."""
         for offset in [o for o in self._snapshots if doomed(o)]:
             self._snapshots.remove(offset)
-            path = self._snapshot_path(offset)
-            if path in self._unsynced_snapshots:
-                self._unsynced_snapshots.remove(path)
+            if offset in self._unsynced_snapshots:
+                self._unsynced_snapshots.remove(offset)
             self._directory_changed = True
             try:
-                path.unlink(missing_ok=True)
+                self._snapshot_path(offset).unlink(missing_ok=True)
             except OSError as exc:
                 log.warning("%s-%d: could not delete producer snapshot at %d (%s)", self.topic, self.partition, offset, exc)
 
@@ -1202,10 +1205,7 @@ class PartitionLog:
         keep = bisect_right(self._bases, offset)
         self._truncate_txn_indexes(offset)
         self._delete_snapshots(lambda o: o > offset)  # they describe batches that are gone
-        if self._unindexed_marker is not None and self._unindexed_marker >= offset:
-            self._unindexed_marker = None
-        if self._state_gap is not None and self._state_gap >= offset:
-            self._state_gap = None
+        self._lift_snapshot_ceilings(lambda ceiling: ceiling >= offset)
         self._retire(self._segments[keep:])
         del self._segments[keep:]
         del self._bases[keep:]
@@ -1224,7 +1224,7 @@ class PartitionLog:
     def _truncate_fully_and_start_at(self, offset: int) -> None:
         self._retire(list(self._segments))
         self._delete_snapshots(lambda o: True)
-        self._unindexed_marker = self._state_gap = None
+        self._lift_snapshot_ceilings(lambda ceiling: True)
         segment = Segment.create(self.directory, offset)
         self._segments = [segment]
         self._bases = [offset]
@@ -1395,7 +1395,7 @@ class PartitionLog:
         self._dirty.clear()
         self._index_write_failed = index_write_failed
         snapshots, self._unsynced_snapshots = self._unsynced_snapshots, []
-        paths.extend(snapshots)
+        paths.extend(self._snapshot_path(offset) for offset in snapshots)
         directory_changed = self._directory_changed
         if directory_changed:
             paths.append(self.directory)
