@@ -450,7 +450,7 @@ class ProducerStateManager:
 # before its last one, which Kafka's entry cannot hold (a retry of one of them after a restart would otherwise
 # get OUT_OF_ORDER_SEQUENCE): magic b"PYKB", int16 version 1, int32 producer count, then per producer its id
 # (int64), a batch count (int16) and per batch first_sequence int32, last_sequence int32, first_offset int64,
-# last_offset int64, max timestamp int64. Written only when some producer has more than one cached batch, so a
+# last_offset int64, log-append time int64 (-1 on a CreateTime topic; what a duplicate's answer carries). Written only when some producer has more than one cached batch, so a
 # state Kafka's format holds whole is written byte for byte as Kafka writes it.
 SNAPSHOT_VERSION = 1
 _SNAPSHOT_HEAD = struct.Struct(">hIi")  # version, crc, entry count
