@@ -121,6 +121,14 @@ def make_cleaner(tmp_path: Path, logs: list[PartitionLog], **config) -> LogClean
     return cleaner
 
 
+def clean_task(plog: PartitionLog, snapshot, *, first_dirty: int, end_bound: int, map_capacity: int) -> CleanTask:
+    """What the broker hands a cleaner worker for ``plog``'s cleanable segments ``snapshot`` (1 MiB segments and
+    indexes, tombstones kept no time)."""
+    return CleanTask(str(plog.directory), tuple(SegmentFile(s.base_offset, size, end) for s, size, end in snapshot),
+                     first_dirty=first_dirty, end_bound=end_bound, map_capacity=map_capacity, delete_retention_ms=0,
+                     segment_bytes=1 << 20, segment_index_bytes=1 << 20, index_interval_bytes=100)
+
+
 def clean_once(cleaner: LogCleaner) -> bool:
     return asyncio.run(cleaner.clean_filthiest())
 
@@ -146,9 +154,7 @@ def test_offset_map_holds_the_latest_offset_of_each_key_of_the_dirty_section(tmp
         append(plog, [(f"k{i}".encode(), f"v{round_}".encode()) for i in range(3)])
     plog.roll()
     snapshot = plog.cleanable_segments(plog.log_end_offset)
-    task = CleanTask(str(plog.directory), tuple(SegmentFile(s.base_offset, size, end) for s, size, end in snapshot),
-                     first_dirty=3, end_bound=plog.log_end_offset, map_capacity=100, delete_retention_ms=0,
-                     segment_bytes=1 << 20, segment_index_bytes=1 << 20, index_interval_bytes=100)
+    task = clean_task(plog, snapshot, first_dirty=3, end_bound=plog.log_end_offset, map_capacity=100)
     offsets, end = build_offset_map(task, CleanResult(3))
     assert len(offsets) == 3 and [offsets.get(b"k%d" % i) for i in range(3)] == [12, 13, 14]
     assert end == 15
@@ -160,9 +166,7 @@ def test_a_full_map_ends_the_cleaning_at_the_last_whole_batch(tmp_path):
         append(plog, [(f"k{i}".encode(), b"v")])
     plog.roll()
     snapshot = plog.cleanable_segments(plog.log_end_offset)
-    task = CleanTask(str(plog.directory), tuple(SegmentFile(s.base_offset, size, end) for s, size, end in snapshot),
-                     first_dirty=0, end_bound=10, map_capacity=4, delete_retention_ms=0,
-                     segment_bytes=1 << 20, segment_index_bytes=1 << 20, index_interval_bytes=100)
+    task = clean_task(plog, snapshot, first_dirty=0, end_bound=10, map_capacity=4)
     offsets, end = build_offset_map(task, CleanResult(0))
     assert len(offsets) == 4 and end == 4
 
@@ -442,9 +446,7 @@ def test_a_cleaning_whose_segments_changed_meanwhile_is_aborted(tmp_path):
         append(plog, [(b"k", f"v{i}".encode())])
         plog.roll()
     snapshot = plog.cleanable_segments(plog.log_end_offset)
-    task = CleanTask(str(plog.directory), tuple(SegmentFile(s.base_offset, size, end) for s, size, end in snapshot),
-                     first_dirty=0, end_bound=6, map_capacity=100, delete_retention_ms=0,
-                     segment_bytes=1 << 20, segment_index_bytes=1 << 20, index_interval_bytes=100)
+    task = clean_task(plog, snapshot, first_dirty=0, end_bound=6, map_capacity=100)
     result = clean_log(task)
     assert any(name.endswith(".cleaned") for name in os.listdir(plog.directory))
     plog.delete_records_before(2)  # retention / DeleteRecords removed segments meanwhile
@@ -482,9 +484,7 @@ def _cleaned_but_not_swapped(tmp_path):
         plog.roll()
     append(plog, [(b"k9", b"active")])
     snapshot = plog.cleanable_segments(plog.log_end_offset)
-    task = CleanTask(str(plog.directory), tuple(SegmentFile(s.base_offset, size, end) for s, size, end in snapshot),
-                     first_dirty=0, end_bound=6, map_capacity=100, delete_retention_ms=0,
-                     segment_bytes=1 << 20, segment_index_bytes=1 << 20, index_interval_bytes=100)
+    task = clean_task(plog, snapshot, first_dirty=0, end_bound=6, map_capacity=100)
     result = clean_log(task)
     return plog, snapshot, result
 
@@ -768,9 +768,7 @@ def test_a_truncation_and_refill_of_the_same_size_refuses_the_swap(tmp_path):
     append(plog, [(b"x", b"1")])
     truncations = plog.truncations
     snapshot = plog.cleanable_segments(plog.log_end_offset)
-    task = CleanTask(str(plog.directory), tuple(SegmentFile(s.base_offset, size, end) for s, size, end in snapshot),
-                     first_dirty=0, end_bound=8, map_capacity=1000, delete_retention_ms=0,
-                     segment_bytes=1 << 20, segment_index_bytes=1 << 20, index_interval_bytes=100)
+    task = clean_task(plog, snapshot, first_dirty=0, end_bound=8, map_capacity=1000)
     result = clean_log(task)
     plog.truncate_to(6)  # meanwhile: a new leader; the follower fetches other records of the same size
     for i in range(6, 8):
@@ -1182,9 +1180,7 @@ def test_summaries_of_one_record_batches_stay_within_the_budget(tmp_path, monkey
         append(plog, [(f"k{i % 50}".encode(), b"v")])
     plog.roll()
     snapshot = plog.cleanable_segments(plog.log_end_offset)
-    task = CleanTask(str(plog.directory), tuple(SegmentFile(s.base_offset, size, end) for s, size, end in snapshot),
-                     first_dirty=0, end_bound=plog.log_end_offset, map_capacity=100, delete_retention_ms=0,
-                     segment_bytes=1 << 20, segment_index_bytes=1 << 20, index_interval_bytes=100)
+    task = clean_task(plog, snapshot, first_dirty=0, end_bound=plog.log_end_offset, map_capacity=100)
     summaries = {}
     build_offset_map(task, CleanResult(0), summaries)
     assert 100 < len(summaries) < 3000  # some batches summarised, the budget stopped the rest
