@@ -96,12 +96,10 @@ from pykbroker.protocol.records import (
     MAX_DECOMPRESSED_BYTES,
     _HEADER,
     _UINT32,
-    _Malformed,
-    _varint32,
-    _varint64,
     crc32c,
     peek_header,
     read_header,
+    walk_records,
 )
 from pykbroker.protocol.control_records import read_marker
 
@@ -217,42 +215,6 @@ class CleanResult:
     # (producer id, marker offset) of the markers the cleaning removed: their .txnindex entries go too
     # (a consumer given an entry whose marker is gone would skip that producer's later transactions).
     removed_aborts: set[tuple[int, int]] = field(default_factory=set)
-
-
-def walk_records(data: bytes, count: int) -> list[tuple[int, bytes | None, bool, int, int]]:
-    """(offset delta, key, value is null, start, end) of each record in a batch's decompressed records.
-
-    Bounded as the C OffsetMap's walk is: a record runs within the data, its fields within the record (a
-    negative key or value length is null, as Kafka reads it); anything else raises ValueError, so a damaged
-    batch is never rewritten (with a fresh CRC) as if it were whole."""
-    out = []
-    pos = index = 0
-    limit = len(data)
-    try:
-        for index in range(count):
-            start = pos
-            size, pos = _varint32(data, pos, limit)
-            if size < 1 or size > limit - pos:
-                raise ValueError(f"record {index}: invalid record size {size} with {limit - pos} bytes left")
-            end = pos + size
-            _, at = _varint64(data, pos + 1, end)  # (attributes,) timestamp delta
-            delta, at = _varint32(data, at, end)
-            key_length, at = _varint32(data, at, end)
-            if key_length < 0:
-                key = None
-            elif key_length > end - at:
-                raise ValueError(f"record {index}: key of {key_length} bytes runs past the record")
-            else:
-                key = data[at : at + key_length]
-                at += key_length
-            value_length, at = _varint32(data, at, end)
-            if value_length > end - at:
-                raise ValueError(f"record {index}: value of {value_length} bytes runs past the record")
-            out.append((delta, key, value_length < 0, start, end))
-            pos = end
-    except _Malformed:
-        raise ValueError(f"record {index}: malformed varint") from None
-    return out
 
 
 class _OffsetMapPy:

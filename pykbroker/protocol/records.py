@@ -318,20 +318,46 @@ def _count_null_keys_py(data, count: int) -> int:
 
 
 def null_key_indexes(data: bytes, count: int) -> list[int]:
-    """Indexes of the records without a key in a batch's (decompressed, well-formed) records section."""
-    found = []
-    pos = 0
+    """Indexes of the records without a key in a batch's (decompressed, well-formed) records section: any
+    negative key length, as Kafka's DefaultRecord reads it (-1, -2, or -1 in a longer varint such as 0x81 0x00)."""
+    return [index for index, (_, key, _, _, _) in enumerate(walk_records(data, count)) if key is None]
+
+
+def walk_records(data: bytes, count: int) -> list[tuple[int, bytes | None, bool, int, int]]:
+    """(offset delta, key, value is null, start, end) of each record in a batch's decompressed records.
+
+    Bounded: a record runs within the data, its fields within the record (a negative key or value length is
+    null, as Kafka reads it); anything else raises ValueError. It serves the null-key check and the log
+    cleaner's pure-Python map (the C OffsetMap walks records alike), so a damaged batch is never rewritten
+    (with a fresh CRC) as if it were whole."""
+    out = []
+    pos = index = 0
     limit = len(data)
-    for index in range(count):
-        size, pos = _varint64(data, pos, limit)
-        end = pos + size
-        _, at = _varint64(data, pos + 1, end)  # (attributes,) timestamp delta
-        _, at = _varint32(data, at, end)  # offset delta
-        key_length, _ = _varint32(data, at, end)
-        if key_length < 0:  # any negative length is a null key, as Kafka's DefaultRecord reads it (-1, -2, or
-            found.append(index)  # -1 in a longer varint such as 0x81 0x00)
-        pos = end
-    return found
+    try:
+        for index in range(count):
+            start = pos
+            size, pos = _varint32(data, pos, limit)
+            if size < 1 or size > limit - pos:
+                raise ValueError(f"record {index}: invalid record size {size} with {limit - pos} bytes left")
+            end = pos + size
+            _, at = _varint64(data, pos + 1, end)  # (attributes,) timestamp delta
+            delta, at = _varint32(data, at, end)
+            key_length, at = _varint32(data, at, end)
+            if key_length < 0:
+                key = None
+            elif key_length > end - at:
+                raise ValueError(f"record {index}: key of {key_length} bytes runs past the record")
+            else:
+                key = data[at : at + key_length]
+                at += key_length
+            value_length, at = _varint32(data, at, end)
+            if value_length > end - at:
+                raise ValueError(f"record {index}: value of {value_length} bytes runs past the record")
+            out.append((delta, key, value_length < 0, start, end))
+            pos = end
+    except _Malformed:
+        raise ValueError(f"record {index}: malformed varint") from None
+    return out
 
 
 def client_records_section(view: memoryview, header: BatchHeader, max_decompressed_bytes: int):
