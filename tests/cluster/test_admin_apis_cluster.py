@@ -133,6 +133,11 @@ def test_describe_log_dirs_and_producers_per_broker(cluster):
         (result,) = response.results
         hosted = {(t.name, p.partition_index) for t in result.topics for p in t.partitions}
         assert ((topic, 0) in hosted) == (broker_id in replicas), (broker_id, hosted)
+        # asked for this partition only: it alone where the broker holds it, else no topic (not the others')
+        response = send_request(broker.address, dld.DescribeLogDirsRequest(
+            topics=(dld.DescribableLogDirTopic(topic=topic, partitions=(i32(0),)),)))
+        answered = [(t.name, [p.partition_index for p in t.partitions]) for t in response.results[0].topics]
+        assert answered == ([(topic, [0])] if broker_id in replicas else []), (broker_id, answered)
     answer = send_request(cluster.brokers[leader].address, dp.DescribeProducersRequest(
         topics=(dp.TopicRequest(name=topic, partition_indexes=(i32(0),)),)))
     (partition,) = answer.topics[0].partitions

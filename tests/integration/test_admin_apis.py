@@ -144,11 +144,41 @@ def test_describe_log_dirs_reports_data_dir_and_sizes(broker, topic_name):
     parts = {p.partition_index: p for t in result.topics if t.name == topic_name for p in t.partitions}
     assert parts[0].partition_size == 0 and parts[1].partition_size > 0
     assert all(p.offset_lag == 0 and not p.is_future_key for p in parts.values())
-    # only the named partitions; other topics listed with none, as Kafka answers
-    response = send_request(address, dld.DescribeLogDirsRequest(
-        topics=(dld.DescribableLogDirTopic(topic=topic_name, partitions=(i32(1),)),)))
-    topics = {t.name: [p.partition_index for p in t.partitions] for t in response.results[0].topics}
-    assert topics[topic_name] == [1]
+
+
+def describe_dirs(address, topics):
+    """{topic: sorted partitions} of the answer's one dir, for topics None or {topic: [partitions]}."""
+    wanted = None if topics is None else tuple(
+        dld.DescribableLogDirTopic(topic=t, partitions=tuple(i32(p) for p in ps)) for t, ps in topics.items())
+    response = send_request(address, dld.DescribeLogDirsRequest(topics=wanted))
+    assert response.error_code == ErrorCode.none
+    (result,) = response.results
+    assert result.error_code == ErrorCode.none
+    return {t.name: sorted(p.partition_index for p in t.partitions) for t in result.topics}
+
+
+def test_describe_log_dirs_answers_only_the_partitions_asked_for(broker):
+    """Kafka 3.7.1 (ReplicaManager.describeLogDirs) describes the named partitions the broker holds and leaves
+    out every topic with none of them; null topics describe everything. Measured against Kafka 3.7.1 alike."""
+    from kafka.admin import KafkaAdminClient
+
+    address = broker.address
+    assert create(address, "aaa", partitions=3).error_code == ErrorCode.none
+    assert create(address, "bbb", partitions=2).error_code == ErrorCode.none
+    assert describe_dirs(address, None) == {"aaa": [0, 1, 2], "bbb": [0, 1]}
+    assert describe_dirs(address, {"aaa": [0, 1, 2]}) == {"aaa": [0, 1, 2]}
+    assert describe_dirs(address, {"aaa": [1, 7], "bbb": [1]}) == {"aaa": [1], "bbb": [1]}
+    # an empty list, a topic with no partitions, unknown topics or partitions: the dir with no topics
+    for nothing in ({}, {"aaa": []}, {"zzz": [0]}, {"aaa": [-1, 3]}):
+        assert describe_dirs(address, nothing) == {}, nothing
+    # kafka-python 3.0's admin client, as a user calls it
+    admin = KafkaAdminClient(bootstrap_servers="%s:%d" % address)
+    try:
+        (answer,) = admin.describe_log_dirs({"aaa": [0, 1, 2]})
+    finally:
+        admin.close()
+    assert {t["name"]: sorted(p["partition_index"] for p in t["partitions"])
+            for d in answer["log_dirs"] for t in d["topics"]} == {"aaa": [0, 1, 2]}
 
 
 def test_describe_producers(address, topic_name):

@@ -3,9 +3,10 @@
 Behaviour, as Kafka's ReplicaManager.describeLogDirs: one result, the broker's data dir (absolute path), with
 every log it holds (leader and follower replicas): size of its segments, offset lag max(HWM - log end, 0)
 (0 for a current log), is_future false (no AlterReplicaLogDirs); v4 the volume's total and usable bytes.
-A null topic list means every log; otherwise only the named partitions are described, and, as Kafka
-answers, every other topic in the dir still appears with no partitions. A dir that cannot be read answers
-KAFKA_STORAGE_ERROR for that dir.
+A null topic list means every log; otherwise only the named partitions this broker holds are described: a
+topic none of whose named partitions is here is left out (Kafka 3.7.1 drops topics with no partitions from
+the answer), so an empty list, or only unknown topics or partitions, answers the dir with no topics. A dir
+that cannot be read answers KAFKA_STORAGE_ERROR for that dir.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ def describe_log_dirs(ctx: RequestContext, request) -> object:
     else:
         by_topic: dict[str, list] = {}
         for partition_log in log_manager.logs():
-            parts = by_topic.setdefault(partition_log.topic, [])
             if wanted is not None and (partition_log.topic, partition_log.partition) not in wanted:
                 continue
+            parts = by_topic.setdefault(partition_log.topic, [])
             partition = replicas.partition(partition_log.topic, partition_log.partition)
             lag = max(partition.high_watermark - partition_log.log_end_offset, 0) if partition is not None else 0
             parts.append(make(schema.DescribeLogDirsPartition, partition_index=partition_log.partition,
