@@ -15,6 +15,15 @@ Both have ``bootstrap_servers`` (give it to any Kafka client), admin helpers (``
 ``delete_topic``, ``list_topics``, ``produce``, ``consume``, ``end_offset``) and ``stop()`` / ``start()`` /
 ``restart()`` for testing how an application copes with a broker going away.
 
+Broker configs
+--------------
+The brokers run Kafka's defaults except where test brokers commonly differ (``TEST_BROKER_CONFIG``):
+``group.initial.rebalance.delay.ms=0``, so a group's first join does not wait 3 s for more members (as
+testcontainers' Kafka module sets it). Set any Kafka broker config, these included, for the fixtures' brokers
+with the ini option ``pykbroker_config`` (one ``KEY=VALUE`` a line) or the command-line option
+``--pykbroker-config KEY=VALUE`` (repeatable; wins over the ini file); ``KafkaBroker(config)`` and
+``KafkaCluster(config=...)`` take them as a dict.
+
 Scope
 -----
 Session by default: one broker for the whole run, so give each test its own topic (the ``kafka_topic``
@@ -70,6 +79,9 @@ FILES_ROOT = Path(tempfile.gettempdir()) / f"pykbroker-testing-{os.getuid()}"
 ORPHANS_FILE = "orphan-pids"
 PORT_IN_USE_MESSAGE = b"the port is in use by another process"  # pykbroker.server.broker's start-up error
 PORT_RETRY_S = 0.2
+# Where test brokers differ from Kafka's defaults (under the configs a user gives): a group's first join does
+# not wait group.initial.rebalance.delay.ms (3 s) for more members, as in testcontainers' Kafka module.
+TEST_BROKER_CONFIG: dict[str, Any] = {"group.initial.rebalance.delay.ms": 0}
 
 _live: set["_Server"] = set()
 
@@ -457,13 +469,13 @@ class _Server(_Admin):
 class KafkaBroker(_Server):
     """One pykbroker process on a free port of 127.0.0.1 (the same port and data dir across restarts).
 
-    config: Kafka broker configs passed as ``--override KEY=VALUE`` (e.g. {"num.partitions": 3}).
-    Usable without pytest: ``with KafkaBroker() as broker: ...``.
+    config: Kafka broker configs passed as ``--override KEY=VALUE`` (e.g. {"num.partitions": 3}), over
+    TEST_BROKER_CONFIG. Usable without pytest: ``with KafkaBroker() as broker: ...``.
     """
 
     def __init__(self, config: dict[str, Any] | None = None, *, workdir: Path | None = None,
                  log_level: str = LOG_LEVEL):
-        self.config = dict(config or {})
+        self.config = {**TEST_BROKER_CONFIG, **(config or {})}
         self.log_level = log_level
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else None
@@ -608,7 +620,8 @@ class KafkaCluster(_Server):
     """n pykbroker brokers (ids 1..n) coordinated by a real ZooKeeper (Debian's package), each on a free port.
 
     ``stop_broker(id)`` / ``start_broker(id)`` / ``kill_broker(id)`` for failover tests; ``stop()`` /
-    ``start()`` / ``restart()`` for the whole cluster.
+    ``start()`` / ``restart()`` for the whole cluster. config: Kafka broker configs of every broker, over
+    TEST_BROKER_CONFIG.
     """
 
     def __init__(self, brokers: int = 3, config: dict[str, Any] | None = None, *, workdir: Path | None = None,
@@ -617,7 +630,7 @@ class KafkaCluster(_Server):
 
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else _new_workdir()
-        overrides = tuple(f"{k}={v}" for k, v in (config or {}).items())
+        overrides = tuple(f"{k}={v}" for k, v in {**TEST_BROKER_CONFIG, **(config or {})}.items())
         self._cluster = DevCluster(brokers, self.workdir, overrides=overrides, log_level=log_level,
                                    say=lambda _message: None, on_zookeeper_spawn=self._record_zookeeper)
         self.start_seconds: float | None = None
@@ -740,18 +753,37 @@ def _close_leftovers() -> None:
 def pytest_addoption(parser) -> None:
     help_text = f"scope of the kafka_broker and kafka_cluster fixtures: {', '.join(SCOPES)} (default {DEFAULT_SCOPE})"
     parser.addini("pykbroker_scope", help_text, default=DEFAULT_SCOPE)
-    parser.getgroup("pykbroker").addoption("--pykbroker-scope", dest="pykbroker_scope", choices=SCOPES,
-                                           default=None, help=help_text)
+    group = parser.getgroup("pykbroker")
+    group.addoption("--pykbroker-scope", dest="pykbroker_scope", choices=SCOPES, default=None, help=help_text)
+    config_help = ("a Kafka broker config of the kafka_broker and kafka_cluster fixtures' brokers, KEY=VALUE (defaults: "
+                   + ", ".join(f"{k}={v}" for k, v in TEST_BROKER_CONFIG.items()) + ")")
+    parser.addini("pykbroker_config", config_help + "; one a line", type="linelist", default=[])
+    group.addoption("--pykbroker-config", dest="pykbroker_config", action="append", default=[], metavar="KEY=VALUE",
+                    help=config_help + "; repeatable, over the ini file's pykbroker_config")
 
 
 def _configured_scope(config) -> str:
     return config.getoption("pykbroker_scope", None) or config.getini("pykbroker_scope") or DEFAULT_SCOPE
 
 
+def _configured_broker_config(config) -> dict[str, str]:
+    """The fixtures' broker configs: the ini file's pykbroker_config lines, then the --pykbroker-config options."""
+    settings: dict[str, str] = {}
+    for where, entries in (("pykbroker_config", config.getini("pykbroker_config")),
+                           ("--pykbroker-config", config.getoption("pykbroker_config", None) or [])):
+        for entry in entries:
+            key, equals, value = entry.partition("=")
+            if not equals or not key.strip():
+                raise pytest.UsageError(f"{where} {entry!r}: must be KEY=VALUE, a Kafka broker config")
+            settings[key.strip()] = value.strip()
+    return settings
+
+
 def pytest_configure(config) -> None:
     scope = _configured_scope(config)
     if scope not in SCOPES:
         raise pytest.UsageError(f"pykbroker_scope = {scope!r}: must be one of {', '.join(SCOPES)}")
+    _configured_broker_config(config)  # refuses a malformed entry before any test runs
 
 
 def _scope(fixture_name: str, config) -> str:
@@ -772,7 +804,7 @@ def _zookeeper_missing() -> str | None:
 @pytest.fixture(scope=_scope)
 def kafka_broker(request):
     """A running pykbroker (KafkaBroker): ``kafka_broker.bootstrap_servers``, admin helpers, stop/restart."""
-    broker = KafkaBroker()
+    broker = KafkaBroker(_configured_broker_config(request.config))
     broker._pytest_scope = request.scope
     try:
         yield broker.start()
@@ -786,7 +818,7 @@ def kafka_cluster(request):
     reason = _zookeeper_missing()
     if reason is not None:
         pytest.skip(f"kafka_cluster needs ZooKeeper: {reason}")
-    cluster = KafkaCluster(3)
+    cluster = KafkaCluster(3, _configured_broker_config(request.config))
     cluster._pytest_scope = request.scope
     try:
         yield cluster.start()

@@ -36,6 +36,15 @@ def record(server, **more):
         entry["pids"] = [b.proc.pid for b in server._cluster.brokers] + [server._cluster.zk.pid]
     with open(os.environ["PYKBROKER_PLUGIN_REPORT"], "a") as out:
         out.write(json.dumps(entry) + "\\n")
+
+def broker_setting(server, name, broker_id=None):
+    """A broker config's effective value, as DescribeConfigs answers it (confluent-kafka's AdminClient)."""
+    from confluent_kafka.admin import AdminClient, ConfigResource
+    if broker_id is None:
+        broker_id = server.broker_ids[0] if hasattr(server, "broker_ids") else 1
+    resource = ConfigResource("BROKER", str(broker_id))
+    admin = AdminClient({"bootstrap.servers": server.bootstrap_servers})
+    return admin.describe_configs([resource])[resource].result(30)[name].value
 '''
 
 
@@ -125,6 +134,51 @@ def test_scope_is_session_by_default_and_configurable(pytester, report):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*pykbroker_scope = 'forever': must be one of session*"])
+
+
+GROUP_JOIN_TEST = """
+from confluent_kafka import Consumer
+from record_helper import broker_setting, record
+
+def test_settings_and_a_group_join(kafka_broker, kafka_topic):
+    record(kafka_broker, delay=broker_setting(kafka_broker, "group.initial.rebalance.delay.ms"),
+           partitions=broker_setting(kafka_broker, "num.partitions"))
+    kafka_broker.produce(kafka_topic, "v")
+    consumer = Consumer({"bootstrap.servers": kafka_broker.bootstrap_servers, "group.id": "g",
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe([kafka_topic])
+    try:
+        message = consumer.poll(30)
+        assert message is not None and message.error() is None and message.value() == b"v"
+    finally:
+        consumer.close()
+"""
+
+
+def test_the_fixture_broker_skips_the_initial_rebalance_delay_and_takes_configs(pytester, report):
+    """Test brokers set group.initial.rebalance.delay.ms=0 (a group's first join does not wait 3 s): so does
+    the fixture's; the ini option pykbroker_config and --pykbroker-config (over the ini) set any broker config."""
+    pytest.importorskip("confluent_kafka")
+    pytester.makepyfile(test_group=GROUP_JOIN_TEST)
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    (entry,) = report()
+    assert (entry["delay"], entry["partitions"]) == ("0", "1"), entry
+
+    pytester.makeini("[pytest]\npykbroker_config =\n    group.initial.rebalance.delay.ms=3000\n"
+                     "    num.partitions = 4\n")
+    for options, expected in (([], ("3000", "4")),
+                              (["--pykbroker-config", "group.initial.rebalance.delay.ms=10",
+                                "--pykbroker-config=num.partitions=2"], ("10", "2"))):
+        (pytester.path / "report.jsonl").unlink()
+        pytester.runpytest_subprocess("-p", "no:cacheprovider", *options).assert_outcomes(passed=1)
+        (entry,) = report()
+        assert (entry["delay"], entry["partitions"]) == expected, (options, entry)
+        assert_cleaned([entry])
+
+    # not KEY=VALUE: a usage error before any broker starts
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pykbroker-config", "num.partitions")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*--pykbroker-config 'num.partitions': must be KEY=VALUE*"])
 
 
 def test_helpers_stop_restart_and_a_stopped_shared_broker_comes_back(pytester, report):
@@ -225,10 +279,11 @@ def test_the_cluster_fixture(pytester, report):
     pytest.importorskip("confluent_kafka")
     pytester.makepyfile(test_cluster='''
 from confluent_kafka import Producer
-from record_helper import record
+from record_helper import broker_setting, record
 
 def test_cluster(kafka_cluster):
     record(kafka_cluster)
+    assert {broker_setting(kafka_cluster, "group.initial.rebalance.delay.ms", b) for b in kafka_cluster.broker_ids} == {"0"}
     assert len(kafka_cluster.bootstrap_servers.split(",")) == 3
     topic = kafka_cluster.create_topic("replicated", partitions=2, replication_factor=3)
     leader = kafka_cluster.partitions(topic)[0]
