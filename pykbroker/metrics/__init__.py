@@ -37,6 +37,15 @@ From the broker's state at scrape time (pykbroker/metrics/collector.py):
   kafka_consumergroup_lag{group,topic,partition}                  high-water mark - committed offset (partitions
                                                                   hosted here)
   kafka_server_socketservermetrics_connection_count{listener}     open client connections
+
+The process and the build, also at scrape time (the standard names of Prometheus client libraries):
+  process_cpu_seconds_total                                       user + system CPU time of the broker process
+  process_resident_memory_bytes, process_virtual_memory_bytes     its memory (from /proc/self/stat)
+  process_open_fds, process_max_fds                               open file descriptors and their limit
+  process_start_time_seconds                                      when the process started (Unix time)
+  pykbroker_build_info{version,python_version,speedups}           always 1; speedups "true" when the C
+                                                                  accelerator (pykbroker._speedups) is in use
+The process_* series are Linux's (/proc/self); elsewhere they are absent.
 """
 
 # Nothing is imported here: the broker imports prometheus_client (collector, http) only when metrics are on.

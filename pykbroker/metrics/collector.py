@@ -4,19 +4,27 @@ asked, so that nothing Prometheus-shaped runs on the produce/fetch path.
 Every value is computed here, on the broker's event loop (the HTTP server runs there too), from:
 * ``broker.stats`` (pykbroker/metrics/stats.py): plain counters the request path adds to;
 * the hosted partitions (``broker.replicas``), the metadata, the group offsets, the purgatories, the
-  connections, the controller: read as they are at the moment of the scrape.
+  connections, the controller: read as they are at the moment of the scrape;
+* the process (``process_*``, prometheus_client's ProcessCollector: CPU seconds, resident and virtual memory,
+  open and maximum file descriptors, start time, read from /proc/self at each scrape; Linux only, absent
+  elsewhere) and what runs (``pykbroker_build_info``: version, Python version, whether the C accelerator
+  pykbroker._speedups is in use).
 The metric names are listed in pykbroker/metrics/__init__.py and docs/metrics.md.
 """
 
 from __future__ import annotations
 
+import platform
 from typing import TYPE_CHECKING, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from pykbroker import __version__
 from pykbroker.protocol.apis import SUPPORTED_APIS
 from pykbroker.protocol.errors import ErrorCode
+from pykbroker.protocol.records import ACCELERATED
 from pykbroker.replication import partition as partition_module
 
 if TYPE_CHECKING:
@@ -44,6 +52,7 @@ class BrokerCollector(Collector):
         self.broker = broker
 
     def collect(self) -> Iterator[Metric]:
+        yield build_info()
         yield from self._requests()
         yield from self._topics()
         yield from self._replicas()
@@ -202,8 +211,20 @@ class BrokerCollector(Collector):
         yield family
 
 
+def build_info() -> Metric:
+    """pykbroker_build_info{version,python_version,speedups} 1, as services' *_build_info gauges are."""
+    family = GaugeMetricFamily("pykbroker_build_info",
+                               "pykbroker's version, the Python version and whether the C accelerator "
+                               "(pykbroker._speedups) is in use; the value is always 1.",
+                               labels=["version", "python_version", "speedups"])
+    family.add_metric([__version__, platform.python_version(), "true" if ACCELERATED else "false"], 1)
+    return family
+
+
 def broker_registry(broker: "Broker") -> CollectorRegistry:
-    """A registry of its own (never prometheus_client's global one) holding the broker's collector."""
+    """A registry of its own (never prometheus_client's global one) holding the broker's collector and the
+    process's (the standard process_* series of Prometheus client libraries)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BrokerCollector(broker))
+    ProcessCollector(registry=registry)
     return registry

@@ -1,6 +1,7 @@
 """Metrics of a 3-broker ZooKeeper cluster, each broker with its own metrics.port: exactly one active
 controller, leader counts that add up to the partitions, under-replicated partitions while a follower is
-down and none once it is back (ISR expansions counted), /ready on every member."""
+down and none once it is back (ISR expansions counted), /ready on every member; each member's own process_*
+series and build info."""
 
 from __future__ import annotations
 
@@ -79,9 +80,13 @@ def test_controller_leaders_and_under_replication(cluster):
     assert sum(s["kafka_controller_kafkacontroller_activecontrollercount"] for s in scraped.values()) == 1
     assert all(s["kafka_server_replicamanager_partitioncount"] >= PARTITIONS for s in scraped.values())
     expands_before = sum(s["kafka_server_replicamanager_isrexpands_total"] for s in scraped.values())
+    # every member reports its own process and build
+    assert all(s["pykbroker_build_info"] == 1 and s["process_open_fds"] > 0 and s["process_cpu_seconds_total"] > 0
+               for s in scraped.values()), scraped
 
     # Kill a broker that is not the controller: the partitions it followed are under-replicated on their leaders.
     victim = next(i for i in sorted(cluster.brokers) if i != cluster.controller_id())
+    victim_started = scraped[victim]["process_start_time_seconds"]
     cluster.kill(victim)
 
     def under_replicated() -> bool:
@@ -104,6 +109,7 @@ def test_controller_leaders_and_under_replication(cluster):
     scraped = scrape_live(cluster)
     # It rejoined the ISRs through the leaders' AlterPartition: expansions were counted.
     assert sum(s["kafka_server_replicamanager_isrexpands_total"] for s in scraped.values()) > expands_before
+    assert scraped[victim]["process_start_time_seconds"] > victim_started  # a new process answers
     total = max(s["kafka_controller_kafkacontroller_globalpartitioncount"] for s in scraped.values())
     wait_until(lambda: sum(s["kafka_server_replicamanager_leadercount"] for s in scrape_live(cluster).values()) == total,
                "leader counts adding up again", TIMEOUT_S)

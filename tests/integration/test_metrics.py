@@ -5,8 +5,11 @@ not a proper request gets 4xx and never disturbs the broker."""
 from __future__ import annotations
 
 import http.client
+import os
+import platform
 import socket
 import time
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -14,6 +17,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker_process import HOST, BrokerError, BrokerProcess, free_port, probe_api_versions, wait_until
+import pykbroker
+from pykbroker.protocol.records import ACCELERATED
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -152,6 +157,70 @@ def test_scrape_reflects_produce_consume_and_commit(metrics_broker, topic_name):
                  error="UNKNOWN_TOPIC_OR_PARTITION") >= 1
     # Counters never go down between scrapes.
     assert total(after, "kafka_server_brokertopicmetrics_messagesin_total", topic=topic_name) == produced
+
+
+def proc_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def soft_fd_limit(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            return int(line.split()[3])
+    raise AssertionError(f"no 'Max open files' in /proc/{pid}/limits")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process_* series are read from Linux's /proc")
+def test_process_and_build_info_series_describe_the_broker_process(tmp_path, topic_name):
+    """process_* (prometheus_client's standard names, the broker process's own /proc entries) and
+    pykbroker_build_info, checked against what the test sees of the broker process from outside."""
+    launched = time.time()
+    broker = MetricsBroker(tmp_path / "broker")
+    with broker:
+        ready = time.time()
+        pid, port = broker.process.pid, broker.metrics_port
+        first = scrape(port)
+        # /proc's boot time has whole seconds: the start time may read up to 1 s early
+        assert launched - 1.5 <= total(first, "process_start_time_seconds") <= ready, (launched, ready)
+        cpu = total(first, "process_cpu_seconds_total")
+        assert cpu > 0
+        rss, vms = total(first, "process_resident_memory_bytes"), total(first, "process_virtual_memory_bytes")
+        assert 10 * 2**20 < rss <= vms  # a Python process with the broker's modules loaded: tens of MiB
+        # the broker's descriptors (its listeners, segment files, the scrape's own connection), not ours
+        assert abs(total(first, "process_open_fds") - proc_fds(pid)) <= 3, proc_fds(pid)
+        assert total(first, "process_max_fds") == soft_fd_limit(pid)
+        (build,) = [labels for (name, labels) in first if name == "pykbroker_build_info"]
+        assert first[("pykbroker_build_info", build)] == 1
+        assert dict(build) == {"version": pykbroker.__version__, "python_version": platform.python_version(),
+                               "speedups": "true" if ACCELERATED else "false"}
+
+        # work makes the CPU counter grow
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+
+        def cpu_grew() -> bool:
+            for _ in range(2000):
+                producer.produce(topic_name, b"x" * 100)
+                producer.poll(0)
+            assert producer.flush(TIMEOUT_S) == 0
+            return total(scrape(port), "process_cpu_seconds_total") > cpu
+
+        wait_until(cpu_grew, "the broker's process_cpu_seconds_total to grow", TIMEOUT_S)
+
+
+class PurePythonMetricsBroker(MetricsBroker):
+    """A broker that cannot import the C accelerator, as where pykbroker was installed without a C compiler."""
+
+    def command(self) -> list[str]:
+        cmd = super().command()
+        assert cmd[1:3] == ["-m", "pykbroker"]
+        cmd[1:3] = ["-c", "import sys; sys.modules['pykbroker._speedups'] = None; from pykbroker.cli import main; main()"]
+        return cmd
+
+
+def test_build_info_says_when_the_c_accelerator_is_not_in_use(tmp_path):
+    with PurePythonMetricsBroker(tmp_path / "broker") as broker:
+        (build,) = [dict(labels) for (name, labels) in scrape(broker.metrics_port) if name == "pykbroker_build_info"]
+        assert build["speedups"] == "false"
 
 
 def test_head_and_unknown_paths(metrics_broker):
