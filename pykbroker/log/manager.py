@@ -330,7 +330,9 @@ class LogManager:
     # -- upkeep ------------------------------------------------------------------------------------------
 
     async def run_background(self) -> None:
-        """Flush per the fsync policy, roll by segment.ms, apply retention, checkpoint recovery points.
+        """Flush per the fsync policy, apply retention, checkpoint recovery points, run the log cleaner.
+
+        Segments roll only when an append asks (PartitionLog._should_roll) or retention empties a log.
 
         Cancel-safe: an fsync cut short leaves its segments dirty for the next flush; checkpoints are
         replaced atomically. Cancel this task before calling shutdown().
@@ -356,11 +358,8 @@ class LogManager:
         while not self._closed:
             await asyncio.sleep(tick_s)
             try:
-                now_ms = int(time.time() * 1000)
-                for partition_log in self.logs():
-                    partition_log.maybe_roll(now_ms)
                 if time.monotonic() >= next_retention:
-                    self.apply_retention(now_ms, defer=True)
+                    self.apply_retention(int(time.time() * 1000), defer=True)
                     await self.run_file_work_async()
                     next_retention = time.monotonic() + self.retention_check_interval_ms / 1000
                 if time.monotonic() >= next_flush:

@@ -215,6 +215,31 @@ def test_with_fsync_never_the_upkeep_still_takes_interval_producer_snapshots(tmp
     asyncio.run(scenario())
 
 
+def test_the_upkeep_never_rolls_an_idle_segment(tmp_path):
+    """Kafka rolls by segment.ms only when an append finds it exceeded: an idle active segment stays active
+    (so the cleaner never compacts it) however old it gets."""
+
+    async def scenario() -> None:
+        manager = LogManager(tmp_path, flush_interval_ms=20, retention_check_interval_ms=20)
+        log = manager.create("t", 0, LogConfig(segment_ms=1, cleanup_policy="compact"))
+        log.append(build_batch([(b"k", b"v")], timestamp_ms=0), leader_epoch=0, now_ms=0)
+        task = asyncio.create_task(manager.run_background())
+        for _ in range(500):  # a flush or two: the upkeep has had its rounds
+            await asyncio.sleep(0.01)
+            if log.recovery_point == 1 and (tmp_path / RECOVERY_POINT_CHECKPOINT).exists():
+                break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert log.recovery_point == 1
+        assert log.segment_base_offsets == [0]
+        log.append(build_batch([(b"k", b"w")], timestamp_ms=2), leader_epoch=0, now_ms=2)  # the next append rolls
+        assert log.segment_base_offsets == [0, 1]
+        manager.shutdown()
+
+    asyncio.run(scenario())
+
+
 def test_retention_respects_the_high_watermark(tmp_path):
     manager = LogManager(tmp_path)
     retained = LogConfig(segment_bytes=2048, index_interval_bytes=256, retention_ms=0)
