@@ -207,6 +207,28 @@ def test_the_latest_updates_in_the_active_segment_of_a_compacted_topic_all_stay(
     assert consume_all(broker.bootstrap, topic_name) == [(8, b"k", b"new-4"), (9, b"other", b"x")]
 
 
+def test_compact_delete_retention_runs_with_the_cleaner_not_the_retention_check(broker_factory, topic_name):
+    """Kafka's cleaner thread applies retention to compact,delete logs at each of its rounds
+    (LogCleaner.cleanFilthiestLog: deleteOldSegments on LogCleanerManager.deletableLogs), every
+    log.cleaner.backoff.ms at most; the retention check (log.retention.check.interval.ms, 5 min) skips them."""
+    broker = broker_factory.make({**CLEANER, "log.retention.check.interval.ms": 3_600_000})
+    create_topic(broker.bootstrap, topic_name, {"cleanup.policy": "compact,delete", "retention.ms": "600000",
+                                                "segment.ms": "60000"})
+    now = int(time.time() * 1000)
+    hour_ago = now - 3_600_000
+    # The first segment holds records of an hour ago; a recent append rolls (segment.ms counts record time).
+    produce_at(broker.bootstrap, topic_name, [(b"a", b"1", hour_ago), (b"b", b"2", hour_ago + 1)])
+    assert not produce(broker.bootstrap, topic_name, [(b"c", b"3")])
+    wait_for(lambda: segment_bases(broker, topic_name) == [2], "the expired segment to be deleted")
+    assert consume_all(broker.bootstrap, topic_name) == [(2, b"c", b"3")]
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"w-{time.monotonic_ns()}"})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic_name, 0), timeout=TIMEOUT_S)
+    finally:
+        consumer.close()
+    assert (low, high) == (2, 3)
+
+
 # -- __consumer_offsets ----------------------------------------------------------------------------
 
 
