@@ -282,7 +282,11 @@ def test_the_cleaner_applies_retention_to_compacted_logs_every_round(tmp_path):
     both = _with_expired_segment(manager, "cd", LogConfig(retention_ms=600_000, cleanup_policy="compact,delete"))
     compact = _with_expired_segment(manager, "c", LogConfig(retention_ms=600_000, cleanup_policy="compact"))
     deleting = _with_expired_segment(manager, "d", LogConfig(retention_ms=600_000))
+    manager.cleaner._in_progress.add(("cd", 0))  # a log another cleaner loop is cleaning is left alone
     assert asyncio.run(manager.cleaner.clean_filthiest()) is False  # nothing to clean: still a round
+    assert both.segment_base_offsets == [0, 1]
+    manager.cleaner._in_progress.clear()
+    assert asyncio.run(manager.cleaner.clean_filthiest()) is False
     assert both.segment_base_offsets == [1] and both.log_start_offset == 1
     assert compact.segment_base_offsets == [0, 1]  # compact only: no time retention
     assert deleting.segment_base_offsets == [0, 1]  # the retention check's, not the cleaner's

@@ -696,6 +696,7 @@ def test_segment_jitter_ms_makes_each_segment_roll_up_to_that_much_earlier(tmp_p
     assert LogConfig(segment_ms=1_000, segment_jitter_ms=5_000).random_segment_jitter() == 300
     assert draws[-1] == 1_000  # never more than segment.ms
     assert LogConfig(segment_ms=1_000).random_segment_jitter() == 0 and len(draws) == 3
+    assert LogConfig.from_topic_configs({"segment.jitter.ms": "600", "segment.ms": 1_000}) == config
 
 
 def test_a_follower_rolls_as_the_leaders_batches_arrive(tmp_path):
