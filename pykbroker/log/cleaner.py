@@ -43,6 +43,11 @@ What it does, as Kafka does:
 - Only logs the replica manager hosts are cleaned (their last stable offset is known); a truncation lowers
   the checkpoint (Kafka's maybeTruncateCheckpoint) and refuses a swap in flight; a cleaning that did not
   progress (failed, aborted, no room in the map) backs that log off for log.cleaner.backoff.ms.
+- Each round (one cleaning, or none and log.cleaner.backoff.ms of sleep) ends with the retention pass of
+  every compacted log no cleaning holds (Kafka's cleanFilthiestLog: deletableLogs, deleteOldSegments):
+  segments below the log start, and for compact,delete the ones past retention.ms / retention.bytes. The
+  log manager's retention check (log.retention.check.interval.ms) skips compacted logs, as Kafka's does; with
+  log.cleaner.enable=false they get no retention at all, as in Kafka.
 - Crash safety (Kafka's model): the worker writes ``<base>.log.cleaned`` with its ``.index.cleaned`` and
   ``.timeindex.cleaned`` and ``<base>.end.cleaned`` (the end offset of the segments it replaces, which
   Kafka derives from the swap segment's last batch: naming it survives a last segment emptied of all its
@@ -73,7 +78,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import TYPE_CHECKING, Awaitable, Callable, NamedTuple
 
 from pykbroker.log.checkpoint import CorruptCheckpoint, read_checkpoint, write_checkpoint
 from pykbroker.log.index import OffsetIndex, TimeIndex
@@ -709,13 +714,15 @@ class LogCleaner:
     def __init__(self, data_dir: Path, config: CleanerConfig, logs: Callable[[], list["PartitionLog"]],
                  stable_offset_of: Callable[[str, int], int | None],
                  run_file_work: Callable[[list["PartitionLog"]], "asyncio.Future"],
-                 write_in_io_thread: Callable[[Callable[[], None]], "asyncio.Future"]) -> None:
+                 write_in_io_thread: Callable[[Callable[[], None]], "asyncio.Future"],
+                 retain: Callable[[list["PartitionLog"]], Awaitable[None]] | None = None) -> None:
         self.data_dir = data_dir
         self.config = config
         self._logs = logs
         self._stable_offset_of = stable_offset_of  # the last stable offset: HWM and open transactions
         self._run_file_work = run_file_work
         self._write_in_io_thread = write_in_io_thread
+        self._retain = retain  # the log manager's retention pass, for the compacted logs (each round)
         self._checkpoints: dict[tuple[str, int], int] = self._read_checkpoints()
         self._in_progress: set[tuple[str, int]] = set()
         self._uncleanable: set[tuple[str, int]] = set()  # their data could not be read (Kafka's uncleanable partitions)
@@ -876,9 +883,30 @@ class LogCleaner:
                 await asyncio.sleep(self.config.backoff_ms / 1000)
 
     async def clean_filthiest(self) -> bool:
-        """Clean the dirtiest log, if one needs it; True if a cleaning made progress. A cleaning that did not
-        (failed, aborted, or a map full in the first dirty batch) backs off: that log is not chosen again for
-        log.cleaner.backoff.ms, and the loop sleeps (no tight retry on a full disk)."""
+        """One round (Kafka's cleanFilthiestLog): clean the dirtiest log, if one needs it, then apply retention
+        to the compacted logs; True if a cleaning made progress. A cleaning that did not (failed, aborted, or a
+        map full in the first dirty batch) backs off: that log is not chosen again for log.cleaner.backoff.ms,
+        and the loop sleeps (no tight retry on a full disk)."""
+        cleaned = await self._clean_filthiest()
+        await self._retain_compacted()
+        return cleaned
+
+    async def _retain_compacted(self) -> None:
+        """Retention of the compacted logs no cleaning holds (Kafka's deletableLogs then deleteOldSegments):
+        below the log start, and by retention.ms / retention.bytes for compact,delete; so those logs lose
+        expired segments every round, every log.cleaner.backoff.ms at most, not at the retention check
+        (which skips them). A failure is logged; the next round tries again."""
+        if self._retain is None:
+            return
+        logs = [partition_log for partition_log in self._logs()
+                if partition_log.config.compact and not partition_log.closed
+                and (partition_log.topic, partition_log.partition) not in self._in_progress | self._uncleanable]
+        try:
+            await self._retain(logs)
+        except OSError as exc:
+            log.warning("log cleaner: retention of compacted logs failed (%s); tried again next round", exc)
+
+    async def _clean_filthiest(self) -> bool:
         candidate = self.filthiest(int(time.time() * 1000))
         if candidate is None:
             return False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, fields
 from typing import Mapping
 
@@ -12,6 +13,7 @@ TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
 class LogConfig:
     segment_bytes: int = 1073741824  # segment.bytes
     segment_ms: int = 604800000  # segment.ms
+    segment_jitter_ms: int = 0  # segment.jitter.ms: each segment rolls up to this much earlier (drawn at open)
     segment_index_bytes: int = 10485760  # segment.index.bytes (max index file size -> roll when full)
     index_interval_bytes: int = 4096  # index.interval.bytes
     retention_ms: int = 604800000  # retention.ms (-1 = keep forever)
@@ -38,6 +40,13 @@ class LogConfig:
             raise ValueError("index.interval.bytes and max.message.bytes must not be negative")
         if self.segment_ms < 1:
             raise ValueError("segment.ms must be positive")
+
+    def random_segment_jitter(self) -> int:
+        """A new segment's roll jitter (Kafka's randomSegmentJitter): uniform in [0, min(segment.jitter.ms,
+        segment.ms)), 0 without segment.jitter.ms."""
+        if self.segment_jitter_ms <= 0:
+            return 0
+        return random.randrange(min(self.segment_jitter_ms, self.segment_ms))
 
     @property
     def compact(self) -> bool:

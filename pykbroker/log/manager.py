@@ -153,7 +153,7 @@ class LogManager:
         self.cleaner = LogCleaner(
             self.data_dir, cleaner or CleanerConfig(), self.logs,
             lambda topic, partition: self.last_stable_offset_of(topic, partition) if self.last_stable_offset_of else None,
-            self.run_file_work_async, self._in_io_thread,
+            self.run_file_work_async, self._in_io_thread, retain=self._retain_compacted,
         )
 
     def _lock_data_dir(self) -> int:
@@ -330,7 +330,12 @@ class LogManager:
     # -- upkeep ------------------------------------------------------------------------------------------
 
     async def run_background(self) -> None:
-        """Flush per the fsync policy, roll by segment.ms, apply retention, checkpoint recovery points.
+        """Flush per the fsync policy, apply retention, checkpoint recovery points, run the log cleaner.
+
+        Segments roll only when an append asks (PartitionLog._should_roll) or retention empties a log.
+        Retention here covers the logs without compact, every log.retention.check.interval.ms; compacted
+        logs (compact and compact,delete) get theirs from the cleaner, at each of its rounds (Kafka's
+        LogManager.cleanupLogs and LogCleaner.cleanFilthiestLog).
 
         Cancel-safe: an fsync cut short leaves its segments dirty for the next flush; checkpoints are
         replaced atomically. Cancel this task before calling shutdown().
@@ -356,11 +361,9 @@ class LogManager:
         while not self._closed:
             await asyncio.sleep(tick_s)
             try:
-                now_ms = int(time.time() * 1000)
-                for partition_log in self.logs():
-                    partition_log.maybe_roll(now_ms)
                 if time.monotonic() >= next_retention:
-                    self.apply_retention(now_ms, defer=True)
+                    not_compacted = [partition_log for partition_log in self.logs() if not partition_log.config.compact]
+                    self.apply_retention(int(time.time() * 1000), not_compacted, defer=True)
                     await self.run_file_work_async()
                     next_retention = time.monotonic() + self.retention_check_interval_ms / 1000
                 if time.monotonic() >= next_flush:
@@ -382,14 +385,21 @@ class LogManager:
                 log.info("log upkeep in %s works again", self.data_dir)
                 failing = False
 
-    def apply_retention(self, now_ms: int, *, defer: bool = False) -> int:
-        """One retention pass over every log; returns the number of segments deleted. With ``defer`` the
-        file work is left for ``run_file_work_async``."""
+    def apply_retention(self, now_ms: int, logs: Iterable[PartitionLog] | None = None, *, defer: bool = False) -> int:
+        """One retention pass over ``logs`` (default: every log); returns the number of segments deleted. With
+        ``defer`` the file work is left for ``run_file_work_async``."""
         deleted = 0
-        for (topic, partition), partition_log in list(self._logs.items()):
+        for partition_log in list(self.logs() if logs is None else logs):
+            topic, partition = partition_log.topic, partition_log.partition
             high_watermark = self.high_watermark_of(topic, partition) if self.high_watermark_of else None
             deleted += partition_log.apply_retention(now_ms, high_watermark=high_watermark, defer=defer)
         return deleted
+
+    async def _retain_compacted(self, logs: list[PartitionLog]) -> None:
+        """The cleaner's retention pass over compacted logs (``apply_retention`` with the file work off the
+        event loop)."""
+        self.apply_retention(int(time.time() * 1000), logs, defer=True)
+        await self.run_file_work_async(logs)
 
     def _close_in_io_thread(self, fd: int) -> None:
         """Close a deleted segment's last descriptor in the I/O thread (freeing an unlinked file's blocks can

@@ -268,7 +268,7 @@ class PartitionLog:
     def _load(self, recovery_point: int, clean_shutdown: bool, log_start_offset: int | None) -> None:
         interval = self._config.index_interval_bytes
         bases = self._clean_directory()
-        segments = [Segment.open_existing(self.directory, base) for base in bases]
+        segments = [Segment.open_existing(self.directory, base, self._config.random_segment_jitter()) for base in bases]
 
         epoch_file_usable = (self.directory / LeaderEpochCache.FILE_NAME).exists()
         try:
@@ -300,7 +300,7 @@ class PartitionLog:
             position += 1
 
         if not segments:
-            segments.append(Segment.create(self.directory, max(log_start_offset or 0, 0)))
+            segments.append(Segment.create(self.directory, max(log_start_offset or 0, 0), self._config.random_segment_jitter()))
             self._directory_changed = True
         active = segments[-1]
         try:
@@ -313,7 +313,6 @@ class PartitionLog:
         self._bases = [segment.base_offset for segment in segments]
         self._log_end_offset = active.next_offset
         self._log_start_offset = max(log_start_offset or 0, segments[0].base_offset)
-        self._start_rolling_clock(active)
         self._load_snapshot_list()
         if self._log_start_offset > self._log_end_offset:
             self._truncate_fully_and_start_at(self._log_start_offset)
@@ -455,12 +454,6 @@ class PartitionLog:
                 epochs.assign(epoch, header.base_offset, persist=False)
 
         return note
-
-    def _start_rolling_clock(self, segment: Segment) -> None:
-        """Kafka's segment.ms clock for a segment that becomes active with data: its first batch's timestamp."""
-        if segment.size and segment.rolling_base_ms is None:
-            first = segment.first_batch_timestamp()
-            segment.rolling_base_ms = first if first is not None and first >= 0 else int(time.time() * 1000)
 
     # -- properties --------------------------------------------------------------------------------------
 
@@ -814,12 +807,10 @@ class PartitionLog:
 
     def _write(self, buf, headers: list[BatchHeader], now_ms: int) -> None:
         segment = self._active
-        if self._should_roll(segment, len(buf), headers[-1].last_offset, now_ms):
+        if self._should_roll(segment, len(buf), headers, now_ms):
             segment = self._roll(headers[0].base_offset)
         segment.append(buf, headers, self._config.index_interval_bytes)
         self._appended_since_snapshot += len(buf)
-        if segment.rolling_base_ms is None:
-            segment.rolling_base_ms = now_ms
         self._log_end_offset = headers[-1].next_offset
         self._dirty.add(segment)
         epochs = self._epochs
@@ -857,15 +848,24 @@ class PartitionLog:
                         self.topic, self.partition, self._epochs.path.name, exc)
             self._epochs.path.unlink(missing_ok=True)
 
-    def _should_roll(self, segment: Segment, append_size: int, last_offset: int, now_ms: int) -> bool:
+    def _should_roll(self, segment: Segment, append_size: int, headers: list[BatchHeader], now_ms: int) -> bool:
+        """Kafka's LogSegment.shouldRoll, asked by each append (leader's or follower's) before it writes: the
+        active segment rolls only here, or when retention deletes every segment (``_delete_leading``).
+
+        segment.ms counts from the segment's first batch to the largest timestamp of this append (the
+        records' own clock: CreateTime as the producer set it, the append time on LogAppendTime topics; the
+        wall-clock time since the segment was created when the first batch has no timestamp), less the
+        segment's jitter. A segment is never rolled by the clock alone: an idle one stays active (and so
+        is never compacted) until the next append."""
         config = self._config
-        if last_offset - segment.base_offset > INT32_MAX:
+        if headers[-1].last_offset - segment.base_offset > INT32_MAX:
             return True
         if segment.size == 0:
             return False
+        largest_timestamp = max(header.max_timestamp for header in headers)
         return (
             segment.size + append_size > config.segment_bytes
-            or (segment.rolling_base_ms is not None and now_ms - segment.rolling_base_ms > config.segment_ms)
+            or segment.time_waited_for_roll(now_ms, largest_timestamp) > config.segment_ms - segment.roll_jitter_ms
             or segment.is_index_full(config.segment_index_bytes)
         )
 
@@ -878,7 +878,7 @@ class PartitionLog:
         old = self._active
         if old.size == 0 and old.base_offset == base:
             return old
-        segment = Segment.create(self.directory, base)
+        segment = Segment.create(self.directory, base, self._config.random_segment_jitter())
         if old.size == 0:
             self._segments.pop()
             self._bases.pop()
@@ -891,16 +891,6 @@ class PartitionLog:
         self.rolled_since_flush = True
         self.take_producer_snapshot(base)  # Kafka's roll: the state as of the new segment's base
         return segment
-
-    def maybe_roll(self, now_ms: int) -> None:
-        """Roll by segment.ms even without appends (the background task calls this)."""
-        segment = self._active
-        if (
-            segment.size
-            and segment.rolling_base_ms is not None
-            and now_ms - segment.rolling_base_ms > self._config.segment_ms
-        ):
-            self._roll()
 
     def roll(self) -> None:
         """Force a new active segment now (if the current one has data)."""
@@ -1211,7 +1201,6 @@ class PartitionLog:
         del self._bases[keep:]
         active = self._active
         active.truncate_to(offset, self._config.index_interval_bytes)
-        self._start_rolling_clock(active)
         self._dirty.add(active)
         self._log_end_offset = offset
         self._log_start_offset = min(self._log_start_offset, offset)
@@ -1225,7 +1214,7 @@ class PartitionLog:
         self._retire(list(self._segments))
         self._delete_snapshots(lambda o: True)
         self._lift_snapshot_ceilings(lambda ceiling: True)
-        segment = Segment.create(self.directory, offset)
+        segment = Segment.create(self.directory, offset, self._config.random_segment_jitter())
         self._segments = [segment]
         self._bases = [offset]
         self._log_start_offset = self._log_end_offset = self._recovery_point = offset
@@ -1252,23 +1241,23 @@ class PartitionLog:
         if offset <= self._log_start_offset:
             return
         self._log_start_offset = offset
-        self._delete_leading(lambda segment, following: following.base_offset <= self._log_start_offset, defer=True)
+        self._delete_leading(self._below_log_start, defer=True)
         self._forget_below_log_start()
         if self._epochs.truncate_from_start(offset, persist=False):
             self._file_work.append(partial(self._write_epochs, self._epochs.snapshot()))
 
     def apply_retention(self, now_ms: int, *, high_watermark: int | None = None, defer: bool = False) -> int:
-        """Delete leading whole segments past retention.ms / retention.bytes or below the log start.
+        """Delete leading whole segments past retention.ms / retention.bytes or below the log start (Kafka's
+        deleteOldSegments; the log manager runs it for logs without compact, the cleaner for compacted ones).
 
-        Time and size retention apply only when cleanup.policy includes delete.
-        Never the active segment, and never one holding offsets at or above ``high_watermark``. A segment's
-        age is its max timestamp (its file's mtime when it has none). Returns how many were deleted.
+        Time and size retention apply only when cleanup.policy includes delete. Never a segment holding
+        offsets at or above ``high_watermark``; the active segment too once it is past retention, a new one
+        being rolled first (see ``_delete_leading``). A segment's age is its max timestamp (its file's mtime
+        when it has none). Returns how many were deleted.
         """
         config = self._config
         bound = self._log_end_offset if high_watermark is None else min(high_watermark, self._log_end_offset)
-        deleted = self._delete_leading(
-            lambda segment, following: following.base_offset <= self._log_start_offset, bound, defer=defer
-        )
+        deleted = self._delete_leading(self._below_log_start, bound, defer=defer)
         if not config.delete:  # compact-only: the cleaner, not retention, keeps the log small (as Kafka)
             return deleted
         if config.retention_ms >= 0:
@@ -1278,7 +1267,7 @@ class PartitionLog:
         if config.retention_bytes >= 0:
             excess = self.size_bytes - config.retention_bytes
 
-            def over_size(segment: Segment, following: Segment) -> bool:
+            def over_size(segment: Segment, following: Segment | None) -> bool:
                 nonlocal excess
                 if excess - segment.size < 0:
                     return False
@@ -1288,23 +1277,37 @@ class PartitionLog:
             deleted += self._delete_leading(over_size, bound, defer=defer)
         return deleted
 
+    def _below_log_start(self, segment: Segment, following: Segment | None) -> bool:
+        """The segment lies wholly below the log start (Kafka's log-start-offset breach): never the last one."""
+        return following is not None and following.base_offset <= self._log_start_offset
+
     def _segment_age_timestamp(self, segment: Segment) -> int:
         timestamp = segment.max_timestamp_and_offset()[0]
         if timestamp >= 0:
             return timestamp
         return int(os.fstat(segment.fd).st_mtime * 1000)
 
-    def _delete_leading(self, deletable: Callable[[Segment, Segment], bool], bound: int | None = None,
+    def _delete_leading(self, deletable: Callable[[Segment, Segment | None], bool], bound: int | None = None,
                         *, defer: bool = False) -> int:
-        """Delete segments from the front while ``deletable(segment, next segment)`` holds; never the active one.
-        With ``defer`` the file work is left for ``take_file_work``."""
+        """Delete segments from the front while ``deletable(segment, next segment or None)`` holds and the
+        segment ends at or below ``bound`` (default: the log end). The active segment is asked too, unless it is
+        empty (Kafka's deletableSegments): when every segment goes, a new active segment is rolled first, at
+        the log end (Kafka's deleteSegments), which becomes the log start. With ``defer`` the file work is left
+        for ``take_file_work``."""
         bound = self._log_end_offset if bound is None else bound
+        segments = self._segments
         count = 0
-        while count < len(self._segments) - 1:
-            segment, following = self._segments[count], self._segments[count + 1]
-            if following.base_offset > bound or not deletable(segment, following):
+        while count < len(segments):
+            segment = segments[count]
+            following = segments[count + 1] if count + 1 < len(segments) else None
+            if following is None and segment.size == 0:
+                break
+            end = self._log_end_offset if following is None else following.base_offset
+            if end > bound or not deletable(segment, following):
                 break
             count += 1
+        if count == len(segments):
+            self._roll()
         if count:
             self._retire(self._segments[:count], defer=defer)
             del self._segments[:count]

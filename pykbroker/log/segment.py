@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -118,7 +119,7 @@ class Segment:
     they are read from the files on first use.
     """
 
-    def __init__(self, directory: Path, base_offset: int, size: int) -> None:
+    def __init__(self, directory: Path, base_offset: int, size: int, roll_jitter_ms: int = 0) -> None:
         self.directory = directory
         self.base_offset = base_offset
         self.log_path = directory / segment_file_name(base_offset, LOG_SUFFIX)
@@ -126,7 +127,12 @@ class Segment:
         self.time_index: TimeIndex
         self.size = size
         self.next_offset: int | None = base_offset if size == 0 else None  # None: not known yet
-        self.rolling_base_ms: int | None = None  # when the segment.ms clock started (first append)
+        # Kafka's segment.ms clock (LogSegment's rollingBasedTimestamp, created and rollJitterMs): the largest
+        # timestamp of the first append, read from the first batch while unknown (None); a first batch without
+        # a timestamp (-1) makes the wall-clock time since the segment was created or opened count instead.
+        self.rolling_base_ms: int | None = None
+        self.created_ms = int(time.time() * 1000)
+        self.roll_jitter_ms = roll_jitter_ms  # drawn from segment.jitter.ms when the segment is opened
         self._max_timestamp: tuple[int, int] | None = (-1, base_offset) if size == 0 else None
         self._bytes_since_index_entry = 0
         self._file = LazyFile(self.log_path, os.O_RDWR)
@@ -137,9 +143,9 @@ class Segment:
     # -- lifecycle ---------------------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, directory: Path, base_offset: int) -> "Segment":
+    def create(cls, directory: Path, base_offset: int, roll_jitter_ms: int = 0) -> "Segment":
         """A new empty segment and its files; if creating them fails (disk full), none is left behind."""
-        segment = cls(directory, base_offset, 0)
+        segment = cls(directory, base_offset, 0, roll_jitter_ms)
         try:
             segment._file = LazyFile.create(segment.log_path, os.O_RDWR)
             segment.index = OffsetIndex.create(segment.path_for(INDEX_SUFFIX), base_offset)
@@ -151,10 +157,10 @@ class Segment:
         return segment
 
     @classmethod
-    def open_existing(cls, directory: Path, base_offset: int) -> "Segment":
+    def open_existing(cls, directory: Path, base_offset: int, roll_jitter_ms: int = 0) -> "Segment":
         """Open a segment found on disk; its indexes load lazily (``needs_rebuild`` if they are unusable)."""
         log_path = directory / segment_file_name(base_offset, LOG_SUFFIX)
-        segment = cls(directory, base_offset, os.stat(log_path).st_size)
+        segment = cls(directory, base_offset, os.stat(log_path).st_size, roll_jitter_ms)
         try:
             segment.index = OffsetIndex.open_lazily(segment.path_for(INDEX_SUFFIX), base_offset)
             segment.time_index = TimeIndex.open_lazily(segment.path_for(TIME_INDEX_SUFFIX), base_offset)
@@ -308,6 +314,15 @@ class Segment:
             return None
         return peek_header(os.pread(self.fd, BATCH_HEADER_SIZE, 0), 0, 0).max_timestamp
 
+    def time_waited_for_roll(self, now_ms: int, timestamp: int) -> int:
+        """Kafka's timeWaitedForRoll, for an append whose largest timestamp is ``timestamp``: that timestamp
+        minus the first batch's, or, when the first batch has no timestamp, the wall-clock time since the
+        segment was created (or opened)."""
+        if self.rolling_base_ms is None and self.size:
+            self.rolling_base_ms = self.first_batch_timestamp()
+        base = -1 if self.rolling_base_ms is None else self.rolling_base_ms
+        return timestamp - base if base >= 0 else now_ms - self.created_ms
+
     # -- appends -----------------------------------------------------------------------------------------
 
     def append(self, buf: bytearray, headers: list[BatchHeader], index_interval_bytes: int) -> None:
@@ -339,6 +354,8 @@ class Segment:
         self._max_timestamp = (max_ts, max_ts_offset)
         self.size = start + len(buf)
         self.next_offset = headers[-1].next_offset
+        if start == 0:  # the segment.ms clock starts at the first append's largest timestamp (Kafka's rule)
+            self.rolling_base_ms = max(header.max_timestamp for header in headers)
 
     def seal(self) -> None:
         """The segment stops being active: its time index gets the final max timestamp (written at next flush)."""
@@ -434,4 +451,6 @@ class Segment:
         self.next_offset = next_offset if self.size else self.base_offset
         self._bytes_since_index_entry = self.size - self.index.last_entry()[1]
         self.rolling_base_ms = None
+        if self.size == 0:  # emptied: its segment.ms clock starts again (Kafka's truncateTo)
+            self.created_ms = int(time.time() * 1000)
         return on_disk - cut

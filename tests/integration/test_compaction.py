@@ -151,6 +151,84 @@ def test_a_null_key_on_a_delete_topic_is_fine(broker_factory, topic_name):
     assert not produce(broker.bootstrap, topic_name, [(None, b"no key")])
 
 
+# -- rolls and retention of compacted topics -------------------------------------------------------
+
+
+def produce_at(bootstrap: str, topic: str, records) -> None:
+    """(key, value, CreateTime timestamp) each in its own produce request, in order."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    errors = []
+    for key, value, timestamp in records:
+        producer.produce(topic, key=key, value=value, timestamp=timestamp,
+                         on_delivery=lambda err, msg: errors.append(err) if err is not None else None)
+        assert producer.flush(TIMEOUT_S) == 0
+    assert not errors
+
+
+def segment_bases(broker: BrokerProcess, topic: str, partition: int = 0) -> list[int]:
+    return sorted(int(path.stem) for path in (broker.data_dir / f"{topic}-{partition}").glob("*.log"))
+
+
+def test_the_latest_updates_in_the_active_segment_of_a_compacted_topic_all_stay(broker_factory, topic_name):
+    """Kafka rolls a segment by segment.ms only when an append finds it exceeded (LogSegment.shouldRoll), and
+    never cleans the active segment: however long the cleaner runs, a consumer reading the tail of a
+    compacted topic sees every recent update of a key."""
+    broker = broker_factory.make(CLEANER)
+    create_topic(broker.bootstrap, topic_name, {"cleanup.policy": "compact", "segment.ms": "100",
+                                                "min.cleanable.dirty.ratio": "0.01", "min.compaction.lag.ms": "0"})
+    start = int(time.time() * 1000) - 60_000
+    # Four segments, rolled by the records' own clock: each append comes 1 s after the previous one's.
+    produce_at(broker.bootstrap, topic_name, [(b"k", b"old-%d" % i, start + 1_000 * i) for i in range(4)])
+    # Five updates of the key within 100 ms of the first one: the first rolls, they all share the last segment.
+    updates_at = start + 10_000
+    produce_at(broker.bootstrap, topic_name, [(b"k", b"new-%d" % i, updates_at + i) for i in range(5)])
+    written = time.monotonic()
+    assert segment_bases(broker, topic_name) == [0, 1, 2, 3, 4]
+    wait_for(lambda: cleaned_up_to(broker, topic_name) == 4, "the cleaner to clean the segments before the last")
+    # Cleaner rounds for a few seconds (a roll by the clock alone would have come within one): a second
+    # compacted topic, written round after round, gets cleaned each time.
+    probe = topic_name + "-probe"
+    create_topic(broker.bootstrap, probe, {"cleanup.policy": "compact", "segment.ms": "100",
+                                           "min.cleanable.dirty.ratio": "0.01"})
+    now = int(time.time() * 1000)
+    rounds = 0
+    while rounds < 2 or time.monotonic() - written < 3:
+        produce_at(broker.bootstrap, probe, [(b"p", b"%d" % i, now + 1_000 * (2 * rounds + i)) for i in range(2)])
+        wait_for(lambda: cleaned_up_to(broker, probe) == 2 * rounds + 1, f"cleaning {rounds + 1} of the probe topic")
+        rounds += 1
+    # The value of the last segment before the active one stays too: the cleaning that reached it had not
+    # mapped the newer ones, which the active segment holds (as in Kafka).
+    records = consume_all(broker.bootstrap, topic_name)
+    assert records == [(3, b"k", b"old-3")] + [(4 + i, b"k", b"new-%d" % i) for i in range(5)]
+    assert segment_bases(broker, topic_name)[-1] == 4 and cleaned_up_to(broker, topic_name) == 4
+    # The next append past segment.ms rolls the segment, which then gets cleaned.
+    produce_at(broker.bootstrap, topic_name, [(b"other", b"x", updates_at + 1_000)])
+    wait_for(lambda: cleaned_up_to(broker, topic_name) == 9, "the cleaner to clean the rolled segment")
+    assert consume_all(broker.bootstrap, topic_name) == [(8, b"k", b"new-4"), (9, b"other", b"x")]
+
+
+def test_compact_delete_retention_runs_with_the_cleaner_not_the_retention_check(broker_factory, topic_name):
+    """Kafka's cleaner thread applies retention to compact,delete logs at each of its rounds
+    (LogCleaner.cleanFilthiestLog: deleteOldSegments on LogCleanerManager.deletableLogs), every
+    log.cleaner.backoff.ms at most; the retention check (log.retention.check.interval.ms, 5 min) skips them."""
+    broker = broker_factory.make({**CLEANER, "log.retention.check.interval.ms": 3_600_000})
+    create_topic(broker.bootstrap, topic_name, {"cleanup.policy": "compact,delete", "retention.ms": "600000",
+                                                "segment.ms": "60000"})
+    now = int(time.time() * 1000)
+    hour_ago = now - 3_600_000
+    # The first segment holds records of an hour ago; a recent append rolls (segment.ms counts record time).
+    produce_at(broker.bootstrap, topic_name, [(b"a", b"1", hour_ago), (b"b", b"2", hour_ago + 1)])
+    assert not produce(broker.bootstrap, topic_name, [(b"c", b"3")])
+    wait_for(lambda: segment_bases(broker, topic_name) == [2], "the expired segment to be deleted")
+    assert consume_all(broker.bootstrap, topic_name) == [(2, b"c", b"3")]
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"w-{time.monotonic_ns()}"})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic_name, 0), timeout=TIMEOUT_S)
+    finally:
+        consumer.close()
+    assert (low, high) == (2, 3)
+
+
 # -- __consumer_offsets ----------------------------------------------------------------------------
 
 

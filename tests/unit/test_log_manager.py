@@ -215,6 +215,85 @@ def test_with_fsync_never_the_upkeep_still_takes_interval_producer_snapshots(tmp
     asyncio.run(scenario())
 
 
+def test_the_upkeep_never_rolls_an_idle_segment(tmp_path):
+    """Kafka rolls by segment.ms only when an append finds it exceeded: an idle active segment stays active
+    (so the cleaner never compacts it) however old it gets."""
+
+    async def scenario() -> None:
+        manager = LogManager(tmp_path, flush_interval_ms=20, retention_check_interval_ms=20)
+        log = manager.create("t", 0, LogConfig(segment_ms=1, cleanup_policy="compact"))
+        log.append(build_batch([(b"k", b"v")], timestamp_ms=0), leader_epoch=0, now_ms=0)
+        task = asyncio.create_task(manager.run_background())
+        for _ in range(500):  # a flush or two: the upkeep has had its rounds
+            await asyncio.sleep(0.01)
+            if log.recovery_point == 1 and (tmp_path / RECOVERY_POINT_CHECKPOINT).exists():
+                break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert log.recovery_point == 1
+        assert log.segment_base_offsets == [0]
+        log.append(build_batch([(b"k", b"w")], timestamp_ms=2), leader_epoch=0, now_ms=2)  # the next append rolls
+        assert log.segment_base_offsets == [0, 1]
+        manager.shutdown()
+
+    asyncio.run(scenario())
+
+
+def _with_expired_segment(manager: LogManager, topic: str, config: LogConfig):
+    """A log whose first segment is past retention.ms (records an hour old) and whose second is recent."""
+    log = manager.create(topic, 0, config)
+    now = int(time.time() * 1000)
+    log.append(build_batch([(b"k", b"old")], timestamp_ms=now - 3_600_000), leader_epoch=0, now_ms=now)
+    log.roll()
+    log.append(build_batch([(b"k", b"new")], timestamp_ms=now), leader_epoch=0, now_ms=now)
+    return log
+
+
+def test_the_retention_check_skips_compacted_logs_whose_retention_is_the_cleaners(tmp_path):
+    """Kafka's LogManager.cleanupLogs covers the logs without compact only; with the cleaner disabled a
+    compact,delete log keeps its expired segments, as in Kafka."""
+    from pykbroker.log.cleaner import CleanerConfig
+
+    async def scenario() -> None:
+        manager = LogManager(tmp_path, retention_check_interval_ms=20, cleaner=CleanerConfig(enable=False))
+        deleting = _with_expired_segment(manager, "d", LogConfig(retention_ms=600_000))
+        both = _with_expired_segment(manager, "cd", LogConfig(retention_ms=600_000, cleanup_policy="compact,delete"))
+        task = asyncio.create_task(manager.run_background())
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if deleting.log_start_offset == 1:
+                break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert deleting.segment_base_offsets == [1] and deleting.log_start_offset == 1
+        assert both.segment_base_offsets == [0, 1] and both.log_start_offset == 0
+        manager.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_the_cleaner_applies_retention_to_compacted_logs_every_round(tmp_path):
+    """Kafka's LogCleaner.cleanFilthiestLog: after each round's cleaning (or none), deleteOldSegments on every
+    compacted log (retention.ms and retention.bytes only for compact,delete)."""
+    manager = LogManager(tmp_path, retention_check_interval_ms=3_600_000)
+    manager.cleaner.use_processes = False
+    both = _with_expired_segment(manager, "cd", LogConfig(retention_ms=600_000, cleanup_policy="compact,delete"))
+    compact = _with_expired_segment(manager, "c", LogConfig(retention_ms=600_000, cleanup_policy="compact"))
+    deleting = _with_expired_segment(manager, "d", LogConfig(retention_ms=600_000))
+    manager.cleaner._in_progress.add(("cd", 0))  # a log another cleaner loop is cleaning is left alone
+    assert asyncio.run(manager.cleaner.clean_filthiest()) is False  # nothing to clean: still a round
+    assert both.segment_base_offsets == [0, 1]
+    manager.cleaner._in_progress.clear()
+    assert asyncio.run(manager.cleaner.clean_filthiest()) is False
+    assert both.segment_base_offsets == [1] and both.log_start_offset == 1
+    assert compact.segment_base_offsets == [0, 1]  # compact only: no time retention
+    assert deleting.segment_base_offsets == [0, 1]  # the retention check's, not the cleaner's
+    assert not (tmp_path / "cd-0" / "00000000000000000000.log").exists()
+    manager.shutdown()
+
+
 def test_retention_respects_the_high_watermark(tmp_path):
     manager = LogManager(tmp_path)
     retained = LogConfig(segment_bytes=2048, index_interval_bytes=256, retention_ms=0)

@@ -549,9 +549,26 @@ def test_retention_by_time_moves_log_start(tmp_path):
     assert not (tmp_path / "topic.a-3" / "00000000000000000000.log").exists()
     assert log.apply_retention(now_ms=50_500) == 0
     remaining = len(log.segment_base_offsets)
-    assert log.apply_retention(now_ms=10**9) == remaining - 1  # never the active one
-    assert log.log_start_offset == log.segment_base_offsets[0] == bases[-1]
+    # Every segment expired, the active one too: Kafka's deleteSegments rolls a new one at the log end first.
+    assert log.apply_retention(now_ms=10**9) == remaining
+    assert log.log_start_offset == log.log_end_offset == 120 and log.segment_base_offsets == [120]
+    assert log.apply_retention(now_ms=10**9) == 0  # an empty active segment is never deleted
+    assert log.append(batch([b"after"]), leader_epoch=0, now_ms=10**9).base_offset == 120
     log.close()
+
+
+def test_retention_deletes_the_expired_active_segment_only_once_the_high_watermark_reaches_the_log_end(tmp_path):
+    log = open_log(tmp_path, LogConfig(retention_ms=1_000))
+    fill(log, [2] * 3, ts=0)  # one segment, offsets 0-5
+    assert log.apply_retention(10**9, high_watermark=5) == 0
+    assert log.segment_base_offsets == [0] and log.log_start_offset == 0
+    assert log.apply_retention(10**9, high_watermark=6) == 1
+    assert (log.segment_base_offsets, log.log_start_offset, log.log_end_offset) == ([6], 6, 6)
+    assert not (tmp_path / "topic.a-3" / "00000000000000000000.log").exists()
+    log.close()
+    reopened = open_log(tmp_path, LogConfig(retention_ms=1_000), clean_shutdown=True)
+    assert (reopened.segment_base_offsets, reopened.log_end_offset) == ([6], 6)
+    reopened.close()
 
 
 def test_retention_by_size_and_high_watermark(tmp_path):
@@ -609,19 +626,93 @@ def test_a_file_slice_always_holds_its_pin(tmp_path):
     log.close()
 
 
-def test_roll_by_segment_ms(tmp_path):
-    log = open_log(tmp_path, LogConfig(segment_ms=1_000))
-    log.append(batch([b"a"]), leader_epoch=0, now_ms=10_000)
-    log.append(batch([b"b"]), leader_epoch=0, now_ms=10_900)
+def test_an_append_rolls_by_segment_ms_counted_in_record_timestamps(tmp_path):
+    """Kafka's LogSegment.shouldRoll: segment.ms runs from the first batch's timestamp to the appended
+    batch's largest timestamp; the wall clock does not count while the records carry timestamps."""
+    config = LogConfig(segment_ms=1_000)
+    log = open_log(tmp_path, config)
+    log.append(batch([b"a"], ts=10_000), leader_epoch=0, now_ms=10_000)
+    log.append(batch([b"b"], ts=11_000), leader_epoch=0, now_ms=99_999)  # 1000 ms of record time: not more
     assert log.segment_base_offsets == [0]
-    log.maybe_roll(11_001)
+    log.append(batch([b"c"], ts=11_001), leader_epoch=0, now_ms=11_001)
+    assert log.segment_base_offsets == [0, 2]  # the append that found segment.ms exceeded went to a new segment
+    log.append(batch([b"d"], ts=5_000), leader_epoch=0, now_ms=10**9)  # older records: no roll
+    log.append(batch([b"e"], ts=12_001), leader_epoch=0, now_ms=10**9)
     assert log.segment_base_offsets == [0, 2]
-    log.maybe_roll(99_999)  # the new segment is empty: nothing to roll
-    assert log.segment_base_offsets == [0, 2]
-    log.append(batch([b"c"]), leader_epoch=0, now_ms=20_000)
-    log.append(batch([b"d"]), leader_epoch=0, now_ms=21_001)  # an append can trigger the roll too
-    assert log.segment_base_offsets == [0, 2, 3]
+    # The largest timestamp of an append decides, wherever it is in the append.
+    log.append(batch([b"f"], ts=12_002) + batch([b"g"], ts=11_100), leader_epoch=0, now_ms=0)
+    assert log.segment_base_offsets == [0, 2, 5]
     log.close()
+    # After a restart the clock is the first batch's timestamp, not the time of the load.
+    reopened = open_log(tmp_path, config, clean_shutdown=True)
+    reopened.append(batch([b"h"], ts=13_002), leader_epoch=0, now_ms=13_002)
+    assert reopened.segment_base_offsets == [0, 2, 5]
+    reopened.append(batch([b"i"], ts=13_003), leader_epoch=0, now_ms=13_003)
+    assert reopened.segment_base_offsets == [0, 2, 5, 8]
+    reopened.close()
+
+
+def test_log_append_time_rolls_by_the_append_time(tmp_path):
+    log = open_log(tmp_path, LogConfig(segment_ms=1_000, message_timestamp_type="LogAppendTime"))
+    log.append(batch([b"a"], ts=0), leader_epoch=0, now_ms=10_000)
+    log.append(batch([b"b"], ts=0), leader_epoch=0, now_ms=11_000)
+    assert log.segment_base_offsets == [0]
+    log.append(batch([b"c"], ts=0), leader_epoch=0, now_ms=11_001)
+    assert log.segment_base_offsets == [0, 2]
+    log.close()
+
+
+def test_a_first_batch_without_timestamp_rolls_by_the_time_since_the_segment_was_created(tmp_path):
+    log = open_log(tmp_path, LogConfig(segment_ms=1_000))
+    created = log.segments_view()[-1].created_ms
+    log.append_as_follower(batch([b"a"], ts=-1), now_ms=created + 10)
+    log.append_as_follower(_at_offset(batch([b"b"], ts=50_000), 1), now_ms=created + 1_000)
+    assert log.segment_base_offsets == [0]
+    log.append_as_follower(_at_offset(batch([b"c"], ts=-1), 2), now_ms=created + 1_001)
+    assert log.segment_base_offsets == [0, 2]
+    log.close()
+
+
+def _at_offset(data: bytearray, base_offset: int) -> bytearray:
+    """A batch as a leader would have written it at ``base_offset`` (the header's base offset set; no CRC change)."""
+    data[0:8] = base_offset.to_bytes(8, "big")
+    return data
+
+
+def test_segment_jitter_ms_makes_each_segment_roll_up_to_that_much_earlier(tmp_path, monkeypatch):
+    """Kafka's randomSegmentJitter: each segment draws its jitter in [0, min(segment.jitter.ms, segment.ms))
+    when it is opened, and rolls at segment.ms less it."""
+    draws = []
+    monkeypatch.setattr("random.randrange", lambda stop: draws.append(stop) or 300)
+    config = LogConfig(segment_ms=1_000, segment_jitter_ms=600)
+    log = open_log(tmp_path, config)
+    assert draws == [600] and log.segments_view()[-1].roll_jitter_ms == 300
+    log.append(batch([b"a"], ts=10_000), leader_epoch=0, now_ms=0)
+    log.append(batch([b"b"], ts=10_700), leader_epoch=0, now_ms=0)
+    assert log.segment_base_offsets == [0]
+    log.append(batch([b"c"], ts=10_701), leader_epoch=0, now_ms=0)
+    assert log.segment_base_offsets == [0, 2] and draws == [600, 600]
+    log.close()
+    assert LogConfig(segment_ms=1_000, segment_jitter_ms=5_000).random_segment_jitter() == 300
+    assert draws[-1] == 1_000  # never more than segment.ms
+    assert LogConfig(segment_ms=1_000).random_segment_jitter() == 0 and len(draws) == 3
+    assert LogConfig.from_topic_configs({"segment.jitter.ms": "600", "segment.ms": 1_000}) == config
+
+
+def test_a_follower_rolls_as_the_leaders_batches_arrive(tmp_path):
+    """Followers append through the same rule: the leader's batch timestamps decide their rolls too."""
+    config = LogConfig(segment_ms=1_000)
+    leader = PartitionLog.open(tmp_path / "leader" / "t-0", config)
+    for i in range(6):
+        leader.append(batch([b"v%d" % i], ts=10_000 + 600 * i), leader_epoch=0, now_ms=10_000 + 600 * i)
+    assert leader.segment_base_offsets == [0, 2, 4]
+    follower = PartitionLog.open(tmp_path / "follower" / "t-0", config)
+    for _, data in leader.batches():
+        follower.append_as_follower(data, now_ms=10**9)
+    assert follower.segment_base_offsets == leader.segment_base_offsets
+    assert read_all(follower) == read_all(leader)
+    leader.close()
+    follower.close()
 
 
 def test_flush_advances_the_recovery_point(tmp_path):
@@ -648,7 +739,7 @@ def test_empty_active_segment_reopened_keeps_indexing(tmp_path):
     config = LogConfig(segment_ms=1_000, index_interval_bytes=64)
     log = open_log(tmp_path, config)
     log.append(batch([b"a"]), leader_epoch=0, now_ms=0)
-    log.maybe_roll(5_000)
+    log.roll()
     log.close()
     reopened = open_log(tmp_path, config, clean_shutdown=True)
     assert reopened.segment_base_offsets == [0, 1]

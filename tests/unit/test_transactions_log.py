@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -37,7 +38,7 @@ from pykbroker.server.dispatch import RequestContext
 from pykbroker.server.handlers.fetch import fetch as fetch_handler
 from pykbroker.server.handlers.list_offsets import list_offsets as list_offsets_handler
 
-T0 = 1_700_000_000_000
+T0 = int(time.time() * 1000)  # (markers carry the wall-clock time: a segment.ms apart from T0 would roll)
 TOPIC_ID = __import__("uuid").UUID("7f3e2a55-0000-4000-8000-0000000000aa")
 
 
