@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -54,6 +55,22 @@ class ClusterStartError(RuntimeError):
 
 class _StopRequested(Exception):
     """SIGINT or SIGTERM arrived while the cluster was starting."""
+
+
+def pykbroker_command(*args: str) -> list[str]:
+    """The argv that runs ``pykbroker ARGS`` with this very Python and (with child_env) this very pykbroker
+    package, whatever the working directory: ``-P`` keeps ``python -m`` from putting the working directory
+    first on sys.path, where a source checkout (perhaps without its built C extension) would win."""
+    return [sys.executable, "-P", "-m", "pykbroker", *args]
+
+
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a pykbroker child process: the directory holding the running pykbroker package
+    first on PYTHONPATH (installed or a checkout), output unbuffered."""
+    env = dict(os.environ if env is None else env)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
+    return env
 
 
 # In a broker's child before exec: SIGKILL it if the process that started it dies (PR_SET_PDEATHSIG), so a
@@ -98,24 +115,26 @@ class DevBroker:
         return f"{self.host}:{self.port}"
 
     def command(self, zookeeper: str, overrides: tuple[str, ...], log_level: str) -> list[str]:
-        cmd = [sys.executable, "-m", "pykbroker", "serve", "--broker-id", str(self.broker_id),
-               "--zookeeper", zookeeper, "--data-dir", str(self.data_dir),
-               "--listeners", f"PLAINTEXT://{self.host}:{self.port}", "--log-level", log_level]
+        cmd = pykbroker_command("serve", "--broker-id", str(self.broker_id),
+                                "--zookeeper", zookeeper, "--data-dir", str(self.data_dir),
+                                "--listeners", f"PLAINTEXT://{self.host}:{self.port}", "--log-level", log_level)
         for item in overrides:
             cmd += ["--override", item]
         return cmd
 
+    def shell_command(self, zookeeper: str, overrides: tuple[str, ...], log_level: str) -> str:
+        """The command line that starts this broker by hand as this command starts it (same Python, same
+        pykbroker, same options, output appended to its log)."""
+        return (f"PYTHONPATH={shlex.quote(child_env()['PYTHONPATH'])} "
+                f"{shlex.join(self.command(zookeeper, overrides, log_level))} >> {shlex.quote(str(self.log_path))} 2>&1")
+
     def start(self, zookeeper: str, overrides: tuple[str, ...] = (), log_level: str = "INFO") -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        # the brokers run the same pykbroker as this command, installed or a checkout
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.command(zookeeper, overrides, log_level), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+                stderr=subprocess.STDOUT, env=child_env(), start_new_session=True, preexec_fn=_die_with_parent)
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,11 +42,12 @@ def processes_using(path: Path) -> set[int]:
 
 
 class ClusterCommand:
-    """`python -m pykbroker cluster ...` in the background, its output collected line by line."""
+    """`pykbroker cluster ...` (this checkout's, whatever ``cwd``, as the installed console script runs)
+    in the background, its output collected line by line."""
 
-    def __init__(self, args: list[str]):
+    def __init__(self, args: list[str], cwd: Path = REPO_ROOT):
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "pykbroker", "cluster", *args], cwd=REPO_ROOT, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "pykbroker", "cluster", *args], cwd=cwd, env=env,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
         self.lines: list[str] = []
@@ -132,3 +134,51 @@ def test_cluster_command_reports_a_broker_that_cannot_start(zookeeper_installed,
     finally:
         if command.proc.poll() is None:
             command.kill_all(data_dir)
+
+
+def source_copy_without_speedups(into: Path, with_setup: bool = True) -> Path:
+    """A copy of this checkout's pykbroker package (and setup.py) without its built C extension: what a
+    fresh clone looks like beside an installed pykbroker."""
+    shutil.copytree(REPO_ROOT / "pykbroker", into / "pykbroker",
+                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    if with_setup:
+        shutil.copy(REPO_ROOT / "setup.py", into / "setup.py")
+    return into
+
+
+@pytest.mark.timeout(300)
+def test_cluster_brokers_run_the_commands_pykbroker_not_the_source_tree_in_the_working_directory(
+        zookeeper_installed, tmp_path):
+    """Started from a folder holding a pykbroker source tree without its C extension, the brokers still run
+    the command's own package (here this checkout, with the extension): its file in their start line, and no
+    "not built" warning."""
+    from pykbroker.protocol import records
+
+    if not records.ACCELERATED:
+        pytest.skip("this checkout's C extension is not built (python3 setup.py build_ext --inplace)")
+    checkout = source_copy_without_speedups(tmp_path / "clone")
+    data_dir = tmp_path / "cluster"
+    command = ClusterCommand(["--brokers", "1", "--data-dir", str(data_dir)], cwd=checkout)
+    try:
+        wait_until(command.bootstrap, "the bootstrap servers line", START_TIMEOUT_S)
+        log = (data_dir / "logs" / "broker-1.log").read_text()
+        assert f"from {REPO_ROOT / 'pykbroker'} (C record walker: built)" in log, log
+        assert "is not built" not in log, log
+        command.proc.send_signal(signal.SIGINT)
+        assert command.proc.wait(STOP_TIMEOUT_S) == 0, command.output
+    finally:
+        if command.proc.poll() is None:
+            command.kill_all(data_dir)
+
+
+@pytest.mark.parametrize("checkout", [True, False], ids=["source-tree", "installed"])
+def test_missing_speedups_warning_names_the_imported_file_and_the_command_that_builds_it(tmp_path, checkout):
+    tree = source_copy_without_speedups(tmp_path / "tree", with_setup=checkout)
+    code = "from pykbroker.server.broker import speedups_missing_message as m; print(m())"
+    out = subprocess.run([sys.executable, "-P", "-c", code], env=dict(os.environ, PYTHONPATH=str(tree)),
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert f"is not built for {tree / 'pykbroker' / '__init__.py'}:" in out, out
+    if checkout:
+        assert f"cd {tree} && python3 setup.py build_ext --inplace" in out, out
+    else:
+        assert "reinstall pykbroker where a C compiler" in out and "build_ext" not in out, out
