@@ -2,18 +2,23 @@
 
 What it runs: unless ``--zookeeper`` names one, a standalone ZooKeeper from Debian's package
 (``pykbroker.cluster.zk_server``) with its data in ``D/zookeeper``; then brokers 1..N, each a
-``python -m pykbroker serve --broker-id N --zookeeper ... --listeners PLAINTEXT://HOST:PORT`` process with
-its data in ``D/broker-N`` and its output in ``D/logs/broker-N.log``. It waits until every broker answers
+``python -P -m pykbroker serve --broker-id N --zookeeper ... --listeners PLAINTEXT://HOST:PORT`` process with
+its data in ``D/broker-N`` and its output in ``D/logs/broker-N.log``. The brokers run this command's Python and
+this command's pykbroker package (its directory first on PYTHONPATH, and ``-P`` keeps the working directory,
+perhaps a source checkout without the built C extension, off sys.path), wherever the command is started. It waits until every broker answers
 Metadata listing all N brokers (that is: registered in ZooKeeper and told about each other by the
 controller's UpdateMetadata), prints the bootstrap string, and runs until Ctrl-C or SIGTERM. Stopping sends
 SIGTERM to every broker (Kafka's controlled shutdown, while ZooKeeper is still up), SIGKILLs those still
 running after a grace period, then stops ZooKeeper.
 
-A broker that dies while the cluster runs (killed to try a failover, or crashed) is reported with the end
-of its log; the others keep serving, as a real cluster does.
+A broker that dies while the cluster runs (killed to try a failover, or crashed) is reported with how it
+ended (exit status or signal) and the end of its log; the others keep serving, as a real cluster does. The
+supervisor (:class:`Supervisor`) restarts it once the other brokers no longer list it (its ZooKeeper session
+has expired), unless ``--no-restart``; a broker that dies MAX_FAILED_STARTS times in a row before serving is
+not restarted again. A broker not restarted gets the exact command that restarts it by hand.
 
 Exit status: 0 after a requested stop; 1 when ZooKeeper or a broker cannot start, the cluster is not ready
-in time, or a broker died while the cluster ran. Brokers are started in
+in time, or a broker died while the cluster ran (even if restarted). Brokers are started in
 their own sessions (a terminal's Ctrl-C reaches only this command, which stops them in order) and are
 SIGKILLed by Linux if this command dies without stopping them.
 """
@@ -46,6 +51,8 @@ DEFAULT_HOST = "127.0.0.1"
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 30.0
 POLL_S = 0.2
+MAX_FAILED_STARTS = 3  # a broker that dies this many times in a row before serving is not restarted again
+DEREGISTER_TIMEOUT_S = 60.0  # the longest wait for the cluster to drop a dead broker before restarting it
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[1])
 
 
@@ -109,6 +116,11 @@ class DevBroker:
     data_dir: Path
     log_path: Path
     proc: subprocess.Popen | None = field(default=None, init=False)
+    # the supervisor's view (Supervisor): running | waiting (dead, to be restarted) | starting | down
+    state: str = field(default="running", init=False)
+    since: float = field(default=0.0, init=False)
+    restarts: int = field(default=0, init=False)
+    failed_starts: int = field(default=0, init=False)  # deaths in a row before serving again
 
     @property
     def address(self) -> str:
@@ -138,6 +150,16 @@ class DevBroker:
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def exit_description(self) -> str:
+        """How the process ended: "exited with status N" or "was killed by signal SIGNAME"."""
+        code = self.proc.returncode if self.proc is not None else None
+        if code is not None and code < 0:
+            try:
+                return f"was killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                return f"was killed by signal {-code}"
+        return f"exited with status {code}"
 
     def signal(self, sig: int) -> None:
         if self.running():
@@ -213,7 +235,7 @@ class DevCluster:
                 dead = self.dead_broker()
                 if dead is not None:
                     raise ClusterStartError(
-                        f"broker {dead.broker_id} exited with status {dead.proc.returncode} while starting; "
+                        f"broker {dead.broker_id} {dead.exit_description()} while starting; "
                         f"last lines of {dead.log_path}:\n{dead.log_tail()}")
                 if live_broker_ids(broker.host, broker.port) == expected:
                     pending.remove(broker)
@@ -229,8 +251,13 @@ class DevCluster:
     def dead_broker(self) -> DevBroker | None:
         return next((b for b in self.brokers if b.proc is not None and b.proc.poll() is not None), None)
 
-    def dead_brokers(self) -> list[DevBroker]:
-        return [b for b in self.brokers if b.proc is not None and b.proc.poll() is not None]
+    def start_broker(self, broker: DevBroker) -> None:
+        """Start one broker (again) as start() does: same command, data dir, port and log."""
+        broker.start(self.zookeeper_connect, self.overrides, self.log_level)
+
+    def restart_command(self, broker: DevBroker) -> str:
+        """The shell command that starts ``broker`` by hand as this command does."""
+        return broker.shell_command(self.zookeeper_connect, self.overrides, self.log_level)
 
     def stop(self, grace: float = STOP_GRACE_S) -> list[int]:
         """SIGTERM every running broker, SIGKILL those left after grace seconds, then stop our ZooKeeper.
@@ -254,9 +281,74 @@ class DevCluster:
         return killed
 
 
+class Supervisor:
+    """Watches the brokers of a running DevCluster (``poll`` from the command's loop): a broker that dies is
+    reported (exit status or signal, end of its log) and, with ``restart``, started again once the other
+    brokers no longer list it - a killed broker's ZooKeeper registration lasts until its session expires
+    (zookeeper.session.timeout.ms), and a broker started before that is refused as Kafka refuses it (broker
+    id in use) - or after DEREGISTER_TIMEOUT_S anyway. A broker that dies MAX_FAILED_STARTS times in a row
+    before serving again (it crashes at start) is not restarted again; neither is any broker without
+    ``restart``: both get the command that restarts it by hand."""
+
+    def __init__(self, cluster: DevCluster, say: Callable[[str], None], restart: bool = True) -> None:
+        self.cluster = cluster
+        self.say = say
+        self.restart = restart
+        self.deaths = 0
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        for broker in self.cluster.brokers:
+            if broker.state in ("running", "starting") and not broker.running():
+                self._died(broker, now)
+            elif broker.state == "waiting" and (now - broker.since > DEREGISTER_TIMEOUT_S
+                                                or not self._listed_by_others(broker)):
+                self._restart(broker, now)
+            elif broker.state == "starting" and broker.broker_id in (live_broker_ids(broker.host, broker.port) or ()):
+                broker.state, broker.since, broker.failed_starts = "running", now, 0
+                self.say(f"broker {broker.broker_id} is serving again on {broker.address}")
+
+    def _died(self, broker: DevBroker, now: float) -> None:
+        self.deaths += 1
+        before_serving = broker.state == "starting"
+        if before_serving:
+            broker.failed_starts += 1
+        self.say(f"broker {broker.broker_id} {broker.exit_description()}"
+                 f"{' before serving again' if before_serving else ''}; the others keep running. "
+                 f"Last lines of {broker.log_path}:\n{broker.log_tail()}")
+        command = self.cluster.restart_command(broker)
+        broker.since = now
+        if not self.restart:
+            broker.state = "down"
+            self.say(f"not restarting it (--no-restart); restart broker {broker.broker_id} with:\n  {command}")
+        elif broker.failed_starts >= MAX_FAILED_STARTS:
+            broker.state = "down"
+            self.say(f"broker {broker.broker_id} died {broker.failed_starts} times in a row before serving: not "
+                     f"restarting it again; fix the cause (see {broker.log_path}), then restart it with:\n  {command}")
+        else:
+            broker.state = "waiting"
+            self.say(f"restarting broker {broker.broker_id} once the other brokers no longer list it "
+                     f"(its ZooKeeper session expires after zookeeper.session.timeout.ms) ...")
+
+    def _listed_by_others(self, broker: DevBroker) -> bool:
+        for other in self.cluster.brokers:
+            if other is not broker and other.state == "running" and other.running():
+                listed = live_broker_ids(other.host, other.port)
+                if listed is not None:
+                    return broker.broker_id in listed
+        return False  # no other broker answers: nothing to wait for
+
+    def _restart(self, broker: DevBroker, now: float) -> None:
+        self.cluster.start_broker(broker)
+        broker.restarts += 1
+        broker.state, broker.since = "starting", now
+        self.say(f"broker {broker.broker_id} restarted (pid {broker.proc.pid}, restart {broker.restarts}); "
+                 f"log {broker.log_path}")
+
+
 def run(brokers: int, data_dir: Path, *, zookeeper: str | None, base_port: int | None, host: str,
         overrides: tuple[str, ...], log_level: str, ready_timeout: float = READY_TIMEOUT_S,
-        out: TextIO = sys.stdout) -> int:
+        out: TextIO = sys.stdout, restart: bool = True) -> int:
     """The ``pykbroker cluster`` command: start, report, run until SIGINT/SIGTERM, stop. Returns the exit status."""
 
     def say(message: str) -> None:
@@ -286,20 +378,16 @@ def run(brokers: int, data_dir: Path, *, zookeeper: str | None, base_port: int |
         say(f"cluster ready: {brokers} broker(s), ZooKeeper {cluster.zookeeper_connect}")
         say(f"bootstrap servers: {cluster.bootstrap}")
         say("Ctrl-C stops the cluster")
-        reported: set[int] = set()
+        supervisor = Supervisor(cluster, say, restart)
         while not stop_requested:
-            for dead in cluster.dead_brokers():
-                if dead.broker_id not in reported:
-                    reported.add(dead.broker_id)
-                    say(f"broker {dead.broker_id} exited with status {dead.proc.returncode}; the others keep running. "
-                        f"Last lines of {dead.log_path}:\n{dead.log_tail()}")
+            supervisor.poll()
             time.sleep(POLL_S)
         say(f"{signal.Signals(stop_requested[0]).name}: stopping brokers (controlled shutdown) and ZooKeeper ...")
         killed = cluster.stop()
         if killed:
             say(f"broker(s) {', '.join(map(str, killed))} did not stop within {STOP_GRACE_S:.0f} s and were killed")
         say("cluster stopped")
-        return 1 if reported else 0
+        return 1 if supervisor.deaths else 0
     finally:
         cluster.stop()
         for sig, handler in previous.items():
