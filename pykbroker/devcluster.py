@@ -188,7 +188,8 @@ class DevCluster:
         self.zookeeper_connect = zookeeper
         # Kafka's internal topics want 3 replicas: a smaller development cluster gets as many as it has
         # (a --override of the key wins, coming later on the command line).
-        smaller = () if brokers >= 3 else (f"offsets.topic.replication.factor={brokers}",)
+        smaller = () if brokers >= 3 else (f"offsets.topic.replication.factor={brokers}",
+                                           f"transaction.state.log.replication.factor={brokers}")
         self.overrides = (*smaller, *overrides)
         self.log_level = log_level
         self.say = say

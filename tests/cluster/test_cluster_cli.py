@@ -165,6 +165,9 @@ def test_cluster_brokers_run_the_commands_pykbroker_not_the_source_tree_in_the_w
         log = (data_dir / "logs" / "broker-1.log").read_text()
         assert f"from {REPO_ROOT / 'pykbroker'} (C record walker: built)" in log, log
         assert "is not built" not in log, log
+        # a cluster smaller than 3 gets its internal topics with as many replicas as it has brokers
+        wait_until(lambda: find_coordinator(command.bootstrap(), 4, "payments", key_type=1)[0] == 0,
+                   "a transaction coordinator", START_TIMEOUT_S)
         command.proc.send_signal(signal.SIGINT)
         assert command.proc.wait(STOP_TIMEOUT_S) == 0, command.output
     finally:
@@ -210,17 +213,17 @@ def listed_brokers(address: str) -> set[int] | None:
     return live_broker_ids(host, int(port))
 
 
-def find_coordinator(address: str, version: int, key: str):
-    """A raw FindCoordinator of this version for a group (pykbroker's protocol client): (error code,
-    error message) of the group's answer."""
+def find_coordinator(address: str, version: int, key: str, key_type: int = 0):
+    """A raw FindCoordinator of this version for a group (key_type 1: a transactional id) with pykbroker's
+    protocol client: (error code, error message) of the key's answer."""
     import asyncio
     import importlib
 
     from pykbroker.protocol.client import KafkaClientConnection
 
     schema = importlib.import_module(f"kio.schema.find_coordinator.v{version}.request")
-    request = (schema.FindCoordinatorRequest(coordinator_keys=(key,)) if version >= 4
-               else schema.FindCoordinatorRequest(key=key))
+    request = (schema.FindCoordinatorRequest(key_type=key_type, coordinator_keys=(key,)) if version >= 4
+               else schema.FindCoordinatorRequest(key=key, key_type=key_type))
 
     async def ask():
         host, port = address.rsplit(":", 1)
@@ -294,7 +297,11 @@ def test_killed_broker_without_offsets_topic_says_why_groups_wait_and_prints_its
         wait_until(lambda: listed_brokers(first) == {1, 2}, "the cluster to drop broker 3", FAILOVER_TIMEOUT_S)
         for version in (4, 4, 3, 1):
             assert find_coordinator(first, version, "billing") == (15, NO_OFFSETS_TOPIC)  # COORDINATOR_NOT_AVAILABLE
-        logged = (data_dir / "logs" / "broker-1.log").read_text().count("cannot be created yet: 2 live brokers")
+        assert find_coordinator(first, 4, "payments", key_type=1) == (15, (
+            "the transaction state topic __transaction_state cannot be created yet: 2 live brokers, "
+            "transaction.state.log.replication.factor=3 (start the missing brokers, or lower "
+            "transaction.state.log.replication.factor)"))
+        logged = (data_dir / "logs" / "broker-1.log").read_text().count("__consumer_offsets cannot be created yet: 2 live brokers")
         assert logged == 1, f"the reason logged {logged} times"
 
         manual = subprocess.Popen(restart, shell=True, cwd=tmp_path, start_new_session=True)
