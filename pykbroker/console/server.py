@@ -132,7 +132,7 @@ class _Handler(BaseHTTPRequestHandler):
             case ["topics", name]:
                 self._send(200, pages.topic(reader.topic(name), **chrome))
             case ["groups"]:
-                self._send(200, pages.groups(reader.groups(), **chrome))
+                self._send(200, pages.groups(reader.groups(), problem=reader.coordination_problem(), **chrome))
             case ["groups", group_id]:
                 self._send(200, pages.group(reader.group(group_id), reset_form=self.server.allow_writes, **chrome))
             case ["messages"]:

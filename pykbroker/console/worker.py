@@ -52,11 +52,11 @@ def _pid() -> int:
 
 
 class IsolatedReader:
-    """ClusterReader's calls (cluster, topics, topic, topic_names, groups, group, browse, create_topic,
-    reset_offsets) run in worker processes."""
+    """ClusterReader's calls (cluster, topics, topic, topic_names, groups, group, coordination_problem,
+    browse, create_topic, reset_offsets) run in worker processes."""
 
-    CALLS = ("cluster", "topics", "topic", "topic_names", "groups", "group", "browse", "create_topic",
-             "reset_offsets")
+    CALLS = ("cluster", "topics", "topic", "topic_names", "groups", "group", "coordination_problem", "browse",
+             "create_topic", "reset_offsets")
 
     def __init__(self, bootstrap: str, *, timeout: float = DEFAULT_TIMEOUT_S,
                  client_config: dict[str, Any] | None = None, workers: int = WORKERS,
