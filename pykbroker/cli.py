@@ -183,8 +183,8 @@ def build_config(flags: Mapping[str, Any], overrides: tuple[str, ...] = (), conf
 @click.option("--override", "overrides", multiple=True, metavar="KEY=VALUE",
               help="A Kafka broker config key for every broker (repeatable).")
 @click.option("--restart/--no-restart", default=True, show_default=True,
-              help="Restart a broker that dies (once the cluster has dropped it; not after 3 deaths in a row "
-                   "before serving). --no-restart prints the command that restarts it instead.")
+              help="Restart a broker that dies (not after 3 deaths in a row before serving). --no-restart "
+                   "prints the command that restarts it instead.")
 @click.pass_context
 def cluster(ctx: click.Context, brokers: int, data_dir: Path | None, zookeeper: str | None, host: str,
             base_port: int | None, log_level: str, overrides: tuple[str, ...], restart: bool) -> None:

@@ -13,8 +13,7 @@ running after a grace period, then stops ZooKeeper.
 
 A broker that dies while the cluster runs (killed to try a failover, or crashed) is reported with how it
 ended (exit status or signal) and the end of its log; the others keep serving, as a real cluster does. The
-supervisor (:class:`Supervisor`) restarts it once the other brokers no longer list it (its ZooKeeper session
-has expired), unless ``--no-restart``; a broker that dies MAX_FAILED_STARTS times in a row before serving is
+supervisor (:class:`Supervisor`) restarts it, unless ``--no-restart``; a broker that dies MAX_FAILED_STARTS times in a row before serving is
 not restarted again. A broker not restarted gets the exact command that restarts it by hand.
 
 Exit status: 0 after a requested stop; 1 when ZooKeeper or a broker cannot start, the cluster is not ready
@@ -52,7 +51,6 @@ READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 30.0
 POLL_S = 0.2
 MAX_FAILED_STARTS = 3  # a broker that dies this many times in a row before serving is not restarted again
-DEREGISTER_TIMEOUT_S = 60.0  # the longest wait for the cluster to drop a dead broker before restarting it
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[1])
 
 
@@ -116,9 +114,8 @@ class DevBroker:
     data_dir: Path
     log_path: Path
     proc: subprocess.Popen | None = field(default=None, init=False)
-    # the supervisor's view (Supervisor): running | waiting (dead, to be restarted) | starting | down
+    # the supervisor's view (Supervisor): running | starting (restarted, not serving yet) | down
     state: str = field(default="running", init=False)
-    since: float = field(default=0.0, init=False)
     restarts: int = field(default=0, init=False)
     failed_starts: int = field(default=0, init=False)  # deaths in a row before serving again
 
@@ -284,12 +281,11 @@ class DevCluster:
 
 class Supervisor:
     """Watches the brokers of a running DevCluster (``poll`` from the command's loop): a broker that dies is
-    reported (exit status or signal, end of its log) and, with ``restart``, started again once the other
-    brokers no longer list it - a killed broker's ZooKeeper registration lasts until its session expires
-    (zookeeper.session.timeout.ms), and a broker started before that is refused as Kafka refuses it (broker
-    id in use) - or after DEREGISTER_TIMEOUT_S anyway. A broker that dies MAX_FAILED_STARTS times in a row
-    before serving again (it crashes at start) is not restarted again; neither is any broker without
-    ``restart``: both get the command that restarts it by hand."""
+    reported (exit status or signal, end of its log) and, with ``restart``, started again at once (a killed
+    broker's ZooKeeper registration lasts until its session expires: the new process waits for that itself,
+    cluster/node.py). A broker that dies MAX_FAILED_STARTS times in a row before serving again (it crashes at
+    start) is not restarted again; neither is any broker without ``restart``: both get the command that
+    restarts it by hand."""
 
     def __init__(self, cluster: DevCluster, say: Callable[[str], None], restart: bool = True) -> None:
         self.cluster = cluster
@@ -298,18 +294,14 @@ class Supervisor:
         self.deaths = 0
 
     def poll(self) -> None:
-        now = time.monotonic()
         for broker in self.cluster.brokers:
             if broker.state in ("running", "starting") and not broker.running():
-                self._died(broker, now)
-            elif broker.state == "waiting" and (now - broker.since > DEREGISTER_TIMEOUT_S
-                                                or not self._listed_by_others(broker)):
-                self._restart(broker, now)
+                self._died(broker)
             elif broker.state == "starting" and broker.broker_id in (live_broker_ids(broker.host, broker.port) or ()):
-                broker.state, broker.since, broker.failed_starts = "running", now, 0
+                broker.state, broker.failed_starts = "running", 0
                 self.say(f"broker {broker.broker_id} is serving again on {broker.address}")
 
-    def _died(self, broker: DevBroker, now: float) -> None:
+    def _died(self, broker: DevBroker) -> None:
         self.deaths += 1
         before_serving = broker.state == "starting"
         if before_serving:
@@ -318,7 +310,6 @@ class Supervisor:
                  f"{' before serving again' if before_serving else ''}; the others keep running. "
                  f"Last lines of {broker.log_path}:\n{broker.log_tail()}")
         command = self.cluster.restart_command(broker)
-        broker.since = now
         if not self.restart:
             broker.state = "down"
             self.say(f"not restarting it (--no-restart); restart broker {broker.broker_id} with:\n  {command}")
@@ -327,24 +318,14 @@ class Supervisor:
             self.say(f"broker {broker.broker_id} died {broker.failed_starts} times in a row before serving: not "
                      f"restarting it again; fix the cause (see {broker.log_path}), then restart it with:\n  {command}")
         else:
-            broker.state = "waiting"
-            self.say(f"restarting broker {broker.broker_id} once the other brokers no longer list it "
-                     f"(its ZooKeeper session expires after zookeeper.session.timeout.ms) ...")
+            self._restart(broker)
 
-    def _listed_by_others(self, broker: DevBroker) -> bool:
-        for other in self.cluster.brokers:
-            if other is not broker and other.state == "running" and other.running():
-                listed = live_broker_ids(other.host, other.port)
-                if listed is not None:
-                    return broker.broker_id in listed
-        return False  # no other broker answers: nothing to wait for
-
-    def _restart(self, broker: DevBroker, now: float) -> None:
+    def _restart(self, broker: DevBroker) -> None:
         self.cluster.start_broker(broker)
         broker.restarts += 1
-        broker.state, broker.since = "starting", now
-        self.say(f"broker {broker.broker_id} restarted (pid {broker.proc.pid}, restart {broker.restarts}); "
-                 f"log {broker.log_path}")
+        broker.state = "starting"
+        self.say(f"restarted broker {broker.broker_id} (pid {broker.proc.pid}, restart {broker.restarts}); it "
+                 f"rejoins once ZooKeeper has dropped its previous registration (zookeeper.session.timeout.ms)")
 
 
 def run(brokers: int, data_dir: Path, *, zookeeper: str | None, base_port: int | None, host: str,
