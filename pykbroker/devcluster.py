@@ -25,6 +25,7 @@ SIGKILLed by Linux if this command dies without stopping them.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shlex
 import signal
@@ -335,6 +336,10 @@ def run(brokers: int, data_dir: Path, *, zookeeper: str | None, base_port: int |
 
     def say(message: str) -> None:
         print(message, file=out, flush=True)
+
+    # The readiness probes ask brokers that may not answer yet (starting, restarted): their timeouts are
+    # expected, not warnings for the user's terminal.
+    logging.getLogger("pykbroker.protocol.client").setLevel(logging.ERROR)
 
     cluster = DevCluster(brokers, data_dir, zookeeper=zookeeper, host=host, base_port=base_port,
                          overrides=overrides, log_level=log_level, say=say)
