@@ -182,15 +182,19 @@ def build_config(flags: Mapping[str, Any], overrides: tuple[str, ...] = (), conf
               help="The brokers' logging level.")
 @click.option("--override", "overrides", multiple=True, metavar="KEY=VALUE",
               help="A Kafka broker config key for every broker (repeatable).")
+@click.option("--restart/--no-restart", default=True, show_default=True,
+              help="Restart a broker that dies (not after 3 deaths in a row before serving). --no-restart "
+                   "prints the command that restarts it instead.")
 @click.pass_context
 def cluster(ctx: click.Context, brokers: int, data_dir: Path | None, zookeeper: str | None, host: str,
-            base_port: int | None, log_level: str, overrides: tuple[str, ...]) -> None:
+            base_port: int | None, log_level: str, overrides: tuple[str, ...], restart: bool) -> None:
     """Run a local development cluster until Ctrl-C: ZooKeeper (unless --zookeeper) and N brokers.
     (`pykbroker cluster info -b HOST:PORT` describes a running cluster instead.)
 
-    Prints the bootstrap servers once every broker lists all N in Metadata. Ctrl-C or SIGTERM stops the
-    brokers (controlled shutdown, SIGKILL after a grace period) and then ZooKeeper. Exit status 1 when the
-    cluster cannot start or a broker dies."""
+    Prints the bootstrap servers once every broker lists all N in Metadata. A broker that dies is reported
+    (exit status or signal, end of its log) and restarted, or its restart command printed. Ctrl-C or SIGTERM
+    stops the brokers (controlled shutdown, SIGKILL after a grace period) and then ZooKeeper. Exit status 1
+    when the cluster cannot start or a broker died."""
     if ctx.invoked_subcommand is not None:
         return
     if data_dir is None:
@@ -199,7 +203,7 @@ def cluster(ctx: click.Context, brokers: int, data_dir: Path | None, zookeeper: 
     from pykbroker import devcluster  # imported late: --help stays fast
 
     sys.exit(devcluster.run(brokers, data_dir, zookeeper=zookeeper, base_port=base_port, host=host,
-                            overrides=overrides, log_level=log_level))
+                            overrides=overrides, log_level=log_level, restart=restart))
 
 
 @main.command()

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from concurrent.futures import Future
 from typing import Any
@@ -55,6 +56,12 @@ MAX_PARTITIONS_PER_REQUEST = 10_000  # Kafka's ReplicationControlManager.MAX_PAR
 # retention, as in Kafka.
 _INTERNAL_CONFIGS = {"cleanup.policy": "compact"}
 _OFFSETS_REPLICATION_KEY = "offsets.topic.replication.factor"
+# What each internal topic is called in a message, and the key of its replication factor.
+_INTERNAL_TOPIC_ROLES = {
+    "__consumer_offsets": ("the offsets topic", _OFFSETS_REPLICATION_KEY),
+    "__transaction_state": ("the transaction state topic", "transaction.state.log.replication.factor"),
+}
+_PROBLEM_LOG_INTERVAL_S = 60.0  # an internal topic that cannot be created is logged at most this often
 _KAFKA_OFFSETS_REPLICATION_FACTOR = 3  # Kafka's default of offsets.topic.replication.factor
 _TOPIC_DEFAULT_KEYS = frozenset(key for definition in TOPIC_CONFIGS.values() for key in definition.synonyms)
 
@@ -77,6 +84,8 @@ class TopicAdmin:
         # topic -> (the overrides dict it was resolved from, the effective configs)
         self._effective_cache: dict[str, tuple[dict[str, str] | None, dict[str, Any]]] = {}
         self.max_partitions = int(config.get("max.broker.partitions"))
+        # internal topic -> (why it could not be created, when that was last logged)
+        self._internal_problems: dict[str, tuple[str, float]] = {}
         metadata.add_config_listener(self.replicas.update_config)  # hosted logs take a topic's new configs
         self.dynamic.add_listener(self._broker_configs_changed)
 
@@ -437,14 +446,39 @@ class TopicAdmin:
                          name, partitions, replication_factor)
             except KafkaError as exc:
                 if exc.code != ErrorCode.topic_already_exists:
-                    log.warning("cannot create internal topic %s: %s", name, exc)
+                    self._internal_topic_failed(name, replication_factor, exc)
                     return None
             self.metadata.commit()
+        self._internal_problems.pop(name, None)
         if not self._has_leaders(name, 1):
             return None
         info = self.metadata.topic(name)
         await self.host_async(info)
         return info
+
+    def _internal_topic_failed(self, name: str, replication_factor: int, exc: KafkaError) -> None:
+        """Keep why the internal topic cannot be created (FindCoordinator tells it) and log it, at most once
+        a minute while it stays the same: clients ask again every few hundred milliseconds."""
+        role, key = _INTERNAL_TOPIC_ROLES.get(name, ("the internal topic", None))
+        if exc.code == ErrorCode.invalid_replication_factor and key is not None:
+            live = len(self.metadata.brokers())
+            problem = (f"{role} {name} cannot be created yet: {live} live broker{'s' if live != 1 else ''}, "
+                       f"{key}={replication_factor} (start the missing brokers, or lower {key})")
+        else:
+            problem = f"{role} {name} cannot be created: {exc}"
+        now = time.monotonic()
+        previous = self._internal_problems.get(name)
+        if previous is None or previous[0] != problem or now - previous[1] >= _PROBLEM_LOG_INTERVAL_S:
+            log.warning("%s; clients needing it get COORDINATOR_NOT_AVAILABLE until it exists", problem)
+            self._internal_problems[name] = (problem, now)
+
+    def internal_topic_problem(self, name: str) -> str | None:
+        """Why the internal topic ``name`` could not be created at the last attempt, None if it exists or
+        no attempt failed."""
+        if self.metadata.topic(name) is not None:
+            return None
+        found = self._internal_problems.get(name)
+        return found[0] if found else None
 
     def internal_replication_factor(self, key: str = _OFFSETS_REPLICATION_KEY) -> int:
         """The replication factor of a new internal topic: 1 on the single node, else ``key``

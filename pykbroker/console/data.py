@@ -20,6 +20,7 @@ from confluent_kafka import (Consumer, ConsumerGroupTopicPartitions, KafkaError,
                              TopicPartition)
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic, OffsetSpec, ResourceType
 
+from pykbroker.console.coordinator import OFFSETS_TOPIC, coordinator_problem
 from pykbroker.console.logdirs import log_dir_sizes
 
 log = logging.getLogger(__name__)
@@ -357,6 +358,16 @@ class ClusterReader:
         return sorted(metadata.topics[name].partitions)
 
     # -- groups ---------------------------------------------------------------------------------------
+    def coordination_problem(self) -> str | None:
+        """Why consumer groups cannot start (see pykbroker.console.coordinator), None while
+        __consumer_offsets exists or FindCoordinator finds a coordinator."""
+        metadata = self._metadata()
+        if OFFSETS_TOPIC in metadata.topics:
+            return None
+        brokers = sorted(self._brokers(metadata), key=lambda b: b.id)
+        problem = coordinator_problem([(b.host, b.port) for b in brokers], self.timeout)
+        return f"consumer groups cannot start: FindCoordinator answers {problem}" if problem else None
+
     def _committed(self, group_ids: list[str]) -> tuple[dict[str, list], dict[str, str]]:
         # librdkafka asks for one group per ListConsumerGroupOffsets call: send them all, then wait.
         futures = {}
@@ -411,6 +422,9 @@ class ClusterReader:
         return groups
 
     def group(self, group_id: str) -> Group:
+        problem = self.coordination_problem()  # at once, rather than a describe call's timeout
+        if problem is not None:
+            raise ConsoleError(f"group {group_id!r}: {problem}", 503)
         descriptions, errors = self._describe_groups([group_id])
         if group_id not in descriptions:
             raise ConsoleError(f"describe group {group_id!r}: {errors.get(group_id, 'no answer')}")

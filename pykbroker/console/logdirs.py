@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 from kio.schema.errors import ErrorCode
 
@@ -31,18 +31,29 @@ def _request(version: int):
     return module.DescribeLogDirsRequest(topics=None)
 
 
-async def _broker_sizes(host: str, port: int, timeout: float) -> Sizes | None:
+async def ask(host: str, port: int, timeout: float, api_key: int, max_version: int, min_version: int,
+              request: Callable[[int], Any]) -> Any:
+    """One request to one broker on a new connection, in the highest version of [min_version, max_version]
+    the broker supports (``request(version)`` builds it); the response, or None (logged at debug) when the
+    broker cannot be reached, does not support such a version or does not answer within timeout seconds.
+    Also used by the console's other probes that librdkafka does not offer (pykbroker.console.coordinator)."""
     try:
         async with asyncio.timeout(timeout):
             connection = await KafkaClientConnection.connect(
                 host, port, client_id=CLIENT_ID, connect_timeout=timeout, request_timeout=timeout)
             try:
-                version = connection.version_for(DESCRIBE_LOG_DIRS_KEY, MAX_VERSION, MIN_VERSION)
-                response = await connection.send(_request(version))
+                version = connection.version_for(api_key, max_version, min_version)
+                return await connection.send(request(version))
             finally:
                 connection.close()
     except (ClientError, TimeoutError, OSError) as exc:  # UnsupportedVersion is a ClientError
-        log.debug("no log dir sizes from %s:%s: %s", host, port, exc)
+        log.debug("no answer to API %d from %s:%s: %s", api_key, host, port, exc)
+        return None
+
+
+async def _broker_sizes(host: str, port: int, timeout: float) -> Sizes | None:
+    response = await ask(host, port, timeout, DESCRIBE_LOG_DIRS_KEY, MAX_VERSION, MIN_VERSION, _request)
+    if response is None:
         return None
     if getattr(response, "error_code", ErrorCode.none) != ErrorCode.none:
         return None

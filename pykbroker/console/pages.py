@@ -142,11 +142,13 @@ def topic(t: data.Topic, **chrome) -> Markup:
 
 # -- groups ---------------------------------------------------------------------------------------------
 
-def groups(items: list[data.Group], **chrome) -> Markup:
+def groups(items: list[data.Group], *, problem: str | None = None, **chrome) -> Markup:
+    """The groups' table; ``problem``: why consumer groups cannot start (ClusterReader.coordination_problem)."""
     rows = [h('<tr><td><a href="{}">{}</a></td><td>{}</td><td class="num">{}</td><td class="num">{}</td><td>{}</td></tr>',
               url("/groups", g.group_id), g.group_id, g.state, len(g.members), number(g.lag), g.error or "")
             for g in items]
-    body = h("<h1>Consumer groups</h1>{}",
+    warning = h('<div class="error" role="alert" id="groups-problem">{}</div>', problem) if problem else ""
+    body = h("<h1>Consumer groups</h1>{}{}", warning,
              _table(["Group", "State", "Members", "Total lag", "Error"], rows, {2, 3}))
     return layout("Consumer groups", body, **chrome)
 

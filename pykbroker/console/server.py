@@ -21,6 +21,7 @@ import hashlib
 import hmac
 import logging
 import secrets
+import signal
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -131,7 +132,7 @@ class _Handler(BaseHTTPRequestHandler):
             case ["topics", name]:
                 self._send(200, pages.topic(reader.topic(name), **chrome))
             case ["groups"]:
-                self._send(200, pages.groups(reader.groups(), **chrome))
+                self._send(200, pages.groups(reader.groups(), problem=reader.coordination_problem(), **chrome))
             case ["groups", group_id]:
                 self._send(200, pages.group(reader.group(group_id), reset_form=self.server.allow_writes, **chrome))
             case ["messages"]:
@@ -286,18 +287,35 @@ class ConsoleServer(ThreadingHTTPServer):
 def serve(bootstrap: str, *, host: str = "127.0.0.1", port: int = 8080, allow_writes: bool = False,
           allowed_hosts: Iterable[str] = (),
           timeout: float = data.DEFAULT_TIMEOUT_S, ready: Callable[[ConsoleServer], None] | None = None) -> None:
-    """Serve the console until interrupted; :class:`ListenError` when the address cannot be bound. The
-    Kafka clients run in worker processes (pykbroker.console.worker)."""
+    """Serve the console until interrupted (Ctrl-C, or SIGTERM when called in the main thread: both raise
+    KeyboardInterrupt after the worker processes have stopped); :class:`ListenError` when the address cannot
+    be bound. The Kafka clients run in worker processes (pykbroker.console.worker)."""
     reader = IsolatedReader(bootstrap, timeout=timeout)
     try:
         server = ConsoleServer((host, port), reader, allow_writes=allow_writes, allowed_hosts=allowed_hosts)
     except OSError as exc:
         raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
     try:
         reader.worker_pids()  # start the client processes now rather than on the first page
         if ready is not None:
             ready(server)
         server.serve_forever()
     finally:
-        server.server_close()
-        reader.close()
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the stop short
+        try:
+            server.server_close()
+            reader.close()
+        finally:
+            if in_main_thread:
+                signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (systemd, Docker, kill): the console stops as on Ctrl-C, its worker processes with it."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()

@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 WORKERS = 2
 DEFAULT_TIMEOUT_S = 10.0  # data.DEFAULT_TIMEOUT_S, without importing data here
+CLOSE_TIMEOUT_S = 10.0
 _reader = None
 
 
@@ -50,11 +52,11 @@ def _pid() -> int:
 
 
 class IsolatedReader:
-    """ClusterReader's calls (cluster, topics, topic, topic_names, groups, group, browse, create_topic,
-    reset_offsets) run in worker processes."""
+    """ClusterReader's calls (cluster, topics, topic, topic_names, groups, group, coordination_problem,
+    browse, create_topic, reset_offsets) run in worker processes."""
 
-    CALLS = ("cluster", "topics", "topic", "topic_names", "groups", "group", "browse", "create_topic",
-             "reset_offsets")
+    CALLS = ("cluster", "topics", "topic", "topic_names", "groups", "group", "coordination_problem", "browse",
+             "create_topic", "reset_offsets")
 
     def __init__(self, bootstrap: str, *, timeout: float = DEFAULT_TIMEOUT_S,
                  client_config: dict[str, Any] | None = None, workers: int = WORKERS,
@@ -127,8 +129,19 @@ class IsolatedReader:
             return lambda *args, **kwargs: self.call(name, *args, **kwargs)
         raise AttributeError(name)
 
-    def close(self) -> None:
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Stop the workers: idle ones at once, one still running a call within ``timeout`` seconds, else
+        it is killed (a hung librdkafka call would otherwise keep the console from exiting)."""
         with self._lock:
             pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        if pool is None:
+            return
+        processes = list((pool._processes or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + timeout
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                log.warning("console worker %s did not stop within %g s: killed", process.pid, timeout)
+                process.kill()
+                process.join(5)

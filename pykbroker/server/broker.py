@@ -40,6 +40,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Coroutine, TypeVar
 
+from pykbroker import __version__
 from pykbroker.cluster.dynamic_configs import DynamicConfigs
 from pykbroker.cluster.metadata import BrokerEndpoint, ClusterMetadata, EmbeddedMetadata
 from pykbroker.cluster.producer_ids import ProducerIdAllocator, ProducerRegistry, ZkProducerIdAllocator
@@ -72,6 +73,21 @@ OFFSETS_TOPIC = "__consumer_offsets"
 VERIFICATION_CONFIG = "transaction.partition.verification.enable"
 T = TypeVar("T")
 LISTEN_BACKLOG = 100
+
+
+def speedups_missing_message() -> str:
+    """The warning of a broker whose C record walker is missing, with the way to build it for the very
+    package that was imported: a source checkout (setup.py beside the package) builds it in place; an
+    installed package is reinstalled where a C compiler is present."""
+    package = Path(records.__file__).resolve().parents[1]
+    checkout = package.parent
+    if (checkout / "setup.py").is_file():
+        fix = f"build it for this source tree with: cd {checkout} && python3 setup.py build_ext --inplace"
+    else:
+        fix = ("reinstall pykbroker where a C compiler and the Python headers are present (e.g. apt-get install "
+               "gcc python3-dev, then pip install --force-reinstall --no-deps <the source you installed from>)")
+    return (f"the C record walker (pykbroker._speedups) is not built for {package / '__init__.py'}: records are "
+            f"validated in pure Python, several times slower; {fix}")
 
 
 class StartupError(Exception):
@@ -309,9 +325,10 @@ class Broker:
     async def start(self, listening: list[tuple[Listener, socket.socket]]) -> None:
         """Load the logs, then serve every listener on its bound socket (see bind_listener)."""
         raise_descriptor_limit()
+        log.info("pykbroker %s from %s (C record walker: %s)", __version__, Path(records.__file__).resolve().parents[1],
+                 "built" if records.ACCELERATED else "not built")
         if not records.ACCELERATED:
-            log.warning("the C record walker (pykbroker._speedups) is not built: records are validated in pure "
-                        "Python, several times slower; install with a C compiler present to build it")
+            log.warning("%s", speedups_missing_message())
         if self.cluster is not None:
             await self._join_cluster_first()
         self.load()

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -41,11 +43,12 @@ def processes_using(path: Path) -> set[int]:
 
 
 class ClusterCommand:
-    """`python -m pykbroker cluster ...` in the background, its output collected line by line."""
+    """`pykbroker cluster ...` (this checkout's, whatever ``cwd``, as the installed console script runs)
+    in the background, its output collected line by line."""
 
-    def __init__(self, args: list[str]):
+    def __init__(self, args: list[str], cwd: Path = REPO_ROOT):
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "pykbroker", "cluster", *args], cwd=REPO_ROOT, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "pykbroker", "cluster", *args], cwd=cwd, env=env,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
         self.lines: list[str] = []
@@ -128,6 +131,224 @@ def test_cluster_command_reports_a_broker_that_cannot_start(zookeeper_installed,
         command._reader.join(10)
         assert "cluster did not start: broker" in command.output
         assert "num.partitions" in command.output, command.output  # the broker's own reason, from its log
+        assert not processes_using(data_dir)
+    finally:
+        if command.proc.poll() is None:
+            command.kill_all(data_dir)
+
+
+def source_copy_without_speedups(into: Path, with_setup: bool = True) -> Path:
+    """A copy of this checkout's pykbroker package (and setup.py) without its built C extension: what a
+    fresh clone looks like beside an installed pykbroker."""
+    shutil.copytree(REPO_ROOT / "pykbroker", into / "pykbroker",
+                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    if with_setup:
+        shutil.copy(REPO_ROOT / "setup.py", into / "setup.py")
+    return into
+
+
+@pytest.mark.timeout(300)
+def test_cluster_brokers_run_the_commands_pykbroker_not_the_source_tree_in_the_working_directory(
+        zookeeper_installed, tmp_path):
+    """Started from a folder holding a pykbroker source tree without its C extension, the brokers still run
+    the command's own package (here this checkout, with the extension): its file in their start line, and no
+    "not built" warning."""
+    from pykbroker.protocol import records
+
+    if not records.ACCELERATED:
+        pytest.skip("this checkout's C extension is not built (python3 setup.py build_ext --inplace)")
+    checkout = source_copy_without_speedups(tmp_path / "clone")
+    data_dir = tmp_path / "cluster"
+    command = ClusterCommand(["--brokers", "1", "--data-dir", str(data_dir)], cwd=checkout)
+    try:
+        wait_until(command.bootstrap, "the bootstrap servers line", START_TIMEOUT_S)
+        log = (data_dir / "logs" / "broker-1.log").read_text()
+        assert f"from {REPO_ROOT / 'pykbroker'} (C record walker: built)" in log, log
+        assert "is not built" not in log, log
+        # a cluster smaller than 3 gets its internal topics with as many replicas as it has brokers
+        wait_until(lambda: find_coordinator(command.bootstrap(), 4, "payments", key_type=1)[0] == 0,
+                   "a transaction coordinator", START_TIMEOUT_S)
+        command.proc.send_signal(signal.SIGINT)
+        assert command.proc.wait(STOP_TIMEOUT_S) == 0, command.output
+    finally:
+        if command.proc.poll() is None:
+            command.kill_all(data_dir)
+
+
+@pytest.mark.parametrize("checkout", [True, False], ids=["source-tree", "installed"])
+def test_missing_speedups_warning_names_the_imported_file_and_the_command_that_builds_it(tmp_path, checkout):
+    tree = source_copy_without_speedups(tmp_path / "tree", with_setup=checkout)
+    code = "from pykbroker.server.broker import speedups_missing_message as m; print(m())"
+    out = subprocess.run([sys.executable, "-P", "-c", code], env=dict(os.environ, PYTHONPATH=str(tree)),
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert f"is not built for {tree / 'pykbroker' / '__init__.py'}:" in out, out
+    if checkout:
+        assert f"cd {tree} && python3 setup.py build_ext --inplace" in out, out
+    else:
+        assert "reinstall pykbroker where a C compiler" in out and "build_ext" not in out, out
+
+
+# -- a broker that dies: the supervisor, and FindCoordinator's reason while __consumer_offsets cannot be created --
+
+# ZooKeeper drops a killed broker after its session timeout: 6 s instead of Kafka's 18 s keeps the tests short.
+# A stop with a broker missing retries controlled shutdown: half a second apart instead of 5 s.
+FAST_FAILOVER = ["--override", "zookeeper.session.timeout.ms=6000",
+                 "--override", "controlled.shutdown.retry.backoff.ms=500"]
+FAILOVER_TIMEOUT_S = 90.0
+NO_OFFSETS_TOPIC = ("the offsets topic __consumer_offsets cannot be created yet: 2 live brokers, "
+                    "offsets.topic.replication.factor=3 (start the missing brokers, or lower "
+                    "offsets.topic.replication.factor)")
+
+
+def broker_pid(data_dir: Path, broker_id: int) -> int:
+    found = processes_using(data_dir / f"broker-{broker_id}")
+    assert len(found) == 1, f"broker {broker_id}: processes {found}"
+    return found.pop()
+
+
+def listed_brokers(address: str) -> set[int] | None:
+    from pykbroker.devcluster import live_broker_ids
+
+    host, port = address.rsplit(":", 1)
+    return live_broker_ids(host, int(port))
+
+
+def find_coordinator(address: str, version: int, key: str, key_type: int = 0):
+    """A raw FindCoordinator of this version for a group (key_type 1: a transactional id) with pykbroker's
+    protocol client: (error code, error message) of the key's answer."""
+    import asyncio
+    import importlib
+
+    from pykbroker.protocol.client import KafkaClientConnection
+
+    schema = importlib.import_module(f"kio.schema.find_coordinator.v{version}.request")
+    request = (schema.FindCoordinatorRequest(key_type=key_type, coordinator_keys=(key,)) if version >= 4
+               else schema.FindCoordinatorRequest(key=key, key_type=key_type))
+
+    async def ask():
+        host, port = address.rsplit(":", 1)
+        connection = await KafkaClientConnection.connect(host, int(port), client_id="test-cluster-cli",
+                                                         connect_timeout=10, request_timeout=30,
+                                                         negotiate_versions=False)
+        try:
+            return await connection.send(request)
+        finally:
+            await connection.aclose()
+
+    response = asyncio.run(ask())
+    answer = response.coordinators[0] if version >= 4 else response
+    return int(answer.error_code), answer.error_message
+
+
+def group_works(bootstrap: str, topic: str, group: str) -> None:
+    """A consumer group reads a record of a replication-factor-3 topic and commits its offset."""
+    from confluent_kafka import Consumer, Producer
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 3)], operation_timeout=30)[topic].result(60)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(topic, key=b"k", value=b"hello")
+    assert producer.flush(60) == 0
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False})
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + FAILOVER_TIMEOUT_S
+        record = None
+        while record is None or record.error() is not None:
+            assert time.monotonic() < deadline, f"group {group} read nothing within {FAILOVER_TIMEOUT_S} s"
+            record = consumer.poll(1.0)
+        assert record.value() == b"hello"
+        committed = consumer.commit(message=record, asynchronous=False)
+        assert [tp.offset for tp in committed] == [1]
+    finally:
+        consumer.close()
+
+
+def line_after(command: ClusterCommand, prefix: str) -> str | None:
+    """The output line following the first that starts with prefix (a printed restart command)."""
+    for line, following in zip(command.lines, command.lines[1:]):
+        if line.startswith(prefix):
+            return following.strip()
+    return None
+
+
+@pytest.mark.timeout(420)
+def test_killed_broker_without_offsets_topic_says_why_groups_wait_and_prints_its_restart_command(
+        zookeeper_installed, tmp_path):
+    """--no-restart: broker 3 is SIGKILLed before any group exists. The command reports the signal and prints
+    the command that restarts broker 3; FindCoordinator answers COORDINATOR_NOT_AVAILABLE (Kafka's rule kept:
+    3 live brokers needed) with the reason as error_message, logged once; the printed command brings broker 3
+    back, and then a group works."""
+    data_dir = tmp_path / "cluster"
+    command = ClusterCommand(["--brokers", "3", "--data-dir", str(data_dir), "--no-restart", *FAST_FAILOVER])
+    manual = None
+    try:
+        wait_until(command.bootstrap, "the bootstrap servers line", START_TIMEOUT_S)
+        bootstrap = command.bootstrap()
+        first = bootstrap.split(",")[0]
+        os.kill(broker_pid(data_dir, 3), signal.SIGKILL)
+        wait_until(lambda: line_after(command, "not restarting it (--no-restart); restart broker 3 with:"),
+                   "the restart command", FAILOVER_TIMEOUT_S)
+        assert "broker 3 was killed by signal SIGKILL; the others keep running." in command.output, command.output
+        restart = line_after(command, "not restarting it (--no-restart); restart broker 3 with:")
+
+        # no FindCoordinator before ZooKeeper dropped broker 3: it would create the topic on 3 registered brokers
+        wait_until(lambda: listed_brokers(first) == {1, 2}, "the cluster to drop broker 3", FAILOVER_TIMEOUT_S)
+        for version in (4, 4, 3, 1):
+            assert find_coordinator(first, version, "billing") == (15, NO_OFFSETS_TOPIC)  # COORDINATOR_NOT_AVAILABLE
+        assert find_coordinator(first, 4, "payments", key_type=1) == (15, (
+            "the transaction state topic __transaction_state cannot be created yet: 2 live brokers, "
+            "transaction.state.log.replication.factor=3 (start the missing brokers, or lower "
+            "transaction.state.log.replication.factor)"))
+        logged = (data_dir / "logs" / "broker-1.log").read_text().count("__consumer_offsets cannot be created yet: 2 live brokers")
+        assert logged == 1, f"the reason logged {logged} times"
+
+        manual = subprocess.Popen(restart, shell=True, cwd=tmp_path, start_new_session=True)
+        wait_until(lambda: listed_brokers(first) == {1, 2, 3}, "broker 3 back", FAILOVER_TIMEOUT_S)
+        group_works(bootstrap, "after-restart", "billing")
+        assert find_coordinator(first, 4, "billing")[0] == 0
+
+        os.killpg(manual.pid, signal.SIGTERM)  # ours, not the command's: stopped before its ZooKeeper
+        manual.wait(STOP_TIMEOUT_S)
+        command.proc.send_signal(signal.SIGINT)
+        assert command.proc.wait(STOP_TIMEOUT_S) == 1, command.output  # a broker died while it ran
+        assert not processes_using(data_dir)
+    finally:
+        if manual is not None and manual.poll() is None:
+            os.killpg(manual.pid, signal.SIGKILL)
+            manual.wait()
+        if command.proc.poll() is None:
+            command.kill_all(data_dir)
+
+
+@pytest.mark.timeout(420)
+def test_cluster_restarts_a_killed_broker_and_gives_up_on_one_that_crashes_at_start(zookeeper_installed, tmp_path):
+    data_dir = tmp_path / "cluster"
+    command = ClusterCommand(["--brokers", "3", "--data-dir", str(data_dir), *FAST_FAILOVER])
+    try:
+        wait_until(command.bootstrap, "the bootstrap servers line", START_TIMEOUT_S)
+        bootstrap = command.bootstrap()
+        killed = broker_pid(data_dir, 3)
+        os.kill(killed, signal.SIGKILL)
+        wait_until(lambda: "broker 3 is serving again" in command.output, "broker 3 restarted", FAILOVER_TIMEOUT_S)
+        assert "broker 3 was killed by signal SIGKILL; the others keep running." in command.output, command.output
+        assert "restarted broker 3 (pid" in command.output
+        assert "got no response" not in command.output  # the probes of a restarting broker are no warnings
+        assert broker_pid(data_dir, 3) != killed
+        group_works(bootstrap, "after-restart", "billing")
+
+        # A broker that cannot start (here: an unreadable meta.properties) is restarted 3 times, then left down.
+        (data_dir / "broker-2" / "meta.properties").write_text("not a properties line\n")
+        os.kill(broker_pid(data_dir, 2), signal.SIGKILL)
+        gave_up = "broker 2 died 3 times in a row before serving: not restarting it again"
+        wait_until(lambda: gave_up in command.output, "the supervisor to give up on broker 2", FAILOVER_TIMEOUT_S)
+        assert command.output.count("broker 2 exited with status 1 before serving again") == 3, command.output
+        assert "meta.properties" in command.output  # the broker's own reason, from its log
+        assert line_after(command, f"broker 2 died 3 times").startswith("PYTHONPATH="), command.output
+
+        command.proc.send_signal(signal.SIGINT)
+        assert command.proc.wait(STOP_TIMEOUT_S) == 1, command.output
         assert not processes_using(data_dir)
     finally:
         if command.proc.poll() is None:

@@ -9,6 +9,7 @@ import json
 import re
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -107,6 +108,16 @@ def text(base: str, path: str) -> str:
         body = response.read().decode()
     body = re.sub(r"<style>.*?</style>", "", body, flags=re.S)
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", body))
+
+
+def status(base: str, path: str) -> tuple[int, str, float]:
+    """(HTTP status, body, seconds taken) of a GET, whatever the status."""
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(base + path, timeout=120) as response:
+            return response.status, response.read().decode(), time.monotonic() - started
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(), time.monotonic() - started
 
 
 def rows(base: str, path: str) -> list[list[str]]:

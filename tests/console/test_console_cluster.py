@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from console_helpers import assert_size_cell, rows, text, wait_for
+from console_helpers import assert_size_cell, rows, status, text, wait_for
 
 from broker_cluster import BrokerCluster
 from pykbroker.cluster.zk_server import ZooKeeperServer, ZooKeeperUnavailable, find_install
@@ -68,3 +68,24 @@ def test_cluster_pages(zk_connect, tmp_path, console_server):
                  "two under-replicated partitions on the topics page")
         assert [row[0] for row in rows(base, "/") if len(row) == 4] == [str(i) for i in (1, 2, 3) if i != victim]
         assert f"Brokers {len(cluster.brokers) - 1} " in text(base, "/")
+
+
+def test_groups_pages_say_why_groups_cannot_start_while_a_broker_is_missing(zk_connect, tmp_path, console_server):
+    """No __consumer_offsets yet and 2 of 3 brokers live: Kafka's rule (3 live brokers for the offsets topic)
+    keeps groups waiting; the groups page says why (the broker's FindCoordinator error_message) and a group's
+    page answers at once with it (503), not after a describe timeout. With the third broker back, it goes."""
+    cause = ("the offsets topic __consumer_offsets cannot be created yet: 2 live brokers, "
+             "offsets.topic.replication.factor=3")
+    with BrokerCluster(zk_connect, tmp_path, n=3) as cluster:
+        assert cluster.stop(3) == 0  # controlled shutdown: ZooKeeper drops it at once
+        cluster.wait_ready()  # brokers 1 and 2 list only each other
+        base = console_server(cluster.bootstrap).url
+
+        page = text(base, "/groups")
+        assert f"consumer groups cannot start: FindCoordinator answers COORDINATOR_NOT_AVAILABLE: {cause}" in page, page
+        code, body, _ = status(base, "/groups/billing")
+        assert code == 503 and cause in body, (code, body)
+
+        cluster.start_broker(3)
+        cluster.wait_ready()
+        wait_for(lambda: "cannot start" not in text(base, "/groups"), "the groups page without the warning", 60)

@@ -6,26 +6,14 @@ from __future__ import annotations
 
 import os
 import signal
-import time
-import urllib.error
-import urllib.request
 
 import pytest
-from console_helpers import TOPIC, fill_broker, wait_for
+from console_helpers import TOPIC, fill_broker, status, wait_for
 
 from broker_process import BrokerProcess
 from pykbroker.console.worker import IsolatedReader
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def status(base: str, path: str) -> tuple[int, str, float]:
-    started = time.monotonic()
-    try:
-        with urllib.request.urlopen(base + path, timeout=120) as response:
-            return response.status, response.read().decode(), time.monotonic() - started
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(), time.monotonic() - started
 
 
 def test_paused_broker_gives_error_pages_in_bounded_time(tmp_path, console_server):

@@ -6,7 +6,12 @@ request arrived on, as Kafka answers. Asking creates __consumer_offsets if it do
 does): on a single broker the answer waits until its partitions are hosted (one at a time, so other clients
 are served meanwhile); in a cluster the creation is written to ZooKeeper and the answer is
 COORDINATOR_NOT_AVAILABLE until the partition has a leader (the client retries), as it is for a leader that
-has no endpoint on this listener. An empty group id: INVALID_REQUEST; an unknown key type:
+has no endpoint on this listener. When the creation itself fails - Kafka's rule: the topic needs as many live
+brokers as offsets.topic.replication.factor (3 by default), kept here - the answer stays
+COORDINATOR_NOT_AVAILABLE, its error_message (v1+; per key from v4) naming the cause, e.g. "the offsets
+topic __consumer_offsets cannot be created yet: 2 live brokers, offsets.topic.replication.factor=3 (start
+the missing brokers, or lower offsets.topic.replication.factor)"; the broker logs it at most once a minute
+(cluster/topic_admin.py). An empty group id: INVALID_REQUEST; an unknown key type:
 INVALID_REQUEST. Success carries error_message "NONE" before v4 and "" from v4, as Kafka 3.7 answers.
 
 A transaction coordinator (key_type 1) is found the same way: the leader of the transactional id's
@@ -35,8 +40,8 @@ def _locate(ctx: RequestContext, key: str, key_type: int) -> tuple[ErrorCode, st
     if not key:
         return ErrorCode.invalid_request, None, None
     info = ctx.broker.metadata.topic(topic)
-    if info is None:
-        return ErrorCode.coordinator_not_available, None, None
+    if info is None:  # not created (yet): why, when its creation failed (too few live brokers)
+        return ErrorCode.coordinator_not_available, ctx.broker.topics.internal_topic_problem(topic), None
     leader = info.partitions[partition_for_group(key, len(info.partitions))].leader
     found = [b for b in ctx.broker.brokers_on(ctx.listener) if b.broker_id == leader]
     if not found:  # no leader yet, or the leader is not reachable through this listener
