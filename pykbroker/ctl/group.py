@@ -215,7 +215,10 @@ def seek(conn: Connection, group_id: str, to: str | None, to_timestamp: str | No
             target = committed[key] + shift_by
         new[key] = min(max(target, low[key]), high[key])  # Kafka's tool clamps to the log
 
-    if not dry_run:
+    if dry_run:  # said on stderr, as the progress of a real reset is: stdout stays the table
+        progress(f"Dry run: the new offsets of {len(new)} partitions of group {group_id}; nothing committed "
+                 "(without --dry-run they would be).")
+    else:
         progress(f"Resetting {len(new)} partitions of group {group_id} ...")
         request = ConsumerGroupTopicPartitions(group_id, [TopicPartition(t, p, offset) for (t, p), offset in new.items()])
         result = conn.call(conn.admin.alter_consumer_group_offsets([request], request_timeout=conn.timeout)[group_id],
