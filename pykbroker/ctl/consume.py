@@ -145,6 +145,10 @@ def consume(conn: Connection, topics: tuple[str, ...], group: str | None, partit
     closed = False
     try:
         metadata = topic_metadata(consumer, topics, conn.timeout)
+        if group:
+            from pykbroker.ctl.group import check_coordinator
+
+            check_coordinator(conn, group)
         for name in topics:
             missing = sorted(set(chosen or ()) - set(metadata[name].partitions))
             if missing:
