@@ -11,8 +11,9 @@ all but ``consume`` and ``produce`` print tables or, with ``--format json``, JSO
     pykbroker group list|describe|seek|delete
     pykbroker cluster info
 
-Exit codes: 0 ok; 1 the cluster answered with an error or refused the operation; 2 bad arguments;
-3 the topic, partition or group does not exist; 4 no broker answered within --timeout; 130 Ctrl-C.
+Exit codes: 0 ok; 1 the cluster answered with an error or refused the operation; 2 bad arguments or input;
+3 the topic, partition or group does not exist; 4 no bootstrap broker reachable (said at once, naming each
+address and why) or none answered within --timeout; 130 Ctrl-C.
 """
 
 from __future__ import annotations

@@ -3,7 +3,15 @@
 Connection: ``-b/--brokers HOST:PORT[,...]`` or ``$PYKBROKER_BROKERS`` (default ``127.0.0.1:9092``),
 ``--timeout`` seconds for each request (an unreachable cluster fails within it), ``-X/--client-config
 KEY=VALUE`` for any librdkafka setting. ``PYKBROKER_BROKERS`` is not a broker setting, so ``serve`` ignores
-it (pykbroker.config reads only PYKBROKER_* variables that name a setting it knows).
+it (pykbroker.config reads only PYKBROKER_* variables that name a setting it knows). These options (and
+``--format``) are also taken before the command, ``pykbroker -b HOST:PORT --format json topic list``
+(:func:`global_options`); given in both places, the command's own wins.
+
+An address without a port is a usage error, as Kafka's clients refuse it ("Invalid url in
+bootstrap.servers"). Before the first client is made, the bootstrap addresses are resolved and connected to
+(all at once, within --timeout): when none answers, the command fails at once naming each address and why
+(not resolved, connection refused, no answer), instead of librdkafka's "Broker transport failure" after the
+whole --timeout.
 
 Output: human-readable tables on stdout by default, ``--format json`` for scripts (one JSON document);
 progress and warnings go to stderr, so stdout stays what the command answers.
@@ -14,7 +22,12 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import queue
+import re
+import socket
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
@@ -35,16 +48,95 @@ def brokers_option(*param_decls: str):
 # Exit codes (documented in pykbroker.ctl and the README).
 EXIT_OK = 0
 EXIT_KAFKA_ERROR = 1  # the cluster answered with an error (or refused the operation)
-EXIT_USAGE = 2  # bad arguments (click's own code for usage errors)
+EXIT_USAGE = 2  # bad arguments or input (click's own code for usage errors)
 EXIT_NOT_FOUND = 3  # the topic, partition or group named does not exist
-EXIT_UNREACHABLE = 4  # no broker answered within --timeout
+EXIT_UNREACHABLE = 4  # no bootstrap broker reachable, or none answered within --timeout
 EXIT_INTERRUPTED = 130  # Ctrl-C
-EXIT_CODES_HELP = ("Exit codes: 0 ok; 1 the cluster answered with an error or refused; 2 bad arguments; "
-                   "3 topic, partition or group not found; 4 no broker answered within --timeout; 130 Ctrl-C.")
+EXIT_CODES_HELP = ("Exit codes: 0 ok; 1 the cluster answered with an error or refused; 2 bad arguments or input; "
+                   "3 topic, partition or group not found; 4 no broker reachable or answering within --timeout; "
+                   "130 Ctrl-C.")
 
 # UNKNOWN_TOPIC_OR_PART, GROUP_ID_NOT_FOUND, UNKNOWN_TOPIC_ID; librdkafka's _UNKNOWN_TOPIC, _UNKNOWN_PARTITION, _NOENT
 _NOT_FOUND_CODES = {3, 69, 100, -188, -190, -156}
 _UNREACHABLE_CODES = {-195, -185, -187, -193}  # _TRANSPORT, _TIMED_OUT, _ALL_BROKERS_DOWN, _RESOLVE
+
+
+# Kafka's rule for a bootstrap address (Utils.HOST_PORT_PATTERN), with an optional listener or protocol prefix
+# (PLAINTEXT://host:port) as librdkafka takes it; an IPv6 host in brackets.
+_ADDRESS = re.compile(r"^(?:[A-Za-z0-9+._-]+://)?\[?([0-9A-Za-z%._:-]*?)\]?:([0-9]+)$")
+_BROKERS_HINT = "'-b' / '--brokers'"
+
+
+def parse_bootstrap(brokers: str) -> list[tuple[str, int]]:
+    """``HOST:PORT[,...]`` into (host, port) pairs; anything else (a host without its port among them) is a
+    usage error naming the address and the form expected."""
+    addresses = []
+    for item in (part.strip() for part in brokers.split(",")):
+        if not item:
+            continue
+        match = _ADDRESS.match(item)
+        if match is None or not match.group(1) or not 0 < int(match.group(2)) < 65536:
+            bare = item.split("://", 1)[-1]
+            has_port = re.search(r":[0-9]+$", bare) is not None
+            example = f"{bare}:9092" if not has_port and re.fullmatch(r"[0-9A-Za-z._-]+", bare) else "localhost:9092"
+            raise click.BadParameter(f"{item!r} {'is not HOST:PORT' if has_port else 'has no port'}: expected "
+                                     f"HOST:PORT[,HOST:PORT...], e.g. {example}", param_hint=_BROKERS_HINT)
+        addresses.append((match.group(1), int(match.group(2))))
+    if not addresses:
+        raise click.BadParameter("no broker address: expected HOST:PORT[,HOST:PORT...]", param_hint=_BROKERS_HINT)
+    return addresses
+
+
+def _probe(host: str, port: int, timeout: float) -> str | None:
+    """None if a TCP connection to host:port opens within timeout, else why not, in a few words."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return f"host name {host!r} not resolved ({exc.strerror})"
+    causes: list[str] = []
+    for family, kind, proto, _, sockaddr in infos:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.settimeout(timeout)
+                sock.connect(sockaddr)
+            return None
+        except ConnectionRefusedError:
+            cause = "connection refused (nothing listens on that port)"
+        except (socket.timeout, TimeoutError):
+            cause = f"no connection within {timeout:g} s"
+        except OSError as exc:
+            cause = exc.strerror or str(exc)
+        if cause not in causes:
+            causes.append(cause)
+    return "; ".join(causes) or f"host name {host!r} has no address"
+
+
+def reachable_broker(addresses: Sequence[tuple[str, int]], timeout: float) -> tuple[str, int]:
+    """The first of these addresses a TCP connection opens to (all tried at once, each within timeout),
+    or a CtlError (EXIT_UNREACHABLE) naming every address and why it failed. Daemon threads: a name lookup
+    that hangs past the timeout does not hold the command."""
+    answers: queue.Queue[tuple[tuple[str, int], str | None]] = queue.Queue()
+    for address in addresses:
+        threading.Thread(target=lambda a=address: answers.put((a, _probe(*a, timeout))), daemon=True).start()
+    failures: dict[tuple[str, int], str] = {}
+    deadline = time.monotonic() + timeout + 1.0
+    while len(failures) < len(addresses):
+        try:
+            address, cause = answers.get(timeout=max(deadline - time.monotonic(), 0.0))
+        except queue.Empty:
+            break
+        if cause is None:
+            return address
+        failures[address] = cause
+    for address in addresses:
+        failures.setdefault(address, f"no answer within {timeout:g} s (name lookup)")
+    listed = "; ".join(f"{_address_text(address)}: {failures[address]}" for address in addresses)
+    raise CtlError(f"cannot reach any broker: {listed}", EXIT_UNREACHABLE)
+
+
+def _address_text(address: tuple[str, int]) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class CtlError(click.ClickException):
@@ -104,13 +196,13 @@ def each_result(conn: "Connection", futures: dict[str, Any], what: str) -> list[
 def report_each(conn: "Connection", results: list[tuple[str, Any]], kind: str, done: str, *,
                 tolerate: str | None = None, tolerated: str = "") -> None:
     """One row per resource, {KIND, status, error}; an error whose name is ``tolerate`` (--if-exists and
-    the like) is status ``tolerated`` instead. Errors also go to stderr; the exit code is the worst."""
+    the like) is status ``tolerated`` instead. An error is said once, in its row (as rpk prints it), not
+    again on stderr; the exit code is the worst."""
     rows, worst = [], EXIT_OK
     for name, error in results:
         if error is None or error.name() == tolerate:
             rows.append({kind: name, "status": done if error is None else tolerated, "error": None})
             continue
-        click.echo(f"Error: {name}: {error_text(error)}", err=True)
         worst = max(worst, exit_code_for(error))
         rows.append({kind: name, "status": error_text(error), "error": {"code": error.name(), "message": error.str()}})
     conn.emit(rows, lambda rows: table([kind, "status"], [[row[kind], row["status"]] for row in rows]))
@@ -130,6 +222,24 @@ class Connection:
     verbose: bool
     extra: dict[str, str] = field(default_factory=dict)
     _admin: Any = None
+    _reachable: tuple[str, int] | None = None
+
+    @property
+    def bootstrap(self) -> list[tuple[str, int]]:
+        """The bootstrap addresses (-X bootstrap.servers overrides -b, as it does for the client)."""
+        return parse_bootstrap(self.extra.get("bootstrap.servers", self.brokers))
+
+    def reachable(self) -> tuple[str, int]:
+        """A bootstrap address that accepts a TCP connection (checked once), else a CtlError saying, for
+        each address, why not (exit 4) - at once, not after librdkafka's whole --timeout."""
+        if self._reachable is None:
+            self._reachable = reachable_broker(self.bootstrap, self.timeout)
+        return self._reachable
+
+    @property
+    def plaintext(self) -> bool:
+        """Whether pykbroker's own protocol client can talk to the brokers (no TLS or SASL set with -X)."""
+        return self.extra.get("security.protocol", "plaintext").lower() == "plaintext"
 
     def config(self, **settings: Any) -> dict[str, Any]:
         """librdkafka settings: bootstrap servers, timeouts, quiet logging, then -X settings."""
@@ -155,14 +265,16 @@ class Connection:
 
     def client(self, kind: Callable[[dict[str, Any]], Any], **settings: Any) -> Any:
         """A Producer, Consumer or AdminClient with config(**settings); a setting librdkafka refuses (from
-        -X, say) is a usage error."""
+        -X, say) is a usage error; no reachable bootstrap address is exit 4 at once (:meth:`reachable`)."""
         from confluent_kafka import KafkaException
 
         try:
-            return kind(self.config(**settings))
+            client = kind(self.config(**settings))
         except (KafkaException, ValueError, TypeError) as exc:
             error = exc.args[0] if exc.args else exc
             raise click.UsageError(f"client configuration refused: {getattr(error, 'str', lambda: error)()}") from None
+        self.reachable()  # after the settings are checked: a bad setting is a usage error whatever the cluster
+        return client
 
     def call(self, future: Any, what: str) -> Any:
         """The result of an AdminClient future, or a CtlError naming ``what``."""
@@ -176,25 +288,8 @@ class Connection:
         return self.call(self.admin.describe_cluster(request_timeout=self.timeout), "describing the cluster")
 
     def topic_metadata(self, topics: Sequence[str] | None = None) -> dict[str, Any]:
-        """Metadata for these topics (all when None): name -> TopicMetadata; a topic that does not exist
-        is a CtlError with EXIT_NOT_FOUND."""
-        admin = self.admin
-        try:
-            if topics is None:
-                return admin.list_topics(timeout=self.timeout).topics
-            found = {}
-            for name in topics:
-                found.update(admin.list_topics(topic=name, timeout=self.timeout).topics)
-        except Exception as exc:
-            raise kafka_error(exc, "reading metadata") from None
-        for name in topics:
-            metadata = found.get(name)
-            if metadata is None or metadata.error is not None:
-                error = metadata.error if metadata is not None else None
-                if error is None or exit_code_for(error) == EXIT_NOT_FOUND:
-                    raise CtlError(f"topic {name!r} does not exist", EXIT_NOT_FOUND)
-                raise CtlError(f"topic {name!r}: {error_text(error)}", exit_code_for(error))
-        return found
+        """Metadata for these topics (all when None), through the AdminClient: see :func:`topic_metadata`."""
+        return topic_metadata(self.admin, topics, self.timeout)
 
     def emit(self, data: Any, render: Callable[[Any], None]) -> None:
         """Write ``data`` as JSON (--format json) or with ``render`` (tables)."""
@@ -202,6 +297,34 @@ class Connection:
             click.echo(json.dumps(data, indent=2, default=str))
         else:
             render(data)
+
+
+def topic_metadata(client: Any, topics: Sequence[str] | None, timeout: float) -> dict[str, Any]:
+    """Metadata for these topics (all when None) through any librdkafka client: name -> TopicMetadata. A
+    topic that does not exist is a CtlError with EXIT_NOT_FOUND (:func:`topic_error`, one wording for every
+    command); another error of a topic is a CtlError naming it."""
+    try:
+        if topics is None:
+            return client.list_topics(timeout=timeout).topics
+        found = {}
+        for name in topics:
+            found.update(client.list_topics(topic=name, timeout=timeout).topics)
+    except Exception as exc:
+        raise kafka_error(exc, "reading metadata") from None
+    for name in topics:
+        metadata = found.get(name)
+        if metadata is None or metadata.error is not None:
+            raise topic_error(name, metadata.error if metadata is not None else None)
+    return found
+
+
+def topic_error(name: str, error: Any = None) -> CtlError:
+    """The CtlError for a topic the cluster answered with ``error`` for (a KafkaError; None: not in the
+    answer at all): ``topic 'NAME' does not exist (UNKNOWN_TOPIC_OR_PART)`` for every not-found code."""
+    if error is None or exit_code_for(error) == EXIT_NOT_FOUND:
+        return CtlError(f"topic {name!r} does not exist" + (f" ({error.name()})" if error is not None else ""),
+                        EXIT_NOT_FOUND)
+    return CtlError(f"topic {name!r}: {error_text(error)}", exit_code_for(error))
 
 
 _LIBRDKAFKA_LOGGER = "pykbroker.ctl.librdkafka"
@@ -231,16 +354,71 @@ def parse_pairs(items: Iterable[str], what: str, *, allow_empty_value: bool = Tr
     return parsed
 
 
-def connection_options(command: Callable[..., Any] | None = None, *, output_option: bool = True) -> Any:
+_GLOBAL_KEY = "pykbroker.ctl.global_options"
+
+
+def _remember_global(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Keep a group-level option given on the command line (none has a default) for the command's context."""
+    if value not in (None, (), False):
+        ctx.meta.setdefault(_GLOBAL_KEY, {})[param.name] = value
+    return value
+
+
+def global_options(group: Callable[..., Any]) -> Any:
+    """The client commands' options on the ``pykbroker`` group itself, so that they may come before the
+    command (``pykbroker --format json -b HOST:PORT topic list``); given after it too, the command's own
+    wins (its -X settings are added to these). Commands that are not clients (serve, cluster, console)
+    ignore them."""
+    def option(*decls: str, **attrs: Any) -> Callable[..., Any]:
+        return click.option(*decls, expose_value=False, callback=_remember_global, **attrs)
+
+    options = [
+        option("-b", "--brokers", metavar="HOST:PORT[,...]", help="The client commands' -b, given before the command."),
+        option("--timeout", type=click.FloatRange(min=0.1), help="The client commands' --timeout."),
+        option("--format", "output", type=click.Choice(["table", "json"]),
+               help="The client commands' --format (json: consume's -f json)."),
+        option("-X", "--client-config", "client_config", multiple=True, metavar="KEY=VALUE",
+               help="The client commands' -X (repeatable)."),
+        option("-v", "--verbose", is_flag=True, help="The client commands' -v."),
+    ]
+    for decorate in reversed(options):
+        group = decorate(group)
+    return group
+
+
+def _with_global_options(values: dict[str, Any], fmt_param: str | None) -> dict[str, Any]:
+    """The command's option values with those given before the command filled in where the command's own
+    were not given on the command line (defaults and $PYKBROKER_BROKERS give way to them)."""
+    ctx = click.get_current_context()
+    given = ctx.meta.get(_GLOBAL_KEY, {})
+    explicit = click.core.ParameterSource.COMMANDLINE
+    values = dict(values)
+    for name in ("brokers", "timeout", "verbose", "output"):
+        if given.get(name) is not None and name in values and ctx.get_parameter_source(name) != explicit:
+            values[name] = given[name]
+    if given.get("client_config"):
+        values["client_config"] = (*given["client_config"], *values["client_config"])
+    if fmt_param and given.get("output") == "json" and ctx.get_parameter_source(fmt_param) != explicit:
+        values[fmt_param] = "json"
+    return values
+
+
+def connection_options(command: Callable[..., Any] | None = None, *, output_option: bool = True,
+                       record_format: str | None = None) -> Any:
     """The options every client command takes; the command receives a ``conn: Connection``. Without
-    ``output_option`` the command defines its own ``--format`` (``consume``'s record formats)."""
+    ``output_option`` the command defines its own ``--format`` (``consume``'s record formats, the parameter
+    named ``record_format``, which a ``--format json`` before the command sets)."""
     if command is None:
-        return functools.partial(connection_options, output_option=output_option)
+        return functools.partial(connection_options, output_option=output_option, record_format=record_format)
 
     @functools.wraps(command)
-    def wrapper(brokers: str, timeout: float, client_config: tuple[str, ...], verbose: bool, **kwargs: Any) -> Any:
+    def wrapper(**kwargs: Any) -> Any:
+        kwargs = _with_global_options(kwargs, record_format)
+        brokers, timeout = kwargs.pop("brokers"), kwargs.pop("timeout")
+        client_config, verbose = kwargs.pop("client_config"), kwargs.pop("verbose")
         output = kwargs.pop("output") if output_option else "table"
         conn = Connection(brokers, timeout, output, verbose, parse_pairs(client_config, "'-X'"))
+        conn.bootstrap  # noqa: B018 (a malformed address is a usage error before anything else is done)
         try:
             return command(conn=conn, **kwargs)
         except KeyboardInterrupt:

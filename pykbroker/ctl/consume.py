@@ -11,7 +11,7 @@ import click
 
 from pykbroker.ctl.common import (
     EXIT_CODES_HELP, EXIT_NOT_FOUND, EXIT_UNREACHABLE, Connection, connection_options, CtlError, error_text,
-    exit_code_for, kafka_error, parse_timestamp, progress,
+    exit_code_for, kafka_error, parse_timestamp, progress, topic_metadata,
 )
 
 POLL_S = 0.2
@@ -111,7 +111,8 @@ def _partitions(value: str | None) -> list[int] | None:
 @click.option("-g", "--group", help="Consume as a member of this group (subscribe, offsets committed).")
 @click.option("-p", "--partitions", metavar="P[,P...]", help="Read only these partitions (no group; default: all).")
 @click.option("-o", "--offset", default="beginning", show_default=True, metavar="beginning|end|N|-N",
-              help="Start at the beginning, the end, offset N, or the last N records of each partition. "
+              help="Start at the beginning, the end, offset N, or the last N records of each partition (then "
+              "new records as they come, as kcat -o -N does: -e stops after the last N). "
               "With --group, beginning/end apply only where the group has no committed offset.")
 @click.option("-t", "--timestamp", metavar="MS|ISO-8601",
               help="Start at the first record at or after this time (ms since the epoch, or e.g. 2026-11-26T12:00:00Z).")
@@ -122,13 +123,14 @@ def _partitions(value: str | None) -> list[int] | None:
               "'{topic}:{partition}@{offset} {key}={value}' (fields: " + ", ".join(TEMPLATE_FIELDS) + ").")
 @click.option("--isolation-level", type=click.Choice(["read_uncommitted", "read_committed"]), default="read_uncommitted",
               show_default=True)
-@connection_options(output_option=False)
+@connection_options(output_option=False, record_format="fmt")
 def consume(conn: Connection, topics: tuple[str, ...], group: str | None, partitions: str | None, offset: str,
             timestamp: str | None, count: int | None, exit_at_end: bool, fmt: str, isolation_level: str) -> None:
     """Print records of TOPIC(s) to stdout, one per line, until -n records, the end (-e) or Ctrl-C.
 
-    Exit 3 if a topic or partition does not exist, 4 if no broker answered within --timeout."""
-    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+    Exit 3 if a topic or partition does not exist, 4 if no broker is reachable or answers within --timeout.
+    -o -N prints the last N records and then, like kcat, waits for new ones: add -e to stop there."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     if group and partitions is not None:
         raise click.UsageError("--group and --partitions exclude each other: a group member gets its partitions from the group")
@@ -142,19 +144,16 @@ def consume(conn: Connection, topics: tuple[str, ...], group: str | None, partit
     })
     closed = False
     try:
-        try:
-            metadata = {name: consumer.list_topics(topic=name, timeout=conn.timeout).topics.get(name) for name in topics}
-        except KafkaException as exc:
-            raise kafka_error(exc, "reading metadata") from None
-        for name, topic_metadata in metadata.items():
-            if topic_metadata is None or topic_metadata.error is not None:
-                error = topic_metadata.error if topic_metadata is not None else None
-                code = exit_code_for(error) if error is not None else EXIT_NOT_FOUND
-                raise CtlError(f"topic {name!r}: {error_text(error) if error else 'does not exist'}", code)
-            missing = sorted(set(chosen or ()) - set(topic_metadata.partitions))
+        metadata = topic_metadata(consumer, topics, conn.timeout)
+        if group:
+            from pykbroker.ctl.group import check_coordinator
+
+            check_coordinator(conn, group)
+        for name in topics:
+            missing = sorted(set(chosen or ()) - set(metadata[name].partitions))
             if missing:
                 raise CtlError(f"topic {name!r} has no partition {', '.join(map(str, missing))} "
-                               f"(it has {len(topic_metadata.partitions)})", EXIT_NOT_FOUND)
+                               f"(it has {len(metadata[name].partitions)})", EXIT_NOT_FOUND)
 
         assigned: set[tuple[str, int]] = set()
         at_end: set[tuple[str, int]] = set()

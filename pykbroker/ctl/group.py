@@ -1,16 +1,98 @@
 """``pykbroker group list|describe|seek|delete``: consumer groups through the AdminClient (ListGroups,
-DescribeGroups, OffsetFetch, ListOffsets, OffsetCommit, DeleteGroups)."""
+DescribeGroups, OffsetFetch, ListOffsets, OffsetCommit, DeleteGroups).
+
+A command about one group (describe, seek, delete, and ``consume -g``) first asks a bootstrap broker for the
+group's coordinator itself, with a raw FindCoordinator (pykbroker's protocol client): librdkafka retries
+COORDINATOR_NOT_AVAILABLE until its timeout and then says only _TIMED_OUT, so a coordinator that cannot be
+found (say, a cluster with fewer live brokers than offsets.topic.replication.factor, where Kafka does not
+create __consumer_offsets) is reported at once with the broker's error and its error_message.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import importlib
+import time
 from typing import Any
 
 import click
 
 from pykbroker.ctl.common import (
-    EXIT_CODES_HELP, EXIT_KAFKA_ERROR, EXIT_NOT_FOUND, Connection, connection_options, CtlError, each_result,
-    error_text, exit_code_for, node_json, parse_timestamp, progress, report_each, section, table,
+    CLIENT_ID, EXIT_CODES_HELP, EXIT_KAFKA_ERROR, EXIT_NOT_FOUND, Connection, connection_options, CtlError,
+    each_result, error_text, exit_code_for, node_json, parse_timestamp, progress, report_each, section, table,
 )
+
+FIND_COORDINATOR_KEY = 10
+OFFSETS_TOPIC = "__consumer_offsets"
+# How long a coordinator that is not available is asked for again while __consumer_offsets does not exist
+# (Kafka answers COORDINATOR_NOT_AVAILABLE while the first FindCoordinator creates it): past that, a missing
+# offsets topic is not being created, and the command says so. While it exists (leaders being elected,
+# partitions loading), the answer is awaited for the whole --timeout, as the client would.
+COORDINATOR_GRACE_S = 1.5
+COORDINATOR_RETRY_S = 0.25
+_RETRIABLE_COORDINATOR_ERRORS = {14, 15, 16}  # COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR
+
+
+def check_coordinator(conn: Connection, group_id: str) -> None:
+    """A CtlError (exit 1) naming the error and the broker's error_message when the group's coordinator
+    cannot be found; nothing when it is found, or when the check cannot be made (TLS or SASL set with -X,
+    the raw request failing): the command's own requests then say what they find."""
+    from pykbroker.protocol.client import ClientError
+
+    if not conn.plaintext:
+        return
+    host, port = conn.reachable()
+    try:
+        failure = asyncio.run(_coordinator_failure(conn, host, port, group_id))
+    except (ClientError, OSError, TimeoutError):
+        return
+    if failure is not None:
+        name, message, note = failure
+        cause = name if not message or message.upper() == name else f"{name}: {message}"
+        raise CtlError(f"cannot find the coordinator of group {group_id!r}: {cause}{note}", EXIT_KAFKA_ERROR)
+
+
+async def _coordinator_failure(conn: Connection, host: str, port: int,
+                               group_id: str) -> tuple[str, str | None, str] | None:
+    """FindCoordinator for the group, asked again while the error is retriable (see COORDINATOR_GRACE_S):
+    None once a coordinator is named, else (the error's name, the broker's error_message, a note of what
+    the CLI found itself)."""
+    from kio.static.primitive import i8
+
+    from pykbroker.protocol.client import KafkaClientConnection
+    from pykbroker.protocol.errors import ErrorCode
+
+    connection = await KafkaClientConnection.connect(host, port, client_id=CLIENT_ID, connect_timeout=conn.timeout,
+                                                     request_timeout=conn.timeout)
+    try:
+        version = connection.version_for(FIND_COORDINATOR_KEY, 4)
+        schema = importlib.import_module(f"kio.schema.find_coordinator.v{version}.request").FindCoordinatorRequest
+        request = (schema(key_type=i8(0), coordinator_keys=(group_id,)) if version >= 4
+                   else schema(key=group_id) if version == 0 else schema(key=group_id, key_type=i8(0)))
+        started = time.monotonic()
+        while True:
+            response = await connection.send(request)
+            answer = response.coordinators[0] if version >= 4 else response
+            error = ErrorCode(answer.error_code)
+            if error == ErrorCode.none:
+                return None
+            failure = error.name.upper(), getattr(answer, "error_message", None)
+            waited = time.monotonic() - started
+            if int(error) not in _RETRIABLE_COORDINATOR_ERRORS or waited >= conn.timeout:
+                return (*failure, "")
+            if waited >= COORDINATOR_GRACE_S and not await asyncio.to_thread(_offsets_topic_exists, conn):
+                return (*failure, f" ({OFFSETS_TOPIC} does not exist)")
+            await asyncio.sleep(COORDINATOR_RETRY_S)
+    finally:
+        await connection.aclose()
+
+
+def _offsets_topic_exists(conn: Connection) -> bool:
+    try:
+        metadata = conn.admin.list_topics(topic=OFFSETS_TOPIC, timeout=conn.timeout).topics.get(OFFSETS_TOPIC)
+    except Exception:  # no answer: say what FindCoordinator said rather than wait on
+        return False
+    return metadata is not None and metadata.error is None
 
 
 @click.group()
@@ -46,6 +128,7 @@ def _list_error(error: Any) -> CtlError:
 
 
 def _describe(conn: Connection, group_id: str) -> Any:
+    check_coordinator(conn, group_id)
     return conn.call(conn.admin.describe_consumer_groups([group_id], request_timeout=conn.timeout)[group_id],
                      f"describing group {group_id!r}")
 
@@ -215,7 +298,10 @@ def seek(conn: Connection, group_id: str, to: str | None, to_timestamp: str | No
             target = committed[key] + shift_by
         new[key] = min(max(target, low[key]), high[key])  # Kafka's tool clamps to the log
 
-    if not dry_run:
+    if dry_run:  # said on stderr, as the progress of a real reset is: stdout stays the table
+        progress(f"Dry run: the new offsets of {len(new)} partitions of group {group_id}; nothing committed "
+                 "(without --dry-run they would be).")
+    else:
         progress(f"Resetting {len(new)} partitions of group {group_id} ...")
         request = ConsumerGroupTopicPartitions(group_id, [TopicPartition(t, p, offset) for (t, p), offset in new.items()])
         result = conn.call(conn.admin.alter_consumer_group_offsets([request], request_timeout=conn.timeout)[group_id],
@@ -238,5 +324,7 @@ def seek(conn: Connection, group_id: str, to: str | None, to_timestamp: str | No
 def delete(conn: Connection, groups: tuple[str, ...]) -> None:
     """Delete groups and their committed offsets (DeleteGroups). A group with members is refused
     (NON_EMPTY_GROUP, exit 1); an unknown one is exit 3."""
+    for group_id in dict.fromkeys(groups):
+        check_coordinator(conn, group_id)
     futures = conn.admin.delete_consumer_groups(list(dict.fromkeys(groups)), request_timeout=conn.timeout)
     report_each(conn, each_result(conn, futures, "deleting groups"), "group", "deleted")

@@ -8,8 +8,8 @@ from typing import Any
 import click
 
 from pykbroker.ctl.common import (
-    EXIT_CODES_HELP, EXIT_UNREACHABLE, Connection, connection_options, CtlError, error_text, exit_code_for,
-    kafka_error, parse_pairs, progress, table,
+    EXIT_CODES_HELP, EXIT_UNREACHABLE, EXIT_USAGE, Connection, connection_options, CtlError, error_text, exit_code_for,
+    kafka_error, parse_pairs, progress, table, topic_error,
 )
 
 PROGRESS_EVERY_S = 2.0
@@ -19,7 +19,8 @@ COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 @click.command(epilog=EXIT_CODES_HELP)
 @click.argument("topic")
 @click.option("-k", "--key-separator", metavar="SEP",
-              help="Each line is KEY<SEP>VALUE (split at the first SEP); without it a line is the value, no key.")
+              help="Each line is KEY<SEP>VALUE (split at the first SEP; a line without SEP stops the command, "
+              "as Kafka's console producer does); without -k a line is the value, no key.")
 @click.option("-H", "--header", "headers", multiple=True, metavar="KEY=VALUE", help="A header on every record (repeatable).")
 @click.option("-p", "--partition", type=click.IntRange(min=-1), default=-1, show_default=True,
               help="The partition to write to (-1: librdkafka's partitioner, by key).")
@@ -35,7 +36,8 @@ def produce(conn: Connection, topic: str, key_separator: str | None, headers: tu
     """Produce each line of stdin as one record to TOPIC (the line's newline is not part of the value).
 
     Reports on stderr how many records were written (every few seconds while it runs); with --format json
-    also prints the count and each partition's offset range on stdout. Exit 1 if a record failed,
+    also prints the count and each partition's offset range on stdout. Exit 2 at a line without the -k
+    separator (the lines before it are produced), 1 if a record failed,
     3 if the topic does not exist (and the broker does not create it), 4 if no broker answered."""
     from confluent_kafka import KafkaException, Producer
 
@@ -50,7 +52,7 @@ def produce(conn: Connection, topic: str, key_separator: str | None, headers: tu
     except KafkaException as exc:
         raise kafka_error(exc, "reading metadata") from None
     if metadata is not None and metadata.error is not None:
-        raise CtlError(f"topic {topic!r}: {error_text(metadata.error)}", exit_code_for(metadata.error))
+        raise topic_error(topic, metadata.error)
 
     state: dict[str, Any] = {"sent": 0, "delivered": 0, "failed": 0, "error": None, "ranges": {}}
 
@@ -64,7 +66,8 @@ def produce(conn: Connection, topic: str, key_separator: str | None, headers: tu
         state["ranges"][message.partition()] = (min(first, message.offset()), max(last, message.offset()))
 
     last_report = time.monotonic()
-    for line in source:
+    bad_line = None
+    for number, line in enumerate(source, start=1):
         if line.endswith(b"\n"):
             line = line[:-1]
             if line.endswith(b"\r"):
@@ -72,8 +75,10 @@ def produce(conn: Connection, topic: str, key_separator: str | None, headers: tu
         key = None
         if separator is not None:
             key, found, value = line.partition(separator)
-            if not found:
-                key, value = None, line
+            if not found:  # Kafka's console producer (parse.key=true) stops there too
+                bad_line = (f"No key separator found on line number {number}: "
+                            f"'{line.decode('utf-8', errors='replace')}'")
+                break
         else:
             value = line
         while True:
@@ -102,6 +107,9 @@ def produce(conn: Connection, topic: str, key_separator: str | None, headers: tu
     elif state["delivered"] and conn.verbose:
         table(["partition", "first offset", "last offset"],
               [[r["partition"], r["first_offset"], r["last_offset"]] for r in summary["partitions"]])
+    if bad_line is not None:
+        raise CtlError(f"{bad_line} (-k {key_separator!r}: every line is KEY{key_separator}VALUE; "
+                       "the lines before it were produced)", EXIT_USAGE)
     if state["error"] is not None:
         raise CtlError(f"producing to {topic!r}: {error_text(state['error'])}", exit_code_for(state["error"]))
     if remaining:

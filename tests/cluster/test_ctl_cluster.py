@@ -68,3 +68,33 @@ def test_cluster_info_and_topic_describe_on_three_brokers(zk_connect, tmp_path):
         for partition in data["partitions"]:
             assert [str(partition["partition"]), str(partition["leader"]), ",".join(map(str, partition["replicas"])),
                     ",".join(map(str, partition["isr"])), "0", "0"] in rows
+
+
+COORDINATOR_TIMEOUT_S = 30  # the --timeout given: the commands must end long before it
+QUICK_S = 15.0  # a Python start and the short wait for __consumer_offsets, on a loaded machine
+
+
+def test_group_commands_say_why_the_coordinator_cannot_be_found(zk_connect, tmp_path):
+    """One live broker and offsets.topic.replication.factor=3: by Kafka's rule __consumer_offsets cannot be
+    created, so no group has a coordinator. librdkafka would retry until --timeout and say _TIMED_OUT; the
+    group commands (and consume -g) ask FindCoordinator themselves and say the broker's error (and its
+    error_message, whatever the broker words it) well before --timeout."""
+    import time
+
+    with BrokerCluster(zk_connect, tmp_path, n=1, overrides={"offsets.topic.replication.factor": 3}) as cluster:
+        bootstrap = cluster.bootstrap
+        created = ctl(bootstrap, "topic", "create", "orders", "-r", "1")
+        assert created.returncode == 0, created
+        cluster.wait_for_leader("orders", 0)
+        for args in (["group", "describe", "billing"], ["group", "seek", "billing", "--to", "earliest", "-t", "orders"],
+                     ["group", "delete", "billing"], ["consume", "orders", "-g", "billing", "-e"]):
+            started = time.monotonic()
+            result = ctl(bootstrap, *args, "--timeout", str(COORDINATOR_TIMEOUT_S))
+            took = time.monotonic() - started
+            assert result.returncode == 1, result
+            assert took < QUICK_S, f"{args} took {took:.1f} s"
+            assert "Error: cannot find the coordinator of group 'billing': COORDINATOR_NOT_AVAILABLE" in result.stderr, result
+            assert "_TIMED_OUT" not in result.stderr and "Traceback" not in result.stderr, result
+        # a group command that needs no coordinator still works
+        listed = ctl(bootstrap, "group", "list", "--format", "json")
+        assert listed.returncode == 0 and listed.json() == [], listed

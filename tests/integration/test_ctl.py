@@ -91,7 +91,11 @@ def test_topic_create_with_configs_is_what_describe_configs_reports(shared_broke
     again = ctl(shared_broker.bootstrap, "topic", "create", topic_name, "--format", "json")
     assert again.returncode == 1, again
     assert again.json()[0]["error"]["code"] == "TOPIC_ALREADY_EXISTS"
-    assert "TOPIC_ALREADY_EXISTS" in again.stderr
+    assert "TOPIC_ALREADY_EXISTS" not in again.stderr  # said once: in the answer
+    in_table = ctl(shared_broker.bootstrap, "topic", "create", topic_name)
+    assert in_table.returncode == 1, in_table
+    assert in_table.rows()[1][:2] == [topic_name, "TOPIC_ALREADY_EXISTS:"], in_table
+    assert (in_table.stdout + in_table.stderr).count("TOPIC_ALREADY_EXISTS") == 1, in_table
     tolerated = ctl(shared_broker.bootstrap, "topic", "create", topic_name, "--if-not-exists")
     assert tolerated.returncode == 0, tolerated
     assert "already exists" in tolerated.stdout
@@ -100,7 +104,7 @@ def test_topic_create_with_configs_is_what_describe_configs_reports(shared_broke
 def test_topic_create_invalid_config_is_a_kafka_error(shared_broker, topic_name):
     result = ctl(shared_broker.bootstrap, "topic", "create", topic_name, "-c", "retention.ms=soon")
     assert result.returncode == 1, result
-    assert "INVALID_CONFIG" in result.stderr
+    assert "INVALID_CONFIG" in result.stdout and "INVALID_CONFIG" not in result.stderr, result
     assert topic_name not in admin(shared_broker).list_topics(timeout=10).topics
 
 
@@ -167,19 +171,24 @@ def test_topic_delete_and_not_found(shared_broker, topic_name):
     wait_until(lambda: topic_name not in admin(shared_broker).list_topics(timeout=10).topics, "topic deleted", WAIT_S)
     again = ctl(shared_broker.bootstrap, "topic", "delete", topic_name)
     assert again.returncode == 3, again
-    assert "UNKNOWN_TOPIC_OR_PART" in again.stderr
+    assert (again.stdout + again.stderr).count("UNKNOWN_TOPIC_OR_PART") == 1 and topic_name in again.stdout, again
     tolerated = ctl(shared_broker.bootstrap, "topic", "delete", topic_name, "--if-exists")
     assert tolerated.returncode == 0, tolerated
     assert tolerated.rows() == [["TOPIC", "STATUS"], [topic_name, "does", "not", "exist"]]
 
 
 def test_unknown_topic_is_exit_3_and_is_not_created(shared_broker, topic_name):
+    said = set()
     for args in (["topic", "describe", topic_name], ["consume", topic_name, "-n", "1"],
+                 ["consume", topic_name, "-g", "g-" + topic_name, "-n", "1"],
                  ["topic", "alter-config", topic_name, "--set", "retention.ms=1"],
                  ["group", "seek", "g-" + topic_name, "--to", "earliest", "--topic", topic_name]):
         result = ctl(shared_broker.bootstrap, *args)
         assert result.returncode == 3, result
         assert topic_name in result.stderr and "Traceback" not in result.stderr, result
+        said.add(result.stderr.strip())
+    # one wording whichever command met it
+    assert said == {f"Error: topic '{topic_name}' does not exist (UNKNOWN_TOPIC_OR_PART)"}, said
     assert topic_name not in admin(shared_broker).list_topics(timeout=10).topics
     create_topic(shared_broker, topic_name, partitions=2)
     missing_partition = ctl(shared_broker.bootstrap, "consume", topic_name, "-p", "5", "-n", "1")
@@ -187,15 +196,42 @@ def test_unknown_topic_is_exit_3_and_is_not_created(shared_broker, topic_name):
     assert "no partition 5" in missing_partition.stderr
 
 
-def test_unreachable_cluster_is_exit_4_within_the_timeout():
-    nobody = f"127.0.0.1:{free_port()}"
-    for args in (["topic", "list"], ["consume", "t", "-n", "1"], ["cluster", "info"], ["group", "list"]):
+FAST_FAILURE_S = 12.0  # a Python start on a loaded machine, far below the --timeout these tests give
+
+
+@pytest.mark.parametrize("args", [["topic", "list"], ["consume", "t", "-n", "1"], ["cluster", "info"], ["group", "list"],
+                                  ["group", "describe", "g"], ["produce", "t"], ["topic", "create", "t"]],
+                         ids=lambda args: " ".join(args))
+def test_unreachable_cluster_is_exit_4_at_once_naming_address_and_cause(args):
+    """Nothing listening: refused at once, so the command says so at once (not after --timeout), naming the
+    address; an unresolvable host likewise, naming the host."""
+    port = free_port()
+    for bootstrap, cause in ((f"127.0.0.1:{port}", "connection refused"),
+                             ("nonexistent.invalid:9092", "host name 'nonexistent.invalid' not resolved")):
         started = time.monotonic()
-        result = ctl(nobody, *args, "--timeout", "2")
+        result = ctl(bootstrap, *args, "--timeout", "30", input="")
+        took = time.monotonic() - started
         assert result.returncode == 4, result
-        assert time.monotonic() - started < 30, f"{args} took {time.monotonic() - started:.1f} s"
-        assert "Error:" in result.stderr and "Traceback" not in result.stderr, result
-        assert "librdkafka" not in result.stderr  # its log only with -v
+        assert took < FAST_FAILURE_S, f"{args} took {took:.1f} s"
+        assert f"Error: cannot reach any broker: {bootstrap}: {cause}" in result.stderr, result
+        assert "Traceback" not in result.stderr and "librdkafka" not in result.stderr, result  # its log only with -v
+    both = ctl(f"127.0.0.1:{port},nonexistent.invalid:9092", *args, "--timeout", "30", input="")
+    assert both.returncode == 4 and f"127.0.0.1:{port}: connection refused" in both.stderr, both
+    assert "nonexistent.invalid:9092: host name" in both.stderr, both
+
+
+@pytest.mark.parametrize("bootstrap", ["localhost", "127.0.0.1", "127.0.0.1:", "PLAINTEXT://localhost", "[::1]",
+                                       "127.0.0.1:99999", ","])
+def test_an_address_without_a_port_is_a_usage_error(bootstrap):
+    """Kafka's clients refuse a bootstrap address without a port ("Invalid url in bootstrap.servers"); so does
+    the CLI, saying what form it expects, before connecting anywhere."""
+    started = time.monotonic()
+    result = ctl(bootstrap, "topic", "list", "--timeout", "30")
+    assert result.returncode == 2, result
+    assert time.monotonic() - started < FAST_FAILURE_S
+    assert "expected HOST:PORT" in result.stderr and "Traceback" not in result.stderr, result
+    if bootstrap == "localhost":
+        assert "'localhost' has no port: expected HOST:PORT[,HOST:PORT...], e.g. localhost:9092" in result.stderr
 
 
 @pytest.mark.parametrize("args", [
@@ -228,7 +264,7 @@ def test_produce_keys_headers_compression_read_back_by_kafka_python(shared_broke
 
     create_topic(shared_broker, topic_name, partitions=2)
     result = ctl(shared_broker.bootstrap, "produce", topic_name, "-k", "|", "-H", "source=cli", "-H", "n=1",
-                 "-z", "gzip", "-p", "1", "--acks", "1", "--format", "json", input="k1|v1\nk2|v=2|x\nno key\n")
+                 "-z", "gzip", "-p", "1", "--acks", "1", "--format", "json", input="k1|v1\nk2|v=2|x\n|empty key\n")
     assert result.returncode == 0, result
     assert result.json() == {"topic": topic_name, "records": 3, "failed": 0,
                              "partitions": [{"partition": 1, "first_offset": 0, "last_offset": 2}]}
@@ -243,8 +279,21 @@ def test_produce_keys_headers_compression_read_back_by_kafka_python(shared_broke
     assert [(r.key, r.value, r.headers) for r in records] == [
         (b"k1", b"v1", [("source", b"cli"), ("n", b"1")]),
         (b"k2", b"v=2|x", [("source", b"cli"), ("n", b"1")]),
-        (None, b"no key", [("source", b"cli"), ("n", b"1")]),
+        (b"", b"empty key", [("source", b"cli"), ("n", b"1")]),
     ]
+
+
+def test_produce_line_without_the_key_separator_stops_there(shared_broker, topic_name):
+    """As Kafka's console producer with parse.key=true: "No key separator found on line number N: 'LINE'";
+    the lines before it are produced, none after it."""
+    create_topic(shared_broker, topic_name)
+    result = ctl(shared_broker.bootstrap, "produce", topic_name, "-k", ":", input="k1:v1\nno key here\nk3:v3\n")
+    assert result.returncode == 2, result
+    assert "Error: No key separator found on line number 2: 'no key here'" in result.stderr, result
+    assert "Produced 1 record to" in result.stderr and "Traceback" not in result.stderr, result
+    assert admin_offsets(shared_broker, topic_name) == [1]
+    values = ctl(shared_broker.bootstrap, "consume", topic_name, "-e", "-f", "{key}={value}")
+    assert values.stdout.splitlines() == ["k1=v1"], values
 
 
 def test_produce_to_an_unknown_topic_without_auto_creation_is_exit_3(broker_factory, topic_name):
@@ -408,7 +457,8 @@ def test_group_list_and_describe_with_lag_while_a_member_is_active(shared_broker
         assert (f"Assignments can only be reset if the group '{group}' is inactive, but the current state is "
                 "Stable.") in refused.stderr
         busy = ctl(shared_broker.bootstrap, "group", "delete", group)
-        assert busy.returncode == 1 and "NON_EMPTY_GROUP" in busy.stderr, busy
+        assert busy.returncode == 1 and (busy.stdout + busy.stderr).count("NON_EMPTY_GROUP") == 1, busy
+        assert "NON_EMPTY_GROUP" in busy.stdout, busy
     finally:
         consumer.close()
     assert committed(shared_broker, group) == {(topic_name, 0): 2}  # the refused seek changed nothing
@@ -427,10 +477,15 @@ def test_group_seek_modes_then_a_stock_consumer_starts_there(shared_broker, topi
     dry = ctl(bootstrap, "group", "seek", group, "--to", "earliest", "--dry-run", "--format", "json")
     assert dry.returncode == 0, dry
     assert [(r["partition"], r["previous_offset"], r["new_offset"]) for r in dry.json()["partitions"]] == [(0, 3, 0), (1, 3, 0)]
+    assert dry.json()["dry_run"] is True
+    dry_table = ctl(bootstrap, "group", "seek", group, "--to", "earliest", "--dry-run")
+    assert [group, topic_name, "0", "3", "0"] in dry_table.rows(), dry_table
+    assert f"Dry run: the new offsets of 2 partitions of group {group}; nothing committed" in dry_table.stderr, dry_table
     assert committed(shared_broker, group) == {(topic_name, 0): 3, (topic_name, 1): 3}
 
     shifted = ctl(bootstrap, "group", "seek", group, "--shift-by", "-2")
     assert shifted.returncode == 0, shifted
+    assert "Dry run" not in shifted.stderr and f"Resetting 2 partitions of group {group}" in shifted.stderr
     assert [group, topic_name, "0", "3", "1"] in shifted.rows()
     assert committed(shared_broker, group) == {(topic_name, 0): 1, (topic_name, 1): 1}
 
@@ -486,6 +541,43 @@ def test_cluster_info_single_broker(shared_broker):
     assert ["cluster", "id", info["cluster_id"]] in rows
     assert ["1", "127.0.0.1", str(shared_broker.port), "-", "*"] in rows
     assert ["18", "ApiVersions", str(advertised[18][0]), str(advertised[18][1])] in rows
+
+
+def test_options_before_the_command(shared_broker, topic_name):
+    """-b, --format, --timeout, -X and -v of the client commands also before the command; after it wins."""
+    create_topic(shared_broker, topic_name)
+    produce(shared_broker, topic_name, [(0, b"k", b"v", None)])
+    before = ctl(None, "-b", shared_broker.bootstrap, "--format", "json", "--timeout", "20", "topic", "list")
+    assert before.returncode == 0, before
+    assert {"topic": topic_name, "partitions": 1, "replication_factor": 1} in before.json()
+    overridden = ctl(shared_broker.bootstrap, "--format", "json", "topic", "list", "--format", "table")
+    assert overridden.rows()[0] == ["NAME", "PARTITIONS", "REPLICAS"], overridden
+    nobody = f"127.0.0.1:{free_port()}"
+    flag_after_wins = ctl(None, "-b", nobody, "topic", "list", "-b", shared_broker.bootstrap)
+    assert flag_after_wins.returncode == 0, flag_after_wins
+    before_beats_env = ctl(None, "-b", shared_broker.bootstrap, "topic", "list", env={"PYKBROKER_BROKERS": nobody})
+    assert before_beats_env.returncode == 0, before_beats_env
+    records = ctl(shared_broker.bootstrap, "--format", "json", "-X", "fetch.wait.max.ms=10", "consume", topic_name, "-e")
+    assert [(r["key"], r["value"]) for r in records.json_lines()] == [("k", "v")], records
+    refused = ctl(None, "-X", "no.such.setting=1", "topic", "list", "-b", shared_broker.bootstrap)
+    assert refused.returncode == 2 and "no.such.setting" in refused.stderr, refused
+
+
+def test_readme_last_records_example_ends(shared_broker, topic_name):
+    """The README's "last 5 records" line, run as written: it prints them and ends (-o -N alone goes on
+    waiting for new records, as kcat -o -N does)."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    [line] = [line for line in readme.splitlines() if line.startswith("pykbroker consume orders") and "-o -5" in line]
+    command, _, comment = line.partition("#")
+    assert "the last 5 records of partitions 0 and 2" in comment
+    create_topic(shared_broker, topic_name, partitions=3)
+    produce(shared_broker, topic_name, [(p, None, b"%d-%d" % (p, i), None) for p in (0, 1, 2) for i in range(7)])
+    args = command.split()[1:]
+    args[args.index("orders")] = topic_name
+    result = ctl(shared_broker.bootstrap, *args, timeout=60)
+    assert result.returncode == 0, result
+    assert sorted((r["partition"], r["value"]) for r in result.json_lines()) == [
+        (p, f"{p}-{i}") for p in (0, 2) for i in range(2, 7)]
 
 
 def test_brokers_from_the_environment_and_serve_ignores_it(broker_factory, monkeypatch, topic_name):

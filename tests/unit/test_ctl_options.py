@@ -1,8 +1,14 @@
 """The client commands' option parsing (pykbroker/ctl) without a broker: record formats, start positions,
-timestamps, exit-code mapping, the `cluster` group keeping `pykbroker cluster --data-dir`, and the
-bootstrap-servers variable that `serve`'s configuration must not take for a setting."""
+timestamps, exit-code mapping, the `cluster` group keeping `pykbroker cluster --data-dir`, the
+bootstrap-servers variable that `serve`'s configuration must not take for a setting, bootstrap addresses
+(HOST:PORT or a usage error; the reachability check on ports nothing listens on) and the client options
+given before the command."""
 
 from __future__ import annotations
+
+import re
+import socket
+import time
 
 import click
 import pytest
@@ -10,7 +16,10 @@ from click.testing import CliRunner
 
 from pykbroker.cli import build_config, main
 from pykbroker.config import load_config
-from pykbroker.ctl.common import BROKERS_ENV, EXIT_KAFKA_ERROR, EXIT_NOT_FOUND, EXIT_UNREACHABLE, exit_code_for, parse_timestamp
+from pykbroker.ctl.common import (
+    BROKERS_ENV, EXIT_KAFKA_ERROR, EXIT_NOT_FOUND, EXIT_UNREACHABLE, CtlError, exit_code_for, parse_bootstrap,
+    parse_timestamp, reachable_broker,
+)
 from pykbroker.ctl.consume import Start, formatter
 
 RECORD = {"topic": "t", "partition": 2, "offset": 7, "timestamp": 1000, "key": None, "value": "v",
@@ -65,3 +74,56 @@ def test_cluster_group_keeps_the_dev_cluster_command():
     helped = runner.invoke(main, ["cluster", "info", "--help"])
     assert helped.exit_code == 0 and "--brokers" in helped.output and BROKERS_ENV in helped.output
     assert runner.invoke(main, ["cluster", "--help"]).output.count("info") >= 1
+
+
+def test_bootstrap_addresses_need_a_port():
+    assert parse_bootstrap("127.0.0.1:9092, kafka-1.example:19092,") == [("127.0.0.1", 9092), ("kafka-1.example", 19092)]
+    assert parse_bootstrap("PLAINTEXT://broker:9092,[::1]:9093") == [("broker", 9092), ("::1", 9093)]
+    for bad, said in (("localhost", "'localhost' has no port: expected HOST:PORT[,HOST:PORT...], e.g. localhost:9092"),
+                      ("127.0.0.1:9092,kafka2", "'kafka2' has no port"), ("h:0", "'h:0' is not HOST:PORT"),
+                      ("h:65536", "'h:65536' is not HOST:PORT"), (":9092", "':9092' is not HOST:PORT"),
+                      (" , ", "no broker address")):
+        with pytest.raises(click.BadParameter, match=re.escape(said)):
+            parse_bootstrap(bad)
+
+
+def test_unreachable_bootstrap_is_said_per_address_at_once():
+    with socket.socket() as bound:  # a port bound but not listening: connections to it are refused
+        bound.bind(("127.0.0.1", 0))
+        port = bound.getsockname()[1]
+        with socket.create_server(("127.0.0.1", 0)) as listening:
+            good = listening.getsockname()[:2]
+            assert reachable_broker([("127.0.0.1", port), good], timeout=5) == good
+        started = time.monotonic()
+        with pytest.raises(CtlError) as refused:
+            reachable_broker([("127.0.0.1", port), ("nonexistent.invalid", 9092)], timeout=30)
+    assert time.monotonic() - started < 10
+    assert refused.value.exit_code == EXIT_UNREACHABLE
+    assert refused.value.message.startswith(
+        f"cannot reach any broker: 127.0.0.1:{port}: connection refused (nothing listens on that port); "
+        "nonexistent.invalid:9092: host name 'nonexistent.invalid' not resolved (")  # then the resolver's words
+
+
+def test_client_options_before_the_command(monkeypatch):
+    """-b before the command is used; after it, or in neither place the environment, as before."""
+    ports = []
+    for _ in range(3):
+        with socket.socket() as bound:
+            bound.bind(("127.0.0.1", 0))
+            ports.append(bound.getsockname()[1])
+    runner = CliRunner()
+    monkeypatch.setenv(BROKERS_ENV, f"127.0.0.1:{ports[2]}")
+
+    def said(*args: str) -> str:
+        result = runner.invoke(main, list(args))
+        assert result.exit_code == EXIT_UNREACHABLE, result.output
+        return result.output
+
+    assert f"127.0.0.1:{ports[0]}:" in said("-b", f"127.0.0.1:{ports[0]}", "topic", "list")
+    assert f"127.0.0.1:{ports[1]}:" in said("-b", f"127.0.0.1:{ports[0]}", "topic", "list", "-b", f"127.0.0.1:{ports[1]}")
+    assert f"127.0.0.1:{ports[2]}:" in said("topic", "list")
+    assert f"127.0.0.1:{ports[0]}:" in said("--timeout", "2", "-b", f"127.0.0.1:{ports[0]}", "group", "describe", "g")
+    usage = runner.invoke(main, ["-b", "localhost", "topic", "list"])
+    assert usage.exit_code == 2 and "'localhost' has no port" in usage.output
+    helped = runner.invoke(main, ["--help"])
+    assert "--format [table|json]" in helped.output and "-b, --brokers" in helped.output
