@@ -123,6 +123,9 @@ def test_delete_records_reaches_followers_and_survives_leader_change(cluster, ad
 def test_describe_log_dirs_and_producers_per_broker(cluster):
     topic = "dirs-" + uuid.uuid4().hex[:6]
     cluster.create_topic(topic, partitions=1, replication_factor=2)
+    # a topic every broker holds (create_topic waits for its full ISR), which answers filtered to `topic` leave out
+    everywhere = "dirs-all-" + uuid.uuid4().hex[:6]
+    cluster.create_topic(everywhere, partitions=1, replication_factor=3)
     leader = cluster.wait_for_leader(topic, 0)
     replicas = set(cluster.partition(topic, 0).replicas)
     producer = Producer({"bootstrap.servers": cluster.bootstrap, "enable.idempotence": True})
@@ -133,7 +136,8 @@ def test_describe_log_dirs_and_producers_per_broker(cluster):
         (result,) = response.results
         hosted = {(t.name, p.partition_index) for t in result.topics for p in t.partitions}
         assert ((topic, 0) in hosted) == (broker_id in replicas), (broker_id, hosted)
-        # asked for this partition only: it alone where the broker holds it, else no topic (not the others')
+        assert (everywhere, 0) in hosted, (broker_id, hosted)
+        # asked for this partition only: it alone where the broker holds it, else no topic (not `everywhere`)
         response = send_request(broker.address, dld.DescribeLogDirsRequest(
             topics=(dld.DescribableLogDirTopic(topic=topic, partitions=(i32(0),)),)))
         answered = [(t.name, [p.partition_index for p in t.partitions]) for t in response.results[0].topics]
