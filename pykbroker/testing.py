@@ -38,8 +38,8 @@ interrupted (Ctrl-C) and at interpreter exit. If pytest itself is killed, Linux 
 cluster's ZooKeeper with it (PR_SET_PDEATHSIG); the next run removes the files left behind and kills a
 ZooKeeper still running from such a run (its pid is recorded as soon as it is spawned).
 
-This module imports only pytest and the standard library at import time: it is loaded by every pytest run
-in an environment where pykbroker is installed.
+This module imports only pytest, the standard library and pykbroker.testdefaults (which imports nothing) at
+import time: it is loaded by every pytest run in an environment where pykbroker is installed.
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ from typing import Any, Iterable
 
 import pytest
 
+from pykbroker.testdefaults import TEST_BROKER_CONFIG
+
 __all__ = ("KafkaBroker", "KafkaCluster", "KafkaAdminError", "Message", "BrokerStartError")
 
 HOST = "127.0.0.1"
@@ -79,9 +81,6 @@ FILES_ROOT = Path(tempfile.gettempdir()) / f"pykbroker-testing-{os.getuid()}"
 ORPHANS_FILE = "orphan-pids"
 PORT_IN_USE_MESSAGE = b"the port is in use by another process"  # pykbroker.server.broker's start-up error
 PORT_RETRY_S = 0.2
-# Where test brokers differ from Kafka's defaults (under the configs a user gives): a group's first join does
-# not wait group.initial.rebalance.delay.ms (3 s) for more members, as in testcontainers' Kafka module.
-TEST_BROKER_CONFIG: dict[str, Any] = {"group.initial.rebalance.delay.ms": 0}
 
 _live: set["_Server"] = set()
 
