@@ -32,6 +32,8 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
         "pip install testcontainers (or use the pytest plugin, pykbroker.testing, which needs no Docker)"
     ) from exc
 
+from pykbroker.testdefaults import TEST_BROKER_CONFIG
+
 __all__ = ("PykbrokerContainer", "DEFAULT_IMAGE")
 
 DEFAULT_IMAGE = "pykbroker:latest"
@@ -46,7 +48,7 @@ class PykbrokerContainer(DockerContainer):
     def __init__(self, image: str = DEFAULT_IMAGE, port: int = BROKER_PORT, **kwargs: Any) -> None:
         super().__init__(image, **kwargs)
         self.port = port
-        self.broker_config: dict[str, str] = {"group.initial.rebalance.delay.ms": "0"}
+        self.broker_config: dict[str, str] = {key: str(value) for key, value in TEST_BROKER_CONFIG.items()}
         self.log_level = "info"
         self.with_exposed_ports(port)
         # the image's entrypoint is `pykbroker serve`; wait for the start script instead (see tc_start)

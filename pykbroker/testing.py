@@ -19,10 +19,12 @@ Broker configs
 --------------
 The brokers run Kafka's defaults except where test brokers commonly differ (``TEST_BROKER_CONFIG``):
 ``group.initial.rebalance.delay.ms=0``, so a group's first join does not wait 3 s for more members (as
-testcontainers' Kafka module sets it). Set any Kafka broker config, these included, for the fixtures' brokers
-with the ini option ``pykbroker_config`` (one ``KEY=VALUE`` a line) or the command-line option
+testcontainers' Kafka module sets it). Set any other Kafka broker config, these included, for the fixtures'
+brokers with the ini option ``pykbroker_config`` (one ``KEY=VALUE`` a line) or the command-line option
 ``--pykbroker-config KEY=VALUE`` (repeatable; wins over the ini file); ``KafkaBroker(config)`` and
-``KafkaCluster(config=...)`` take them as a dict.
+``KafkaCluster(config=...)`` take them as a dict. The keys the fixtures set themselves (``FIXTURE_CONFIGS``:
+where each broker listens and what it advertises, its data dir, id and ZooKeeper) are refused, naming the key:
+a usage error from the options, ValueError from the classes.
 
 Scope
 -----
@@ -38,8 +40,8 @@ interrupted (Ctrl-C) and at interpreter exit. If pytest itself is killed, Linux 
 cluster's ZooKeeper with it (PR_SET_PDEATHSIG); the next run removes the files left behind and kills a
 ZooKeeper still running from such a run (its pid is recorded as soon as it is spawned).
 
-This module imports only pytest and the standard library at import time: it is loaded by every pytest run
-in an environment where pykbroker is installed.
+This module imports only pytest, the standard library and pykbroker.testdefaults (which imports nothing) at
+import time: it is loaded by every pytest run in an environment where pykbroker is installed.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ from typing import Any, Iterable
 
 import pytest
 
+from pykbroker.testdefaults import TEST_BROKER_CONFIG
+
 __all__ = ("KafkaBroker", "KafkaCluster", "KafkaAdminError", "Message", "BrokerStartError")
 
 HOST = "127.0.0.1"
@@ -79,9 +83,14 @@ FILES_ROOT = Path(tempfile.gettempdir()) / f"pykbroker-testing-{os.getuid()}"
 ORPHANS_FILE = "orphan-pids"
 PORT_IN_USE_MESSAGE = b"the port is in use by another process"  # pykbroker.server.broker's start-up error
 PORT_RETRY_S = 0.2
-# Where test brokers differ from Kafka's defaults (under the configs a user gives): a group's first join does
-# not wait group.initial.rebalance.delay.ms (3 s) for more members, as in testcontainers' Kafka module.
-TEST_BROKER_CONFIG: dict[str, Any] = {"group.initial.rebalance.delay.ms": 0}
+
+# Broker configs the fixtures set themselves (as pykbroker's config names them; log.dir/log.dirs are names of
+# data.dir): where each broker listens and what it advertises (the fixture waits on, and hands out, its own
+# address: `listeners` made the broker ignore it and the start time out, advertised ones sent clients
+# elsewhere), its data dir, its id and a cluster's ZooKeeper. KafkaBroker/KafkaCluster and the plugin's
+# options refuse them.
+FIXTURE_CONFIGS = frozenset({"host", "port", "listeners", "advertised.host", "advertised.port", "advertised.listeners",
+                             "data.dir", "log.dir", "log.dirs", "broker.id", "zookeeper.connect"})
 
 _live: set["_Server"] = set()
 
@@ -109,6 +118,25 @@ class Message:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes | None], ...] = ()
+
+
+def _fixture_config_refusal(key: str) -> str | None:
+    """Why a config the user gives cannot be set, for a key the fixtures own (named as the broker reads an
+    --override key: dotted as given, else with ``_`` as ``.``); None for any other key."""
+    name = key if "." in key else key.replace("_", ".")
+    if name not in FIXTURE_CONFIGS:
+        return None
+    return (f"{key} is the pykbroker fixtures' own (each broker's listener and advertised address, data dir, id "
+            f"and ZooKeeper are set by the fixture); set any other broker config")
+
+
+def _checked_config(config: dict[str, Any] | None) -> dict[str, Any]:
+    """config over TEST_BROKER_CONFIG; ValueError for a key the fixtures own."""
+    for key in config or {}:
+        refusal = _fixture_config_refusal(str(key))
+        if refusal is not None:
+            raise ValueError(refusal)
+    return {**TEST_BROKER_CONFIG, **(config or {})}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -475,7 +503,7 @@ class KafkaBroker(_Server):
 
     def __init__(self, config: dict[str, Any] | None = None, *, workdir: Path | None = None,
                  log_level: str = LOG_LEVEL):
-        self.config = {**TEST_BROKER_CONFIG, **(config or {})}
+        self.config = _checked_config(config)
         self.log_level = log_level
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else None
@@ -628,9 +656,9 @@ class KafkaCluster(_Server):
                  log_level: str = LOG_LEVEL):
         from pykbroker.devcluster import DevCluster
 
+        overrides = tuple(f"{k}={v}" for k, v in _checked_config(config).items())
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else _new_workdir()
-        overrides = tuple(f"{k}={v}" for k, v in {**TEST_BROKER_CONFIG, **(config or {})}.items())
         self._cluster = DevCluster(brokers, self.workdir, overrides=overrides, log_level=log_level,
                                    say=lambda _message: None, on_zookeeper_spawn=self._record_zookeeper)
         self.start_seconds: float | None = None
@@ -775,6 +803,9 @@ def _configured_broker_config(config) -> dict[str, str]:
             key, equals, value = entry.partition("=")
             if not equals or not key.strip():
                 raise pytest.UsageError(f"{where} {entry!r}: must be KEY=VALUE, a Kafka broker config")
+            refusal = _fixture_config_refusal(key.strip())
+            if refusal is not None:
+                raise pytest.UsageError(f"{where} {entry!r}: {refusal}")
             settings[key.strip()] = value.strip()
     return settings
 

@@ -43,8 +43,8 @@ The process and the build, also at scrape time (the standard names of Prometheus
   process_resident_memory_bytes, process_virtual_memory_bytes     its memory (from /proc/self/stat)
   process_open_fds, process_max_fds                               open file descriptors and their limit
   process_start_time_seconds                                      when the process started (Unix time)
-  pykbroker_build_info{version,python_version,speedups}           always 1; speedups "true" when the C
-                                                                  accelerator (pykbroker._speedups) is in use
+  pykbroker_build_info{version,python_version,speedups}           always 1; speedups "true" when the C record
+                                                                  walker (pykbroker._speedups.scan_records) is in use
 The process_* series are Linux's (/proc/self); elsewhere they are absent.
 """
 

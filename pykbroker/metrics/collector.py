@@ -7,8 +7,8 @@ Every value is computed here, on the broker's event loop (the HTTP server runs t
   connections, the controller: read as they are at the moment of the scrape;
 * the process (``process_*``, prometheus_client's ProcessCollector: CPU seconds, resident and virtual memory,
   open and maximum file descriptors, start time, read from /proc/self at each scrape; Linux only, absent
-  elsewhere) and what runs (``pykbroker_build_info``: version, Python version, whether the C accelerator
-  pykbroker._speedups is in use).
+  elsewhere) and what runs (``pykbroker_build_info``: version, Python version, whether the C record walker
+  pykbroker._speedups.scan_records is in use).
 The metric names are listed in pykbroker/metrics/__init__.py and docs/metrics.md.
 """
 
@@ -214,8 +214,8 @@ class BrokerCollector(Collector):
 def build_info() -> Metric:
     """pykbroker_build_info{version,python_version,speedups} 1, as services' *_build_info gauges are."""
     family = GaugeMetricFamily("pykbroker_build_info",
-                               "pykbroker's version, the Python version and whether the C accelerator "
-                               "(pykbroker._speedups) is in use; the value is always 1.",
+                               "pykbroker's version, the Python version and whether the C record walker "
+                               "(pykbroker._speedups.scan_records) is in use; the value is always 1.",
                                labels=["version", "python_version", "speedups"])
     family.add_metric([__version__, platform.python_version(), "true" if ACCELERATED else "false"], 1)
     return family

@@ -123,6 +123,9 @@ def test_delete_records_reaches_followers_and_survives_leader_change(cluster, ad
 def test_describe_log_dirs_and_producers_per_broker(cluster):
     topic = "dirs-" + uuid.uuid4().hex[:6]
     cluster.create_topic(topic, partitions=1, replication_factor=2)
+    # a topic every broker holds (create_topic waits for its full ISR), which answers filtered to `topic` leave out
+    everywhere = "dirs-all-" + uuid.uuid4().hex[:6]
+    cluster.create_topic(everywhere, partitions=1, replication_factor=3)
     leader = cluster.wait_for_leader(topic, 0)
     replicas = set(cluster.partition(topic, 0).replicas)
     producer = Producer({"bootstrap.servers": cluster.bootstrap, "enable.idempotence": True})
@@ -133,7 +136,8 @@ def test_describe_log_dirs_and_producers_per_broker(cluster):
         (result,) = response.results
         hosted = {(t.name, p.partition_index) for t in result.topics for p in t.partitions}
         assert ((topic, 0) in hosted) == (broker_id in replicas), (broker_id, hosted)
-        # asked for this partition only: it alone where the broker holds it, else no topic (not the others')
+        assert (everywhere, 0) in hosted, (broker_id, hosted)
+        # asked for this partition only: it alone where the broker holds it, else no topic (not `everywhere`)
         response = send_request(broker.address, dld.DescribeLogDirsRequest(
             topics=(dld.DescribableLogDirTopic(topic=topic, partitions=(i32(0),)),)))
         answered = [(t.name, [p.partition_index for p in t.partitions]) for t in response.results[0].topics]
@@ -146,6 +150,27 @@ def test_describe_log_dirs_and_producers_per_broker(cluster):
     answer = send_request(cluster.brokers[follower].address, dp.DescribeProducersRequest(
         topics=(dp.TopicRequest(name=topic, partition_indexes=(i32(0),)),)))
     assert answer.topics[0].partitions[0].error_code == ErrorCode.not_leader_or_follower
+
+
+def test_describe_log_dirs_lag_of_a_log_no_leader_and_isr_names(cluster):
+    """A log the broker loaded at start but hosts no partition for (no LeaderAndIsr names it: here a topic the
+    cluster does not know) answers offset lag -1, Kafka's INVALID_OFFSET_LAG (ReplicaManager.getLogEndOffsetLag
+    finds no online partition); a hosted partition's current log answers max(HWM - log end, 0) = 0."""
+    topic = "lag-" + uuid.uuid4().hex[:6]
+    ghost = "ghost-" + uuid.uuid4().hex[:6]
+    cluster.create_topic(topic, partitions=1, replication_factor=3)
+    broker_id = cluster.partition(topic, 0).replicas[-1]
+    assert cluster.stop(broker_id) == 0
+    (cluster.brokers[broker_id].data_dir / f"{ghost}-0").mkdir()
+    cluster.start_broker(broker_id)
+    cluster.wait_ready()
+    cluster.wait_for_isr(topic, 0, {1, 2, 3})
+    response = send_request(cluster.brokers[broker_id].address, dld.DescribeLogDirsRequest(topics=(
+        dld.DescribableLogDirTopic(topic=topic, partitions=(i32(0),)),
+        dld.DescribableLogDirTopic(topic=ghost, partitions=(i32(0),)))))
+    (result,) = response.results
+    lags = {(t.name, p.partition_index): p.offset_lag for t in result.topics for p in t.partitions}
+    assert lags == {(topic, 0): 0, (ghost, 0): -1}, lags
 
 
 def test_kafka_tools_on_a_cluster(cluster, tmp_path):

@@ -181,6 +181,31 @@ def test_the_fixture_broker_skips_the_initial_rebalance_delay_and_takes_configs(
     result.stderr.fnmatch_lines(["*--pykbroker-config 'num.partitions': must be KEY=VALUE*"])
 
 
+@pytest.mark.parametrize("entry", ["listeners=PLAINTEXT://127.0.0.1:9092", "advertised.listeners=PLAINTEXT://h:1",
+                                   "advertised.host=h", "port=9092", "host=0.0.0.0", "log.dirs=/tmp/x",
+                                   "data_dir=/tmp/x", "broker.id=7", "zookeeper.connect=127.0.0.1:2181"])
+def test_configs_the_fixtures_own_are_refused_naming_the_key(pytester, report, entry):
+    """Where a fixture broker listens and what it advertises, its data dir, id and ZooKeeper are the fixture's:
+    `listeners` made the broker ignore the fixture's port and the fixture time out after 30 s;
+    advertised.listeners sent clients elsewhere. Given by the ini file or the command line, or to KafkaBroker or
+    KafkaCluster, such a key is refused at once (no broker starts), naming it."""
+    from pykbroker.testing import KafkaBroker, KafkaCluster
+
+    key = entry.partition("=")[0]
+    pytester.makepyfile(test_nothing="def test_nothing(kafka_broker):\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pykbroker-config", entry)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--pykbroker-config {entry!r}: {key} is the pykbroker fixtures' own*"])
+    pytester.makeini(f"[pytest]\npykbroker_config =\n    num.partitions=2\n    {entry}\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*pykbroker_config {entry!r}: {key} is the pykbroker fixtures' own*"])
+    assert report() == []  # no broker ran
+    for make in (lambda config: KafkaBroker(config), lambda config: KafkaCluster(config=config)):
+        with pytest.raises(ValueError, match=f"{key} is the pykbroker fixtures' own"):
+            make(dict([entry.split("=", 1)]))
+
+
 def test_helpers_stop_restart_and_a_stopped_shared_broker_comes_back(pytester, report):
     pytester.makepyfile(test_resilience='''
 import pytest

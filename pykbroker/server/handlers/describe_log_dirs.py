@@ -1,8 +1,10 @@
 """DescribeLogDirs (key 35), v1-4 (kio has no v0): ``kafka-log-dirs.sh``, AdminClient.describeLogDirs.
 
 Behaviour, as Kafka's ReplicaManager.describeLogDirs: one result, the broker's data dir (absolute path), with
-every log it holds (leader and follower replicas): size of its segments, offset lag max(HWM - log end, 0)
-(0 for a current log), is_future false (no AlterReplicaLogDirs); v4 the volume's total and usable bytes.
+every log it holds (leader and follower replicas): size of its segments, offset lag as Kafka's
+getLogEndOffsetLag: max(HWM - log end, 0) (0 for a current log) where this broker hosts the partition, and -1
+(INVALID_OFFSET_LAG) for a log it holds but hosts no partition for (loaded at start, not (yet) named by a
+LeaderAndIsr); is_future false (no AlterReplicaLogDirs); v4 the volume's total and usable bytes.
 A null topic list means every log; otherwise only the named partitions this broker holds are described: a
 topic none of whose named partitions is here is left out (Kafka 3.7.1 drops topics with no partitions from
 the answer), so an empty list, or only unknown topics or partitions, answers the dir with no topics. A dir
@@ -17,6 +19,8 @@ import shutil
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
+
+INVALID_OFFSET_LAG = -1  # Kafka's DescribeLogDirsResponse.INVALID_OFFSET_LAG: no hosted partition for the log
 
 
 @handles(35)
@@ -40,7 +44,8 @@ def describe_log_dirs(ctx: RequestContext, request) -> object:
                 continue
             parts = by_topic.setdefault(partition_log.topic, [])
             partition = replicas.partition(partition_log.topic, partition_log.partition)
-            lag = max(partition.high_watermark - partition_log.log_end_offset, 0) if partition is not None else 0
+            lag = max(partition.high_watermark - partition_log.log_end_offset, 0) if partition is not None \
+                else INVALID_OFFSET_LAG
             parts.append(make(schema.DescribeLogDirsPartition, partition_index=partition_log.partition,
                               partition_size=partition_log.size_bytes, offset_lag=lag, is_future_key=False))
         result = make(
