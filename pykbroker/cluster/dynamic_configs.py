@@ -12,12 +12,16 @@ Interface for the rest of the broker (``broker.dynamic_configs``):
 * ``config`` — the current BrokerConfig (the static one ``with_dynamic`` layers), whose topic defaults,
   sources and synonyms DescribeConfigs and TopicAdmin use.
 
-Which configs are dynamic: config.DYNAMIC_BROKER_CONFIG_NAMES (Kafka 3.7.1's dynamic keys that
-pykbroker applies without a restart: the log.* topic defaults, message.max.bytes, compression.type,
-min.insync.replicas, the two replication throttles). Setting another known
-key answers INVALID_REQUEST ("Cannot update these configs dynamically"), and so does an invalid value, as
-Kafka 3.7.1 answers in both modes; an unknown key INVALID_CONFIG (Kafka would store an unknown broker key
-for plugins; pykbroker has none to read it, and refuses a typo rather than storing it). A BROKER resource names this broker's id or "" (the cluster default);
+Which configs are dynamic: those Kafka 3.7.1 marks dynamic (config.DYNAMIC_BROKER_CONFIG_NAMES, read_only
+false in DescribeConfigs, from its catalogue in kafka_broker_configs.py) and the two replication throttles.
+pykbroker applies config.APPLIED_DYNAMIC_CONFIG_NAMES while it runs (the log.* topic defaults,
+message.max.bytes, compression.type, min.insync.replicas, the throttles, the cleaner's settings); the others
+(listeners, connection limits, thread counts, SSL/SASL settings, ...) are stored and described, and their
+doc says a new value has no effect here. Refusals follow Kafka (parse_dynamic_configs): INVALID_REQUEST for a
+read-only key ("Cannot update these configs dynamically"), an SSL store setting without a listener prefix, an
+invalid value, or a per-broker key as the cluster default; an unknown key INVALID_CONFIG (Kafka would store
+an unknown broker key for plugins; pykbroker has none to read it, and refuses a typo rather than storing it).
+A BROKER resource names this broker's id or "" (the cluster default);
 another id or a non-numeric one is INVALID_REQUEST, as Kafka's ZkAdminManager.getBrokerId.
 
 Storage is the metadata backend's (cluster/metadata.py): single node, the metadata journal; cluster,
@@ -29,12 +33,12 @@ warning rather than refusing to start.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from pykbroker.cluster.metadata import DEFAULT_BROKER_ENTITY, ClusterMetadata
 from pykbroker.config import (
     BROKER_CONFIGS,
-    DYNAMIC_BROKER_CONFIG_NAMES,
+    PER_BROKER_CONFIG_NAMES,
     TOPIC_CONFIGS,
     BrokerConfig,
     ConfigError,
@@ -42,6 +46,7 @@ from pykbroker.config import (
     listed_names,
     to_topic_unit,
 )
+from pykbroker.kafka_broker_configs import LISTENER_PREFIX_ONLY_CONFIGS
 from pykbroker.protocol.errors import ErrorCode, KafkaError
 
 log = logging.getLogger(__name__)
@@ -63,20 +68,27 @@ def broker_entity(resource_name: str, broker_id: int) -> str:
     return str(broker_id)
 
 
-def parse_dynamic_configs(configs: Mapping[str, str]) -> dict[str, Any]:
-    """Typed values of dynamic broker configs. KafkaError: INVALID_REQUEST for a known key that is not
-    dynamic or an invalid value (Kafka 3.7.1's answers, ZooKeeper and KRaft mode alike), INVALID_CONFIG
-    for an unknown key (Kafka would store it for plugins; pykbroker has none to read it)."""
+def parse_dynamic_configs(configs: Mapping[str, str], *, per_broker: bool = True) -> dict[str, Any]:
+    """Typed values of the dynamic configs of one broker (``per_broker``) or of the cluster default, checked
+    in Kafka 3.7.1's order (DynamicBrokerConfig.validateConfigs; its answers in ZooKeeper and KRaft mode
+    alike), each failure a KafkaError INVALID_REQUEST: a known key that is not dynamic; an SSL key store or
+    trust store setting without a listener prefix; an invalid value (in Kafka's words); a per-broker key
+    as the cluster default. Before those, INVALID_CONFIG for an unknown key (Kafka would store it for
+    plugins; pykbroker has none to read it)."""
     unknown = sorted(name for name in configs if name not in BROKER_CONFIGS)
     if unknown:
         raise KafkaError(ErrorCode.invalid_config, f"Unknown broker config name: {listed_names(unknown)}")
-    static = sorted(name for name in configs if name not in DYNAMIC_BROKER_CONFIG_NAMES)
-    if static:
-        raise KafkaError(
-            ErrorCode.invalid_request, f"Cannot update these configs dynamically: Set({listed_names(static)})"
-        )
+
+    def refuse(names: Iterable[str], message: str, set_name: str = "Set") -> None:
+        names = sorted(names)
+        if names:
+            raise KafkaError(ErrorCode.invalid_request, f"{message}: {set_name}({listed_names(names)})")
+
+    refuse((name for name in configs if BROKER_CONFIGS[name].read_only), "Cannot update these configs dynamically")
+    refuse((name for name in configs if name in LISTENER_PREFIX_ONLY_CONFIGS),
+           "These security configs can be dynamically updated only per-listener using the listener prefix", "HashSet")
     try:
-        typed = {name: BROKER_CONFIGS[name].parse(raw) for name, raw in configs.items()}
+        typed = {name: BROKER_CONFIGS[name].parse(raw, kafka_wording=True) for name, raw in configs.items()}
         for name, value in typed.items():  # as Kafka's DynamicLogConfig: the topic default must be valid too
             for definition in TOPIC_CONFIGS.values():
                 if name in definition.synonyms and value is not None:
@@ -86,6 +98,9 @@ def parse_dynamic_configs(configs: Mapping[str, str]) -> dict[str, Any]:
                         raise ConfigError(name, f"{name} supplies the topic default {exc.message}") from None
     except ConfigError as exc:
         raise KafkaError(ErrorCode.invalid_request, str(exc)) from None
+    if not per_broker:
+        refuse((name for name in configs if name in PER_BROKER_CONFIG_NAMES),
+               "Cannot update these configs at default cluster level, broker id must be specified")
     return typed
 
 
@@ -121,7 +136,7 @@ class DynamicConfigs:
                           version: int | None = None) -> None:
         """Replace ``entity``'s dynamic configs with ``configs`` (validated first; KafkaError); ``version``:
         only if the stored configs are still the ones read at that version (StaleConfigVersion)."""
-        typed = parse_dynamic_configs(configs)
+        typed = parse_dynamic_configs(configs, per_broker=entity != DEFAULT_BROKER_ENTITY)
         if entity in self._typed:  # this broker's effective configs after the change must be valid as a whole
             broker = typed if entity == self.entity else self._typed[self.entity]
             default = typed if entity == DEFAULT_BROKER_ENTITY else self._typed[DEFAULT_BROKER_ENTITY]
@@ -143,7 +158,7 @@ class DynamicConfigs:
         typed: dict[str, Any] = {}
         for name, raw in configs.items():
             try:
-                typed.update(parse_dynamic_configs({name: raw}))
+                typed.update(parse_dynamic_configs({name: raw}, per_broker=entity != DEFAULT_BROKER_ENTITY))
             except KafkaError as exc:
                 log.warning("ignoring the stored dynamic config %s=%r of broker entity %s: %s", name, raw, entity, exc)
         self._typed[entity] = typed
