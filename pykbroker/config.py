@@ -680,6 +680,31 @@ BROKER_CONFIGS.update(
     if name not in BROKER_CONFIGS
 )
 
+# Kafka's listener overrides (DynamicBrokerConfig.ListenerConfigRegex): listener.name.<listener>.<config> sets
+# <config> for one listener. AlterConfigs accepts them (typed as their base config; per broker, except the
+# cluster-level listener configs); DescribeConfigs lists those set, read-only, with their base as synonym.
+_LISTENER_OVERRIDE = re.compile(r"listener\.name\.[^.]*\.(.*)")
+CLUSTER_LEVEL_LISTENER_CONFIGS = frozenset({"max.connections", "max.connection.creation.rate"})
+
+
+def listener_override_base(name: str) -> str | None:
+    """The base config a ``listener.name.<listener>.<config>`` name overrides, or None."""
+    match = _LISTENER_OVERRIDE.fullmatch(name)
+    return match[1] if match else None
+
+
+def broker_config_def(name: str) -> ConfigDef | None:
+    """The ConfigDef of a broker config name (a listener override's is its base's, under its own name, with
+    no default and read-only as Kafka describes it), or None for a name pykbroker does not know."""
+    definition = BROKER_CONFIGS.get(name)
+    if definition is not None:
+        return definition
+    base = BROKER_CONFIGS.get(listener_override_base(name) or "")
+    if base is None:
+        return None
+    return replace(base, name=name, default=None, read_only=True,
+                   doc=f"{base.name} for one listener (Kafka's listener override); no effect here.")
+
 _TOPIC_CONFIG_DEFS = (
     ConfigDef("cleanup.policy", "list", ["delete"], "delete old segments and/or compact by key.", _CLEANUP_POLICIES, ("log.cleanup.policy",)),
     ConfigDef(
@@ -874,11 +899,16 @@ def _check_queued_max_request_bytes(values: Mapping[str, Any]) -> None:
 MIN_DEDUPE_BUFFER_PER_THREAD = 1024 * 1024
 
 
+class ReconfigurationError(ConfigError):
+    """A dynamic update a broker component refuses given its current value (Kafka's
+    Reconfigurable.validateReconfiguration: the log cleaner's and the thread pools' thread counts)."""
+
+
 def check_cleaner_configs(values: Mapping[str, Any], current: Mapping[str, Any] | None = None) -> None:
     """Kafka's rules for the log cleaner's broker configs (KafkaConfig.validateValues): more than 1 MiB of
-    log.cleaner.dedupe.buffer.size per cleaner thread; and, on a dynamic update from ``current`` (Kafka's
-    LogCleaner.validateReconfiguration), log.cleaner.threads at least 1, at least half and at most double
-    the current number. Raises ConfigError."""
+    log.cleaner.dedupe.buffer.size per cleaner thread (ConfigError); and, on a dynamic update from
+    ``current`` (Kafka's LogCleaner.validateReconfiguration), log.cleaner.threads at least 1, at least half
+    and at most double the current number (ReconfigurationError)."""
     threads = int(values["log.cleaner.threads"])
     dedupe = int(values["log.cleaner.dedupe.buffer.size"])
     if threads >= 1 and dedupe // threads <= MIN_DEDUPE_BUFFER_PER_THREAD:
@@ -890,15 +920,37 @@ def check_cleaner_configs(values: Mapping[str, Any], current: Mapping[str, Any] 
     if threads == now:
         return
     if threads < 1:
-        raise ConfigError("log.cleaner.threads", "Log cleaner threads should be at least 1")
+        raise ReconfigurationError("log.cleaner.threads", "Log cleaner threads should be at least 1")
     if now < 1:  # the cleaner was off: any number from 1
         return
     if threads < now // 2:
-        raise ConfigError("log.cleaner.threads",
-                          f"Log cleaner threads cannot be reduced to less than half the current value {now}")
+        raise ReconfigurationError("log.cleaner.threads",
+                                   f"Log cleaner threads cannot be reduced to less than half the current value {now}")
     if threads > now * 2:
-        raise ConfigError("log.cleaner.threads",
-                          f"Log cleaner threads cannot be increased to more than double the current value {now}")
+        raise ReconfigurationError("log.cleaner.threads",
+                                   f"Log cleaner threads cannot be increased to more than double the current value {now}")
+
+
+# Kafka's DynamicThreadPool.ReconfigurableConfigs (no effect here: one event loop serves every connection, and
+# the follower fetcher runs one task per leader; but a change is checked as Kafka checks it).
+THREAD_POOL_CONFIG_NAMES = ("num.io.threads", "num.network.threads", "num.replica.fetchers",
+                            "num.recovery.threads.per.data.dir", "background.threads")
+
+
+def check_thread_pool_configs(values: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+    """Kafka's DynamicThreadPool.validateReconfiguration: a thread count that changes goes to at least 1, at
+    least half and at most double its current value. Raises ReconfigurationError in Kafka's words."""
+    for name in THREAD_POOL_CONFIG_NAMES:
+        new, now = int(values[name]), int(current[name])
+        if new == now:
+            continue
+        failed = f"Dynamic thread count update validation failed for {name}={new}"
+        if new <= 0:
+            raise ReconfigurationError(name, f"{failed}, value should be at least 1")
+        if new < now // 2:
+            raise ReconfigurationError(name, f"{failed}, value should be at least half the current value {now}")
+        if new > now * 2:
+            raise ReconfigurationError(name, f"{failed}, value should not be greater than double the current value {now}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -997,8 +1049,8 @@ class BrokerConfig:
         (this broker's dynamic configs, the cluster default's, the static ones, the defaults), without
         the entries before the key's own first one; ``per_broker`` False (the cluster-default resource)
         keeps only the cluster default's entries. The first entry is the key's source."""
-        definition = BROKER_CONFIGS[name]
-        defaults = {key: _FSYNC_FLUSH_DEFAULTS[self.fsync].get(key, BROKER_CONFIGS[key].default) for key in _broker_synonym_group(name)}
+        definition = broker_config_def(name)
+        defaults = {key: _FSYNC_FLUSH_DEFAULTS[self.fsync].get(key, broker_config_def(key).default) for key in _broker_synonym_group(name)}
         layers: list[tuple[Mapping[str, Any], ConfigSource]] = [
             (self.dynamic_broker, ConfigSource.DYNAMIC_BROKER_CONFIG),
             (self.dynamic_default, ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG),
@@ -1008,7 +1060,7 @@ class BrokerConfig:
         if not per_broker:
             layers = [layers[1]]
         synonyms = [
-            (key, BROKER_CONFIGS[key].format(layer[key]), source)
+            (key, broker_config_def(key).format(layer[key]), source)
             for layer, source in layers for key in _broker_synonym_group(name)
             if layer.get(key) is not None
         ]
@@ -1057,7 +1109,11 @@ class BrokerConfig:
 
 def _broker_synonym_group(name: str) -> tuple[str, ...]:
     """The broker keys that are synonyms of ``name`` (Kafka's DynamicBrokerConfig.brokerConfigSynonyms:
-    the keys supplying one topic config, ``log.retention.ms``/``.minutes``/``.hours``), or just ``name``."""
+    the keys supplying one topic config, ``log.retention.ms``/``.minutes``/``.hours``; a listener override
+    and its base), or just ``name``."""
+    base = listener_override_base(name)
+    if base is not None and name not in BROKER_CONFIGS:
+        return (name, base)
     for definition in TOPIC_CONFIGS.values():
         if name in definition.synonyms and len(definition.synonyms) > 1:
             return definition.synonyms
@@ -1159,6 +1215,36 @@ def parse_listeners(key: str, text: str, protocols: Mapping[str, str]) -> tuple[
     if key == "listeners" and len(set(ports)) != len(ports):
         raise ConfigError(key, f"Each listener must have a different port, {key}: {text}")
     return tuple(listeners)
+
+
+def listener_configs_refusal(values: Mapping[str, Any]) -> str | None:
+    """Why Kafka 3.7.1 refuses these listener configs as a dynamic update (DynamicListenerConfig), in its
+    words, or None: a protocol map entry with an unknown protocol, a listener that is no ``NAME://host:port``
+    or whose name the map lacks, two listeners of one name."""
+    text_map = values["listener.security.protocol.map"] or ""
+    protocols: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text_map.split(","))):
+        name, separator, protocol = item.partition(":")
+        if not separator:
+            return f"Error parsing configuration property 'listener.security.protocol.map': {item}"
+        if protocol.strip().upper() not in SECURITY_PROTOCOLS:
+            return f"Invalid security protocol `{protocol.strip()}` defined in listener.security.protocol.map"
+        protocols[name.strip().upper()] = protocol.strip().upper()
+    for key in ("listeners", "advertised.listeners"):
+        text = values[key]
+        if not text:
+            continue
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            match = _ENDPOINT.fullmatch(item)
+            if match is None:
+                return f"Error creating broker listeners from '{text}': Unable to parse {item} to a broker endpoint"
+            if match["name"].upper() not in protocols:
+                return f"Error creating broker listeners from '{text}': No security protocol defined for listener {match['name'].upper()}"
+        try:
+            parse_listeners(key, text, protocols)
+        except ConfigError as exc:
+            return f"requirement failed: {exc.message}"
+    return None
 
 
 def resolve_listeners(

@@ -17,10 +17,16 @@ false in DescribeConfigs, from its catalogue in kafka_broker_configs.py) and the
 pykbroker applies config.APPLIED_DYNAMIC_CONFIG_NAMES while it runs (the log.* topic defaults,
 message.max.bytes, compression.type, min.insync.replicas, the throttles, the cleaner's settings); the others
 (listeners, connection limits, thread counts, SSL/SASL settings, ...) are stored and described, and their
-doc says a new value has no effect here. Refusals follow Kafka (parse_dynamic_configs): INVALID_REQUEST for a
-read-only key ("Cannot update these configs dynamically"), an SSL store setting without a listener prefix, an
-invalid value, or a per-broker key as the cluster default; an unknown key INVALID_CONFIG (Kafka would store
-an unknown broker key for plugins; pykbroker has none to read it, and refuses a typo rather than storing it).
+doc says a new value has no effect here. Kafka's listener overrides (``listener.name.<listener>.<config>``)
+are accepted too, typed as their base config. Refusals follow Kafka (parse_dynamic_configs, then
+``alter_async`` against this broker's current configs): INVALID_REQUEST for a read-only key ("Cannot update
+these configs dynamically"), an SSL store setting without a listener prefix, an invalid value, a per-broker
+key as the cluster default, a thread count beyond half or double its current value or a cleaner setting
+Kafka's LogCleaner refuses (in Kafka's wrapping of such a refusal), listener configs that do not parse;
+INVALID_CONFIG for a password config (Kafka in ZooKeeper mode stores them encrypted with
+password.encoder.secret and refuses them without one; pykbroker never stores them) and for an unknown key
+(Kafka would store an unknown broker key for plugins; pykbroker has none to read it, and refuses a typo
+rather than storing it).
 A BROKER resource names this broker's id or "" (the cluster default);
 another id or a non-numeric one is INVALID_REQUEST, as Kafka's ZkAdminManager.getBrokerId.
 
@@ -38,18 +44,26 @@ from typing import Any, Callable, Iterable, Mapping
 from pykbroker.cluster.metadata import DEFAULT_BROKER_ENTITY, ClusterMetadata
 from pykbroker.config import (
     BROKER_CONFIGS,
+    CLUSTER_LEVEL_LISTENER_CONFIGS,
     PER_BROKER_CONFIG_NAMES,
     TOPIC_CONFIGS,
     BrokerConfig,
     ConfigError,
+    broker_config_def,
+    ReconfigurationError,
     check_cleaner_configs,
+    check_thread_pool_configs,
     listed_names,
+    listener_configs_refusal,
+    listener_override_base,
     to_topic_unit,
 )
 from pykbroker.kafka_broker_configs import LISTENER_PREFIX_ONLY_CONFIGS
 from pykbroker.protocol.errors import ErrorCode, KafkaError
 
 log = logging.getLogger(__name__)
+
+_LISTENER_CONFIGS = ("listeners", "advertised.listeners", "listener.security.protocol.map")
 
 
 def broker_entity(resource_name: str, broker_id: int) -> str:
@@ -75,7 +89,7 @@ def parse_dynamic_configs(configs: Mapping[str, str], *, per_broker: bool = True
     trust store setting without a listener prefix; an invalid value (in Kafka's words); a per-broker key
     as the cluster default. Before those, INVALID_CONFIG for an unknown key (Kafka would store it for
     plugins; pykbroker has none to read it)."""
-    unknown = sorted(name for name in configs if name not in BROKER_CONFIGS)
+    unknown = sorted(name for name in configs if broker_config_def(name) is None)
     if unknown:
         raise KafkaError(ErrorCode.invalid_config, f"Unknown broker config name: {listed_names(unknown)}")
 
@@ -84,11 +98,13 @@ def parse_dynamic_configs(configs: Mapping[str, str], *, per_broker: bool = True
         if names:
             raise KafkaError(ErrorCode.invalid_request, f"{message}: {set_name}({listed_names(names)})")
 
-    refuse((name for name in configs if BROKER_CONFIGS[name].read_only), "Cannot update these configs dynamically")
+    refuse((name for name in configs if name in BROKER_CONFIGS and BROKER_CONFIGS[name].read_only),
+           "Cannot update these configs dynamically")  # a listener override is always dynamic
     refuse((name for name in configs if name in LISTENER_PREFIX_ONLY_CONFIGS),
            "These security configs can be dynamically updated only per-listener using the listener prefix", "HashSet")
     try:
-        typed = {name: BROKER_CONFIGS[name].parse(raw, kafka_wording=True) for name, raw in configs.items()}
+        typed = {name: BROKER_CONFIGS[listener_override_base(name) if name not in BROKER_CONFIGS else name]
+                 .parse(raw, kafka_wording=True) for name, raw in configs.items()}  # an override as its base
         for name, value in typed.items():  # as Kafka's DynamicLogConfig: the topic default must be valid too
             for definition in TOPIC_CONFIGS.values():
                 if name in definition.synonyms and value is not None:
@@ -99,7 +115,8 @@ def parse_dynamic_configs(configs: Mapping[str, str], *, per_broker: bool = True
     except ConfigError as exc:
         raise KafkaError(ErrorCode.invalid_request, str(exc)) from None
     if not per_broker:
-        refuse((name for name in configs if name in PER_BROKER_CONFIG_NAMES),
+        refuse((name for name in configs if name in PER_BROKER_CONFIG_NAMES or (
+                   name not in BROKER_CONFIGS and listener_override_base(name) not in CLUSTER_LEVEL_LISTENER_CONFIGS)),
                "Cannot update these configs at default cluster level, broker id must be specified")
     return typed
 
@@ -144,10 +161,27 @@ class DynamicConfigs:
             try:
                 if any(after[name] != now[name] for name in after if name.startswith("log.cleaner.")):
                     check_cleaner_configs(after, now)
-            except ConfigError as exc:
-                raise KafkaError(ErrorCode.invalid_request, str(exc)) from None
+                check_thread_pool_configs(after, now)
+            except ReconfigurationError as exc:  # Kafka wraps a reconfigurable's refusal this way
+                raise KafkaError(ErrorCode.invalid_request, f"Invalid value org.apache.kafka.common.config."
+                                 f"ConfigException: {exc.message} for configuration Invalid dynamic configuration") from None
+            except ConfigError as exc:  # KafkaConfig's own requirements, as Kafka words a failed one
+                raise KafkaError(ErrorCode.invalid_request, f"requirement failed: {exc.message}") from None
+            if any(after[name] != now[name] for name in _LISTENER_CONFIGS):
+                # unset listeners are pykbroker's host/port listener, which a new protocol map must still name
+                listeners = after["listeners"] or ",".join(map(str, self.config.listeners))
+                refusal = listener_configs_refusal({**after, "listeners": listeners})
+                if refusal is not None:
+                    raise KafkaError(ErrorCode.invalid_request, refusal)
         if validate_only:
             return
+        passwords = sorted(name for name in configs if broker_config_def(name).sensitive)
+        if passwords:  # Kafka (ZooKeeper mode) stores them encrypted with password.encoder.secret, or refuses
+            resource = "" if entity == DEFAULT_BROKER_ENTITY else entity
+            reason = ("Password encoder secret not configured" if not self.config.get("password.encoder.secret") else
+                      f"pykbroker does not store password configs ({listed_names(passwords)}): it would keep them unencrypted")
+            raise KafkaError(ErrorCode.invalid_config,
+                             f"Invalid config value for resource ConfigResource(type=BROKER, name='{resource}'): {reason}")
         log.info("updating dynamic configs of broker %s: %s", entity, configs)
         await self.metadata.set_broker_configs_async(entity, dict(configs), version=version)
 

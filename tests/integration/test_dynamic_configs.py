@@ -339,3 +339,56 @@ def test_every_kafka_broker_config_is_known_and_kafka_dynamic_ones_are_accepted(
     assert raw_describe(address, BROKER, "")["num.io.threads"].value == "9"
     assert raw_incremental(address, (BROKER, "", [("num.io.threads", 1, None)]))[0][1] == ErrorCode.none
     assert shared_broker.is_running()
+
+
+def test_kafkas_reconfiguration_checks_listener_overrides_and_password_configs(broker):
+    """Kafka 3.7.1's other refusals of a dynamic broker config (its answers, measured in ZooKeeper and KRaft mode):
+    thread counts beyond half/double the current value, listener configs that do not parse, KafkaConfig's
+    requirements; a password config is not stored (ZooKeeper mode without password.encoder.secret); listener
+    overrides (listener.name.<listener>.<config>) are accepted per broker, typed as their base, and described."""
+    address = broker.address
+    wrapped = "Invalid value org.apache.kafka.common.config.ConfigException: {} for configuration Invalid dynamic configuration"
+    answers = {
+        ("1", "num.io.threads", "3"): (ErrorCode.invalid_request, wrapped.format(
+            "Dynamic thread count update validation failed for num.io.threads=3, value should be at least half the "
+            "current value 8")),
+        ("", "num.replica.fetchers", "3"): (ErrorCode.invalid_request, wrapped.format(
+            "Dynamic thread count update validation failed for num.replica.fetchers=3, value should not be greater "
+            "than double the current value 1")),
+        ("1", "log.cleaner.threads", "10"): (ErrorCode.invalid_request, wrapped.format(
+            "Log cleaner threads cannot be increased to more than double the current value 1")),
+        ("1", "log.cleaner.dedupe.buffer.size", "1000"): (ErrorCode.invalid_request,
+            "requirement failed: log.cleaner.dedupe.buffer.size must be at least 1MB per cleaner thread."),
+        ("1", "listeners", "x"): (ErrorCode.invalid_request,
+            "Error creating broker listeners from 'x': Unable to parse x to a broker endpoint"),
+        ("1", "advertised.listeners", "FOO://127.0.0.1:1"): (ErrorCode.invalid_request,
+            "Error creating broker listeners from 'FOO://127.0.0.1:1': No security protocol defined for listener FOO"),
+        ("1", "listener.security.protocol.map", "PLAINTEXT:FOO"): (ErrorCode.invalid_request,
+            "Invalid security protocol `FOO` defined in listener.security.protocol.map"),
+        ("1", "listener.name.plaintext.max.connections", "x"): (ErrorCode.invalid_request,
+            "Invalid value x for configuration max.connections: Not a number of type INT"),
+        ("", "listener.name.plaintext.ssl.keystore.type", "PKCS12"): (ErrorCode.invalid_request,
+            "Cannot update these configs at default cluster level, broker id must be specified: "
+            "Set(listener.name.plaintext.ssl.keystore.type)"),
+        ("1", "sasl.jaas.config", "x"): (ErrorCode.invalid_config,
+            "Invalid config value for resource ConfigResource(type=BROKER, name='1'): Password encoder secret not configured"),
+    }
+    for (entity, name, value), answer in answers.items():
+        assert raw_incremental(address, (BROKER, entity, [(name, 0, value)]))[0][1:] == answer, name
+    # what Kafka accepts: a thread count within bounds, a password config validated only, listener overrides
+    assert raw_incremental(address, (BROKER, "1", [("num.io.threads", 0, "16")]))[0][1] == ErrorCode.none
+    assert raw_incremental(address, (BROKER, "1", [("sasl.jaas.config", 0, "x")]), validate_only=True)[0][1] == ErrorCode.none
+    assert raw_incremental(address, (BROKER, "1", [("listener.name.plaintext.ssl.keystore.type", 0, "PKCS12")]))[0][1] \
+        == ErrorCode.none
+    assert raw_incremental(address, (BROKER, "", [("listener.name.plaintext.max.connections", 0, "5")]))[0][1] \
+        == ErrorCode.none
+    per_broker = raw_describe(address, BROKER, "1")
+    override = per_broker["listener.name.plaintext.ssl.keystore.type"]
+    assert (override.value, override.config_source, override.read_only) == ("PKCS12", 2, True)
+    assert [(s.name, s.value, s.source) for s in override.synonyms] == [
+        ("listener.name.plaintext.ssl.keystore.type", "PKCS12", 2), ("ssl.keystore.type", "JKS", 5)]
+    assert per_broker["listener.name.plaintext.max.connections"].value == "5"
+    assert per_broker["num.io.threads"].value == "16"
+    assert raw_describe(address, BROKER, "")["listener.name.plaintext.max.connections"].config_source == 3
+    broker.restart()  # stored, and still valid when read back
+    assert raw_describe(broker.address, BROKER, "1")["listener.name.plaintext.ssl.keystore.type"].value == "PKCS12"
