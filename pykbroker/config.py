@@ -193,19 +193,6 @@ class EachOneOf:
 
 
 @dataclass(frozen=True)
-class Matches:
-    pattern: str
-    description: str
-
-    def check(self, value: Any) -> None:
-        if value is not None and not re.fullmatch(self.pattern, value):
-            raise ValueError(f"Value must be {self.description}")
-
-    def describe(self) -> str:
-        return self.description
-
-
-@dataclass(frozen=True)
 class NonEmpty:
     """Kafka's NonEmptyString / NonNullValidator, by what ``description`` says (``non-empty string``,
     ``non-null string``); ``non-empty list`` is the description of controller.quorum.voters' validator,
@@ -1378,6 +1365,8 @@ def load_config(
                         kafka_key, merged[kafka_key].origin, " and ".join(overridden), "is" if len(overridden) == 1 else "are")
     settings = {name: _parse(definition, merged.get(name)) for name, definition in PYKBROKER_SETTINGS.items()}
     values = {name: _parse(definition, merged[name]) for name, definition in BROKER_CONFIGS.items() if name in merged}
+    values.update((name, _parse(broker_config_def(name), setting)) for name, setting in merged.items()
+                  if name not in BROKER_CONFIGS and name not in PYKBROKER_SETTINGS)  # listener overrides
     explicit = set(values)
     if "fsync" in merged:
         explicit.update(_FSYNC_FLUSH_DEFAULTS[settings["fsync"]])  # implied by a choice the user made
@@ -1405,7 +1394,7 @@ def _layer(entries: Iterable[tuple[str, Any, str]]) -> dict[str, _Setting]:
     layer: dict[str, _Setting] = {}
     for key, raw, origin in entries:
         name = _SETTING_ALIASES.get(key, key)
-        if name in PYKBROKER_SETTINGS or name in BROKER_CONFIGS:
+        if name in PYKBROKER_SETTINGS or broker_config_def(name) is not None:
             if name == "log.level" and isinstance(raw, str):  # logging's names are upper case; accept any case
                 raw = raw.strip().upper()
             layer[name] = _Setting(raw, origin)
@@ -1449,7 +1438,7 @@ def _env_setting(variable: str) -> bool:
     if not variable.startswith(ENV_PREFIX) or variable in ENV_NOT_SETTINGS:
         return False
     key = _env_key(variable)
-    if _SETTING_ALIASES.get(key, key) in PYKBROKER_SETTINGS or key in BROKER_CONFIGS:
+    if _SETTING_ALIASES.get(key, key) in PYKBROKER_SETTINGS or broker_config_def(key) is not None:
         return True
     known = {ENV_PREFIX + name.upper().replace(".", "_") for name in _known_keys()} | ENV_NOT_SETTINGS
     log.warning("environment variable %s names no pykbroker setting and is ignored%s", variable,

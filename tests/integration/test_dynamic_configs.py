@@ -392,3 +392,16 @@ def test_kafkas_reconfiguration_checks_listener_overrides_and_password_configs(b
     assert raw_describe(address, BROKER, "")["listener.name.plaintext.max.connections"].config_source == 3
     broker.restart()  # stored, and still valid when read back
     assert raw_describe(broker.address, BROKER, "1")["listener.name.plaintext.ssl.keystore.type"].value == "PKCS12"
+
+
+def test_a_config_files_kafka_keys_and_listener_overrides_are_described_as_static(broker_factory):
+    broker = broker_factory.make({"num.io.threads": 4, "listener.name.plaintext.max.connections": 7,
+                                  "log.message.format.version": "2.8"})
+    configs = raw_describe(broker.address, BROKER, "1")
+    assert (configs["num.io.threads"].value, configs["num.io.threads"].config_source) == ("4", 4)
+    assert configs["log.message.format.version"].value == "2.8"
+    override = configs["listener.name.plaintext.max.connections"]
+    assert (override.value, override.config_source, override.read_only) == ("7", 4, True)
+    assert [(s.name, s.value, s.source) for s in override.synonyms] == [
+        ("listener.name.plaintext.max.connections", "7", 4), ("max.connections", "2147483647", 5)]
+    assert configs["log.dirs"].value == str(broker.data_dir)

@@ -110,3 +110,20 @@ def test_timestamp_difference_is_the_default_of_before_and_after(configs, before
     full = {name: definition.default for name, definition in TOPIC_CONFIGS.items()} | configs
     log_config = LogConfig.from_topic_configs(full)
     assert (log_config.message_timestamp_before_max_ms, log_config.message_timestamp_after_max_ms) == (before, after)
+
+
+def test_listener_overrides_in_a_config_file_are_known_typed_as_their_base_and_described_with_it(tmp_path, caplog):
+    file = tmp_path / "server.properties"
+    file.write_text("listener.name.plaintext.sasl.enabled.mechanisms=PLAIN\nlistener.name.plaintext.max.connections=7\n"
+                    "listener.name.plaintext.no.such.config=1\n")
+    with caplog.at_level(logging.WARNING, logger="pykbroker.config"):
+        config = load_config(file=file, env={})
+    assert config.get("listener.name.plaintext.sasl.enabled.mechanisms") == ["PLAIN"]
+    assert config.get("listener.name.plaintext.max.connections") == 7
+    assert config.broker_config_synonyms("listener.name.plaintext.max.connections") == [
+        ("listener.name.plaintext.max.connections", "7", 4), ("max.connections", "2147483647", 5)]
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "unknown configuration key listener.name.plaintext.no.such.config" in warning  # its base is unknown
+    file.write_text("listener.name.plaintext.max.connections=many\n")
+    with pytest.raises(ConfigError, match="listener.name.plaintext.max.connections"):
+        load_config(file=file, env={})

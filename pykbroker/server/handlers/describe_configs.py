@@ -8,8 +8,8 @@ says STATIC_BROKER_CONFIG), with synonyms when asked and types/documentation fro
 broker config with its effective value (dynamic configs included), its source and Kafka's synonyms
 (the key's synonym group, layer by layer: this broker's dynamic configs, the cluster default's, static,
 default); "" (the cluster default) lists only the dynamic default configs that are set. Dynamic
-configs (cluster/dynamic_configs.py) have read_only false. Listener overrides set dynamically
-(``listener.name.<listener>.<config>``) follow the broker's configs, read-only with their base as a synonym,
+configs (cluster/dynamic_configs.py) have read_only false. Listener overrides set in the config file or
+dynamically (``listener.name.<listener>.<config>``) follow the broker's configs, read-only with their base as a synonym,
 as Kafka lists them. Unknown topic: UNKNOWN_TOPIC_OR_PARTITION;
 another broker's id: INVALID_REQUEST; other resource types: INVALID_REQUEST. Sensitive values are null.
 """
@@ -71,7 +71,8 @@ def _broker_configs(ctx: RequestContext, schema, name: str, keys, request) -> tu
     include_synonyms = getattr(request, "include_synonyms", False)
     per_broker = name != ""
     entries = []
-    overrides = sorted({*config.dynamic_default, *(config.dynamic_broker if per_broker else ())} - BROKER_CONFIGS.keys())
+    set_here = (*config.dynamic_broker, *config.explicit) if per_broker else ()  # the static ones: a config file's
+    overrides = sorted({*config.dynamic_default, *set_here} - BROKER_CONFIGS.keys())
     for key, definition in [*BROKER_CONFIGS.items(), *((name, broker_config_def(name)) for name in overrides)]:
         if keys is not None and key not in keys:
             continue
