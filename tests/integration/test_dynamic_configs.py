@@ -281,6 +281,9 @@ def test_deprecated_topic_configs_are_accepted_described_and_applied_as_kafka(sh
         "message.format.version": "0.10.0.0", "message.downconversion.enable": "false",
         "message.timestamp.difference.max.ms": "60000"})
     admin.alter_configs([resource])[resource].result(TIMEOUT)
+    warning = (f"Topic configuration message.format.version with value `0.10.0.0` is ignored for `{topic_name}` "
+               "because the inter-broker protocol version")  # as Kafka logs it
+    wait_until(lambda: warning in shared_broker.log_path.read_text(errors="replace"), "the broker's warning", TIMEOUT)
     configs = described(admin, ConfigResource.Type.TOPIC, topic_name)
     for name, value in (("message.format.version", "0.10.0.0"), ("message.downconversion.enable", "false"),
                         ("message.timestamp.difference.max.ms", "60000")):
