@@ -6,8 +6,9 @@ default for the topic config ``segment.bytes``). Where pykbroker's default diffe
 ConfigDef's doc says so (``broker.id``, ``offsets.topic.replication.factor``, ``log.flush.interval.ms``).
 
 Sources, highest precedence first: command-line flags (and ``--override key=value``), environment
-variables ``PYKBROKER_*`` (only those naming a known setting: the namespace is shared with tools
-around the broker), the ``--config`` file, the defaults. The same key names work everywhere:
+variables ``PYKBROKER_*`` (only those naming a known setting; the namespace is shared with tools around
+the broker, ENV_NOT_SETTINGS, and any other PYKBROKER_ variable is warned about as a likely typo), the
+``--config`` file, the defaults. The same key names work everywhere:
 an environment variable is the key upper-cased with ``.`` as ``_`` (``PYKBROKER_NUM_PARTITIONS`` sets
 ``num.partitions``); a flag is the key with ``-`` (``--data-dir`` sets ``data.dir``). Besides Kafka's
 keys there are pykbroker's own settings (``PYKBROKER_SETTINGS``): ``host``, ``port``,
@@ -23,7 +24,9 @@ The config file is TOML when its name ends in ``.toml`` (flat quoted keys ``"num
 tables that join to the dotted name, ``[log] segment.bytes = 1048576``), otherwise Kafka's
 ``server.properties`` format (``key=value``, ``#`` comments).
 
-Unknown keys are logged as warnings and ignored, as Kafka does; an invalid value is a ConfigError that
+Every broker config name Kafka 3.7.1 defines is known (kafka_broker_configs.py: the ones pykbroker does not
+use are accepted, stored and described, their doc says so). Unknown keys are logged as warnings and
+ignored, as Kafka does, with the known key they resemble ("did you mean num.partitions?"); an invalid value is a ConfigError that
 names the key, the accepted values and where the value came from.
 
 Durability (``fsync``). Kafka itself never fsyncs by default: ``flush.ms`` and ``flush.messages`` are
@@ -42,6 +45,7 @@ Keys the user sets explicitly win over what ``fsync`` implies.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import os
@@ -53,6 +57,8 @@ from enum import IntEnum
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Mapping, Protocol
+
+from pykbroker.kafka_broker_configs import KAFKA_BROKER_CONFIGS, METADATA_VERSIONS
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +80,16 @@ _TYPE_NAMES = {
 }
 # DescribeConfigs v3+ config_type (KIP-569).
 _TYPE_IDS = {"boolean": 1, "string": 2, "int": 3, "short": 4, "long": 5, "double": 6, "list": 7, "class": 8, "password": 9}
+
+
+# Kafka's ConfigDef.parseType reasons for a string that is not of the config's type.
+_KAFKA_TYPE_ERRORS = {
+    "short": "Not a number of type SHORT",
+    "int": "Not a number of type INT",
+    "long": "Not a number of type LONG",
+    "double": "Not a number of type DOUBLE",
+    "boolean": "Expected value to be either true or false",
+}
 
 
 class ConfigError(ValueError):
@@ -177,16 +193,45 @@ class EachOneOf:
 
 
 @dataclass(frozen=True)
-class Matches:
-    pattern: str
+class NonEmpty:
+    """Kafka's NonEmptyString / NonNullValidator, by what ``description`` says (``non-empty string``,
+    ``non-null string``); ``non-empty list`` is the description of controller.quorum.voters' validator,
+    which accepts an empty list (a broker outside KRaft)."""
+
     description: str
 
     def check(self, value: Any) -> None:
-        if value is not None and not re.fullmatch(self.pattern, value):
-            raise ValueError(f"Value must be {self.description}")
+        if value is None and "non-null" in self.description:
+            raise ValueError("entry must be non null")
+        if value == "" and self.description == "non-empty string":
+            raise ValueError("String must be non-empty")
 
     def describe(self) -> str:
         return self.description
+
+
+_METADATA_SHORT_VERSIONS = frozenset(version.split("-")[0] for version in METADATA_VERSIONS)
+
+
+def metadata_version_known(text: str) -> bool:
+    """Kafka 3.7.1's MetadataVersion.fromVersionString: the first three dot-separated parts of a 0.x version
+    (``0.10.0.0`` -> ``0.10.0``), else the first two (``3.7.1`` -> ``3.7``), must name a version, with or
+    without its ``-IVn`` suffix."""
+    parts = text.split(".")
+    keep = 3 if text.startswith("0.") else 2
+    key = text if keep >= len(parts) else ".".join(parts[:keep])
+    return key in METADATA_VERSIONS or key in _METADATA_SHORT_VERSIONS
+
+
+class KafkaVersion:
+    """Kafka's MetadataVersionValidator (message.format.version, inter.broker.protocol.version)."""
+
+    def check(self, value: Any) -> None:
+        if not metadata_version_known(value):
+            raise ValueError(f"Version {value} is not a valid version")
+
+    def describe(self) -> str:
+        return "[" + ", ".join(METADATA_VERSIONS) + "]"
 
 
 class ThrottledReplicas:
@@ -235,22 +280,25 @@ class ConfigDef:
         described = _TYPE_NAMES[self.type]
         return f"{described} in {self.validator.describe()}" if self.validator else described
 
-    def parse(self, raw: Any) -> Any:
+    def parse(self, raw: Any, *, kafka_wording: bool = False) -> Any:
         """Turn a raw value (a string from a file or env, or a native TOML/Python value) into the typed
-        value, and validate it. Raises ConfigError naming this key and what it accepts."""
+        value, and validate it. Raises ConfigError naming this key and what it accepts; ``kafka_wording``:
+        in Kafka's words, as its ConfigDef says them in an AlterConfigs answer ("Invalid value abc for
+        configuration x: Not a number of type LONG")."""
         try:
             value = _coerce(self.type, raw)
         except ValueError as exc:
-            raise self._invalid(raw, f"{exc}; accepted: {self.accepted()}") from None
+            reason = _KAFKA_TYPE_ERRORS.get(self.type, str(exc)) if kafka_wording else f"{exc}; accepted: {self.accepted()}"
+            raise self._invalid(raw, reason, kafka_wording) from None
         if self.validator is not None and value is not None:
             try:
                 self.validator.check(value)
             except ValueError as exc:  # the validator's reason already states the range or the choices
-                raise self._invalid(raw, str(exc)) from None
+                raise self._invalid(raw, str(exc), kafka_wording) from None
         return value
 
-    def _invalid(self, raw: Any, reason: str) -> ConfigError:
-        shown = repr(raw) if isinstance(raw, str) else str(raw)
+    def _invalid(self, raw: Any, reason: str, kafka_wording: bool = False) -> ConfigError:
+        shown = repr(raw) if isinstance(raw, str) and not kafka_wording else str(raw)
         return ConfigError(self.name, f"Invalid value {shown} for configuration {self.name}: {reason}")
 
     def format(self, value: Any) -> str | None:
@@ -261,6 +309,9 @@ class ConfigDef:
             return "true" if value else "false"
         if self.type == "list":
             return ",".join(value)
+        if self.type == "double":  # as Java's Double.toString: 0.5, 1.0, 1.7976931348623157E308
+            mantissa, _, exponent = repr(float(value)).partition("e")
+            return f"{mantissa if '.' in mantissa else mantissa + '.0'}E{int(exponent)}" if exponent else mantissa
         return str(value)
 
 
@@ -331,7 +382,7 @@ _AT_LEAST_1 = Range(1)
 _COMPRESSION_TYPES = OneOf(("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"))
 _TIMESTAMP_TYPES = OneOf(("CreateTime", "LogAppendTime"))
 _CLEANUP_POLICIES = EachOneOf(("compact", "delete"))
-_MESSAGE_FORMAT_VERSION = Matches(r"\d+\.\d+(\.\d+)?(-IV\d+)?", "a Kafka version such as 2.8 or 3.0-IV1")
+_MESSAGE_FORMAT_VERSION = KafkaVersion()
 # Kafka 3.7.1's lower bound (LegacyRecord.RECORD_OVERHEAD_V0); Kafka 4 raised it to 1 MiB, which would
 # forbid the small segments that exercise rolling in tests.
 _MIN_SEGMENT_BYTES = Range(14)
@@ -341,14 +392,14 @@ def _table(*defs: ConfigDef) -> dict[str, ConfigDef]:
     return {d.name: d for d in defs}
 
 
-# The broker configs pykbroker lets AlterConfigs / IncrementalAlterConfigs change while it runs (per broker
-# or as the cluster-wide default, see cluster/dynamic_configs.py): those Kafka 3.7.1 marks dynamic
-# (DynamicBrokerConfig.AllDynamicConfigs, read_only=false in its DescribeConfigs) whose new value pykbroker
-# really applies without a restart: the topic defaults (a live log takes its topic's new configs) and the
-# replication throttles. Kafka's other dynamic keys (listeners, max.connections, num.replica.fetchers,
-# producer.id.expiration.ms, the SSL/SASL keys, and unclean.leader.election.enable, which the controller
-# reads from its static config) stay read-only here: pykbroker reads them at start only.
-DYNAMIC_BROKER_CONFIG_NAMES = frozenset({
+# Kafka 3.7.1's update mode of every broker config it defines (kafka_broker_configs.py): read-only,
+# per-broker or cluster-wide.
+_KAFKA_UPDATE_MODES = {row[0]: row[4] for row in KAFKA_BROKER_CONFIGS}
+
+# The broker configs pykbroker applies while it runs when AlterConfigs / IncrementalAlterConfigs change them
+# (per broker or as the cluster-wide default, see cluster/dynamic_configs.py): the topic defaults (a live log
+# takes its topic's new configs), the replication throttles, the cleaner's settings and the verifier switch.
+APPLIED_DYNAMIC_CONFIG_NAMES = frozenset({
     "compression.type", "log.cleanup.policy", "log.cleaner.delete.retention.ms", "log.cleaner.max.compaction.lag.ms",
     "log.cleaner.min.cleanable.ratio", "log.cleaner.min.compaction.lag.ms", "log.flush.interval.messages",
     "log.flush.interval.ms", "log.index.interval.bytes", "log.index.size.max.bytes", "log.local.retention.bytes",
@@ -362,10 +413,24 @@ DYNAMIC_BROKER_CONFIG_NAMES = frozenset({
     "log.cleaner.io.buffer.load.factor",
     "transaction.partition.verification.enable",  # the broker switches its verifier (server/broker.py)
 })
+# Every broker config AlterConfigs accepts (read_only false in DescribeConfigs): Kafka 3.7.1's dynamic ones
+# (DynamicBrokerConfig.AllDynamicConfigs) and the two replication throttles (its ZooKeeper-mode
+# DynamicConfig.Broker). Those pykbroker does not apply (the listeners, connection limits, thread counts,
+# SSL/SASL settings, ...) are stored and described, and their doc says that a new value has no effect here.
+DYNAMIC_BROKER_CONFIG_NAMES = APPLIED_DYNAMIC_CONFIG_NAMES | frozenset(
+    name for name, mode in _KAFKA_UPDATE_MODES.items() if mode != "read-only"
+)
+# Kafka's per-broker dynamic configs: AlterConfigs refuses them as the cluster default ("broker id must be
+# specified").
+PER_BROKER_CONFIG_NAMES = frozenset(name for name, mode in _KAFKA_UPDATE_MODES.items() if mode == "per-broker")
+_NOT_APPLIED = " A dynamic change (AlterConfigs) is stored and described, but pykbroker does not apply it while running."
 
 
 def _broker(name: str, type_: str, default: Any, doc: str, validator: Validator | None = None) -> ConfigDef:
-    return ConfigDef(name, type_, default, doc, validator, read_only=name not in DYNAMIC_BROKER_CONFIG_NAMES)
+    dynamic = name in DYNAMIC_BROKER_CONFIG_NAMES
+    if dynamic and name not in APPLIED_DYNAMIC_CONFIG_NAMES:
+        doc += _NOT_APPLIED
+    return ConfigDef(name, type_, default, doc, validator, read_only=not dynamic, sensitive=type_ == "password")
 
 
 BROKER_CONFIGS: dict[str, ConfigDef] = _table(
@@ -549,6 +614,84 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
     _broker("metrics.host", "string", None, "Address the metrics endpoint listens on; unset: the broker's host."),
 )
 
+
+# Why a Kafka broker config pykbroker does not use has no effect here, by the start of its name (first match).
+_UNUSED_REASONS = (
+    (("ssl.", "sasl.", "security.", "principal.builder.", "connections.max.reauth.", "connection.failed.authentication.",
+      "delegation.token.", "password.encoder.", "authorizer."), "pykbroker serves PLAINTEXT without authentication"),
+    (("remote.log.",), "pykbroker has no tiered storage"),
+    (("zookeeper.ssl.", "zookeeper.set.acl", "zookeeper.clientCnxnSocket", "zookeeper.max.in.flight."),
+     "pykbroker's ZooKeeper client (kazoo) connects without TLS and ACLs"),
+    (("process.roles", "node.id", "controller.", "metadata.", "broker.heartbeat.", "broker.session.",
+      "initial.broker.registration.", "early.start.listeners", "eligible.leader.replicas.",
+      "zookeeper.metadata.migration."), "a KRaft setting; pykbroker runs as a single node or in ZooKeeper mode"),
+    (("num.io.threads", "num.network.threads", "background.threads", "num.recovery.threads.", "queued.max.requests",
+      "num.replica.alter.log.dirs.threads", "group.coordinator.threads"),
+     "pykbroker serves every connection on one asyncio event loop"),
+)
+
+
+def _unused_doc(name: str, mode: str) -> str:
+    reason = next((why for prefixes, why in _UNUSED_REASONS if name.startswith(prefixes)), "pykbroker does not use it")
+    changeable = "read-only" if mode == "read-only" else f"dynamic ({mode})"
+    return f"Kafka 3.7.1's {name}, {changeable} as in Kafka: accepted, stored and described; no effect here ({reason})."
+
+
+def _kafka_validator(type_: str, valid: str) -> Validator | None:
+    """A validator from Kafka's notation of valid values (kafka_broker_configs.py)."""
+    if not valid:
+        return None
+    if valid == "metadata-version":
+        return KafkaVersion()
+    if valid.startswith("non-"):
+        return NonEmpty(valid)
+    bounds = re.fullmatch(r"\[(-?[\d.]+),\.\.\.(?:,(-?[\d.]+))?\]", valid)
+    if bounds:
+        low, high = (None if b is None else (float(b) if "." in b else int(b)) for b in bounds.groups())
+        return Range(low, high)
+    choices = tuple(item.strip() for item in valid.strip("[]").split(","))
+    return EachOneOf(choices) if type_ == "list" else OneOf(choices)
+
+
+def _kafka_default(type_: str, text: str | None) -> Any:
+    return None if text is None else _coerce(type_, text)
+
+
+# Every other broker config Kafka 3.7.1 defines, from its catalogue: known (a config file, --override and
+# AlterConfigs accept it, with Kafka's type, default, validator and update mode; DescribeConfigs lists it) but
+# not used. log.dir and log.dirs are pykbroker's data.dir (_SETTING_ALIASES) and are described as such.
+BROKER_CONFIGS.update(
+    (name, ConfigDef(name, type_, _kafka_default(type_, default), _unused_doc(name, mode), _kafka_validator(type_, valid),
+                     read_only=name not in DYNAMIC_BROKER_CONFIG_NAMES, sensitive=type_ == "password"))
+    for name, type_, default, valid, mode in KAFKA_BROKER_CONFIGS
+    if name not in BROKER_CONFIGS
+)
+
+# Kafka's listener overrides (DynamicBrokerConfig.ListenerConfigRegex): listener.name.<listener>.<config> sets
+# <config> for one listener. AlterConfigs accepts them (typed as their base config; per broker, except the
+# cluster-level listener configs); DescribeConfigs lists those set, read-only, with their base as synonym.
+_LISTENER_OVERRIDE = re.compile(r"listener\.name\.[^.]*\.(.*)")
+CLUSTER_LEVEL_LISTENER_CONFIGS = frozenset({"max.connections", "max.connection.creation.rate"})
+
+
+def listener_override_base(name: str) -> str | None:
+    """The base config a ``listener.name.<listener>.<config>`` name overrides, or None."""
+    match = _LISTENER_OVERRIDE.fullmatch(name)
+    return match[1] if match else None
+
+
+def broker_config_def(name: str) -> ConfigDef | None:
+    """The ConfigDef of a broker config name (a listener override's is its base's, under its own name, with
+    no default and read-only as Kafka describes it), or None for a name pykbroker does not know."""
+    definition = BROKER_CONFIGS.get(name)
+    if definition is not None:
+        return definition
+    base = BROKER_CONFIGS.get(listener_override_base(name) or "")
+    if base is None:
+        return None
+    return replace(base, name=name, default=None, read_only=True,
+                   doc=f"{base.name} for one listener (Kafka's listener override); no effect here.")
+
 _TOPIC_CONFIG_DEFS = (
     ConfigDef("cleanup.policy", "list", ["delete"], "delete old segments and/or compact by key.", _CLEANUP_POLICIES, ("log.cleanup.policy",)),
     ConfigDef(
@@ -603,7 +746,8 @@ _TOPIC_CONFIG_DEFS = (
         "message.downconversion.enable",
         "boolean",
         True,
-        "Allow down-conversion for old fetch versions.",
+        "Allow down-conversion for old fetch versions; no effect here: pykbroker serves Fetch v4 and later, "
+        "which never down-convert.",
         None,
         ("log.message.downconversion.enable",),
     ),
@@ -611,7 +755,8 @@ _TOPIC_CONFIG_DEFS = (
         "message.format.version",
         "string",
         "3.0-IV1",
-        "Deprecated message format version.",
+        "Deprecated: any version Kafka 3.7.1 knows is accepted, stored and described, with no effect (as Kafka with "
+        "inter.broker.protocol.version 3.0 or later; one older than 0.11 is logged as ignored): batches are v2.",
         _MESSAGE_FORMAT_VERSION,
         ("log.message.format.version",),
     ),
@@ -635,7 +780,8 @@ _TOPIC_CONFIG_DEFS = (
         "message.timestamp.difference.max.ms",
         "long",
         LONG_MAX,
-        "Deprecated: max timestamp skew of a record.",
+        "Deprecated: how far a record's timestamp may be from the broker's clock, either way; as in Kafka 3.7, "
+        "it applies where message.timestamp.before.max.ms / message.timestamp.after.max.ms are left at their default.",
         _AT_LEAST_0,
         ("log.message.timestamp.difference.max.ms",),
     ),
@@ -740,11 +886,16 @@ def _check_queued_max_request_bytes(values: Mapping[str, Any]) -> None:
 MIN_DEDUPE_BUFFER_PER_THREAD = 1024 * 1024
 
 
+class ReconfigurationError(ConfigError):
+    """A dynamic update a broker component refuses given its current value (Kafka's
+    Reconfigurable.validateReconfiguration: the log cleaner's and the thread pools' thread counts)."""
+
+
 def check_cleaner_configs(values: Mapping[str, Any], current: Mapping[str, Any] | None = None) -> None:
     """Kafka's rules for the log cleaner's broker configs (KafkaConfig.validateValues): more than 1 MiB of
-    log.cleaner.dedupe.buffer.size per cleaner thread; and, on a dynamic update from ``current`` (Kafka's
-    LogCleaner.validateReconfiguration), log.cleaner.threads at least 1, at least half and at most double
-    the current number. Raises ConfigError."""
+    log.cleaner.dedupe.buffer.size per cleaner thread (ConfigError); and, on a dynamic update from
+    ``current`` (Kafka's LogCleaner.validateReconfiguration), log.cleaner.threads at least 1, at least half
+    and at most double the current number (ReconfigurationError)."""
     threads = int(values["log.cleaner.threads"])
     dedupe = int(values["log.cleaner.dedupe.buffer.size"])
     if threads >= 1 and dedupe // threads <= MIN_DEDUPE_BUFFER_PER_THREAD:
@@ -756,15 +907,37 @@ def check_cleaner_configs(values: Mapping[str, Any], current: Mapping[str, Any] 
     if threads == now:
         return
     if threads < 1:
-        raise ConfigError("log.cleaner.threads", "Log cleaner threads should be at least 1")
+        raise ReconfigurationError("log.cleaner.threads", "Log cleaner threads should be at least 1")
     if now < 1:  # the cleaner was off: any number from 1
         return
     if threads < now // 2:
-        raise ConfigError("log.cleaner.threads",
-                          f"Log cleaner threads cannot be reduced to less than half the current value {now}")
+        raise ReconfigurationError("log.cleaner.threads",
+                                   f"Log cleaner threads cannot be reduced to less than half the current value {now}")
     if threads > now * 2:
-        raise ConfigError("log.cleaner.threads",
-                          f"Log cleaner threads cannot be increased to more than double the current value {now}")
+        raise ReconfigurationError("log.cleaner.threads",
+                                   f"Log cleaner threads cannot be increased to more than double the current value {now}")
+
+
+# Kafka's DynamicThreadPool.ReconfigurableConfigs (no effect here: one event loop serves every connection, and
+# the follower fetcher runs one task per leader; but a change is checked as Kafka checks it).
+THREAD_POOL_CONFIG_NAMES = ("num.io.threads", "num.network.threads", "num.replica.fetchers",
+                            "num.recovery.threads.per.data.dir", "background.threads")
+
+
+def check_thread_pool_configs(values: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+    """Kafka's DynamicThreadPool.validateReconfiguration: a thread count that changes goes to at least 1, at
+    least half and at most double its current value. Raises ReconfigurationError in Kafka's words."""
+    for name in THREAD_POOL_CONFIG_NAMES:
+        new, now = int(values[name]), int(current[name])
+        if new == now:
+            continue
+        failed = f"Dynamic thread count update validation failed for {name}={new}"
+        if new <= 0:
+            raise ReconfigurationError(name, f"{failed}, value should be at least 1")
+        if new < now // 2:
+            raise ReconfigurationError(name, f"{failed}, value should be at least half the current value {now}")
+        if new > now * 2:
+            raise ReconfigurationError(name, f"{failed}, value should not be greater than double the current value {now}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -810,6 +983,7 @@ class BrokerConfig:
         full.update(_FSYNC_FLUSH_DEFAULTS[self.fsync])
         full.update(self.values)
         full["broker.id"] = self.broker_id
+        full["log.dirs"] = os.fspath(self.data_dir)  # Kafka's name for pykbroker's data.dir, as DescribeConfigs shows it
         # A frozen dataclass: fill the derived fields once, here, so every construction path agrees.
         object.__setattr__(self, "static_values", MappingProxyType(dict(full)))
         object.__setattr__(self, "dynamic_broker", MappingProxyType(dict(self.dynamic_broker)))
@@ -862,8 +1036,8 @@ class BrokerConfig:
         (this broker's dynamic configs, the cluster default's, the static ones, the defaults), without
         the entries before the key's own first one; ``per_broker`` False (the cluster-default resource)
         keeps only the cluster default's entries. The first entry is the key's source."""
-        definition = BROKER_CONFIGS[name]
-        defaults = {key: _FSYNC_FLUSH_DEFAULTS[self.fsync].get(key, BROKER_CONFIGS[key].default) for key in _broker_synonym_group(name)}
+        definition = broker_config_def(name)
+        defaults = {key: _FSYNC_FLUSH_DEFAULTS[self.fsync].get(key, broker_config_def(key).default) for key in _broker_synonym_group(name)}
         layers: list[tuple[Mapping[str, Any], ConfigSource]] = [
             (self.dynamic_broker, ConfigSource.DYNAMIC_BROKER_CONFIG),
             (self.dynamic_default, ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG),
@@ -873,7 +1047,7 @@ class BrokerConfig:
         if not per_broker:
             layers = [layers[1]]
         synonyms = [
-            (key, BROKER_CONFIGS[key].format(layer[key]), source)
+            (key, broker_config_def(key).format(layer[key]), source)
             for layer, source in layers for key in _broker_synonym_group(name)
             if layer.get(key) is not None
         ]
@@ -922,7 +1096,11 @@ class BrokerConfig:
 
 def _broker_synonym_group(name: str) -> tuple[str, ...]:
     """The broker keys that are synonyms of ``name`` (Kafka's DynamicBrokerConfig.brokerConfigSynonyms:
-    the keys supplying one topic config, ``log.retention.ms``/``.minutes``/``.hours``), or just ``name``."""
+    the keys supplying one topic config, ``log.retention.ms``/``.minutes``/``.hours``; a listener override
+    and its base), or just ``name``."""
+    base = listener_override_base(name)
+    if base is not None and name not in BROKER_CONFIGS:
+        return (name, base)
     for definition in TOPIC_CONFIGS.values():
         if name in definition.synonyms and len(definition.synonyms) > 1:
             return definition.synonyms
@@ -1026,6 +1204,36 @@ def parse_listeners(key: str, text: str, protocols: Mapping[str, str]) -> tuple[
     return tuple(listeners)
 
 
+def listener_configs_refusal(values: Mapping[str, Any]) -> str | None:
+    """Why Kafka 3.7.1 refuses these listener configs as a dynamic update (DynamicListenerConfig), in its
+    words, or None: a protocol map entry with an unknown protocol, a listener that is no ``NAME://host:port``
+    or whose name the map lacks, two listeners of one name."""
+    text_map = values["listener.security.protocol.map"] or ""
+    protocols: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text_map.split(","))):
+        name, separator, protocol = item.partition(":")
+        if not separator:
+            return f"Error parsing configuration property 'listener.security.protocol.map': {item}"
+        if protocol.strip().upper() not in SECURITY_PROTOCOLS:
+            return f"Invalid security protocol `{protocol.strip()}` defined in listener.security.protocol.map"
+        protocols[name.strip().upper()] = protocol.strip().upper()
+    for key in ("listeners", "advertised.listeners"):
+        text = values[key]
+        if not text:
+            continue
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            match = _ENDPOINT.fullmatch(item)
+            if match is None:
+                return f"Error creating broker listeners from '{text}': Unable to parse {item} to a broker endpoint"
+            if match["name"].upper() not in protocols:
+                return f"Error creating broker listeners from '{text}': No security protocol defined for listener {match['name'].upper()}"
+        try:
+            parse_listeners(key, text, protocols)
+        except ConfigError as exc:
+            return f"requirement failed: {exc.message}"
+    return None
+
+
 def resolve_listeners(
     host: str, port: int, advertised_host: str, advertised_port: int, values: Mapping[str, Any]
 ) -> tuple[tuple[Listener, ...], tuple[Listener, ...]]:
@@ -1084,7 +1292,7 @@ def validate_topic_configs(configs: Mapping[str, str | None]) -> dict[str, Any]:
             raise ConfigError(name, f"Unknown topic config name: {name}")
         if raw is None:
             raise ConfigError(name, f"Null value not supported for topic configs: {name}")
-        typed[name] = TOPIC_CONFIGS[name].parse(raw)
+        typed[name] = TOPIC_CONFIGS[name].parse(raw, kafka_wording=True)
     min_lag = typed.get("min.compaction.lag.ms", TOPIC_CONFIGS["min.compaction.lag.ms"].default)
     max_lag = typed.get("max.compaction.lag.ms", TOPIC_CONFIGS["max.compaction.lag.ms"].default)
     if min_lag > max_lag:
@@ -1093,6 +1301,17 @@ def validate_topic_configs(configs: Mapping[str, str | None]) -> dict[str, Any]:
             f"conflict topic config setting min.compaction.lag.ms ({min_lag}) > max.compaction.lag.ms ({max_lag})",
         )
     return typed
+
+
+def warn_ignored_topic_configs(topic: str, configs: Mapping[str, Any], inter_broker_protocol_version: str) -> None:
+    """Kafka 3.7.1's warning (TopicConfigHandler) when a topic's new configs set a message.format.version
+    older than 0.11.0 (record versions before v2): with inter.broker.protocol.version 3.0 or later (always,
+    here) it is ignored; every batch is written in v2."""
+    version = configs.get("message.format.version")
+    if version and re.match(r"0\.(8|9|10)(\.|$)", str(version)):
+        log.warning("Topic configuration message.format.version with value `%s` is ignored for `%s` because the "
+                    "inter-broker protocol version `%s` is greater or equal than 3.0. This configuration is "
+                    "deprecated and it will be removed in Apache Kafka 4.0.", version, topic, inter_broker_protocol_version)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1127,16 +1346,7 @@ def load_config(
     if config_file:
         path = Path(config_file)
         layers.append(_layer((key, value, str(path)) for key, value in read_config_file(path)))
-    layers.append(
-        _layer(
-            (_env_key(name), value, name)
-            for name, value in env.items()
-            # The PYKBROKER_ namespace is shared with tools around the broker (PYKBROKER_SPARK_JARS for
-            # the Spark tests, for one): only variables naming a known setting are configuration.
-            if name.startswith(ENV_PREFIX) and name != ENV_CONFIG_FILE
-            and (_env_key(name) in PYKBROKER_SETTINGS or _env_key(name) in BROKER_CONFIGS)
-        )
-    )
+    layers.append(_layer((_env_key(name), value, name) for name, value in env.items() if _env_setting(name)))
     layers.append(
         _layer(
             (key if "." in key else key.replace("_", "."), value, _flag_name(key))
@@ -1155,6 +1365,8 @@ def load_config(
                         kafka_key, merged[kafka_key].origin, " and ".join(overridden), "is" if len(overridden) == 1 else "are")
     settings = {name: _parse(definition, merged.get(name)) for name, definition in PYKBROKER_SETTINGS.items()}
     values = {name: _parse(definition, merged[name]) for name, definition in BROKER_CONFIGS.items() if name in merged}
+    values.update((name, _parse(broker_config_def(name), setting)) for name, setting in merged.items()
+                  if name not in BROKER_CONFIGS and name not in PYKBROKER_SETTINGS)  # listener overrides
     explicit = set(values)
     if "fsync" in merged:
         explicit.update(_FSYNC_FLUSH_DEFAULTS[settings["fsync"]])  # implied by a choice the user made
@@ -1182,7 +1394,7 @@ def _layer(entries: Iterable[tuple[str, Any, str]]) -> dict[str, _Setting]:
     layer: dict[str, _Setting] = {}
     for key, raw, origin in entries:
         name = _SETTING_ALIASES.get(key, key)
-        if name in PYKBROKER_SETTINGS or name in BROKER_CONFIGS:
+        if name in PYKBROKER_SETTINGS or broker_config_def(name) is not None:
             if name == "log.level" and isinstance(raw, str):  # logging's names are upper case; accept any case
                 raw = raw.strip().upper()
             layer[name] = _Setting(raw, origin)
@@ -1194,8 +1406,44 @@ def _layer(entries: Iterable[tuple[str, Any, str]]) -> dict[str, _Setting]:
                 TOPIC_CONFIGS[key].synonyms[0],
             )
         else:
-            log.warning("unknown configuration key %s (from %s) is ignored", key, origin)
+            log.warning("unknown configuration key %s (from %s) is ignored%s", key, origin,
+                        _did_you_mean(key, _known_keys()))
     return layer
+
+
+def _known_keys() -> list[str]:
+    return [*PYKBROKER_SETTINGS, *BROKER_CONFIGS, *_SETTING_ALIASES]
+
+
+def _did_you_mean(name: str, known: Iterable[str]) -> str:
+    """"; did you mean X?" for the known name ``name`` most resembles (a typo), else ""."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.8)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+# PYKBROKER_* variables that are not settings: the config file's, and those of the tools and tests around the
+# broker (a unit test checks that every PYKBROKER_ name in the tree is a setting or listed here).
+ENV_NOT_SETTINGS = frozenset({
+    ENV_CONFIG_FILE, "PYKBROKER_BROKERS", "PYKBROKER_CLEANER_CRASH_AT", "PYKBROKER_CONSOLE_SCREENSHOTS",
+    "PYKBROKER_EOS_SEED", "PYKBROKER_FAULT_SEED", "PYKBROKER_FUZZ_FRAMES", "PYKBROKER_FUZZ_SECONDS",
+    "PYKBROKER_FUZZ_SEED", "PYKBROKER_KAFKA_HOME", "PYKBROKER_PLUGIN_REPORT", "PYKBROKER_REFERENCE_CLUSTER",
+    "PYKBROKER_SPARK_JARS", "PYKBROKER_SUMMARY", "PYKBROKER_TEST_LOG_LEVEL", "PYKBROKER_ZOOKEEPER_JAR",
+})
+
+
+def _env_setting(variable: str) -> bool:
+    """Whether an environment variable sets a setting: PYKBROKER_ and a known key. A PYKBROKER_ variable
+    that is neither a setting nor one of ENV_NOT_SETTINGS is a typo: warned about, with the variable it
+    resembles."""
+    if not variable.startswith(ENV_PREFIX) or variable in ENV_NOT_SETTINGS:
+        return False
+    key = _env_key(variable)
+    if _SETTING_ALIASES.get(key, key) in PYKBROKER_SETTINGS or broker_config_def(key) is not None:
+        return True
+    known = {ENV_PREFIX + name.upper().replace(".", "_") for name in _known_keys()} | ENV_NOT_SETTINGS
+    log.warning("environment variable %s names no pykbroker setting and is ignored%s", variable,
+                _did_you_mean(variable, known))
+    return False
 
 
 def _parse(definition: ConfigDef, setting: _Setting | None) -> Any:

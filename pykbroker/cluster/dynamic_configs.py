@@ -12,12 +12,22 @@ Interface for the rest of the broker (``broker.dynamic_configs``):
 * ``config`` — the current BrokerConfig (the static one ``with_dynamic`` layers), whose topic defaults,
   sources and synonyms DescribeConfigs and TopicAdmin use.
 
-Which configs are dynamic: config.DYNAMIC_BROKER_CONFIG_NAMES (Kafka 3.7.1's dynamic keys that
-pykbroker applies without a restart: the log.* topic defaults, message.max.bytes, compression.type,
-min.insync.replicas, the two replication throttles). Setting another known
-key answers INVALID_REQUEST ("Cannot update these configs dynamically"), and so does an invalid value, as
-Kafka 3.7.1 answers in both modes; an unknown key INVALID_CONFIG (Kafka would store an unknown broker key
-for plugins; pykbroker has none to read it, and refuses a typo rather than storing it). A BROKER resource names this broker's id or "" (the cluster default);
+Which configs are dynamic: those Kafka 3.7.1 marks dynamic (config.DYNAMIC_BROKER_CONFIG_NAMES, read_only
+false in DescribeConfigs, from its catalogue in kafka_broker_configs.py) and the two replication throttles.
+pykbroker applies config.APPLIED_DYNAMIC_CONFIG_NAMES while it runs (the log.* topic defaults,
+message.max.bytes, compression.type, min.insync.replicas, the throttles, the cleaner's settings); the others
+(listeners, connection limits, thread counts, SSL/SASL settings, ...) are stored and described, and their
+doc says a new value has no effect here. Kafka's listener overrides (``listener.name.<listener>.<config>``)
+are accepted too, typed as their base config. Refusals follow Kafka (parse_dynamic_configs, then
+``alter_async`` against this broker's current configs): INVALID_REQUEST for a read-only key ("Cannot update
+these configs dynamically"), an SSL store setting without a listener prefix, an invalid value, a per-broker
+key as the cluster default, a thread count beyond half or double its current value or a cleaner setting
+Kafka's LogCleaner refuses (in Kafka's wrapping of such a refusal), listener configs that do not parse;
+INVALID_CONFIG for a password config (Kafka in ZooKeeper mode stores them encrypted with
+password.encoder.secret and refuses them without one; pykbroker never stores them) and for an unknown key
+(Kafka would store an unknown broker key for plugins; pykbroker has none to read it, and refuses a typo
+rather than storing it).
+A BROKER resource names this broker's id or "" (the cluster default);
 another id or a non-numeric one is INVALID_REQUEST, as Kafka's ZkAdminManager.getBrokerId.
 
 Storage is the metadata backend's (cluster/metadata.py): single node, the metadata journal; cluster,
@@ -29,22 +39,31 @@ warning rather than refusing to start.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from pykbroker.cluster.metadata import DEFAULT_BROKER_ENTITY, ClusterMetadata
 from pykbroker.config import (
     BROKER_CONFIGS,
-    DYNAMIC_BROKER_CONFIG_NAMES,
+    CLUSTER_LEVEL_LISTENER_CONFIGS,
+    PER_BROKER_CONFIG_NAMES,
     TOPIC_CONFIGS,
     BrokerConfig,
     ConfigError,
+    broker_config_def,
+    ReconfigurationError,
     check_cleaner_configs,
+    check_thread_pool_configs,
     listed_names,
+    listener_configs_refusal,
+    listener_override_base,
     to_topic_unit,
 )
+from pykbroker.kafka_broker_configs import LISTENER_PREFIX_ONLY_CONFIGS
 from pykbroker.protocol.errors import ErrorCode, KafkaError
 
 log = logging.getLogger(__name__)
+
+_LISTENER_CONFIGS = ("listeners", "advertised.listeners", "listener.security.protocol.map")
 
 
 def broker_entity(resource_name: str, broker_id: int) -> str:
@@ -63,20 +82,29 @@ def broker_entity(resource_name: str, broker_id: int) -> str:
     return str(broker_id)
 
 
-def parse_dynamic_configs(configs: Mapping[str, str]) -> dict[str, Any]:
-    """Typed values of dynamic broker configs. KafkaError: INVALID_REQUEST for a known key that is not
-    dynamic or an invalid value (Kafka 3.7.1's answers, ZooKeeper and KRaft mode alike), INVALID_CONFIG
-    for an unknown key (Kafka would store it for plugins; pykbroker has none to read it)."""
-    unknown = sorted(name for name in configs if name not in BROKER_CONFIGS)
+def parse_dynamic_configs(configs: Mapping[str, str], *, per_broker: bool = True) -> dict[str, Any]:
+    """Typed values of the dynamic configs of one broker (``per_broker``) or of the cluster default, checked
+    in Kafka 3.7.1's order (DynamicBrokerConfig.validateConfigs; its answers in ZooKeeper and KRaft mode
+    alike), each failure a KafkaError INVALID_REQUEST: a known key that is not dynamic; an SSL key store or
+    trust store setting without a listener prefix; an invalid value (in Kafka's words); a per-broker key
+    as the cluster default. Before those, INVALID_CONFIG for an unknown key (Kafka would store it for
+    plugins; pykbroker has none to read it)."""
+    unknown = sorted(name for name in configs if broker_config_def(name) is None)
     if unknown:
         raise KafkaError(ErrorCode.invalid_config, f"Unknown broker config name: {listed_names(unknown)}")
-    static = sorted(name for name in configs if name not in DYNAMIC_BROKER_CONFIG_NAMES)
-    if static:
-        raise KafkaError(
-            ErrorCode.invalid_request, f"Cannot update these configs dynamically: Set({listed_names(static)})"
-        )
+
+    def refuse(names: Iterable[str], message: str, set_name: str = "Set") -> None:
+        names = sorted(names)
+        if names:
+            raise KafkaError(ErrorCode.invalid_request, f"{message}: {set_name}({listed_names(names)})")
+
+    refuse((name for name in configs if name in BROKER_CONFIGS and BROKER_CONFIGS[name].read_only),
+           "Cannot update these configs dynamically")  # a listener override is always dynamic
+    refuse((name for name in configs if name in LISTENER_PREFIX_ONLY_CONFIGS),
+           "These security configs can be dynamically updated only per-listener using the listener prefix", "HashSet")
     try:
-        typed = {name: BROKER_CONFIGS[name].parse(raw) for name, raw in configs.items()}
+        typed = {name: BROKER_CONFIGS[listener_override_base(name) if name not in BROKER_CONFIGS else name]
+                 .parse(raw, kafka_wording=True) for name, raw in configs.items()}  # an override as its base
         for name, value in typed.items():  # as Kafka's DynamicLogConfig: the topic default must be valid too
             for definition in TOPIC_CONFIGS.values():
                 if name in definition.synonyms and value is not None:
@@ -86,6 +114,10 @@ def parse_dynamic_configs(configs: Mapping[str, str]) -> dict[str, Any]:
                         raise ConfigError(name, f"{name} supplies the topic default {exc.message}") from None
     except ConfigError as exc:
         raise KafkaError(ErrorCode.invalid_request, str(exc)) from None
+    if not per_broker:
+        refuse((name for name in configs if name in PER_BROKER_CONFIG_NAMES or (
+                   name not in BROKER_CONFIGS and listener_override_base(name) not in CLUSTER_LEVEL_LISTENER_CONFIGS)),
+               "Cannot update these configs at default cluster level, broker id must be specified")
     return typed
 
 
@@ -121,7 +153,7 @@ class DynamicConfigs:
                           version: int | None = None) -> None:
         """Replace ``entity``'s dynamic configs with ``configs`` (validated first; KafkaError); ``version``:
         only if the stored configs are still the ones read at that version (StaleConfigVersion)."""
-        typed = parse_dynamic_configs(configs)
+        typed = parse_dynamic_configs(configs, per_broker=entity != DEFAULT_BROKER_ENTITY)
         if entity in self._typed:  # this broker's effective configs after the change must be valid as a whole
             broker = typed if entity == self.entity else self._typed[self.entity]
             default = typed if entity == DEFAULT_BROKER_ENTITY else self._typed[DEFAULT_BROKER_ENTITY]
@@ -129,10 +161,27 @@ class DynamicConfigs:
             try:
                 if any(after[name] != now[name] for name in after if name.startswith("log.cleaner.")):
                     check_cleaner_configs(after, now)
-            except ConfigError as exc:
-                raise KafkaError(ErrorCode.invalid_request, str(exc)) from None
+                check_thread_pool_configs(after, now)
+            except ReconfigurationError as exc:  # Kafka wraps a reconfigurable's refusal this way
+                raise KafkaError(ErrorCode.invalid_request, f"Invalid value org.apache.kafka.common.config."
+                                 f"ConfigException: {exc.message} for configuration Invalid dynamic configuration") from None
+            except ConfigError as exc:  # KafkaConfig's own requirements, as Kafka words a failed one
+                raise KafkaError(ErrorCode.invalid_request, f"requirement failed: {exc.message}") from None
+            if any(after[name] != now[name] for name in _LISTENER_CONFIGS):
+                # unset listeners are pykbroker's host/port listener, which a new protocol map must still name
+                listeners = after["listeners"] or ",".join(map(str, self.config.listeners))
+                refusal = listener_configs_refusal({**after, "listeners": listeners})
+                if refusal is not None:
+                    raise KafkaError(ErrorCode.invalid_request, refusal)
         if validate_only:
             return
+        passwords = sorted(name for name in configs if broker_config_def(name).sensitive)
+        if passwords:  # Kafka (ZooKeeper mode) stores them encrypted with password.encoder.secret, or refuses
+            resource = "" if entity == DEFAULT_BROKER_ENTITY else entity
+            reason = ("Password encoder secret not configured" if not self.config.get("password.encoder.secret") else
+                      f"pykbroker does not store password configs ({listed_names(passwords)}): it would keep them unencrypted")
+            raise KafkaError(ErrorCode.invalid_config,
+                             f"Invalid config value for resource ConfigResource(type=BROKER, name='{resource}'): {reason}")
         log.info("updating dynamic configs of broker %s: %s", entity, configs)
         await self.metadata.set_broker_configs_async(entity, dict(configs), version=version)
 
@@ -143,7 +192,7 @@ class DynamicConfigs:
         typed: dict[str, Any] = {}
         for name, raw in configs.items():
             try:
-                typed.update(parse_dynamic_configs({name: raw}))
+                typed.update(parse_dynamic_configs({name: raw}, per_broker=entity != DEFAULT_BROKER_ENTITY))
             except KafkaError as exc:
                 log.warning("ignoring the stored dynamic config %s=%r of broker entity %s: %s", name, raw, entity, exc)
         self._typed[entity] = typed

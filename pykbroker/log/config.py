@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Mapping
 
 TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
+_LONG_MAX = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -77,4 +78,11 @@ class LogConfig:
                     values[field.name] = float(raw)
                 else:
                     values[field.name] = raw if field.type == "str" else int(raw)
+        # Kafka 3.7's LogConfig (KIP-937): a before/after bound left at its default (Long.MAX_VALUE) takes the
+        # deprecated message.timestamp.difference.max.ms, the one bound both ways it replaced.
+        difference = configs.get("message.timestamp.difference.max.ms")
+        if difference is not None:
+            for name in ("message_timestamp_before_max_ms", "message_timestamp_after_max_ms"):
+                if int(values.get(name, _LONG_MAX)) == _LONG_MAX:
+                    values[name] = int(difference)
         return cls(**values)

@@ -102,3 +102,27 @@ def test_a_lowered_cluster_default_retention_deletes_old_segments_on_every_repli
         wait_until(lambda: all(segments(i) > 2 for i in (1, 2, 3)), "every replica has rolled segments", TIMEOUT)
         assert alter(cluster.brokers[1].address, BROKER, "", {"log.retention.ms": "1"}) == (ErrorCode.none, None)
         wait_until(lambda: all(segments(i) == 1 for i in (1, 2, 3)), "old segments deleted on every replica", TIMEOUT)
+
+
+def test_kafka_broker_configs_pykbroker_does_not_use_are_stored_in_zookeeper_and_seen_by_every_broker(zk_connect, tmp_path):
+    """Issue 18 (librdkafka 0081/0092): Kafka 3.7.1's config names, per broker, as the cluster default and on a topic,
+    through ZooKeeper's /config znodes; a per-broker config as the cluster default is refused as Kafka does."""
+    with BrokerCluster(zk_connect, tmp_path, n=2) as cluster:
+        topic = "deprecated-configs"
+        cluster.create_topic(topic, partitions=1, replication_factor=2)
+        address = {i: broker.address for i, broker in cluster.brokers.items()}
+        assert alter(address[1], BROKER, "1", {"sasl.kerberos.min.time.before.relogin": "58000"}) == (ErrorCode.none, None)
+        assert alter(address[1], BROKER, "", {"num.io.threads": "9"}) == (ErrorCode.none, None)
+        assert alter(address[2], BROKER, "", {"sasl.kerberos.min.time.before.relogin": "58000"}) == (
+            ErrorCode.invalid_request, "Cannot update these configs at default cluster level, broker id must be specified: "
+                                       "Set(sasl.kerberos.min.time.before.relogin)")
+        assert alter(address[2], TOPIC, topic, {"message.format.version": "0.10.0.0"}) == (ErrorCode.none, None)
+        assert cluster.zk_json("/config/brokers/1")["config"] == {"sasl.kerberos.min.time.before.relogin": "58000"}
+        assert cluster.zk_json("/config/brokers/<default>")["config"] == {"num.io.threads": "9"}
+        assert cluster.zk_json(f"/config/topics/{topic}")["config"] == {"message.format.version": "0.10.0.0"}
+        wait_until(lambda: describe(address[2], BROKER, "2", "num.io.threads") == ("9", 3),
+                   "broker 2 sees the cluster default", TIMEOUT)
+        wait_until(lambda: describe(address[1], TOPIC, topic, "message.format.version") == ("0.10.0.0", 1),
+                   "broker 1 sees the topic config", TIMEOUT)
+        assert describe(address[1], BROKER, "1", "sasl.kerberos.min.time.before.relogin") == ("58000", 2)
+        assert describe(address[2], BROKER, "2", "sasl.kerberos.min.time.before.relogin") == ("60000", 5)

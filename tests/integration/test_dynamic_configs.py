@@ -4,6 +4,8 @@ confluent-kafka's AdminClient, the raw protocol (the bad input a stock client wi
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import (
@@ -21,6 +23,7 @@ from kio.schema.incremental_alter_configs.v1 import request as iac
 from kio.static.primitive import i8
 
 from broker_process import list_offset, send_request, wait_until
+from pykbroker.kafka_broker_configs import KAFKA_BROKER_CONFIGS
 from kafka_tools import kafka_tools_or_skip
 
 TOPIC, BROKER = 2, 4
@@ -264,3 +267,144 @@ def test_kafka_python_admin_alters_topic_and_broker_configs(broker, topic_name):
     assert (topic["segment.bytes"].value, topic["segment.bytes"].config_source) == ("1048576", 1)
     assert (topic["retention.ms"].value, topic["retention.ms"].config_source) == ("3600000", 1)
     assert (topic["retention.bytes"].value, topic["retention.bytes"].config_source) == ("1073741824", 2)
+
+
+# -- every Kafka 3.7.1 config name (issue 18: librdkafka's tests 0081 and 0092) ------------------------------
+
+
+def test_deprecated_topic_configs_are_accepted_described_and_applied_as_kafka(shared_broker, topic_name):
+    """librdkafka 0092 sets message.format.version 0.10.0.0 with AlterConfigs; Kafka 3.7.1 accepts any version it
+    knows (ignored with inter.broker.protocol.version >= 3.0) and refuses others with INVALID_CONFIG."""
+    admin = admin_for(shared_broker)
+    create_topic(admin, topic_name)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic_name, set_config={
+        "message.format.version": "0.10.0.0", "message.downconversion.enable": "false",
+        "message.timestamp.difference.max.ms": "60000"})
+    admin.alter_configs([resource])[resource].result(TIMEOUT)
+    warning = (f"Topic configuration message.format.version with value `0.10.0.0` is ignored for `{topic_name}` "
+               "because the inter-broker protocol version")  # as Kafka logs it
+    wait_until(lambda: warning in shared_broker.log_path.read_text(errors="replace"), "the broker's warning", TIMEOUT)
+    configs = described(admin, ConfigResource.Type.TOPIC, topic_name)
+    for name, value in (("message.format.version", "0.10.0.0"), ("message.downconversion.enable", "false"),
+                        ("message.timestamp.difference.max.ms", "60000")):
+        assert (configs[name].value, configs[name].source) == (value, ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
+    for version in ("3.7.1", "2.8-IV1", "0.8.2"):
+        incremental(admin, ConfigResource.Type.TOPIC, topic_name, ("message.format.version", version, AlterConfigOpType.SET))
+    assert error_of(lambda: incremental(admin, ConfigResource.Type.TOPIC, topic_name,
+                                        ("message.format.version", "9.9", AlterConfigOpType.SET))) == (
+        "INVALID_CONFIG", "Invalid value 9.9 for configuration message.format.version: Version 9.9 is not a valid version")
+    # message.timestamp.difference.max.ms bounds both ways while before/after.max.ms keep their default (KIP-937)
+    results: list[str] = []
+    producer = Producer({"bootstrap.servers": shared_broker.bootstrap})
+    now_ms = int(time.time() * 1000)
+    for offset_ms in (-3_600_000, 3_600_000, 0):
+        producer.produce(topic_name, b"v", timestamp=now_ms + offset_ms,
+                         on_delivery=lambda error, _: results.append(error.name() if error else "OK"))
+        producer.flush(TIMEOUT)
+    assert results == ["INVALID_TIMESTAMP", "INVALID_TIMESTAMP", "OK"]
+
+
+def test_every_kafka_broker_config_is_known_and_kafka_dynamic_ones_are_accepted(shared_broker):
+    """librdkafka 0081 sets sasl.kerberos.min.time.before.relogin on a BROKER resource; Kafka 3.7.1 accepts it per
+    broker (read_only false), refuses it as the cluster default, and refuses read-only and invalid values with
+    INVALID_REQUEST in its words (answers measured against Kafka 3.7.1)."""
+    admin = admin_for(shared_broker)
+    broker = ConfigResource.Type.BROKER
+    incremental(admin, broker, "1", ("sasl.kerberos.min.time.before.relogin", "58000", AlterConfigOpType.SET))
+    resource = ConfigResource(broker, "1", set_config={"sasl.kerberos.min.time.before.relogin": "60000"})
+    admin.alter_configs([resource])[resource].result(TIMEOUT)  # the legacy API replaces the broker's dynamic configs
+    configs = described(admin, broker, "1")
+    for name, _, _, _, mode in KAFKA_BROKER_CONFIGS:
+        assert name in configs, name
+        assert configs[name].is_read_only == (mode == "read-only"), name
+    entry = configs["sasl.kerberos.min.time.before.relogin"]
+    assert (entry.value, entry.source) == ("60000", ConfigSource.DYNAMIC_BROKER_CONFIG.value)
+    assert configs["ssl.keystore.password"].is_sensitive and configs["ssl.keystore.password"].value is None
+    address = shared_broker.address
+    answers = {
+        ("", "sasl.kerberos.min.time.before.relogin", "58000"):
+            "Cannot update these configs at default cluster level, broker id must be specified: "
+            "Set(sasl.kerberos.min.time.before.relogin)",
+        ("1", "sasl.kerberos.min.time.before.relogin", "abc"):
+            "Invalid value abc for configuration sasl.kerberos.min.time.before.relogin: Not a number of type LONG",
+        ("1", "broker.rack", "r1"): "Cannot update these configs dynamically: Set(broker.rack)",
+        ("1", "ssl.keystore.type", "PKCS12"):
+            "These security configs can be dynamically updated only per-listener using the listener prefix: "
+            "HashSet(ssl.keystore.type)",
+        ("1", "background.threads", "-1"): "Invalid value -1 for configuration background.threads: Value must be at least 1",
+        ("1", "ssl.client.auth", "maybe"):
+            "Invalid value maybe for configuration ssl.client.auth: String must be one of: required, requested, none",
+    }
+    for (entity, name, value), message in answers.items():
+        assert raw_incremental(address, (BROKER, entity, [(name, 0, value)]))[0][1:] == (ErrorCode.invalid_request, message)
+    # cluster-wide dynamic configs pykbroker does not use are accepted as the cluster default too, and stored
+    assert raw_incremental(address, (BROKER, "", [("num.io.threads", 0, "9")]))[0][1] == ErrorCode.none
+    assert raw_describe(address, BROKER, "")["num.io.threads"].value == "9"
+    assert raw_incremental(address, (BROKER, "", [("num.io.threads", 1, None)]))[0][1] == ErrorCode.none
+    assert shared_broker.is_running()
+
+
+def test_kafkas_reconfiguration_checks_listener_overrides_and_password_configs(broker):
+    """Kafka 3.7.1's other refusals of a dynamic broker config (its answers, measured in ZooKeeper and KRaft mode):
+    thread counts beyond half/double the current value, listener configs that do not parse, KafkaConfig's
+    requirements; a password config is not stored (ZooKeeper mode without password.encoder.secret); listener
+    overrides (listener.name.<listener>.<config>) are accepted per broker, typed as their base, and described."""
+    address = broker.address
+    wrapped = "Invalid value org.apache.kafka.common.config.ConfigException: {} for configuration Invalid dynamic configuration"
+    answers = {
+        ("1", "num.io.threads", "3"): (ErrorCode.invalid_request, wrapped.format(
+            "Dynamic thread count update validation failed for num.io.threads=3, value should be at least half the "
+            "current value 8")),
+        ("", "num.replica.fetchers", "3"): (ErrorCode.invalid_request, wrapped.format(
+            "Dynamic thread count update validation failed for num.replica.fetchers=3, value should not be greater "
+            "than double the current value 1")),
+        ("1", "log.cleaner.threads", "10"): (ErrorCode.invalid_request, wrapped.format(
+            "Log cleaner threads cannot be increased to more than double the current value 1")),
+        ("1", "log.cleaner.dedupe.buffer.size", "1000"): (ErrorCode.invalid_request,
+            "requirement failed: log.cleaner.dedupe.buffer.size must be at least 1MB per cleaner thread."),
+        ("1", "listeners", "x"): (ErrorCode.invalid_request,
+            "Error creating broker listeners from 'x': Unable to parse x to a broker endpoint"),
+        ("1", "advertised.listeners", "FOO://127.0.0.1:1"): (ErrorCode.invalid_request,
+            "Error creating broker listeners from 'FOO://127.0.0.1:1': No security protocol defined for listener FOO"),
+        ("1", "listener.security.protocol.map", "PLAINTEXT:FOO"): (ErrorCode.invalid_request,
+            "Invalid security protocol `FOO` defined in listener.security.protocol.map"),
+        ("1", "listener.name.plaintext.max.connections", "x"): (ErrorCode.invalid_request,
+            "Invalid value x for configuration max.connections: Not a number of type INT"),
+        ("", "listener.name.plaintext.ssl.keystore.type", "PKCS12"): (ErrorCode.invalid_request,
+            "Cannot update these configs at default cluster level, broker id must be specified: "
+            "Set(listener.name.plaintext.ssl.keystore.type)"),
+        ("1", "sasl.jaas.config", "x"): (ErrorCode.invalid_config,
+            "Invalid config value for resource ConfigResource(type=BROKER, name='1'): Password encoder secret not configured"),
+    }
+    for (entity, name, value), answer in answers.items():
+        assert raw_incremental(address, (BROKER, entity, [(name, 0, value)]))[0][1:] == answer, name
+    # what Kafka accepts: a thread count within bounds, a password config validated only, listener overrides
+    assert raw_incremental(address, (BROKER, "1", [("num.io.threads", 0, "16")]))[0][1] == ErrorCode.none
+    assert raw_incremental(address, (BROKER, "1", [("sasl.jaas.config", 0, "x")]), validate_only=True)[0][1] == ErrorCode.none
+    assert raw_incremental(address, (BROKER, "1", [("listener.name.plaintext.ssl.keystore.type", 0, "PKCS12")]))[0][1] \
+        == ErrorCode.none
+    assert raw_incremental(address, (BROKER, "", [("listener.name.plaintext.max.connections", 0, "5")]))[0][1] \
+        == ErrorCode.none
+    per_broker = raw_describe(address, BROKER, "1")
+    override = per_broker["listener.name.plaintext.ssl.keystore.type"]
+    assert (override.value, override.config_source, override.read_only) == ("PKCS12", 2, True)
+    assert [(s.name, s.value, s.source) for s in override.synonyms] == [
+        ("listener.name.plaintext.ssl.keystore.type", "PKCS12", 2), ("ssl.keystore.type", "JKS", 5)]
+    assert per_broker["listener.name.plaintext.max.connections"].value == "5"
+    assert per_broker["num.io.threads"].value == "16"
+    assert raw_describe(address, BROKER, "")["listener.name.plaintext.max.connections"].config_source == 3
+    broker.restart()  # stored, and still valid when read back
+    assert raw_describe(broker.address, BROKER, "1")["listener.name.plaintext.ssl.keystore.type"].value == "PKCS12"
+
+
+def test_a_config_files_kafka_keys_and_listener_overrides_are_described_as_static(broker_factory):
+    broker = broker_factory.make({"num.io.threads": 4, "listener.name.plaintext.max.connections": 7,
+                                  "log.message.format.version": "2.8"})
+    configs = raw_describe(broker.address, BROKER, "1")
+    assert (configs["num.io.threads"].value, configs["num.io.threads"].config_source) == ("4", 4)
+    assert configs["log.message.format.version"].value == "2.8"
+    override = configs["listener.name.plaintext.max.connections"]
+    assert (override.value, override.config_source, override.read_only) == ("7", 4, True)
+    assert [(s.name, s.value, s.source) for s in override.synonyms] == [
+        ("listener.name.plaintext.max.connections", "7", 4), ("max.connections", "2147483647", 5)]
+    assert configs["log.dirs"].value == str(broker.data_dir)

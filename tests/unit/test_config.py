@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from kio.index import load_response_schema
 from kio.serial import entity_reader
 
+import pykbroker.config as config_module
 from pykbroker.config import (
     BROKER_CONFIGS,
     LONG_MAX,
@@ -246,16 +248,69 @@ def test_properties_escapes_and_last_value_wins():
 
 def test_unknown_keys_warn_and_are_ignored(tmp_path, caplog):
     file = tmp_path / "server.properties"
-    file.write_text("num.network.threads=3\nretention.ms=5\nnum.partitions=2\n")
+    file.write_text("no.such.threads=3\nretention.ms=5\nnum.partitions=2\nnum.network.threads=3\n")
     with caplog.at_level(logging.WARNING, logger="pykbroker.config"):
-        config = load(file=file, env={"PYKBROKER_NO_SUCH_THING": "1"}, cli={"bogus.key": "x"})
+        config = load(file=file, env={"PYKBROKER_SPARK_JARS": "/x.jar"}, cli={"bogus.key": "x"})
     assert config.get("num.partitions") == 2
+    assert config.get("num.network.threads") == 3  # a Kafka key pykbroker does not use: known, stored
     messages = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
-    assert any("num.network.threads" in m and str(file) in m for m in messages)
-    # The environment is shared with other tools (PYKBROKER_SPARK_JARS): unknown variables are not config.
-    assert not any("no.such.thing" in m or "PYKBROKER_NO_SUCH_THING" in m for m in messages)
+    assert any("no.such.threads" in m and str(file) in m for m in messages)
+    assert not any("num.network.threads" in m for m in messages)
+    # The environment is shared with other tools (PYKBROKER_SPARK_JARS): their variables are not config.
+    assert not any("SPARK" in m or "spark" in m for m in messages)
     assert any("bogus.key" in m for m in messages)
     assert any("retention.ms" in m and "log.retention.ms" in m for m in messages)
+
+
+@pytest.mark.parametrize(("source", "typo", "suggestion"), [
+    ("file", "num.partiton", "num.partitions"),
+    ("override", "log.retention.hour", "log.retention.hours"),
+    ("override", "auto.create.topic.enable", "auto.create.topics.enable"),
+    ("file", "data.dirs", "data.dir"),
+])
+def test_unknown_key_warning_suggests_the_key_it_resembles(tmp_path, caplog, source, typo, suggestion):
+    file = tmp_path / "server.properties"
+    file.write_text(f"{typo}=3\n" if source == "file" else "")
+    with caplog.at_level(logging.WARNING, logger="pykbroker.config"):
+        load(file=file, env={}, cli={typo: "3"} if source == "override" else {})
+    [message] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"unknown configuration key {typo} " in message
+    assert message.endswith(f"is ignored; did you mean {suggestion}?")
+
+
+def test_unknown_key_far_from_any_known_key_gets_no_suggestion(caplog):
+    with caplog.at_level(logging.WARNING, logger="pykbroker.config"):
+        load(env={}, cli={"zzqx.frobnicate": "1"})
+    [message] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert message.endswith("is ignored")
+
+
+def test_misspelled_environment_variable_warns_with_the_variable_it_resembles(caplog):
+    with caplog.at_level(logging.WARNING, logger="pykbroker.config"):
+        config = load(env={"PYKBROKER_NUM_PARTITONS": "3", "PYKBROKER_ZZQX": "1", "PYKBROKER_NUM_PARTITIONS": "2",
+                           "OTHER_NUM_PARTITONS": "5"})
+    assert config.get("num.partitions") == 2
+    messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(messages) == 2, messages
+    assert ("environment variable PYKBROKER_NUM_PARTITONS names no pykbroker setting and is ignored; "
+            "did you mean PYKBROKER_NUM_PARTITIONS?") in messages
+    assert "environment variable PYKBROKER_ZZQX names no pykbroker setting and is ignored" in messages
+
+
+def test_every_pykbroker_variable_the_project_uses_is_a_setting_or_known_not_to_be_one(caplog):
+    """The PYKBROKER_ variables the tree's tools and tests read must not be warned about as typos."""
+    root = Path(__file__).resolve().parents[2]
+    used: set[str] = set()
+    for path in [*root.joinpath("pykbroker").rglob("*.py"), *root.joinpath("tests").rglob("*.py"),
+                 *root.joinpath("scripts").rglob("*"), root / "README.md"]:
+        if path.is_file() and "node_modules" not in path.parts:
+            used.update(re.findall(r"\bPYKBROKER_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace")))
+    used -= {"PYKBROKER_SETTINGS", "PYKBROKER_NUM_PARTITONS", "PYKBROKER_ZZQX"}  # a Python name; this file's typos
+    assert {"PYKBROKER_SPARK_JARS", "PYKBROKER_NUM_PARTITIONS"} <= used
+    with caplog.at_level(logging.WARNING, logger="pykbroker.config"):
+        for name in used:
+            config_module._env_setting(name)
+    assert [r.getMessage() for r in caplog.records] == []
 
 
 @pytest.mark.parametrize(

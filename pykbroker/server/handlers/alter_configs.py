@@ -6,10 +6,17 @@ Behaviour (Kafka 3.7.1's ZkAdminManager / ConfigAdminManager):
   overrides with the operations applied (IncrementalAlterConfigs: SET, DELETE, APPEND and SUBTRACT, the
   last two for list configs only, from the current override or else the config's default).
   UNKNOWN_TOPIC_OR_PARTITION for a topic that does not exist; INVALID_CONFIG for an unknown name or an
-  invalid value (cluster/topic_admin.py); the topic's live logs take the new configs at once.
+  invalid value (cluster/topic_admin.py); the topic's live logs take the new configs at once. Kafka 3.7.1's
+  deprecated topic configs are accepted and stored like the others: message.format.version (any version
+  Kafka knows, "0.10.0.0" included) has no effect, and one older than 0.11 is logged as ignored, as Kafka
+  logs it; message.timestamp.difference.max.ms bounds timestamps both ways where message.timestamp.before/
+  after.max.ms are left at their default (log/config.py); message.downconversion.enable has no effect
+  (pykbroker serves no fetch version that down-converts).
 - BROKER resources: this broker's id, or "" for the cluster-wide default: its dynamic configs, validated
-  and stored by cluster/dynamic_configs.py (INVALID_REQUEST for another broker's id, a config that is
-  not dynamic or an invalid value; INVALID_CONFIG for an unknown name).
+  and stored by cluster/dynamic_configs.py (every name Kafka 3.7.1 defines is known; INVALID_REQUEST for
+  another broker's id, a config that is not dynamic, an SSL store setting without a listener prefix, an
+  invalid value or a per-broker config as the cluster default, in Kafka's words; INVALID_CONFIG for an
+  unknown name).
 - INVALID_REQUEST, as Kafka: a resource named twice in one request (every occurrence: "Each resource must
   appear at most once."), a config named twice in one resource (both APIs: "Error due to duplicate config
   keys", ConfigAdminManager.preprocess), a null value (except DELETE), an unknown operation, a TOPIC
@@ -37,7 +44,7 @@ from typing import Any, Awaitable, Callable
 
 from pykbroker.cluster.dynamic_configs import broker_entity
 from pykbroker.cluster.metadata import StaleConfigVersion
-from pykbroker.config import BROKER_CONFIGS, TOPIC_CONFIGS, ConfigDef, listed_names
+from pykbroker.config import BROKER_CONFIGS, TOPIC_CONFIGS, ConfigDef, listed_names, warn_ignored_topic_configs
 from pykbroker.protocol.errors import ErrorCode, KafkaError
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
@@ -72,6 +79,8 @@ async def _replace(ctx: RequestContext, resource, configs: dict[str, str], valid
     entity_type, name, _, _ = _entity(ctx, resource)
     if entity_type == "topics":
         await ctx.broker.topics.alter_configs_async(name, configs, validate_only=validate_only, version=version)
+        if not validate_only:
+            warn_ignored_topic_configs(name, configs, ctx.broker.dynamic_configs.value("inter.broker.protocol.version"))
     else:
         await ctx.broker.dynamic_configs.alter_async(name, configs, validate_only=validate_only, version=version)
 

@@ -8,7 +8,9 @@ says STATIC_BROKER_CONFIG), with synonyms when asked and types/documentation fro
 broker config with its effective value (dynamic configs included), its source and Kafka's synonyms
 (the key's synonym group, layer by layer: this broker's dynamic configs, the cluster default's, static,
 default); "" (the cluster default) lists only the dynamic default configs that are set. Dynamic
-configs (cluster/dynamic_configs.py) have read_only false. Unknown topic: UNKNOWN_TOPIC_OR_PARTITION;
+configs (cluster/dynamic_configs.py) have read_only false. Listener overrides set in the config file or
+dynamically (``listener.name.<listener>.<config>``) follow the broker's configs, read-only with their base as a synonym,
+as Kafka lists them. Unknown topic: UNKNOWN_TOPIC_OR_PARTITION;
 another broker's id: INVALID_REQUEST; other resource types: INVALID_REQUEST. Sensitive values are null.
 """
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pykbroker.config import BROKER_CONFIGS, TOPIC_CONFIGS, ConfigDef, ConfigSource
+from pykbroker.config import BROKER_CONFIGS, TOPIC_CONFIGS, ConfigDef, ConfigSource, broker_config_def
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
@@ -69,7 +71,9 @@ def _broker_configs(ctx: RequestContext, schema, name: str, keys, request) -> tu
     include_synonyms = getattr(request, "include_synonyms", False)
     per_broker = name != ""
     entries = []
-    for key, definition in BROKER_CONFIGS.items():
+    set_here = (*config.dynamic_broker, *config.explicit) if per_broker else ()  # the static ones: a config file's
+    overrides = sorted({*config.dynamic_default, *set_here} - BROKER_CONFIGS.keys())
+    for key, definition in [*BROKER_CONFIGS.items(), *((name, broker_config_def(name)) for name in overrides)]:
         if keys is not None and key not in keys:
             continue
         if not per_broker and key not in config.dynamic_default:
