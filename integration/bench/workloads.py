@@ -341,25 +341,39 @@ def check_committed(bootstrap: str, topic: str, partitions: int, sent: int) -> N
         raise WorkloadFailed(f"sent {sent} messages to {topic} in transactions but read_committed reads {received}")
 
 
-def consume_throughput(bootstrap: str, topic: str, partitions: int, expected: int) -> dict[str, float]:
-    """Read the whole topic from offset 0 with assign(); clock runs from assign to the last message."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-consume-{topic}"})
+def consume_throughput(bootstrap: str, topic: str, partitions: int, expected: int,
+                       batch: int = 1000) -> dict[str, float]:
+    """Read the whole topic from offset 0 with assign(), ``consume(num_messages=batch, timeout=0.5)`` in a loop;
+    clock runs from assign to the last message.
+
+    Also counted: the consume() calls that came back short (fewer messages than asked, after waiting out
+    their timeout) and the time spent in them. A consumer whose client-side fetch queue fills up (librdkafka's
+    queued.max.messages.kbytes, 64 MiB) stops fetching for fetch.queue.backoff.ms (1 s): every such pause shows
+    as short calls, whichever broker it reads from, so a rate with short calls is the client's back-off.
+    """
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-consume-{topic}-{batch}"})
     try:
         consumer.list_topics(topic, timeout=CLIENT_TIMEOUT_S)
         loop_cpu_before = time.thread_time()
         started = time.perf_counter()
         consumer.assign([TopicPartition(topic, partition, 0) for partition in range(partitions)])
-        received = value_bytes = 0
+        received = value_bytes = short_calls = 0
+        short_wait = 0.0
         last_progress = started
         while received < expected:
             # Ask for no more than remain: consume() waits for a full batch until its timeout.
-            batch = consumer.consume(num_messages=min(1000, expected - received), timeout=0.5)
-            for message in batch:
+            asked = min(batch, expected - received)
+            called = time.perf_counter()
+            messages = consumer.consume(num_messages=asked, timeout=0.5)
+            if len(messages) < asked:
+                short_calls += 1
+                short_wait += time.perf_counter() - called
+            for message in messages:
                 if message.error() is not None:
                     raise WorkloadFailed(f"consumer error: {message.error()}")
                 value_bytes += len(message.value())
-            if batch:
-                received += len(batch)
+            if messages:
+                received += len(messages)
                 last_progress = time.perf_counter()
             elif time.perf_counter() - last_progress > STALL_TIMEOUT_S:
                 raise WorkloadFailed(f"consumer stalled at {received} of {expected} messages")
@@ -373,6 +387,8 @@ def consume_throughput(bootstrap: str, topic: str, partitions: int, expected: in
         "client_loop_core_share": loop_cpu / elapsed,
         "msgs_per_s": received / elapsed,
         "mb_per_s": value_bytes / MIB / elapsed,
+        "short_calls": short_calls,
+        "short_calls_s": short_wait,
     }
 
 
