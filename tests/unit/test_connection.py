@@ -359,3 +359,113 @@ async def test_deferred_record_data_is_read_only_as_the_transport_drains_and_hol
     connection.resume_writing()
     assert b"".join(transport.written[:4]) == struct.pack(">ii", 14, 9) + b"xyabcdefgh"
     assert struct.unpack_from(">i", transport.written[-1], 4)[0] == 2 and len(transport.written) == 5
+
+
+def _record_file(tmp_path, size: int):
+    """A segment-like file of ``size`` bytes (not one byte repeated) and a pin on it."""
+    budget = DescriptorBudget(10)
+    path = tmp_path / "00000000000000000000.log"
+    data = bytes(range(251)) * (size // 251 + 1)
+    path.write_bytes(data[:size])
+    file = LazyFile(path, os.O_RDONLY, budget)
+    return path, data[:size], file, budget
+
+
+async def _answer_over_a_socket(records, reader_rcvbuf: int | None = None, read_pause: float = 0.0) -> bytes:
+    """Hand ``records`` to a connection on one end of a real socket pair; read the other end to the end."""
+    import socket
+
+    ours, theirs = socket.socketpair()
+    if reader_rcvbuf is not None:
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, reader_rcvbuf)
+    loop = asyncio.get_running_loop()
+    connection = KafkaConnection(FakeBroker(), {}, 1 << 20, RequestMemory(-1))
+    transport, _ = await loop.connect_accepted_socket(lambda: connection, ours)
+    codec = types.SimpleNamespace(flexible_response_header=False,
+                                  write_response_body=lambda out, body: (out.write(b"xy"), out.write(body)))
+    request = types.SimpleNamespace(api_key=1, api_version=4, correlation_id=9, codec=codec)
+    connection._complete(request, records)
+    theirs.setblocking(False)
+    received = bytearray()
+    expected = 8 + 2 + len(records)
+    deadline = loop.time() + 30
+    while len(received) < expected and loop.time() < deadline:
+        try:
+            received += theirs.recv(1 << 16)
+        except BlockingIOError:
+            await asyncio.sleep(0.001)
+            continue
+        if read_pause:
+            await asyncio.sleep(read_pause)
+        else:
+            await asyncio.sleep(0)
+    transport.close()
+    theirs.close()
+    assert not connection._outbox  # everything handed over
+    return bytes(received)
+
+
+def _sendfile_spy(monkeypatch):
+    calls = []
+    real = os.sendfile
+
+    def counting(out_fd, in_fd, offset, count):
+        calls.append(count)
+        return real(out_fd, in_fd, offset, count)
+
+    monkeypatch.setattr(os, "sendfile", counting)
+    return calls
+
+
+@in_loop
+async def test_record_data_goes_from_the_file_to_a_plain_socket_with_sendfile_in_order(tmp_path, monkeypatch):
+    sendfile_calls = _sendfile_spy(monkeypatch)
+    path, data, file, budget = _record_file(tmp_path, 3 << 20)
+    pin_a, pin_b = file.pin(), file.pin()
+    records = FileRecords(ReadResult([FileSlice(path, 100, 1 << 20, pin_a.fd, pin_a),
+                                      FileSlice(path, 2 << 20, (1 << 20) - 7, pin_b.fd, pin_b)]))
+    del pin_a, pin_b
+    received = await _answer_over_a_socket(records)
+    assert received == struct.pack(">ii", 6 + len(records), 9) + b"xy" + data[100:100 + (1 << 20)] + data[2 << 20:(3 << 20) - 7]
+    assert sendfile_calls and sum(sendfile_calls) >= len(records) // 2  # not read into the broker
+    del records
+    assert budget.pinned == 0  # the slices' pins go once sent
+    file.close()
+
+
+@in_loop
+async def test_a_full_socket_waits_for_the_drain_and_every_byte_arrives_in_order(tmp_path, monkeypatch):
+    sendfile_calls = _sendfile_spy(monkeypatch)
+    path, data, file, _ = _record_file(tmp_path, 1 << 20)
+    pin = file.pin()
+    records = FileRecords(ReadResult([FileSlice(path, 3, (1 << 20) - 3, pin.fd, pin)]))
+    del pin
+    # A slow reader with small buffers: sendfile meets a full socket many times; a chunk goes through the
+    # transport each time and the rest waits for it to drain.
+    received = await _answer_over_a_socket(records, reader_rcvbuf=4096, read_pause=0.0005)
+    assert received == struct.pack(">ii", 6 + len(records), 9) + b"xy" + data[3:]
+    assert len(sendfile_calls) > 1
+    file.close()
+
+
+@in_loop
+async def test_a_file_shorter_than_its_slice_closes_the_connection_with_a_log_line(tmp_path, caplog):
+    path, _, file, _ = _record_file(tmp_path, 1000)
+    pin = file.pin()
+    records = FileRecords(ReadResult([FileSlice(path, 0, 5000, pin.fd, pin)]))  # 4000 bytes past the end
+    del pin
+    import socket
+
+    ours, theirs = socket.socketpair()
+    loop = asyncio.get_running_loop()
+    connection = KafkaConnection(FakeBroker(), {}, 1 << 20, RequestMemory(-1))
+    transport, _ = await loop.connect_accepted_socket(lambda: connection, ours)
+    codec = types.SimpleNamespace(flexible_response_header=False, write_response_body=lambda out, body: out.write(body))
+    request = types.SimpleNamespace(api_key=1, api_version=4, correlation_id=9, codec=codec)
+    with caplog.at_level(logging.WARNING, logger=connection_module.__name__):
+        connection._complete(request, records)
+        await settle()
+    assert connection._closed and "cannot read record data" in caplog.text
+    theirs.close()
+    file.close()
