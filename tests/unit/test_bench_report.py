@@ -106,12 +106,12 @@ def test_table_of_nothing_says_so():
     assert table({}) == "(no broker measured)"
 
 
-def test_short_consume_calls_are_a_warning_that_names_the_client_back_off():
+def test_waiting_consume_calls_are_a_warning_that_names_the_client_back_off():
     from report import G
 
-    figures = {f"{G}.short_calls": 2.0, f"{G}.short_calls_s": 1.02, f"{C}.short_calls": 0.0}
+    figures = {f"{G}.waiting_calls": 2.0, f"{G}.waiting_calls_s": 1.02, f"{C}.waiting_calls": 0.0}
     (warning,) = saturation_warnings(PYKBROKER, figures, 8)
-    assert warning.startswith("pykbroker (g): 2 consume() calls came back short")
+    assert warning.startswith("pykbroker (g): 2 consume() calls waited 0.25 s or more")
     assert "1.0 s in them" in warning and "fetch.queue.backoff.ms" in warning
 
 
