@@ -11,10 +11,9 @@ generation, as on Kafka.
 
 Memory is bounded:
 * the socket is not read while a request is in processing or while the transport's unsent bytes are
-  above its high-water mark (``WRITE_HIGH_WATER``); a response's record data goes from the segment files
-  to the socket with ``os.sendfile`` while the transport holds nothing unsent (Kafka's zero-copy
-  transferTo), else it is read in chunks only as the transport drains, so a client that pipelines fetches
-  and never reads holds about one chunk and the high-water mark, not one response per request;
+  above its high-water mark (``WRITE_HIGH_WATER``); a response's record data is read from the segment
+  files in ``CHUNK_BYTES`` chunks only as the transport drains, so a client that pipelines fetches and
+  never reads holds about one chunk and the high-water mark, not one response per request;
 * a frame larger than ``socket.request.max.bytes`` closes the connection; a frame is never allocated by
   its declared size, its bytes are kept as they arrive;
 * request bytes are bounded broker-wide by ``queued.max.request.bytes`` (:class:`RequestMemory`), as
@@ -47,9 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import errno
 import logging
-import os
 import time
 from typing import TYPE_CHECKING, Any, Iterator, Union
 
@@ -63,7 +60,6 @@ from pykbroker.protocol.framing import (
     encode_response,
     read_prefix,
 )
-from pykbroker.replication.replica_manager import FileRecords
 from pykbroker.server.dispatch import NO_RESPONSE, CloseConnection, Handler, RequestContext
 from pykbroker.server.error_answers import error_response
 from pykbroker.server.handlers.api_versions import unsupported_api_versions_response
@@ -77,42 +73,9 @@ log = logging.getLogger(__name__)
 # Metadata or a Heartbeat from a well-behaved client passes while stalled clients hold the request memory.
 RESERVED_BYTES = 64 * 1024
 # Unsent bytes the transport may hold before we stop writing (and reading); record data is read from the
-# segment files in chunks of CHUNK_BYTES where it cannot go with sendfile.
+# segment files in chunks of CHUNK_BYTES.
 WRITE_HIGH_WATER = 1024 * 1024
 CHUNK_BYTES = 512 * 1024
-# With sendfile: what is written through the transport when the socket is full, for it to send once it can
-SOCKET_FULL_CHUNK_BYTES = 64 * 1024
-# sendfile errors that mean "not on this socket or file" (the copy path goes on), not a failed send
-_SENDFILE_UNSUPPORTED = frozenset((errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSOCK))
-
-
-class _RecordData:
-    """A response's record data (FileRecords) still to hand over: its file slices, from where the last send
-    stopped. It keeps the slices (and so their segment files' pins) until the last byte is sent."""
-
-    __slots__ = ("slices", "index", "done_in_slice")
-
-    def __init__(self, records) -> None:
-        self.slices = records.slices
-        self.index = 0
-        self.done_in_slice = 0
-
-    def next_range(self):
-        """(slice, file position, bytes left in it) of the next bytes to send, or None when all are sent."""
-        while self.index < len(self.slices):
-            piece = self.slices[self.index]
-            left = piece.length - self.done_in_slice
-            if left > 0:
-                return piece, piece.position + self.done_in_slice, left
-            self.index += 1
-            self.done_in_slice = 0
-        return None
-
-    def advance(self, count: int) -> None:
-        self.done_in_slice += count
-
-    def close(self) -> None:
-        self.slices = ()
 
 
 class RequestMemory:
@@ -171,12 +134,8 @@ class KafkaConnection(asyncio.Protocol):
         self._buffer = bytearray()
         self._busy = False  # a request is in processing: its response is not yet handed to the transport
         self._task: asyncio.Task | None = None
-        # The response being handed to the transport: bytes, record data still in the segment files, and
-        # iterators over the chunks of other deferred values.
-        self._outbox: collections.deque[Union[bytearray, _RecordData, Iterator[bytes]]] = collections.deque()
-        # The socket's descriptor where record data may go with os.sendfile (plain TCP, not TLS), else None.
-        self._sendfile_fd: int | None = None
-        self._awaiting_drain = False  # write limits at 0 until the transport has sent all it holds
+        # The response being handed to the transport: bytes, and iterators over record data chunks.
+        self._outbox: collections.deque[Union[bytearray, Iterator[bytes]]] = collections.deque()
         self._reading_paused = False
         self._write_paused = False
         self._closed = False
@@ -187,9 +146,6 @@ class KafkaConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
-        sock = transport.get_extra_info("socket")
-        if sock is not None and transport.get_extra_info("ssl_object") is None:
-            self._sendfile_fd = sock.fileno()
         peer = transport.get_extra_info("peername")
         if peer:
             self.host = peer[0]
@@ -223,9 +179,6 @@ class KafkaConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._write_paused = False
         self.last_active = time.monotonic()
-        if self._awaiting_drain:  # the transport has sent everything: record data can go with sendfile again
-            self._awaiting_drain = False
-            self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[union-attr]
         self._pump()
         self._process()
 
@@ -378,12 +331,7 @@ class KafkaConnection(asyncio.Protocol):
             self._abort("response encoding failure")
             return
         for piece in pieces:
-            if isinstance(piece, bytearray):
-                self._outbox.append(piece)
-            elif isinstance(piece, FileRecords):
-                self._outbox.append(_RecordData(piece))
-            else:  # another deferred value: its bytes chunk by chunk
-                self._outbox.append(piece.chunks(CHUNK_BYTES))
+            self._outbox.append(piece if isinstance(piece, bytearray) else piece.chunks(CHUNK_BYTES))
         self._pump()
 
     def _send(self, payload: bytes) -> None:
@@ -391,10 +339,7 @@ class KafkaConnection(asyncio.Protocol):
         self.transport.write(payload)
 
     def _pump(self) -> None:
-        """Hand the response over while the transport takes it. Record data goes from the segment file to the
-        socket with os.sendfile while the transport holds nothing unsent (so the bytes stay in order), as
-        Kafka's FileRecords.writeTo does with transferTo; on TLS, where sendfile is refused, or when the
-        transport still holds bytes, it is read chunk by chunk and written through the transport."""
+        """Hand the response over while the transport takes it: record data is read chunk by chunk here."""
         outbox = self._outbox
         while outbox and not (self._write_paused or self._closed):
             head = outbox[0]
@@ -403,14 +348,6 @@ class KafkaConnection(asyncio.Protocol):
                 self._send(head)
                 continue
             try:
-                if isinstance(head, _RecordData):
-                    at = head.next_range()
-                    if at is None:
-                        outbox.popleft()
-                        head.close()
-                    else:
-                        self._send_records(head, *at)
-                    continue
                 chunk = next(head, None)
             except OSError as exc:  # the frame's length is promised: it cannot be finished any more
                 self._abort(f"cannot read record data for a response: {exc}")
@@ -419,52 +356,6 @@ class KafkaConnection(asyncio.Protocol):
                 outbox.popleft()
             else:
                 self._send(chunk)
-
-    def _send_records(self, head: _RecordData, piece, position: int, left: int) -> None:
-        """Send some of one file slice: with sendfile while the transport holds nothing unsent; else (the socket
-        full, or bytes still in the transport) a chunk is read and written through the transport, and with
-        sendfile available the rest waits until the transport has sent everything."""
-        fd = self._sendfile_fd
-        if fd is not None:
-            if self.transport.get_write_buffer_size() > 0:  # type: ignore[union-attr]
-                if self._await_drain():
-                    return
-            else:
-                try:
-                    sent = os.sendfile(fd, piece.fd, position, left)
-                except BlockingIOError:
-                    sent = -1  # the socket is full: the transport waits for it with the chunk below
-                except OSError as exc:
-                    if exc.errno not in _SENDFILE_UNSUPPORTED:
-                        raise
-                    self._sendfile_fd = None  # not on this socket: the copy path from now on
-                    sent = -1
-                if sent == 0:
-                    raise OSError(f"{piece.path} ends at {position}, before the {position + left} bytes being sent")
-                if sent > 0:
-                    head.advance(sent)
-                    self.last_active = time.monotonic()
-                    return
-        size = SOCKET_FULL_CHUNK_BYTES if self._sendfile_fd is not None else CHUNK_BYTES
-        chunk = os.pread(piece.fd, min(size, left), position)
-        if not chunk:
-            raise OSError(f"{piece.path} ends at {position}, before the {position + left} bytes being sent")
-        head.advance(len(chunk))
-        self._send(chunk)
-        if self._sendfile_fd is not None:
-            self._await_drain()
-
-    def _await_drain(self) -> bool:
-        """Have the transport call resume_writing once it holds nothing unsent (uvloop and asyncio call
-        pause_writing at once when the new limit is below what they hold); False if it holds nothing."""
-        transport = self.transport
-        self._awaiting_drain = True
-        transport.set_write_buffer_limits(high=0)  # type: ignore[union-attr]
-        if self._write_paused:
-            return True
-        self._awaiting_drain = False
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[union-attr]
-        return False
 
     # -- flow control -----------------------------------------------------------------------------
     def update_reading(self) -> None:

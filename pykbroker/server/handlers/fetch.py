@@ -10,7 +10,7 @@ fetch from a replica id that is not an assigned replica of the partition gets UN
 names a current leader epoch and NOT_LEADER_OR_FOLLOWER when it does not (Kafka's
 Partition.followerReplicaOrThrow); an assigned follower's fetch offset is its log end offset for the HWM
 and the ISR (replication/partition.py). Record data is not read here: the response carries
-FileRecords, which the connection sends from the segment files (os.sendfile where it can). v13+ names topics by id (UNKNOWN_TOPIC_ID when unknown).
+FileRecords, read from the segment files as the connection sends them. v13+ names topics by id (UNKNOWN_TOPIC_ID when unknown).
 Fetch sessions (KIP-227): we never create one and answer session id 0, which tells clients to send full
 fetches; closing a session (epoch -1) is answered with an empty response, an unknown session id with
 FETCH_SESSION_ID_NOT_FOUND. Errors per partition: OFFSET_OUT_OF_RANGE outside [log start, log end],
