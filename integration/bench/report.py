@@ -17,8 +17,11 @@ A, B, C, D = "a_produce_100b_acks1", "b_produce_1k_acksall", "c_consume_1k", "d_
 # Transactions next to what they build on: (e) an idempotent producer, (t) a transactional one committing every
 # N messages (run_bench.TXN_BATCH), the same 100 B values and message count.
 E, T = "e_produce_100b_idempotent", "t_produce_100b_txn"
-WORKLOADS = (A, B, C, D, E, T)
-THROUGHPUT_WORKLOADS = (A, B, C, E, T)
+# (c) in large client batches: consume(num_messages=10,000) instead of 1,000 (issue 18).
+G = "g_consume_1k_batch10k"
+WORKLOADS = (A, B, C, G, D, E, T)
+THROUGHPUT_WORKLOADS = (A, B, C, G, E, T)
+CONSUME_WORKLOADS = (C, G)
 
 # A load-generator thread at this share of one core or more is the bottleneck: the figure then
 # measures the client, not the broker.
@@ -70,6 +73,7 @@ FIGURES = [
     Figure(f"{A}.msgs_per_s", "(a) produce 100 B values, acks=1", "msgs/s", True, 250_000, 1.0),
     Figure(f"{B}.mb_per_s", "(b) produce 1 KiB values, acks=all", "MB/s", True, 120, 1.0),
     Figure(f"{C}.mb_per_s", "(c) consume (b) from offset 0, assign", "MB/s", True, 150, 1.5),
+    Figure(f"{G}.mb_per_s", "(g) as (c), consume(num_messages=10,000)", "MB/s", True, 150, 1.5),
     Figure(f"{D}.p99_ms", "(d) delivery latency p99 @ 5,000 msgs/s", "ms", False, 20, 1.0),
     Figure("broker.start_to_ready_s", "start-to-ready (spawn to ApiVersions)", "s", False, 0.3),
     Figure("broker.peak_rss_mib", "broker peak RSS (VmHWM)", "MiB", False, 150),
@@ -80,6 +84,7 @@ FIGURES = [
     _per_million(A, "(a)"),
     _per_million(B, "(b)"),
     _per_million(C, "(c)"),
+    _per_million(G, "(g)"),
     _per_million(D, "(d)"),
     _per_million(E, "(e)"),
     _per_million(T, "(t)"),
@@ -87,6 +92,10 @@ FIGURES = [
     Figure(f"{A}.mb_per_s", "(a) produce 100 B values, acks=1", "MB/s", True),
     Figure(f"{B}.msgs_per_s", "(b) produce 1 KiB values, acks=all", "msgs/s", True),
     Figure(f"{C}.msgs_per_s", "(c) consume (b) from offset 0, assign", "msgs/s", True),
+    Figure(f"{G}.msgs_per_s", "(g) as (c), consume(num_messages=10,000)", "msgs/s", True),
+    # consume() calls that waited (>= 0.25 s of their 0.5 s timeout): the client's fetch-queue back-off.
+    *(Figure(f"{w}.waiting_calls", f"({w[0]}) consume() calls that waited >= 0.25 s", "", False) for w in CONSUME_WORKLOADS),
+    *(Figure(f"{w}.waiting_calls_s", f"({w[0]}) time in those calls", "s", False) for w in CONSUME_WORKLOADS),
     Figure(f"{D}.p50_ms", "(d) delivery latency p50", "ms", False),
     Figure(f"{D}.max_ms", "(d) delivery latency max", "ms", False),
     Figure(f"{D}.rate_achieved", "(d) send rate achieved", "msgs/s"),
@@ -138,6 +147,14 @@ def saturation_warnings(target: str, figures: dict[str, float], cpus: int) -> li
             warnings.append(
                 f"{target} ({workload[0]}): a generator loop used {loop:.0%} of a core: the figure measures "
                 f"the client; run with more --generators (or on more cores) to measure the broker"
+            )
+        waiting = figures.get(f"{workload}.waiting_calls")
+        if waiting:
+            warnings.append(
+                f"{target} ({workload[0]}): {waiting:.0f} consume() calls waited 0.25 s or more "
+                f"({figures.get(f'{workload}.waiting_calls_s', 0.0):.1f} s in them): librdkafka stops fetching for "
+                f"fetch.queue.backoff.ms (1 s) whenever its fetch queue is full (queued.max.messages.kbytes), i.e. "
+                f"when the broker delivered faster than the loop consumed: the rate measures that pause"
             )
         if workload not in THROUGHPUT_WORKLOADS:
             continue

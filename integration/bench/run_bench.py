@@ -9,6 +9,7 @@ Workloads, each on its own pre-created topic (3 partitions, replication factor 1
   (a) produce 100-byte values, acks=1              -> msgs/s
   (b) produce 1 KiB values, acks=all               -> MB/s
   (c) consume (b)'s topic from offset 0, assign    -> MB/s
+  (g) the same, consume(num_messages=10,000) instead of 1,000 -> MB/s
   (d) delivery latency at a steady 5,000 msgs/s    -> p50 / p99 / max ms
   (e) produce 100-byte values, idempotent producer -> msgs/s
   (t) produce 100-byte values, transactional producer committing every --txn-batch messages (default 1,000),
@@ -38,6 +39,7 @@ import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -61,6 +63,7 @@ from report import (
     C,
     D,
     E,
+    G,
     KAFKA,
     PYKBROKER,
     config_differences,
@@ -90,14 +93,16 @@ PARTITIONS = 3
 RESULTS_DIR = Path(__file__).resolve().parent / "results"  # git-ignored
 LATENCY_RATE = 5_000
 TXN_BATCH = 1_000  # (t): messages per transaction
-WORKLOAD_LETTERS = dict(zip("abcdet", (A, B, C, D, E, T)))
+WORKLOAD_LETTERS = dict(zip("abcdget", (A, B, C, D, G, E, T)))
+# consume(num_messages=N) of the consume workloads, both reading (b)'s topic
+CONSUME_BATCH = {C: 1_000, G: 10_000}
 
 
 @dataclass(frozen=True)
 class Sizes:
     rounds: int
     produce_small_count: int  # (a); a tenth of it is sent first, unmeasured, to warm the broker up
-    produce_large_count: int  # (b), read back by (c)
+    produce_large_count: int  # (b), read back by (c) and (g)
     latency_warmup_s: float  # (d), sent but not counted
     latency_measure_s: float
     extra_start_samples: int  # per round and target, besides the start of the round's own broker
@@ -156,8 +161,12 @@ class Round:
             warm_group_coordinator(bootstrap, topics[D])
             self.topic_config = topic_config(bootstrap, topics[B])
             # Unmeasured: the first requests of a fresh broker pay one-time costs (the JVM's JIT
-            # compiler, Python's lazy imports and caches) that a running broker does not.
-            produce_throughput(bootstrap, topics["warm-up"], sizes.produce_small_count // 10, 100, "1")
+            # compiler, Python's lazy imports and caches) that a running broker does not; the warm-up
+            # topic is read back too, so that (c) does not pay them for the fetch path.
+            warm_up_count = sizes.produce_small_count // 10
+            produce_throughput(bootstrap, topics["warm-up"], warm_up_count, 100, "1")
+            if C in self.workloads or G in self.workloads:
+                consume_throughput(bootstrap, topics["warm-up"], partitions, warm_up_count)
         except Exception as exc:  # nothing can run without topics
             self._record_failure("set-up", exc)
             return
@@ -173,15 +182,17 @@ class Round:
                 lambda: produce_throughput(bootstrap, topics[A], sizes.produce_small_count, 100, "1", generators),
                 lambda: check_stored(bootstrap, topics[A], partitions, sizes.produce_small_count),
             )
-        b_filled = False  # (c) reads what (b) wrote
-        if B in self.workloads or C in self.workloads:
+        b_filled = False  # (c) and (g) read what (b) wrote
+        if B in self.workloads or C in self.workloads or G in self.workloads:
             b_filled = self._measure(
                 B,
                 lambda: produce_throughput(bootstrap, topics[B], sizes.produce_large_count, 1024, "all", generators),
                 lambda: check_stored(bootstrap, topics[B], partitions, sizes.produce_large_count),
             )
-        if C in self.workloads and b_filled:
-            self._measure(C, lambda: consume_throughput(bootstrap, topics[B], partitions, sizes.produce_large_count))
+        for consume in (C, G):
+            if consume in self.workloads and b_filled:
+                self._measure(consume, partial(consume_throughput, bootstrap, topics[B], partitions,
+                                               sizes.produce_large_count, CONSUME_BATCH[consume]))
         if D in self.workloads:
             self._measure(
                 D,
@@ -291,6 +302,7 @@ def round_summary(figures: dict[str, float]) -> str:
         (f"{A}.msgs_per_s", "(a) {:,.0f} msgs/s"),
         (f"{B}.mb_per_s", "(b) {:.1f} MB/s"),
         (f"{C}.mb_per_s", "(c) {:.1f} MB/s"),
+        (f"{G}.mb_per_s", "(g) {:.1f} MB/s"),
         (f"{D}.p99_ms", "(d) p99 {:.1f} ms"),
         (f"{E}.msgs_per_s", "(e) {:,.0f} msgs/s"),
         (f"{T}.msgs_per_s", "(t) {:,.0f} msgs/s"),
@@ -319,10 +331,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile", type=Path, metavar="STACKS",
                         help="after the rounds, run one more (unmeasured) pykbroker round and sample it with "
                              "py-spy during --profile-workload; write collapsed stacks here and print the hot spots")  # fmt: skip
-    parser.add_argument("--profile-workload", choices="abcd", default="a")
-    parser.add_argument("--workloads", default="abcdet",
-                        help="which workloads to run, by letter (default abcdet; e.g. --workloads et for idempotent "
-                             "vs transactional produce only)")  # fmt: skip
+    parser.add_argument("--profile-workload", choices="abcdg", default="a")
+    parser.add_argument("--workloads", default="abcdget",
+                        help="which workloads to run, by letter (default abcdget; e.g. --workloads et for idempotent "
+                             "vs transactional produce only, --workloads cg for the two consume batch sizes)")  # fmt: skip
     parser.add_argument("--txn-batch", type=int, default=TXN_BATCH,
                         help="(t): messages per transaction (default %(default)s)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -342,14 +354,14 @@ def profile_pykbroker(args: argparse.Namespace, sizes: Sizes, errors: list[str])
     if not PySpyRecorder.available():
         log("py-spy is not installed (pip install py-spy): no profile taken")
         return None
-    workload = dict(zip("abcd", (A, B, C, D)))[args.profile_workload]
+    workload = WORKLOAD_LETTERS[args.profile_workload]
     log(f"profile round: py-spy on pykbroker during {workload}")
     # Three times the messages, so that the sampled stretch is long enough to rank hot spots;
-    # (c) needs (b)'s topic filled first.
+    # (c) and (g) need (b)'s topic filled first.
     profile_sizes = replace(
         sizes, produce_small_count=3 * sizes.produce_small_count, produce_large_count=3 * sizes.produce_large_count
     )
-    needed = frozenset((workload, B)) if workload == C else frozenset((workload,))
+    needed = frozenset((workload, B)) if workload in (C, G) else frozenset((workload,))
     try:
         args.profile.unlink(missing_ok=True)
         with BrokerProcess(extra_args=list(args.broker_arg)) as broker:

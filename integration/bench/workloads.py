@@ -34,6 +34,8 @@ CLIENT_TIMEOUT_S = 30.0
 # A workload that makes no progress for this long has hung; fail it instead of waiting forever.
 STALL_TIMEOUT_S = 60.0
 POLL_GRANULARITY_S = 0.001
+# A consume(timeout=0.5) call this long waited for messages that were not there (the client's fetch back-off)
+CONSUME_WAIT_S = 0.25
 COORDINATOR_NOT_READY = frozenset(
     (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE)
 )
@@ -341,25 +343,40 @@ def check_committed(bootstrap: str, topic: str, partitions: int, sent: int) -> N
         raise WorkloadFailed(f"sent {sent} messages to {topic} in transactions but read_committed reads {received}")
 
 
-def consume_throughput(bootstrap: str, topic: str, partitions: int, expected: int) -> dict[str, float]:
-    """Read the whole topic from offset 0 with assign(); clock runs from assign to the last message."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-consume-{topic}"})
+def consume_throughput(bootstrap: str, topic: str, partitions: int, expected: int,
+                       batch: int = 1000) -> dict[str, float]:
+    """Read the whole topic from offset 0 with assign(), ``consume(num_messages=batch, timeout=0.5)`` in a loop;
+    clock runs from assign to the last message.
+
+    Also counted: the consume() calls that took at least CONSUME_WAIT_S (half their timeout; a batch that is
+    there takes milliseconds) and the time spent in them. A consumer whose client-side fetch queue fills up
+    (librdkafka's queued.max.messages.kbytes, 64 MiB) stops fetching for fetch.queue.backoff.ms (1 s): each
+    such pause shows as one or two waiting calls, whichever broker it reads from.
+    """
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-consume-{topic}-{batch}"})
     try:
         consumer.list_topics(topic, timeout=CLIENT_TIMEOUT_S)
         loop_cpu_before = time.thread_time()
         started = time.perf_counter()
         consumer.assign([TopicPartition(topic, partition, 0) for partition in range(partitions)])
-        received = value_bytes = 0
+        received = value_bytes = waiting_calls = 0
+        waited = 0.0
         last_progress = started
         while received < expected:
             # Ask for no more than remain: consume() waits for a full batch until its timeout.
-            batch = consumer.consume(num_messages=min(1000, expected - received), timeout=0.5)
-            for message in batch:
+            asked = min(batch, expected - received)
+            called = time.perf_counter()
+            messages = consumer.consume(num_messages=asked, timeout=0.5)
+            took = time.perf_counter() - called
+            if took >= CONSUME_WAIT_S:
+                waiting_calls += 1
+                waited += took
+            for message in messages:
                 if message.error() is not None:
                     raise WorkloadFailed(f"consumer error: {message.error()}")
                 value_bytes += len(message.value())
-            if batch:
-                received += len(batch)
+            if messages:
+                received += len(messages)
                 last_progress = time.perf_counter()
             elif time.perf_counter() - last_progress > STALL_TIMEOUT_S:
                 raise WorkloadFailed(f"consumer stalled at {received} of {expected} messages")
@@ -373,6 +390,8 @@ def consume_throughput(bootstrap: str, topic: str, partitions: int, expected: in
         "client_loop_core_share": loop_cpu / elapsed,
         "msgs_per_s": received / elapsed,
         "mb_per_s": value_bytes / MIB / elapsed,
+        "waiting_calls": waiting_calls,
+        "waiting_calls_s": waited,
     }
 
 

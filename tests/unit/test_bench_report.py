@@ -104,3 +104,22 @@ def test_config_differences_list_what_differs_and_what_one_side_lacks():
 
 def test_table_of_nothing_says_so():
     assert table({}) == "(no broker measured)"
+
+
+def test_waiting_consume_calls_are_a_warning_that_names_the_client_back_off():
+    from report import G
+
+    figures = {f"{G}.waiting_calls": 2.0, f"{G}.waiting_calls_s": 1.02, f"{C}.waiting_calls": 0.0}
+    (warning,) = saturation_warnings(PYKBROKER, figures, 8)
+    assert warning.startswith("pykbroker (g): 2 consume() calls waited 0.25 s or more")
+    assert "1.0 s in them" in warning and "fetch.queue.backoff.ms" in warning
+
+
+def test_both_consume_batch_sizes_have_the_consume_goal():
+    from report import G
+
+    median_by_target = {PYKBROKER: {f"{C}.mb_per_s": 400.0, f"{G}.mb_per_s": 200.0},
+                        KAFKA: {f"{C}.mb_per_s": 200.0, f"{G}.mb_per_s": 200.0}}
+    by_key = {v["key"]: v for v in verdicts(median_by_target)}
+    assert by_key[f"{C}.mb_per_s"]["pass"] is True
+    assert by_key[f"{G}.mb_per_s"]["pass"] is False and by_key[f"{G}.mb_per_s"]["goal"] == ">= 150, >= 1.5x Kafka"

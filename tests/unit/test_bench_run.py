@@ -38,3 +38,13 @@ def test_workloads_are_chosen_by_letter_and_txn_batch_is_checked():
     for bad in (["--workloads", "ex"], ["--workloads", ""], ["--txn-batch", "0"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
+
+
+def test_the_consume_workloads_read_b_in_batches_of_1000_and_10000():
+    from report import B, C, G
+    from run_bench import CONSUME_BATCH, parse_args
+
+    assert CONSUME_BATCH == {C: 1_000, G: 10_000}
+    assert parse_args(["--workloads", "bcg"]).workloads == frozenset((B, C, G))
+    assert G in parse_args([]).workloads
+    assert parse_args(["--profile-workload", "g"]).profile_workload == "g"
