@@ -852,10 +852,11 @@ class PartitionLog:
         """Kafka's LogSegment.shouldRoll, asked by each append (leader's or follower's) before it writes: the
         active segment rolls only here, or when retention deletes every segment (``_delete_leading``).
 
-        segment.ms counts from the segment's first batch to the largest timestamp of this append (the
-        records' own clock: CreateTime as the producer set it, the append time on LogAppendTime topics; the
-        wall-clock time since the segment was created when the first batch has no timestamp), less the
-        segment's jitter. A segment is never rolled by the clock alone: an idle one stays active (and so
+        segment.ms (``max_segment_ms``: max.compaction.lag.ms when lower on a compacted topic) counts from the
+        segment's first batch to the largest timestamp of this append (the records' own clock: CreateTime as
+        the producer set it, the append time on LogAppendTime topics; the wall-clock time since the segment
+        was created when the first batch has no timestamp), less the segment's jitter (drawn from
+        segment.jitter.ms against segment.ms). A segment is never rolled by the clock alone: an idle one stays active (and so
         is never compacted) until the next append."""
         config = self._config
         if headers[-1].last_offset - segment.base_offset > INT32_MAX:
@@ -865,7 +866,7 @@ class PartitionLog:
         largest_timestamp = max(header.max_timestamp for header in headers)
         return (
             segment.size + append_size > config.segment_bytes
-            or segment.time_waited_for_roll(now_ms, largest_timestamp) > config.segment_ms - segment.roll_jitter_ms
+            or segment.time_waited_for_roll(now_ms, largest_timestamp) > config.max_segment_ms - segment.roll_jitter_ms
             or segment.is_index_full(config.segment_index_bytes)
         )
 

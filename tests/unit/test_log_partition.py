@@ -652,6 +652,27 @@ def test_an_append_rolls_by_segment_ms_counted_in_record_timestamps(tmp_path):
     reopened.close()
 
 
+def test_a_compacted_topic_rolls_by_max_compaction_lag_ms_when_lower_than_segment_ms(tmp_path):
+    """Kafka's LogConfig.maxSegmentMs: min(max.compaction.lag.ms, segment.ms) on a compacted topic, so
+    the active segment becomes cleanable within max.compaction.lag.ms; segment.ms alone otherwise."""
+    compacted = LogConfig(cleanup_policy="compact", max_compaction_lag_ms=1_000)
+    log = open_log(tmp_path, compacted)
+    log.append(build_batch([(b"k", b"a")], timestamp_ms=10_000), leader_epoch=0, now_ms=10_000)
+    log.append(build_batch([(b"k", b"b")], timestamp_ms=11_000), leader_epoch=0, now_ms=11_000)
+    log.append(build_batch([(b"k", b"c")], timestamp_ms=12_000), leader_epoch=0, now_ms=12_000)
+    assert log.segment_base_offsets == [0, 2]
+    log.close()
+    assert compacted.max_segment_ms == 1_000
+    assert LogConfig(cleanup_policy="compact", max_compaction_lag_ms=5_000, segment_ms=2_000).max_segment_ms == 2_000
+    assert LogConfig(cleanup_policy="delete", max_compaction_lag_ms=1_000, segment_ms=2_000).max_segment_ms == 2_000
+    assert LogConfig(cleanup_policy="compact", max_compaction_lag_ms=0, segment_ms=2_000).max_segment_ms == 2_000
+    deleting = open_log(tmp_path / "delete", LogConfig(max_compaction_lag_ms=1_000))
+    deleting.append(batch([b"a"], ts=10_000), leader_epoch=0, now_ms=10_000)
+    deleting.append(batch([b"b"], ts=12_000), leader_epoch=0, now_ms=12_000)
+    assert deleting.segment_base_offsets == [0]  # not compacted: max.compaction.lag.ms plays no part
+    deleting.close()
+
+
 def test_log_append_time_rolls_by_the_append_time(tmp_path):
     log = open_log(tmp_path, LogConfig(segment_ms=1_000, message_timestamp_type="LogAppendTime"))
     log.append(batch([b"a"], ts=0), leader_epoch=0, now_ms=10_000)
