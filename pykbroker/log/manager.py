@@ -390,10 +390,19 @@ class LogManager:
         ``defer`` the file work is left for ``run_file_work_async``."""
         deleted = 0
         for partition_log in list(self.logs() if logs is None else logs):
-            topic, partition = partition_log.topic, partition_log.partition
-            high_watermark = self.high_watermark_of(topic, partition) if self.high_watermark_of else None
-            deleted += partition_log.apply_retention(now_ms, high_watermark=high_watermark, defer=defer)
+            deleted += partition_log.apply_retention(now_ms, high_watermark=self._retention_bound(partition_log),
+                                                     defer=defer)
         return deleted
+
+    def _retention_bound(self, partition_log: PartitionLog) -> int | None:
+        """The high-water mark that bounds a log's retention (no segment at or above it goes). A log no
+        partition hosts yet (loaded at startup before its LeaderAndIsr) has its log start as HWM, as Kafka's
+        UnifiedLog until Partition.createLog sets it: only segments below the log start may go. None (the log
+        end) when no replica manager is plugged in."""
+        if self.high_watermark_of is None:
+            return None
+        high_watermark = self.high_watermark_of(partition_log.topic, partition_log.partition)
+        return partition_log.log_start_offset if high_watermark is None else high_watermark
 
     async def _retain_compacted(self, logs: list[PartitionLog]) -> None:
         """The cleaner's retention pass over compacted logs (``apply_retention`` with the file work off the

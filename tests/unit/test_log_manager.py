@@ -305,3 +305,35 @@ def test_retention_respects_the_high_watermark(tmp_path):
     manager.high_watermark_of = lambda topic, partition: log.log_end_offset
     assert manager.apply_retention(10**9) > 0
     manager.shutdown()
+
+
+def test_retention_leaves_a_log_no_partition_hosts_yet_above_its_log_start(tmp_path):
+    """At startup every log is loaded before LeaderAndIsr hosts it; until then Kafka's HWM is the log start
+    (Partition.createLog sets it), so neither the retention check nor the cleaner's round may delete an
+    expired segment past it, nor roll and move the log start to the log end."""
+    from pykbroker.replication.replica_manager import ReplicaManager
+
+    manager = LogManager(tmp_path, retention_check_interval_ms=3_600_000)
+    manager.cleaner.use_processes = False
+    expired = LogConfig(retention_ms=600_000, cleanup_policy="compact,delete")
+    configs = {"cd": expired, "d": LogConfig(retention_ms=600_000)}
+    replicas = ReplicaManager(manager, 1, lambda topic: configs[topic])
+    old = int(time.time() * 1000) - 3_600_000
+    logs = {}
+    for topic, config in configs.items():  # every segment expired, the active one too
+        log = logs[topic] = manager.create(topic, 0, config)
+        for value in (b"a", b"b"):
+            log.append(build_batch([(b"k", value)], timestamp_ms=old), leader_epoch=0, now_ms=old)
+            log.roll()
+        log.append(build_batch([(b"k", b"c")], timestamp_ms=old), leader_epoch=0, now_ms=old)
+    logs["d"].delete_records_before(1)  # (its first segment is below the log start: that one may go)
+    assert manager.apply_retention(int(time.time() * 1000)) == 0
+    assert asyncio.run(manager.cleaner.clean_filthiest()) is False
+    assert logs["cd"].segment_base_offsets == [0, 1, 2] and logs["cd"].log_start_offset == 0
+    assert logs["d"].segment_base_offsets == [1, 2] and logs["d"].log_start_offset == 1
+    for topic in configs:  # hosted: the HWM is the log end and retention empties both logs
+        replicas.host(topic, 0, leader_epoch=0)
+    assert manager.apply_retention(int(time.time() * 1000), [logs["d"]]) == 2
+    asyncio.run(manager.cleaner.clean_filthiest())  # (a cleaning of "cd" now, then its retention)
+    assert [(log.segment_base_offsets, log.log_start_offset) for log in logs.values()] == [([3], 3), ([3], 3)]
+    manager.shutdown()
