@@ -1248,8 +1248,8 @@ class PartitionLog:
             self._file_work.append(partial(self._write_epochs, self._epochs.snapshot()))
 
     def apply_retention(self, now_ms: int, *, high_watermark: int | None = None, defer: bool = False) -> int:
-        """Delete leading whole segments past retention.ms / retention.bytes or below the log start (Kafka's
-        deleteOldSegments; the log manager runs it for logs without compact, the cleaner for compacted ones).
+        """Delete leading whole segments below the log start, then past retention.bytes, then past retention.ms
+        (Kafka's deleteOldSegments, in its order; the log manager runs it for logs without compact, the cleaner for compacted ones).
 
         Time and size retention apply only when cleanup.policy includes delete. Never a segment holding
         offsets at or above ``high_watermark``; the active segment too once it is past retention, a new one
@@ -1261,11 +1261,7 @@ class PartitionLog:
         deleted = self._delete_leading(self._below_log_start, bound, defer=defer)
         if not config.delete:  # compact-only: the cleaner, not retention, keeps the log small (as Kafka)
             return deleted
-        if config.retention_ms >= 0:
-            deleted += self._delete_leading(
-                lambda segment, following: now_ms - self._segment_age_timestamp(segment) > config.retention_ms, bound, defer=defer
-            )
-        if config.retention_bytes >= 0:
+        if config.retention_bytes >= 0:  # size before time, Kafka's order (segments' ages need not grow)
             excess = self.size_bytes - config.retention_bytes
 
             def over_size(segment: Segment, following: Segment | None) -> bool:
@@ -1276,6 +1272,10 @@ class PartitionLog:
                 return True
 
             deleted += self._delete_leading(over_size, bound, defer=defer)
+        if config.retention_ms >= 0:
+            deleted += self._delete_leading(
+                lambda segment, following: now_ms - self._segment_age_timestamp(segment) > config.retention_ms, bound, defer=defer
+            )
         return deleted
 
     def _below_log_start(self, segment: Segment, following: Segment | None) -> bool:

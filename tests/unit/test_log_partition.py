@@ -584,6 +584,21 @@ def test_retention_by_size_and_high_watermark(tmp_path):
     log.close()
 
 
+def test_retention_by_size_runs_before_retention_by_time(tmp_path):
+    """Kafka's deleteOldSegments: log start, then retention.bytes, then retention.ms. Segment ages need not
+    grow: a recent first segment stops the time rule at once, so only the size rule, going first, lets the
+    time rule reach the expired segment behind it in the same pass."""
+    log = open_log(tmp_path, LogConfig(retention_ms=1_000))
+    for ts in (50_000, 10_000, 50_000):  # recent, expired, recent; then an empty active segment
+        log.append(batch([b"v"], ts=ts), leader_epoch=0, now_ms=ts)
+        log.roll()
+    first = log.segments_view()[0].size
+    log.config = LogConfig(retention_ms=1_000, retention_bytes=log.size_bytes - first)  # the first one too many
+    assert log.apply_retention(now_ms=50_500) == 2
+    assert log.segment_base_offsets == [2, 3] and log.log_start_offset == 2
+    log.close()
+
+
 def _open_files_under(directory: Path) -> int:
     """This process's descriptors on files that are, or were before being unlinked, under ``directory``."""
     count = 0
