@@ -17,7 +17,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from pykbroker.log.config import LogConfig
-from pykbroker.log.errors import OffsetOutOfRange, RecordTooLarge, UnexpectedAppendOffset
+from pykbroker.log.errors import OffsetOutOfRange, RecordBatchTooLarge, RecordTooLarge, UnexpectedAppendOffset
 from pykbroker.log.checkpoint import CorruptCheckpoint
 from pykbroker.log.files import Pin, shared_budget
 from pykbroker.log.leader_epoch import LeaderEpochCache
@@ -750,8 +750,9 @@ class PartitionLog:
         """Append a producer's batches as leader: validate, assign offsets and epoch in place, write once.
         ``check_sequence`` False for the group coordinator's batches (no sequence numbers).
 
-        Raises CorruptRecordBatch / InvalidRecordBatch (InvalidRecords, RecordErrors) / RecordTooLarge
-        before anything is written.
+        Raises CorruptRecordBatch / InvalidRecordBatch (InvalidRecords, RecordErrors) / RecordTooLarge /
+        RecordBatchTooLarge (the records larger than segment.bytes, Kafka's check before maybeRoll) before
+        anything is written.
         """
         config = self._config
         headers = validate_batches(records)
@@ -781,6 +782,7 @@ class PartitionLog:
                 set_max_timestamp(buf, header.position, max_timestamp)
             next_offset += header.last_offset_delta + 1
         assigned = [read_header(buf, header.position) for header in headers]
+        self._check_fits_a_segment(len(buf))
         self._write(buf, assigned, now_ms)
         return AppendResult(
             base_offset=assigned[0].base_offset,
@@ -793,7 +795,11 @@ class PartitionLog:
     def append_as_follower(self, records: bytes | bytearray | memoryview, *, now_ms: int | None = None) -> AppendResult:
         """Append batches that already carry offsets and epochs (replication), as they are.
 
-        Raises UnexpectedAppendOffset if they start below the log end offset (Kafka allows a gap above it).
+        Raises UnexpectedAppendOffset if they start below the log end offset (Kafka allows a gap above it),
+        RecordBatchTooLarge for a batch larger than segment.bytes (nothing written). Kafka's leader answers a
+        fetch from one segment, so what its follower appends at once fits one (the topic's segment.bytes
+        is theirs both); a read here may span segments, so a fetch larger than segment.bytes is written in
+        runs of whole batches that each fit one, each asking for its roll as a fetch of Kafka's would.
         """
         headers = validate_batches(records)
         if headers[0].base_offset < self._log_end_offset:
@@ -802,8 +808,42 @@ class PartitionLog:
             if header.base_offset < previous.next_offset:
                 raise InvalidRecordBatch(f"batch offsets go backwards at {header.base_offset}")
         now = int(time.time() * 1000) if now_ms is None else now_ms
-        self._write(records, headers, now)
+        if len(records) <= self._config.segment_bytes:
+            self._write(records, headers, now)
+        else:
+            self._write_in_runs(memoryview(records), headers, now)
         return AppendResult(headers[0].base_offset, headers[-1].last_offset, -1, self._log_start_offset, headers)
+
+    def _check_fits_a_segment(self, size: int) -> None:
+        limit = self._config.segment_bytes
+        if size > limit:
+            raise RecordBatchTooLarge(f"Message batch size is {size} bytes in append to partition {self.topic}-"
+                                      f"{self.partition}, which exceeds the maximum configured segment size of {limit}.")
+
+    def _write_in_runs(self, view: memoryview, headers: list[BatchHeader], now_ms: int) -> None:
+        """A follower's fetch larger than segment.bytes: consecutive batches, each run at most segment.bytes.
+        A storage error after a first run leaves those batches in the log without their producer state (the
+        caller replays nothing): no producer snapshot may record the state past them until a replay."""
+        for header in headers:
+            self._check_fits_a_segment(header.size)
+        limit = self._config.segment_bytes
+        runs: list[list[BatchHeader]] = [[]]
+        size = 0
+        for header in headers:
+            if runs[-1] and size + header.size > limit:
+                runs.append([])
+                size = 0
+            runs[-1].append(header)
+            size += header.size
+        for number, run in enumerate(runs):
+            start = run[0].position
+            try:
+                self._write(view[start : run[-1].position + run[-1].size],
+                            [header._replace(position=header.position - start) for header in run], now_ms)
+            except BaseException:
+                if number and (self._state_gap is None or headers[0].base_offset < self._state_gap):
+                    self._state_gap = headers[0].base_offset
+                raise
 
     def _write(self, buf, headers: list[BatchHeader], now_ms: int) -> None:
         segment = self._active
