@@ -50,6 +50,14 @@ class LogConfig:
         return random.randrange(min(self.segment_jitter_ms, self.segment_ms))
 
     @property
+    def max_segment_ms(self) -> int:
+        """How long a segment may span before an append rolls it (Kafka's maxSegmentMs): segment.ms, or
+        max.compaction.lag.ms when lower on a compacted topic (so its records become cleanable in time)."""
+        if self.compact and self.max_compaction_lag_ms > 0:
+            return min(self.max_compaction_lag_ms, self.segment_ms)
+        return self.segment_ms
+
+    @property
     def compact(self) -> bool:
         """The policy includes compact: the cleaner keeps the latest record per key, null keys are refused."""
         return "compact" in self.cleanup_policy

@@ -20,6 +20,11 @@ class RecordTooLarge(Exception):
     """A batch is larger than max.message.bytes: MESSAGE_TOO_LARGE (10)."""
 
 
+class RecordBatchTooLarge(Exception):
+    """An append larger than segment.bytes (it could fit no segment): RECORD_LIST_TOO_LARGE (18), Kafka's
+    RecordBatchTooLargeException."""
+
+
 class UnexpectedAppendOffset(Exception):
     """A follower append whose first offset is below the log end offset (replication must truncate first)."""
 

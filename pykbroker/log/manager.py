@@ -363,8 +363,10 @@ class LogManager:
             try:
                 if time.monotonic() >= next_retention:
                     not_compacted = [partition_log for partition_log in self.logs() if not partition_log.config.compact]
-                    self.apply_retention(int(time.time() * 1000), not_compacted, defer=True)
-                    await self.run_file_work_async()
+                    try:
+                        self.apply_retention(int(time.time() * 1000), not_compacted, defer=True)
+                    finally:  # what the pass deleted before any failure is deleted
+                        await self.run_file_work_async()
                     next_retention = time.monotonic() + self.retention_check_interval_ms / 1000
                 if time.monotonic() >= next_flush:
                     if self.fsync == "never":  # Kafka's default: no timed fsync, but flush what a roll completed
@@ -387,19 +389,36 @@ class LogManager:
 
     def apply_retention(self, now_ms: int, logs: Iterable[PartitionLog] | None = None, *, defer: bool = False) -> int:
         """One retention pass over ``logs`` (default: every log); returns the number of segments deleted. With
-        ``defer`` the file work is left for ``run_file_work_async``."""
+        ``defer`` the file work is left for ``run_file_work_async``. A storage error in one log (the roll
+        that retention of every segment needs, on a full disk) is logged and the pass goes on with the next
+        log, as Kafka's; that log is tried again at the next pass."""
         deleted = 0
         for partition_log in list(self.logs() if logs is None else logs):
-            topic, partition = partition_log.topic, partition_log.partition
-            high_watermark = self.high_watermark_of(topic, partition) if self.high_watermark_of else None
-            deleted += partition_log.apply_retention(now_ms, high_watermark=high_watermark, defer=defer)
+            try:
+                deleted += partition_log.apply_retention(now_ms, high_watermark=self._retention_bound(partition_log),
+                                                         defer=defer)
+            except OSError as exc:
+                log.warning("retention of %s-%d in %s failed (%s); tried again at the next pass",
+                            partition_log.topic, partition_log.partition, self.data_dir, exc)
         return deleted
+
+    def _retention_bound(self, partition_log: PartitionLog) -> int | None:
+        """The high-water mark that bounds a log's retention (no segment at or above it goes). A log no
+        partition hosts yet (loaded at startup before its LeaderAndIsr) has its log start as HWM, as Kafka's
+        UnifiedLog until Partition.createLog sets it: only segments below the log start may go. None (the log
+        end) when no replica manager is plugged in."""
+        if self.high_watermark_of is None:
+            return None
+        high_watermark = self.high_watermark_of(partition_log.topic, partition_log.partition)
+        return partition_log.log_start_offset if high_watermark is None else high_watermark
 
     async def _retain_compacted(self, logs: list[PartitionLog]) -> None:
         """The cleaner's retention pass over compacted logs (``apply_retention`` with the file work off the
         event loop)."""
-        self.apply_retention(int(time.time() * 1000), logs, defer=True)
-        await self.run_file_work_async(logs)
+        try:
+            self.apply_retention(int(time.time() * 1000), logs, defer=True)
+        finally:
+            await self.run_file_work_async(logs)
 
     def _close_in_io_thread(self, fd: int) -> None:
         """Close a deleted segment's last descriptor in the I/O thread (freeing an unlinked file's blocks can

@@ -17,7 +17,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from pykbroker.log.config import LogConfig
-from pykbroker.log.errors import OffsetOutOfRange, RecordTooLarge, UnexpectedAppendOffset
+from pykbroker.log.errors import OffsetOutOfRange, RecordBatchTooLarge, RecordTooLarge, UnexpectedAppendOffset
 from pykbroker.log.checkpoint import CorruptCheckpoint
 from pykbroker.log.files import Pin, shared_budget
 from pykbroker.log.leader_epoch import LeaderEpochCache
@@ -750,8 +750,9 @@ class PartitionLog:
         """Append a producer's batches as leader: validate, assign offsets and epoch in place, write once.
         ``check_sequence`` False for the group coordinator's batches (no sequence numbers).
 
-        Raises CorruptRecordBatch / InvalidRecordBatch (InvalidRecords, RecordErrors) / RecordTooLarge
-        before anything is written.
+        Raises CorruptRecordBatch / InvalidRecordBatch (InvalidRecords, RecordErrors) / RecordTooLarge /
+        RecordBatchTooLarge (the records larger than segment.bytes, Kafka's check before maybeRoll) before
+        anything is written.
         """
         config = self._config
         headers = validate_batches(records)
@@ -781,6 +782,7 @@ class PartitionLog:
                 set_max_timestamp(buf, header.position, max_timestamp)
             next_offset += header.last_offset_delta + 1
         assigned = [read_header(buf, header.position) for header in headers]
+        self._check_fits_a_segment(len(buf))
         self._write(buf, assigned, now_ms)
         return AppendResult(
             base_offset=assigned[0].base_offset,
@@ -793,7 +795,11 @@ class PartitionLog:
     def append_as_follower(self, records: bytes | bytearray | memoryview, *, now_ms: int | None = None) -> AppendResult:
         """Append batches that already carry offsets and epochs (replication), as they are.
 
-        Raises UnexpectedAppendOffset if they start below the log end offset (Kafka allows a gap above it).
+        Raises UnexpectedAppendOffset if they start below the log end offset (Kafka allows a gap above it),
+        RecordBatchTooLarge for a batch larger than segment.bytes (nothing written). Kafka's leader answers a
+        fetch from one segment, so what its follower appends at once fits one (the topic's segment.bytes
+        is theirs both); a read here may span segments, so a fetch larger than segment.bytes is written in
+        runs of whole batches that each fit one, each asking for its roll as a fetch of Kafka's would.
         """
         headers = validate_batches(records)
         if headers[0].base_offset < self._log_end_offset:
@@ -802,8 +808,42 @@ class PartitionLog:
             if header.base_offset < previous.next_offset:
                 raise InvalidRecordBatch(f"batch offsets go backwards at {header.base_offset}")
         now = int(time.time() * 1000) if now_ms is None else now_ms
-        self._write(records, headers, now)
+        if len(records) <= self._config.segment_bytes:
+            self._write(records, headers, now)
+        else:
+            self._write_in_runs(memoryview(records), headers, now)
         return AppendResult(headers[0].base_offset, headers[-1].last_offset, -1, self._log_start_offset, headers)
+
+    def _check_fits_a_segment(self, size: int) -> None:
+        limit = self._config.segment_bytes
+        if size > limit:
+            raise RecordBatchTooLarge(f"Message batch size is {size} bytes in append to partition {self.topic}-"
+                                      f"{self.partition}, which exceeds the maximum configured segment size of {limit}.")
+
+    def _write_in_runs(self, view: memoryview, headers: list[BatchHeader], now_ms: int) -> None:
+        """A follower's fetch larger than segment.bytes: consecutive batches, each run at most segment.bytes.
+        A storage error after a first run leaves those batches in the log without their producer state (the
+        caller replays nothing): no producer snapshot may record the state past them until a replay."""
+        for header in headers:
+            self._check_fits_a_segment(header.size)
+        limit = self._config.segment_bytes
+        runs: list[list[BatchHeader]] = [[]]
+        size = 0
+        for header in headers:
+            if runs[-1] and size + header.size > limit:
+                runs.append([])
+                size = 0
+            runs[-1].append(header)
+            size += header.size
+        for number, run in enumerate(runs):
+            start = run[0].position
+            try:
+                self._write(view[start : run[-1].position + run[-1].size],
+                            [header._replace(position=header.position - start) for header in run], now_ms)
+            except BaseException:
+                if number and (self._state_gap is None or headers[0].base_offset < self._state_gap):
+                    self._state_gap = headers[0].base_offset
+                raise
 
     def _write(self, buf, headers: list[BatchHeader], now_ms: int) -> None:
         segment = self._active
@@ -852,10 +892,11 @@ class PartitionLog:
         """Kafka's LogSegment.shouldRoll, asked by each append (leader's or follower's) before it writes: the
         active segment rolls only here, or when retention deletes every segment (``_delete_leading``).
 
-        segment.ms counts from the segment's first batch to the largest timestamp of this append (the
-        records' own clock: CreateTime as the producer set it, the append time on LogAppendTime topics; the
-        wall-clock time since the segment was created when the first batch has no timestamp), less the
-        segment's jitter. A segment is never rolled by the clock alone: an idle one stays active (and so
+        segment.ms (``max_segment_ms``: max.compaction.lag.ms when lower on a compacted topic) counts from the
+        segment's first batch to the largest timestamp of this append (the records' own clock: CreateTime as
+        the producer set it, the append time on LogAppendTime topics; the wall-clock time since the segment
+        was created when the first batch has no timestamp), less the segment's jitter (drawn from
+        segment.jitter.ms against segment.ms). A segment is never rolled by the clock alone: an idle one stays active (and so
         is never compacted) until the next append."""
         config = self._config
         if headers[-1].last_offset - segment.base_offset > INT32_MAX:
@@ -865,7 +906,7 @@ class PartitionLog:
         largest_timestamp = max(header.max_timestamp for header in headers)
         return (
             segment.size + append_size > config.segment_bytes
-            or segment.time_waited_for_roll(now_ms, largest_timestamp) > config.segment_ms - segment.roll_jitter_ms
+            or segment.time_waited_for_roll(now_ms, largest_timestamp) > config.max_segment_ms - segment.roll_jitter_ms
             or segment.is_index_full(config.segment_index_bytes)
         )
 
@@ -1247,8 +1288,8 @@ class PartitionLog:
             self._file_work.append(partial(self._write_epochs, self._epochs.snapshot()))
 
     def apply_retention(self, now_ms: int, *, high_watermark: int | None = None, defer: bool = False) -> int:
-        """Delete leading whole segments past retention.ms / retention.bytes or below the log start (Kafka's
-        deleteOldSegments; the log manager runs it for logs without compact, the cleaner for compacted ones).
+        """Delete leading whole segments below the log start, then past retention.bytes, then past retention.ms
+        (Kafka's deleteOldSegments, in its order; the log manager runs it for logs without compact, the cleaner for compacted ones).
 
         Time and size retention apply only when cleanup.policy includes delete. Never a segment holding
         offsets at or above ``high_watermark``; the active segment too once it is past retention, a new one
@@ -1260,11 +1301,7 @@ class PartitionLog:
         deleted = self._delete_leading(self._below_log_start, bound, defer=defer)
         if not config.delete:  # compact-only: the cleaner, not retention, keeps the log small (as Kafka)
             return deleted
-        if config.retention_ms >= 0:
-            deleted += self._delete_leading(
-                lambda segment, following: now_ms - self._segment_age_timestamp(segment) > config.retention_ms, bound, defer=defer
-            )
-        if config.retention_bytes >= 0:
+        if config.retention_bytes >= 0:  # size before time, Kafka's order (segments' ages need not grow)
             excess = self.size_bytes - config.retention_bytes
 
             def over_size(segment: Segment, following: Segment | None) -> bool:
@@ -1275,6 +1312,10 @@ class PartitionLog:
                 return True
 
             deleted += self._delete_leading(over_size, bound, defer=defer)
+        if config.retention_ms >= 0:
+            deleted += self._delete_leading(
+                lambda segment, following: now_ms - self._segment_age_timestamp(segment) > config.retention_ms, bound, defer=defer
+            )
         return deleted
 
     def _below_log_start(self, segment: Segment, following: Segment | None) -> bool:

@@ -37,7 +37,7 @@ from typing import Callable, Iterable, Iterator
 
 from pykbroker.log.checkpoint import CorruptCheckpoint, CorruptFile, read_checkpoint, write_checkpoint
 from pykbroker.log.config import LogConfig
-from pykbroker.log.errors import OffsetOutOfRange, RecordTooLarge
+from pykbroker.log.errors import OffsetOutOfRange, RecordBatchTooLarge, RecordTooLarge
 from pykbroker.log.manager import LogManager
 from pykbroker.log.partition_log import ReadResult
 from pykbroker.log.producer_state import NO_VERIFICATION, ProducerStateError, VerificationGuard
@@ -395,6 +395,9 @@ class ReplicaManager:
             return AppendOutcome(ErrorCode.corrupt_message, message=str(exc))
         except RecordTooLarge as exc:
             return AppendOutcome(ErrorCode.message_too_large, message=str(exc))
+        except RecordBatchTooLarge as exc:  # (no error_message: Kafka sends none for it)
+            log.debug("%s-%d: append refused with RECORD_LIST_TOO_LARGE: %s", topic, index, exc)
+            return AppendOutcome(ErrorCode.record_list_too_large)
         except ProducerStateError as exc:
             return AppendOutcome(ErrorCode(exc.error_code), message=str(exc))
         if self.storage_errors.any_failing:  # (the produce path pays one attribute test)

@@ -183,7 +183,8 @@ def test_the_latest_updates_in_the_active_segment_of_a_compacted_topic_all_stay(
     updates_at = start + 10_000
     produce_at(broker.bootstrap, topic_name, [(b"k", b"new-%d" % i, updates_at + i) for i in range(5)])
     written = time.monotonic()
-    assert segment_bases(broker, topic_name) == [0, 1, 2, 3, 4]
+    # (the cleaner may have merged the segments before the last already: only the last one's base is sure)
+    assert segment_bases(broker, topic_name)[-1] == 4
     wait_for(lambda: cleaned_up_to(broker, topic_name) == 4, "the cleaner to clean the segments before the last")
     # Cleaner rounds for a few seconds (a roll by the clock alone would have come within one): a second
     # compacted topic, written round after round, gets cleaned each time.

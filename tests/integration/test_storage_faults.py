@@ -8,6 +8,7 @@ number of segment files.
   naming the partition, the offsets and the bytes cut.
 - Thousands of one-batch segments and hundreds of partitions under RLIMIT_NOFILE 64 (soft) / 128 (hard):
   the broker raises the soft limit, serves every record, and restarts after kill -9.
+- Records larger than segment.bytes fit no segment: RECORD_LIST_TOO_LARGE, nothing written (Kafka's rule).
 
 Records go through the raw protocol (tests/integration/broker_process.py) so that each request and its
 error code are seen exactly.
@@ -85,6 +86,25 @@ def test_recovery_that_truncates_a_log_logs_partition_offsets_and_bytes(broker):
     assert produce_one(broker, topic, 0, b"after").base_offset == 0
 
 
+# -- segment.bytes ---------------------------------------------------------------------------------------
+
+
+def test_records_larger_than_segment_bytes_are_refused_with_record_list_too_large(tmp_path):
+    """Kafka's UnifiedLog.append: records larger than segment.bytes could fit no segment, so the produce gets
+    RECORD_LIST_TOO_LARGE (18) with no error_message, as Kafka answers, and nothing is written."""
+    with BrokerProcess(tmp_path / "small", config={"log.segment.bytes": 100}) as broker:
+        create_topic(broker, "small", 1)
+        refused = produce_one(broker, "small", 0, b"x" * 60)  # a 129-byte batch
+        assert (refused.error_code, refused.error_message, refused.base_offset) == \
+            (ErrorCode.record_list_too_large, None, -1)
+        assert list_offset(broker.address, "small", 0, -1) == 0
+        for number in range(3):  # 70-byte batches: each fits a segment of its own
+            assert produce_one(broker, "small", 0, b"v%d" % number).base_offset == number
+        assert sorted(path.name for path in (broker.data_dir / "small-0").glob("*.log")) == \
+            ["%020d.log" % number for number in range(3)]
+        assert read_values(broker, "small", 0) == [(number, b"v%d" % number) for number in range(3)]
+
+
 # -- descriptors -----------------------------------------------------------------------------------------
 
 
@@ -115,7 +135,7 @@ def test_thousands_of_segments_and_hundreds_of_partitions_under_a_low_descriptor
         for partition in range(300):
             assert produce_one(broker, "wide", partition, b"p%d" % partition).error_code == ErrorCode.none
         create_topic(broker, "long", 1)
-        count = 2000  # segment.bytes 100: every batch rolls a new segment
+        count = 2000  # segment.bytes 100: every batch (80 bytes) rolls a new segment
         for number in range(count):
             response = produce_one(broker, "long", 0, b"record-%05d" % number)
             assert (response.error_code, response.base_offset) == (ErrorCode.none, number)

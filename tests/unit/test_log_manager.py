@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import subprocess
 import sys
@@ -305,3 +306,84 @@ def test_retention_respects_the_high_watermark(tmp_path):
     manager.high_watermark_of = lambda topic, partition: log.log_end_offset
     assert manager.apply_retention(10**9) > 0
     manager.shutdown()
+
+
+def test_retention_leaves_a_log_no_partition_hosts_yet_above_its_log_start(tmp_path):
+    """At startup every log is loaded before LeaderAndIsr hosts it; until then Kafka's HWM is the log start
+    (Partition.createLog sets it), so neither the retention check nor the cleaner's round may delete an
+    expired segment past it, nor roll and move the log start to the log end."""
+    from pykbroker.replication.replica_manager import ReplicaManager
+
+    manager = LogManager(tmp_path, retention_check_interval_ms=3_600_000)
+    manager.cleaner.use_processes = False
+    expired = LogConfig(retention_ms=600_000, cleanup_policy="compact,delete")
+    configs = {"cd": expired, "d": LogConfig(retention_ms=600_000)}
+    replicas = ReplicaManager(manager, 1, lambda topic: configs[topic])
+    old = int(time.time() * 1000) - 3_600_000
+    logs = {}
+    for topic, config in configs.items():  # every segment expired, the active one too
+        log = logs[topic] = manager.create(topic, 0, config)
+        for value in (b"a", b"b"):
+            log.append(build_batch([(b"k", value)], timestamp_ms=old), leader_epoch=0, now_ms=old)
+            log.roll()
+        log.append(build_batch([(b"k", b"c")], timestamp_ms=old), leader_epoch=0, now_ms=old)
+    logs["d"].delete_records_before(1)  # (its first segment is below the log start: that one may go)
+    assert manager.apply_retention(int(time.time() * 1000)) == 0
+    assert asyncio.run(manager.cleaner.clean_filthiest()) is False
+    assert logs["cd"].segment_base_offsets == [0, 1, 2] and logs["cd"].log_start_offset == 0
+    assert logs["d"].segment_base_offsets == [1, 2] and logs["d"].log_start_offset == 1
+    for topic in configs:  # hosted: the HWM is the log end and retention empties both logs
+        replicas.host(topic, 0, leader_epoch=0)
+    assert manager.apply_retention(int(time.time() * 1000), [logs["d"]]) == 2
+    asyncio.run(manager.cleaner.clean_filthiest())  # (a cleaning of "cd" now, then its retention)
+    assert [(log.segment_base_offsets, log.log_start_offset) for log in logs.values()] == [([3], 3), ([3], 3)]
+    manager.shutdown()
+
+
+def test_a_storage_error_in_one_logs_retention_does_not_stop_the_others(tmp_path, monkeypatch, caplog):
+    """Retention of every segment rolls a new one first; on a full disk that roll fails for one log: the
+    pass logs it and goes on with the next logs (their deleted files removed too), in the retention check
+    and in the cleaner's round, and the failing log is tried again at the next pass."""
+
+    async def scenario() -> None:
+        manager = LogManager(tmp_path, retention_check_interval_ms=20)
+        manager.cleaner.use_processes = False
+        old = int(time.time() * 1000) - 3_600_000
+        logs = {}
+        for topic, policy in (("a", "delete"), ("b", "delete"), ("ca", "compact,delete"), ("cb", "compact,delete")):
+            log = logs[topic] = manager.create(topic, 0, LogConfig(retention_ms=600_000, cleanup_policy=policy))
+            log.append(build_batch([(b"k", b"v")], timestamp_ms=old), leader_epoch=0, now_ms=old)
+            log.roll()
+            log.append(build_batch([(b"j", b"v")], timestamp_ms=old), leader_epoch=0, now_ms=old)
+        failing = {tmp_path / "a-0", tmp_path / "ca-0"}
+        real_open = os.open
+
+        def disk_full_in_a_and_ca(path, *args, **kwargs):
+            if Path(path).parent in failing:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_open(path, *args, **kwargs)
+
+        caplog.set_level("WARNING", logger="pykbroker.log.manager")
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "open", disk_full_in_a_and_ca)
+            task = asyncio.create_task(manager.run_background())
+            for _ in range(500):
+                await asyncio.sleep(0.01)
+                if logs["b"].segment_base_offsets == [2] and not (tmp_path / "b-0" / "00000000000000000000.log").exists():
+                    break
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await manager.cleaner.clean_filthiest()
+            assert [logs[topic].segment_base_offsets for topic in ("a", "b", "ca", "cb")] == [[0, 1], [2], [0, 1], [2]]
+            assert not (tmp_path / "b-0" / "00000000000000000000.log").exists()
+            assert not (tmp_path / "cb-0" / "00000000000000000001.log").exists()
+        messages = {record.getMessage() for record in caplog.records}
+        assert f"retention of a-0 in {tmp_path} failed ([Errno 28] No space left on device); tried again at the " \
+               "next pass" in messages
+        assert any(message.startswith("retention of ca-0 ") for message in messages)
+        assert manager.apply_retention(int(time.time() * 1000), [logs["a"]]) == 2  # room again: it goes
+        assert logs["a"].segment_base_offsets == [2] and logs["a"].log_start_offset == 2
+        manager.shutdown()
+
+    asyncio.run(scenario())

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pykbroker.log.config import LogConfig
-from pykbroker.log.errors import OffsetOutOfRange, RecordTooLarge, UnexpectedAppendOffset
+from pykbroker.log.errors import OffsetOutOfRange, RecordBatchTooLarge, RecordTooLarge, UnexpectedAppendOffset
 from pykbroker.log.partition_log import PartitionLog, run_file_work
 from pykbroker.replication.replica_manager import FileRecords
 from pykbroker.protocol.records import (
@@ -86,7 +86,7 @@ def test_offsets_are_dense_and_returned(tmp_path):
 @PROPERTY
 @given(
     sizes=st.lists(st.integers(1, 12), min_size=1, max_size=40),
-    segment_bytes=st.integers(200, 3000),
+    segment_bytes=st.integers(303, 3000),  # (fill's largest batch is 303 bytes: a larger one is refused)
     interval=st.integers(0, 600),
     chunk=st.integers(1, 4000),
 )
@@ -120,7 +120,7 @@ def test_append_then_read_across_rolls(sizes, segment_bytes, interval, chunk):
 @PROPERTY
 @given(
     sizes=st.lists(st.integers(1, 8), min_size=1, max_size=40),
-    segment_bytes=st.integers(150, 2500),
+    segment_bytes=st.integers(309, 2500),  # (the largest batch is 309 bytes: a larger one is refused)
     interval=st.integers(0, 400),
     queries=st.lists(
         st.tuples(st.integers(0, 10**6), st.integers(0, 3000), st.one_of(st.none(), st.integers(0, 200)), st.booleans()),
@@ -249,6 +249,51 @@ def test_record_too_large(tmp_path):
         log.append(batch([b"x" * 100]), leader_epoch=0, now_ms=1)
     assert log.log_end_offset == 0 and log.size_bytes == 0
     log.close()
+
+
+def test_an_append_larger_than_segment_bytes_is_refused_before_anything_is_written(tmp_path):
+    """Kafka's UnifiedLog.append: records larger than segment.bytes could fit no segment, RecordBatchTooLarge
+    (RECORD_LIST_TOO_LARGE) before maybeRoll; the whole append counts, not each batch."""
+    one = batch([b"x" * 40])
+    log = open_log(tmp_path, LogConfig(segment_bytes=len(one) + 10))
+    log.append(batch([b"x" * 40]), leader_epoch=0, now_ms=1)
+    with pytest.raises(RecordBatchTooLarge, match=rf"Message batch size is {2 * len(one)} bytes in append to "
+                       rf"partition topic.a-3, which exceeds the maximum configured segment size of {len(one) + 10}"):
+        log.append(batch([b"x" * 40]) + batch([b"x" * 40]), leader_epoch=0, now_ms=1)
+    with pytest.raises(RecordBatchTooLarge):
+        log.append(batch([b"x" * 60]), leader_epoch=0, now_ms=1)
+    assert (log.log_end_offset, log.segment_base_offsets, log.size_bytes) == (1, [0], len(one))
+    log.append(batch([b"x" * 40]), leader_epoch=0, now_ms=1)  # one batch that fits: a new segment
+    assert log.segment_base_offsets == [0, 1]
+    log.close()
+
+
+def test_a_follower_writes_a_fetch_larger_than_segment_bytes_in_runs_that_each_fit_a_segment(tmp_path):
+    """Kafka's leader answers a fetch from one segment, so its follower never gets more than segment.bytes
+    at once; a read here spans segments, so the follower writes such a fetch in runs of whole batches, each
+    within segment.bytes, and its segments stay as small as the leader's. A single batch larger than
+    segment.bytes (the leader's segment.bytes was larger when it took it) is refused, nothing written."""
+    one = batch([b"x" * 40])
+    config = LogConfig(segment_bytes=2 * len(one) + 10)
+    leader = PartitionLog.open(tmp_path / "leader" / "t-0", config)
+    for _ in range(7):
+        leader.append(batch([b"x" * 40]), leader_epoch=0, now_ms=1)
+    assert leader.segment_base_offsets == [0, 2, 4, 6]
+    fetched = leader.read(0, 1 << 20).read_bytes()
+    assert len(fetched) == 7 * len(one) > config.segment_bytes
+    follower = PartitionLog.open(tmp_path / "follower" / "t-0", config)
+    result = follower.append_as_follower(fetched, now_ms=1)
+    assert (result.base_offset, result.last_offset, [h.position for h in result.headers]) == \
+        (0, 6, [len(one) * i for i in range(7)])
+    assert follower.segment_base_offsets == [0, 2, 4, 6]
+    assert all(segment.size <= config.segment_bytes for segment in follower.segments_view())
+    assert read_all(follower) == read_all(leader)
+    smaller = PartitionLog.open(tmp_path / "smaller" / "t-0", LogConfig(segment_bytes=len(one) - 1))
+    with pytest.raises(RecordBatchTooLarge):
+        smaller.append_as_follower(fetched, now_ms=1)
+    assert (smaller.log_end_offset, smaller.size_bytes) == (0, 0)
+    for log in (leader, follower, smaller):
+        log.close()
 
 
 def test_log_append_time_rewrites_timestamp_with_valid_crc(tmp_path):
@@ -584,6 +629,21 @@ def test_retention_by_size_and_high_watermark(tmp_path):
     log.close()
 
 
+def test_retention_by_size_runs_before_retention_by_time(tmp_path):
+    """Kafka's deleteOldSegments: log start, then retention.bytes, then retention.ms. Segment ages need not
+    grow: a recent first segment stops the time rule at once, so only the size rule, going first, lets the
+    time rule reach the expired segment behind it in the same pass."""
+    log = open_log(tmp_path, LogConfig(retention_ms=1_000))
+    for ts in (50_000, 10_000, 50_000):  # recent, expired, recent; then an empty active segment
+        log.append(batch([b"v"], ts=ts), leader_epoch=0, now_ms=ts)
+        log.roll()
+    first = log.segments_view()[0].size
+    log.config = LogConfig(retention_ms=1_000, retention_bytes=log.size_bytes - first)  # the first one too many
+    assert log.apply_retention(now_ms=50_500) == 2
+    assert log.segment_base_offsets == [2, 3] and log.log_start_offset == 2
+    log.close()
+
+
 def _open_files_under(directory: Path) -> int:
     """This process's descriptors on files that are, or were before being unlinked, under ``directory``."""
     count = 0
@@ -650,6 +710,27 @@ def test_an_append_rolls_by_segment_ms_counted_in_record_timestamps(tmp_path):
     reopened.append(batch([b"i"], ts=13_003), leader_epoch=0, now_ms=13_003)
     assert reopened.segment_base_offsets == [0, 2, 5, 8]
     reopened.close()
+
+
+def test_a_compacted_topic_rolls_by_max_compaction_lag_ms_when_lower_than_segment_ms(tmp_path):
+    """Kafka's LogConfig.maxSegmentMs: min(max.compaction.lag.ms, segment.ms) on a compacted topic, so
+    the active segment becomes cleanable within max.compaction.lag.ms; segment.ms alone otherwise."""
+    compacted = LogConfig(cleanup_policy="compact", max_compaction_lag_ms=1_000)
+    log = open_log(tmp_path, compacted)
+    log.append(build_batch([(b"k", b"a")], timestamp_ms=10_000), leader_epoch=0, now_ms=10_000)
+    log.append(build_batch([(b"k", b"b")], timestamp_ms=11_000), leader_epoch=0, now_ms=11_000)
+    log.append(build_batch([(b"k", b"c")], timestamp_ms=12_000), leader_epoch=0, now_ms=12_000)
+    assert log.segment_base_offsets == [0, 2]
+    log.close()
+    assert compacted.max_segment_ms == 1_000
+    assert LogConfig(cleanup_policy="compact", max_compaction_lag_ms=5_000, segment_ms=2_000).max_segment_ms == 2_000
+    assert LogConfig(cleanup_policy="delete", max_compaction_lag_ms=1_000, segment_ms=2_000).max_segment_ms == 2_000
+    assert LogConfig(cleanup_policy="compact", max_compaction_lag_ms=0, segment_ms=2_000).max_segment_ms == 2_000
+    deleting = open_log(tmp_path / "delete", LogConfig(max_compaction_lag_ms=1_000))
+    deleting.append(batch([b"a"], ts=10_000), leader_epoch=0, now_ms=10_000)
+    deleting.append(batch([b"b"], ts=12_000), leader_epoch=0, now_ms=12_000)
+    assert deleting.segment_base_offsets == [0]  # not compacted: max.compaction.lag.ms plays no part
+    deleting.close()
 
 
 def test_log_append_time_rolls_by_the_append_time(tmp_path):
