@@ -453,7 +453,8 @@ class AclBindingFilter:
         return f"(patternFilter={self.pattern_filter}, entryFilter={self.entry_filter})"
 
 
-AclBindingFilter.ANY = AclBindingFilter(ResourcePatternFilter.ANY, AccessControlEntryFilter.ANY)  # type: ignore[attr-defined]
+AclBindingFilter.ANY = AclBindingFilter(  # type: ignore[attr-defined]
+    ResourcePatternFilter.ANY, AccessControlEntryFilter.ANY)  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -32,8 +32,9 @@ its name. With none, ``allow.everyone.if.no.acl.found`` decides. With some, the 
 when no DENY entry matches it and an ALLOW entry does; an entry matches when its principal is the
 principal or ``User:*`` (whatever the principal's type), its host is the host or ``*``, and its operation
 is the operation or ALL. An ALLOW of READ, WRITE, DELETE or ALTER also allows DESCRIBE, and an ALLOW of
-ALTER_CONFIGS allows DESCRIBE_CONFIGS (DENY is never widened that way: DENY READ does not deny DESCRIBE). Principals and hosts
-are compared as strings ("User:alice", the peer address as Java prints it): no name resolution.
+ALTER_CONFIGS allows DESCRIBE_CONFIGS (DENY is never widened that way: DENY READ does not deny DESCRIBE).
+Principals and hosts are compared as strings ("User:alice", the peer address as Java prints it): no name
+resolution.
 
 ``authorize_by_resource_type`` is Kafka's "may this principal do the operation on some resource of this
 type" (AclAuthorizer.authorizeByResourceType): a DENY of the wildcard literal denies; else
@@ -317,8 +318,8 @@ class AclAuthorizer:
                 except ValueError as exc:
                     raise ValueError(f"{SUPER_USERS_CONFIG}: {exc}") from None
         allow = configs.get(ALLOW_EVERYONE_CONFIG)
-        return cls(cache, super_users=super_users,
-                   allow_everyone_if_no_acl_found=False if allow is None else _parse_boolean(allow, ALLOW_EVERYONE_CONFIG))
+        allow_everyone = False if allow is None else _parse_boolean(allow, ALLOW_EVERYONE_CONFIG)
+        return cls(cache, super_users=super_users, allow_everyone_if_no_acl_found=allow_everyone)
 
     # -- decisions ----------------------------------------------------------------------------------
 

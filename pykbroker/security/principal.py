@@ -263,7 +263,9 @@ class SslPrincipalMapper:
                              f"more than {MAX_RULES_LENGTH}")
         self.rules = tuple(_parse_rules(_split_rules(rules)))
 
-    from_rules = classmethod(lambda cls, rules: cls(rules))
+    @classmethod
+    def from_rules(cls, rules: str | None) -> "SslPrincipalMapper":
+        return cls(rules)
 
     def get_name(self, distinguished_name: str) -> str:
         for rule in self.rules:
