@@ -127,6 +127,8 @@ class AclCache:
 
     def __init__(self) -> None:
         self._acls: dict[ResourcePattern, frozenset[AccessControlEntry]] = {}
+        # LITERAL patterns keyed by (resource type, name): the lookup on every request, without building a pattern
+        self._literal: dict[tuple[ResourceType, str], frozenset[AccessControlEntry]] = {}
         # PREFIXED patterns per resource type: name -> entries, and how many names have each length.
         self._prefixed: dict[ResourceType, dict[str, frozenset[AccessControlEntry]]] = {}
         self._prefix_lengths: dict[ResourceType, Counter] = {}
@@ -157,6 +159,8 @@ class AclCache:
         for entry in new:
             if not isinstance(entry, AccessControlEntry):
                 raise ValueError(f"not an access control entry: {entry!r}")
+            if entry.is_unknown:
+                raise ValueError(f"an entry with UNKNOWN parts grants and denies nothing: {entry}")
             _check_entry_principal(entry)
         old = self._acls.get(pattern, _EMPTY)
         if new == old:
@@ -186,6 +190,10 @@ class AclCache:
                 names[pattern.name] = new
             else:
                 names.pop(pattern.name, None)
+        elif new:
+            self._literal[(pattern.resource_type, pattern.name)] = new
+        else:
+            self._literal.pop((pattern.resource_type, pattern.name), None)
         if new:
             self._acls[pattern] = new
         else:
@@ -198,7 +206,7 @@ class AclCache:
 
     def matching(self, resource_type: ResourceType, name: str) -> list[AccessControlEntry]:
         """Every entry that applies to a resource: its literal, the wildcard and its prefixes."""
-        acls = self._acls
+        literals = self._literal
         found: list[AccessControlEntry] = []
         lengths = self._prefix_lengths.get(resource_type)
         if lengths:
@@ -210,11 +218,11 @@ class AclCache:
                     entries = prefixed.get(name[:length])
                     if entries:
                         found.extend(entries)
-        wildcard = acls.get(ResourcePattern(resource_type, WILDCARD_RESOURCE, PatternType.LITERAL))
+        wildcard = literals.get((resource_type, WILDCARD_RESOURCE))
         if wildcard:
             found.extend(wildcard)
         if name != WILDCARD_RESOURCE:
-            literal = acls.get(ResourcePattern(resource_type, name, PatternType.LITERAL))
+            literal = literals.get((resource_type, name))
             if literal:
                 found.extend(literal)
         return found
@@ -494,7 +502,10 @@ class AclAuthorizer:
     def plan_delete(self, filters: list[AclBindingFilter]) -> DeletePlan:
         """DeleteAcls as AclAuthorizer.deleteAcls decides it, without persisting anything: every stored
         binding that a filter matches is deleted and reported under the first filter (in request order)
-        that matches it; filters that match nothing report nothing."""
+        that matches it; filters that match nothing report nothing. Like Kafka's, it works on this broker's
+        view: an ACL another broker wrote whose notification has not arrived yet is not deleted (Kafka
+        also re-reads the one or two znodes of a filter that names an exact pattern; a caller with
+        ZooKeeper can refresh those patterns in the cache first)."""
         plan = DeletePlan([[] for _ in filters])
         for pattern, entries in self.cache.items():
             matching = [(index, f) for index, f in enumerate(filters) if f.pattern_filter.matches(pattern)]

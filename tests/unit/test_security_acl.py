@@ -222,3 +222,25 @@ def test_describe_and_delete_filters():
     assert not weird.matches(AclBinding(ResourcePattern(T, "x", LIT), AccessControlEntry(
         "User:a", "*", AclOperation.READ, AclPermissionType.ALLOW)))
     assert [f.pattern_filter.name for f in delete_filters([F(name="a"), F(name="b", pt=2)], 3)] == ["a", "b"]
+
+
+def test_kio_request_entities_fit():
+    """The handlers will pass kio's decoded request entities straight in."""
+    from kio.schema.create_acls.v3.request import AclCreation as KioCreation
+    from kio.schema.delete_acls.v3.request import DeleteAclsFilter
+    from kio.schema.describe_acls.v3.request import DescribeAclsRequest
+    from kio.static.primitive import i8
+
+    [binding] = creation_bindings([KioCreation(
+        resource_type=i8(2), resource_name="orders", resource_pattern_type=i8(4), principal="User:alice", host="*",
+        operation=i8(4), permission_type=i8(3))], 3)
+    assert binding == AclBinding(ResourcePattern(T, "orders", PRE), AccessControlEntry(
+        "User:alice", "*", AclOperation.WRITE, AclPermissionType.ALLOW))
+    request = DescribeAclsRequest(resource_type_filter=i8(1), resource_name_filter=None, pattern_type_filter=i8(2),
+                                  principal_filter="User:alice", host_filter=None, operation=i8(1),
+                                  permission_type=i8(3))
+    assert describe_filter(request, 3).matches(binding)
+    [delete] = delete_filters([DeleteAclsFilter(resource_type_filter=i8(2), resource_name_filter="orders",
+                                                pattern_type_filter=i8(3), principal_filter=None, host_filter=None,
+                                                operation=i8(1), permission_type=i8(1))], 3)
+    assert not delete.matches(binding)  # LITERAL filter, PREFIXED binding

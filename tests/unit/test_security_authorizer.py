@@ -335,10 +335,16 @@ def test_cache_updates_are_whole_and_checked():
     with pytest.raises(ValueError, match="expected a string in format"):
         cache.set(pattern, [ace("User:bob"), ace("bob")])
     assert cache.get(pattern) == before  # nothing changed
+    with pytest.raises(ValueError, match="UNKNOWN parts"):
+        cache.set(pattern, [AccessControlEntry("User:a", "*", Op.UNKNOWN, ALLOW)])
     with pytest.raises(ValueError, match="LITERAL or PREFIXED"):
         cache.set(ResourcePatternFilter(RT.TOPIC, "x", PatternType.MATCH), [ace()])
     cache.set(pattern, [])
     assert len(cache) == 0 and not cache._prefixed[RT.TOPIC] and not cache._prefix_lengths[RT.TOPIC]
+    cache.set(lit("abc"), [ace()])
+    assert cache.matching(RT.TOPIC, "abc") == [ace()] and cache.matching(RT.GROUP, "abc") == []
+    cache.set(lit("abc"), [])
+    assert not cache._literal and not cache._by_entry
     assert cache.matching(RT.TOPIC, "abcdef") == []
 
 
