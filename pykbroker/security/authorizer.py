@@ -368,7 +368,9 @@ class AclAuthorizer:
 
     def authorized_operations(self, principal: KafkaPrincipal | str, host: str, resource: Resource) -> int:
         """The authorized-operations bit field (bit n = operation code n) Kafka puts in Metadata,
-        DescribeCluster and DescribeGroups: the resource type's supported operations this principal may do."""
+        DescribeCluster and DescribeGroups: the resource type's supported operations this principal may do.
+        Kafka's handlers ask it only where DESCRIBE is allowed: DescribeCluster (and Metadata's cluster field)
+        answer 0 otherwise, Metadata answers TOPIC_AUTHORIZATION_FAILED for the topic."""
         bits = 0
         for operation in SUPPORTED_OPERATIONS[resource.resource_type]:
             if self.authorize(principal, host, operation, resource, log_if_allowed=False, log_if_denied=False):
