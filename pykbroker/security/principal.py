@@ -5,8 +5,10 @@
   is Kafka's ``SecurityUtils.parseKafkaPrincipal`` (split at the first colon; "User:" and ":x" are valid,
   "alice" and "" are not, with Kafka's message). :data:`ANONYMOUS` is "User:ANONYMOUS", the principal of
   a PLAINTEXT connection and of a TLS client without a certificate.
-* :class:`SslPrincipalMapper` is Kafka's ``SslPrincipalMapper``: rules separated by commas (and/or
-  whitespace, so one rule per line works), each ``DEFAULT`` (the distinguished name unchanged) or
+* :class:`SslPrincipalMapper` is Kafka's ``SslPrincipalMapper``: rules separated by commas, with any
+  whitespace (newlines too) around them - one rule a line works with a comma at the end of each line;
+  without the commas Kafka's splitter silently keeps only some of the rules, and so does this one. Each
+  rule is ``DEFAULT`` (the distinguished name unchanged) or
   ``RULE:pattern/replacement/`` with an optional ``L`` or ``U`` (lower / upper case the result); "/" and
   "\\" inside the pattern or the replacement are escaped with "\\". The first rule whose pattern matches the
   whole name gives the principal name (``$1`` and ``${name}`` as Java's ``replaceAll`` expands them, a
@@ -14,7 +16,9 @@
   applies, :class:`NoMatchingRule` ("No rules apply to <dn>, rules [...]"). Parse errors are Kafka's
   ("Invalid rule: `x`, unmatched substring: `x`"). Patterns are Java regular expressions; the common
   subset is the same in Python's ``re`` (``(?<name>...)`` and ``\\Q...\\E`` are translated), and a pattern
-  Python cannot compile is refused when the rules are parsed, naming the rule.
+  Python cannot compile is refused when the rules are parsed, naming the rule. One known difference: Java's
+  "." does not match "\\r" (nor U+0085, U+2028, U+2029), Python's does - it matters only for a subject
+  holding such a character.
 * :func:`rfc2253_subject` renders a certificate's subject (DER, as ``getpeercert(binary_form=True)`` gives
   it) exactly as Java's ``X500Principal.getName()`` does - the string Kafka hands to the mapping rules:
   the RDNs in reverse order of the certificate's sequence, joined by ","; the keywords CN, C, L, ST, O, OU,
