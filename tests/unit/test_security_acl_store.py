@@ -198,3 +198,27 @@ def test_bad_sequence_node_names():
     for child in ("acl_changes_", "acl_changes_x1", "other_0001", "acl_changes_\u0661"):
         with pytest.raises(AclStoreError, match="not an ACL change notification node"):
             change_sequence(child)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Whatever is in a znode: a result or AclStoreError, nothing else
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                     lambda children: st.lists(children, max_size=4) | st.dictionaries(
+                         st.sampled_from(["version", "acls", "principal", "permissionType", "operation", "host",
+                                          "resourceType", "name", "patternType", "x"]), children, max_size=6),
+                     max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=64), _json.map(lambda v: json.dumps(v).encode())))
+def test_any_znode_data_decodes_or_is_refused(data):
+    for decode in (lambda: decode_acls(data), lambda: decode_change(LITERAL_CHANGES_ROOT, data),
+                   lambda: decode_change(EXTENDED_CHANGES_ROOT, data)):
+        try:
+            decode()
+        except AclStoreError:
+            pass

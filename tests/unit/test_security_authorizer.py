@@ -539,3 +539,43 @@ def test_describe_and_delete_match_a_real_kafka():
     plan = authorizer.plan_delete(delete_filters([Fields(f) for f in recorded["delete"]["filters"]], 3))
     assert [sorted(row(binding) for binding, error in deleted) for deleted in plan.results] == \
         recorded["delete"]["deleted"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The cache's indexes against a plain scan, over random update sequences
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_names = st.sampled_from(["", "a", "ab", "abc", "b", "*", "ba", "abd"])
+_entries = st.builds(AccessControlEntry, st.sampled_from(["User:a", "User:b", "User:*"]),
+                     st.sampled_from(["*", "h1"]), st.sampled_from([Op.READ, Op.WRITE, Op.ALL]),
+                     st.sampled_from([ALLOW, DENY]))
+_patterns = st.builds(ResourcePattern, st.sampled_from([RT.TOPIC, RT.GROUP]), _names, st.sampled_from([LIT, PRE]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(_patterns, st.frozensets(_entries, max_size=4)), max_size=25))
+def test_cache_indexes_agree_with_a_scan(updates):
+    cache = AclCache()
+    for pattern, entries in updates:
+        cache.set(pattern, entries)
+    state = {pattern: entries for pattern, entries in cache.items()}
+    for resource_type in (RT.TOPIC, RT.GROUP):
+        for name in ["", "a", "ab", "abc", "abcd", "b", "*", "ba", "z"]:
+            expected = sorted(
+                (str(e) for p, entries in state.items() if p.resource_type == resource_type
+                 and ((p.pattern_type == LIT and p.name in (name, "*"))
+                      or (p.pattern_type == PRE and name.startswith(p.name) and (p.name or not name)))
+                 for e in entries))
+            assert sorted(map(str, cache.matching(resource_type, name))) == expected, (resource_type, name)
+        for entry in _ENTRY_KEYS:
+            for pattern_type in (LIT, PRE):
+                expected = {p.name for p, entries in state.items() if p.resource_type == resource_type
+                            and p.pattern_type == pattern_type and entry in entries}
+                assert (cache.names_for(entry.principal, entry.host, entry.operation, entry.permission_type,
+                                        resource_type, pattern_type) or set()) == expected
+
+
+_ENTRY_KEYS = [AccessControlEntry(p, h, o, perm) for p in ("User:a", "User:b", "User:*") for h in ("*", "h1")
+               for o in (Op.READ, Op.WRITE, Op.ALL) for perm in (ALLOW, DENY)]

@@ -314,3 +314,48 @@ def test_principal_of_a_real_tls_client(tmp_path):
     assert ssl_principal(None, mapper) == ANONYMOUS
     with pytest.raises(NoMatchingRule):
         ssl_principal(der, SslPrincipalMapper("RULE:^O=x$/y/"))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Any bytes, any rules: a result or ValueError, nothing else
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_any_bytes_render_or_are_refused(data):
+    try:
+        rfc2253_subject(data)
+    except ValueError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="RULE:DEFAULT/\\,$(){}[].*?^LU01 \n", max_size=40), st.text(max_size=20))
+def test_any_rules_parse_and_apply_or_are_refused(rules, dn):
+    try:
+        mapper = SslPrincipalMapper(rules)
+    except ValueError:
+        return
+    try:
+        mapper.get_name(dn)
+    except ValueError:  # NoMatchingRule and Java's replacement errors
+        pass
+
+
+_REAL_DER = make_certificate(JAVA_SUBJECTS["multi"][0] + JAVA_SUBJECTS["misc"][0]).public_bytes(
+    serialization.Encoding.DER)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(_REAL_DER) - 1), st.integers(0, 255)), min_size=1, max_size=4))
+def test_corrupted_certificates_render_or_are_refused(changes):
+    data = bytearray(_REAL_DER)
+    for position, value in changes:
+        data[position] = value
+    try:
+        assert isinstance(rfc2253_subject(bytes(data)), str)
+    except ValueError:
+        pass
