@@ -22,6 +22,8 @@ The layout, checked against a real Kafka 3.7.1 broker in ZooKeeper mode after ``
 * Kafka creates ``/kafka-acl/<Type>`` and ``/kafka-acl-extended/prefixed/<Type>`` for every concrete type
   and both change roots when the authorizer starts: :func:`paths_to_create`.
 
+The single-node metadata journal can keep the same per-pattern JSON (:func:`encode_acls`) in its records.
+
 Bad data gets :class:`AclStoreError` with what is wrong and where, never another exception: not UTF-8 or
 not JSON, nesting too deep, more than :data:`MAX_READ_BYTES`, a version other than 1, "acls" not a list, an
 entry not an object or missing a key, a principal that is not "Type:name". An entry whose operation or

@@ -73,11 +73,14 @@ from pykbroker.security.acl import (
 from pykbroker.security.principal import KafkaPrincipal
 
 __all__ = ("AclAuthorizer", "AclCache", "CreatePlan", "DeletePlan", "java_host_address",
-           "SUPER_USERS_CONFIG", "ALLOW_EVERYONE_CONFIG")
+           "AUTHORIZER_CLASS_NAMES", "SUPER_USERS_CONFIG", "ALLOW_EVERYONE_CONFIG")
 
 log = logging.getLogger(__name__)
 audit_log = logging.getLogger("pykbroker.security.audit")
 
+# authorizer.class.name values that turn ACLs on (issue 19: either gives the ZooKeeper-mode semantics here).
+AUTHORIZER_CLASS_NAMES = frozenset({"kafka.security.authorizer.AclAuthorizer",
+                                    "org.apache.kafka.metadata.authorizer.StandardAuthorizer"})
 SUPER_USERS_CONFIG = "super.users"
 ALLOW_EVERYONE_CONFIG = "allow.everyone.if.no.acl.found"
 
