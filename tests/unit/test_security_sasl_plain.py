@@ -1,0 +1,189 @@
+"""SASL/PLAIN (Kafka 3.7's PlainSaslServer + PlainServerCallbackHandler) with kafka-python's PLAIN client,
+Kafka's messages for each failure, and the mechanism registry built from server.properties (shared by every
+mechanism: sasl.enabled.mechanisms, per-listener JAAS, callback handler classes, the receive-size bound)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from pykbroker.security import credentials as cred
+from pykbroker.security.jaas import PLAIN_LOGIN_MODULE, JaasConfigError, parse_jaas_config
+from pykbroker.security.sasl import (
+    IllegalSaslState,
+    SaslAuthenticationFailed,
+    SaslConfigError,
+    UnsupportedSaslMechanism,
+    build_listener_mechanisms,
+    enabled_mechanisms,
+    lookup_factory,
+)
+from pykbroker.security.sasl.plain import PlainServerFactory
+
+JAAS = f'{PLAIN_LOGIN_MODULE} required username="admin" password="admin-secret" user_admin="admin-secret" ' \
+       f'user_alice="alice-secret" user_\u00e9l\u00e8ve="\u00fcml\u00e4ut";'
+INVALID = "Authentication failed: Invalid username or password"
+
+
+@pytest.fixture
+def factory():
+    return PlainServerFactory(parse_jaas_config(JAAS))
+
+
+def failure(server, data) -> SaslAuthenticationFailed:
+    with pytest.raises(SaslAuthenticationFailed) as e:
+        server.evaluate(data)
+    assert e.value.error_code == 58
+    return e.value
+
+
+def kafka_python_plain(user: str, password: str):
+    from kafka.net.sasl.plain import SaslMechanismPlain
+
+    return SaslMechanismPlain(sasl_plain_username=user, sasl_plain_password=password)
+
+
+def test_kafka_python_plain_client_authenticates(factory):
+    client = kafka_python_plain("alice", "alice-secret")
+    server = factory.new_server()
+    client.receive(server.evaluate(client.auth_bytes()))  # kafka-python sends authzid = user
+    assert client.is_authenticated() and server.complete and server.authorized_id == "alice"
+    assert server.credential_expiry_ms is None and server.extensions == {}
+    with pytest.raises(IllegalSaslState):
+        server.evaluate(client.auth_bytes())
+
+
+def test_non_ascii_users_and_passwords(factory):
+    server = factory.new_server()
+    assert server.evaluate("\x00\u00e9l\u00e8ve\x00\u00fcml\u00e4ut".encode()) == b""
+    assert server.authorized_id == "\u00e9l\u00e8ve"
+
+
+def test_wrong_password_and_unknown_user_say_the_same(factory, caplog):
+    caplog.set_level(logging.DEBUG, logger="pykbroker")
+    assert failure(factory.new_server(), b"\x00alice\x00wrong-pw").client_message() == INVALID
+    assert failure(factory.new_server(), b"\x00mallory\x00alice-secret").client_message() == INVALID
+    assert "wrong-pw" not in caplog.text and "alice-secret" not in caplog.text
+
+
+def test_options_that_are_not_users_are_not_users(factory):
+    # "username"/"password" are the broker's own client credentials, not a user "name"
+    assert failure(factory.new_server(), b"\x00name\x00admin").client_message() == INVALID
+    assert failure(factory.new_server(), b"\x00\x00admin-secret").client_message() == \
+        "Authentication failed: username not specified"
+
+
+def test_only_plain_login_module_entries_hold_users():
+    entries = parse_jaas_config(f'x.Other required user_bob="b"; {PLAIN_LOGIN_MODULE} required user_al="a";')
+    f = PlainServerFactory(entries)
+    assert failure(f.new_server(), b"\x00bob\x00b").client_message() == INVALID
+    assert f.new_server().evaluate(b"\x00al\x00a") == b""
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"", "Invalid SASL/PLAIN response: expected 3 tokens, got 1"),
+    (b"alice", "Invalid SASL/PLAIN response: expected 3 tokens, got 1"),
+    (b"\x00alice", "Invalid SASL/PLAIN response: expected 3 tokens, got 2"),
+    (b"\x00alice\x00pw\x00extra", "Invalid SASL/PLAIN response: expected 3 tokens, got 4"),
+    (b"a\x00b\x00c\x00d\x00e\x00f", "Invalid SASL/PLAIN response: expected 3 tokens, got 4"),
+    (b"\x00\x00pw", "Authentication failed: username not specified"),
+    (b"\x00alice\x00", "Authentication failed: password not specified"),
+    (b"admin\x00alice\x00alice-secret",
+     "Authentication failed: Client requested an authorization id that is different from username"),
+    (b"\x00alice\x00\xff\xfe", "Invalid SASL/PLAIN response: not valid UTF-8"),
+    (b"\x00al\xc3ice\x00x", "Invalid SASL/PLAIN response: not valid UTF-8"),
+    (b"\x00alice\x00" + b"x" * 524_289, "Failing SASL authentication due to invalid receive size"),
+])
+def test_bad_responses_get_kafkas_messages(factory, data, message):
+    assert failure(factory.new_server(), data).client_message() == message
+
+
+def test_authzid_equal_to_user_is_accepted(factory):
+    assert factory.new_server().evaluate(b"alice\x00alice\x00alice-secret") == b""
+
+
+def test_custom_authenticate_callback_and_its_failure():
+    f = PlainServerFactory(authenticate=lambda u, p: (u, p) == ("x", "y"))
+    assert f.new_server().evaluate(b"\x00x\x00y") == b""
+
+    def broken(user, password):
+        raise RuntimeError("directory down")
+
+    e = failure(PlainServerFactory(authenticate=broken).new_server(), b"\x00x\x00y")
+    assert e.client_message() == "Authentication failed: credentials for user could not be verified"
+
+
+def test_failed_server_refuses_more_tokens(factory):
+    server = factory.new_server()
+    failure(server, b"\x00alice\x00nope")
+    with pytest.raises(IllegalSaslState) as e:
+        server.evaluate(b"\x00alice\x00alice-secret")
+    assert e.value.error_code == 34 and "FAILED" in str(e.value)
+
+
+# --- the registry, from server.properties --------------------------------------------------------------------
+
+def props(**extra):
+    base = {
+        "sasl.enabled.mechanisms": "PLAIN, SCRAM-SHA-512,OAUTHBEARER",
+        "listener.name.sasl_ssl.plain.sasl.jaas.config": JAAS,
+        "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config":
+            'org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="x";',
+        "listener.name.sasl_ssl.oauthbearer.sasl.jaas.config":
+            "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
+            'unsecuredValidatorRequiredScope="kafka";',
+    }
+    base.update(extra)
+    return base
+
+
+def test_factories_for_the_enabled_mechanisms_in_order():
+    cache = cred.ScramCredentialCache()
+    cache.put("SCRAM-SHA-512", "alice", cred.generate_credential("SCRAM-SHA-512", "alice-secret"))
+    factories = build_listener_mechanisms("SASL_SSL", props(), credentials=cache)
+    assert list(factories) == ["PLAIN", "SCRAM-SHA-512", "OAUTHBEARER"]
+    assert factories["PLAIN"].new_server().evaluate(b"\x00alice\x00alice-secret") == b""
+    assert factories["SCRAM-SHA-512"].new_server().evaluate(b"n,,n=alice,r=abc").startswith(b"r=abc")
+    assert factories["OAUTHBEARER"].validator.required_scope == ["kafka"]
+    assert lookup_factory(factories, "PLAIN") is factories["PLAIN"]
+    with pytest.raises(UnsupportedSaslMechanism) as e:
+        lookup_factory(factories, "plain")  # Kafka compares mechanism names exactly
+    assert e.value.error_code == 33 and e.value.enabled == ["PLAIN", "SCRAM-SHA-512", "OAUTHBEARER"]
+    assert str(e.value) == "Unsupported SASL mechanism plain"
+
+
+def test_listener_prefixed_enabled_mechanisms_win():
+    configs = props(**{"listener.name.sasl_ssl.sasl.enabled.mechanisms": "PLAIN"})
+    assert enabled_mechanisms("SASL_SSL", configs) == ["PLAIN"]
+    assert enabled_mechanisms("OTHER", configs) == ["PLAIN", "SCRAM-SHA-512", "OAUTHBEARER"]
+    assert enabled_mechanisms("X", {}) == ["GSSAPI"]  # Kafka's default
+
+
+def test_startup_errors_name_the_problem():
+    with pytest.raises(SaslConfigError, match="GSSAPI is not supported"):
+        build_listener_mechanisms("SASL_SSL", {})
+    with pytest.raises(JaasConfigError, match="listener.name.other.plain.sasl.jaas.config"):
+        build_listener_mechanisms("OTHER", props(), credentials=cred.ScramCredentialCache())
+    with pytest.raises(SaslConfigError, match="SCRAM credential store"):
+        build_listener_mechanisms("SASL_SSL", props())
+    with pytest.raises(SaslConfigError, match="cannot load Java callback handlers"):
+        build_listener_mechanisms("SASL_SSL", props(**{
+            "listener.name.sasl_ssl.plain.sasl.server.callback.handler.class": "com.example.MyHandler"}),
+            credentials=cred.ScramCredentialCache())
+    with pytest.raises(SaslConfigError, match="sasl.server.max.receive.size"):
+        build_listener_mechanisms("SASL_SSL", props(**{"sasl.server.max.receive.size": "big"}),
+                                  credentials=cred.ScramCredentialCache())
+    with pytest.raises(SaslConfigError, match="is empty"):
+        build_listener_mechanisms("SASL_SSL", {"sasl.enabled.mechanisms": ""})
+
+
+def test_kafkas_own_callback_handler_names_are_accepted_and_the_receive_bound_is_configurable():
+    configs = props(**{
+        "sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.sasl_ssl.plain.sasl.server.callback.handler.class":
+            "org.apache.kafka.common.security.plain.internals.PlainServerCallbackHandler",
+        "sasl.server.max.receive.size": "64"})
+    factory = build_listener_mechanisms("SASL_SSL", configs)["PLAIN"]
+    assert failure(factory.new_server(), b"\x00alice\x00" + b"x" * 60).client_message() == \
+        "Failing SASL authentication due to invalid receive size"
