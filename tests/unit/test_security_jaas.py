@@ -212,16 +212,26 @@ public class PykJaasProbe {
 """
 
 
-def _kafka_clients_jar():
+def kafka_java_probe(work, source: str, class_name: str, jars: list[str]) -> list[str]:
+    """Compile ``source`` (a probe class placed in one of Kafka's packages, to reach package-private parts)
+    against jars of the reference kit's Kafka 3.7.1 and return the java command that runs it; skips without
+    javac/java or the kit. Shared by the SASL tests' comparisons with Kafka's own classes."""
     import shutil
+    import subprocess
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    for base in (root.parent, root.parent.parent):
-        jar = base / "shared" / "refkit" / "kafka_2.13-3.7.1" / "libs" / "kafka-clients-3.7.1.jar"
-        if jar.is_file() and shutil.which("javac") and shutil.which("java"):
-            return jar
-    pytest.skip("needs javac/java and kafka-clients-3.7.1.jar from ../shared/refkit (the reference kit)")
+    candidates = [base / "shared" / "refkit" / "kafka_2.13-3.7.1" / "libs" for base in (root.parent, root.parent.parent)]
+    libs = next((c for c in candidates if (c / "kafka-clients-3.7.1.jar").is_file()), None)
+    if libs is None or not (shutil.which("javac") and shutil.which("java")):
+        pytest.skip("needs javac/java and kafka-clients-3.7.1.jar from ../shared/refkit (the reference kit)")
+    cp = ":".join(str(libs / name) for name in ["kafka-clients-3.7.1.jar", "slf4j-api-1.7.36.jar", *jars])
+    src = Path(work) / f"{class_name.rsplit('.', 1)[-1]}.java"
+    src.write_text(source)
+    subprocess.run(["javac", "-cp", cp, "-d", str(Path(work) / "classes"), str(src)], check=True, capture_output=True,
+                   timeout=240)
+    return ["java", "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", f"{Path(work) / 'classes'}:{cp}",
+            class_name]
 
 
 def _ours(text: str) -> str:
@@ -272,18 +282,10 @@ def test_same_reading_as_kafkas_jaas_config(tmp_path):
     import base64
     import subprocess
 
-    jar = _kafka_clients_jar()
-    src = tmp_path / "org" / "apache" / "kafka" / "common" / "security" / "PykJaasProbe.java"
-    src.parent.mkdir(parents=True)
-    src.write_text(JAVA_PROBE)
-    subprocess.run(["javac", "-cp", str(jar), "-d", str(tmp_path / "classes"), str(src)], check=True,
-                   capture_output=True, timeout=240)
+    java = kafka_java_probe(tmp_path, JAVA_PROBE, "org.apache.kafka.common.security.PykJaasProbe", [])
     corpus = _corpus()
-    done = subprocess.run(
-        ["java", "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-         "-cp", f"{tmp_path / 'classes'}:{jar}", "org.apache.kafka.common.security.PykJaasProbe"],
-        input="\n".join(base64.b64encode(t.encode()).decode() for t in corpus) + "\n",
-        capture_output=True, text=True, timeout=240, check=True)
+    done = subprocess.run(java, input="\n".join(base64.b64encode(t.encode()).decode() for t in corpus) + "\n",
+                          capture_output=True, text=True, timeout=240, check=True)
     kafkas = done.stdout.splitlines()
     assert len(kafkas) == len(corpus), done.stderr[-2000:]
     differ = [(t, k, _ours(t)) for t, k in zip(corpus, kafkas) if k != _ours(t)]

@@ -304,23 +304,10 @@ public class PykScramProbe {
 
 @pytest.fixture(scope="module")
 def java_probe(tmp_path_factory):
-    import shutil
-    import subprocess
-    from pathlib import Path
+    from tests.unit.test_security_jaas import kafka_java_probe
 
-    root = Path(__file__).resolve().parents[2]
-    jars = [base / "shared" / "refkit" / "kafka_2.13-3.7.1" / "libs" for base in (root.parent, root.parent.parent)]
-    libs = next((j for j in jars if (j / "kafka-clients-3.7.1.jar").is_file()), None)
-    if libs is None or not (shutil.which("javac") and shutil.which("java")):
-        pytest.skip("needs javac/java and kafka-clients-3.7.1.jar from ../shared/refkit (the reference kit)")
-    cp = f"{libs / 'kafka-clients-3.7.1.jar'}:{libs / 'slf4j-api-1.7.36.jar'}"
-    work = tmp_path_factory.mktemp("scram-probe")
-    src = work / "PykScramProbe.java"
-    src.write_text(JAVA_CLIENT)
-    subprocess.run(["javac", "-cp", cp, "-d", str(work / "classes"), str(src)], check=True, capture_output=True,
-                   timeout=240)
-    return ["java", "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", f"{work / 'classes'}:{cp}",
-            "org.apache.kafka.common.security.scram.internals.PykScramProbe"]
+    return kafka_java_probe(tmp_path_factory.mktemp("scram-probe"), JAVA_CLIENT,
+                            "org.apache.kafka.common.security.scram.internals.PykScramProbe", [])
 
 
 def _java_exchange(java_probe, server, mechanism, user, password) -> list[str]:
