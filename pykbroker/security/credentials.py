@@ -222,6 +222,59 @@ def user_config_with(config: Mapping[str, str], mechanism: str, credential: Scra
     return out
 
 
+def parse_add_scram(arg: str) -> tuple[str, ScramMechanism, ScramCredential]:
+    """A first user's credential as ``kafka-storage.sh format --add-scram`` reads it (Kafka 3.7.1's
+    StorageTool), for a bootstrap command: ``SCRAM-SHA-256=[name=alice,password=alice-secret]`` or
+    ``SCRAM-SHA-512=[name=alice,iterations=8192,salt="N3E=",saltedpassword="YCE="]`` (base64 salt and salted
+    password). As in Kafka, ``iterations`` is read only together with ``salt`` (4096 otherwise), and a value may
+    hold '=' inside double quotes. Returns (user, mechanism, credential); ValueError with Kafka's messages."""
+    import re
+
+    head = arg.split()[0] if arg.split() else ""
+    name, _, config = head.partition("=")
+    if name not in SCRAM_MECHANISMS:
+        raise ValueError(f"The add-scram mechanism {name} is not supported.")
+    mech = SCRAM_MECHANISMS[name]
+    args: dict[str, str] = {}
+    for item in config[1:-1].split(","):
+        parts = re.split(r'=(?=(?:[^"]*"[^"]*")*[^"]*$)', item)
+        if len(parts) < 2:
+            raise ValueError(f"Invalid add-scram argument {parts[0]!r}: expected key=value")
+        args[parts[0]] = parts[1].replace('"', "")
+    if "name" not in args:
+        raise ValueError("You must supply 'name' to add-scram")
+
+    def b64(key: str) -> bytes:  # java.util.Base64's decoder: padding optional (an unquoted "AA==" reads "AA")
+        value = args[key].rstrip("=")
+        try:
+            return base64.b64decode(value + "=" * (-len(value) % 4), validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError(f"The '{key}' value must be base64 for add-scram") from None
+
+    salt = b64("salt") if "salt" in args else secure_random_string().encode("ascii")
+    iterations = DEFAULT_ITERATIONS
+    if "salt" in args:
+        try:
+            iterations = int(args["iterations"])
+        except (KeyError, ValueError):
+            raise ValueError("The 'iterations' value must be a number for add-scram (with 'salt')") from None
+        if iterations < mech.min_iterations:
+            raise ValueError(f"The 'iterations' value must be >= {mech.min_iterations} for add-scram")
+        if iterations > mech.max_iterations:
+            raise ValueError(f"The 'iterations' value must be <= {mech.max_iterations} for add-scram")
+    if "password" in args:
+        if "saltedpassword" in args:
+            raise ValueError("You must only supply one of 'password' or 'saltedpassword' to add-scram")
+        salted = salted_password(mech, args["password"], salt, iterations)
+    else:
+        if "saltedpassword" not in args:
+            raise ValueError("You must supply one of 'password' or 'saltedpassword' to add-scram")
+        if "salt" not in args:
+            raise ValueError("You must supply 'salt' with 'saltedpassword' to add-scram")
+        salted = b64("saltedpassword")
+    return args["name"], mech, credential_from_salted_password(mech, salt, salted, iterations)
+
+
 def validate_upsertion(user: str, mechanism_type: int, iterations: int) -> tuple[int, str] | None:
     """ZkAdminManager.alterUserScramCredentials' checks of one upsertion: (error code, message) or None."""
     if not user:

@@ -175,3 +175,39 @@ def test_cache_updates_from_user_configs():
     cache.put("SCRAM-SHA-512", "bob", c)
     cache.remove_user("bob")
     assert cache.get("SCRAM-SHA-512", "bob") is None
+
+
+def test_add_scram_argument_as_kafka_storage_reads_it():
+    user, mech, c = cred.parse_add_scram("SCRAM-SHA-256=[name=alice,password=alice-secret]")
+    assert (user, mech, c.iterations) == ("alice", SCRAM_SHA_256, 4096)
+    assert c == cred.generate_credential(mech, "alice-secret", 4096, salt=c.salt)
+    salted = hashlib.pbkdf2_hmac("sha512", b"pw", b"7q", 8192)
+    spec = f'SCRAM-SHA-512=[name=bob,iterations=8192,salt="N3E=",saltedpassword="{base64.b64encode(salted).decode()}"]'
+    user, mech, c = cred.parse_add_scram(spec)
+    assert (user, mech, c.salt, c.iterations) == ("bob", SCRAM_SHA_512, b"7q", 8192)
+    assert c == cred.generate_credential(mech, "pw", 8192, salt=b"7q")
+    # Kafka 3.7.1 reads 'iterations' only together with 'salt'
+    assert cred.parse_add_scram("SCRAM-SHA-256=[name=c,iterations=8192,password=x]")[2].iterations == 4096
+    assert cred.parse_add_scram('SCRAM-SHA-256=[name=d,password="a=b"]')[2] is not None
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("SCRAM-SHA-1=[name=a,password=b]", "The add-scram mechanism SCRAM-SHA-1 is not supported."),
+    ("", "The add-scram mechanism  is not supported."),
+    ("SCRAM-SHA-256=[password=b]", "You must supply 'name' to add-scram"),
+    ("SCRAM-SHA-256=[name=a]", "You must supply one of 'password' or 'saltedpassword' to add-scram"),
+    ("SCRAM-SHA-256=[name=a,password=b,saltedpassword=AA==]",
+     "You must only supply one of 'password' or 'saltedpassword' to add-scram"),
+    ("SCRAM-SHA-256=[name=a,saltedpassword=AA==]", "You must supply 'salt' with 'saltedpassword' to add-scram"),
+    ("SCRAM-SHA-256=[name=a,salt=AA==,iterations=100,password=b]",
+     "The 'iterations' value must be >= 4096 for add-scram"),
+    ("SCRAM-SHA-256=[name=a,salt=AA==,iterations=20000,password=b]",
+     "The 'iterations' value must be <= 16384 for add-scram"),
+    ("SCRAM-SHA-256=[name=a,salt=AA==,password=b]", "The 'iterations' value must be a number"),
+    ("SCRAM-SHA-256=[name=a,salt=!!,iterations=4096,password=b]", "The 'salt' value must be base64"),
+    ("SCRAM-SHA-256=[name=a,junk]", "expected key=value"),
+])
+def test_add_scram_errors(spec, message):
+    with pytest.raises(ValueError) as e:
+        cred.parse_add_scram(spec)
+    assert message in str(e.value)

@@ -654,3 +654,20 @@ def test_signed_validator_agrees_with_kafkas(kafka_probe, jwks_file, keys):
     kafkas = kafka_probe(args, tokens)
     for token, kafka in zip(tokens, kafkas):
         assert _ours(ours, token) == kafka, token
+
+
+def test_out_of_range_times_and_non_ascii_are_refused(jwks_file, keys):
+    v = UnsecuredJwsValidator({}, clock=clock)
+    for bad in (10 ** 400, 1e300):
+        with pytest.raises(InvalidToken, match="finite number"):
+            v.validate(unsecured(claims(exp=bad)))
+        with pytest.raises(InvalidToken, match="finite number"):
+            v.validate(unsecured(claims(iat=bad)))
+    infinite_exp = b'{"sub":"a","exp":1e400}'
+    huge = f"{std_b64({'alg': 'none'})}.{std_b64(infinite_exp)}."
+    assert refused(unsecured_factory().new_server(), initial(huge)) == INVALID_TOKEN
+    s = signed_validator(jwks_file)
+    with pytest.raises(InvalidToken, match="out of range"):
+        s.validate(sign(keys["rsa"], {"alg": "RS256", "kid": "rsa-1"}, jwt_claims(exp=10 ** 30)))
+    with pytest.raises(InvalidToken, match="not ASCII"):
+        s.validate("h\u00e9.p.s")

@@ -91,6 +91,7 @@ def test_wrong_password_fails_with_kafkas_generic_message(cache, mechanism, capl
     assert e.client_message(reauthenticating=True) == GENERIC.format(mechanism).replace(
         "during authentication", "during re-authentication")
     assert "Invalid client credentials" in e.detail
+    assert str(e) == f"{GENERIC.format(mechanism)} (Invalid client credentials)"  # what the debug line says
     proof = final.split(b",p=")[1].decode()
     assert proof not in caplog.text and proof not in str(e)  # the proof is never logged
     assert "wrong-password" not in caplog.text

@@ -70,7 +70,10 @@ class SaslAuthenticationFailed(SaslError):
         self.message = message
         self.detail = detail
         self.mechanism = mechanism
-        super().__init__(self.client_message() + (f" ({detail})" if detail else ""))
+        super().__init__(message, detail)
+
+    def __str__(self) -> str:  # the client text and the log detail, with the mechanism known by now
+        return self.client_message() + (f" ({self.detail})" if self.detail else "")
 
     def client_message(self, reauthenticating: bool = False) -> str:
         if self.message is not None:

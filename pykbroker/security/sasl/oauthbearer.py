@@ -80,6 +80,7 @@ UNSECURED_REQUIRED_SCOPE = "unsecuredValidatorRequiredScope"
 UNSECURED_ALLOWABLE_CLOCK_SKEW_MS = "unsecuredValidatorAllowableClockSkewMs"
 
 MAX_JWKS_FILE_BYTES = 1 << 20
+_MAX_SECONDS = (2 ** 63 - 1) // 1000  # claim times must fit a Java long of milliseconds
 
 # --- the client initial response ------------------------------------------------------------------------
 
@@ -306,14 +307,14 @@ class UnsecuredJwsValidator:
         exp = claim("exp", "Number")
         if exp is None:
             raise InvalidToken("No expiration time in JWT")
-        if not math.isfinite(exp):
-            raise InvalidToken("The 'exp' claim is not a finite number")
+        if abs(exp) > _MAX_SECONDS or not math.isfinite(exp):
+            raise InvalidToken("The 'exp' claim is not a finite number of milliseconds")
         principal = claim(self.principal_claim_name, "String")
         if principal is None or not principal.strip():
             raise InvalidToken(f"No principal name in JWT claim: {self.principal_claim_name}")
         iat = claim("iat", "Number")
-        if iat is not None and not math.isfinite(iat):
-            raise InvalidToken("The 'iat' claim is not a finite number")
+        if iat is not None and (abs(iat) > _MAX_SECONDS or not math.isfinite(iat)):
+            raise InvalidToken("The 'iat' claim is not a finite number of milliseconds")
         now = int(self._clock() * 1000)
         skew = self.allowable_clock_skew_ms
         if iat is not None and 1000 * iat > now + skew:
@@ -515,6 +516,8 @@ class SignedJwtValidator:
 
     def validate(self, token: str) -> OAuthBearerToken:
         token = token.strip()
+        if not token.isascii():
+            raise InvalidToken("Malformed JWT provided; not ASCII")
         if not token:
             raise InvalidToken("Empty JWT provided; expected three sections (header, payload, and signature)")
         splits = token.split(".")
@@ -548,8 +551,10 @@ class SignedJwtValidator:
             value = claims.get(name)
             if value is None:
                 return None
-            if not _is_number(value) or not math.isfinite(value):
+            if not _is_number(value):
                 raise InvalidToken(f"The value of the '{name}' claim is not the expected type")
+            if abs(value) > _MAX_SECONDS or not math.isfinite(value):
+                raise InvalidToken(f"The value of the '{name}' claim is out of range")
             return float(int(value))  # jose4j NumericDate: whole seconds
 
         exp = numeric_date("exp")
