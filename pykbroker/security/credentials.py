@@ -33,10 +33,12 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 from urllib.parse import quote, unquote_plus
 
+from pykbroker.protocol.errors import ErrorCode
+
 # Kafka error codes of AlterUserScramCredentials
-UNSUPPORTED_SASL_MECHANISM = 33
-RESOURCE_NOT_FOUND = 91
-UNACCEPTABLE_CREDENTIAL = 93
+UNSUPPORTED_SASL_MECHANISM = ErrorCode.unsupported_sasl_mechanism
+RESOURCE_NOT_FOUND = ErrorCode.resource_not_found
+UNACCEPTABLE_CREDENTIAL = ErrorCode.unacceptable_credential
 
 
 @dataclass(frozen=True)

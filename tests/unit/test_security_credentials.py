@@ -140,14 +140,14 @@ def test_sanitize_is_kafkas_sanitizer(user, znode):
 
 
 def test_upsertion_rules_are_zk_admin_managers():
-    assert cred.validate_upsertion("", 1, 4096) == (cred.RESOURCE_NOT_FOUND, "Username must not be empty")
-    assert cred.validate_upsertion("u", 0, 4096) == (cred.UNSUPPORTED_SASL_MECHANISM, "Unknown SCRAM mechanism")
-    assert cred.validate_upsertion("u", 3, 4096) == (cred.UNSUPPORTED_SASL_MECHANISM, "Unknown SCRAM mechanism")
-    assert cred.validate_upsertion("u", 1, 4095) == (cred.UNACCEPTABLE_CREDENTIAL, "Too few iterations")
-    assert cred.validate_upsertion("u", 2, 16385) == (cred.UNACCEPTABLE_CREDENTIAL, "Too many iterations")
+    assert cred.validate_upsertion("", 1, 4096) == (91, "Username must not be empty")
+    assert cred.validate_upsertion("u", 0, 4096) == (33, "Unknown SCRAM mechanism")
+    assert cred.validate_upsertion("u", 3, 4096) == (33, "Unknown SCRAM mechanism")
+    assert cred.validate_upsertion("u", 1, 4095) == (93, "Too few iterations")
+    assert cred.validate_upsertion("u", 2, 16385) == (93, "Too many iterations")
     assert cred.validate_upsertion("u", 2, 16384) is None
-    assert cred.validate_deletion("u", 9) == (cred.UNSUPPORTED_SASL_MECHANISM, "Unknown SCRAM mechanism")
-    assert cred.validate_deletion("", 1) == (cred.RESOURCE_NOT_FOUND, "Username must not be empty")
+    assert cred.validate_deletion("u", 9) == (33, "Unknown SCRAM mechanism")
+    assert cred.validate_deletion("", 1) == (91, "Username must not be empty")
     assert cred.mechanism_for_type(1) is SCRAM_SHA_256 and cred.mechanism_for_type(2) is SCRAM_SHA_512
 
 

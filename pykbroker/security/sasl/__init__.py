@@ -37,12 +37,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Mapping
 
-log = logging.getLogger(__name__)
+from pykbroker.protocol.errors import ErrorCode
 
-# Kafka error codes the SASL exchange answers
-UNSUPPORTED_SASL_MECHANISM = 33
-ILLEGAL_SASL_STATE = 34
-SASL_AUTHENTICATION_FAILED = 58
+log = logging.getLogger(__name__)
 
 SASL_ENABLED_MECHANISMS = "sasl.enabled.mechanisms"
 SASL_SERVER_MAX_RECEIVE_SIZE = "sasl.server.max.receive.size"
@@ -54,7 +51,7 @@ DEFAULT_SASL_ENABLED_MECHANISMS = ("GSSAPI",)  # Kafka's default, which pykbroke
 class SaslError(Exception):
     """Base of the errors an exchange ends with; ``error_code`` is Kafka's."""
 
-    error_code = SASL_AUTHENTICATION_FAILED
+    error_code = ErrorCode.sasl_authentication_failed
 
 
 class SaslAuthenticationFailed(SaslError):
@@ -64,7 +61,7 @@ class SaslAuthenticationFailed(SaslError):
     Kafka sends its generic text (the mechanism raised a plain SaslException); ``detail`` is for the
     broker's log only. Neither ever holds a secret."""
 
-    error_code = SASL_AUTHENTICATION_FAILED
+    error_code = ErrorCode.sasl_authentication_failed
 
     def __init__(self, message: str | None, detail: str = "", *, mechanism: str = ""):
         self.message = message
@@ -86,14 +83,14 @@ class IllegalSaslState(SaslError):
     """A token arrived when the state machine expects none (Kafka's IllegalSaslStateException, 34): Kafka
     answers nothing and closes the connection. Also raised for asking an unfinished exchange its result."""
 
-    error_code = ILLEGAL_SASL_STATE
+    error_code = ErrorCode.illegal_sasl_state
 
 
 class UnsupportedSaslMechanism(SaslError):
     """SaslHandshake named a mechanism that is not enabled on the listener (33): Kafka answers the handshake
     with this code and the enabled mechanisms, then closes the connection."""
 
-    error_code = UNSUPPORTED_SASL_MECHANISM
+    error_code = ErrorCode.unsupported_sasl_mechanism
 
     def __init__(self, mechanism: str, enabled: list[str]):
         self.mechanism = mechanism
