@@ -29,9 +29,9 @@ When it is absent Kafka falls back to the static JAAS file named by the JVM syst
 ``java.security.auth.login.config`` (context ``<listener>.KafkaServer`` or ``KafkaServer``); pykbroker has no
 JVM and reads no static JAAS file, so it answers with Kafka's own error for a missing context instead.
 
-``listener_mechanism_config`` is the lookup order Kafka's SASL callback handlers use for any other setting
-(``sasl.oauthbearer.*``, ``sasl.server.callback.handler.class``): ``listener.name.<l>.<mech>.<key>``, then
-``listener.name.<l>.<key>``, then ``<key>``.
+``listener_mechanism_config`` is the lookup order Kafka's OAuth callback handlers use for their settings
+(``sasl.oauthbearer.*``): ``listener.name.<l>.<mech>.<key>``, then ``listener.name.<l>.<key>``, then
+``<key>``. (``sasl.server.callback.handler.class`` is read only as ``listener.name.<l>.<mech>.<key>``.)
 """
 
 from __future__ import annotations
@@ -320,7 +320,7 @@ def config_entry_option(entries: Iterable[LoginModuleEntry], key: str, login_mod
 
 def listener_mechanism_config(configs: Mapping[str, Any], listener: str, mechanism: str, key: str,
                               default: Any = None) -> Any:
-    """A SASL setting as the broker's callback handlers see it: ``listener.name.<l>.<mech>.<key>``, then
+    """A SASL setting as Kafka's OAuth callback handlers see it: ``listener.name.<l>.<mech>.<key>``, then
     ``listener.name.<l>.<key>``, then ``<key>``, then ``default``."""
     prefix = _listener_prefix(listener)
     for name in (f"{prefix}{mechanism.lower()}.{key}", f"{prefix}{key}", key):

@@ -281,6 +281,7 @@ def b64url_int(n: int) -> str:
 
 @pytest.fixture(scope="module")
 def keys():
+    pytest.importorskip("cryptography", reason="the signed-JWT validator needs the cryptography package")
     from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
     return {"rsa": rsa.generate_private_key(public_exponent=65537, key_size=2048),

@@ -178,6 +178,13 @@ def test_startup_errors_name_the_problem():
         build_listener_mechanisms("SASL_SSL", {"sasl.enabled.mechanisms": ""})
 
 
+def test_an_unprefixed_callback_handler_class_is_ignored_as_in_kafka():
+    configs = props(**{"sasl.server.callback.handler.class": "com.example.MyHandler",
+                       "listener.name.sasl_ssl.sasl.server.callback.handler.class": "com.example.MyHandler"})
+    factories = build_listener_mechanisms("SASL_SSL", configs, credentials=cred.ScramCredentialCache())
+    assert factories["PLAIN"].new_server().evaluate(b"\x00alice\x00alice-secret") == b""
+
+
 def test_kafkas_own_callback_handler_names_are_accepted_and_the_receive_bound_is_configurable():
     configs = props(**{
         "sasl.enabled.mechanisms": "PLAIN",

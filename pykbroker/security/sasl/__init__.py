@@ -247,7 +247,8 @@ def create_factory(listener: str, mechanism: str, configs: Mapping[str, Any], *,
     from pykbroker.security.sasl import oauthbearer, plain, scram
 
     size = max_receive_size(configs)
-    handler = jaas.listener_mechanism_config(configs, listener, mechanism, SASL_SERVER_CALLBACK_HANDLER_CLASS)
+    # SaslChannelBuilder reads only the listener- and mechanism-prefixed key; a bare one is ignored
+    handler = configs.get(f"listener.name.{listener.lower()}.{mechanism.lower()}.{SASL_SERVER_CALLBACK_HANDLER_CLASS}")
     if mechanism == "PLAIN":
         _refuse_handler(handler, mechanism, plain.KAFKA_CALLBACK_HANDLERS)
         entry = jaas.server_jaas_entry(listener, mechanism, configs)
