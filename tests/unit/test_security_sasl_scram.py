@@ -361,3 +361,146 @@ def test_credential_string_is_kafkas_scram_formatter(java_probe, mechanism, iter
                                         str(iterations)], capture_output=True, text=True, timeout=120, check=True)
     ours = cred.credential_to_string(cred.generate_credential(mechanism, "p\u00e4ss word", iterations, salt=salt))
     assert done.stdout.strip() == ours
+
+
+# --- differential: malformed messages through Kafka 3.7.1's own ScramSaslServer --------------------------------
+
+JAVA_SERVER = r"""
+package org.apache.kafka.common.security.scram.internals;
+
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.nio.charset.StandardCharsets;
+import java.util.Base64;
+import java.util.HashMap;
+import javax.security.auth.callback.Callback;
+import javax.security.auth.callback.NameCallback;
+import org.apache.kafka.common.security.scram.ScramCredential;
+import org.apache.kafka.common.security.scram.ScramCredentialCallback;
+
+// "<mech> <base64 first message or ->": Kafka's ScramSaslServer with user alice (password alice-secret); each
+// stdin line (base64) is the first message (or, after the given first message, the final one) of a fresh server.
+// Prints "OK", or "SASLEXC" (a SaslException: the client gets the generic text), or "AUTHEXC <message>" (a
+// SaslAuthenticationException: the client gets the message), or "OTHER <class>" (the connection just closes).
+public class PykScramServerProbe {
+    public static void main(String[] a) throws Exception {
+        ScramMechanism mech = ScramMechanism.forMechanismName(a[0]);
+        ScramFormatter f = new ScramFormatter(mech);
+        byte[] salt = "pyk-salt".getBytes(StandardCharsets.UTF_8);
+        ScramCredential alice = f.generateCredential(salt, f.saltedPassword("alice-secret", salt, 4096), 4096);
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        String line;
+        while ((line = in.readLine()) != null) {
+            ScramSaslServer server = new ScramSaslServer(mech, new HashMap<>(), (Callback[] cbs) -> {
+                String user = null;
+                for (Callback cb : cbs) {
+                    if (cb instanceof NameCallback) user = ((NameCallback) cb).getDefaultName();
+                    else if (cb instanceof ScramCredentialCallback && "alice".equals(user))
+                        ((ScramCredentialCallback) cb).scramCredential(alice);
+                }
+            });
+            try {
+                if (!a[1].equals("-")) server.evaluateResponse(Base64.getDecoder().decode(a[1]));
+                server.evaluateResponse(Base64.getDecoder().decode(line));
+                System.out.println("OK");
+            } catch (org.apache.kafka.common.errors.SaslAuthenticationException e) {
+                System.out.println("AUTHEXC " + e.getMessage());
+            } catch (javax.security.sasl.SaslException e) {
+                System.out.println("SASLEXC");
+            } catch (Exception e) {
+                System.out.println("OTHER " + e.getClass().getSimpleName());
+            }
+        }
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def kafka_server_probe(tmp_path_factory):
+    import subprocess
+
+    from tests.unit.test_security_jaas import kafka_java_probe
+
+    java = kafka_java_probe(tmp_path_factory.mktemp("scram-server-probe"), JAVA_SERVER,
+                            "org.apache.kafka.common.security.scram.internals.PykScramServerProbe", [])
+
+    def run(mechanism: str, first: bytes | None, messages: list[bytes]) -> list[str]:
+        done = subprocess.run(java + [mechanism, base64.b64encode(first).decode() if first else "-"],
+                              input="".join(base64.b64encode(m).decode() + "\n" for m in messages),
+                              capture_output=True, text=True, timeout=240, check=True)
+        out = done.stdout.splitlines()
+        assert len(out) == len(messages), done.stderr[-3000:]
+        return out
+
+    return run
+
+
+def _ours_outcome(factory, first: bytes | None, message: bytes) -> str:
+    server = factory.new_server()
+    try:
+        if first is not None:
+            server.evaluate(first)
+        server.evaluate(message)
+        return "OK"
+    except SaslAuthenticationFailed as e:
+        return "SASLEXC" if e.message is None else f"AUTHEXC {e.message}"
+
+
+def _mutations(seed: bytes, rng, count: int) -> list[bytes]:
+    pieces = [b",", b"=", b"n", b"a=", b"r=", b"m=x,", b"=2C", b"=3D", b"=2", b"\x00", b"\xff", b"\xc3\xa9", b" ",
+              b"tokenauth=true", b"p=", b"c=", b"biws", b"AAAA", b"==", b"y", b"~"]
+    out = []
+    for _ in range(count):
+        data = bytearray(seed)
+        for _ in range(rng.randint(1, 3)):
+            i = rng.randint(0, len(data))
+            op = rng.randrange(3)
+            if op == 0 and data:
+                del data[i:i + rng.randint(1, 4)]
+            elif op == 1:
+                data[i:i] = rng.choice(pieces)
+            elif data:
+                data[min(i, len(data) - 1)] = rng.randrange(1, 128)
+        out.append(bytes(data))
+    return out
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_first_messages_judged_as_kafkas_server_judges_them(kafka_server_probe, mechanism):
+    import random
+
+    cache = cred.ScramCredentialCache()
+    cache.put(mechanism, "alice", cred.generate_credential(mechanism, "alice-secret", 4096, salt=b"pyk-salt"))
+    factory = ScramServerFactory(mechanism, cache)
+    rng = random.Random(7677)
+    fixed = [b"n,,n=alice,r=abc", b"n,a=alice,n=alice,r=abc", b"n,a=bob,n=alice,r=abc", b"n,,n=bob,r=abc",
+             b"n,,m=ext,n=alice,r=abc", b"n,,n=alice,r=abc,tokenauth=false", b"n,,n=alice,r=abc,x=1,y=2",
+             b"y,,n=alice,r=abc", b"n,,n=al=3Dice,r=abc", b"n,,n=alice,r=a\x7fb"] + MALFORMED_FIRST[:-1]
+    messages = fixed + _mutations(b"n,,n=alice,r=fyko+d2lbbFgONRv9qkxdawL", rng, 300)
+    kafkas = kafka_server_probe(mechanism, None, messages)
+    differ = [(m, k, _ours_outcome(factory, None, m)) for m, k in zip(messages, kafkas)
+              if k != _ours_outcome(factory, None, m)]
+    assert not differ, "\n".join(f"{m!r}: kafka {k} / ours {o}" for m, k, o in differ[:10])
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_final_messages_judged_as_kafkas_server_judges_them(kafka_server_probe, mechanism):
+    """Kafka 3.7.1 turns every bad final message into a SaslException (the generic text); a proof of the wrong
+    length escapes as IllegalArgumentException there (the connection closes without an answer): we answer the
+    generic failure instead."""
+    import random
+
+    cache = cred.ScramCredentialCache()
+    cache.put(mechanism, "alice", cred.generate_credential(mechanism, "alice-secret", 4096, salt=b"pyk-salt"))
+    factory = ScramServerFactory(mechanism, cache)
+    first = b"n,,n=alice,r=fyko"
+    rng = random.Random(5802)
+    size = {"SCRAM-SHA-256": 32, "SCRAM-SHA-512": 64}[mechanism]
+    seed = b"c=biws,r=fykoNONCE,p=" + base64.b64encode(bytes(size))
+    messages = [seed, b"", b"c=biws,r=fyko,p=AAAA", b"c=biws,r=fyko,x=1,p=" + base64.b64encode(bytes(size))]
+    messages += _mutations(seed, rng, 200)
+    kafkas = kafka_server_probe(mechanism, first, messages)
+    for m, k in zip(messages, kafkas):
+        ours = _ours_outcome(factory, first, m)
+        assert ours == ("SASLEXC" if k.startswith("OTHER") else k), (m, k, ours)

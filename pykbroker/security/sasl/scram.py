@@ -25,8 +25,9 @@ Rules (Kafka's message formats, ScramMessages; anything else fails):
 Failures the client sees (Kafka's SaslServerAuthenticator): the generic "Authentication failed during
 authentication due to invalid credentials with SASL mechanism SCRAM-SHA-256" for everything (unknown user,
 bad proof, bad format, bad nonce), except "Authentication failed: Client requested an authorization id that
-is different from username". As in Kafka, an unknown user fails on the first message. The debug detail
-never holds the proof or the final message.
+is different from username". As in Kafka, an unknown user fails on the first message. (Kafka 3.7.1 lets a
+proof of the wrong length escape as an IllegalArgumentException and closes the connection without an answer;
+pykbroker answers the generic failure.) The debug detail never holds the proof or the final message.
 """
 
 from __future__ import annotations
