@@ -672,3 +672,76 @@ def test_out_of_range_times_and_non_ascii_are_refused(jwks_file, keys):
         s.validate(sign(keys["rsa"], {"alg": "RS256", "kid": "rsa-1"}, jwt_claims(exp=10 ** 30)))
     with pytest.raises(InvalidToken, match="not ASCII"):
         s.validate("h\u00e9.p.s")
+
+
+JAVA_INITIAL_RESPONSE = r"""
+package org.apache.kafka.common.security.oauthbearer.internals;
+
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.nio.charset.StandardCharsets;
+import java.util.Base64;
+import java.util.TreeMap;
+
+// Each stdin line (base64): OAuthBearerClientInitialResponse's reading, "OK <b64 token> <b64 authzid> <sorted
+// extensions>" or "ERR".
+public class PykInitialResponseProbe {
+    static String b64(String s) { return Base64.getEncoder().encodeToString(s.getBytes(StandardCharsets.UTF_8)); }
+
+    public static void main(String[] a) throws Exception {
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        String line;
+        while ((line = in.readLine()) != null) {
+            try {
+                OAuthBearerClientInitialResponse r = new OAuthBearerClientInitialResponse(Base64.getDecoder().decode(line));
+                StringBuilder ext = new StringBuilder();
+                for (java.util.Map.Entry<String, String> e : new TreeMap<>(r.extensions().map()).entrySet())
+                    ext.append(b64(e.getKey())).append('=').append(b64(e.getValue())).append(';');
+                System.out.println("OK " + b64(r.tokenValue()) + " " + b64(r.authorizationId()) + " " + ext);
+            } catch (Exception e) {
+                System.out.println("ERR");
+            }
+        }
+    }
+}
+"""
+
+
+def test_initial_responses_read_as_kafka_reads_them(tmp_path):
+    import subprocess
+
+    from tests.unit.test_security_jaas import kafka_java_probe
+
+    java = kafka_java_probe(tmp_path, JAVA_INITIAL_RESPONSE,
+                            "org.apache.kafka.common.security.oauthbearer.internals.PykInitialResponseProbe", [])
+    rng = random.Random(7628)
+    pieces = [b"n,", b",", b"a=", b"alice", b"=2C", b"=3D", b"=", b"\x01", b"auth", b"auth=Bearer ", b"Bearer",
+              b" ", b"tok.en-_", b"x=y", b"k=v v", b"\t", b"\xff", b"\xc3\xa9", b"1", b"bearer  t"]
+    messages = [initial("abc.def.ghi"), initial("t", "alice", a="1", B="x y"),
+                b"n,a=a=2Cb,\x01auth=BEARER t\x01\x01", b"n,,\x01auth=Bearer t\x01auth=Bearer u\x01\x01"]
+    messages += [b"n,," + b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 8))) + b"\x01\x01"
+                 for _ in range(100)]
+    authzids = [b"", b"a=alice", b"a=a=2Cb", b"a=x=y", b"a=", b"a=\xc3\xa9"]
+    kvs = [b"auth=Bearer tok.en", b"auth=bearer  t-_", b"auth=Basic x", b"x=y", b"k=v v", b"K=\t", b"1=2",
+           b"auth=Bearer a b", b"=v", b"k=", b"k=\xc3\xa9", b"auth=Bearer t", b"auth=Bearer t", b"kK=a=b"]
+    messages += [b"n," + rng.choice(authzids) + b",\x01"
+                 + b"".join(rng.choice(kvs) + b"\x01" for _ in range(rng.randint(0, 3)))
+                 + rng.choice([b"\x01", b"\x01", b"", b"\x01\x01"]) for _ in range(300)]
+    messages += [b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 8))) for _ in range(200)]
+    done = subprocess.run(java, input="".join(base64.b64encode(m).decode() + "\n" for m in messages),
+                          capture_output=True, text=True, timeout=240, check=True)
+    kafkas = done.stdout.splitlines()
+    assert len(kafkas) == len(messages), done.stderr[-3000:]
+    assert sum(k.startswith("OK") for k in kafkas) >= 10
+
+    def b64(s: str) -> str:
+        return base64.b64encode(s.encode()).decode()
+
+    for m, k in zip(messages, kafkas):
+        try:
+            r = parse_client_initial_response(m)
+            ext = "".join(f"{b64(a)}={b64(b)};" for a, b in sorted(r.extensions.items()))
+            ours = f"OK {b64(r.token)} {b64(r.authorization_id)} {ext}"
+        except InvalidClientResponse:
+            ours = "ERR"
+        assert ours.rstrip() == k.rstrip(), m

@@ -194,3 +194,82 @@ def test_kafkas_own_callback_handler_names_are_accepted_and_the_receive_bound_is
     factory = build_listener_mechanisms("SASL_SSL", configs)["PLAIN"]
     assert failure(factory.new_server(), b"\x00alice\x00" + b"x" * 60).client_message() == \
         "Failing SASL authentication due to invalid receive size"
+
+
+# --- differential: the same responses through Kafka 3.7.1's own PlainSaslServer --------------------------------
+
+JAVA_PLAIN = r"""
+package org.apache.kafka.common.security.plain.internals;
+
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.nio.charset.StandardCharsets;
+import java.util.Base64;
+import java.util.Collections;
+import java.util.HashMap;
+import java.util.Map;
+import javax.security.auth.login.AppConfigurationEntry;
+
+// Each stdin line (base64) is the one response of a fresh PlainSaslServer whose JAAS entry has user_alice and
+// user_bob; prints "OK <authorization id>", "AUTHEXC <message>" or "OTHER <class>".
+public class PykPlainProbe {
+    public static void main(String[] a) throws Exception {
+        Map<String, String> options = new HashMap<>();
+        options.put("user_alice", "alice-secret");
+        options.put("user_bob", "b\u00f6b");
+        PlainServerCallbackHandler h = new PlainServerCallbackHandler();
+        h.configure(new HashMap<>(), "PLAIN", Collections.singletonList(new AppConfigurationEntry(
+            "org.apache.kafka.common.security.plain.PlainLoginModule",
+            AppConfigurationEntry.LoginModuleControlFlag.REQUIRED, options)));
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        String line;
+        while ((line = in.readLine()) != null) {
+            PlainSaslServer server = new PlainSaslServer(h);
+            try {
+                server.evaluateResponse(Base64.getDecoder().decode(line));
+                System.out.println("OK " + server.getAuthorizationID());
+            } catch (org.apache.kafka.common.errors.SaslAuthenticationException e) {
+                System.out.println("AUTHEXC " + e.getMessage());
+            } catch (Exception e) {
+                System.out.println("OTHER " + e.getClass().getSimpleName());
+            }
+        }
+    }
+}
+"""
+
+
+def test_responses_judged_as_kafkas_plain_server_judges_them(tmp_path):
+    import base64
+    import random
+    import subprocess
+
+    from tests.unit.test_security_jaas import kafka_java_probe
+
+    java = kafka_java_probe(tmp_path, JAVA_PLAIN, "org.apache.kafka.common.security.plain.internals.PykPlainProbe", [])
+    factory = PlainServerFactory(parse_jaas_config(
+        f'{PLAIN_LOGIN_MODULE} required user_alice="alice-secret" user_bob="b\u00f6b";'))
+    rng = random.Random(4616)
+    pieces = [b"\x00", b"alice", b"bob", b"alice-secret", "b\u00f6b".encode(), b"x", b"", b"\xc3", b"\x00\x00"]
+    messages = [b"\x00alice\x00alice-secret", b"alice\x00alice\x00alice-secret", b"bob\x00alice\x00alice-secret",
+                "\x00bob\x00b\u00f6b".encode(), b"\x00bob\x00bob", b"\x00alice\x00alice-secret\x00"]
+    messages += [b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 7))) for _ in range(400)]
+    done = subprocess.run(java, input="".join(base64.b64encode(m).decode() + "\n" for m in messages),
+                          capture_output=True, text=True, timeout=240, check=True)
+    kafkas = done.stdout.splitlines()
+    assert len(kafkas) == len(messages), done.stderr[-3000:]
+    assert kafkas[:4] == ["OK alice", "OK alice", "AUTHEXC Authentication failed: Client requested an authorization id "
+                          "that is different from username", "OK bob"]
+    for m, k in zip(messages, kafkas):
+        server = factory.new_server()
+        try:
+            server.evaluate(m)
+            ours = f"OK {server.authorized_id}"
+        except SaslAuthenticationFailed as e:
+            ours = f"AUTHEXC {e.message}"
+        try:
+            m.decode("utf-8")
+        except UnicodeDecodeError:  # Kafka reads U+FFFD where we refuse the bytes (see plain.py)
+            assert ours == "AUTHEXC Invalid SASL/PLAIN response: not valid UTF-8"
+            continue
+        assert ours == k, m
