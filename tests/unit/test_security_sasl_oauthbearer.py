@@ -613,6 +613,12 @@ def test_unsecured_validator_agrees_with_kafkas(kafka_probe):
         "a..b", "a.b", "abc", f"{std_b64({'alg': 'none'})}.{std_b64(b'nope')}.",
         f"{std_b64({'alg': 'none'})}.-_.", f"{std_b64({'alg': 'none', 'x': [1, True, None]})}.{std_b64(claims(uid='u1', scope='kafka'))}.",
     ]
+    body = json.dumps(claims(uid="u1", scope="kafka")).encode()
+    for extra in (b" x", b" {}", b"  ", b"\n", b"]"):  # Jackson's readTree stops after the first value
+        tokens.append(f"{std_b64({'alg': 'none'})}.{std_b64(body + extra)}.")
+    padded = base64.b64encode(body + b"  ").decode()  # two '=' of padding
+    tokens += [f"{std_b64({'alg': 'none'})}.{padded}.", f"{std_b64({'alg': 'none'})}.{padded[:-1]}.",
+               f"{std_b64({'alg': 'none'})}.{padded.rstrip('=')}."]
     kafkas = kafka_probe(["unsecured", str(int(NOW * 1000))] + [f"{k}={v}" for k, v in options.items()], tokens)
     ours = UnsecuredJwsValidator(options, clock=clock)
     for token, kafka in zip(tokens, kafkas):

@@ -11,8 +11,9 @@ validator:
   an unsecured JWS (``alg`` ``none``, empty signature), options from the OAuthBearerLoginModule JAAS entry:
   ``unsecuredValidatorPrincipalClaimName`` (default ``sub``), ``unsecuredValidatorScopeClaimName`` (default
   ``scope``), ``unsecuredValidatorRequiredScope`` (space-separated), ``unsecuredValidatorAllowableClockSkewMs``
-  (default 0). Kafka decodes the sections with the standard Base64 alphabet (padding optional), so a section
-  with ``-`` or ``_`` is refused, as by Kafka.
+  (default 0). Kafka decodes the sections with the standard Base64 alphabet (padding optional, but complete
+  when present), so a section with ``-`` or ``_`` is refused, as by Kafka, and reads each section's first JSON
+  value (Jackson's readTree), ignoring anything after it.
 - ``SignedJwtValidator`` (KIP-768, when ``sasl.server.callback.handler.class`` is Kafka's
   ``org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler``, or the older
   ``...oauthbearer.secured...`` name): a signed JWT checked as Kafka's jose4j JwtConsumer checks it:
@@ -176,10 +177,18 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"invalid JSON number {name}")
 
 
-def _json_object(raw: bytes) -> dict[str, Any]:
-    """A JSON object from a token section (Jackson: duplicates keep the last value, NaN refused)."""
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def _json_object(raw: bytes, *, first_value_only: bool = False) -> dict[str, Any]:
+    """A JSON object from a token section (duplicates keep the last value, NaN refused). ``first_value_only``:
+    Jackson's readTree, which Kafka's unsecured validator uses, reads the first value and ignores what follows."""
     try:
-        doc = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        text = raw.decode("utf-8")
+        if first_value_only:
+            doc, _ = _DECODER.raw_decode(text.lstrip(" \t\r\n"))
+        else:
+            doc = _DECODER.decode(text)
     except (ValueError, RecursionError, UnicodeDecodeError):
         raise InvalidToken("malformed JSON") from None
     if not isinstance(doc, dict):
@@ -205,8 +214,10 @@ def parse_scope(space_delimited: str) -> list[str]:
 
 def _std_b64decode(section: str) -> bytes:
     """java.util.Base64.getDecoder(): the standard alphabet, padding optional."""
-    s = section.rstrip("=") if section.endswith("=") else section
-    if len(section) - len(s) > 2 or not re.fullmatch(r"[A-Za-z0-9+/]*", s) or len(s) % 4 == 1:
+    s = section.rstrip("=")
+    padding = len(section) - len(s)
+    if (padding > 2 or (padding and len(section) % 4) or not re.fullmatch(r"[A-Za-z0-9+/]*", s)
+            or len(s) % 4 == 1):  # padding is optional, but when there it must complete the last quantum
         raise InvalidToken("malformed Base64 URL encoded value")
     try:
         return base64.b64decode(s + "=" * (-len(s) % 4), validate=True)
@@ -278,8 +289,8 @@ class UnsecuredJwsValidator:
             splits.pop()
         if len(splits) != 3:
             raise InvalidToken("Unsecured JWS compact serializations must have 3 dot-separated Base64URL-encoded values")
-        header = {k: _convert(v) for k, v in _json_object(_std_b64decode(splits[0])).items()}
-        claims = {k: _convert(v) for k, v in _json_object(_std_b64decode(splits[1])).items()}
+        header = {k: _convert(v) for k, v in _json_object(_std_b64decode(splits[0]), first_value_only=True).items()}
+        claims = {k: _convert(v) for k, v in _json_object(_std_b64decode(splits[1]), first_value_only=True).items()}
         alg = header.get("alg")
         if alg is None:
             raise InvalidToken("JWS header must have an Algorithm value")
