@@ -657,7 +657,13 @@ def test_signed_validator_agrees_with_kafkas(kafka_probe, jwks_file, keys):
         sign(keys["rsa-other"], {"alg": "RS256", "kid": "enc-only"}, c()),
         sign(keys["ec"], {"alg": "ES256", "kid": "ec-1"}, c(exp=now + 600.9, iat=now - 10.5)),
         f"{b64url(NONE_HEADER)}.{b64url(json.dumps(c()).encode())}.", "a.b.c", "not-a-jwt", "",
+        sign(keys["rsa"], rs, json.dumps(c()).encode() + b" "), sign(keys["rsa"], rs, json.dumps(c()).encode() + b" x"),
+        sign(keys["rsa"], rs, b"[1]"), sign(keys["rsa"], {"alg": "RS256", "kid": 5}, c()),
+        sign(keys["rsa"], rs, c(exp=float(now + 600) + 0.7)), sign(keys["rsa"], rs, c(sub=" padded ")),
+        sign(keys["rsa"], rs, c(scope=[" a ", "b"])), sign(keys["rsa"], rs, c(aud=["kafka", 5])),
     ]
+    tokens.append(tokens[0] + "=")  # padding on the signature
+    tokens.append(tokens[0].replace(".", "=.", 1))
     kafkas = kafka_probe(args, tokens)
     for token, kafka in zip(tokens, kafkas):
         assert _ours(ours, token) == kafka, token
