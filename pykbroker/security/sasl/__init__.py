@@ -30,6 +30,14 @@ Mechanisms: PLAIN (``plain``), SCRAM-SHA-256 and SCRAM-SHA-512 (``scram``, crede
 the signed-JWT validator when ``sasl.server.callback.handler.class`` names Kafka's
 OAuthBearerValidatorCallbackHandler). GSSAPI (Kerberos) is not implemented: a listener enabling it is refused
 at startup by ``build_listener_mechanisms``.
+
+Cost: ``evaluate`` is cheap enough for the event loop (SCRAM keeps derived keys, so an exchange is a few HMACs;
+an RS256 check is tens of microseconds; the JWKS file is read at startup). Left to the wiring, as Kafka's
+authenticator does them: ``connection.failed.authentication.delay.ms`` before answering a failure, the
+re-authentication rules (same mechanism, same principal: KIP-368), the principal's ``tokenAuthenticated`` flag
+(``token_authenticated``), feeding ``credentials.ScramCredentialCache`` from the journal or ZooKeeper's
+``/config/users`` changes, and bounding how many tokens one connection may try (Kafka lets an OAUTHBEARER client
+send a new token after each JSON error).
 """
 
 from __future__ import annotations
