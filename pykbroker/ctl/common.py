@@ -62,8 +62,9 @@ _UNREACHABLE_CODES = {-195, -185, -187, -193}  # _TRANSPORT, _TIMED_OUT, _ALL_BR
 
 
 # Kafka's rule for a bootstrap address (Utils.HOST_PORT_PATTERN), with an optional listener or protocol prefix
-# (PLAINTEXT://host:port) as librdkafka takes it; an IPv6 host in brackets.
-_ADDRESS = re.compile(r"^(?:[A-Za-z0-9+._-]+://)?\[?([0-9A-Za-z%._:-]*?)\]?:([0-9]+)$")
+# (PLAINTEXT://host:port) as librdkafka takes it; an IPv6 host in brackets (without them, or with one bracket
+# only, librdkafka reads such an address differently: a usage error).
+_ADDRESS = re.compile(r"^(?:[A-Za-z0-9+._-]+://)?(?:\[([0-9A-Za-z%._:-]+)\]|([0-9A-Za-z%._-]+)):([0-9]+)$")
 _BROKERS_HINT = "'-b' / '--brokers'"
 
 
@@ -75,13 +76,15 @@ def parse_bootstrap(brokers: str) -> list[tuple[str, int]]:
         if not item:
             continue
         match = _ADDRESS.match(item)
-        if match is None or not match.group(1) or not 0 < int(match.group(2)) < 65536:
+        if match is None or not 0 < int(match.group(3)) < 65536:
             bare = item.split("://", 1)[-1]
             has_port = re.search(r":[0-9]+$", bare) is not None
             example = f"{bare}:9092" if not has_port and re.fullmatch(r"[0-9A-Za-z._-]+", bare) else "localhost:9092"
+            if has_port and ":" in bare.rsplit(":", 1)[0].strip("[]") and not re.fullmatch(r"\[[^][]+\]:[0-9]+", bare):
+                example = "[::1]:9092 (an IPv6 address in brackets)"
             raise click.BadParameter(f"{item!r} {'is not HOST:PORT' if has_port else 'has no port'}: expected "
                                      f"HOST:PORT[,HOST:PORT...], e.g. {example}", param_hint=_BROKERS_HINT)
-        addresses.append((match.group(1), int(match.group(2))))
+        addresses.append((match.group(1) or match.group(2), int(match.group(3))))
     if not addresses:
         raise click.BadParameter("no broker address: expected HOST:PORT[,HOST:PORT...]", param_hint=_BROKERS_HINT)
     return addresses

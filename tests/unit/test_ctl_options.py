@@ -82,7 +82,10 @@ def test_bootstrap_addresses_need_a_port():
     for bad, said in (("localhost", "'localhost' has no port: expected HOST:PORT[,HOST:PORT...], e.g. localhost:9092"),
                       ("127.0.0.1:9092,kafka2", "'kafka2' has no port"), ("h:0", "'h:0' is not HOST:PORT"),
                       ("h:65536", "'h:65536' is not HOST:PORT"), (":9092", "':9092' is not HOST:PORT"),
-                      (" , ", "no broker address")):
+                      (" , ", "no broker address"),
+                      # librdkafka reads these otherwise (host ::1:19193 without a port; host [::1): refused
+                      ("::1:19193", "'::1:19193' is not HOST:PORT: expected HOST:PORT[,HOST:PORT...], e.g. [::1]:9092"),
+                      ("[::1:19193", "'[::1:19193' is not HOST:PORT"), ("::1]:19193", "'::1]:19193' is not HOST:PORT")):
         with pytest.raises(click.BadParameter, match=re.escape(said)):
             parse_bootstrap(bad)
 
