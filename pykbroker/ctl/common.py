@@ -8,9 +8,11 @@ it (pykbroker.config reads only PYKBROKER_* variables that name a setting it kno
 (:func:`global_options`); given in both places, the command's own wins.
 
 An address without a port is a usage error, as Kafka's clients refuse it ("Invalid url in
-bootstrap.servers"). Before the first client is made, the bootstrap addresses are resolved and connected to
-(all at once, within --timeout): when none answers, the command fails at once naming each address and why
-(not resolved, connection refused, no answer), instead of librdkafka's "Broker transport failure" after the
+bootstrap.servers"), and so is an IPv6 address outside brackets (librdkafka would misread it). Before the first client is
+made, the bootstrap addresses are resolved, connected to and asked ApiVersions (all at once, every address a
+name resolves to too, within one --timeout; TCP only when -X sets TLS or SASL): when none answers, the
+command fails at once naming each address and why (not resolved, connection refused, not a Kafka listener,
+or the step still running at the timeout), instead of librdkafka's "Broker transport failure" after the
 whole --timeout.
 
 Output: human-readable tables on stdout by default, ``--format json`` for scripts (one JSON document);
@@ -69,8 +71,8 @@ _BROKERS_HINT = "'-b' / '--brokers'"
 
 
 def parse_bootstrap(brokers: str) -> list[tuple[str, int]]:
-    """``HOST:PORT[,...]`` into (host, port) pairs; anything else (a host without its port among them) is a
-    usage error naming the address and the form expected."""
+    """``HOST:PORT[,...]`` into (host, port) pairs, each once; anything else (a host without its port among
+    them) is a usage error naming the address and the form expected."""
     addresses = []
     for item in (part.strip() for part in brokers.split(",")):
         if not item:
@@ -84,56 +86,129 @@ def parse_bootstrap(brokers: str) -> list[tuple[str, int]]:
                 example = "[::1]:9092 (an IPv6 address in brackets)"
             raise click.BadParameter(f"{item!r} {'is not HOST:PORT' if has_port else 'has no port'}: expected "
                                      f"HOST:PORT[,HOST:PORT...], e.g. {example}", param_hint=_BROKERS_HINT)
-        addresses.append((match.group(1) or match.group(2), int(match.group(3))))
+        address = (match.group(1) or match.group(2), int(match.group(3)))
+        if address not in addresses:
+            addresses.append(address)
     if not addresses:
         raise click.BadParameter("no broker address: expected HOST:PORT[,HOST:PORT...]", param_hint=_BROKERS_HINT)
     return addresses
 
 
-def _probe(host: str, port: int, timeout: float) -> str | None:
-    """None if a TCP connection to host:port opens within timeout, else why not, in a few words."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        return f"host name {host!r} not resolved ({exc.strerror})"
-    causes: list[str] = []
-    for family, kind, proto, _, sockaddr in infos:
+_NOT_KAFKA = "accepts connections but did not answer ApiVersions (not a Kafka listener?)"
+
+
+class _Probe:
+    """One bootstrap address being checked: its name looked up, then every address it resolves to connected
+    to at once (and, with ``api_versions``, asked ApiVersions), all within one deadline. ``step`` says what
+    is still running when the deadline passes; ``cause`` why it failed; ``done`` is set once it is known."""
+
+    def __init__(self, host: str, port: int, timeout: float, deadline: float, api_versions: bool) -> None:
+        self.host, self.port, self.timeout, self.deadline = host, port, timeout, deadline
+        self.api_versions = api_versions
+        self.step = "name lookup"
+        self.ok = False
+        self.cause: str | None = None
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._causes: list[str] = []
+
+    def run(self) -> None:
+        try:
+            infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            return self._finish(f"host name {self.host!r} not resolved ({exc.strerror})")
+        targets = list(dict.fromkeys((family, kind, proto, sockaddr) for family, kind, proto, _, sockaddr in infos))
+        if not targets:
+            return self._finish(f"host name {self.host!r} has no address")
+        self.step = "connecting"
+        self._pending = len(targets)
+        for target in targets:
+            threading.Thread(target=self._try, args=target, daemon=True).start()
+
+    def _try(self, family: int, kind: int, proto: int, sockaddr: Any) -> None:
         try:
             with socket.socket(family, kind, proto) as sock:
-                sock.settimeout(timeout)
+                sock.settimeout(max(self.deadline - time.monotonic(), 0.001))
                 sock.connect(sockaddr)
-            return None
+                if self.api_versions:
+                    self.step = "ApiVersions"
+                    cause = _api_versions_failure(sock, self.deadline)
+                else:
+                    cause = None
         except ConnectionRefusedError:
             cause = "connection refused (nothing listens on that port)"
         except (socket.timeout, TimeoutError):
-            cause = f"no connection within {timeout:g} s"
+            cause = f"no connection within {self.timeout:g} s"
         except OSError as exc:
             cause = exc.strerror or str(exc)
-        if cause not in causes:
-            causes.append(cause)
-    return "; ".join(causes) or f"host name {host!r} has no address"
+        with self._lock:
+            self._pending -= 1
+            if cause is None:
+                self.ok = True
+            elif cause not in self._causes:
+                self._causes.append(cause)
+            if self.ok or self._pending == 0:
+                self._finish("; ".join(self._causes) if not self.ok else None)
+
+    def _finish(self, cause: str | None) -> None:
+        if not self.done.is_set():
+            self.ok, self.cause = cause is None, cause
+            self.done.set()
 
 
-def reachable_broker(addresses: Sequence[tuple[str, int]], timeout: float) -> tuple[str, int]:
-    """The first of these addresses a TCP connection opens to (all tried at once, each within timeout),
-    or a CtlError (EXIT_UNREACHABLE) naming every address and why it failed. Daemon threads: a name lookup
-    that hangs past the timeout does not hold the command."""
-    answers: queue.Queue[tuple[tuple[str, int], str | None]] = queue.Queue()
-    for address in addresses:
-        threading.Thread(target=lambda a=address: answers.put((a, _probe(*a, timeout))), daemon=True).start()
-    failures: dict[tuple[str, int], str] = {}
-    deadline = time.monotonic() + timeout + 1.0
-    while len(failures) < len(addresses):
-        try:
-            address, cause = answers.get(timeout=max(deadline - time.monotonic(), 0.0))
-        except queue.Empty:
-            break
-        if cause is None:
-            return address
-        failures[address] = cause
-    for address in addresses:
-        failures.setdefault(address, f"no answer within {timeout:g} s (name lookup)")
-    listed = "; ".join(f"{_address_text(address)}: {failures[address]}" for address in addresses)
+def _api_versions_failure(sock: socket.socket, deadline: float) -> str | None:
+    """None if the peer of this connected socket answers ApiVersions (pykbroker's protocol client) before
+    the deadline, else why not. The socket stays the caller's to close."""
+    import asyncio
+
+    from pykbroker.protocol.client import ClientError, KafkaClientConnection
+
+    async def ask() -> None:
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):
+            _, connection = await loop.create_connection(
+                lambda: KafkaClientConnection(client_id=CLIENT_ID, request_timeout=None), sock=sock.dup())
+            try:
+                await connection.negotiate_api_versions()
+            finally:
+                await connection.aclose()
+
+    try:
+        asyncio.run(ask())
+    except (ClientError, OSError, TimeoutError):
+        return _NOT_KAFKA
+    return None
+
+
+def reachable_broker(addresses: Sequence[tuple[str, int]], timeout: float, *,
+                     api_versions: bool = False) -> tuple[str, int]:
+    """The first of these addresses a TCP connection opens to (and, with ``api_versions``, that answers
+    ApiVersions): all tried at once - every address a name resolves to too - within one timeout; or a
+    CtlError (EXIT_UNREACHABLE) naming every address and why it failed, or which step was still running at
+    the timeout. Daemon threads: a name lookup that hangs past the timeout does not hold the command."""
+    addresses = list(dict.fromkeys(addresses))
+    deadline = time.monotonic() + timeout
+    probes = [_Probe(host, port, timeout, deadline, api_versions) for host, port in addresses]
+    answered = threading.Condition()
+
+    def run(probe: _Probe) -> None:
+        probe.run()
+        probe.done.wait()
+        with answered:
+            answered.notify_all()
+
+    for probe in probes:
+        threading.Thread(target=run, args=(probe,), daemon=True).start()
+    with answered:  # a little past the deadline: a probe's own timeout says more than the step it was in
+        answered.wait_for(lambda: any(p.ok for p in probes) or all(p.done.is_set() for p in probes),
+                          timeout=timeout + 0.5)
+    for probe in probes:
+        if probe.ok:
+            return probe.host, probe.port
+    listed = "; ".join(f"{_address_text((p.host, p.port))}: "
+                       f"{p.cause if p.done.is_set() else f'no answer within {timeout:g} s ({p.step})'}"
+                       for p in probes)
     raise CtlError(f"cannot reach any broker: {listed}", EXIT_UNREACHABLE)
 
 
@@ -233,10 +308,11 @@ class Connection:
         return parse_bootstrap(self.extra.get("bootstrap.servers", self.brokers))
 
     def reachable(self) -> tuple[str, int]:
-        """A bootstrap address that accepts a TCP connection (checked once), else a CtlError saying, for
-        each address, why not (exit 4) - at once, not after librdkafka's whole --timeout."""
+        """A bootstrap address that answers ApiVersions (checked once; with TLS or SASL set, that accepts a
+        TCP connection), else a CtlError saying, for each address, why not (exit 4) - at once, not after
+        librdkafka's whole --timeout."""
         if self._reachable is None:
-            self._reachable = reachable_broker(self.bootstrap, self.timeout)
+            self._reachable = reachable_broker(self.bootstrap, self.timeout, api_versions=self.plaintext)
         return self._reachable
 
     @property
@@ -346,6 +422,19 @@ def _librdkafka_logger(verbose: bool) -> logging.Logger:
     return logger
 
 
+def _protocol_logger(verbose: bool) -> None:
+    """pykbroker's protocol client (the reachability probe, FindCoordinator, ApiVersions per broker) logs a
+    WARNING when a peer breaks the protocol or does not answer: without -v the command's own error says
+    that, so those lines are not printed (Python would print them through its last-resort handler)."""
+    logger = logging.getLogger("pykbroker.protocol")
+    handler = next((h for h in logger.handlers if getattr(h, "pykbroker_ctl", False)), None)
+    if handler is None:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.pykbroker_ctl = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    handler.setLevel(logging.INFO if verbose else logging.CRITICAL + 1)
+
+
 def parse_pairs(items: Iterable[str], what: str, *, allow_empty_value: bool = True) -> dict[str, str]:
     """KEY=VALUE items into a dict (a usage error names the bad one)."""
     parsed: dict[str, str] = {}
@@ -421,6 +510,7 @@ def connection_options(command: Callable[..., Any] | None = None, *, output_opti
         client_config, verbose = kwargs.pop("client_config"), kwargs.pop("verbose")
         output = kwargs.pop("output") if output_option else "table"
         conn = Connection(brokers, timeout, output, verbose, parse_pairs(client_config, "'-X'"))
+        _protocol_logger(verbose)
         conn.bootstrap  # noqa: B018 (a malformed address is a usage error before anything else is done)
         try:
             return command(conn=conn, **kwargs)

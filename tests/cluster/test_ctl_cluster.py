@@ -98,3 +98,18 @@ def test_group_commands_say_why_the_coordinator_cannot_be_found(zk_connect, tmp_
         # a group command that needs no coordinator still works
         listed = ctl(bootstrap, "group", "list", "--format", "json")
         assert listed.returncode == 0 and listed.json() == [], listed
+
+
+def test_the_zookeeper_port_is_said_not_to_be_a_kafka_listener(zk_connect):
+    """`pykbroker cluster` prints ZooKeeper's address next to the brokers': given by mistake as -b, the CLI
+    says that port does not answer ApiVersions, at once, instead of librdkafka's _TRANSPORT after --timeout."""
+    import time
+
+    zookeeper = zk_connect.split("/", 1)[0]
+    started = time.monotonic()
+    result = ctl(zookeeper, "topic", "list", "--timeout", "30")
+    took = time.monotonic() - started
+    assert result.returncode == 4, result
+    assert took < QUICK_S, f"took {took:.1f} s"
+    assert result.stderr == (f"Error: cannot reach any broker: {zookeeper}: accepts connections but did not answer "
+                             "ApiVersions (not a Kafka listener?)\n"), result

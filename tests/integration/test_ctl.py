@@ -8,8 +8,10 @@ Run: python3 -m pytest -q tests/integration/test_ctl.py
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -218,6 +220,33 @@ def test_unreachable_cluster_is_exit_4_at_once_naming_address_and_cause(args):
     both = ctl(f"127.0.0.1:{port},nonexistent.invalid:9092", *args, "--timeout", "30", input="")
     assert both.returncode == 4 and f"127.0.0.1:{port}: connection refused" in both.stderr, both
     assert "nonexistent.invalid:9092: host name" in both.stderr, both
+
+
+def test_a_port_where_another_service_listens_is_said_not_kafka():
+    """A wrong port that accepts connections (another service: ZooKeeper, HTTP): the CLI asks ApiVersions
+    and says that port did not answer it, at once when the service closes or answers something else,
+    instead of librdkafka's _TRANSPORT after the whole --timeout; no log lines of its protocol client."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+
+        def answer_http() -> None:
+            while True:
+                try:
+                    peer = server.accept()[0]
+                except OSError:  # closed: the test is over
+                    return
+                with peer:
+                    peer.recv(1024)
+                    peer.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+        threading.Thread(target=answer_http, daemon=True).start()
+        started = time.monotonic()
+        result = ctl(f"127.0.0.1:{port}", "topic", "list", "--timeout", "30")
+        took = time.monotonic() - started
+    assert result.returncode == 4, result
+    assert took < FAST_FAILURE_S, f"took {took:.1f} s"
+    assert result.stderr == (f"Error: cannot reach any broker: 127.0.0.1:{port}: accepts connections but did not "
+                             "answer ApiVersions (not a Kafka listener?)\n"), result
 
 
 @pytest.mark.parametrize("bootstrap", ["localhost", "127.0.0.1", "127.0.0.1:", "PLAINTEXT://localhost", "[::1]",
