@@ -8,7 +8,8 @@ it (pykbroker.config reads only PYKBROKER_* variables that name a setting it kno
 (:func:`global_options`); given in both places, the command's own wins.
 
 An address without a port is a usage error, as Kafka's clients refuse it ("Invalid url in
-bootstrap.servers"), and so is an IPv6 address outside brackets (librdkafka would misread it). Before the first client is
+bootstrap.servers"), and so is an IPv6 address outside brackets (librdkafka would misread it); a usage error
+names where the address came from (-b, $PYKBROKER_BROKERS, -X bootstrap.servers). Before the first client is
 made, the bootstrap addresses are resolved, connected to and asked ApiVersions (all at once, every address a
 name resolves to too, within one --timeout; TCP only when -X sets TLS or SASL): when none answers, the
 command fails at once naming each address and why (not resolved, connection refused, not a Kafka listener,
@@ -68,11 +69,13 @@ _UNREACHABLE_CODES = {-195, -185, -187, -193}  # _TRANSPORT, _TIMED_OUT, _ALL_BR
 # only, librdkafka reads such an address differently: a usage error).
 _ADDRESS = re.compile(r"^(?:[A-Za-z0-9+._-]+://)?(?:\[([0-9A-Za-z%._:-]+)\]|([0-9A-Za-z%._-]+)):([0-9]+)$")
 _BROKERS_HINT = "'-b' / '--brokers'"
+_ENV_HINT = f"${BROKERS_ENV}"
+_X_HINT = "'-X bootstrap.servers'"
 
 
-def parse_bootstrap(brokers: str) -> list[tuple[str, int]]:
+def parse_bootstrap(brokers: str, hint: str = _BROKERS_HINT) -> list[tuple[str, int]]:
     """``HOST:PORT[,...]`` into (host, port) pairs, each once; anything else (a host without its port among
-    them) is a usage error naming the address and the form expected."""
+    them) is a usage error naming the address, the form expected, and ``hint`` (where the value came from)."""
     addresses = []
     for item in (part.strip() for part in brokers.split(",")):
         if not item:
@@ -85,12 +88,12 @@ def parse_bootstrap(brokers: str) -> list[tuple[str, int]]:
             if has_port and ":" in bare.rsplit(":", 1)[0].strip("[]") and not re.fullmatch(r"\[[^][]+\]:[0-9]+", bare):
                 example = "[::1]:9092 (an IPv6 address in brackets)"
             raise click.BadParameter(f"{item!r} {'is not HOST:PORT' if has_port else 'has no port'}: expected "
-                                     f"HOST:PORT[,HOST:PORT...], e.g. {example}", param_hint=_BROKERS_HINT)
+                                     f"HOST:PORT[,HOST:PORT...], e.g. {example}", param_hint=hint)
         address = (match.group(1) or match.group(2), int(match.group(3)))
         if address not in addresses:
             addresses.append(address)
     if not addresses:
-        raise click.BadParameter("no broker address: expected HOST:PORT[,HOST:PORT...]", param_hint=_BROKERS_HINT)
+        raise click.BadParameter("no broker address: expected HOST:PORT[,HOST:PORT...]", param_hint=hint)
     return addresses
 
 
@@ -299,13 +302,16 @@ class Connection:
     output: str  # "table" or "json"
     verbose: bool
     extra: dict[str, str] = field(default_factory=dict)
+    brokers_hint: str = _BROKERS_HINT  # where ``brokers`` came from, for a usage error: -b or $PYKBROKER_BROKERS
     _admin: Any = None
     _reachable: tuple[str, int] | None = None
 
     @property
     def bootstrap(self) -> list[tuple[str, int]]:
         """The bootstrap addresses (-X bootstrap.servers overrides -b, as it does for the client)."""
-        return parse_bootstrap(self.extra.get("bootstrap.servers", self.brokers))
+        if "bootstrap.servers" in self.extra:
+            return parse_bootstrap(self.extra["bootstrap.servers"], _X_HINT)
+        return parse_bootstrap(self.brokers, self.brokers_hint)
 
     def reachable(self) -> tuple[str, int]:
         """A bootstrap address that answers ApiVersions (checked once; with TLS or SASL set, that accepts a
@@ -505,11 +511,15 @@ def connection_options(command: Callable[..., Any] | None = None, *, output_opti
 
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> Any:
+        given = kwargs
         kwargs = _with_global_options(kwargs, record_format)
         brokers, timeout = kwargs.pop("brokers"), kwargs.pop("timeout")
         client_config, verbose = kwargs.pop("client_config"), kwargs.pop("verbose")
         output = kwargs.pop("output") if output_option else "table"
-        conn = Connection(brokers, timeout, output, verbose, parse_pairs(client_config, "'-X'"))
+        source = click.get_current_context().get_parameter_source("brokers")
+        from_env = brokers == given["brokers"] and source == click.core.ParameterSource.ENVIRONMENT
+        conn = Connection(brokers, timeout, output, verbose, parse_pairs(client_config, "'-X'"),
+                          brokers_hint=_ENV_HINT if from_env else _BROKERS_HINT)
         _protocol_logger(verbose)
         conn.bootstrap  # noqa: B018 (a malformed address is a usage error before anything else is done)
         try:

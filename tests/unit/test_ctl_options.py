@@ -145,6 +145,19 @@ def test_client_options_before_the_command(monkeypatch):
     assert "--format [table|json]" in helped.output and "-b, --brokers" in helped.output
 
 
+def test_a_bad_address_is_blamed_on_where_it_came_from(monkeypatch):
+    runner = CliRunner()
+    monkeypatch.setenv(BROKERS_ENV, "kafka1")
+    from_env = runner.invoke(main, ["topic", "list"])
+    assert from_env.exit_code == 2 and f"Invalid value for ${BROKERS_ENV}: 'kafka1' has no port" in from_env.output
+    from_flag = runner.invoke(main, ["topic", "list", "-b", "kafka2"])
+    assert from_flag.exit_code == 2 and "Invalid value for '-b' / '--brokers': 'kafka2' has no port" in from_flag.output
+    before = runner.invoke(main, ["-b", "kafka3", "topic", "list"])
+    assert before.exit_code == 2 and "Invalid value for '-b' / '--brokers': 'kafka3' has no port" in before.output
+    from_x = runner.invoke(main, ["topic", "list", "-b", "h:1", "-X", "bootstrap.servers=kafka4"])
+    assert from_x.exit_code == 2 and "Invalid value for '-X bootstrap.servers': 'kafka4' has no port" in from_x.output
+
+
 @pytest.fixture
 def silent_listener():
     """A port that accepts connections and never answers (as a service that is not Kafka may)."""
