@@ -5,7 +5,8 @@ Connection: ``-b/--brokers HOST:PORT[,...]`` or ``$PYKBROKER_BROKERS`` (default 
 KEY=VALUE`` for any librdkafka setting. ``PYKBROKER_BROKERS`` is not a broker setting, so ``serve`` ignores
 it (pykbroker.config reads only PYKBROKER_* variables that name a setting it knows). These options (and
 ``--format``) are also taken before the command, ``pykbroker -b HOST:PORT --format json topic list``
-(:func:`global_options`); given in both places, the command's own wins.
+(:func:`global_options`); given in both places, the command's own wins; before a command that is not a
+client (serve, console, the dev cluster) they are a usage error.
 
 An address without a port is a usage error, as Kafka's clients refuse it ("Invalid url in
 bootstrap.servers"), and so is an IPv6 address outside brackets (librdkafka would misread it); a usage error
@@ -465,8 +466,8 @@ def _remember_global(ctx: click.Context, param: click.Parameter, value: Any) -> 
 def global_options(group: Callable[..., Any]) -> Any:
     """The client commands' options on the ``pykbroker`` group itself, so that they may come before the
     command (``pykbroker --format json -b HOST:PORT topic list``); given after it too, the command's own
-    wins (its -X settings are added to these). Commands that are not clients (serve, cluster, console)
-    ignore them."""
+    wins (its -X settings are added to these). Commands that are not clients (serve, the dev cluster,
+    console) refuse them (:func:`refuse_unused_global_options`)."""
     def option(*decls: str, **attrs: Any) -> Callable[..., Any]:
         return click.option(*decls, expose_value=False, callback=_remember_global, **attrs)
 
@@ -482,6 +483,45 @@ def global_options(group: Callable[..., Any]) -> Any:
     for decorate in reversed(options):
         group = decorate(group)
     return group
+
+
+_GLOBAL_FLAGS = {"brokers": "-b", "timeout": "--timeout", "output": "--format", "client_config": "-X", "verbose": "-v"}
+
+
+class GlobalOptionsGroup(click.Group):
+    """The ``pykbroker`` group (with :func:`global_options`): client options given before the command that
+    reach a command that does not take them (serve, console, the dev cluster) are a usage error, said before
+    that command starts, instead of being ignored."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        refuse_unused_global_options(ctx)  # before click consumes the command's arguments
+        return super().invoke(ctx)
+
+
+def refuse_unused_global_options(ctx: click.Context) -> None:
+    """A usage error when client options given before the command reach a command that does not take them;
+    the command is found as click will find it (through a group such as ``cluster`` too)."""
+    given = ctx.meta.get(_GLOBAL_KEY)
+    args = [*ctx._protected_args, *ctx.args]
+    if not given or set(args) & set(ctx.help_option_names):
+        return  # help is shown whatever comes before it
+    command: click.Command = ctx.command
+    path, parent = [ctx.info_name or "pykbroker"], ctx
+    while isinstance(command, click.Group) and args:
+        name, found, args = command.resolve_command(parent, args)
+        if found is None:
+            return  # click says what is wrong with the command name
+        path.append(name or found.name or "")
+        command = found
+        if isinstance(command, click.Group):
+            parent = command.make_context(name, list(args), parent=parent, resilient_parsing=True)
+            args = [*parent._protected_args, *parent.args]
+    if getattr(command.callback, "takes_client_options", False) or (
+            isinstance(command, click.Group) and not command.invoke_without_command):
+        return  # a client command, or a group without its command: click says that one is missing
+    flags = ", ".join(_GLOBAL_FLAGS[name] for name in _GLOBAL_FLAGS if name in given)
+    raise click.UsageError(f"{flags} before the command: only the client commands take them (topic, produce, "
+                           f"consume, group, cluster info), not '{' '.join(path)}'", ctx=ctx)
 
 
 def _with_global_options(values: dict[str, Any], fmt_param: str | None) -> dict[str, Any]:
@@ -528,6 +568,7 @@ def connection_options(command: Callable[..., Any] | None = None, *, output_opti
             click.echo("interrupted", err=True)
             sys.exit(EXIT_INTERRUPTED)
 
+    wrapper.takes_client_options = True  # type: ignore[attr-defined]  (see refuse_unused_global_options)
     options = [
         brokers_option(),
         click.option("--timeout", type=click.FloatRange(min=0.1), default=DEFAULT_TIMEOUT_S, show_default=True,

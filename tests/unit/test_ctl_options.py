@@ -120,6 +120,20 @@ def test_unreachable_bootstrap_is_said_per_address_at_once():
         "nonexistent.invalid:9092: host name 'nonexistent.invalid' not resolved (")  # then the resolver's words
 
 
+@pytest.fixture
+def refused_ports():
+    """Three ports bound but not listening, kept for the test: connections are refused, and no other
+    process can take them meanwhile."""
+    bound = [socket.socket() for _ in range(3)]
+    try:
+        for sock in bound:
+            sock.bind(("127.0.0.1", 0))
+        yield [sock.getsockname()[1] for sock in bound]
+    finally:
+        for sock in bound:
+            sock.close()
+
+
 def test_client_options_before_the_command(monkeypatch):
     """-b before the command is used; after it, or in neither place the environment, as before."""
     ports = []
@@ -143,6 +157,22 @@ def test_client_options_before_the_command(monkeypatch):
     assert usage.exit_code == 2 and "'localhost' has no port" in usage.output
     helped = runner.invoke(main, ["--help"])
     assert "--format [table|json]" in helped.output and "-b, --brokers" in helped.output
+
+
+@pytest.mark.parametrize("args", [
+    # their own arguments are bad too, so that without the refusal they end at once instead of serving
+    ["serve", "--config", "/nonexistent/pykbroker.toml"], ["console", "--port", "-1"], ["cluster", "--brokers", "3"],
+], ids=lambda args: args[0])
+def test_client_options_before_a_command_that_takes_none_are_refused(args, refused_ports):
+    """serve, console and the dev cluster are not client commands: -b, --format... before them were ignored;
+    they are a usage error, said before the command runs. `cluster info` takes them."""
+    runner = CliRunner()
+    refused = runner.invoke(main, ["-b", f"127.0.0.1:{refused_ports[0]}", "--format", "json", *args])
+    assert refused.exit_code == 2, refused.output
+    assert (f"-b, --format before the command: only the client commands take them (topic, produce, consume, "
+            f"group, cluster info), not 'main {args[0]}'") in refused.output
+    info = runner.invoke(main, ["-b", f"127.0.0.1:{refused_ports[0]}", "cluster", "info", "--timeout", "5"])
+    assert info.exit_code == EXIT_UNREACHABLE and f"127.0.0.1:{refused_ports[0]}: connection refused" in info.output
 
 
 def test_a_bad_address_is_blamed_on_where_it_came_from(monkeypatch):
