@@ -279,14 +279,16 @@ def report_each(conn: "Connection", results: list[tuple[str, Any]], kind: str, d
                 tolerate: str | None = None, tolerated: str = "") -> None:
     """One row per resource, {KIND, status, error}; an error whose name is ``tolerate`` (--if-exists and
     the like) is status ``tolerated`` instead. An error is said once, in its row (as rpk prints it), not
-    again on stderr; the exit code is the worst."""
+    again on stderr; one that means the resource does not exist says so (``does not exist
+    (UNKNOWN_TOPIC_OR_PART)``, the wording of every command); the exit code is the worst."""
     rows, worst = [], EXIT_OK
     for name, error in results:
         if error is None or error.name() == tolerate:
             rows.append({kind: name, "status": done if error is None else tolerated, "error": None})
             continue
         worst = max(worst, exit_code_for(error))
-        rows.append({kind: name, "status": error_text(error), "error": {"code": error.name(), "message": error.str()}})
+        status = f"does not exist ({error.name()})" if exit_code_for(error) == EXIT_NOT_FOUND else error_text(error)
+        rows.append({kind: name, "status": status, "error": {"code": error.name(), "message": error.str()}})
     conn.emit(rows, lambda rows: table([kind, "status"], [[row[kind], row["status"]] for row in rows]))
     if worst:
         raise click.exceptions.Exit(worst)

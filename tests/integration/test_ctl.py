@@ -174,6 +174,8 @@ def test_topic_delete_and_not_found(shared_broker, topic_name):
     again = ctl(shared_broker.bootstrap, "topic", "delete", topic_name)
     assert again.returncode == 3, again
     assert (again.stdout + again.stderr).count("UNKNOWN_TOPIC_OR_PART") == 1 and topic_name in again.stdout, again
+    # the one wording of a topic that does not exist, as every command says it
+    assert again.rows() == [["TOPIC", "STATUS"], [topic_name, "does", "not", "exist", "(UNKNOWN_TOPIC_OR_PART)"]], again
     tolerated = ctl(shared_broker.bootstrap, "topic", "delete", topic_name, "--if-exists")
     assert tolerated.returncode == 0, tolerated
     assert tolerated.rows() == [["TOPIC", "STATUS"], [topic_name, "does", "not", "exist"]]
@@ -547,6 +549,7 @@ def test_group_delete_and_not_found(shared_broker, topic_name):
     for args in (["group", "describe", group], ["group", "delete", group]):
         gone = ctl(shared_broker.bootstrap, *args)
         assert gone.returncode == 3, gone
+    assert gone.rows() == [["GROUP", "STATUS"], [group, "does", "not", "exist", "(GROUP_ID_NOT_FOUND)"]], gone
 
 
 # ---------------------------------------------------------------------------------------------------
