@@ -278,13 +278,18 @@ def each_result(conn: "Connection", futures: dict[str, Any], what: str) -> list[
 def report_each(conn: "Connection", results: list[tuple[str, Any]], kind: str, done: str, *,
                 tolerate: str | None = None, tolerated: str = "") -> None:
     """One row per resource, {KIND, status, error}; an error whose name is ``tolerate`` (--if-exists and
-    the like) is status ``tolerated`` instead. An error is said once, in its row (as rpk prints it), not
-    again on stderr; one that means the resource does not exist says so (``does not exist
-    (UNKNOWN_TOPIC_OR_PART)``, the wording of every command); the exit code is the worst."""
+    the like) is status ``tolerated`` instead. An error (a KafkaError, or a CtlError the command met for
+    that resource) is said once, in its row (as rpk prints it), not again on stderr; one that means the
+    resource does not exist says so (``does not exist (UNKNOWN_TOPIC_OR_PART)``, the wording of every
+    command); the exit code is the worst."""
     rows, worst = [], EXIT_OK
     for name, error in results:
-        if error is None or error.name() == tolerate:
+        if error is None or (not isinstance(error, CtlError) and error.name() == tolerate):
             rows.append({kind: name, "status": done if error is None else tolerated, "error": None})
+            continue
+        if isinstance(error, CtlError):
+            worst = max(worst, error.exit_code)
+            rows.append({kind: name, "status": error.message, "error": {"code": None, "message": error.message}})
             continue
         worst = max(worst, exit_code_for(error))
         status = f"does not exist ({error.name()})" if exit_code_for(error) == EXIT_NOT_FOUND else error_text(error)
