@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import click
 
 from pykbroker import __version__, ctl
-from pykbroker.ctl.common import brokers_option, global_options
+from pykbroker.ctl.common import GlobalOptionsGroup, brokers_option, global_options
 from pykbroker.config import FSYNC_MODES, LOG_LEVELS, BrokerConfig, ConfigError, load_config
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -51,9 +51,9 @@ def _keep_hypothesis_out_of_the_broker() -> None:
         sys.modules.setdefault("hypothesis", None)  # type: ignore[assignment]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=GlobalOptionsGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="pykbroker", message="%(prog)s %(version)s")
-@global_options  # -b, --timeout, --format, -X, -v of the client commands, also before the command
+@global_options  # -b, --timeout, --format, -X, -v of the client commands, also before the command (only theirs)
 def main() -> None:
     """pykbroker: a Kafka broker in Python that speaks the real Kafka wire protocol."""
 

@@ -5,12 +5,16 @@ Connection: ``-b/--brokers HOST:PORT[,...]`` or ``$PYKBROKER_BROKERS`` (default 
 KEY=VALUE`` for any librdkafka setting. ``PYKBROKER_BROKERS`` is not a broker setting, so ``serve`` ignores
 it (pykbroker.config reads only PYKBROKER_* variables that name a setting it knows). These options (and
 ``--format``) are also taken before the command, ``pykbroker -b HOST:PORT --format json topic list``
-(:func:`global_options`); given in both places, the command's own wins.
+(:func:`global_options`); given in both places, the command's own wins; before a command that is not a
+client (serve, console, the dev cluster) they are a usage error.
 
 An address without a port is a usage error, as Kafka's clients refuse it ("Invalid url in
-bootstrap.servers"). Before the first client is made, the bootstrap addresses are resolved and connected to
-(all at once, within --timeout): when none answers, the command fails at once naming each address and why
-(not resolved, connection refused, no answer), instead of librdkafka's "Broker transport failure" after the
+bootstrap.servers"), and so is an IPv6 address outside brackets (librdkafka would misread it); a usage error
+names where the address came from (-b, $PYKBROKER_BROKERS, -X bootstrap.servers). Before the first client is
+made, the bootstrap addresses are resolved, connected to and asked ApiVersions (all at once, every address a
+name resolves to too, within one --timeout; TCP only when -X sets TLS or SASL): when none answers, the
+command fails at once naming each address and why (not resolved, connection refused, not a Kafka listener,
+or the step still running at the timeout), instead of librdkafka's "Broker transport failure" after the
 whole --timeout.
 
 Output: human-readable tables on stdout by default, ``--format json`` for scripts (one JSON document);
@@ -62,75 +66,153 @@ _UNREACHABLE_CODES = {-195, -185, -187, -193}  # _TRANSPORT, _TIMED_OUT, _ALL_BR
 
 
 # Kafka's rule for a bootstrap address (Utils.HOST_PORT_PATTERN), with an optional listener or protocol prefix
-# (PLAINTEXT://host:port) as librdkafka takes it; an IPv6 host in brackets.
-_ADDRESS = re.compile(r"^(?:[A-Za-z0-9+._-]+://)?\[?([0-9A-Za-z%._:-]*?)\]?:([0-9]+)$")
+# (PLAINTEXT://host:port) as librdkafka takes it; an IPv6 host in brackets (without them, or with one bracket
+# only, librdkafka reads such an address differently: a usage error).
+_ADDRESS = re.compile(r"^(?:[A-Za-z0-9+._-]+://)?(?:\[([0-9A-Za-z%._:-]+)\]|([0-9A-Za-z%._-]+)):([0-9]+)$")
 _BROKERS_HINT = "'-b' / '--brokers'"
+_ENV_HINT = f"${BROKERS_ENV}"
+_X_HINT = "'-X bootstrap.servers'"
 
 
-def parse_bootstrap(brokers: str) -> list[tuple[str, int]]:
-    """``HOST:PORT[,...]`` into (host, port) pairs; anything else (a host without its port among them) is a
-    usage error naming the address and the form expected."""
+def parse_bootstrap(brokers: str, hint: str = _BROKERS_HINT) -> list[tuple[str, int]]:
+    """``HOST:PORT[,...]`` into (host, port) pairs, each once; anything else (a host without its port among
+    them) is a usage error naming the address, the form expected, and ``hint`` (where the value came from)."""
     addresses = []
     for item in (part.strip() for part in brokers.split(",")):
         if not item:
             continue
         match = _ADDRESS.match(item)
-        if match is None or not match.group(1) or not 0 < int(match.group(2)) < 65536:
+        if match is None or not 0 < int(match.group(3)) < 65536:
             bare = item.split("://", 1)[-1]
             has_port = re.search(r":[0-9]+$", bare) is not None
             example = f"{bare}:9092" if not has_port and re.fullmatch(r"[0-9A-Za-z._-]+", bare) else "localhost:9092"
+            if has_port and ":" in bare.rsplit(":", 1)[0].strip("[]") and not re.fullmatch(r"\[[^][]+\]:[0-9]+", bare):
+                example = "[::1]:9092 (an IPv6 address in brackets)"
             raise click.BadParameter(f"{item!r} {'is not HOST:PORT' if has_port else 'has no port'}: expected "
-                                     f"HOST:PORT[,HOST:PORT...], e.g. {example}", param_hint=_BROKERS_HINT)
-        addresses.append((match.group(1), int(match.group(2))))
+                                     f"HOST:PORT[,HOST:PORT...], e.g. {example}", param_hint=hint)
+        address = (match.group(1) or match.group(2), int(match.group(3)))
+        if address not in addresses:
+            addresses.append(address)
     if not addresses:
-        raise click.BadParameter("no broker address: expected HOST:PORT[,HOST:PORT...]", param_hint=_BROKERS_HINT)
+        raise click.BadParameter("no broker address: expected HOST:PORT[,HOST:PORT...]", param_hint=hint)
     return addresses
 
 
-def _probe(host: str, port: int, timeout: float) -> str | None:
-    """None if a TCP connection to host:port opens within timeout, else why not, in a few words."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        return f"host name {host!r} not resolved ({exc.strerror})"
-    causes: list[str] = []
-    for family, kind, proto, _, sockaddr in infos:
+_NOT_KAFKA = "accepts connections but did not answer ApiVersions (not a Kafka listener?)"
+
+
+class _Probe:
+    """One bootstrap address being checked: its name looked up, then every address it resolves to connected
+    to at once (and, with ``api_versions``, asked ApiVersions), all within one deadline. ``step`` says what
+    is still running when the deadline passes; ``cause`` why it failed; ``done`` is set once it is known."""
+
+    def __init__(self, host: str, port: int, timeout: float, deadline: float, api_versions: bool) -> None:
+        self.host, self.port, self.timeout, self.deadline = host, port, timeout, deadline
+        self.api_versions = api_versions
+        self.step = "name lookup"
+        self.ok = False
+        self.cause: str | None = None
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._causes: list[str] = []
+
+    def run(self) -> None:
+        try:
+            infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            return self._finish(f"host name {self.host!r} not resolved ({exc.strerror})")
+        targets = list(dict.fromkeys((family, kind, proto, sockaddr) for family, kind, proto, _, sockaddr in infos))
+        if not targets:
+            return self._finish(f"host name {self.host!r} has no address")
+        self.step = "connecting"
+        self._pending = len(targets)
+        for target in targets:
+            threading.Thread(target=self._try, args=target, daemon=True).start()
+
+    def _try(self, family: int, kind: int, proto: int, sockaddr: Any) -> None:
         try:
             with socket.socket(family, kind, proto) as sock:
-                sock.settimeout(timeout)
+                sock.settimeout(max(self.deadline - time.monotonic(), 0.001))
                 sock.connect(sockaddr)
-            return None
+                if self.api_versions:
+                    self.step = "ApiVersions"
+                    cause = _api_versions_failure(sock, self.deadline)
+                else:
+                    cause = None
         except ConnectionRefusedError:
             cause = "connection refused (nothing listens on that port)"
         except (socket.timeout, TimeoutError):
-            cause = f"no connection within {timeout:g} s"
+            cause = f"no connection within {self.timeout:g} s"
         except OSError as exc:
             cause = exc.strerror or str(exc)
-        if cause not in causes:
-            causes.append(cause)
-    return "; ".join(causes) or f"host name {host!r} has no address"
+        with self._lock:
+            self._pending -= 1
+            if cause is None:
+                self.ok = True
+            elif cause not in self._causes:
+                self._causes.append(cause)
+            if self.ok or self._pending == 0:
+                self._finish("; ".join(self._causes) if not self.ok else None)
+
+    def _finish(self, cause: str | None) -> None:
+        if not self.done.is_set():
+            self.ok, self.cause = cause is None, cause
+            self.done.set()
 
 
-def reachable_broker(addresses: Sequence[tuple[str, int]], timeout: float) -> tuple[str, int]:
-    """The first of these addresses a TCP connection opens to (all tried at once, each within timeout),
-    or a CtlError (EXIT_UNREACHABLE) naming every address and why it failed. Daemon threads: a name lookup
-    that hangs past the timeout does not hold the command."""
-    answers: queue.Queue[tuple[tuple[str, int], str | None]] = queue.Queue()
-    for address in addresses:
-        threading.Thread(target=lambda a=address: answers.put((a, _probe(*a, timeout))), daemon=True).start()
-    failures: dict[tuple[str, int], str] = {}
-    deadline = time.monotonic() + timeout + 1.0
-    while len(failures) < len(addresses):
-        try:
-            address, cause = answers.get(timeout=max(deadline - time.monotonic(), 0.0))
-        except queue.Empty:
-            break
-        if cause is None:
-            return address
-        failures[address] = cause
-    for address in addresses:
-        failures.setdefault(address, f"no answer within {timeout:g} s (name lookup)")
-    listed = "; ".join(f"{_address_text(address)}: {failures[address]}" for address in addresses)
+def _api_versions_failure(sock: socket.socket, deadline: float) -> str | None:
+    """None if the peer of this connected socket answers ApiVersions (pykbroker's protocol client) before
+    the deadline, else why not. The socket stays the caller's to close."""
+    import asyncio
+
+    from pykbroker.protocol.client import ClientError, KafkaClientConnection
+
+    async def ask() -> None:
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):
+            _, connection = await loop.create_connection(
+                lambda: KafkaClientConnection(client_id=CLIENT_ID, request_timeout=None), sock=sock.dup())
+            try:
+                await connection.negotiate_api_versions()
+            finally:
+                await connection.aclose()
+
+    try:
+        asyncio.run(ask())
+    except (ClientError, OSError, TimeoutError):
+        return _NOT_KAFKA
+    return None
+
+
+def reachable_broker(addresses: Sequence[tuple[str, int]], timeout: float, *,
+                     api_versions: bool = False) -> tuple[str, int]:
+    """The first of these addresses a TCP connection opens to (and, with ``api_versions``, that answers
+    ApiVersions): all tried at once - every address a name resolves to too - within one timeout; or a
+    CtlError (EXIT_UNREACHABLE) naming every address and why it failed, or which step was still running at
+    the timeout. Daemon threads: a name lookup that hangs past the timeout does not hold the command."""
+    addresses = list(dict.fromkeys(addresses))
+    deadline = time.monotonic() + timeout
+    probes = [_Probe(host, port, timeout, deadline, api_versions) for host, port in addresses]
+    answered = threading.Condition()
+
+    def run(probe: _Probe) -> None:
+        probe.run()
+        probe.done.wait()
+        with answered:
+            answered.notify_all()
+
+    for probe in probes:
+        threading.Thread(target=run, args=(probe,), daemon=True).start()
+    with answered:  # a second past the deadline: a probe's own timeout says more than the step it was in
+        answered.wait_for(lambda: any(p.ok for p in probes) or all(p.done.is_set() for p in probes),
+                          timeout=timeout + 1.0)
+    for probe in probes:
+        if probe.ok:
+            return probe.host, probe.port
+    listed = "; ".join(f"{_address_text((p.host, p.port))}: "
+                       f"{p.cause if p.done.is_set() else f'no answer within {timeout:g} s ({p.step})'}"
+                       for p in probes)
     raise CtlError(f"cannot reach any broker: {listed}", EXIT_UNREACHABLE)
 
 
@@ -196,15 +278,22 @@ def each_result(conn: "Connection", futures: dict[str, Any], what: str) -> list[
 def report_each(conn: "Connection", results: list[tuple[str, Any]], kind: str, done: str, *,
                 tolerate: str | None = None, tolerated: str = "") -> None:
     """One row per resource, {KIND, status, error}; an error whose name is ``tolerate`` (--if-exists and
-    the like) is status ``tolerated`` instead. An error is said once, in its row (as rpk prints it), not
-    again on stderr; the exit code is the worst."""
+    the like) is status ``tolerated`` instead. An error (a KafkaError, or a CtlError the command met for
+    that resource) is said once, in its row (as rpk prints it), not again on stderr; one that means the
+    resource does not exist says so (``does not exist (UNKNOWN_TOPIC_OR_PART)``, the wording of every
+    command); the exit code is the worst."""
     rows, worst = [], EXIT_OK
     for name, error in results:
-        if error is None or error.name() == tolerate:
+        if error is None or (not isinstance(error, CtlError) and error.name() == tolerate):
             rows.append({kind: name, "status": done if error is None else tolerated, "error": None})
             continue
+        if isinstance(error, CtlError):
+            worst = max(worst, error.exit_code)
+            rows.append({kind: name, "status": error.message, "error": {"code": None, "message": error.message}})
+            continue
         worst = max(worst, exit_code_for(error))
-        rows.append({kind: name, "status": error_text(error), "error": {"code": error.name(), "message": error.str()}})
+        status = f"does not exist ({error.name()})" if exit_code_for(error) == EXIT_NOT_FOUND else error_text(error)
+        rows.append({kind: name, "status": status, "error": {"code": error.name(), "message": error.str()}})
     conn.emit(rows, lambda rows: table([kind, "status"], [[row[kind], row["status"]] for row in rows]))
     if worst:
         raise click.exceptions.Exit(worst)
@@ -221,19 +310,23 @@ class Connection:
     output: str  # "table" or "json"
     verbose: bool
     extra: dict[str, str] = field(default_factory=dict)
+    brokers_hint: str = _BROKERS_HINT  # where ``brokers`` came from, for a usage error: -b or $PYKBROKER_BROKERS
     _admin: Any = None
     _reachable: tuple[str, int] | None = None
 
     @property
     def bootstrap(self) -> list[tuple[str, int]]:
         """The bootstrap addresses (-X bootstrap.servers overrides -b, as it does for the client)."""
-        return parse_bootstrap(self.extra.get("bootstrap.servers", self.brokers))
+        if "bootstrap.servers" in self.extra:
+            return parse_bootstrap(self.extra["bootstrap.servers"], _X_HINT)
+        return parse_bootstrap(self.brokers, self.brokers_hint)
 
     def reachable(self) -> tuple[str, int]:
-        """A bootstrap address that accepts a TCP connection (checked once), else a CtlError saying, for
-        each address, why not (exit 4) - at once, not after librdkafka's whole --timeout."""
+        """A bootstrap address that answers ApiVersions (checked once; with TLS or SASL set, that accepts a
+        TCP connection), else a CtlError saying, for each address, why not (exit 4) - at once, not after
+        librdkafka's whole --timeout."""
         if self._reachable is None:
-            self._reachable = reachable_broker(self.bootstrap, self.timeout)
+            self._reachable = reachable_broker(self.bootstrap, self.timeout, api_versions=self.plaintext)
         return self._reachable
 
     @property
@@ -343,6 +436,19 @@ def _librdkafka_logger(verbose: bool) -> logging.Logger:
     return logger
 
 
+def _protocol_logger(verbose: bool) -> None:
+    """pykbroker's protocol client (the reachability probe, FindCoordinator, ApiVersions per broker) logs a
+    WARNING when a peer breaks the protocol or does not answer: without -v the command's own error says
+    that, so those lines are not printed (Python would print them through its last-resort handler)."""
+    logger = logging.getLogger("pykbroker.protocol")
+    handler = next((h for h in logger.handlers if getattr(h, "pykbroker_ctl", False)), None)
+    if handler is None:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.pykbroker_ctl = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    handler.setLevel(logging.INFO if verbose else logging.CRITICAL + 1)
+
+
 def parse_pairs(items: Iterable[str], what: str, *, allow_empty_value: bool = True) -> dict[str, str]:
     """KEY=VALUE items into a dict (a usage error names the bad one)."""
     parsed: dict[str, str] = {}
@@ -367,8 +473,8 @@ def _remember_global(ctx: click.Context, param: click.Parameter, value: Any) -> 
 def global_options(group: Callable[..., Any]) -> Any:
     """The client commands' options on the ``pykbroker`` group itself, so that they may come before the
     command (``pykbroker --format json -b HOST:PORT topic list``); given after it too, the command's own
-    wins (its -X settings are added to these). Commands that are not clients (serve, cluster, console)
-    ignore them."""
+    wins (its -X settings are added to these). Commands that are not clients (serve, the dev cluster,
+    console) refuse them (:func:`refuse_unused_global_options`)."""
     def option(*decls: str, **attrs: Any) -> Callable[..., Any]:
         return click.option(*decls, expose_value=False, callback=_remember_global, **attrs)
 
@@ -384,6 +490,45 @@ def global_options(group: Callable[..., Any]) -> Any:
     for decorate in reversed(options):
         group = decorate(group)
     return group
+
+
+_GLOBAL_FLAGS = {"brokers": "-b", "timeout": "--timeout", "output": "--format", "client_config": "-X", "verbose": "-v"}
+
+
+class GlobalOptionsGroup(click.Group):
+    """The ``pykbroker`` group (with :func:`global_options`): client options given before the command that
+    reach a command that does not take them (serve, console, the dev cluster) are a usage error, said before
+    that command starts, instead of being ignored."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        refuse_unused_global_options(ctx)  # before click consumes the command's arguments
+        return super().invoke(ctx)
+
+
+def refuse_unused_global_options(ctx: click.Context) -> None:
+    """A usage error when client options given before the command reach a command that does not take them;
+    the command is found as click will find it (through a group such as ``cluster`` too)."""
+    given = ctx.meta.get(_GLOBAL_KEY)
+    args = [*ctx._protected_args, *ctx.args]
+    if not given or set(args) & set(ctx.help_option_names):
+        return  # help is shown whatever comes before it
+    command: click.Command = ctx.command
+    path, parent = [ctx.info_name or "pykbroker"], ctx
+    while isinstance(command, click.Group) and args:
+        name, found, args = command.resolve_command(parent, args)
+        if found is None:
+            return  # click says what is wrong with the command name
+        path.append(name or found.name or "")
+        command = found
+        if isinstance(command, click.Group):
+            parent = command.make_context(name, list(args), parent=parent, resilient_parsing=True)
+            args = [*parent._protected_args, *parent.args]
+    if getattr(command.callback, "takes_client_options", False) or (
+            isinstance(command, click.Group) and not command.invoke_without_command):
+        return  # a client command, or a group without its command: click says that one is missing
+    flags = ", ".join(_GLOBAL_FLAGS[name] for name in _GLOBAL_FLAGS if name in given)
+    raise click.UsageError(f"{flags} before the command: only the client commands take them (topic, produce, "
+                           f"consume, group, cluster info), not '{' '.join(path)}'", ctx=ctx)
 
 
 def _with_global_options(values: dict[str, Any], fmt_param: str | None) -> dict[str, Any]:
@@ -413,11 +558,16 @@ def connection_options(command: Callable[..., Any] | None = None, *, output_opti
 
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> Any:
+        given = kwargs
         kwargs = _with_global_options(kwargs, record_format)
         brokers, timeout = kwargs.pop("brokers"), kwargs.pop("timeout")
         client_config, verbose = kwargs.pop("client_config"), kwargs.pop("verbose")
         output = kwargs.pop("output") if output_option else "table"
-        conn = Connection(brokers, timeout, output, verbose, parse_pairs(client_config, "'-X'"))
+        source = click.get_current_context().get_parameter_source("brokers")
+        from_env = brokers == given["brokers"] and source == click.core.ParameterSource.ENVIRONMENT
+        conn = Connection(brokers, timeout, output, verbose, parse_pairs(client_config, "'-X'"),
+                          brokers_hint=_ENV_HINT if from_env else _BROKERS_HINT)
+        _protocol_logger(verbose)
         conn.bootstrap  # noqa: B018 (a malformed address is a usage error before anything else is done)
         try:
             return command(conn=conn, **kwargs)
@@ -425,6 +575,7 @@ def connection_options(command: Callable[..., Any] | None = None, *, output_opti
             click.echo("interrupted", err=True)
             sys.exit(EXIT_INTERRUPTED)
 
+    wrapper.takes_client_options = True  # type: ignore[attr-defined]  (see refuse_unused_global_options)
     options = [
         brokers_option(),
         click.option("--timeout", type=click.FloatRange(min=0.1), default=DEFAULT_TIMEOUT_S, show_default=True,

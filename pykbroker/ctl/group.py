@@ -18,8 +18,8 @@ from typing import Any
 import click
 
 from pykbroker.ctl.common import (
-    CLIENT_ID, EXIT_CODES_HELP, EXIT_KAFKA_ERROR, EXIT_NOT_FOUND, Connection, connection_options, CtlError,
-    each_result, error_text, exit_code_for, node_json, parse_timestamp, progress, report_each, section, table,
+    CLIENT_ID, EXIT_CODES_HELP, EXIT_KAFKA_ERROR, EXIT_NOT_FOUND, EXIT_UNREACHABLE, Connection, connection_options,
+    CtlError, each_result, error_text, exit_code_for, node_json, parse_timestamp, progress, report_each, section, table,
 )
 
 FIND_COORDINATOR_KEY = 10
@@ -322,9 +322,19 @@ def seek(conn: Connection, group_id: str, to: str | None, to_timestamp: str | No
 @click.argument("groups", nargs=-1, required=True)
 @connection_options
 def delete(conn: Connection, groups: tuple[str, ...]) -> None:
-    """Delete groups and their committed offsets (DeleteGroups). A group with members is refused
-    (NON_EMPTY_GROUP, exit 1); an unknown one is exit 3."""
+    """Delete groups and their committed offsets (DeleteGroups), one row each. A group with members is
+    refused (NON_EMPTY_GROUP, exit 1); an unknown one is exit 3; one whose coordinator cannot be found is
+    said in its row (exit 1) and the others are still deleted."""
+    failed: dict[str, CtlError] = {}
     for group_id in dict.fromkeys(groups):
-        check_coordinator(conn, group_id)
-    futures = conn.admin.delete_consumer_groups(list(dict.fromkeys(groups)), request_timeout=conn.timeout)
-    report_each(conn, each_result(conn, futures, "deleting groups"), "group", "deleted")
+        try:  # a group without a coordinator is its own row; the others are still deleted
+            check_coordinator(conn, group_id)
+        except CtlError as exc:
+            if exc.exit_code == EXIT_UNREACHABLE:
+                raise
+            failed[group_id] = exc
+    wanted = [group_id for group_id in dict.fromkeys(groups) if group_id not in failed]
+    futures = conn.admin.delete_consumer_groups(wanted, request_timeout=conn.timeout) if wanted else {}
+    deleted = dict(each_result(conn, futures, "deleting groups"))
+    report_each(conn, [(group_id, failed.get(group_id, deleted.get(group_id))) for group_id in dict.fromkeys(groups)],
+                "group", "deleted")

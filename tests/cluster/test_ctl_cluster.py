@@ -87,14 +87,75 @@ def test_group_commands_say_why_the_coordinator_cannot_be_found(zk_connect, tmp_
         assert created.returncode == 0, created
         cluster.wait_for_leader("orders", 0)
         for args in (["group", "describe", "billing"], ["group", "seek", "billing", "--to", "earliest", "-t", "orders"],
-                     ["group", "delete", "billing"], ["consume", "orders", "-g", "billing", "-e"]):
+                     ["group", "delete", "billing", "audit"], ["consume", "orders", "-g", "billing", "-e"]):
             started = time.monotonic()
             result = ctl(bootstrap, *args, "--timeout", str(COORDINATOR_TIMEOUT_S))
             took = time.monotonic() - started
             assert result.returncode == 1, result
             assert took < QUICK_S, f"{args} took {took:.1f} s"
-            assert "Error: cannot find the coordinator of group 'billing': COORDINATOR_NOT_AVAILABLE" in result.stderr, result
+            said = "cannot find the coordinator of group 'billing': COORDINATOR_NOT_AVAILABLE"
+            if args[:2] == ["group", "delete"]:  # each group its row, as every delete says its errors
+                assert [line.split("  ")[0] for line in result.stdout.splitlines()] == ["GROUP", "billing", "audit"]
+                assert said in result.stdout and "group 'audit': COORDINATOR_NOT_AVAILABLE" in result.stdout, result
+            else:
+                assert f"Error: {said}" in result.stderr, result
             assert "_TIMED_OUT" not in result.stderr and "Traceback" not in result.stderr, result
         # a group command that needs no coordinator still works
         listed = ctl(bootstrap, "group", "list", "--format", "json")
         assert listed.returncode == 0 and listed.json() == [], listed
+
+
+def test_group_delete_deletes_the_groups_whose_coordinator_is_found(zk_connect, tmp_path):
+    """Two brokers, __consumer_offsets with one replica per partition, one broker stopped: the groups whose
+    offsets partition it led have no coordinator. Deleting such a group with another one deletes the other
+    one and says, in its own row, why the first could not be."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from pykbroker.groups.offset_store import OFFSETS_TOPIC, partition_for_group
+
+    overrides = {"offsets.topic.num.partitions": 2, "offsets.topic.replication.factor": 1}
+    with BrokerCluster(zk_connect, tmp_path, n=2, overrides=overrides) as cluster:
+        assert ctl(cluster.bootstrap, "topic", "create", "orders", "-r", "2").returncode == 0
+        cluster.wait_for_leader("orders", 0)
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+
+        def commit(group_id: str) -> None:
+            request = ConsumerGroupTopicPartitions(group_id, [TopicPartition("orders", 0, 1)])
+            admin.alter_consumer_group_offsets([request])[group_id].result(60)
+
+        commit("first")  # creates __consumer_offsets
+        leaders = {p: cluster.wait_for_leader(OFFSETS_TOPIC, p) for p in (0, 1)}
+        if len(set(leaders.values())) != 2:
+            pytest.skip(f"both {OFFSETS_TOPIC} partitions on one broker: {leaders}")
+        names = (f"g{i}" for i in range(1000))
+        kept, lost = (next(name for name in names if leaders[partition_for_group(name, 2)] == broker)
+                      for broker in (1, 2))
+        commit(kept)
+        commit(lost)
+        assert cluster.stop(2) == 0
+        cluster.wait_ready()
+
+        result = ctl(cluster.bootstrap, "group", "delete", lost, kept, "--timeout", "5", "--format", "json")
+        assert result.returncode == 1, result
+        rows = {row["group"]: row for row in result.json()}
+        assert rows[kept] == {"group": kept, "status": "deleted", "error": None}, result
+        assert rows[lost]["status"].startswith(
+            f"cannot find the coordinator of group {lost!r}: COORDINATOR_NOT_AVAILABLE"), result
+        gone = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(kept)])[kept].result(60)
+        assert [tp.offset for tp in gone.topic_partitions if tp.offset >= 0] == []
+
+
+def test_the_zookeeper_port_is_said_not_to_be_a_kafka_listener(zk_connect):
+    """`pykbroker cluster` prints ZooKeeper's address next to the brokers': given by mistake as -b, the CLI
+    says that port does not answer ApiVersions, at once, instead of librdkafka's _TRANSPORT after --timeout."""
+    import time
+
+    zookeeper = zk_connect.split("/", 1)[0]
+    started = time.monotonic()
+    result = ctl(zookeeper, "topic", "list", "--timeout", "30")
+    took = time.monotonic() - started
+    assert result.returncode == 4, result
+    assert took < QUICK_S, f"took {took:.1f} s"
+    assert result.stderr == (f"Error: cannot reach any broker: {zookeeper}: accepts connections but did not answer "
+                             "ApiVersions (not a Kafka listener?)\n"), result

@@ -8,8 +8,10 @@ Run: python3 -m pytest -q tests/integration/test_ctl.py
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -172,6 +174,8 @@ def test_topic_delete_and_not_found(shared_broker, topic_name):
     again = ctl(shared_broker.bootstrap, "topic", "delete", topic_name)
     assert again.returncode == 3, again
     assert (again.stdout + again.stderr).count("UNKNOWN_TOPIC_OR_PART") == 1 and topic_name in again.stdout, again
+    # the one wording of a topic that does not exist, as every command says it
+    assert again.rows() == [["TOPIC", "STATUS"], [topic_name, "does", "not", "exist", "(UNKNOWN_TOPIC_OR_PART)"]], again
     tolerated = ctl(shared_broker.bootstrap, "topic", "delete", topic_name, "--if-exists")
     assert tolerated.returncode == 0, tolerated
     assert tolerated.rows() == [["TOPIC", "STATUS"], [topic_name, "does", "not", "exist"]]
@@ -204,20 +208,51 @@ FAST_FAILURE_S = 12.0  # a Python start on a loaded machine, far below the --tim
                          ids=lambda args: " ".join(args))
 def test_unreachable_cluster_is_exit_4_at_once_naming_address_and_cause(args):
     """Nothing listening: refused at once, so the command says so at once (not after --timeout), naming the
-    address; an unresolvable host likewise, naming the host."""
-    port = free_port()
-    for bootstrap, cause in ((f"127.0.0.1:{port}", "connection refused"),
-                             ("nonexistent.invalid:9092", "host name 'nonexistent.invalid' not resolved")):
-        started = time.monotonic()
-        result = ctl(bootstrap, *args, "--timeout", "30", input="")
-        took = time.monotonic() - started
-        assert result.returncode == 4, result
-        assert took < FAST_FAILURE_S, f"{args} took {took:.1f} s"
-        assert f"Error: cannot reach any broker: {bootstrap}: {cause}" in result.stderr, result
-        assert "Traceback" not in result.stderr and "librdkafka" not in result.stderr, result  # its log only with -v
-    both = ctl(f"127.0.0.1:{port},nonexistent.invalid:9092", *args, "--timeout", "30", input="")
+    address; an unresolvable host likewise, naming the host (how soon is the system resolver's affair: with
+    an unreachable nameserver it takes 5 s a try, so only the refused case is timed)."""
+    with socket.socket() as bound:  # bound, not listening, kept: refused, and no other process takes it
+        bound.bind(("127.0.0.1", 0))
+        port = bound.getsockname()[1]
+        for bootstrap, cause in ((f"127.0.0.1:{port}", "connection refused"),
+                                 ("nonexistent.invalid:9092", "host name 'nonexistent.invalid' not resolved")):
+            started = time.monotonic()
+            result = ctl(bootstrap, *args, "--timeout", "30", input="")
+            took = time.monotonic() - started
+            assert result.returncode == 4, result
+            if cause == "connection refused":
+                assert took < FAST_FAILURE_S, f"{args} took {took:.1f} s"
+            assert f"Error: cannot reach any broker: {bootstrap}: {cause}" in result.stderr, result
+            assert "Traceback" not in result.stderr and "librdkafka" not in result.stderr, result  # log only with -v
+        both = ctl(f"127.0.0.1:{port},nonexistent.invalid:9092", *args, "--timeout", "30", input="")
     assert both.returncode == 4 and f"127.0.0.1:{port}: connection refused" in both.stderr, both
     assert "nonexistent.invalid:9092: host name" in both.stderr, both
+
+
+def test_a_port_where_another_service_listens_is_said_not_kafka():
+    """A wrong port that accepts connections (another service: ZooKeeper, HTTP): the CLI asks ApiVersions
+    and says that port did not answer it, at once when the service closes or answers something else,
+    instead of librdkafka's _TRANSPORT after the whole --timeout; no log lines of its protocol client."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+
+        def answer_http() -> None:
+            while True:
+                try:
+                    peer = server.accept()[0]
+                except OSError:  # closed: the test is over
+                    return
+                with peer:
+                    peer.recv(1024)
+                    peer.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+        threading.Thread(target=answer_http, daemon=True).start()
+        started = time.monotonic()
+        result = ctl(f"127.0.0.1:{port}", "topic", "list", "--timeout", "30")
+        took = time.monotonic() - started
+    assert result.returncode == 4, result
+    assert took < FAST_FAILURE_S, f"took {took:.1f} s"
+    assert result.stderr == (f"Error: cannot reach any broker: 127.0.0.1:{port}: accepts connections but did not "
+                             "answer ApiVersions (not a Kafka listener?)\n"), result
 
 
 @pytest.mark.parametrize("bootstrap", ["localhost", "127.0.0.1", "127.0.0.1:", "PLAINTEXT://localhost", "[::1]",
@@ -518,6 +553,7 @@ def test_group_delete_and_not_found(shared_broker, topic_name):
     for args in (["group", "describe", group], ["group", "delete", group]):
         gone = ctl(shared_broker.bootstrap, *args)
         assert gone.returncode == 3, gone
+    assert gone.rows() == [["GROUP", "STATUS"], [group, "does", "not", "exist", "(GROUP_ID_NOT_FOUND)"]], gone
 
 
 # ---------------------------------------------------------------------------------------------------
