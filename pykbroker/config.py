@@ -210,7 +210,9 @@ class NonEmpty:
         return self.description
 
 
-_METADATA_SHORT_VERSIONS = frozenset(version.split("-")[0] for version in METADATA_VERSIONS)
+# Kafka 3.7.1 maps a release ("3.7", "0.10.0") to its last version only for released ones: 3.8-IV0 (not
+# production-ready in 3.7.1) is accepted by its full name only, "3.8" and "3.8.0" are not valid versions.
+_METADATA_SHORT_VERSIONS = frozenset(version.split("-")[0] for version in METADATA_VERSIONS if version != "3.8-IV0")
 
 
 def metadata_version_known(text: str) -> bool:

@@ -78,7 +78,8 @@ def test_dynamic_broker_configs_are_checked_in_kafkas_order_and_words(configs, p
 
 @pytest.mark.parametrize(("version", "known"), [
     ("0.10.0.0", True), ("0.10.0", True), ("0.10.0-IV1", True), ("0.8.2.1", True), ("2.8", True), ("2.8-IV1", True),
-    ("3.0-IV1", True), ("3.7.1", True), ("3.8", True), ("3.9", False), ("9.9", False), ("0.7", False), ("", False),
+    ("3.0-IV1", True), ("3.7.1", True), ("3.8-IV0", True), ("3.8", False),
+    ("3.8.0", False), ("3.9", False), ("9.9", False), ("0.7", False), ("", False),
     ("2.8-IV9", False), ("latest", False),
 ])
 def test_message_format_version_accepts_what_kafkas_metadata_version_parser_does(version, known):
