@@ -361,9 +361,32 @@ def _coerce(type_: str, raw: Any) -> Any:
         if isinstance(raw, (list, tuple)) and all(isinstance(item, str) for item in raw):
             return [item.strip() for item in raw]
         raise ValueError("not a comma-separated string or a list of strings")
+    if isinstance(raw, Password) and type_ == "password":
+        return raw
     if isinstance(raw, str):  # string, class, password
-        return raw.strip()
+        return Password(raw.strip()) if type_ == "password" else raw.strip()
     raise ValueError(f"not {_TYPE_NAMES[type_]}")
+
+
+class Password:
+    """A password config's value (Kafka's Password): ``value`` is the secret; its repr and str hide it, so a
+    BrokerConfig logged or shown in an error never says it (DescribeConfigs shows it as null, sensitive)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "[hidden]"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Password) and other.value == self.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -614,6 +637,9 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
     _broker("metrics.port", "int", 0, "Serve /metrics (Prometheus), /health and /ready over HTTP on this port; 0: off.",
             Range(0, 65535)),
     _broker("metrics.host", "string", None, "Address the metrics endpoint listens on; unset: the broker's host."),
+    # the authorizer's (Kafka's AclAuthorizer and StandardAuthorizer read it; KafkaConfig does not define it)
+    _broker("super.users", "string", None, "Principals allowed every operation (User:alice;User:bob), as Kafka's "
+            "authorizers read it; accepted and described, no effect here (pykbroker has no authorizer)."),
 )
 
 
@@ -674,12 +700,23 @@ BROKER_CONFIGS.update(
 # cluster-level listener configs); DescribeConfigs lists those set, read-only, with their base as synonym.
 _LISTENER_OVERRIDE = re.compile(r"listener\.name\.[^.]*\.(.*)")
 CLUSTER_LEVEL_LISTENER_CONFIGS = frozenset({"max.connections", "max.connection.creation.rate"})
+# Kafka's DynamicBrokerConfig.ListenerMechanismConfigs: set per listener and SASL mechanism,
+# listener.name.<listener>.<mechanism>.<config> (listener.name.sasl_plaintext.plain.sasl.jaas.config).
+LISTENER_MECHANISM_CONFIGS = ("sasl.jaas.config", "sasl.login.callback.handler.class", "sasl.login.class",
+                              "sasl.server.callback.handler.class", "connections.max.reauth.ms")
 
 
 def listener_override_base(name: str) -> str | None:
-    """The base config a ``listener.name.<listener>.<config>`` name overrides, or None."""
+    """The base config a ``listener.name.<listener>.<config>`` or
+    ``listener.name.<listener>.<mechanism>.<config>`` name overrides, or None."""
     match = _LISTENER_OVERRIDE.fullmatch(name)
-    return match[1] if match else None
+    if not match:
+        return None
+    rest = match[1]
+    mechanism, dot, config = rest.partition(".")
+    if rest not in LISTENER_MECHANISM_CONFIGS and dot and config in LISTENER_MECHANISM_CONFIGS:
+        return config  # the mechanism (PLAIN, SCRAM-SHA-256, ...) holds no dot
+    return rest
 
 
 def broker_config_def(name: str) -> ConfigDef | None:

@@ -18,7 +18,8 @@ pykbroker applies config.APPLIED_DYNAMIC_CONFIG_NAMES while it runs (the log.* t
 message.max.bytes, compression.type, min.insync.replicas, the throttles, the cleaner's settings); the others
 (listeners, connection limits, thread counts, SSL/SASL settings, ...) are stored and described, and their
 doc says a new value has no effect here. Kafka's listener overrides (``listener.name.<listener>.<config>``)
-are accepted too, typed as their base config. Refusals follow Kafka (parse_dynamic_configs, then
+are accepted too, typed as their base config (``listener.name.<listener>.<mechanism>.sasl.jaas.config`` as
+sasl.jaas.config, as Kafka's ListenerMechanismConfigs). Refusals follow Kafka (parse_dynamic_configs, then
 ``alter_async`` against this broker's current configs): INVALID_REQUEST for a read-only key ("Cannot update
 these configs dynamically"), an SSL store setting without a listener prefix, an invalid value, a per-broker
 key as the cluster default, a thread count beyond half or double its current value or a cleaner setting

@@ -375,12 +375,16 @@ def test_kafkas_reconfiguration_checks_listener_overrides_and_password_configs(b
             "Set(listener.name.plaintext.ssl.keystore.type)"),
         ("1", "sasl.jaas.config", "x"): (ErrorCode.invalid_config,
             "Invalid config value for resource ConfigResource(type=BROKER, name='1'): Password encoder secret not configured"),
+        ("1", "listener.name.sasl_plaintext.plain.sasl.jaas.config", "x"): (ErrorCode.invalid_config,
+            "Invalid config value for resource ConfigResource(type=BROKER, name='1'): Password encoder secret not configured"),
     }
     for (entity, name, value), answer in answers.items():
         assert raw_incremental(address, (BROKER, entity, [(name, 0, value)]))[0][1:] == answer, name
     # what Kafka accepts: a thread count within bounds, a password config validated only, listener overrides
     assert raw_incremental(address, (BROKER, "1", [("num.io.threads", 0, "16")]))[0][1] == ErrorCode.none
     assert raw_incremental(address, (BROKER, "1", [("sasl.jaas.config", 0, "x")]), validate_only=True)[0][1] == ErrorCode.none
+    assert raw_incremental(address, (BROKER, "1", [("listener.name.sasl_plaintext.plain.sasl.jaas.config", 0, "x")]),
+                           validate_only=True)[0][1] == ErrorCode.none
     assert raw_incremental(address, (BROKER, "1", [("listener.name.plaintext.ssl.keystore.type", 0, "PKCS12")]))[0][1] \
         == ErrorCode.none
     assert raw_incremental(address, (BROKER, "", [("listener.name.plaintext.max.connections", 0, "5")]))[0][1] \

@@ -128,3 +128,34 @@ def test_listener_overrides_in_a_config_file_are_known_typed_as_their_base_and_d
     file.write_text("listener.name.plaintext.max.connections=many\n")
     with pytest.raises(ConfigError, match="listener.name.plaintext.max.connections"):
         load_config(file=file, env={})
+
+
+@pytest.mark.parametrize("name", [
+    "listener.name.sasl_plaintext.plain.sasl.jaas.config", "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config",
+    "listener.name.sasl_plaintext.oauthbearer.sasl.login.callback.handler.class",
+    "listener.name.sasl_plaintext.plain.sasl.server.callback.handler.class",
+    "listener.name.sasl_plaintext.gssapi.sasl.login.class", "listener.name.sasl_plaintext.plain.connections.max.reauth.ms",
+])
+def test_per_mechanism_sasl_listener_configs_are_typed_as_their_base(name):
+    from pykbroker.config import broker_config_def, listener_override_base
+    base = name.split(".", 4)[-1]
+    assert listener_override_base(name) == base
+    assert broker_config_def(name).type == BROKER_CONFIGS[base].type
+    assert set(parse_dynamic_configs({name: "1"})) == {name}  # Kafka validates them as their base, dynamic per broker
+    assert listener_override_base("listener.name.sasl_plaintext.plain.no.such.config") == "plain.no.such.config"
+
+
+def test_a_jaas_config_in_a_config_file_loads_is_kept_and_never_shown(tmp_path, caplog):
+    secret = 'org.apache.kafka.common.security.plain.PlainLoginModule required username="a" password="s3cr3t";'
+    file = tmp_path / "server.properties"
+    file.write_text(f"listener.name.sasl_plaintext.plain.sasl.jaas.config={secret}\nsuper.users=User:admin\n"
+                    f"sasl.jaas.config={secret}\n")
+    with caplog.at_level(logging.WARNING, logger="pykbroker.config"):
+        config = load_config(cli={"data_dir": str(tmp_path)}, file=file)
+    assert caplog.records == []
+    assert config.get("listener.name.sasl_plaintext.plain.sasl.jaas.config").value == secret
+    assert config.get("sasl.jaas.config").value == secret
+    assert config.get("super.users") == "User:admin"
+    assert "s3cr3t" not in repr(config) and "s3cr3t" not in str(config)
+    synonyms = config.broker_config_synonyms("listener.name.sasl_plaintext.plain.sasl.jaas.config")
+    assert synonyms == [("listener.name.sasl_plaintext.plain.sasl.jaas.config", None, 4), ("sasl.jaas.config", None, 4)]
