@@ -461,6 +461,8 @@ def _broker(name: str, type_: str, default: Any, doc: str, validator: Validator 
 BROKER_CONFIGS: dict[str, ConfigDef] = _table(
     # identity and cluster
     _broker("broker.id", "int", 1, "This broker's id. pykbroker's default is 1 (Kafka's -1 means generate one).", _AT_LEAST_0),
+    _broker("node.id", "int", -1, "Kafka's KRaft name of broker.id (its KafkaConfig.populateSynonyms): set without "
+            "broker.id, it is the broker id; set with it, both must be equal; described as the broker id."),
     _broker("broker.rack", "string", None, "The broker's rack, reported in Metadata responses."),
     _broker(
         "zookeeper.connect",
@@ -650,7 +652,7 @@ _UNUSED_REASONS = (
     (("remote.log.",), "pykbroker has no tiered storage"),
     (("zookeeper.ssl.", "zookeeper.set.acl", "zookeeper.clientCnxnSocket", "zookeeper.max.in.flight."),
      "pykbroker's ZooKeeper client (kazoo) connects without TLS and ACLs"),
-    (("process.roles", "node.id", "controller.", "metadata.", "broker.heartbeat.", "broker.session.",
+    (("process.roles", "controller.", "metadata.", "broker.heartbeat.", "broker.session.",
       "initial.broker.registration.", "early.start.listeners", "eligible.leader.replicas.",
       "zookeeper.metadata.migration."), "a KRaft setting; pykbroker runs as a single node or in ZooKeeper mode"),
     (("num.io.threads", "num.network.threads", "background.threads", "num.recovery.threads.", "queued.max.requests",
@@ -1021,7 +1023,7 @@ class BrokerConfig:
         full = {name: definition.default for name, definition in BROKER_CONFIGS.items()}
         full.update(_FSYNC_FLUSH_DEFAULTS[self.fsync])
         full.update(self.values)
-        full["broker.id"] = self.broker_id
+        full["broker.id"] = full["node.id"] = self.broker_id  # synonyms, as Kafka's KafkaConfig.populateSynonyms
         full["log.dirs"] = os.fspath(self.data_dir)  # Kafka's name for pykbroker's data.dir, as DescribeConfigs shows it
         # A frozen dataclass: fill the derived fields once, here, so every construction path agrees.
         object.__setattr__(self, "static_values", MappingProxyType(dict(full)))
@@ -1402,11 +1404,19 @@ def load_config(
         if overridden:
             log.warning("%s (from %s) is set, so %s %s ignored, as Kafka ignores its old host.name and port",
                         kafka_key, merged[kafka_key].origin, " and ".join(overridden), "is" if len(overridden) == 1 else "are")
+    if "node.id" in merged and "broker.id" not in merged:  # Kafka's populateSynonyms: node.id gives broker.id
+        merged["broker.id"] = merged["node.id"]
     settings = {name: _parse(definition, merged.get(name)) for name, definition in PYKBROKER_SETTINGS.items()}
     values = {name: _parse(definition, merged[name]) for name, definition in BROKER_CONFIGS.items() if name in merged}
     values.update((name, _parse(broker_config_def(name), setting)) for name, setting in merged.items()
                   if name not in BROKER_CONFIGS and name not in PYKBROKER_SETTINGS)  # listener overrides
+    if values.get("node.id", values.get("broker.id")) != values.get("broker.id"):
+        raise ConfigError("node.id", "You must set `node.id` to the same value as `broker.id`. "
+                          f"(node.id {values['node.id']} from {merged['node.id'].origin}, "
+                          f"broker.id {values['broker.id']} from {merged['broker.id'].origin})")
     explicit = set(values)
+    if "broker.id" in explicit:  # either name set both (Kafka's originals hold both after populateSynonyms)
+        explicit.add("node.id")
     if "fsync" in merged:
         explicit.update(_FSYNC_FLUSH_DEFAULTS[settings["fsync"]])  # implied by a choice the user made
     check_cleaner_configs({**{n: d.default for n, d in BROKER_CONFIGS.items()}, **values})

@@ -582,3 +582,17 @@ def test_queued_max_request_bytes_is_unbounded_at_or_below_0_or_at_least_socket_
     with pytest.raises(ConfigError, match="queued.max.request.bytes .*socket.request.max.bytes") as raised:
         load(env={"PYKBROKER_QUEUED_MAX_REQUEST_BYTES": "1000"})
     assert raised.value.name == "queued.max.request.bytes"
+
+
+def test_node_id_is_a_synonym_of_broker_id_as_in_kafka(tmp_path):
+    """Kafka's KafkaConfig.populateSynonyms: node.id without broker.id is the broker id (and the other way
+    round); both set must be equal, else Kafka refuses to start with this message."""
+    config = load_config(cli={"data_dir": str(tmp_path), "node.id": "5"}, env={})
+    assert (config.broker_id, config.get("broker.id"), config.get("node.id")) == (5, 5, 5)
+    config = load_config(cli={"data_dir": str(tmp_path), "broker.id": "6"}, env={})
+    assert (config.get("broker.id"), config.get("node.id")) == (6, 6)
+    assert load_config(cli={"data_dir": str(tmp_path), "broker.id": "6", "node.id": "6"}, env={}).broker_id == 6
+    with pytest.raises(ConfigError, match="You must set `node.id` to the same value as `broker.id`"):
+        load_config(cli={"data_dir": str(tmp_path), "broker.id": "6", "node.id": "7"}, env={})
+    with pytest.raises(ConfigError, match="Invalid value 'x' for configuration broker.id.*set by --override node.id"):
+        load_config(cli={"data_dir": str(tmp_path), "node.id": "x"}, env={})
