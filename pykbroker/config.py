@@ -690,8 +690,15 @@ def _kafka_default(type_: str, text: str | None) -> Any:
 # Every other broker config Kafka 3.7.1 defines, from its catalogue: known (a config file, --override and
 # AlterConfigs accept it, with Kafka's type, default, validator and update mode; DescribeConfigs lists it) but
 # not used. log.dir and log.dirs are pykbroker's data.dir (_SETTING_ALIASES) and are described as such.
+_USED_KAFKA_DOCS = {
+    "log.dirs": "pykbroker's data directory (data.dir, --data-dir; one directory, not a list); described as the "
+                "data directory in use, STATIC_BROKER_CONFIG when set by any of those names.",
+    "log.dir": "pykbroker's data directory (data.dir) when log.dirs is not set, as in Kafka; described with the "
+               "value it was set to.",
+}
 BROKER_CONFIGS.update(
-    (name, ConfigDef(name, type_, _kafka_default(type_, default), _unused_doc(name, mode), _kafka_validator(type_, valid),
+    (name, ConfigDef(name, type_, _kafka_default(type_, default), _USED_KAFKA_DOCS.get(name) or _unused_doc(name, mode),
+                     _kafka_validator(type_, valid),
                      read_only=name not in DYNAMIC_BROKER_CONFIG_NAMES, sensitive=type_ == "password"))
     for name, type_, default, valid, mode in KAFKA_BROKER_CONFIGS
     if name not in BROKER_CONFIGS
@@ -1363,6 +1370,7 @@ def warn_ignored_topic_configs(topic: str, configs: Mapping[str, Any], inter_bro
 class _Setting:
     raw: Any
     origin: str  # where the value came from, for messages: "--port", "PYKBROKER_PORT", "broker.toml"
+    key: str = ""  # the name it was set by (log.dir, log.dirs for data.dir)
 
 
 def load_config(
@@ -1415,6 +1423,8 @@ def load_config(
                           f"(node.id {values['node.id']} from {merged['node.id'].origin}, "
                           f"broker.id {values['broker.id']} from {merged['broker.id'].origin})")
     explicit = set(values)
+    if "data.dir" in merged and merged["data.dir"].key != "log.dir":  # --data-dir, data.dir, log.dirs
+        explicit.add("log.dirs")
     if "broker.id" in explicit:  # either name set both (Kafka's originals hold both after populateSynonyms)
         explicit.add("node.id")
     if "fsync" in merged:
@@ -1446,7 +1456,9 @@ def _layer(entries: Iterable[tuple[str, Any, str]]) -> dict[str, _Setting]:
         if name in PYKBROKER_SETTINGS or broker_config_def(name) is not None:
             if name == "log.level" and isinstance(raw, str):  # logging's names are upper case; accept any case
                 raw = raw.strip().upper()
-            layer[name] = _Setting(raw, origin)
+            layer[name] = _Setting(raw, origin, key)
+            if name != key and key in BROKER_CONFIGS:  # log.dir, log.dirs: also described under the name used
+                layer[key] = _Setting(raw, origin, key)
         elif key in TOPIC_CONFIGS and TOPIC_CONFIGS[key].synonyms:
             log.warning(
                 "configuration key %s (from %s) is a topic config and is ignored here; the broker-wide default is %s",

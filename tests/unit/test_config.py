@@ -596,3 +596,23 @@ def test_node_id_is_a_synonym_of_broker_id_as_in_kafka(tmp_path):
         load_config(cli={"data_dir": str(tmp_path), "broker.id": "6", "node.id": "7"}, env={})
     with pytest.raises(ConfigError, match="Invalid value 'x' for configuration broker.id.*set by --override node.id"):
         load_config(cli={"data_dir": str(tmp_path), "node.id": "x"}, env={})
+
+
+@pytest.mark.parametrize("cli", [{"data_dir": "{d}"}, {"log.dirs": "{d}"}, {"data.dir": "{d}"}])
+def test_the_data_dir_is_described_as_log_dirs_set_statically(tmp_path, cli):
+    """As Kafka describes a log.dirs set in server.properties: its value, STATIC_BROKER_CONFIG, itself as synonym."""
+    config = load_config(cli={key: value.format(d=tmp_path) for key, value in cli.items()}, env={})
+    assert config.broker_config_source("log.dirs") == (str(tmp_path), ConfigSource.STATIC_BROKER_CONFIG)
+    assert config.broker_config_synonyms("log.dirs") == [("log.dirs", str(tmp_path), ConfigSource.STATIC_BROKER_CONFIG)]
+    assert "no effect" not in BROKER_CONFIGS["log.dirs"].doc and "no effect" not in BROKER_CONFIGS["log.dir"].doc
+
+
+def test_a_data_dir_set_as_log_dir_is_described_under_that_name(tmp_path):
+    file = tmp_path / "server.properties"
+    file.write_text(f"log.dir={tmp_path / 'z'}\n")
+    config = load_config(file=file, env={})
+    assert config.data_dir == tmp_path / "z"
+    assert config.broker_config_source("log.dir") == (str(tmp_path / "z"), ConfigSource.STATIC_BROKER_CONFIG)
+    assert config.broker_config_source("log.dirs")[1] == ConfigSource.DEFAULT_CONFIG
+    default = load_config(cli={"data_dir": str(tmp_path)}, env={})
+    assert default.broker_config_source("log.dir") == ("/tmp/kafka-logs", ConfigSource.DEFAULT_CONFIG)
