@@ -437,6 +437,7 @@ APPLIED_DYNAMIC_CONFIG_NAMES = frozenset({
     "log.cleaner.threads", "log.cleaner.backoff.ms", "log.cleaner.dedupe.buffer.size", "log.cleaner.io.buffer.size",
     "log.cleaner.io.buffer.load.factor",
     "transaction.partition.verification.enable",  # the broker switches its verifier (server/broker.py)
+    "unclean.leader.election.enable",  # the controller reads it at each election (cluster/controller.py)
 })
 # Every broker config AlterConfigs accepts (read_only false in DescribeConfigs): Kafka 3.7.1's dynamic ones
 # (DynamicBrokerConfig.AllDynamicConfigs) and the two replication throttles (its ZooKeeper-mode

@@ -144,6 +144,8 @@ class Broker:
         # The broker configs with their dynamic layers (AlterConfigs): value(name), add_listener(callback).
         self.dynamic_configs = DynamicConfigs(config, self.metadata)
         self.dynamic_configs.add_listener(self._cleaner_configs_changed)
+        if self.cluster is not None:  # the controller reads unclean.leader.election.enable's dynamic value
+            self.cluster.controller.dynamic_configs = self.dynamic_configs
         self.topics = TopicAdmin(config, self.metadata, self.replicas, self.dynamic_configs)
         if self.cluster is not None:  # blocks of ids reserved in ZooKeeper: unique across the cluster
             self.producer_ids = ProducerRegistry(ZkProducerIdAllocator(self.cluster.zk, config.broker_id))
