@@ -935,6 +935,10 @@ def _check_queued_max_request_bytes(values: Mapping[str, Any]) -> None:
 MIN_DEDUPE_BUFFER_PER_THREAD = 1024 * 1024
 
 
+class KafkaRequirement(ConfigError):
+    """A requirement of Kafka's KafkaConfig, in its words (Kafka answers "requirement failed: <message>")."""
+
+
 class ReconfigurationError(ConfigError):
     """A dynamic update a broker component refuses given its current value (Kafka's
     Reconfigurable.validateReconfiguration: the log cleaner's and the thread pools' thread counts)."""
@@ -948,8 +952,8 @@ def check_cleaner_configs(values: Mapping[str, Any], current: Mapping[str, Any] 
     threads = int(values["log.cleaner.threads"])
     dedupe = int(values["log.cleaner.dedupe.buffer.size"])
     if threads >= 1 and dedupe // threads <= MIN_DEDUPE_BUFFER_PER_THREAD:
-        raise ConfigError("log.cleaner.dedupe.buffer.size",
-                          "log.cleaner.dedupe.buffer.size must be at least 1MB per cleaner thread.")
+        raise KafkaRequirement("log.cleaner.dedupe.buffer.size",
+                               "log.cleaner.dedupe.buffer.size must be at least 1MB per cleaner thread.")
     if current is None:
         return
     now = int(current["log.cleaner.threads"])
@@ -1246,59 +1250,50 @@ def parse_listeners(key: str, text: str, protocols: Mapping[str, str]) -> tuple[
         raise ConfigError(key, f"{key} is empty: expected NAME://host:port,...")
     names = [listener.name for listener in listeners]
     if len(set(names)) != len(names):
-        raise ConfigError(key, f"Each listener must have a different name, {key}: {text}")
+        raise KafkaRequirement(key, f"Each listener must have a different name, {key}: {text}")
     ports = [listener.port for listener in listeners if listener.port]
     if key == "listeners" and len(set(ports)) != len(ports):
-        raise ConfigError(key, f"Each listener must have a different port, {key}: {text}")
+        raise KafkaRequirement(key, f"Each listener must have a different port, {key}: {text}")
     return tuple(listeners)
 
 
-def listener_configs_refusal(values: Mapping[str, Any]) -> str | None:
-    """Why Kafka 3.7.1 refuses these listener configs as a dynamic update (DynamicListenerConfig), in its
-    words, or None: a protocol map entry with an unknown protocol, a listener that is no ``NAME://host:port``
-    or whose name the map lacks, two listeners of one name."""
-    text_map = values["listener.security.protocol.map"] or ""
-    protocols: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in text_map.split(","))):
+def check_listener_update(values: Mapping[str, Any], current: "BrokerConfig") -> None:
+    """Kafka 3.7.1's checks of new listener configs (a dynamic update of listeners, advertised.listeners or
+    listener.security.protocol.map) against this broker's ``current`` ones, in its words: ConfigError for
+    configs that do not parse ("Error creating broker listeners from ..."), KafkaRequirement for KafkaConfig's
+    requirements (resolve_listeners, the start-up checks), ReconfigurationError for DynamicListenerConfig's
+    (an existing listener's security protocol cannot change). Unset listeners are pykbroker's host/port
+    listener; the inter-broker listener must stay advertised."""
+    key = "listener.security.protocol.map"
+    for item in filter(None, (part.strip() for part in (values[key] or "").split(","))):
         name, separator, protocol = item.partition(":")
         if not separator:
-            return f"Error parsing configuration property 'listener.security.protocol.map': {item}"
+            raise ConfigError(key, f"Error parsing configuration property '{key}': {item}")
         if protocol.strip().upper() not in SECURITY_PROTOCOLS:
-            return f"Invalid security protocol `{protocol.strip()}` defined in listener.security.protocol.map"
-        protocols[name.strip().upper()] = protocol.strip().upper()
-    for key in ("listeners", "advertised.listeners"):
-        text = values[key]
-        if not text:
-            continue
-        for item in filter(None, (part.strip() for part in text.split(","))):
+            raise ConfigError(key, f"Invalid security protocol `{protocol.strip()}` defined in {key}")
+    protocols = parse_security_protocol_map(values[key])
+    listeners_text = values["listeners"] or ",".join(map(str, current.listeners))
+    for key, text in (("listeners", listeners_text), ("advertised.listeners", values["advertised.listeners"])):
+        for item in filter(None, (part.strip() for part in (text or "").split(","))):
             match = _ENDPOINT.fullmatch(item)
             if match is None:
-                return f"Error creating broker listeners from '{text}': Unable to parse {item} to a broker endpoint"
+                raise ConfigError(key, f"Error creating broker listeners from '{text}': Unable to parse {item} to a broker endpoint")
             if match["name"].upper() not in protocols:
-                return f"Error creating broker listeners from '{text}': No security protocol defined for listener {match['name'].upper()}"
-        try:
-            parse_listeners(key, text, protocols)
-        except ConfigError as exc:
-            return f"requirement failed: {exc.message}"
-    return None
+                raise ConfigError(key, f"Error creating broker listeners from '{text}': No security protocol defined "
+                                  f"for listener {match['name'].upper()}")
+    inter_broker = values.get("inter.broker.listener.name") or current.advertised_listeners[0].name
+    listeners, _ = resolve_listeners(current.host, current.port, current.advertised_host, current.advertised_port,
+                                     {**values, "listeners": listeners_text, "inter.broker.listener.name": inter_broker},
+                                     supported_only=False)
+    for old in current.listeners:
+        new = next((listener for listener in listeners if listener.name == old.name), None)
+        if new is not None and new.security_protocol != old.security_protocol:
+            raise ReconfigurationError(key, f"Security protocol cannot be updated for existing listener "
+                                       f"ListenerName({old.name})")
+    _check_supported(listeners)
 
 
-def resolve_listeners(
-    host: str, port: int, advertised_host: str, advertised_port: int, values: Mapping[str, Any]
-) -> tuple[tuple[Listener, ...], tuple[Listener, ...]]:
-    """(listeners, advertised listeners) from Kafka's listener keys, else from pykbroker's host/port.
-
-    ``listeners`` wins over host/port (as it did over Kafka's old ``host.name``/``port``). Advertised
-    listeners default to the listeners; their names must be a subset of the listeners' and, as in Kafka,
-    they may not name the non-routable 0.0.0.0. A listener on every interface (an empty host, or
-    ``--host 0.0.0.0`` without an advertised host) is advertised under the canonical host name. A
-    security protocol other than PLAINTEXT is refused here, before anything starts.
-    """
-    protocols = parse_security_protocol_map(values["listener.security.protocol.map"])
-    if values.get("listeners"):
-        listeners = parse_listeners("listeners", values["listeners"], protocols)
-    else:
-        listeners = (Listener(DEFAULT_LISTENER_NAME, host, port, protocols.get(DEFAULT_LISTENER_NAME, "PLAINTEXT")),)
+def _check_supported(listeners: Iterable[Listener]) -> None:
     for listener in listeners:
         if listener.security_protocol not in SUPPORTED_SECURITY_PROTOCOLS:
             raise ConfigError(
@@ -1306,21 +1301,50 @@ def resolve_listeners(
                 f"listener {listener} uses security protocol {listener.security_protocol}, which pykbroker does not "
                 f"support yet (only {', '.join(SUPPORTED_SECURITY_PROTOCOLS)})",
             )
+
+
+def resolve_listeners(
+    host: str, port: int, advertised_host: str, advertised_port: int, values: Mapping[str, Any], *,
+    supported_only: bool = True,
+) -> tuple[tuple[Listener, ...], tuple[Listener, ...]]:
+    """(listeners, advertised listeners) from Kafka's listener keys, else from pykbroker's host/port.
+
+    ``listeners`` wins over host/port (as it did over Kafka's old ``host.name``/``port``). Advertised
+    listeners default to the listeners; their names must be a subset of the listeners' and, as in Kafka,
+    they may not name the non-routable 0.0.0.0. A listener on every interface (an empty host, or
+    ``--host 0.0.0.0`` without an advertised host) is advertised under the canonical host name. A
+    security protocol other than PLAINTEXT is refused here, before anything starts (after Kafka's own
+    requirements; ``supported_only`` False: not at all). Kafka's requirements raise KafkaRequirement.
+    """
+    protocols = parse_security_protocol_map(values["listener.security.protocol.map"])
+    if values.get("listeners"):
+        listeners = parse_listeners("listeners", values["listeners"], protocols)
+    else:
+        listeners = (Listener(DEFAULT_LISTENER_NAME, host, port, protocols.get(DEFAULT_LISTENER_NAME, "PLAINTEXT")),)
     if values.get("advertised.listeners"):
         advertised = parse_listeners("advertised.listeners", values["advertised.listeners"], protocols)
-        unknown = sorted({a.name for a in advertised} - {listener.name for listener in listeners})
-        if unknown:
-            raise ConfigError("advertised.listeners", f"advertised.listeners names {', '.join(unknown)} are not in "
-                              "listeners: advertised listener names must be equal to or a subset of the listeners'")
     elif values.get("listeners"):
         advertised = listeners
     else:
         advertised = (Listener(listeners[0].name, advertised_host or host, advertised_port or port, listeners[0].security_protocol),)
+    # KafkaConfig's requirements, in its order and words
+    advertised_names = ",".join(listener.name for listener in advertised)
+    inter_broker = values.get("inter.broker.listener.name")
+    if inter_broker and inter_broker.upper() not in {listener.name for listener in advertised}:
+        raise KafkaRequirement("inter.broker.listener.name", "inter.broker.listener.name must be a listener name "
+                               "defined in advertised.listeners. The valid options based on currently configured "
+                               f"listeners are {advertised_names}")
+    if {a.name for a in advertised} - {listener.name for listener in listeners}:
+        raise KafkaRequirement("advertised.listeners", "advertised.listeners listener names must be equal to or a "
+                               f"subset of the ones defined in listeners. Found {advertised_names}. The valid options "
+                               f"based on the current configuration are {','.join(l.name for l in listeners)}")
     if values.get("listeners") or values.get("advertised.listeners"):
         for listener in advertised:
             if listener.host in _NON_ROUTABLE:
-                raise ConfigError("advertised.listeners", f"advertised.listeners cannot use the nonroutable meta-address "
-                                  f"{listener.host} ({listener}); set advertised.listeners to a routable address")
+                raise KafkaRequirement("advertised.listeners", "advertised.listeners cannot use the nonroutable "
+                                       f"meta-address {listener.host}. Use a routable IP address.")
+    if supported_only:
+        _check_supported(listeners)
     if any(listener.binds_all for listener in advertised):
         host_name = canonical_host_name()
         advertised = tuple(replace(a, host=host_name) if a.binds_all else a for a in advertised)

@@ -55,7 +55,8 @@ from pykbroker.config import (
     check_cleaner_configs,
     check_thread_pool_configs,
     listed_names,
-    listener_configs_refusal,
+    KafkaRequirement,
+    check_listener_update,
     listener_override_base,
     to_topic_unit,
 )
@@ -163,17 +164,15 @@ class DynamicConfigs:
                 if any(after[name] != now[name] for name in after if name.startswith("log.cleaner.")):
                     check_cleaner_configs(after, now)
                 check_thread_pool_configs(after, now)
+                if any(after[name] != now[name] for name in _LISTENER_CONFIGS):
+                    check_listener_update(after, self.config)
             except ReconfigurationError as exc:  # Kafka wraps a reconfigurable's refusal this way
                 raise KafkaError(ErrorCode.invalid_request, f"Invalid value org.apache.kafka.common.config."
                                  f"ConfigException: {exc.message} for configuration Invalid dynamic configuration") from None
-            except ConfigError as exc:  # KafkaConfig's own requirements, as Kafka words a failed one
+            except KafkaRequirement as exc:  # KafkaConfig's own requirements, as Kafka words a failed one
                 raise KafkaError(ErrorCode.invalid_request, f"requirement failed: {exc.message}") from None
-            if any(after[name] != now[name] for name in _LISTENER_CONFIGS):
-                # unset listeners are pykbroker's host/port listener, which a new protocol map must still name
-                listeners = after["listeners"] or ",".join(map(str, self.config.listeners))
-                refusal = listener_configs_refusal({**after, "listeners": listeners})
-                if refusal is not None:
-                    raise KafkaError(ErrorCode.invalid_request, refusal)
+            except ConfigError as exc:  # Kafka's words already (listener configs that do not parse)
+                raise KafkaError(ErrorCode.invalid_request, exc.message) from None
         if validate_only:
             return
         passwords = sorted(name for name in configs if broker_config_def(name).sensitive)

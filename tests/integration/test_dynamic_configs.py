@@ -368,6 +368,10 @@ def test_kafkas_reconfiguration_checks_listener_overrides_and_password_configs(b
             "Error creating broker listeners from 'FOO://127.0.0.1:1': No security protocol defined for listener FOO"),
         ("1", "listener.security.protocol.map", "PLAINTEXT:FOO"): (ErrorCode.invalid_request,
             "Invalid security protocol `FOO` defined in listener.security.protocol.map"),
+        ("1", "listener.security.protocol.map", "PLAINTEXT:SSL"): (ErrorCode.invalid_request, wrapped.format(
+            "Security protocol cannot be updated for existing listener ListenerName(PLAINTEXT)")),
+        ("1", "advertised.listeners", "PLAINTEXT://0.0.0.0:1"): (ErrorCode.invalid_request,
+            "requirement failed: advertised.listeners cannot use the nonroutable meta-address 0.0.0.0. Use a routable IP address."),
         ("1", "listener.name.plaintext.max.connections", "x"): (ErrorCode.invalid_request,
             "Invalid value x for configuration max.connections: Not a number of type INT"),
         ("", "listener.name.plaintext.ssl.keystore.type", "PKCS12"): (ErrorCode.invalid_request,

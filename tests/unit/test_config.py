@@ -15,6 +15,9 @@ from kio.serial import entity_reader
 
 import pykbroker.config as config_module
 from pykbroker.config import (
+    KafkaRequirement,
+    ReconfigurationError,
+    check_listener_update,
     BROKER_CONFIGS,
     LONG_MAX,
     PYKBROKER_SETTINGS,
@@ -616,3 +619,38 @@ def test_a_data_dir_set_as_log_dir_is_described_under_that_name(tmp_path):
     assert config.broker_config_source("log.dirs")[1] == ConfigSource.DEFAULT_CONFIG
     default = load_config(cli={"data_dir": str(tmp_path)}, env={})
     assert default.broker_config_source("log.dir") == ("/tmp/kafka-logs", ConfigSource.DEFAULT_CONFIG)
+
+
+@pytest.mark.parametrize(("update", "error", "message"), [
+    ({"listener.security.protocol.map": "PLAINTEXT:SSL"}, ReconfigurationError,
+     "Security protocol cannot be updated for existing listener ListenerName(PLAINTEXT)"),
+    ({"advertised.listeners": "PLAINTEXT://127.0.0.1:1,FOO://127.0.0.1:2",
+      "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,FOO:PLAINTEXT"}, KafkaRequirement,
+     "advertised.listeners listener names must be equal to or a subset of the ones defined in listeners. "
+     "Found PLAINTEXT,FOO. The valid options based on the current configuration are PLAINTEXT"),
+    ({"listeners": "PLAINTEXT://127.0.0.1:9092,FOO://127.0.0.1:9093", "advertised.listeners": "FOO://127.0.0.1:9093",
+      "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,FOO:PLAINTEXT"}, KafkaRequirement,
+     "inter.broker.listener.name must be a listener name defined in advertised.listeners. "
+     "The valid options based on currently configured listeners are FOO"),
+    ({"listeners": "PLAINTEXT://127.0.0.1:9092,PLAINTEXT://127.0.0.1:9093"}, KafkaRequirement,
+     "Each listener must have a different name, listeners: PLAINTEXT://127.0.0.1:9092,PLAINTEXT://127.0.0.1:9093"),
+    ({"advertised.listeners": "PLAINTEXT://0.0.0.0:9092"}, KafkaRequirement,
+     "advertised.listeners cannot use the nonroutable meta-address 0.0.0.0. Use a routable IP address."),
+    ({"listeners": "x"}, ConfigError, "Error creating broker listeners from 'x': Unable to parse x to a broker endpoint"),
+    ({"listeners": "PLAINTEXT://127.0.0.1:9092,FOO://127.0.0.1:9093",
+      "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,FOO:SSL"}, ConfigError, "FOO://127.0.0.1:9093 uses security protocol SSL"),
+    ({"listeners": "PLAINTEXT://127.0.0.1:9092,FOO://127.0.0.1:9093",
+      "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,FOO:PLAINTEXT"}, None, None),
+])
+def test_a_dynamic_listener_update_is_checked_as_kafka_checks_it(update, error, message):
+    """Kafka 3.7.1's answers (measured with kafka-configs.sh): KafkaConfig's requirements, then
+    DynamicListenerConfig's; pykbroker's own refusal of a protocol it does not serve comes last."""
+    current = BrokerConfig(host="127.0.0.1", port=9092)
+    values = {**current.values, **update}
+    if error is None:
+        check_listener_update(values, current)
+        return
+    with pytest.raises(error) as raised:
+        check_listener_update(values, current)
+    assert type(raised.value) is error
+    assert message in raised.value.message
