@@ -570,6 +570,9 @@ def test_listeners_win_over_host_and_port_with_a_warning(caplog):
         ({"listeners": "PLAINTEXT://:9092", "advertised.listeners": "OTHER://h:1",
           "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,OTHER:PLAINTEXT"}, "advertised.listeners", "subset"),
         ({"listener.security.protocol.map": "PLAINTEXT:TLS"}, "listener.security.protocol.map", "Invalid security protocol"),
+        ({"listeners": "PLAINTEXT://:9092,B://:9093", "advertised.listeners": "PLAINTEXT://h:9092",
+          "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,B:PLAINTEXT", "inter.broker.listener.name": "B"},
+         "inter.broker.listener.name", "inter.broker.listener.name must be a listener name defined in advertised.listeners"),
     ],
 )
 def test_listener_errors_name_the_key(values, key, words):
