@@ -215,14 +215,30 @@ class NonEmpty:
 _METADATA_SHORT_VERSIONS = frozenset(version.split("-")[0] for version in METADATA_VERSIONS if version != "3.8-IV0")
 
 
-def metadata_version_known(text: str) -> bool:
-    """Kafka 3.7.1's MetadataVersion.fromVersionString: the first three dot-separated parts of a 0.x version
-    (``0.10.0.0`` -> ``0.10.0``), else the first two (``3.7.1`` -> ``3.7``), must name a version, with or
-    without its ``-IVn`` suffix."""
+def metadata_version_index(text: str) -> int | None:
+    """The position in METADATA_VERSIONS of the version ``text`` names (a release names its last one), or
+    None. Kafka 3.7.1's MetadataVersion.fromVersionString: the first three dot-separated parts of a 0.x
+    version (``0.10.0.0`` -> ``0.10.0``), else the first two (``3.7.1`` -> ``3.7``), must name a version,
+    with or without its ``-IVn`` suffix."""
     parts = text.split(".")
     keep = 3 if text.startswith("0.") else 2
     key = text if keep >= len(parts) else ".".join(parts[:keep])
-    return key in METADATA_VERSIONS or key in _METADATA_SHORT_VERSIONS
+    if key in METADATA_VERSIONS:
+        return METADATA_VERSIONS.index(key)
+    if key in _METADATA_SHORT_VERSIONS:
+        return max(i for i, version in enumerate(METADATA_VERSIONS) if version.split("-")[0] == key)
+    return None
+
+
+def metadata_version_known(text: str) -> bool:
+    """Whether Kafka 3.7.1 accepts ``text`` as a MetadataVersion (see metadata_version_index)."""
+    return metadata_version_index(text) is not None
+
+
+def ignores_message_format_version(inter_broker_protocol_version: str) -> bool:
+    """Kafka's LogConfig.shouldIgnoreMessageFormatVersion: inter.broker.protocol.version 3.0-IV1 or later."""
+    index = metadata_version_index(inter_broker_protocol_version)
+    return index is not None and index >= METADATA_VERSIONS.index("3.0-IV1")
 
 
 class KafkaVersion:
@@ -1378,10 +1394,16 @@ def validate_topic_configs(configs: Mapping[str, str | None]) -> dict[str, Any]:
 
 def warn_ignored_topic_configs(topic: str, configs: Mapping[str, Any], inter_broker_protocol_version: str) -> None:
     """Kafka 3.7.1's warning (TopicConfigHandler) when a topic's new configs set a message.format.version
-    older than 0.11.0 (record versions before v2): with inter.broker.protocol.version 3.0 or later (always,
-    here) it is ignored; every batch is written in v2."""
+    older than 0.11.0 (record versions before v2): with inter.broker.protocol.version 3.0-IV1 or later it is
+    ignored; an older one would make Kafka write old records, pykbroker writes every batch in v2 still, and
+    says so instead."""
     version = configs.get("message.format.version")
     if version and re.match(r"0\.(8|9|10)(\.|$)", str(version)):
+        if not ignores_message_format_version(inter_broker_protocol_version):
+            log.warning("Topic configuration message.format.version with value `%s` for `%s` has no effect: pykbroker "
+                        "writes record batches v2 whatever inter.broker.protocol.version (`%s`) says.", version, topic,
+                        inter_broker_protocol_version)
+            return
         log.warning("Topic configuration message.format.version with value `%s` is ignored for `%s` because the "
                     "inter-broker protocol version `%s` is greater or equal than 3.0. This configuration is "
                     "deprecated and it will be removed in Apache Kafka 4.0.", version, topic, inter_broker_protocol_version)
@@ -1447,6 +1469,12 @@ def load_config(
         raise ConfigError("node.id", "You must set `node.id` to the same value as `broker.id`. "
                           f"(node.id {values['node.id']} from {merged['node.id'].origin}, "
                           f"broker.id {values['broker.id']} from {merged['broker.id'].origin})")
+    ibp = values.get("inter.broker.protocol.version")
+    if ibp is not None and not ignores_message_format_version(ibp):
+        log.warning("inter.broker.protocol.version %s (from %s) is older than 3.0-IV1; pykbroker behaves as Kafka 3.7 "
+                    "with 3.7-IV4 whatever it says (record batches v2, Kafka 3.7's inter-broker request versions), "
+                    "so it cannot take part in a rolling upgrade from older Kafka brokers", ibp,
+                    merged["inter.broker.protocol.version"].origin)
     explicit = set(values)
     if "data.dir" in merged and merged["data.dir"].key != "log.dir":  # --data-dir, data.dir, log.dirs
         explicit.add("log.dirs")

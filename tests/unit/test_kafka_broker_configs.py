@@ -159,3 +159,24 @@ def test_a_jaas_config_in_a_config_file_loads_is_kept_and_never_shown(tmp_path, 
     assert "s3cr3t" not in repr(config) and "s3cr3t" not in str(config)
     synonyms = config.broker_config_synonyms("listener.name.sasl_plaintext.plain.sasl.jaas.config")
     assert synonyms == [("listener.name.sasl_plaintext.plain.sasl.jaas.config", None, 4), ("sasl.jaas.config", None, 4)]
+
+
+@pytest.mark.parametrize(("ibp", "ignored"), [
+    ("3.7-IV4", True), ("3.0", True), ("3.0-IV1", True), ("3.0-IV0", False), ("2.8", False), ("0.10.0.0", False)])
+def test_message_format_version_is_said_ignored_only_with_an_inter_broker_protocol_from_3_0_iv1(caplog, ibp, ignored):
+    """Kafka's LogConfig.shouldIgnoreMessageFormatVersion; below it Kafka would write old records, pykbroker still
+    writes v2 and says that instead."""
+    with caplog.at_level(logging.WARNING, logger="pykbroker.config"):
+        warn_ignored_topic_configs("t", {"message.format.version": "0.10.0.0"}, ibp)
+    [record] = caplog.records
+    assert ("greater or equal than 3.0" in record.getMessage()) is ignored
+    assert ("pykbroker writes record batches v2" in record.getMessage()) is not ignored
+
+
+@pytest.mark.parametrize(("ibp", "warned"), [("2.8", True), ("3.0-IV0", True), ("0.10.0", True), ("3.0", False),
+                                             ("3.7-IV4", False), (None, False)])
+def test_an_inter_broker_protocol_before_3_0_iv1_is_warned_about_at_start(tmp_path, caplog, ibp, warned):
+    cli = {"data_dir": str(tmp_path)} | ({"inter.broker.protocol.version": ibp} if ibp else {})
+    with caplog.at_level(logging.WARNING, logger="pykbroker.config"):
+        load_config(cli=cli, env={})
+    assert any("is older than 3.0-IV1; pykbroker behaves as Kafka 3.7" in r.getMessage() for r in caplog.records) is warned
