@@ -252,6 +252,28 @@ class KafkaVersion:
         return "[" + ", ".join(METADATA_VERSIONS) + "]"
 
 
+class VerbatimRefusal(ValueError):
+    """A validator's refusal that Kafka words without its "Invalid value ... for configuration ..." frame."""
+
+
+class ConnectionsPerIpOverrides:
+    """max.connections.per.ip.overrides as KafkaConfig reads it: ``host:count`` pairs (CoreUtils.parseCsvMap,
+    the count by Java's Integer.parseInt), refused in Kafka's words (an exception's message)."""
+
+    def check(self, value: Any) -> None:
+        key = "max.connections.per.ip.overrides"
+        for item in (re.split(r"\s*,\s*", value) if value else ()):
+            colon = item.rfind(":")
+            if colon < 0:
+                raise VerbatimRefusal(f"Error parsing configuration property '{key}': begin 0, end -1, length {len(item)}")
+            count = item[colon + 1:].strip()
+            if not re.fullmatch(r"[+-]?\d+", count) or not -2**31 <= int(count) < 2**31:
+                raise VerbatimRefusal(f'For input string: "{count}"')
+
+    def describe(self) -> str:
+        return "host:count pairs, comma-separated"
+
+
 class ThrottledReplicas:
     """Kafka's ThrottledReplicaListValidator: ``*`` or ``partition:broker`` pairs."""
 
@@ -311,6 +333,10 @@ class ConfigDef:
         if self.validator is not None and value is not None:
             try:
                 self.validator.check(value)
+            except VerbatimRefusal as exc:
+                if kafka_wording:
+                    raise ConfigError(self.name, str(exc)) from None
+                raise self._invalid(raw, str(exc)) from None
             except ValueError as exc:  # the validator's reason already states the range or the choices
                 raise self._invalid(raw, str(exc), kafka_wording) from None
         return value
@@ -713,9 +739,11 @@ _USED_KAFKA_DOCS = {
     "log.dir": "pykbroker's data directory (data.dir) when log.dirs is not set, as in Kafka; described with the "
                "value it was set to.",
 }
+# Kafka checks these where KafkaConfig reads them, not in its ConfigDef (their catalogue column is empty).
+_READ_CHECKS: dict[str, Validator] = {"max.connections.per.ip.overrides": ConnectionsPerIpOverrides()}
 BROKER_CONFIGS.update(
     (name, ConfigDef(name, type_, _kafka_default(type_, default), _USED_KAFKA_DOCS.get(name) or _unused_doc(name, mode),
-                     _kafka_validator(type_, valid),
+                     _READ_CHECKS.get(name) or _kafka_validator(type_, valid),
                      read_only=name not in DYNAMIC_BROKER_CONFIG_NAMES, sensitive=type_ == "password"))
     for name, type_, default, valid, mode in KAFKA_BROKER_CONFIGS
     if name not in BROKER_CONFIGS

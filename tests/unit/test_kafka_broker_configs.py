@@ -180,3 +180,46 @@ def test_an_inter_broker_protocol_before_3_0_iv1_is_warned_about_at_start(tmp_pa
     with caplog.at_level(logging.WARNING, logger="pykbroker.config"):
         load_config(cli=cli, env={})
     assert any("is older than 3.0-IV1; pykbroker behaves as Kafka 3.7" in r.getMessage() for r in caplog.records) is warned
+
+
+# Broker configs whose pykbroker validator differs from Kafka 3.7.1's ConfigDef (the catalogue's valid-values
+# column), on purpose, and why.
+DELIBERATE_VALIDATORS = {
+    "broker.id": "[0,...]: pykbroker does not generate broker ids (Kafka's -1 asks for one)",
+    "log.flush.interval.ms": "[0,...]: it supplies flush.ms, whose [0,...] Kafka checks when it builds the topic defaults",
+    "zookeeper.session.timeout.ms": "[1,...]: ZooKeeper (kazoo) needs a positive session timeout",
+    "default.replication.factor": "[1,...]: a topic created with it needs at least one replica (Kafka refuses 0 then)",
+    "log.cleaner.io.buffer.load.factor": "(0,...,1.0]: the cleaner's offset map cannot hold more entries than slots",
+    "max.connections.per.ip.overrides": "host:count pairs, checked as Kafka's KafkaConfig reads them",
+}
+
+
+def test_each_validator_is_kafkas_or_a_deliberate_exception():
+    from pykbroker.config import _kafka_validator
+
+    def described(validator):
+        return validator.describe() if validator else ""
+
+    differ = {name for name, type_, _, valid, _ in KAFKA_BROKER_CONFIGS
+              if described(BROKER_CONFIGS[name].validator) != described(_kafka_validator(type_, valid))}
+    assert differ == set(DELIBERATE_VALIDATORS)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("host:abc", 'For input string: "abc"'),
+    ("hostabc", "Error parsing configuration property 'max.connections.per.ip.overrides': begin 0, end -1, length 7"),
+    ("a:1,b:99999999999", 'For input string: "99999999999"'),
+    ("a:1, b:2,:-3", None), ("", None),
+])
+def test_max_connections_per_ip_overrides_are_parsed_as_kafka_reads_them(tmp_path, value, message):
+    """Kafka 3.7.1's answers to kafka-configs.sh --add-config max.connections.per.ip.overrides=[...]."""
+    configs = {"max.connections.per.ip.overrides": value}
+    if message is None:
+        assert parse_dynamic_configs(configs, per_broker=False) == configs
+        assert load_config(cli={"data_dir": str(tmp_path), **configs}, env={}).get("max.connections.per.ip.overrides") == value
+        return
+    with pytest.raises(KafkaError) as info:
+        parse_dynamic_configs(configs, per_broker=False)
+    assert (info.value.code, info.value.message) == (ErrorCode.invalid_request, message)
+    with pytest.raises(ConfigError, match="max.connections.per.ip.overrides"):
+        load_config(cli={"data_dir": str(tmp_path), **configs}, env={})
