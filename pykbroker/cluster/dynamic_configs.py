@@ -40,6 +40,7 @@ warning rather than refusing to start.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping
 
 from pykbroker.cluster.metadata import DEFAULT_BROKER_ENTITY, ClusterMetadata
@@ -105,7 +106,7 @@ def parse_dynamic_configs(configs: Mapping[str, str], *, per_broker: bool = True
     refuse((name for name in configs if name in LISTENER_PREFIX_ONLY_CONFIGS),
            "These security configs can be dynamically updated only per-listener using the listener prefix", "HashSet")
     try:
-        typed = {name: BROKER_CONFIGS[listener_override_base(name) if name not in BROKER_CONFIGS else name]
+        typed = {name: replace(broker_config_def(name), name=listener_override_base(name) or name)
                  .parse(raw, kafka_wording=True) for name, raw in configs.items()}  # an override as its base
         for name, value in typed.items():  # as Kafka's DynamicLogConfig: the topic default must be valid too
             for definition in TOPIC_CONFIGS.values():
