@@ -1598,7 +1598,13 @@ def _parse(definition: ConfigDef, setting: _Setting | None) -> Any:
 
 
 def _env_key(variable: str) -> str:
-    return variable[len(ENV_PREFIX) :].lower().replace("_", ".")
+    """The key a PYKBROKER_ variable names: lower case with dots, in its own case when a known key has
+    capitals (PYKBROKER_ZOOKEEPER_CLIENTCNXNSOCKET is zookeeper.clientCnxnSocket)."""
+    key = variable[len(ENV_PREFIX) :].lower().replace("_", ".")
+    return _MIXED_CASE_KEYS.get(key, key)
+
+
+_MIXED_CASE_KEYS = {name.lower(): name for name in _known_keys() if name != name.lower()}
 
 
 def _flag_name(cli_key: str) -> str:

@@ -657,3 +657,10 @@ def test_a_dynamic_listener_update_is_checked_as_kafka_checks_it(update, error, 
         check_listener_update(values, current)
     assert type(raised.value) is error
     assert message in raised.value.message
+
+
+def test_an_environment_variable_sets_a_mixed_case_key(caplog):
+    with caplog.at_level(logging.WARNING, logger="pykbroker.config"):
+        config = load(env={"PYKBROKER_ZOOKEEPER_CLIENTCNXNSOCKET": "org.apache.zookeeper.ClientCnxnSocketNetty"})
+    assert config.get("zookeeper.clientCnxnSocket") == "org.apache.zookeeper.ClientCnxnSocketNetty"
+    assert caplog.records == []
