@@ -90,11 +90,8 @@ def parse_dynamic_configs(configs: Mapping[str, str], *, per_broker: bool = True
     in Kafka 3.7.1's order (DynamicBrokerConfig.validateConfigs; its answers in ZooKeeper and KRaft mode
     alike), each failure a KafkaError INVALID_REQUEST: a known key that is not dynamic; an SSL key store or
     trust store setting without a listener prefix; an invalid value (in Kafka's words); a per-broker key
-    as the cluster default. Before those, INVALID_CONFIG for an unknown key (Kafka would store it for
-    plugins; pykbroker has none to read it)."""
-    unknown = sorted(name for name in configs if broker_config_def(name) is None)
-    if unknown:
-        raise KafkaError(ErrorCode.invalid_config, f"Unknown broker config name: {listed_names(unknown)}")
+    as the cluster default. After Kafka's first two (which look at known keys only), INVALID_CONFIG for an
+    unknown key (Kafka would store it for plugins; pykbroker has none to read it)."""
 
     def refuse(names: Iterable[str], message: str, set_name: str = "Set") -> None:
         names = sorted(names)
@@ -105,6 +102,9 @@ def parse_dynamic_configs(configs: Mapping[str, str], *, per_broker: bool = True
            "Cannot update these configs dynamically")  # a listener override is always dynamic
     refuse((name for name in configs if name in LISTENER_PREFIX_ONLY_CONFIGS),
            "These security configs can be dynamically updated only per-listener using the listener prefix", "HashSet")
+    unknown = sorted(name for name in configs if broker_config_def(name) is None)
+    if unknown:
+        raise KafkaError(ErrorCode.invalid_config, f"Unknown broker config name: {listed_names(unknown)}")
     try:
         typed = {name: replace(broker_config_def(name), name=listener_override_base(name) or name)
                  .parse(raw, kafka_wording=True) for name, raw in configs.items()}  # an override as its base

@@ -66,6 +66,12 @@ def test_kafka_broker_configs_pykbroker_does_not_use_load_from_a_file_and_are_va
     ({"max.connections": "x"}, True, ErrorCode.invalid_request,
      "Invalid value x for configuration max.connections: Not a number of type INT"),
     ({"no.such.config": "1"}, True, ErrorCode.invalid_config, "Unknown broker config name: no.such.config"),
+    ({"broker.rack": "r", "foo.bar": "1"}, True, ErrorCode.invalid_request,  # Kafka's checks before ours
+     "Cannot update these configs dynamically: Set(broker.rack)"),
+    ({"ssl.truststore.location": "/x", "foo.bar": "1"}, True, ErrorCode.invalid_request,
+     "These security configs can be dynamically updated only per-listener using the listener prefix: "
+     "HashSet(ssl.truststore.location)"),
+    ({"max.connections": "1", "foo.bar": "1"}, True, ErrorCode.invalid_config, "Unknown broker config name: foo.bar"),
 ])
 def test_dynamic_broker_configs_are_checked_in_kafkas_order_and_words(configs, per_broker, error, message):
     if error is None:
