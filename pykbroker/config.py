@@ -1337,6 +1337,13 @@ def check_listener_update(values: Mapping[str, Any], current: "BrokerConfig") ->
     _check_supported(listeners)
 
 
+def controller_listener_names(values: Mapping[str, Any]) -> frozenset[str]:
+    """The names in controller.listener.names: KRaft controller listeners, which pykbroker neither opens nor
+    advertises (it runs as a single node or in ZooKeeper mode)."""
+    return frozenset(name.strip().upper() for name in (values.get("controller.listener.names") or "").split(",")
+                     if name.strip())
+
+
 def _check_supported(listeners: Iterable[Listener]) -> None:
     for listener in listeners:
         if listener.security_protocol not in SUPPORTED_SECURITY_PROTOCOLS:
@@ -1362,7 +1369,12 @@ def resolve_listeners(
     """
     protocols = parse_security_protocol_map(values["listener.security.protocol.map"])
     if values.get("listeners"):
-        listeners = parse_listeners("listeners", values["listeners"], protocols)
+        every = parse_listeners("listeners", values["listeners"], protocols)
+        controllers = controller_listener_names(values)
+        listeners = tuple(listener for listener in every if listener.name not in controllers)
+        if not listeners:
+            raise ConfigError("listeners", f"every listener in listeners ({values['listeners']}) is a KRaft controller "
+                              "listener (controller.listener.names), which pykbroker does not serve")
     else:
         listeners = (Listener(DEFAULT_LISTENER_NAME, host, port, protocols.get(DEFAULT_LISTENER_NAME, "PLAINTEXT")),)
     if values.get("advertised.listeners"):
@@ -1378,10 +1390,11 @@ def resolve_listeners(
         raise KafkaRequirement("inter.broker.listener.name", "inter.broker.listener.name must be a listener name "
                                "defined in advertised.listeners. The valid options based on currently configured "
                                f"listeners are {advertised_names}")
-    if {a.name for a in advertised} - {listener.name for listener in listeners}:
+    defined = every if values.get("listeners") else listeners
+    if {a.name for a in advertised} - {listener.name for listener in defined}:
         raise KafkaRequirement("advertised.listeners", "advertised.listeners listener names must be equal to or a "
                                f"subset of the ones defined in listeners. Found {advertised_names}. The valid options "
-                               f"based on the current configuration are {','.join(l.name for l in listeners)}")
+                               f"based on the current configuration are {','.join(l.name for l in defined)}")
     if values.get("listeners") or values.get("advertised.listeners"):
         for listener in advertised:
             if listener.host in _NON_ROUTABLE:

@@ -45,7 +45,7 @@ from pykbroker.cluster.dynamic_configs import DynamicConfigs
 from pykbroker.cluster.metadata import BrokerEndpoint, ClusterMetadata, EmbeddedMetadata
 from pykbroker.cluster.producer_ids import ProducerIdAllocator, ProducerRegistry, ZkProducerIdAllocator
 from pykbroker.cluster.topic_admin import TopicAdmin
-from pykbroker.config import BrokerConfig, Listener
+from pykbroker.config import BrokerConfig, Listener, controller_listener_names
 from pykbroker.groups.coordinator import GroupConfig, GroupCoordinator
 from pykbroker.groups.offset_store import OffsetStore
 from pykbroker.log.cleaner import CleanerConfig
@@ -373,6 +373,10 @@ class Broker:
             if endpoint is None:
                 log.warning("listener %s is not in advertised.listeners: clients that connect through it are told of "
                             "no brokers", listener)
+        controllers = controller_listener_names(self.config.values)
+        if controllers:  # config.listeners leaves them out
+            log.info("KRaft controller listeners (controller.listener.names: %s) are not served: pykbroker runs as a "
+                     "single node or in ZooKeeper mode", ",".join(sorted(controllers)))
         self.serving = True
         log.info(
             "pykbroker broker %d listening on %s (advertised %s), data dir %s, cluster id %s",

@@ -4,6 +4,7 @@ confluent-kafka's AdminClient, the raw protocol (the bad input a stock client wi
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
@@ -22,7 +23,7 @@ from kio.schema.errors import ErrorCode
 from kio.schema.incremental_alter_configs.v1 import request as iac
 from kio.static.primitive import i8
 
-from broker_process import list_offset, send_request, wait_until
+from broker_process import BrokerProcess, free_port, list_offset, send_request, wait_until
 from pykbroker.kafka_broker_configs import KAFKA_BROKER_CONFIGS
 from kafka_tools import kafka_tools_or_skip
 
@@ -416,3 +417,23 @@ def test_a_config_files_kafka_keys_and_listener_overrides_are_described_as_stati
     assert [(s.name, s.value, s.source) for s in override.synonyms] == [
         ("listener.name.plaintext.max.connections", "7", 4), ("max.connections", "2147483647", 5)]
     assert configs["log.dirs"].value == str(broker.data_dir)
+
+
+def test_a_kraft_controller_listener_is_neither_opened_nor_warned_about(tmp_path):
+    """As in Kafka's config/kraft/server.properties: the CONTROLLER listener of controller.listener.names is
+    not served (pykbroker is no KRaft controller); the log says so once, and warns of nothing about it."""
+    port, controller_port = free_port(), free_port()
+    broker = BrokerProcess(tmp_path / "kraft", port=port, config={
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}", "controller.listener.names": "CONTROLLER",
+        "process.roles": "broker,controller", "node.id": 1,
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"})
+    try:
+        broker.start()
+        log = broker.log_path.read_text()
+        assert log.count("KRaft controller listeners (controller.listener.names: CONTROLLER) are not served") == 1
+        assert "is not in advertised.listeners" not in log
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", controller_port)) != 0
+    finally:
+        broker.close()

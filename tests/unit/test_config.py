@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import socket
 from pathlib import Path
@@ -664,3 +665,35 @@ def test_an_environment_variable_sets_a_mixed_case_key(caplog):
         config = load(env={"PYKBROKER_ZOOKEEPER_CLIENTCNXNSOCKET": "org.apache.zookeeper.ClientCnxnSocketNetty"})
     assert config.get("zookeeper.clientCnxnSocket") == "org.apache.zookeeper.ClientCnxnSocketNetty"
     assert caplog.records == []
+
+
+def _kafka_config_dir():
+    home = os.environ.get("PYKBROKER_KAFKA_HOME")
+    repo = Path(__file__).resolve().parents[2]
+    candidates = [Path(home)] if home else []
+    candidates += [repo.parent / "shared" / "refkit" / "kafka_2.13-3.7.1",
+                   repo.parent.parent / "shared" / "refkit" / "kafka_2.13-3.7.1"]
+    return next((c / "config" for c in candidates if (c / "config" / "kraft" / "server.properties").is_file()), None)
+
+
+@pytest.mark.parametrize("shipped", ["server.properties", "kraft/server.properties"])
+def test_kafkas_shipped_server_properties_load_without_a_warning(tmp_path, caplog, shipped):
+    """Kafka 3.7.1's own config/server.properties (ZooKeeper) and config/kraft/server.properties (a combined
+    KRaft node), ports and directories overridden: every key is known, and the KRaft controller listener
+    (controller.listener.names) is not among the listeners the broker opens."""
+    config_dir = _kafka_config_dir()
+    if config_dir is None:
+        pytest.skip("Kafka 3.7.1's config files not found (../shared/refkit or $PYKBROKER_KAFKA_HOME)")
+    overrides = {"data_dir": str(tmp_path), "zookeeper.connect": "127.0.0.1:1/x"}
+    if shipped.startswith("kraft"):
+        overrides |= {"listeners": "PLAINTEXT://127.0.0.1:0,CONTROLLER://127.0.0.1:0",
+                      "advertised.listeners": "PLAINTEXT://127.0.0.1:19092"}
+    with caplog.at_level(logging.INFO, logger="pykbroker.config"):
+        config = load_config(cli=overrides, file=config_dir / shipped, env={})
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert [listener.name for listener in config.listeners] == ["PLAINTEXT"]
+    assert config.data_dir == tmp_path
+    if shipped.startswith("kraft"):
+        assert config.broker_id == 1  # node.id
+    else:
+        assert config.broker_id == 0
