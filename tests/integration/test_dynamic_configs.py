@@ -407,8 +407,10 @@ def test_kafkas_reconfiguration_checks_listener_overrides_and_password_configs(b
 
 
 def test_a_config_files_kafka_keys_and_listener_overrides_are_described_as_static(broker_factory):
+    jaas = 'org.apache.kafka.common.security.plain.PlainLoginModule required username="a" password="s3cr3t";'
     broker = broker_factory.make({"num.io.threads": 4, "listener.name.plaintext.max.connections": 7,
-                                  "log.message.format.version": "2.8"})
+                                  "log.message.format.version": "2.8",
+                                  "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas})
     configs = raw_describe(broker.address, BROKER, "1")
     assert (configs["num.io.threads"].value, configs["num.io.threads"].config_source) == ("4", 4)
     assert configs["log.message.format.version"].value == "2.8"
@@ -416,7 +418,11 @@ def test_a_config_files_kafka_keys_and_listener_overrides_are_described_as_stati
     assert (override.value, override.config_source, override.read_only) == ("7", 4, True)
     assert [(s.name, s.value, s.source) for s in override.synonyms] == [
         ("listener.name.plaintext.max.connections", "7", 4), ("max.connections", "2147483647", 5)]
-    assert configs["log.dirs"].value == str(broker.data_dir)
+    assert (configs["log.dirs"].value, configs["log.dirs"].config_source) == (str(broker.data_dir), 4)  # --data-dir
+    password = configs["listener.name.sasl_plaintext.plain.sasl.jaas.config"]  # kept, shown as Kafka shows it
+    assert (password.value, password.is_sensitive, password.config_source) == (None, True, 4)
+    assert [(s.name, s.value) for s in password.synonyms] == [("listener.name.sasl_plaintext.plain.sasl.jaas.config", None)]
+    assert "s3cr3t" not in broker.log_path.read_text()
 
 
 def test_a_kraft_controller_listener_is_neither_opened_nor_warned_about(tmp_path):
