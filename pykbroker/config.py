@@ -1260,35 +1260,34 @@ def canonical_host_name() -> str:
 
 
 def parse_security_protocol_map(text: str) -> dict[str, str]:
-    """``NAME:PROTOCOL,...`` -> {NAME: PROTOCOL}. Raises ConfigError naming the bad entry."""
+    """``NAME:PROTOCOL,...`` -> {NAME: PROTOCOL}. Raises ConfigError naming the bad entry, in Kafka's words."""
     key = "listener.security.protocol.map"
     protocols: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, separator, protocol = item.partition(":")
-        protocol = protocol.strip().upper()
         if not separator or not name.strip():
-            raise ConfigError(key, f"Invalid value {item!r} in {key}: expected LISTENER_NAME:SECURITY_PROTOCOL")
-        if protocol not in SECURITY_PROTOCOLS:
-            raise ConfigError(key, f"Invalid security protocol {protocol!r} for listener {name.strip()} in {key}; "
-                              f"known protocols: {', '.join(SECURITY_PROTOCOLS)}")
-        protocols[name.strip().upper()] = protocol
+            raise ConfigError(key, f"Error parsing configuration property '{key}': {item}")
+        if protocol.strip().upper() not in SECURITY_PROTOCOLS:
+            raise ConfigError(key, f"Invalid security protocol `{protocol.strip()}` defined in {key}")
+        protocols[name.strip().upper()] = protocol.strip().upper()
     return protocols
 
 
 def parse_listeners(key: str, text: str, protocols: Mapping[str, str]) -> tuple[Listener, ...]:
     """Kafka's listener list ``NAME://host:port,...`` (``key`` names the setting in messages). Names must
-    be unique and mapped to a protocol, ports unique (0 excepted). Raises ConfigError."""
+    be unique and mapped to a protocol, ports unique (0 excepted). Raises ConfigError (KafkaRequirement for
+    KafkaConfig's requirements), in Kafka's words where Kafka has some."""
     listeners: list[Listener] = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         match = _ENDPOINT.fullmatch(item)
         if match is None:
-            raise ConfigError(key, f"Unable to parse {item!r} in {key} to a broker endpoint: expected NAME://host:port")
+            raise ConfigError(key, f"Error creating broker listeners from '{text}': Unable to parse {item} to a broker endpoint")
         name, host, port = match["name"].upper(), match["host"], int(match["port"])
         if not 0 <= port <= 65535:
             raise ConfigError(key, f"Invalid port {port} in {key} ({item}): must be 0-65535")
         if name not in protocols:
-            raise ConfigError(key, f"No security protocol defined for listener {name} ({key}); "
-                              "add it to listener.security.protocol.map")
+            raise ConfigError(key, f"Error creating broker listeners from '{text}': No security protocol defined for "
+                              f"listener {name}")
         listeners.append(Listener(name, host, port, protocols[name]))
     if not listeners:
         raise ConfigError(key, f"{key} is empty: expected NAME://host:port,...")
@@ -1308,23 +1307,7 @@ def check_listener_update(values: Mapping[str, Any], current: "BrokerConfig") ->
     requirements (resolve_listeners, the start-up checks), ReconfigurationError for DynamicListenerConfig's
     (an existing listener's security protocol cannot change). Unset listeners are pykbroker's host/port
     listener; the inter-broker listener must stay advertised."""
-    key = "listener.security.protocol.map"
-    for item in filter(None, (part.strip() for part in (values[key] or "").split(","))):
-        name, separator, protocol = item.partition(":")
-        if not separator:
-            raise ConfigError(key, f"Error parsing configuration property '{key}': {item}")
-        if protocol.strip().upper() not in SECURITY_PROTOCOLS:
-            raise ConfigError(key, f"Invalid security protocol `{protocol.strip()}` defined in {key}")
-    protocols = parse_security_protocol_map(values[key])
     listeners_text = values["listeners"] or ",".join(map(str, current.listeners))
-    for key, text in (("listeners", listeners_text), ("advertised.listeners", values["advertised.listeners"])):
-        for item in filter(None, (part.strip() for part in (text or "").split(","))):
-            match = _ENDPOINT.fullmatch(item)
-            if match is None:
-                raise ConfigError(key, f"Error creating broker listeners from '{text}': Unable to parse {item} to a broker endpoint")
-            if match["name"].upper() not in protocols:
-                raise ConfigError(key, f"Error creating broker listeners from '{text}': No security protocol defined "
-                                  f"for listener {match['name'].upper()}")
     inter_broker = values.get("inter.broker.listener.name") or current.advertised_listeners[0].name
     listeners, _ = resolve_listeners(current.host, current.port, current.advertised_host, current.advertised_port,
                                      {**values, "listeners": listeners_text, "inter.broker.listener.name": inter_broker},
@@ -1332,8 +1315,8 @@ def check_listener_update(values: Mapping[str, Any], current: "BrokerConfig") ->
     for old in current.listeners:
         new = next((listener for listener in listeners if listener.name == old.name), None)
         if new is not None and new.security_protocol != old.security_protocol:
-            raise ReconfigurationError(key, f"Security protocol cannot be updated for existing listener "
-                                       f"ListenerName({old.name})")
+            raise ReconfigurationError("listener.security.protocol.map", "Security protocol cannot be updated for "
+                                       f"existing listener ListenerName({old.name})")
     _check_supported(listeners)
 
 
