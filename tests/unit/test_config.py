@@ -598,6 +598,9 @@ def test_node_id_is_a_synonym_of_broker_id_as_in_kafka(tmp_path):
     assert (config.broker_id, config.get("broker.id"), config.get("node.id")) == (5, 5, 5)
     config = load_config(cli={"data_dir": str(tmp_path), "broker.id": "6"}, env={})
     assert (config.get("broker.id"), config.get("node.id")) == (6, 6)
+    # as Kafka 3.7.1 (ZooKeeper mode) describes node.id with broker.id=6 in server.properties
+    assert config.broker_config_synonyms("node.id") == [("node.id", "6", ConfigSource.STATIC_BROKER_CONFIG),
+                                                        ("node.id", "-1", ConfigSource.DEFAULT_CONFIG)]
     assert load_config(cli={"data_dir": str(tmp_path), "broker.id": "6", "node.id": "6"}, env={}).broker_id == 6
     with pytest.raises(ConfigError, match="You must set `node.id` to the same value as `broker.id`"):
         load_config(cli={"data_dir": str(tmp_path), "broker.id": "6", "node.id": "7"}, env={})
