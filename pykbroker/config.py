@@ -210,17 +210,35 @@ class NonEmpty:
         return self.description
 
 
-_METADATA_SHORT_VERSIONS = frozenset(version.split("-")[0] for version in METADATA_VERSIONS)
+# Kafka 3.7.1 maps a release ("3.7", "0.10.0") to its last version only for released ones: 3.8-IV0 (not
+# production-ready in 3.7.1) is accepted by its full name only, "3.8" and "3.8.0" are not valid versions.
+_METADATA_SHORT_VERSIONS = frozenset(version.split("-")[0] for version in METADATA_VERSIONS if version != "3.8-IV0")
 
 
-def metadata_version_known(text: str) -> bool:
-    """Kafka 3.7.1's MetadataVersion.fromVersionString: the first three dot-separated parts of a 0.x version
-    (``0.10.0.0`` -> ``0.10.0``), else the first two (``3.7.1`` -> ``3.7``), must name a version, with or
-    without its ``-IVn`` suffix."""
+def metadata_version_index(text: str) -> int | None:
+    """The position in METADATA_VERSIONS of the version ``text`` names (a release names its last one), or
+    None. Kafka 3.7.1's MetadataVersion.fromVersionString: the first three dot-separated parts of a 0.x
+    version (``0.10.0.0`` -> ``0.10.0``), else the first two (``3.7.1`` -> ``3.7``), must name a version,
+    with or without its ``-IVn`` suffix."""
     parts = text.split(".")
     keep = 3 if text.startswith("0.") else 2
     key = text if keep >= len(parts) else ".".join(parts[:keep])
-    return key in METADATA_VERSIONS or key in _METADATA_SHORT_VERSIONS
+    if key in METADATA_VERSIONS:
+        return METADATA_VERSIONS.index(key)
+    if key in _METADATA_SHORT_VERSIONS:
+        return max(i for i, version in enumerate(METADATA_VERSIONS) if version.split("-")[0] == key)
+    return None
+
+
+def metadata_version_known(text: str) -> bool:
+    """Whether Kafka 3.7.1 accepts ``text`` as a MetadataVersion (see metadata_version_index)."""
+    return metadata_version_index(text) is not None
+
+
+def ignores_message_format_version(inter_broker_protocol_version: str) -> bool:
+    """Kafka's LogConfig.shouldIgnoreMessageFormatVersion: inter.broker.protocol.version 3.0-IV1 or later."""
+    index = metadata_version_index(inter_broker_protocol_version)
+    return index is not None and index >= METADATA_VERSIONS.index("3.0-IV1")
 
 
 class KafkaVersion:
@@ -232,6 +250,28 @@ class KafkaVersion:
 
     def describe(self) -> str:
         return "[" + ", ".join(METADATA_VERSIONS) + "]"
+
+
+class VerbatimRefusal(ValueError):
+    """A validator's refusal that Kafka words without its "Invalid value ... for configuration ..." frame."""
+
+
+class ConnectionsPerIpOverrides:
+    """max.connections.per.ip.overrides as KafkaConfig reads it: ``host:count`` pairs (CoreUtils.parseCsvMap,
+    the count by Java's Integer.parseInt), refused in Kafka's words (an exception's message)."""
+
+    def check(self, value: Any) -> None:
+        key = "max.connections.per.ip.overrides"
+        for item in (re.split(r"\s*,\s*", value) if value else ()):
+            colon = item.rfind(":")
+            if colon < 0:
+                raise VerbatimRefusal(f"Error parsing configuration property '{key}': begin 0, end -1, length {len(item)}")
+            count = item[colon + 1:].strip()
+            if not re.fullmatch(r"[+-]?\d+", count) or not -2**31 <= int(count) < 2**31:
+                raise VerbatimRefusal(f'For input string: "{count}"')
+
+    def describe(self) -> str:
+        return "host:count pairs, comma-separated"
 
 
 class ThrottledReplicas:
@@ -293,6 +333,10 @@ class ConfigDef:
         if self.validator is not None and value is not None:
             try:
                 self.validator.check(value)
+            except VerbatimRefusal as exc:
+                if kafka_wording:
+                    raise ConfigError(self.name, str(exc)) from None
+                raise self._invalid(raw, str(exc)) from None
             except ValueError as exc:  # the validator's reason already states the range or the choices
                 raise self._invalid(raw, str(exc), kafka_wording) from None
         return value
@@ -359,9 +403,32 @@ def _coerce(type_: str, raw: Any) -> Any:
         if isinstance(raw, (list, tuple)) and all(isinstance(item, str) for item in raw):
             return [item.strip() for item in raw]
         raise ValueError("not a comma-separated string or a list of strings")
+    if isinstance(raw, Password) and type_ == "password":
+        return raw
     if isinstance(raw, str):  # string, class, password
-        return raw.strip()
+        return Password(raw.strip()) if type_ == "password" else raw.strip()
     raise ValueError(f"not {_TYPE_NAMES[type_]}")
+
+
+class Password:
+    """A password config's value (Kafka's Password): ``value`` is the secret; its repr and str hide it, so a
+    BrokerConfig logged or shown in an error never says it (DescribeConfigs shows it as null, sensitive)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "[hidden]"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Password) and other.value == self.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -412,6 +479,7 @@ APPLIED_DYNAMIC_CONFIG_NAMES = frozenset({
     "log.cleaner.threads", "log.cleaner.backoff.ms", "log.cleaner.dedupe.buffer.size", "log.cleaner.io.buffer.size",
     "log.cleaner.io.buffer.load.factor",
     "transaction.partition.verification.enable",  # the broker switches its verifier (server/broker.py)
+    "unclean.leader.election.enable",  # the controller reads it at each election (cluster/controller.py)
 })
 # Every broker config AlterConfigs accepts (read_only false in DescribeConfigs): Kafka 3.7.1's dynamic ones
 # (DynamicBrokerConfig.AllDynamicConfigs) and the two replication throttles (its ZooKeeper-mode
@@ -436,6 +504,8 @@ def _broker(name: str, type_: str, default: Any, doc: str, validator: Validator 
 BROKER_CONFIGS: dict[str, ConfigDef] = _table(
     # identity and cluster
     _broker("broker.id", "int", 1, "This broker's id. pykbroker's default is 1 (Kafka's -1 means generate one).", _AT_LEAST_0),
+    _broker("node.id", "int", -1, "Kafka's KRaft name of broker.id (its KafkaConfig.populateSynonyms): set without "
+            "broker.id, it is the broker id; set with it, both must be equal; described as the broker id."),
     _broker("broker.rack", "string", None, "The broker's rack, reported in Metadata responses."),
     _broker(
         "zookeeper.connect",
@@ -612,6 +682,9 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
     _broker("metrics.port", "int", 0, "Serve /metrics (Prometheus), /health and /ready over HTTP on this port; 0: off.",
             Range(0, 65535)),
     _broker("metrics.host", "string", None, "Address the metrics endpoint listens on; unset: the broker's host."),
+    # the authorizer's (Kafka's AclAuthorizer and StandardAuthorizer read it; KafkaConfig does not define it)
+    _broker("super.users", "string", None, "Principals allowed every operation (User:alice;User:bob), as Kafka's "
+            "authorizers read it; accepted and described, no effect here (pykbroker has no authorizer)."),
 )
 
 
@@ -622,7 +695,7 @@ _UNUSED_REASONS = (
     (("remote.log.",), "pykbroker has no tiered storage"),
     (("zookeeper.ssl.", "zookeeper.set.acl", "zookeeper.clientCnxnSocket", "zookeeper.max.in.flight."),
      "pykbroker's ZooKeeper client (kazoo) connects without TLS and ACLs"),
-    (("process.roles", "node.id", "controller.", "metadata.", "broker.heartbeat.", "broker.session.",
+    (("process.roles", "controller.", "metadata.", "broker.heartbeat.", "broker.session.",
       "initial.broker.registration.", "early.start.listeners", "eligible.leader.replicas.",
       "zookeeper.metadata.migration."), "a KRaft setting; pykbroker runs as a single node or in ZooKeeper mode"),
     (("num.io.threads", "num.network.threads", "background.threads", "num.recovery.threads.", "queued.max.requests",
@@ -660,8 +733,17 @@ def _kafka_default(type_: str, text: str | None) -> Any:
 # Every other broker config Kafka 3.7.1 defines, from its catalogue: known (a config file, --override and
 # AlterConfigs accept it, with Kafka's type, default, validator and update mode; DescribeConfigs lists it) but
 # not used. log.dir and log.dirs are pykbroker's data.dir (_SETTING_ALIASES) and are described as such.
+_USED_KAFKA_DOCS = {
+    "log.dirs": "pykbroker's data directory (data.dir, --data-dir; one directory, not a list); described as the "
+                "data directory in use, STATIC_BROKER_CONFIG when set by any of those names.",
+    "log.dir": "pykbroker's data directory (data.dir) when log.dirs is not set, as in Kafka; described with the "
+               "value it was set to.",
+}
+# Kafka checks these where KafkaConfig reads them, not in its ConfigDef (their catalogue column is empty).
+_READ_CHECKS: dict[str, Validator] = {"max.connections.per.ip.overrides": ConnectionsPerIpOverrides()}
 BROKER_CONFIGS.update(
-    (name, ConfigDef(name, type_, _kafka_default(type_, default), _unused_doc(name, mode), _kafka_validator(type_, valid),
+    (name, ConfigDef(name, type_, _kafka_default(type_, default), _USED_KAFKA_DOCS.get(name) or _unused_doc(name, mode),
+                     _READ_CHECKS.get(name) or _kafka_validator(type_, valid),
                      read_only=name not in DYNAMIC_BROKER_CONFIG_NAMES, sensitive=type_ == "password"))
     for name, type_, default, valid, mode in KAFKA_BROKER_CONFIGS
     if name not in BROKER_CONFIGS
@@ -672,12 +754,23 @@ BROKER_CONFIGS.update(
 # cluster-level listener configs); DescribeConfigs lists those set, read-only, with their base as synonym.
 _LISTENER_OVERRIDE = re.compile(r"listener\.name\.[^.]*\.(.*)")
 CLUSTER_LEVEL_LISTENER_CONFIGS = frozenset({"max.connections", "max.connection.creation.rate"})
+# Kafka's DynamicBrokerConfig.ListenerMechanismConfigs: set per listener and SASL mechanism,
+# listener.name.<listener>.<mechanism>.<config> (listener.name.sasl_plaintext.plain.sasl.jaas.config).
+LISTENER_MECHANISM_CONFIGS = ("sasl.jaas.config", "sasl.login.callback.handler.class", "sasl.login.class",
+                              "sasl.server.callback.handler.class", "connections.max.reauth.ms")
 
 
 def listener_override_base(name: str) -> str | None:
-    """The base config a ``listener.name.<listener>.<config>`` name overrides, or None."""
+    """The base config a ``listener.name.<listener>.<config>`` or
+    ``listener.name.<listener>.<mechanism>.<config>`` name overrides, or None."""
     match = _LISTENER_OVERRIDE.fullmatch(name)
-    return match[1] if match else None
+    if not match:
+        return None
+    rest = match[1]
+    mechanism, dot, config = rest.partition(".")
+    if rest not in LISTENER_MECHANISM_CONFIGS and dot and config in LISTENER_MECHANISM_CONFIGS:
+        return config  # the mechanism (PLAIN, SCRAM-SHA-256, ...) holds no dot
+    return rest
 
 
 def broker_config_def(name: str) -> ConfigDef | None:
@@ -886,6 +979,10 @@ def _check_queued_max_request_bytes(values: Mapping[str, Any]) -> None:
 MIN_DEDUPE_BUFFER_PER_THREAD = 1024 * 1024
 
 
+class KafkaRequirement(ConfigError):
+    """A requirement of Kafka's KafkaConfig, in its words (Kafka answers "requirement failed: <message>")."""
+
+
 class ReconfigurationError(ConfigError):
     """A dynamic update a broker component refuses given its current value (Kafka's
     Reconfigurable.validateReconfiguration: the log cleaner's and the thread pools' thread counts)."""
@@ -899,8 +996,8 @@ def check_cleaner_configs(values: Mapping[str, Any], current: Mapping[str, Any] 
     threads = int(values["log.cleaner.threads"])
     dedupe = int(values["log.cleaner.dedupe.buffer.size"])
     if threads >= 1 and dedupe // threads <= MIN_DEDUPE_BUFFER_PER_THREAD:
-        raise ConfigError("log.cleaner.dedupe.buffer.size",
-                          "log.cleaner.dedupe.buffer.size must be at least 1MB per cleaner thread.")
+        raise KafkaRequirement("log.cleaner.dedupe.buffer.size",
+                               "log.cleaner.dedupe.buffer.size must be at least 1MB per cleaner thread.")
     if current is None:
         return
     now = int(current["log.cleaner.threads"])
@@ -982,7 +1079,7 @@ class BrokerConfig:
         full = {name: definition.default for name, definition in BROKER_CONFIGS.items()}
         full.update(_FSYNC_FLUSH_DEFAULTS[self.fsync])
         full.update(self.values)
-        full["broker.id"] = self.broker_id
+        full["broker.id"] = full["node.id"] = self.broker_id  # synonyms, as Kafka's KafkaConfig.populateSynonyms
         full["log.dirs"] = os.fspath(self.data_dir)  # Kafka's name for pykbroker's data.dir, as DescribeConfigs shows it
         # A frozen dataclass: fill the derived fields once, here, so every construction path agrees.
         object.__setattr__(self, "static_values", MappingProxyType(dict(full)))
@@ -1163,93 +1260,74 @@ def canonical_host_name() -> str:
 
 
 def parse_security_protocol_map(text: str) -> dict[str, str]:
-    """``NAME:PROTOCOL,...`` -> {NAME: PROTOCOL}. Raises ConfigError naming the bad entry."""
+    """``NAME:PROTOCOL,...`` -> {NAME: PROTOCOL}. Raises ConfigError naming the bad entry, in Kafka's words."""
     key = "listener.security.protocol.map"
     protocols: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, separator, protocol = item.partition(":")
-        protocol = protocol.strip().upper()
         if not separator or not name.strip():
-            raise ConfigError(key, f"Invalid value {item!r} in {key}: expected LISTENER_NAME:SECURITY_PROTOCOL")
-        if protocol not in SECURITY_PROTOCOLS:
-            raise ConfigError(key, f"Invalid security protocol {protocol!r} for listener {name.strip()} in {key}; "
-                              f"known protocols: {', '.join(SECURITY_PROTOCOLS)}")
-        protocols[name.strip().upper()] = protocol
+            raise ConfigError(key, f"Error parsing configuration property '{key}': {item}")
+        if protocol.strip().upper() not in SECURITY_PROTOCOLS:
+            raise ConfigError(key, f"Invalid security protocol `{protocol.strip()}` defined in {key}")
+        protocols[name.strip().upper()] = protocol.strip().upper()
     return protocols
 
 
 def parse_listeners(key: str, text: str, protocols: Mapping[str, str]) -> tuple[Listener, ...]:
     """Kafka's listener list ``NAME://host:port,...`` (``key`` names the setting in messages). Names must
-    be unique and mapped to a protocol, ports unique (0 excepted). Raises ConfigError."""
+    be unique and mapped to a protocol, ports unique (0 excepted). Raises ConfigError (KafkaRequirement for
+    KafkaConfig's requirements), in Kafka's words where Kafka has some."""
     listeners: list[Listener] = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         match = _ENDPOINT.fullmatch(item)
         if match is None:
-            raise ConfigError(key, f"Unable to parse {item!r} in {key} to a broker endpoint: expected NAME://host:port")
+            raise ConfigError(key, f"Error creating broker listeners from '{text}': Unable to parse {item} to a broker endpoint")
         name, host, port = match["name"].upper(), match["host"], int(match["port"])
         if not 0 <= port <= 65535:
             raise ConfigError(key, f"Invalid port {port} in {key} ({item}): must be 0-65535")
         if name not in protocols:
-            raise ConfigError(key, f"No security protocol defined for listener {name} ({key}); "
-                              "add it to listener.security.protocol.map")
+            raise ConfigError(key, f"Error creating broker listeners from '{text}': No security protocol defined for "
+                              f"listener {name}")
         listeners.append(Listener(name, host, port, protocols[name]))
     if not listeners:
         raise ConfigError(key, f"{key} is empty: expected NAME://host:port,...")
     names = [listener.name for listener in listeners]
     if len(set(names)) != len(names):
-        raise ConfigError(key, f"Each listener must have a different name, {key}: {text}")
+        raise KafkaRequirement(key, f"Each listener must have a different name, {key}: {text}")
     ports = [listener.port for listener in listeners if listener.port]
     if key == "listeners" and len(set(ports)) != len(ports):
-        raise ConfigError(key, f"Each listener must have a different port, {key}: {text}")
+        raise KafkaRequirement(key, f"Each listener must have a different port, {key}: {text}")
     return tuple(listeners)
 
 
-def listener_configs_refusal(values: Mapping[str, Any]) -> str | None:
-    """Why Kafka 3.7.1 refuses these listener configs as a dynamic update (DynamicListenerConfig), in its
-    words, or None: a protocol map entry with an unknown protocol, a listener that is no ``NAME://host:port``
-    or whose name the map lacks, two listeners of one name."""
-    text_map = values["listener.security.protocol.map"] or ""
-    protocols: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in text_map.split(","))):
-        name, separator, protocol = item.partition(":")
-        if not separator:
-            return f"Error parsing configuration property 'listener.security.protocol.map': {item}"
-        if protocol.strip().upper() not in SECURITY_PROTOCOLS:
-            return f"Invalid security protocol `{protocol.strip()}` defined in listener.security.protocol.map"
-        protocols[name.strip().upper()] = protocol.strip().upper()
-    for key in ("listeners", "advertised.listeners"):
-        text = values[key]
-        if not text:
-            continue
-        for item in filter(None, (part.strip() for part in text.split(","))):
-            match = _ENDPOINT.fullmatch(item)
-            if match is None:
-                return f"Error creating broker listeners from '{text}': Unable to parse {item} to a broker endpoint"
-            if match["name"].upper() not in protocols:
-                return f"Error creating broker listeners from '{text}': No security protocol defined for listener {match['name'].upper()}"
-        try:
-            parse_listeners(key, text, protocols)
-        except ConfigError as exc:
-            return f"requirement failed: {exc.message}"
-    return None
+def check_listener_update(values: Mapping[str, Any], current: "BrokerConfig") -> None:
+    """Kafka 3.7.1's checks of new listener configs (a dynamic update of listeners, advertised.listeners or
+    listener.security.protocol.map) against this broker's ``current`` ones, in its words: ConfigError for
+    configs that do not parse ("Error creating broker listeners from ..."), KafkaRequirement for KafkaConfig's
+    requirements (resolve_listeners, the start-up checks), ReconfigurationError for DynamicListenerConfig's
+    (an existing listener's security protocol cannot change). Unset listeners are pykbroker's host/port
+    listener; the inter-broker listener must stay advertised."""
+    listeners_text = values["listeners"] or ",".join(map(str, current.listeners))
+    inter_broker = values.get("inter.broker.listener.name") or current.advertised_listeners[0].name
+    listeners, _ = resolve_listeners(current.host, current.port, current.advertised_host, current.advertised_port,
+                                     {**values, "listeners": listeners_text, "inter.broker.listener.name": inter_broker},
+                                     supported_only=False)
+    for old in current.listeners:
+        new = next((listener for listener in listeners if listener.name == old.name), None)
+        if new is not None and new.security_protocol != old.security_protocol:
+            raise ReconfigurationError("listener.security.protocol.map", "Security protocol cannot be updated for "
+                                       f"existing listener ListenerName({old.name})")
+    _check_supported(listeners)
 
 
-def resolve_listeners(
-    host: str, port: int, advertised_host: str, advertised_port: int, values: Mapping[str, Any]
-) -> tuple[tuple[Listener, ...], tuple[Listener, ...]]:
-    """(listeners, advertised listeners) from Kafka's listener keys, else from pykbroker's host/port.
+def controller_listener_names(values: Mapping[str, Any]) -> frozenset[str]:
+    """The names in controller.listener.names: KRaft controller listeners, which pykbroker neither opens nor
+    advertises (it runs as a single node or in ZooKeeper mode)."""
+    return frozenset(name.strip().upper() for name in (values.get("controller.listener.names") or "").split(",")
+                     if name.strip())
 
-    ``listeners`` wins over host/port (as it did over Kafka's old ``host.name``/``port``). Advertised
-    listeners default to the listeners; their names must be a subset of the listeners' and, as in Kafka,
-    they may not name the non-routable 0.0.0.0. A listener on every interface (an empty host, or
-    ``--host 0.0.0.0`` without an advertised host) is advertised under the canonical host name. A
-    security protocol other than PLAINTEXT is refused here, before anything starts.
-    """
-    protocols = parse_security_protocol_map(values["listener.security.protocol.map"])
-    if values.get("listeners"):
-        listeners = parse_listeners("listeners", values["listeners"], protocols)
-    else:
-        listeners = (Listener(DEFAULT_LISTENER_NAME, host, port, protocols.get(DEFAULT_LISTENER_NAME, "PLAINTEXT")),)
+
+def _check_supported(listeners: Iterable[Listener]) -> None:
     for listener in listeners:
         if listener.security_protocol not in SUPPORTED_SECURITY_PROTOCOLS:
             raise ConfigError(
@@ -1257,21 +1335,56 @@ def resolve_listeners(
                 f"listener {listener} uses security protocol {listener.security_protocol}, which pykbroker does not "
                 f"support yet (only {', '.join(SUPPORTED_SECURITY_PROTOCOLS)})",
             )
+
+
+def resolve_listeners(
+    host: str, port: int, advertised_host: str, advertised_port: int, values: Mapping[str, Any], *,
+    supported_only: bool = True,
+) -> tuple[tuple[Listener, ...], tuple[Listener, ...]]:
+    """(listeners, advertised listeners) from Kafka's listener keys, else from pykbroker's host/port.
+
+    ``listeners`` wins over host/port (as it did over Kafka's old ``host.name``/``port``). Advertised
+    listeners default to the listeners; their names must be a subset of the listeners' and, as in Kafka,
+    they may not name the non-routable 0.0.0.0. A listener on every interface (an empty host, or
+    ``--host 0.0.0.0`` without an advertised host) is advertised under the canonical host name. A
+    security protocol other than PLAINTEXT is refused here, before anything starts (after Kafka's own
+    requirements; ``supported_only`` False: not at all). Kafka's requirements raise KafkaRequirement.
+    """
+    protocols = parse_security_protocol_map(values["listener.security.protocol.map"])
+    if values.get("listeners"):
+        every = parse_listeners("listeners", values["listeners"], protocols)
+        controllers = controller_listener_names(values)
+        listeners = tuple(listener for listener in every if listener.name not in controllers)
+        if not listeners:
+            raise ConfigError("listeners", f"every listener in listeners ({values['listeners']}) is a KRaft controller "
+                              "listener (controller.listener.names), which pykbroker does not serve")
+    else:
+        listeners = (Listener(DEFAULT_LISTENER_NAME, host, port, protocols.get(DEFAULT_LISTENER_NAME, "PLAINTEXT")),)
     if values.get("advertised.listeners"):
         advertised = parse_listeners("advertised.listeners", values["advertised.listeners"], protocols)
-        unknown = sorted({a.name for a in advertised} - {listener.name for listener in listeners})
-        if unknown:
-            raise ConfigError("advertised.listeners", f"advertised.listeners names {', '.join(unknown)} are not in "
-                              "listeners: advertised listener names must be equal to or a subset of the listeners'")
     elif values.get("listeners"):
         advertised = listeners
     else:
         advertised = (Listener(listeners[0].name, advertised_host or host, advertised_port or port, listeners[0].security_protocol),)
+    # KafkaConfig's requirements, in its order and words
+    advertised_names = ",".join(listener.name for listener in advertised)
+    inter_broker = values.get("inter.broker.listener.name")
+    if inter_broker and inter_broker.upper() not in {listener.name for listener in advertised}:
+        raise KafkaRequirement("inter.broker.listener.name", "inter.broker.listener.name must be a listener name "
+                               "defined in advertised.listeners. The valid options based on currently configured "
+                               f"listeners are {advertised_names}")
+    defined = every if values.get("listeners") else listeners
+    if {a.name for a in advertised} - {listener.name for listener in defined}:
+        raise KafkaRequirement("advertised.listeners", "advertised.listeners listener names must be equal to or a "
+                               f"subset of the ones defined in listeners. Found {advertised_names}. The valid options "
+                               f"based on the current configuration are {','.join(l.name for l in defined)}")
     if values.get("listeners") or values.get("advertised.listeners"):
         for listener in advertised:
             if listener.host in _NON_ROUTABLE:
-                raise ConfigError("advertised.listeners", f"advertised.listeners cannot use the nonroutable meta-address "
-                                  f"{listener.host} ({listener}); set advertised.listeners to a routable address")
+                raise KafkaRequirement("advertised.listeners", "advertised.listeners cannot use the nonroutable "
+                                       f"meta-address {listener.host}. Use a routable IP address.")
+    if supported_only:
+        _check_supported(listeners)
     if any(listener.binds_all for listener in advertised):
         host_name = canonical_host_name()
         advertised = tuple(replace(a, host=host_name) if a.binds_all else a for a in advertised)
@@ -1305,10 +1418,16 @@ def validate_topic_configs(configs: Mapping[str, str | None]) -> dict[str, Any]:
 
 def warn_ignored_topic_configs(topic: str, configs: Mapping[str, Any], inter_broker_protocol_version: str) -> None:
     """Kafka 3.7.1's warning (TopicConfigHandler) when a topic's new configs set a message.format.version
-    older than 0.11.0 (record versions before v2): with inter.broker.protocol.version 3.0 or later (always,
-    here) it is ignored; every batch is written in v2."""
+    older than 0.11.0 (record versions before v2): with inter.broker.protocol.version 3.0-IV1 or later it is
+    ignored; an older one would make Kafka write old records, pykbroker writes every batch in v2 still, and
+    says so instead."""
     version = configs.get("message.format.version")
     if version and re.match(r"0\.(8|9|10)(\.|$)", str(version)):
+        if not ignores_message_format_version(inter_broker_protocol_version):
+            log.warning("Topic configuration message.format.version with value `%s` for `%s` has no effect: pykbroker "
+                        "writes record batches v2 whatever inter.broker.protocol.version (`%s`) says.", version, topic,
+                        inter_broker_protocol_version)
+            return
         log.warning("Topic configuration message.format.version with value `%s` is ignored for `%s` because the "
                     "inter-broker protocol version `%s` is greater or equal than 3.0. This configuration is "
                     "deprecated and it will be removed in Apache Kafka 4.0.", version, topic, inter_broker_protocol_version)
@@ -1322,6 +1441,7 @@ def warn_ignored_topic_configs(topic: str, configs: Mapping[str, Any], inter_bro
 class _Setting:
     raw: Any
     origin: str  # where the value came from, for messages: "--port", "PYKBROKER_PORT", "broker.toml"
+    key: str = ""  # the name it was set by (log.dir, log.dirs for data.dir)
 
 
 def load_config(
@@ -1363,11 +1483,27 @@ def load_config(
         if overridden:
             log.warning("%s (from %s) is set, so %s %s ignored, as Kafka ignores its old host.name and port",
                         kafka_key, merged[kafka_key].origin, " and ".join(overridden), "is" if len(overridden) == 1 else "are")
+    if "node.id" in merged and "broker.id" not in merged:  # Kafka's populateSynonyms: node.id gives broker.id
+        merged["broker.id"] = merged["node.id"]
     settings = {name: _parse(definition, merged.get(name)) for name, definition in PYKBROKER_SETTINGS.items()}
     values = {name: _parse(definition, merged[name]) for name, definition in BROKER_CONFIGS.items() if name in merged}
     values.update((name, _parse(broker_config_def(name), setting)) for name, setting in merged.items()
                   if name not in BROKER_CONFIGS and name not in PYKBROKER_SETTINGS)  # listener overrides
+    if values.get("node.id", values.get("broker.id")) != values.get("broker.id"):
+        raise ConfigError("node.id", "You must set `node.id` to the same value as `broker.id`. "
+                          f"(node.id {values['node.id']} from {merged['node.id'].origin}, "
+                          f"broker.id {values['broker.id']} from {merged['broker.id'].origin})")
+    ibp = values.get("inter.broker.protocol.version")
+    if ibp is not None and not ignores_message_format_version(ibp):
+        log.warning("inter.broker.protocol.version %s (from %s) is older than 3.0-IV1; pykbroker behaves as Kafka 3.7 "
+                    "with 3.7-IV4 whatever it says (record batches v2, Kafka 3.7's inter-broker request versions), "
+                    "so it cannot take part in a rolling upgrade from older Kafka brokers", ibp,
+                    merged["inter.broker.protocol.version"].origin)
     explicit = set(values)
+    if "data.dir" in merged and merged["data.dir"].key != "log.dir":  # --data-dir, data.dir, log.dirs
+        explicit.add("log.dirs")
+    if "broker.id" in explicit:  # either name set both (Kafka's originals hold both after populateSynonyms)
+        explicit.add("node.id")
     if "fsync" in merged:
         explicit.update(_FSYNC_FLUSH_DEFAULTS[settings["fsync"]])  # implied by a choice the user made
     check_cleaner_configs({**{n: d.default for n, d in BROKER_CONFIGS.items()}, **values})
@@ -1397,7 +1533,9 @@ def _layer(entries: Iterable[tuple[str, Any, str]]) -> dict[str, _Setting]:
         if name in PYKBROKER_SETTINGS or broker_config_def(name) is not None:
             if name == "log.level" and isinstance(raw, str):  # logging's names are upper case; accept any case
                 raw = raw.strip().upper()
-            layer[name] = _Setting(raw, origin)
+            layer[name] = _Setting(raw, origin, key)
+            if name != key and key in BROKER_CONFIGS:  # log.dir, log.dirs: also described under the name used
+                layer[key] = _Setting(raw, origin, key)
         elif key in TOPIC_CONFIGS and TOPIC_CONFIGS[key].synonyms:
             log.warning(
                 "configuration key %s (from %s) is a topic config and is ignored here; the broker-wide default is %s",
@@ -1456,7 +1594,13 @@ def _parse(definition: ConfigDef, setting: _Setting | None) -> Any:
 
 
 def _env_key(variable: str) -> str:
-    return variable[len(ENV_PREFIX) :].lower().replace("_", ".")
+    """The key a PYKBROKER_ variable names: lower case with dots, in its own case when a known key has
+    capitals (PYKBROKER_ZOOKEEPER_CLIENTCNXNSOCKET is zookeeper.clientCnxnSocket)."""
+    key = variable[len(ENV_PREFIX) :].lower().replace("_", ".")
+    return _MIXED_CASE_KEYS.get(key, key)
+
+
+_MIXED_CASE_KEYS = {name.lower(): name for name in _known_keys() if name != name.lower()}
 
 
 def _flag_name(cli_key: str) -> str:

@@ -39,7 +39,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
 
 from kazoo.exceptions import NoNodeError, NodeExistsError
 from kio.schema.errors import ErrorCode
@@ -67,6 +67,9 @@ from pykbroker.protocol.client import ClientError, NodeClients
 from pykbroker.protocol.interbroker.leader_and_isr.v7 import request as lai
 from pykbroker.protocol.interbroker.stop_replica.v4 import request as sr
 from pykbroker.protocol.interbroker.update_metadata.v8 import request as um
+
+if TYPE_CHECKING:
+    from pykbroker.cluster.dynamic_configs import DynamicConfigs
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +230,9 @@ class Controller(ReassignmentMixin):
         self.zk = zk
         self.broker_id = broker_id
         self.config = config
+        # the broker's DynamicConfigs (set by the broker once built): the configs Kafka's controller reads from
+        # its reconfigurable KafkaConfig (unclean.leader.election.enable) come from it, else from ``config``
+        self.dynamic_configs: DynamicConfigs | None = None
         self.listener_name = listener_name
         self.channel = channel if channel is not None else ControllerChannel(
             broker_id, request_timeout_s=config.get("controller.socket.timeout.ms") / 1000)
@@ -473,8 +479,9 @@ class Controller(ReassignmentMixin):
     async def _unclean_enabled(self, topic: str) -> bool:
         config = await self.zk.get_topic_config(topic)
         value = config.get("unclean.leader.election.enable")
-        if value is None:
-            return bool(self.config.get("unclean.leader.election.enable"))
+        if value is None:  # the broker default, dynamic (AlterConfigs) or static, as Kafka's controller reads it
+            value_of = self.dynamic_configs.value if self.dynamic_configs is not None else self.config.get
+            return bool(value_of("unclean.leader.election.enable"))
         return value.strip().lower() == "true"
 
     def _add_live_broker(self, reg: BrokerRegistration) -> None:

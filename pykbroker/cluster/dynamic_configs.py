@@ -18,7 +18,8 @@ pykbroker applies config.APPLIED_DYNAMIC_CONFIG_NAMES while it runs (the log.* t
 message.max.bytes, compression.type, min.insync.replicas, the throttles, the cleaner's settings); the others
 (listeners, connection limits, thread counts, SSL/SASL settings, ...) are stored and described, and their
 doc says a new value has no effect here. Kafka's listener overrides (``listener.name.<listener>.<config>``)
-are accepted too, typed as their base config. Refusals follow Kafka (parse_dynamic_configs, then
+are accepted too, typed as their base config (``listener.name.<listener>.<mechanism>.sasl.jaas.config`` as
+sasl.jaas.config, as Kafka's ListenerMechanismConfigs). Refusals follow Kafka (parse_dynamic_configs, then
 ``alter_async`` against this broker's current configs): INVALID_REQUEST for a read-only key ("Cannot update
 these configs dynamically"), an SSL store setting without a listener prefix, an invalid value, a per-broker
 key as the cluster default, a thread count beyond half or double its current value or a cleaner setting
@@ -39,6 +40,7 @@ warning rather than refusing to start.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping
 
 from pykbroker.cluster.metadata import DEFAULT_BROKER_ENTITY, ClusterMetadata
@@ -54,7 +56,8 @@ from pykbroker.config import (
     check_cleaner_configs,
     check_thread_pool_configs,
     listed_names,
-    listener_configs_refusal,
+    KafkaRequirement,
+    check_listener_update,
     listener_override_base,
     to_topic_unit,
 )
@@ -87,11 +90,8 @@ def parse_dynamic_configs(configs: Mapping[str, str], *, per_broker: bool = True
     in Kafka 3.7.1's order (DynamicBrokerConfig.validateConfigs; its answers in ZooKeeper and KRaft mode
     alike), each failure a KafkaError INVALID_REQUEST: a known key that is not dynamic; an SSL key store or
     trust store setting without a listener prefix; an invalid value (in Kafka's words); a per-broker key
-    as the cluster default. Before those, INVALID_CONFIG for an unknown key (Kafka would store it for
-    plugins; pykbroker has none to read it)."""
-    unknown = sorted(name for name in configs if broker_config_def(name) is None)
-    if unknown:
-        raise KafkaError(ErrorCode.invalid_config, f"Unknown broker config name: {listed_names(unknown)}")
+    as the cluster default. After Kafka's first two (which look at known keys only), INVALID_CONFIG for an
+    unknown key (Kafka would store it for plugins; pykbroker has none to read it)."""
 
     def refuse(names: Iterable[str], message: str, set_name: str = "Set") -> None:
         names = sorted(names)
@@ -102,8 +102,11 @@ def parse_dynamic_configs(configs: Mapping[str, str], *, per_broker: bool = True
            "Cannot update these configs dynamically")  # a listener override is always dynamic
     refuse((name for name in configs if name in LISTENER_PREFIX_ONLY_CONFIGS),
            "These security configs can be dynamically updated only per-listener using the listener prefix", "HashSet")
+    unknown = sorted(name for name in configs if broker_config_def(name) is None)
+    if unknown:
+        raise KafkaError(ErrorCode.invalid_config, f"Unknown broker config name: {listed_names(unknown)}")
     try:
-        typed = {name: BROKER_CONFIGS[listener_override_base(name) if name not in BROKER_CONFIGS else name]
+        typed = {name: replace(broker_config_def(name), name=listener_override_base(name) or name)
                  .parse(raw, kafka_wording=True) for name, raw in configs.items()}  # an override as its base
         for name, value in typed.items():  # as Kafka's DynamicLogConfig: the topic default must be valid too
             for definition in TOPIC_CONFIGS.values():
@@ -162,17 +165,15 @@ class DynamicConfigs:
                 if any(after[name] != now[name] for name in after if name.startswith("log.cleaner.")):
                     check_cleaner_configs(after, now)
                 check_thread_pool_configs(after, now)
+                if any(after[name] != now[name] for name in _LISTENER_CONFIGS):
+                    check_listener_update(after, self.config)
             except ReconfigurationError as exc:  # Kafka wraps a reconfigurable's refusal this way
                 raise KafkaError(ErrorCode.invalid_request, f"Invalid value org.apache.kafka.common.config."
                                  f"ConfigException: {exc.message} for configuration Invalid dynamic configuration") from None
-            except ConfigError as exc:  # KafkaConfig's own requirements, as Kafka words a failed one
+            except KafkaRequirement as exc:  # KafkaConfig's own requirements, as Kafka words a failed one
                 raise KafkaError(ErrorCode.invalid_request, f"requirement failed: {exc.message}") from None
-            if any(after[name] != now[name] for name in _LISTENER_CONFIGS):
-                # unset listeners are pykbroker's host/port listener, which a new protocol map must still name
-                listeners = after["listeners"] or ",".join(map(str, self.config.listeners))
-                refusal = listener_configs_refusal({**after, "listeners": listeners})
-                if refusal is not None:
-                    raise KafkaError(ErrorCode.invalid_request, refusal)
+            except ConfigError as exc:  # Kafka's words already (listener configs that do not parse)
+                raise KafkaError(ErrorCode.invalid_request, exc.message) from None
         if validate_only:
             return
         passwords = sorted(name for name in configs if broker_config_def(name).sensitive)

@@ -45,7 +45,7 @@ from pykbroker.cluster.dynamic_configs import DynamicConfigs
 from pykbroker.cluster.metadata import BrokerEndpoint, ClusterMetadata, EmbeddedMetadata
 from pykbroker.cluster.producer_ids import ProducerIdAllocator, ProducerRegistry, ZkProducerIdAllocator
 from pykbroker.cluster.topic_admin import TopicAdmin
-from pykbroker.config import BrokerConfig, Listener
+from pykbroker.config import BrokerConfig, Listener, controller_listener_names
 from pykbroker.groups.coordinator import GroupConfig, GroupCoordinator
 from pykbroker.groups.offset_store import OffsetStore
 from pykbroker.log.cleaner import CleanerConfig
@@ -144,6 +144,8 @@ class Broker:
         # The broker configs with their dynamic layers (AlterConfigs): value(name), add_listener(callback).
         self.dynamic_configs = DynamicConfigs(config, self.metadata)
         self.dynamic_configs.add_listener(self._cleaner_configs_changed)
+        if self.cluster is not None:  # the controller reads unclean.leader.election.enable's dynamic value
+            self.cluster.controller.dynamic_configs = self.dynamic_configs
         self.topics = TopicAdmin(config, self.metadata, self.replicas, self.dynamic_configs)
         if self.cluster is not None:  # blocks of ids reserved in ZooKeeper: unique across the cluster
             self.producer_ids = ProducerRegistry(ZkProducerIdAllocator(self.cluster.zk, config.broker_id))
@@ -371,6 +373,10 @@ class Broker:
             if endpoint is None:
                 log.warning("listener %s is not in advertised.listeners: clients that connect through it are told of "
                             "no brokers", listener)
+        controllers = controller_listener_names(self.config.values)
+        if controllers:  # config.listeners leaves them out
+            log.info("KRaft controller listeners (controller.listener.names: %s) are not served: pykbroker runs as a "
+                     "single node or in ZooKeeper mode", ",".join(sorted(controllers)))
         self.serving = True
         log.info(
             "pykbroker broker %d listening on %s (advertised %s), data dir %s, cluster id %s",

@@ -473,14 +473,25 @@ def test_a_broker_that_changes_its_endpoints_is_reached_at_the_new_address(clust
     run_async(cluster.run(body()))
 
 
-def test_unclean_election_when_the_topic_allows_it(cluster, run_async):
+@pytest.mark.parametrize("where", ["topic", "dynamic broker default"])
+def test_unclean_election_when_the_topic_or_the_dynamic_broker_default_allows_it(cluster, run_async, tmp_path, where):
+    """unclean.leader.election.enable of the topic, else the broker's, dynamic (AlterConfigs, here the cluster
+    default) as Kafka's controller reads its reconfigured KafkaConfig."""
+    from pykbroker.cluster.dynamic_configs import DynamicConfigs
+    from pykbroker.cluster.metadata import DEFAULT_BROKER_ENTITY, EmbeddedMetadata
+
     async def body():
         for b in (1, 2):
             await cluster.add_broker(b)
         c, chan = await cluster.controller(1)
+        if where != "topic":
+            (tmp_path / "dynamic").mkdir()
+            c.dynamic_configs = DynamicConfigs(c.config, EmbeddedMetadata(tmp_path / "dynamic", 1, "127.0.0.1", 9092))
+            await c.dynamic_configs.alter_async(DEFAULT_BROKER_ENTITY, {"unclean.leader.election.enable": "true"})
         await active(c)
         zk = await cluster.client()
-        tid = await zk.create_topic("u", {0: [1, 2]}, config={"unclean.leader.election.enable": "true"})
+        config = {"unclean.leader.election.enable": "true"} if where == "topic" else {}
+        tid = await zk.create_topic("u", {0: [1, 2]}, config=config)
         s = await state_of(zk, "u", 0, leader=1)
         # The leader drops 2 from the ISR, then dies: only the out-of-sync 2 is left.
         resp = await c.alter_partition(alter(1, cluster.epochs[1], kafka_uuid_to_uuid(tid), 0, 0, {1: cluster.epochs[1]},
@@ -847,3 +858,4 @@ def test_deleting_a_topic_mid_reassignment_clears_it_from_the_legacy_document(cl
             assert not [tp for tp in (*c._adding, *c._removing) if tp[0] == "d"]
 
     run_async(cluster.run(body()))
+

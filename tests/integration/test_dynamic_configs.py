@@ -4,6 +4,7 @@ confluent-kafka's AdminClient, the raw protocol (the bad input a stock client wi
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
@@ -22,7 +23,7 @@ from kio.schema.errors import ErrorCode
 from kio.schema.incremental_alter_configs.v1 import request as iac
 from kio.static.primitive import i8
 
-from broker_process import list_offset, send_request, wait_until
+from broker_process import BrokerProcess, free_port, list_offset, send_request, wait_until
 from pykbroker.kafka_broker_configs import KAFKA_BROKER_CONFIGS
 from kafka_tools import kafka_tools_or_skip
 
@@ -368,6 +369,10 @@ def test_kafkas_reconfiguration_checks_listener_overrides_and_password_configs(b
             "Error creating broker listeners from 'FOO://127.0.0.1:1': No security protocol defined for listener FOO"),
         ("1", "listener.security.protocol.map", "PLAINTEXT:FOO"): (ErrorCode.invalid_request,
             "Invalid security protocol `FOO` defined in listener.security.protocol.map"),
+        ("1", "listener.security.protocol.map", "PLAINTEXT:SSL"): (ErrorCode.invalid_request, wrapped.format(
+            "Security protocol cannot be updated for existing listener ListenerName(PLAINTEXT)")),
+        ("1", "advertised.listeners", "PLAINTEXT://0.0.0.0:1"): (ErrorCode.invalid_request,
+            "requirement failed: advertised.listeners cannot use the nonroutable meta-address 0.0.0.0. Use a routable IP address."),
         ("1", "listener.name.plaintext.max.connections", "x"): (ErrorCode.invalid_request,
             "Invalid value x for configuration max.connections: Not a number of type INT"),
         ("", "listener.name.plaintext.ssl.keystore.type", "PKCS12"): (ErrorCode.invalid_request,
@@ -375,12 +380,16 @@ def test_kafkas_reconfiguration_checks_listener_overrides_and_password_configs(b
             "Set(listener.name.plaintext.ssl.keystore.type)"),
         ("1", "sasl.jaas.config", "x"): (ErrorCode.invalid_config,
             "Invalid config value for resource ConfigResource(type=BROKER, name='1'): Password encoder secret not configured"),
+        ("1", "listener.name.sasl_plaintext.plain.sasl.jaas.config", "x"): (ErrorCode.invalid_config,
+            "Invalid config value for resource ConfigResource(type=BROKER, name='1'): Password encoder secret not configured"),
     }
     for (entity, name, value), answer in answers.items():
         assert raw_incremental(address, (BROKER, entity, [(name, 0, value)]))[0][1:] == answer, name
     # what Kafka accepts: a thread count within bounds, a password config validated only, listener overrides
     assert raw_incremental(address, (BROKER, "1", [("num.io.threads", 0, "16")]))[0][1] == ErrorCode.none
     assert raw_incremental(address, (BROKER, "1", [("sasl.jaas.config", 0, "x")]), validate_only=True)[0][1] == ErrorCode.none
+    assert raw_incremental(address, (BROKER, "1", [("listener.name.sasl_plaintext.plain.sasl.jaas.config", 0, "x")]),
+                           validate_only=True)[0][1] == ErrorCode.none
     assert raw_incremental(address, (BROKER, "1", [("listener.name.plaintext.ssl.keystore.type", 0, "PKCS12")]))[0][1] \
         == ErrorCode.none
     assert raw_incremental(address, (BROKER, "", [("listener.name.plaintext.max.connections", 0, "5")]))[0][1] \
@@ -398,8 +407,10 @@ def test_kafkas_reconfiguration_checks_listener_overrides_and_password_configs(b
 
 
 def test_a_config_files_kafka_keys_and_listener_overrides_are_described_as_static(broker_factory):
+    jaas = 'org.apache.kafka.common.security.plain.PlainLoginModule required username="a" password="s3cr3t";'
     broker = broker_factory.make({"num.io.threads": 4, "listener.name.plaintext.max.connections": 7,
-                                  "log.message.format.version": "2.8"})
+                                  "log.message.format.version": "2.8",
+                                  "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas})
     configs = raw_describe(broker.address, BROKER, "1")
     assert (configs["num.io.threads"].value, configs["num.io.threads"].config_source) == ("4", 4)
     assert configs["log.message.format.version"].value == "2.8"
@@ -407,4 +418,28 @@ def test_a_config_files_kafka_keys_and_listener_overrides_are_described_as_stati
     assert (override.value, override.config_source, override.read_only) == ("7", 4, True)
     assert [(s.name, s.value, s.source) for s in override.synonyms] == [
         ("listener.name.plaintext.max.connections", "7", 4), ("max.connections", "2147483647", 5)]
-    assert configs["log.dirs"].value == str(broker.data_dir)
+    assert (configs["log.dirs"].value, configs["log.dirs"].config_source) == (str(broker.data_dir), 4)  # --data-dir
+    password = configs["listener.name.sasl_plaintext.plain.sasl.jaas.config"]  # kept, shown as Kafka shows it
+    assert (password.value, password.is_sensitive, password.config_source) == (None, True, 4)
+    assert [(s.name, s.value) for s in password.synonyms] == [("listener.name.sasl_plaintext.plain.sasl.jaas.config", None)]
+    assert "s3cr3t" not in broker.log_path.read_text()
+
+
+def test_a_kraft_controller_listener_is_neither_opened_nor_warned_about(tmp_path):
+    """As in Kafka's config/kraft/server.properties: the CONTROLLER listener of controller.listener.names is
+    not served (pykbroker is no KRaft controller); the log says so once, and warns of nothing about it."""
+    port, controller_port = free_port(), free_port()
+    broker = BrokerProcess(tmp_path / "kraft", port=port, config={
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}", "controller.listener.names": "CONTROLLER",
+        "process.roles": "broker,controller", "node.id": 1,
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"})
+    try:
+        broker.start()
+        log = broker.log_path.read_text()
+        assert log.count("KRaft controller listeners (controller.listener.names: CONTROLLER) are not served") == 1
+        assert "is not in advertised.listeners" not in log
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", controller_port)) != 0
+    finally:
+        broker.close()

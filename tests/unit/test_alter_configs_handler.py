@@ -159,3 +159,21 @@ def test_internal_topics_stay_compacted_whatever_is_stored(node):
     assert effective["cleanup.policy"][0] == ["compact"]
     incremental(node, (TOPIC, "__consumer_offsets", [("cleanup.policy", SET, "delete")]))
     assert node.topics.log_config("__consumer_offsets").cleanup_policy == "compact"
+
+
+def test_append_and_subtract_on_a_listener_override_use_its_base_type(node):
+    """A listener override is a known broker config, typed as its base: APPEND/SUBTRACT work on a list one
+    (from no value: an override has no default) and are refused as for its base on another. (Kafka 3.7.1 itself answers
+    UNKNOWN_SERVER_ERROR here: its prepareIncrementalConfigs looks the name up in KafkaConfig.configKeys
+    and fails with NoSuchElementException; pykbroker answers as for the base key.)"""
+    name = "listener.name.plaintext.sasl.enabled.mechanisms"
+    assert incremental(node, (BROKER, "1", [(name, 2, "PLAIN")])) == [("1", ErrorCode.none, None)]
+    assert node.dynamic_configs.stored("1") == {name: "PLAIN"}  # an unset override has no default (as described)
+    assert incremental(node, (BROKER, "1", [(name, 2, "SCRAM-SHA-256")])) == [("1", ErrorCode.none, None)]
+    assert node.dynamic_configs.stored("1") == {name: "PLAIN,SCRAM-SHA-256"}
+    assert incremental(node, (BROKER, "1", [(name, 3, "PLAIN")])) == [("1", ErrorCode.none, None)]
+    assert node.dynamic_configs.stored("1") == {name: "SCRAM-SHA-256"}
+    assert incremental(node, (BROKER, "1", [("listener.name.plaintext.max.connections", 2, "5")])) == [
+        ("1", ErrorCode.invalid_config, "Config value append is not allowed for config key: listener.name.plaintext.max.connections")]
+    assert incremental(node, (BROKER, "1", [("listener.name.plaintext.no.such.key", 2, "5")])) == [
+        ("1", ErrorCode.invalid_config, "Unknown broker config name: listener.name.plaintext.no.such.key")]

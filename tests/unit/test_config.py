@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import socket
 from pathlib import Path
@@ -15,6 +16,9 @@ from kio.serial import entity_reader
 
 import pykbroker.config as config_module
 from pykbroker.config import (
+    KafkaRequirement,
+    ReconfigurationError,
+    check_listener_update,
     BROKER_CONFIGS,
     LONG_MAX,
     PYKBROKER_SETTINGS,
@@ -567,6 +571,9 @@ def test_listeners_win_over_host_and_port_with_a_warning(caplog):
         ({"listeners": "PLAINTEXT://:9092", "advertised.listeners": "OTHER://h:1",
           "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,OTHER:PLAINTEXT"}, "advertised.listeners", "subset"),
         ({"listener.security.protocol.map": "PLAINTEXT:TLS"}, "listener.security.protocol.map", "Invalid security protocol"),
+        ({"listeners": "PLAINTEXT://:9092,B://:9093", "advertised.listeners": "PLAINTEXT://h:9092",
+          "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,B:PLAINTEXT", "inter.broker.listener.name": "B"},
+         "inter.broker.listener.name", "inter.broker.listener.name must be a listener name defined in advertised.listeners"),
     ],
 )
 def test_listener_errors_name_the_key(values, key, words):
@@ -582,3 +589,114 @@ def test_queued_max_request_bytes_is_unbounded_at_or_below_0_or_at_least_socket_
     with pytest.raises(ConfigError, match="queued.max.request.bytes .*socket.request.max.bytes") as raised:
         load(env={"PYKBROKER_QUEUED_MAX_REQUEST_BYTES": "1000"})
     assert raised.value.name == "queued.max.request.bytes"
+
+
+def test_node_id_is_a_synonym_of_broker_id_as_in_kafka(tmp_path):
+    """Kafka's KafkaConfig.populateSynonyms: node.id without broker.id is the broker id (and the other way
+    round); both set must be equal, else Kafka refuses to start with this message."""
+    config = load_config(cli={"data_dir": str(tmp_path), "node.id": "5"}, env={})
+    assert (config.broker_id, config.get("broker.id"), config.get("node.id")) == (5, 5, 5)
+    config = load_config(cli={"data_dir": str(tmp_path), "broker.id": "6"}, env={})
+    assert (config.get("broker.id"), config.get("node.id")) == (6, 6)
+    # as Kafka 3.7.1 (ZooKeeper mode) describes node.id with broker.id=6 in server.properties
+    assert config.broker_config_synonyms("node.id") == [("node.id", "6", ConfigSource.STATIC_BROKER_CONFIG),
+                                                        ("node.id", "-1", ConfigSource.DEFAULT_CONFIG)]
+    assert load_config(cli={"data_dir": str(tmp_path), "broker.id": "6", "node.id": "6"}, env={}).broker_id == 6
+    with pytest.raises(ConfigError, match="You must set `node.id` to the same value as `broker.id`"):
+        load_config(cli={"data_dir": str(tmp_path), "broker.id": "6", "node.id": "7"}, env={})
+    with pytest.raises(ConfigError, match="Invalid value 'x' for configuration broker.id.*set by --override node.id"):
+        load_config(cli={"data_dir": str(tmp_path), "node.id": "x"}, env={})
+
+
+@pytest.mark.parametrize("cli", [{"data_dir": "{d}"}, {"log.dirs": "{d}"}, {"data.dir": "{d}"}])
+def test_the_data_dir_is_described_as_log_dirs_set_statically(tmp_path, cli):
+    """As Kafka describes a log.dirs set in server.properties: its value, STATIC_BROKER_CONFIG, itself as synonym."""
+    config = load_config(cli={key: value.format(d=tmp_path) for key, value in cli.items()}, env={})
+    assert config.broker_config_source("log.dirs") == (str(tmp_path), ConfigSource.STATIC_BROKER_CONFIG)
+    assert config.broker_config_synonyms("log.dirs") == [("log.dirs", str(tmp_path), ConfigSource.STATIC_BROKER_CONFIG)]
+    assert "no effect" not in BROKER_CONFIGS["log.dirs"].doc and "no effect" not in BROKER_CONFIGS["log.dir"].doc
+
+
+def test_a_data_dir_set_as_log_dir_is_described_under_that_name(tmp_path):
+    file = tmp_path / "server.properties"
+    file.write_text(f"log.dir={tmp_path / 'z'}\n")
+    config = load_config(file=file, env={})
+    assert config.data_dir == tmp_path / "z"
+    assert config.broker_config_source("log.dir") == (str(tmp_path / "z"), ConfigSource.STATIC_BROKER_CONFIG)
+    assert config.broker_config_source("log.dirs")[1] == ConfigSource.DEFAULT_CONFIG
+    default = load_config(cli={"data_dir": str(tmp_path)}, env={})
+    assert default.broker_config_source("log.dir") == ("/tmp/kafka-logs", ConfigSource.DEFAULT_CONFIG)
+
+
+@pytest.mark.parametrize(("update", "error", "message"), [
+    ({"listener.security.protocol.map": "PLAINTEXT:SSL"}, ReconfigurationError,
+     "Security protocol cannot be updated for existing listener ListenerName(PLAINTEXT)"),
+    ({"advertised.listeners": "PLAINTEXT://127.0.0.1:1,FOO://127.0.0.1:2",
+      "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,FOO:PLAINTEXT"}, KafkaRequirement,
+     "advertised.listeners listener names must be equal to or a subset of the ones defined in listeners. "
+     "Found PLAINTEXT,FOO. The valid options based on the current configuration are PLAINTEXT"),
+    ({"listeners": "PLAINTEXT://127.0.0.1:9092,FOO://127.0.0.1:9093", "advertised.listeners": "FOO://127.0.0.1:9093",
+      "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,FOO:PLAINTEXT"}, KafkaRequirement,
+     "inter.broker.listener.name must be a listener name defined in advertised.listeners. "
+     "The valid options based on currently configured listeners are FOO"),
+    ({"listeners": "PLAINTEXT://127.0.0.1:9092,PLAINTEXT://127.0.0.1:9093"}, KafkaRequirement,
+     "Each listener must have a different name, listeners: PLAINTEXT://127.0.0.1:9092,PLAINTEXT://127.0.0.1:9093"),
+    ({"advertised.listeners": "PLAINTEXT://0.0.0.0:9092"}, KafkaRequirement,
+     "advertised.listeners cannot use the nonroutable meta-address 0.0.0.0. Use a routable IP address."),
+    ({"listeners": "x"}, ConfigError, "Error creating broker listeners from 'x': Unable to parse x to a broker endpoint"),
+    ({"listeners": "PLAINTEXT://127.0.0.1:9092,FOO://127.0.0.1:9093",
+      "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,FOO:SSL"}, ConfigError, "FOO://127.0.0.1:9093 uses security protocol SSL"),
+    ({"listeners": "PLAINTEXT://127.0.0.1:9092,FOO://127.0.0.1:9093",
+      "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,FOO:PLAINTEXT"}, None, None),
+])
+def test_a_dynamic_listener_update_is_checked_as_kafka_checks_it(update, error, message):
+    """Kafka 3.7.1's answers (measured with kafka-configs.sh): KafkaConfig's requirements, then
+    DynamicListenerConfig's; pykbroker's own refusal of a protocol it does not serve comes last."""
+    current = BrokerConfig(host="127.0.0.1", port=9092)
+    values = {**current.values, **update}
+    if error is None:
+        check_listener_update(values, current)
+        return
+    with pytest.raises(error) as raised:
+        check_listener_update(values, current)
+    assert type(raised.value) is error
+    assert message in raised.value.message
+
+
+def test_an_environment_variable_sets_a_mixed_case_key(caplog):
+    with caplog.at_level(logging.WARNING, logger="pykbroker.config"):
+        config = load(env={"PYKBROKER_ZOOKEEPER_CLIENTCNXNSOCKET": "org.apache.zookeeper.ClientCnxnSocketNetty"})
+    assert config.get("zookeeper.clientCnxnSocket") == "org.apache.zookeeper.ClientCnxnSocketNetty"
+    assert caplog.records == []
+
+
+def _kafka_config_dir():
+    home = os.environ.get("PYKBROKER_KAFKA_HOME")
+    repo = Path(__file__).resolve().parents[2]
+    candidates = [Path(home)] if home else []
+    candidates += [repo.parent / "shared" / "refkit" / "kafka_2.13-3.7.1",
+                   repo.parent.parent / "shared" / "refkit" / "kafka_2.13-3.7.1"]
+    return next((c / "config" for c in candidates if (c / "config" / "kraft" / "server.properties").is_file()), None)
+
+
+@pytest.mark.parametrize("shipped", ["server.properties", "kraft/server.properties"])
+def test_kafkas_shipped_server_properties_load_without_a_warning(tmp_path, caplog, shipped):
+    """Kafka 3.7.1's own config/server.properties (ZooKeeper) and config/kraft/server.properties (a combined
+    KRaft node), ports and directories overridden: every key is known, and the KRaft controller listener
+    (controller.listener.names) is not among the listeners the broker opens."""
+    config_dir = _kafka_config_dir()
+    if config_dir is None:
+        pytest.skip("Kafka 3.7.1's config files not found (../shared/refkit or $PYKBROKER_KAFKA_HOME)")
+    overrides = {"data_dir": str(tmp_path), "zookeeper.connect": "127.0.0.1:1/x"}
+    if shipped.startswith("kraft"):
+        overrides |= {"listeners": "PLAINTEXT://127.0.0.1:0,CONTROLLER://127.0.0.1:0",
+                      "advertised.listeners": "PLAINTEXT://127.0.0.1:19092"}
+    with caplog.at_level(logging.INFO, logger="pykbroker.config"):
+        config = load_config(cli=overrides, file=config_dir / shipped, env={})
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert [listener.name for listener in config.listeners] == ["PLAINTEXT"]
+    assert config.data_dir == tmp_path
+    if shipped.startswith("kraft"):
+        assert config.broker_id == 1  # node.id
+    else:
+        assert config.broker_id == 0

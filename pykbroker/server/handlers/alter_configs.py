@@ -44,7 +44,7 @@ from typing import Any, Awaitable, Callable
 
 from pykbroker.cluster.dynamic_configs import broker_entity
 from pykbroker.cluster.metadata import StaleConfigVersion
-from pykbroker.config import BROKER_CONFIGS, TOPIC_CONFIGS, ConfigDef, listed_names, warn_ignored_topic_configs
+from pykbroker.config import TOPIC_CONFIGS, ConfigDef, broker_config_def, listed_names, warn_ignored_topic_configs
 from pykbroker.protocol.errors import ErrorCode, KafkaError
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
@@ -57,17 +57,18 @@ SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 _WRITE_ATTEMPTS = 5  # IncrementalAlterConfigs: reads and conditional writes before giving up
 
 
-def _entity(ctx: RequestContext, resource) -> tuple[str, str, dict[str, ConfigDef], str]:
-    """(stored entity type, entity name, the config table, what the names are called) of a TOPIC or
-    BROKER resource that may be changed here; KafkaError otherwise."""
+def _entity(ctx: RequestContext, resource) -> tuple[str, str, Callable[[str], ConfigDef | None], str]:
+    """(stored entity type, entity name, a config name's definition or None, what the names are called) of a
+    TOPIC or BROKER resource that may be changed here (a broker's listener overrides are typed as their base);
+    KafkaError otherwise."""
     if resource.resource_type == TOPIC_RESOURCE:
         if not resource.resource_name:
             raise KafkaError(ErrorCode.invalid_request, "Default topic resources are not allowed.")
         if ctx.broker.metadata.topic(resource.resource_name) is None:
             raise KafkaError(ErrorCode.unknown_topic_or_partition, f"The topic '{resource.resource_name}' does not exist.")
-        return "topics", resource.resource_name, TOPIC_CONFIGS, "topic"
+        return "topics", resource.resource_name, TOPIC_CONFIGS.get, "topic"
     if resource.resource_type == BROKER_RESOURCE:
-        return "brokers", broker_entity(resource.resource_name, ctx.broker.broker_id), BROKER_CONFIGS, "broker"
+        return "brokers", broker_entity(resource.resource_name, ctx.broker.broker_id), broker_config_def, "broker"
     raise KafkaError(
         ErrorCode.invalid_request,
         f"Unknown resource type {resource.resource_type}",
@@ -107,7 +108,8 @@ def _items(text: str | None) -> list[str]:
     return [item.strip() for item in (text or "").split(",") if item.strip()]
 
 
-def _apply_operations(configs: dict[str, str], operations, table: dict[str, ConfigDef], kind: str) -> dict[str, str]:
+def _apply_operations(configs: dict[str, str], operations, definition_of: Callable[[str], ConfigDef | None],
+                      kind: str) -> dict[str, str]:
     """Kafka's prepareIncrementalConfigs on a copy of ``configs`` (``_preprocess`` checked the operations)."""
     result = dict(configs)
     for op in operations:
@@ -116,7 +118,7 @@ def _apply_operations(configs: dict[str, str], operations, table: dict[str, Conf
         elif op.config_operation == DELETE:
             result.pop(op.name, None)
         elif op.config_operation in (APPEND, SUBTRACT):
-            definition = table.get(op.name)
+            definition = definition_of(op.name)
             if definition is None:
                 raise KafkaError(ErrorCode.invalid_config, f"Unknown {kind} config name: {op.name}")
             verb = "append" if op.config_operation == APPEND else "subtract"
@@ -201,10 +203,10 @@ async def alter_configs(ctx: RequestContext, request) -> object:
 async def incremental_alter_configs(ctx: RequestContext, request) -> object:
     async def change(resource) -> None:
         _preprocess(resource.configs, lambda op: op.config_operation == DELETE)
-        entity_type, name, table, kind = _entity(ctx, resource)
+        entity_type, name, definition_of, kind = _entity(ctx, resource)
         for _ in range(_WRITE_ATTEMPTS):
             current, version = await ctx.broker.metadata.read_entity_configs_async(entity_type, name)
-            configs = _apply_operations(current, resource.configs, table, kind)
+            configs = _apply_operations(current, resource.configs, definition_of, kind)
             try:
                 await _replace(ctx, resource, configs, request.validate_only, version)
                 return
