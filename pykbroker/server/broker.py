@@ -33,8 +33,10 @@ import dataclasses
 import errno
 import functools
 import logging
+import shlex
 import signal
 import socket
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -81,11 +83,15 @@ def speedups_missing_message() -> str:
     installed package is reinstalled where a C compiler is present."""
     package = Path(records.__file__).resolve().parents[1]
     checkout = package.parent
+    python = shlex.quote(sys.executable)  # the Python that runs this broker, whose extension is missing
+    # The extension is optional: without a C compiler and the Python headers a build "succeeds" without it.
+    needs = "a C compiler and the Python headers (e.g. apt-get install gcc python3-dev)"
     if (checkout / "setup.py").is_file():
-        fix = f"build it for this source tree with: cd {checkout} && python3 setup.py build_ext --inplace"
+        fix = (f"build it for this source tree, with {needs} present: cd {shlex.quote(str(checkout))} && "
+               f"{python} setup.py build_ext --inplace")
     else:
-        fix = ("reinstall pykbroker where a C compiler and the Python headers are present (e.g. apt-get install "
-               "gcc python3-dev, then pip install --force-reinstall --no-deps <the source you installed from>)")
+        fix = (f"reinstall pykbroker where {needs} are present: {python} -m pip install --force-reinstall "
+               f"--no-deps <the source you installed from>")
     return (f"the C record walker (pykbroker._speedups) is not built for {package / '__init__.py'}: records are "
             f"validated in pure Python, several times slower; {fix}")
 
