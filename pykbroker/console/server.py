@@ -132,7 +132,12 @@ class _Handler(BaseHTTPRequestHandler):
             case ["topics", name]:
                 self._send(200, pages.topic(reader.topic(name), **chrome))
             case ["groups"]:
-                self._send(200, pages.groups(reader.groups(), problem=reader.coordination_problem(), **chrome))
+                groups = reader.groups()
+                try:
+                    problem = reader.coordination_problem()
+                except data.ConsoleError:  # only the warning is missing: the groups are still worth showing
+                    problem = None
+                self._send(200, pages.groups(groups, problem=problem, **chrome))
             case ["groups", group_id]:
                 self._send(200, pages.group(reader.group(group_id), reset_form=self.server.allow_writes, **chrome))
             case ["messages"]:
