@@ -4,8 +4,9 @@ What it runs: unless ``--zookeeper`` names one, a standalone ZooKeeper from Debi
 (``pykbroker.cluster.zk_server``) with its data in ``D/zookeeper``; then brokers 1..N, each a
 ``python -P -m pykbroker serve --broker-id N --zookeeper ... --listeners PLAINTEXT://HOST:PORT`` process with
 its data in ``D/broker-N`` and its output in ``D/logs/broker-N.log``. The brokers run this command's Python and
-this command's pykbroker package (its directory first on PYTHONPATH, and ``-P`` keeps the working directory,
-perhaps a source checkout without the built C extension, off sys.path), wherever the command is started. It waits until every broker answers
+this command's pykbroker package (a checkout's directory first on PYTHONPATH, an installed one found in
+site-packages, and ``-P`` keeps the working directory, perhaps a source checkout without the built C
+extension, off sys.path), wherever the command is started. It waits until every broker answers
 Metadata listing all N brokers (that is: registered in ZooKeeper and told about each other by the
 controller's UpdateMetadata), prints the bootstrap string, and runs until Ctrl-C or SIGTERM. Stopping sends
 SIGTERM to every broker (Kafka's controlled shutdown, while ZooKeeper is still up), SIGKILLs those still
@@ -13,11 +14,12 @@ running after a grace period, then stops ZooKeeper.
 
 A broker that dies while the cluster runs (killed to try a failover, or crashed) is reported with how it
 ended (exit status or signal) and the end of its log; the others keep serving, as a real cluster does. The
-supervisor (:class:`Supervisor`) restarts it, unless ``--no-restart``; a broker that dies MAX_FAILED_STARTS times in a row before serving is
-not restarted again. A broker not restarted gets the exact command that restarts it by hand.
+supervisor (:class:`Supervisor`) restarts it after a back-off, unless ``--no-restart``, it exited with status 0
+(a requested shutdown) or it died MAX_DEATHS times within RESTART_WINDOW_S. A broker not restarted gets the
+exact command that restarts it by hand (such a broker is not supervised, nor stopped with the cluster).
 
 Exit status: 0 after a requested stop; 1 when ZooKeeper or a broker cannot start, the cluster is not ready
-in time, or a broker died while the cluster ran (even if restarted). Brokers are started in
+in time, or a broker failed while the cluster ran (even if restarted; not one that exited with status 0). Brokers are started in
 their own sessions (a terminal's Ctrl-C reaches only this command, which stops them in order) and are
 SIGKILLed by Linux if this command dies without stopping them.
 """
@@ -51,8 +53,34 @@ DEFAULT_HOST = "127.0.0.1"
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 30.0
 POLL_S = 0.2
-MAX_FAILED_STARTS = 3  # a broker that dies this many times in a row before serving is not restarted again
-PACKAGE_PARENT = str(Path(__file__).resolve().parents[1])
+# The supervisor (systemd's Restart=on-failure with StartLimitBurst/StartLimitIntervalSec): a broker that exits
+# with a failure (non-zero status or a signal) is restarted after RESTART_BACKOFF_S, doubling with each death in
+# the window (at most RESTART_BACKOFF_MAX_S), until it has died MAX_DEATHS times within RESTART_WINDOW_S.
+MAX_DEATHS = 3
+RESTART_WINDOW_S = 300.0
+RESTART_BACKOFF_S = 1.0
+RESTART_BACKOFF_MAX_S = 30.0
+# A restarted broker is asked whether it serves at most once a PROBE_INTERVAL_S, each probe at most
+# PROBE_TIMEOUT_S: one that waits for its registration holds connections unanswered, and the supervisor's
+# loop must keep watching the other brokers (and Ctrl-C).
+PROBE_INTERVAL_S = 1.0
+PROBE_TIMEOUT_S = 0.4
+LOG_TAIL_BYTES = 32 * 1024  # a dead broker's report shows the end of its log: read no more than this
+
+
+def _path_entry_for(package_parent: Path) -> str | None:
+    """The PYTHONPATH entry that makes a child import the pykbroker package found in package_parent: None for
+    a site-packages directory (an installed package is found there anyway, and putting site-packages on
+    PYTHONPATH would put it before the standard library)."""
+    import site
+
+    site_dirs = {Path(p).resolve() for p in site.getsitepackages()}
+    if site.ENABLE_USER_SITE:
+        site_dirs.add(Path(site.getusersitepackages()).resolve())
+    return None if package_parent.resolve() in site_dirs else str(package_parent)
+
+
+PACKAGE_PARENT = _path_entry_for(Path(__file__).resolve().parents[1])
 
 
 class ClusterStartError(RuntimeError):
@@ -72,10 +100,13 @@ def pykbroker_command(*args: str) -> list[str]:
 
 def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a pykbroker child process: the directory holding the running pykbroker package
-    first on PYTHONPATH (installed or a checkout), output unbuffered."""
+    first on PYTHONPATH (a checkout; not a site-packages dir, see _path_entry_for), output unbuffered."""
     env = dict(os.environ if env is None else env)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
+    entries = [PACKAGE_PARENT, *(env.get("PYTHONPATH") or "").split(os.pathsep)]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in entries if p))  # (each once, in order)
+    if not env["PYTHONPATH"]:
+        del env["PYTHONPATH"]
     return env
 
 
@@ -116,9 +147,12 @@ class DevBroker:
     log_path: Path
     proc: subprocess.Popen | None = field(default=None, init=False)
     # the supervisor's view (Supervisor): running | starting (restarted, not serving yet) | down
+    # waiting: dead, to be restarted at restart_at (back-off)
     state: str = field(default="running", init=False)
     restarts: int = field(default=0, init=False)
-    failed_starts: int = field(default=0, init=False)  # deaths in a row before serving again
+    deaths: list[float] = field(default_factory=list, init=False)  # monotonic times, within RESTART_WINDOW_S
+    restart_at: float = field(default=0.0, init=False)
+    probed_at: float = field(default=0.0, init=False)
 
     @property
     def address(self) -> str:
@@ -134,9 +168,12 @@ class DevBroker:
 
     def shell_command(self, zookeeper: str, overrides: tuple[str, ...], log_level: str) -> str:
         """The command line that starts this broker by hand as this command starts it (same Python, same
-        pykbroker, same options, output appended to its log)."""
-        return (f"PYTHONPATH={shlex.quote(child_env()['PYTHONPATH'])} "
-                f"{shlex.join(self.command(zookeeper, overrides, log_level))} >> {shlex.quote(str(self.log_path))} 2>&1")
+        pykbroker, same options, output appended to its log as it is written)."""
+        env = child_env()
+        assignments = " ".join(f"{key}={shlex.quote(env[key])}" for key in ("PYTHONUNBUFFERED", "PYTHONPATH")
+                               if env.get(key))
+        return (f"{assignments} {shlex.join(self.command(zookeeper, overrides, log_level))} "
+                f">> {shlex.quote(str(self.log_path))} 2>&1")
 
     def start(self, zookeeper: str, overrides: tuple[str, ...] = (), log_level: str = "INFO") -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -167,10 +204,17 @@ class DevBroker:
                 pass
 
     def log_tail(self, lines: int = 20) -> str:
+        """The last ``lines`` lines of the log, from its last LOG_TAIL_BYTES."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            with open(self.log_path, "rb") as log:
+                size = log.seek(0, os.SEEK_END)
+                log.seek(max(0, size - LOG_TAIL_BYTES))
+                text = log.read().decode(errors="replace").splitlines()
         except OSError:
             return "(no log)"
+        if size > LOG_TAIL_BYTES:
+            text = text[1:]  # (the first line read may be cut)
+        return "\n".join(text[-lines:])
 
 
 class DevCluster:
@@ -281,12 +325,15 @@ class DevCluster:
 
 
 class Supervisor:
-    """Watches the brokers of a running DevCluster (``poll`` from the command's loop): a broker that dies is
-    reported (exit status or signal, end of its log) and, with ``restart``, started again at once (a killed
-    broker's ZooKeeper registration lasts until its session expires: the new process waits for that itself,
-    cluster/node.py). A broker that dies MAX_FAILED_STARTS times in a row before serving again (it crashes at
-    start) is not restarted again; neither is any broker without ``restart``: both get the command that
-    restarts it by hand."""
+    """Watches the brokers of a running DevCluster (``poll`` from the command's loop), as systemd's
+    Restart=on-failure does a service: a broker that dies is reported (exit status or signal, end of its log)
+    and, with ``restart``, started again after a back-off (RESTART_BACKOFF_S, doubled with each death in the
+    window); a killed broker's ZooKeeper registration lasts until its session expires, and the new process
+    waits for that itself (cluster/node.py). A broker that died MAX_DEATHS times within RESTART_WINDOW_S
+    (crashing at start or some time after serving), one that exited with status 0 (a requested shutdown,
+    not a failure) and any broker without ``restart`` is not restarted: each gets the command that
+    restarts it by hand. A start that fails here (OSError: the data dir, the log, the Python) counts as a
+    death. ``deaths`` counts the failures (not an exit with status 0)."""
 
     def __init__(self, cluster: DevCluster, say: Callable[[str], None], restart: bool = True) -> None:
         self.cluster = cluster
@@ -296,35 +343,59 @@ class Supervisor:
 
     def poll(self) -> None:
         for broker in self.cluster.brokers:
+            now = time.monotonic()
             if broker.state in ("running", "starting") and not broker.running():
-                self._died(broker)
-            elif broker.state == "starting" and broker.broker_id in (live_broker_ids(broker.host, broker.port) or ()):
-                broker.state, broker.failed_starts = "running", 0
-                self.say(f"broker {broker.broker_id} is serving again on {broker.address}")
+                self._died(broker, now)
+            elif broker.state == "waiting" and now >= broker.restart_at:
+                self._restart(broker)
+            elif broker.state == "starting" and now - broker.probed_at >= PROBE_INTERVAL_S:
+                broker.probed_at = now
+                if broker.broker_id in (live_broker_ids(broker.host, broker.port, PROBE_TIMEOUT_S) or ()):
+                    broker.state = "running"
+                    self.say(f"broker {broker.broker_id} is serving again on {broker.address}")
 
-    def _died(self, broker: DevBroker) -> None:
-        self.deaths += 1
+    def _died(self, broker: DevBroker, now: float) -> None:
         before_serving = broker.state == "starting"
-        if before_serving:
-            broker.failed_starts += 1
+        stopped = broker.proc.returncode == 0
         self.say(f"broker {broker.broker_id} {broker.exit_description()}"
                  f"{' before serving again' if before_serving else ''}; the others keep running. "
                  f"Last lines of {broker.log_path}:\n{broker.log_tail()}")
-        command = self.cluster.restart_command(broker)
-        if not self.restart:
-            broker.state = "down"
-            self.say(f"not restarting it (--no-restart); restart broker {broker.broker_id} with:\n  {command}")
-        elif broker.failed_starts >= MAX_FAILED_STARTS:
-            broker.state = "down"
-            self.say(f"broker {broker.broker_id} died {broker.failed_starts} times in a row before serving: not "
-                     f"restarting it again; fix the cause (see {broker.log_path}), then restart it with:\n  {command}")
+        if stopped:  # Kafka's controlled shutdown on SIGTERM: asked for, not a failure (systemd's on-failure)
+            self._leave_down(broker, "it exited with status 0 (a requested shutdown): not restarting it")
         else:
-            self._restart(broker)
+            self._failed(broker, now)
+
+    def _failed(self, broker: DevBroker, now: float) -> None:
+        """Count a death (or a failed start) and restart after the back-off, or leave the broker down."""
+        self.deaths += 1
+        broker.deaths = [t for t in broker.deaths if now - t < RESTART_WINDOW_S] + [now]
+        if not self.restart:
+            self._leave_down(broker, "not restarting it (--no-restart)")
+        elif len(broker.deaths) >= MAX_DEATHS:
+            self._leave_down(broker, f"broker {broker.broker_id} died {len(broker.deaths)} times within "
+                                     f"{RESTART_WINDOW_S / 60:.0f} minutes: not restarting it again; fix the cause "
+                                     f"(see {broker.log_path})")
+        else:
+            delay = min(RESTART_BACKOFF_S * 2 ** (len(broker.deaths) - 1), RESTART_BACKOFF_MAX_S)
+            broker.state, broker.restart_at = "waiting", now + delay
+            self.say(f"restarting broker {broker.broker_id} in {delay:.0f} s")
+
+    def _leave_down(self, broker: DevBroker, why: str) -> None:
+        broker.state = "down"
+        self.say(f"{why}; restart broker {broker.broker_id} by hand with:\n"
+                 f"  {self.cluster.restart_command(broker)}\n"
+                 f"(a broker started by hand is not supervised: this command neither restarts it nor stops it "
+                 f"with the cluster; stop it with kill PID, which is Kafka's controlled shutdown)")
 
     def _restart(self, broker: DevBroker) -> None:
-        self.cluster.start_broker(broker)
+        try:
+            self.cluster.start_broker(broker)
+        except OSError as exc:  # the data dir or log cannot be made, the Python cannot be run
+            self.say(f"broker {broker.broker_id} could not be started again: {exc}")
+            self._failed(broker, time.monotonic())
+            return
         broker.restarts += 1
-        broker.state = "starting"
+        broker.state, broker.probed_at = "starting", 0.0
         self.say(f"restarted broker {broker.broker_id} (pid {broker.proc.pid}, restart {broker.restarts}); it "
                  f"rejoins once ZooKeeper has dropped its previous registration (zookeeper.session.timeout.ms)")
 

@@ -53,7 +53,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -75,7 +74,6 @@ STOP_TIMEOUT_S = 15.0
 REQUEST_TIMEOUT_S = 30.0
 TOPIC_READY_TIMEOUT_S = 30.0
 LOG_LEVEL = "warning"
-PACKAGE_PARENT = str(Path(__file__).resolve().parents[1])
 # Every broker's files live in <tmp>/pykbroker-testing-<uid>/run-<pid>-<random>: a run killed before it could
 # clean up leaves a directory whose pid is dead, which the next run removes.
 FILES_ROOT = Path(tempfile.gettempdir()) / f"pykbroker-testing-{os.getuid()}"
@@ -186,14 +184,6 @@ def _new_workdir() -> Path:
     FILES_ROOT.mkdir(parents=True, exist_ok=True)
     _sweep_stale_runs()
     return Path(tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=FILES_ROOT))
-
-
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    # the brokers run the pykbroker this plugin belongs to, installed or a checkout
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
 
 
 def _free_port() -> int:
@@ -525,8 +515,10 @@ class KafkaBroker(_Server):
         return self.workdir / "broker.log"
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "pykbroker", "serve", "--host", self.host, "--port", str(self.port),
-               "--data-dir", str(self.data_dir), "--log-level", self.log_level]
+        from pykbroker.devcluster import pykbroker_command  # the pykbroker this plugin belongs to (child_env)
+
+        cmd = pykbroker_command("serve", "--host", self.host, "--port", str(self.port),
+                                "--data-dir", str(self.data_dir), "--log-level", self.log_level)
         for key, value in self.config.items():
             cmd += ["--override", f"{key}={value}"]
         return cmd
@@ -542,7 +534,7 @@ class KafkaBroker(_Server):
         if self.workdir is None:
             self.workdir = _new_workdir()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        from pykbroker.devcluster import _die_with_parent
+        from pykbroker.devcluster import _die_with_parent, child_env  # the pykbroker this plugin belongs to
 
         began = time.monotonic()
         deadline = began + timeout
@@ -551,7 +543,7 @@ class KafkaBroker(_Server):
             with open(self.log_path, "ab") as log:
                 output_from = log.tell()
                 self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
-                                             stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True,
+                                             stderr=subprocess.STDOUT, env=child_env(), start_new_session=True,
                                              preexec_fn=_die_with_parent)
             try:
                 self._wait_ready(max(deadline - time.monotonic(), 1.0))

@@ -58,6 +58,10 @@ class ClusterStartError(Exception):
     """The broker cannot join the cluster (ZooKeeper unreachable, id in use, data dir of another cluster)."""
 
 
+class StartCancelled(Exception):
+    """Stop was asked for (SIGTERM, Ctrl-C) while the broker waited for its registration: it serves nothing."""
+
+
 class ClusterNode:
     def __init__(self, broker: "Broker") -> None:
         config = broker.config
@@ -117,24 +121,26 @@ class ClusterNode:
         self.metadata.cluster_id = cluster_id
         return cluster_id
 
-    async def start(self, endpoints: list[Endpoint]) -> None:
+    async def start(self, endpoints: list[Endpoint], stop: asyncio.Event | None = None) -> None:
         """Register this broker (its listeners are bound; the broker accepts connections once this returns, as
-        Kafka enables request processing after registering) and run for controller."""
+        Kafka enables request processing after registering) and run for controller. StartCancelled when
+        ``stop`` is set while the registration waits for an earlier session to expire."""
         self._endpoints = endpoints
         try:
             await self.metadata.start()
         except MetadataStartError as exc:
             raise ClusterStartError(str(exc)) from None
         self.zk.add_session_listener(self._on_session_event)
-        self.broker_epoch = await self._register_first_time(endpoints)
+        self.broker_epoch = await self._register_first_time(endpoints, stop)
         log.info("broker %d registered in ZooKeeper with broker epoch %d", self.broker_id, self.broker_epoch)
         await self.controller.start()
 
-    async def _register_first_time(self, endpoints: list[Endpoint]) -> int:
+    async def _register_first_time(self, endpoints: list[Endpoint], stop: asyncio.Event | None = None) -> int:
         """Register; if the id is still held by the session of this broker's previous process (killed, so its
         session lives until it times out), wait for that session to expire instead of failing as Kafka
         does: a broker restarted right after a crash rejoins on its own. Another live broker with the same
-        id keeps it: after that wait, start fails with Kafka's message."""
+        id keeps it: after that wait, start fails with Kafka's message. ``stop`` set meanwhile (SIGTERM,
+        Ctrl-C) ends the wait: StartCancelled."""
         deadline = asyncio.get_running_loop().time() + self.zk.session_timeout_ms / 1000 * 1.5 + 1.0
         announced = False
         while True:
@@ -148,7 +154,14 @@ class ClusterNode:
                              "of this broker?): waiting up to %.0f s for it to expire", self.broker_id,
                              self.zk.session_timeout_ms / 1000 * 1.5)
                     announced = True
-                await asyncio.sleep(0.25)
+                if stop is None:
+                    await asyncio.sleep(0.25)
+                    continue
+                try:
+                    await asyncio.wait_for(stop.wait(), 0.25)
+                except asyncio.TimeoutError:
+                    continue
+                raise StartCancelled(f"stopped while broker id {self.broker_id} waited for its registration")
 
     def _on_session_event(self, event: str) -> None:
         if event == SessionEvent.RECONNECTED and not self._stopping and self._reregistering is None:

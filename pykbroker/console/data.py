@@ -20,7 +20,7 @@ from confluent_kafka import (Consumer, ConsumerGroupTopicPartitions, KafkaError,
                              TopicPartition)
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic, OffsetSpec, ResourceType
 
-from pykbroker.console.coordinator import OFFSETS_TOPIC, coordinator_problem
+from pykbroker.ctl.coordination import offsets_topic_problem
 from pykbroker.console.logdirs import log_dir_sizes
 
 log = logging.getLogger(__name__)
@@ -359,14 +359,18 @@ class ClusterReader:
 
     # -- groups ---------------------------------------------------------------------------------------
     def coordination_problem(self) -> str | None:
-        """Why consumer groups cannot start (see pykbroker.console.coordinator), None while
-        __consumer_offsets exists or FindCoordinator finds a coordinator."""
-        metadata = self._metadata()
-        if OFFSETS_TOPIC in metadata.topics:
+        """Why consumer groups cannot start (pykbroker.ctl.coordination, shared with the CLI: no side effect,
+        no full Metadata), None when they can or no broker answers."""
+        import click
+
+        from pykbroker.ctl.common import parse_bootstrap
+
+        try:
+            bootstrap = parse_bootstrap(self.bootstrap)
+        except click.BadParameter:  # the client calls say what is wrong with it
             return None
-        brokers = sorted(self._brokers(metadata), key=lambda b: b.id)
-        problem = coordinator_problem([(b.host, b.port) for b in brokers], self.timeout)
-        return f"consumer groups cannot start: FindCoordinator answers {problem}" if problem else None
+        problem = offsets_topic_problem(bootstrap, self.timeout, CLIENT_ID)
+        return f"consumer groups cannot start: {problem}" if problem else None
 
     def _committed(self, group_ids: list[str]) -> tuple[dict[str, list], dict[str, str]]:
         # librdkafka asks for one group per ListConsumerGroupOffsets call: send them all, then wait.

@@ -35,8 +35,7 @@ async def ask(host: str, port: int, timeout: float, api_key: int, max_version: i
               request: Callable[[int], Any]) -> Any:
     """One request to one broker on a new connection, in the highest version of [min_version, max_version]
     the broker supports (``request(version)`` builds it); the response, or None (logged at debug) when the
-    broker cannot be reached, does not support such a version or does not answer within timeout seconds.
-    Also used by the console's other probes that librdkafka does not offer (pykbroker.console.coordinator)."""
+    broker cannot be reached, does not support such a version or does not answer within timeout seconds."""
     try:
         async with asyncio.timeout(timeout):
             connection = await KafkaClientConnection.connect(

@@ -25,7 +25,7 @@ import signal
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from pykbroker.console import data, pages
@@ -132,7 +132,12 @@ class _Handler(BaseHTTPRequestHandler):
             case ["topics", name]:
                 self._send(200, pages.topic(reader.topic(name), **chrome))
             case ["groups"]:
-                self._send(200, pages.groups(reader.groups(), problem=reader.coordination_problem(), **chrome))
+                groups = reader.groups()
+                try:
+                    problem = reader.coordination_problem()
+                except data.ConsoleError:  # only the warning is missing: the groups are still worth showing
+                    problem = None
+                self._send(200, pages.groups(groups, problem=problem, **chrome))
             case ["groups", group_id]:
                 self._send(200, pages.group(reader.group(group_id), reset_form=self.server.allow_writes, **chrome))
             case ["messages"]:
@@ -296,21 +301,24 @@ def serve(bootstrap: str, *, host: str = "127.0.0.1", port: int = 8080, allow_wr
     except OSError as exc:
         raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
+    previous: dict[int, Any] = {}
     try:
         reader.worker_pids()  # start the client processes now rather than on the first page
+        if in_main_thread:  # (only now: a SIGTERM raised while a worker is being spawned would lose track of it)
+            previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _terminate)
         if ready is not None:
             ready(server)
         server.serve_forever()
     finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the stop short
+        if in_main_thread:  # a second Ctrl-C or SIGTERM must not cut the stop short (a busy worker left running)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous.setdefault(sig, signal.signal(sig, signal.SIG_IGN))
         try:
             server.server_close()
             reader.close()
         finally:
-            if in_main_thread:
-                signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 class Terminated(KeyboardInterrupt):

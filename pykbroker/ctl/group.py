@@ -23,13 +23,11 @@ from pykbroker.ctl.common import (
 )
 
 FIND_COORDINATOR_KEY = 10
-OFFSETS_TOPIC = "__consumer_offsets"
-# How long a coordinator that is not available is asked for again while __consumer_offsets does not exist
-# (Kafka answers COORDINATOR_NOT_AVAILABLE while the first FindCoordinator creates it): past that, a missing
-# offsets topic is not being created, and the command says so. While it exists (leaders being elected,
-# partitions loading), the answer is awaited for the whole --timeout, as the client would.
+# How long a coordinator that is not available is asked for before the command works out why (Kafka answers
+# COORDINATOR_NOT_AVAILABLE while the first FindCoordinator creates __consumer_offsets); see _coordinator_failure.
 COORDINATOR_GRACE_S = 1.5
 COORDINATOR_RETRY_S = 0.25
+COORDINATOR_CHECK_S = 1.0  # the reason (pykbroker.ctl.coordination) is worked out again at most this often
 _RETRIABLE_COORDINATOR_ERRORS = {14, 15, 16}  # COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR
 
 
@@ -54,11 +52,16 @@ def check_coordinator(conn: Connection, group_id: str) -> None:
 
 async def _coordinator_failure(conn: Connection, host: str, port: int,
                                group_id: str) -> tuple[str, str | None, str] | None:
-    """FindCoordinator for the group, asked again while the error is retriable (see COORDINATOR_GRACE_S):
-    None once a coordinator is named, else (the error's name, the broker's error_message, a note of what
-    the CLI found itself)."""
+    """FindCoordinator for the group, asked again while the error is retriable: None once a coordinator is
+    named, else (the error's name, the broker's error_message, a note). Past COORDINATOR_GRACE_S the reason
+    is worked out as the console does (pykbroker.ctl.coordination: __consumer_offsets does not exist and
+    fewer brokers are live than offsets.topic.replication.factor): with one, the command says it at once
+    (in the note, unless the broker's error_message says it already); without one (the topic is being
+    created, leaders elected, partitions loading) the answer is awaited for the whole --timeout, as the
+    client would."""
     from kio.static.primitive import i8
 
+    from pykbroker.ctl.coordination import offsets_topic_problem_async
     from pykbroker.protocol.client import KafkaClientConnection
     from pykbroker.protocol.errors import ErrorCode
 
@@ -70,29 +73,25 @@ async def _coordinator_failure(conn: Connection, host: str, port: int,
         request = (schema(key_type=i8(0), coordinator_keys=(group_id,)) if version >= 4
                    else schema(key=group_id) if version == 0 else schema(key=group_id, key_type=i8(0)))
         started = time.monotonic()
+        next_check = started + COORDINATOR_GRACE_S
         while True:
             response = await connection.send(request)
             answer = response.coordinators[0] if version >= 4 else response
             error = ErrorCode(answer.error_code)
             if error == ErrorCode.none:
                 return None
-            failure = error.name.upper(), getattr(answer, "error_message", None)
-            waited = time.monotonic() - started
-            if int(error) not in _RETRIABLE_COORDINATOR_ERRORS or waited >= conn.timeout:
-                return (*failure, "")
-            if waited >= COORDINATOR_GRACE_S and not await asyncio.to_thread(_offsets_topic_exists, conn):
-                return (*failure, f" ({OFFSETS_TOPIC} does not exist)")
+            name, message = error.name.upper(), getattr(answer, "error_message", None)
+            now = time.monotonic()
+            if int(error) not in _RETRIABLE_COORDINATOR_ERRORS or now - started >= conn.timeout:
+                return name, message, ""
+            if now >= next_check:
+                next_check = now + COORDINATOR_CHECK_S
+                reason = await offsets_topic_problem_async([(host, port)], conn.timeout, CLIENT_ID)
+                if reason is not None:
+                    return name, message, "" if reason in (message or "") else f" ({reason})"
             await asyncio.sleep(COORDINATOR_RETRY_S)
     finally:
         await connection.aclose()
-
-
-def _offsets_topic_exists(conn: Connection) -> bool:
-    try:
-        metadata = conn.admin.list_topics(topic=OFFSETS_TOPIC, timeout=conn.timeout).topics.get(OFFSETS_TOPIC)
-    except Exception:  # no answer: say what FindCoordinator said rather than wait on
-        return False
-    return metadata is not None and metadata.error is None
 
 
 @click.group()

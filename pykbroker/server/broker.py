@@ -33,8 +33,10 @@ import dataclasses
 import errno
 import functools
 import logging
+import shlex
 import signal
 import socket
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -81,11 +83,15 @@ def speedups_missing_message() -> str:
     installed package is reinstalled where a C compiler is present."""
     package = Path(records.__file__).resolve().parents[1]
     checkout = package.parent
+    python = shlex.quote(sys.executable)  # the Python that runs this broker, whose extension is missing
+    # The extension is optional: without a C compiler and the Python headers a build "succeeds" without it.
+    needs = "a C compiler and the Python headers (e.g. apt-get install gcc python3-dev)"
     if (checkout / "setup.py").is_file():
-        fix = f"build it for this source tree with: cd {checkout} && python3 setup.py build_ext --inplace"
+        fix = (f"build it for this source tree, with {needs} present: cd {shlex.quote(str(checkout))} && "
+               f"{python} setup.py build_ext --inplace")
     else:
-        fix = ("reinstall pykbroker where a C compiler and the Python headers are present (e.g. apt-get install "
-               "gcc python3-dev, then pip install --force-reinstall --no-deps <the source you installed from>)")
+        fix = (f"reinstall pykbroker where {needs} are present: {python} -m pip install --force-reinstall "
+               f"--no-deps <the source you installed from>")
     return (f"the C record walker (pykbroker._speedups) is not built for {package / '__init__.py'}: records are "
             f"validated in pure Python, several times slower; {fix}")
 
@@ -324,8 +330,10 @@ class Broker:
         if self.stats is not None:
             self.stats.forget_topic(name)
 
-    async def start(self, listening: list[tuple[Listener, socket.socket]]) -> None:
-        """Load the logs, then serve every listener on its bound socket (see bind_listener)."""
+    async def start(self, listening: list[tuple[Listener, socket.socket]], stop: asyncio.Event | None = None) -> None:
+        """Load the logs, then serve every listener on its bound socket (see bind_listener). A cluster
+        broker whose ``stop`` is set while it waits for its registration returns without serving
+        (``serving`` stays False); ``stop()`` then ends it cleanly."""
         raise_descriptor_limit()
         log.info("pykbroker %s from %s (C record walker: %s)", __version__, Path(records.__file__).resolve().parents[1],
                  "built" if records.ACCELERATED else "not built")
@@ -361,7 +369,8 @@ class Broker:
             # then connections wait in the listen backlog. Answering earlier would tell clients of no
             # broker and no topic (an empty metadata cache: librdkafka then drops every broker and what
             # it had in flight) and refuse the controller's first requests (no broker epoch yet).
-            await self._register_in_cluster()
+            if not await self._register_in_cluster(stop):
+                return
         for listener, sock in listening:
             factory = functools.partial(KafkaConnection, self, self.handlers, max_request, self.request_memory,
                                         listener=listener.name)
@@ -406,17 +415,22 @@ class Broker:
         if transactions is not None:  # likewise for a transactional id
             self.txn_state.set_partition_count(len(transactions.partitions))
 
-    async def _register_in_cluster(self) -> None:
-        """Cluster mode, with the listeners bound but not accepting yet: register and run for controller."""
-        from pykbroker.cluster.node import ClusterStartError
+    async def _register_in_cluster(self, stop: asyncio.Event | None) -> bool:
+        """Cluster mode, with the listeners bound but not accepting yet: register and run for controller.
+        False when ``stop`` was set while the registration waited (see ClusterNode.start)."""
+        from pykbroker.cluster.node import ClusterStartError, StartCancelled
 
         # The advertised listeners, with the port each one got where it asked for any free port (0).
         endpoints = [dataclasses.replace(listener, port=self.advertised[listener.name].port)
                      for listener in self.config.advertised_listeners]
         try:
-            await self.cluster.start(endpoints)
+            await self.cluster.start(endpoints, stop)
+        except StartCancelled as exc:
+            log.info("%s: not serving", exc)
+            return False
         except ClusterStartError as exc:
             raise StartupError(str(exc)) from None
+        return True
 
     def brokers_on(self, listener: str) -> list[BrokerEndpoint]:
         """The live brokers as a client connected through ``listener`` must reach them (Kafka answers with
@@ -599,10 +613,11 @@ async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> Non
         broker = open_broker(config)
         if metrics_sock is not None:  # from now on: /health answers, /ready says why not yet
             await broker.serve_metrics(metrics_sock)
-        await broker.start(listening)
-        log.info("ready in %.3f s", time.monotonic() - started)
-        if ready is not None:
-            ready.set()
+        await broker.start(listening, stop)
+        if broker.serving:
+            log.info("ready in %.3f s", time.monotonic() - started)
+            if ready is not None:
+                ready.set()
         await stop.wait()
         log.info("shutting down")
         await broker.stop()

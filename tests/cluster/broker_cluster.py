@@ -54,6 +54,7 @@ from pykbroker.cluster.zookeeper import (  # noqa: E402
     decode_partition_state,
     partition_state_path,
 )
+from pykbroker.devcluster import pykbroker_command  # noqa: E402
 
 READY_TIMEOUT_S = 60.0
 FAILOVER_TIMEOUT_S = 30.0
@@ -110,9 +111,9 @@ class ClusterBroker(BrokerProcess):
         self._defer_ready = False
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "pykbroker", "serve", "--broker-id", str(self.broker_id),
-               "--zookeeper", self.zk_connect, "--data-dir", str(self.data_dir),
-               "--listeners", f"PLAINTEXT://{self.host}:{self.port}", "--log-level", self.log_level]
+        cmd = pykbroker_command("serve", "--broker-id", str(self.broker_id),
+                                "--zookeeper", self.zk_connect, "--data-dir", str(self.data_dir),
+                                "--listeners", f"PLAINTEXT://{self.host}:{self.port}", "--log-level", self.log_level)
         for key, value in self.overrides.items():
             cmd += ["--override", f"{key}={value}"]
         return cmd

@@ -49,3 +49,23 @@ def test_pages_against_apache_kafka(kafka, console_server):
                                                                       [TOPIC, "1", "1", "1", "0"]]
     page = text(base, f"/messages?topic={TOPIC}&partition=0&limit=2")
     assert "2 message(s)" in page and "order-5" in page and "order-4" in page and "order-3" not in page
+
+
+def test_why_groups_cannot_start_against_apache_kafka(console_server):
+    """Kafka with offsets.topic.replication.factor=3 on its one node cannot create __consumer_offsets. The
+    console's groups page and the CLI's group commands say why from the same helper (pykbroker.ctl.coordination:
+    Metadata and DescribeConfigs, nothing created): Kafka's FindCoordinator says only COORDINATOR_NOT_AVAILABLE."""
+    from ctl_runner import ctl
+
+    reason = kafka_unavailable_reason(default_refkit())
+    if reason:
+        pytest.skip(reason)
+    cause = ("the offsets topic __consumer_offsets cannot be created yet: 1 live broker, "
+             "offsets.topic.replication.factor=3 (start the missing brokers, or lower offsets.topic.replication.factor)")
+    with SmallKafka(extra_args=["offsets.topic.replication.factor=3"]) as kafka:
+        base = console_server(kafka.bootstrap).url
+        assert f"consumer groups cannot start: {cause}" in text(base, "/groups")
+        result = ctl(kafka.bootstrap, "group", "describe", "billing", "--timeout", "30")
+        assert result.returncode == 1, result
+        assert f"Error: cannot find the coordinator of group 'billing': COORDINATOR_NOT_AVAILABLE ({cause})" in \
+            result.stderr, result

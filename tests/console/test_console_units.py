@@ -315,3 +315,17 @@ def test_allowed_hosts_of_a_wildcard_bind():
     assert {"0.0.0.0:8080", "localhost:8080", "[::1]:8080", "[fd00::1]", "[fd00::1]:8080", "console.example",
             "console.example:8080"} <= hosts
     assert "evil.example:8080" not in hosts and "localhost" not in hosts
+
+
+class _ProbeFails(data.ClusterReader):
+    """A real reader whose why-groups-cannot-start probe fails (as a worker's timeout does)."""
+
+    def coordination_problem(self):
+        raise data.ConsoleError("the probe got no answer", 504)
+
+
+def test_groups_page_shows_the_groups_when_only_the_probe_fails(console_broker, console_server):
+    base = console_server(_ProbeFails(console_broker.bootstrap, timeout=15)).url
+    status, body = _request(base, "/groups")
+    assert status == 200, body
+    assert "billing" in body and "cannot start" not in body and "the probe got no answer" not in body

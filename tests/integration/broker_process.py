@@ -21,7 +21,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -37,6 +36,7 @@ from kio.serial import entity_reader
 from kio.static.primitive import i16, i32, i32Timedelta, i64
 
 from pykbroker.cluster.zk_server import free_port as zk_free_port
+from pykbroker.devcluster import child_env, pykbroker_command
 from pykbroker.protocol.client import encode_request
 from pykbroker.protocol.records import CODEC_NAMES, LOG_OVERHEAD, read_header
 
@@ -135,8 +135,8 @@ class BrokerProcess:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "pykbroker", "serve", "--host", self.host, "--port", str(self.port),
-               "--data-dir", str(self.data_dir), "--log-level", self.log_level]
+        cmd = pykbroker_command("serve", "--host", self.host, "--port", str(self.port),
+                                "--data-dir", str(self.data_dir), "--log-level", self.log_level)
         if self.config_path is not None:
             cmd += ["--config", str(self.config_path)]
         return cmd
@@ -150,10 +150,7 @@ class BrokerProcess:
         if self.is_running():
             raise BrokerError(f"broker on {self.bootstrap} is already running")
         self.starts += 1
-        env = dict(os.environ)
-        # Run the checkout under test even when it is not pip-installed.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-        env.setdefault("PYTHONUNBUFFERED", "1")
+        env = child_env()  # the checkout under test (conftest puts it first on sys.path), even when not installed
         with open(self.log_path, "ab") as log:
             log.write(f"\n===== start #{self.starts}: {' '.join(self.command())}\n".encode())
             log.flush()

@@ -212,8 +212,8 @@ class PurePythonMetricsBroker(MetricsBroker):
 
     def command(self) -> list[str]:
         cmd = super().command()
-        assert cmd[1:3] == ["-m", "pykbroker"]
-        cmd[1:3] = ["-c", "import sys; sys.modules['pykbroker._speedups'] = None; from pykbroker.cli import main; main()"]
+        assert cmd[1:4] == ["-P", "-m", "pykbroker"]
+        cmd[1:4] = ["-P", "-c", "import sys; sys.modules['pykbroker._speedups'] = None; from pykbroker.cli import main; main()"]
         return cmd
 
 

@@ -11,8 +11,10 @@ brokers as offsets.topic.replication.factor (3 by default), kept here - the answ
 COORDINATOR_NOT_AVAILABLE, its error_message (v1+; per key from v4) naming the cause, e.g. "the offsets
 topic __consumer_offsets cannot be created yet: 2 live brokers, offsets.topic.replication.factor=3 (start
 the missing brokers, or lower offsets.topic.replication.factor)"; the broker logs it at most once a minute
-(cluster/topic_admin.py). An empty group id: INVALID_REQUEST; an unknown key type:
-INVALID_REQUEST. Success carries error_message "NONE" before v4 and "" from v4, as Kafka 3.7 answers.
+(cluster/topic_admin.py). An empty group id: INVALID_REQUEST (Kafka 3.7.1 answers it as any other key); an
+unknown key type: INVALID_REQUEST. Any other error_message is Kafka 3.7.1's (compared with it): v1-3 carry the
+error's own text (Errors.message(): "NONE" on success, "The coordinator is not available."), v4 only "" per
+key, except an unknown key type, which fails the whole request in Kafka and so carries the text in v4 too.
 
 A transaction coordinator (key_type 1) is found the same way: the leader of the transactional id's
 __transaction_state partition (same hash, transaction.state.log.num.partitions), the topic being created on
@@ -30,13 +32,20 @@ from pykbroker.server.handlers._build import make, response_module
 GROUP_KEY = 0
 TRANSACTION_KEY = 1
 _TOPIC_OF = {GROUP_KEY: OFFSETS_TOPIC, TRANSACTION_KEY: TRANSACTION_STATE_TOPIC}
+# Kafka's Errors.message() of the errors answered here: the error_message of v1-3.
+_KAFKA_MESSAGES = {
+    ErrorCode.none: "NONE",
+    ErrorCode.coordinator_not_available: "The coordinator is not available.",
+    ErrorCode.invalid_request: "This most likely occurs because of a request being malformed by the client library "
+                               "or the message was sent to an incompatible broker. See the broker logs for more details.",
+}
 
 
 def _locate(ctx: RequestContext, key: str, key_type: int) -> tuple[ErrorCode, str | None, object | None]:
-    """(error, error message or None for the error's name, coordinator endpoint or None)."""
+    """(error, error message or None for Kafka's generic one, coordinator endpoint or None)."""
     topic = _TOPIC_OF.get(key_type)
-    if topic is None:
-        return ErrorCode.invalid_request, f"Unknown coordinator type received: {key_type}", None
+    if topic is None:  # Kafka: an InvalidRequestException failing the request, its text in every version
+        return ErrorCode.invalid_request, _KAFKA_MESSAGES[ErrorCode.invalid_request], None
     if not key:
         return ErrorCode.invalid_request, None, None
     info = ctx.broker.metadata.topic(topic)
@@ -86,7 +95,7 @@ def _answer(ctx: RequestContext, request) -> object:
                     host=node.host if node else "",
                     port=node.port if node else -1,
                     error_code=error,
-                    error_message="" if error == ErrorCode.none else message or error.name.upper(),
+                    error_message=message or "",
                 )
             )
         return make(schema.FindCoordinatorResponse, throttle_time=0, coordinators=tuple(coordinators))
@@ -95,7 +104,7 @@ def _answer(ctx: RequestContext, request) -> object:
         schema.FindCoordinatorResponse,
         throttle_time=0,
         error_code=error,
-        error_message=message or error.name.upper(),
+        error_message=message or _KAFKA_MESSAGES[error],
         node_id=node.broker_id if node else -1,
         host=node.host if node else "",
         port=node.port if node else -1,

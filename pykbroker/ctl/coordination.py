@@ -1,0 +1,113 @@
+"""Why consumer groups cannot start, worked out without side effects: shared by the console's groups pages
+and the CLI's group commands (``pykbroker.ctl.group``), so that the two cannot disagree.
+
+Kafka's rule (kept by pykbroker): ``__consumer_offsets`` is created (by the first FindCoordinator, or a
+Metadata request allowed to create topics) only while at least ``offsets.topic.replication.factor`` brokers
+(3 by default) are live; until then every group request waits and a client sees only timeouts. Asking
+FindCoordinator would start creating the topic (a read-only look must not) and answers a bare
+COORDINATOR_NOT_AVAILABLE on a fresh healthy cluster too, while the topic is being created. So this asks:
+
+* Metadata (v12, ``allow_auto_topic_creation`` false, which Kafka honours for internal topics too) for
+  ``__consumer_offsets`` only: the live brokers and whether the topic exists;
+* DescribeConfigs (v4) of one live broker, sent to that broker (Kafka answers a broker's static configs only
+  there), for ``offsets.topic.replication.factor``.
+
+The problem is said only when the topic does not exist and fewer brokers are live than the factor asks for.
+A factor left at its default in a ZooKeeper-mode broker (``zookeeper.connect`` set) is Kafka's 3: so Kafka
+reports it, while pykbroker reports the default 1 of its single node, which a cluster broker does not use
+(cluster/topic_admin.py). Works against Apache Kafka as against pykbroker, in
+plaintext (pykbroker's own protocol client); when no broker answers, nothing is said.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Iterable
+
+from kio.schema.describe_configs.v4.request import DescribeConfigsRequest, DescribeConfigsResource
+from kio.schema.errors import ErrorCode
+from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
+from kio.static.primitive import i8
+
+from pykbroker.protocol.client import ClientError, KafkaClientConnection
+
+log = logging.getLogger(__name__)
+
+OFFSETS_TOPIC = "__consumer_offsets"
+REPLICATION_KEY = "offsets.topic.replication.factor"
+ZOOKEEPER_KEY = "zookeeper.connect"
+KAFKA_DEFAULT_REPLICATION_FACTOR = 3
+BROKER_RESOURCE = 4  # ConfigResource.Type.BROKER
+DEFAULT_CONFIG_SOURCE = 5  # DescribeConfigsResponse's ConfigSource.DEFAULT_CONFIG
+
+
+def offsets_topic_shortfall(live_brokers: int, replication_factor: int) -> str | None:
+    """The reason (worded as a pykbroker broker's FindCoordinator error_message) when ``live_brokers`` are
+    too few for an offsets topic of ``replication_factor`` replicas, else None."""
+    if live_brokers >= replication_factor:
+        return None
+    return (f"the offsets topic {OFFSETS_TOPIC} cannot be created yet: {live_brokers} live "
+            f"broker{'s' if live_brokers != 1 else ''}, {REPLICATION_KEY}={replication_factor} (start the missing "
+            f"brokers, or lower {REPLICATION_KEY})")
+
+
+async def _send(host: str, port: int, request, client_id: str, timeout: float):
+    async with asyncio.timeout(timeout):
+        connection = await KafkaClientConnection.connect(host, port, client_id=client_id, connect_timeout=timeout,
+                                                         request_timeout=timeout, negotiate_versions=False)
+        try:
+            return await connection.send(request)
+        finally:
+            connection.close()
+
+
+async def _replication_factor(host: str, port: int, broker_id: int, client_id: str, timeout: float) -> int | None:
+    request = DescribeConfigsRequest(
+        resources=(DescribeConfigsResource(resource_type=i8(BROKER_RESOURCE), resource_name=str(broker_id),
+                                           configuration_keys=(REPLICATION_KEY, ZOOKEEPER_KEY)),),
+        include_synonyms=False, include_documentation=False)
+    response = await _send(host, port, request, client_id, timeout)
+    result = response.results[0]
+    if result.error_code != ErrorCode.none:
+        return None
+    configs = {str(c.name): c for c in result.configs}
+    factor = configs.get(REPLICATION_KEY)
+    if factor is None or factor.value is None:
+        return None
+    zookeeper = configs.get(ZOOKEEPER_KEY)
+    if factor.config_source == DEFAULT_CONFIG_SOURCE and zookeeper is not None and zookeeper.value:
+        return KAFKA_DEFAULT_REPLICATION_FACTOR
+    return int(factor.value)
+
+
+async def offsets_topic_problem_async(bootstrap: Iterable[tuple[str, int]], timeout: float,
+                                      client_id: str = "pykbroker") -> str | None:
+    """Why groups cannot start (see the module), from the first of ``bootstrap`` (host, port) that answers;
+    None when they can (or it cannot be told: no answer, an error, no such config)."""
+    request = MetadataRequest(topics=(MetadataRequestTopic(topic_id=None, name=OFFSETS_TOPIC),),
+                              allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+    for host, port in bootstrap:
+        try:
+            metadata = await _send(host, port, request, client_id, timeout)
+        except (ClientError, OSError, TimeoutError) as exc:
+            log.debug("no Metadata from %s:%s: %s", host, port, exc)
+            continue
+        if any(t.error_code == ErrorCode.none for t in metadata.topics) or not metadata.brokers:
+            return None  # it exists: groups wait at most for its leaders
+        live = len(metadata.brokers)
+        for broker in sorted(metadata.brokers, key=lambda b: b.node_id):
+            try:
+                factor = await _replication_factor(broker.host, broker.port, int(broker.node_id), client_id, timeout)
+            except (ClientError, OSError, TimeoutError, ValueError) as exc:
+                log.debug("no %s from broker %s: %s", REPLICATION_KEY, broker.node_id, exc)
+                continue
+            return None if factor is None else offsets_topic_shortfall(live, factor)
+        return None
+    return None
+
+
+def offsets_topic_problem(bootstrap: Iterable[tuple[str, int]], timeout: float,
+                          client_id: str = "pykbroker") -> str | None:
+    """offsets_topic_problem_async, from synchronous code (no running event loop)."""
+    return asyncio.run(offsets_topic_problem_async(list(bootstrap), timeout, client_id))
