@@ -494,6 +494,11 @@ PER_BROKER_CONFIG_NAMES = frozenset(name for name, mode in _KAFKA_UPDATE_MODES.i
 _NOT_APPLIED = " A dynamic change (AlterConfigs) is stored and described, but pykbroker does not apply it while running."
 
 
+# Defaults of a cluster member (zookeeper.connect set) where the single node's differ: the single node's
+# offsets topic has one replica, a cluster's Kafka's 3 (so DescribeConfigs reports what the broker uses).
+CLUSTER_DEFAULTS = {"offsets.topic.replication.factor": 3}
+
+
 def _broker(name: str, type_: str, default: Any, doc: str, validator: Validator | None = None) -> ConfigDef:
     dynamic = name in DYNAMIC_BROKER_CONFIG_NAMES
     if dynamic and name not in APPLIED_DYNAMIC_CONFIG_NAMES:
@@ -615,7 +620,8 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
         "offsets.topic.replication.factor",
         "short",
         1,
-        "Replication factor of __consumer_offsets. Kafka's default is 3; pykbroker's is 1 so a single node works.",
+        "Replication factor of __consumer_offsets. Kafka's default, 3, in a cluster (zookeeper.connect set); "
+        "1 on the single node.",
         _AT_LEAST_1,
     ),
     _broker("offsets.topic.segment.bytes", "int", 104857600, "Segment size of __consumer_offsets.", _AT_LEAST_1),
@@ -1078,6 +1084,8 @@ class BrokerConfig:
             raise ConfigError("fsync", f"Invalid value {self.fsync!r} for configuration fsync: String must be one of: {', '.join(FSYNC_MODES)}")
         full = {name: definition.default for name, definition in BROKER_CONFIGS.items()}
         full.update(_FSYNC_FLUSH_DEFAULTS[self.fsync])
+        if self.values.get("zookeeper.connect"):
+            full.update(CLUSTER_DEFAULTS)  # a cluster member takes Kafka's defaults where the single node's differ
         full.update(self.values)
         full["broker.id"] = full["node.id"] = self.broker_id  # synonyms, as Kafka's KafkaConfig.populateSynonyms
         full["log.dirs"] = os.fspath(self.data_dir)  # Kafka's name for pykbroker's data.dir, as DescribeConfigs shows it

@@ -62,7 +62,6 @@ _INTERNAL_TOPIC_ROLES = {
     "__transaction_state": ("the transaction state topic", "transaction.state.log.replication.factor"),
 }
 _PROBLEM_LOG_INTERVAL_S = 60.0  # an internal topic that cannot be created is logged at most this often
-_KAFKA_OFFSETS_REPLICATION_FACTOR = 3  # Kafka's default of offsets.topic.replication.factor
 _TOPIC_DEFAULT_KEYS = frozenset(key for definition in TOPIC_CONFIGS.values() for key in definition.synonyms)
 
 
@@ -482,15 +481,13 @@ class TopicAdmin:
 
     def internal_replication_factor(self, key: str = _OFFSETS_REPLICATION_KEY) -> int:
         """The replication factor of a new internal topic: 1 on the single node, else ``key``
-        (offsets.topic.replication.factor, transaction.state.log.replication.factor) if set, else Kafka's 3."""
+        (offsets.topic.replication.factor, transaction.state.log.replication.factor): Kafka's default of 3 for
+        both in a cluster (config.CLUSTER_DEFAULTS), whatever the brokers alive now, so an offsets topic created
+        while brokers are still starting is not stuck with fewer replicas. Until that many brokers are up,
+        group requests get COORDINATOR_NOT_AVAILABLE (retriable); a smaller cluster sets the key."""
         if self.metadata.local_leadership:
             return 1
-        if key in self.config.explicit:
-            return int(self.config.get(key))
-        # Kafka's default, whatever the brokers alive now: an offsets topic created while brokers are still
-        # starting must not be stuck with fewer replicas. Until 3 brokers are up, group requests get
-        # COORDINATOR_NOT_AVAILABLE (retriable); a smaller cluster sets offsets.topic.replication.factor.
-        return _KAFKA_OFFSETS_REPLICATION_FACTOR
+        return int(self.config.get(key))
 
     # -- hosting (single node: in cluster mode LeaderAndIsr from the controller hosts partitions) -----------
     def host_all(self) -> None:

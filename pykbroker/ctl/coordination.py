@@ -12,10 +12,9 @@ COORDINATOR_NOT_AVAILABLE on a fresh healthy cluster too, while the topic is bei
 * DescribeConfigs (v4) of one live broker, sent to that broker (Kafka answers a broker's static configs only
   there), for ``offsets.topic.replication.factor``.
 
-The problem is said only when the topic does not exist and fewer brokers are live than the factor asks for.
-A factor left at its default in a ZooKeeper-mode broker (``zookeeper.connect`` set) is Kafka's 3: so Kafka
-reports it, while pykbroker reports the default 1 of its single node, which a cluster broker does not use
-(cluster/topic_admin.py). Works against Apache Kafka as against pykbroker, in
+The problem is said only when the topic does not exist and fewer brokers are live than the factor asks for
+(a pykbroker cluster member reports Kafka's default 3, its single node 1: the factor each uses). Works against
+Apache Kafka as against pykbroker, in
 plaintext (pykbroker's own protocol client); when no broker answers, nothing is said.
 """
 
@@ -36,10 +35,7 @@ log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
 REPLICATION_KEY = "offsets.topic.replication.factor"
-ZOOKEEPER_KEY = "zookeeper.connect"
-KAFKA_DEFAULT_REPLICATION_FACTOR = 3
 BROKER_RESOURCE = 4  # ConfigResource.Type.BROKER
-DEFAULT_CONFIG_SOURCE = 5  # DescribeConfigsResponse's ConfigSource.DEFAULT_CONFIG
 
 
 def offsets_topic_shortfall(live_brokers: int, replication_factor: int) -> str | None:
@@ -65,7 +61,7 @@ async def _send(host: str, port: int, request, client_id: str, timeout: float):
 async def _replication_factor(host: str, port: int, broker_id: int, client_id: str, timeout: float) -> int | None:
     request = DescribeConfigsRequest(
         resources=(DescribeConfigsResource(resource_type=i8(BROKER_RESOURCE), resource_name=str(broker_id),
-                                           configuration_keys=(REPLICATION_KEY, ZOOKEEPER_KEY)),),
+                                           configuration_keys=(REPLICATION_KEY,)),),
         include_synonyms=False, include_documentation=False)
     response = await _send(host, port, request, client_id, timeout)
     result = response.results[0]
@@ -75,9 +71,6 @@ async def _replication_factor(host: str, port: int, broker_id: int, client_id: s
     factor = configs.get(REPLICATION_KEY)
     if factor is None or factor.value is None:
         return None
-    zookeeper = configs.get(ZOOKEEPER_KEY)
-    if factor.config_source == DEFAULT_CONFIG_SOURCE and zookeeper is not None and zookeeper.value:
-        return KAFKA_DEFAULT_REPLICATION_FACTOR
     return int(factor.value)
 
 

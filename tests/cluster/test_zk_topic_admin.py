@@ -63,7 +63,10 @@ class Node:
         self.metadata = ZkMetadata(zk, 1, "cid", inter_broker_listener="PLAINTEXT")
         self.logs = LogManager(data_dir)
         self.replicas = ReplicaManager(self.logs, 1, lambda topic: self.admin.log_config(topic))
-        self.admin = TopicAdmin(BrokerConfig(data_dir=data_dir, port=0, values=config, explicit=frozenset(config)),
+        # A cluster member: zookeeper.connect set (it gives the cluster's defaults, e.g. the offsets topic's 3
+        # replicas); this stand-in reaches ZooKeeper through ``zk``, so the string is not dialled.
+        values = {"zookeeper.connect": "127.0.0.1:2181", **config}
+        self.admin = TopicAdmin(BrokerConfig(data_dir=data_dir, port=0, values=values, explicit=frozenset(config)),
                                 self.metadata, self.replicas)
         self.metadata.apply_update_metadata(update_metadata({}))
 

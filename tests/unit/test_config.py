@@ -700,3 +700,18 @@ def test_kafkas_shipped_server_properties_load_without_a_warning(tmp_path, caplo
         assert config.broker_id == 1  # node.id
     else:
         assert config.broker_id == 0
+
+
+def test_a_cluster_member_takes_kafkas_offsets_topic_replication_factor_and_reports_it(tmp_path):
+    """The single node's offsets topic has one replica; a cluster member (zookeeper.connect set) uses Kafka's
+    default 3, and DescribeConfigs must report the value the broker uses (a console or CLI reasons from it),
+    still as a default; a value the user sets wins in both modes."""
+    single = load_config(cli={"data_dir": str(tmp_path)}, env={})
+    member = load_config(cli={"data_dir": str(tmp_path), "zookeeper.connect": "127.0.0.1:2181"}, env={})
+    assert single.get("offsets.topic.replication.factor") == 1
+    assert member.get("offsets.topic.replication.factor") == 3
+    assert "offsets.topic.replication.factor" not in member.explicit
+    set_by_user = load_config(cli={"data_dir": str(tmp_path), "zookeeper.connect": "127.0.0.1:2181",
+                                   "offsets.topic.replication.factor": "2"}, env={})
+    assert set_by_user.get("offsets.topic.replication.factor") == 2
+    assert "offsets.topic.replication.factor" in set_by_user.explicit
