@@ -46,7 +46,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Callable, Iterable, Mapping
@@ -57,7 +56,7 @@ from pykbroker.protocol.errors import ErrorCode
 from pykbroker.security.credentials import SCRAM_MECHANISMS, desanitize, sanitize
 from pykbroker.security.quotas import (
     CONNECTION_CREATION_RATE, CONSUMER_BYTE_RATE, CONTROLLER_MUTATION_RATE, DEFAULT, DEFAULT_STRING,
-    PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE, QuotaEntity,
+    PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE, QuotaEntity, java_parse_double,
 )
 
 USER, CLIENT_ID, IP = "user", "client-id", "ip"           # ClientQuotaEntity's entity types
@@ -115,19 +114,6 @@ def java_double_to_string(value: float) -> str:
         whole, frac = digits[:point].ljust(point, "0"), digits[point:]
         return f"{sign}{whole}.{frac or '0'}"
     return f"{sign}{digits[0]}.{digits[1:] or '0'}E{exp10}"
-
-
-_JAVA_DOUBLE = re.compile(r"[+-]?(NaN|Infinity|((\d+\.?\d*|\.\d+)([eE][+-]?\d+)?)[fFdD]?)")
-
-
-def java_parse_double(text: str) -> float:
-    """Java's Double.parseDouble for decimal text (leading/trailing control characters and spaces trimmed,
-    an optional f/d suffix); ValueError otherwise (hex floats are not read)."""
-    trimmed = text.strip("".join(chr(c) for c in range(33)))
-    if not _JAVA_DOUBLE.fullmatch(trimmed):
-        raise ValueError(f"For input string: \"{text}\"")
-    body = trimmed.rstrip("fFdD") if not trimmed.endswith("Infinity") else trimmed
-    return float(body.replace("Infinity", "inf"))
 
 
 # -- entities and paths --

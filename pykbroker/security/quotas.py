@@ -78,6 +78,7 @@ likewise stored and described only. ``client.quota.callback.class`` (custom call
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Iterator, Mapping
@@ -304,11 +305,9 @@ class ClientQuotaManager:
 
     def update_quota(self, entity: QuotaEntity, bound: float | None) -> None:
         """ClientQuotaManager.updateQuota: set (or, with None, remove) the entity's quota of this type; existing
-        sensors take their new bound. Marks the entity's kind as enabled even on removal, as Kafka does."""
+        sensors take their new bound (quota_limit). Marks the entity's kind as enabled even on removal, as Kafka does."""
         if bound is not None:
-            bound = float(bound)
-            if math.isnan(bound):
-                raise ValueError(f"{self.quota_type} quota of {entity} is NaN")
+            bound = float(bound)      # NaN too: Kafka then measures "not acceptable" and throttles round(NaN) = 0
         key = self._key(entity)
         if key[0] is not None:
             self.quota_types_enabled |= USER_CLIENT_ID_QUOTA_ENABLED if key[1] is not None else USER_QUOTA_ENABLED
@@ -350,7 +349,12 @@ class ClientQuotaManager:
         return ("", client_id)
 
     def quota_limit(self, tags: tuple[str, str]) -> float:
-        """DefaultQuotaCallback.quotaLimit for a sensor's tags; UNLIMITED (Long.MAX_VALUE) when none applies."""
+        """ClientQuotaManager.quotaLimit for a sensor's tags; UNLIMITED (Long.MAX_VALUE) when none applies."""
+        bound = self._callback_limit(tags)
+        return UNLIMITED if bound is None else bound
+
+    def _callback_limit(self, tags: tuple[str, str]) -> float | None:
+        """DefaultQuotaCallback.quotaLimit: the quota of the first entity that exists for these tags, or None."""
         user, client_id = tags
         q = self._quotas
         bound = None
@@ -367,12 +371,11 @@ class ClientQuotaManager:
             bound = q.get((None, client_id))
             if bound is None:
                 bound = q.get((None, DEFAULT))
-        return UNLIMITED if bound is None else bound
+        return bound
 
     def effective_quota(self, principal: Any, client_id: str) -> float | None:
         """The quota that applies to this client now, None when none does."""
-        bound = self.quota_limit(self.metric_tags(principal, client_id))
-        return None if bound == UNLIMITED else bound
+        return self._callback_limit(self.metric_tags(principal, client_id))
 
     # -- recording --
 
@@ -440,8 +443,8 @@ class ClientQuotaManager:
         """getMaxValueInQuotaWindow: quota * (samples - 1) * window seconds; float max when no quota applies."""
         if not self.quotas_enabled:
             return 1.7976931348623157e308
-        bound = self.quota_limit(self.metric_tags(principal, client_id))
-        if bound == UNLIMITED:
+        bound = self._callback_limit(self.metric_tags(principal, client_id))
+        if bound is None:
             return 1.7976931348623157e308
         return bound * (self.samples - 1) * (self.window_ms // 1000)
 
@@ -457,20 +460,33 @@ _CONFIG_KEYS = ((PRODUCE, PRODUCER_BYTE_RATE, True), (FETCH, CONSUMER_BYTE_RATE,
                 (REQUEST, REQUEST_PERCENTAGE, False))
 
 
+_JAVA_LONG = re.compile(r"[+-]?[0-9]+")
+_JAVA_DOUBLE = re.compile(r"[+-]?(NaN|Infinity|((\d+\.?\d*|\.\d+)([eE][+-]?\d+)?)[fFdD]?)")
+
+
+def java_parse_double(text: str) -> float:
+    """Java's Double.parseDouble for decimal text (leading/trailing control characters and spaces trimmed,
+    an optional f/d suffix, "NaN", "Infinity"); ValueError otherwise (hex floats are not read)."""
+    if not isinstance(text, str):
+        raise ValueError(f"not a string: {text!r}")
+    trimmed = text.strip("".join(chr(c) for c in range(33)))
+    if not _JAVA_DOUBLE.fullmatch(trimmed):
+        raise ValueError(f'For input string: "{text}"')
+    body = trimmed if trimmed.endswith("Infinity") else trimmed.rstrip("fFdD")
+    return float(body.replace("Infinity", "inf"))
+
+
 def _parse_stored(key: str, value: Any, integral: bool) -> float:
-    text = str(value).strip() if not isinstance(value, str) else value
+    """QuotaConfigHandler: byte rates through Long.parseLong (then as a double), percentages through
+    Double.parseDouble (NaN and Infinity included, as Kafka reads them)."""
+    if integral:
+        if isinstance(value, str) and _JAVA_LONG.fullmatch(value) and -(2**63) <= int(value) <= LONG_MAX:
+            return float(int(value))
+        raise ValueError(f"{key} must be a long, not {value!r}")
     try:
-        if integral:
-            number = int(text, 10)
-            if not -(2**63) <= number <= LONG_MAX:
-                raise ValueError
-            return float(number)
-        number = float(text)
+        return java_parse_double(value)
     except ValueError:
-        raise ValueError(f"{key} must be a {'long' if integral else 'double'}, not {value!r}") from None
-    if math.isnan(number):
-        raise ValueError(f"{key} must be a number, not {value!r}")
-    return number
+        raise ValueError(f"{key} must be a double, not {value!r}") from None
 
 
 class ClientQuotas:

@@ -233,11 +233,13 @@ def test_bad_entity_and_values():
     with pytest.raises(ValueError, match="producer_byte_rate must be a long"):
         q.apply_entity_config(QuotaEntity("a"), {"producer_byte_rate": "1.5", "consumer_byte_rate": "3"})
     assert q.fetch.quota(QuotaEntity("a")) is None                     # nothing applied
-    for bad in ("NaN", "x", "99999999999999999999"):
-        with pytest.raises(ValueError):
+    for bad in ("NaN", "x", "99999999999999999999", " 5", "1_000", "+", 5):
+        with pytest.raises(ValueError, match="producer_byte_rate must be a long"):
             q.apply_entity_config(QuotaEntity("a"), {"producer_byte_rate": bad})
-    with pytest.raises(ValueError, match="request_percentage must be a number"):
-        q.apply_entity_config(QuotaEntity("a"), {"request_percentage": "NaN"})
+    for bad in ("x", "inf", "1_0", ""):
+        with pytest.raises(ValueError, match="request_percentage must be a double"):
+            q.apply_entity_config(QuotaEntity("a"), {"request_percentage": bad})
+    assert q.fetch.quota(QuotaEntity("a")) is None
     q.apply_entity_config(QuotaEntity("a"), {"producer_byte_rate": "10", "unknown": "1"})   # other keys ignored
     with pytest.raises(ValueError):
         q.record_produce("a", "c", math.nan, 0)
@@ -252,6 +254,18 @@ def test_bad_entity_and_values():
     with pytest.raises(ValueError, match="quota.window.size.seconds"):
         ClientQuotas.from_config({"quota.window.size.seconds": "x"}.get)
     assert ClientQuotas.from_config({"quota.window.num": "5"}.get).produce.samples == 5
+
+
+def test_stored_nan_and_infinity_quotas_read_as_kafka_reads_them():
+    # Kafka 3.7.1 stores "NaN" for request_percentage=NaN; its check is then never "acceptable" and the
+    # throttle is Math.round(NaN) = 0. Infinity never throttles. A byte rate of Long.MAX_VALUE is a real quota.
+    q = ClientQuotas()
+    q.apply_entity_config(QuotaEntity("a"), {"request_percentage": "NaN", "producer_byte_rate": "9223372036854775807"})
+    q.apply_entity_config(QuotaEntity("b"), {"request_percentage": " Infinity "})
+    assert q.request.record_and_get_throttle_time_ms("a", "c", 10**6, 0) == 0
+    assert q.request.record_and_get_throttle_time_ms("b", "c", 10**6, 0) == 0
+    assert q.produce.effective_quota("a", "c") == 2.0**63
+    assert q.produce.max_value_in_quota_window("a", "c") == 2.0**63 * 10
 
 
 def test_huge_values_do_not_crash():
@@ -394,8 +408,10 @@ def _scenario(seed: int) -> tuple[list[str], list[str]]:
         if rnd.random() < 0.15:
             u = rnd.choice(users + ["*", "-"])
             c = rnd.choice(clients + ["*", "-"]) if u != "-" else rnd.choice(clients + ["*"])
-            value = None if rnd.random() < 0.2 else float(rnd.choice([0, 1, 50, 500, 1000, 2500.5, 10**6]))
-            lines.append(f"quota\t{u}\t{c}\t{'none' if value is None else repr(value)}")
+            value = None if rnd.random() < 0.2 else float(rnd.choice([0, 1, 50, 500, 1000, 2500.5, 10**6, -5,
+                                                                      "nan", 2**63 - 1]))
+            text = "none" if value is None else "NaN" if value != value else repr(value)
+            lines.append(f"quota\t{u}\t{c}\t{text}")
             m.update_quota(_entity(u, c), value)
         else:
             now += rnd.choice([0, 1, 7, 100, 999, 1000, 1500, 4000, 12_000, 40_000])
@@ -413,7 +429,7 @@ def _scenario(seed: int) -> tuple[list[str], list[str]]:
 
 def test_managers_match_kafka(kafka_quotas):
     all_lines, all_ours = [], []
-    for seed in range(40):
+    for seed in range(60):
         lines, ours = _scenario(seed)
         all_lines += lines
         all_ours += ours
