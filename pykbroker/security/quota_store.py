@@ -221,7 +221,8 @@ def decode_change(data: bytes | None) -> dict[str, str | None] | None:
         raise QuotaStoreError("config change notification is not an object")
     if doc.get("version") == 2 and isinstance(doc.get("entity_path"), str):
         path = doc["entity_path"]
-    elif doc.get("version") == 1 and isinstance(doc.get("entity_type"), str) and isinstance(doc.get("entity_name"), str):
+    elif (doc.get("version") == 1 and isinstance(doc.get("entity_type"), str)
+          and isinstance(doc.get("entity_name"), str)):
         path = f"{doc['entity_type']}/{doc['entity_name']}"
     else:
         raise QuotaStoreError("config change notification has no entity path")

@@ -8,7 +8,8 @@ Wiring (for the request handlers and the connection; nothing here does I/O)::
     # the single-node journal keeps the same entity configs): one call per entity, its whole config map
     quotas.apply_entity_config(QuotaEntity(user="alice", client_id="app"), {"producer_byte_rate": "1024"})
 
-    # Produce (KafkaApis.handleProduceRequest), once the append is done, now = monotonic ms:
+    # now = int(time.time() * 1000) everywhere (Kafka's time.milliseconds(); see the token bucket below)
+    # Produce (KafkaApis.handleProduceRequest), once the append is done:
     bw = quotas.record_produce(principal, client_id, request_size_bytes, now)   # whole request size
     rq = 0 if acks == 0 else quotas.record_request(principal, client_id, handler_thread_nanos, now)
     throttle = max(bw, rq)        # the response's throttle_time_ms; acks=0: no response but the same mute
@@ -21,13 +22,20 @@ Wiring (for the request handlers and the connection; nothing here does I/O)::
         quotas.unrecord_fetch(principal, client_id, response_size, now)
     # Every other client request (sendResponseMaybeThrottle): throttle = quotas.record_request(...)
     # Requests Kafka exempts (inter-broker / cluster-action APIs): quotas.record_exempt(nanos, now).
+    # CreateTopics / CreatePartitions / DeleteTopics (KIP-599), one quota object per request:
+    mq = quotas.controller_mutation.new_quota_for("CreateTopics", api_version, principal, client_id, now)
+    for topic in topics:                  # not for validate_only requests, as Kafka
+        try: mq.record(num_partitions_created_or_deleted, now)
+        except ThrottlingQuotaExceeded as e: topic error 89 with str(e); nothing done for that topic
+    throttle = max(mq.throttle_time(now), quotas.record_request(...))   # sendResponseMaybeThrottleWithControllerQuota
 
     # KIP-219: the broker answers AT ONCE with throttle_time_ms, then mutes the connection (reads nothing more
     # from it) for throttle ms after the response is written; the client is expected to wait as well. In
     # pykbroker: after writing the response, pause reading from that transport until now + throttle.
     # A throttle of 0 or less means no mute.
 
-What the numbers are (Kafka's classes, checked against the 3.7.1 jars by tests/unit/test_security_quotas.py):
+What the numbers are (Kafka's classes; tests/unit/test_security_quotas.py replays random scenarios through
+Kafka 3.7.1's own ClientQuotaManager, ClientRequestQuotaManager, ControllerMutationQuotaManager and Rate):
 
 * :class:`Rate` is ``Rate`` over ``WindowedSum`` (a ``SampledStat``) exactly as kafka-clients 3.7.1 has it:
   ``samples`` (quota.window.num, 11) samples of ``window_ms`` (quota.window.size.seconds, 1 s). A record goes
@@ -69,10 +77,17 @@ client-id quotas: always ``("", client-id)``) and so does this module (``quota_t
 for an hour are dropped (``InactiveSensorExpirationTimeSeconds``). When a quota changes, existing sensors keep
 their samples and take the new bound (``updateQuotaMetricConfigs``).
 
-Not here: ``controller_mutation_rate`` (KIP-599) is stored and described (quota_store.py) but not enforced:
-Kafka's ControllerMutationQuotaManager uses a token bucket and THROTTLING_QUOTA_EXCEEDED, left to the wiring of
-CreateTopics / DeleteTopics / CreatePartitions. ``connection_creation_rate`` for ``ip`` entities (KIP-612) is
-likewise stored and described only. ``client.quota.callback.class`` (custom callbacks) is not supported.
+``controller_mutation_rate`` (KIP-599, :class:`ControllerMutationQuotaManager`) is a token bucket, not a rate:
+``controller.quota.window.num`` * ``controller.quota.window.size.seconds`` seconds of the quota as burst,
+refilled at the quota per second; a strict quota (CreateTopics v6+, CreatePartitions v3+, DeleteTopics v5+)
+refuses a topic with THROTTLING_QUOTA_EXCEEDED once the bucket is below zero (a request may take it below
+zero), a permissive one (older versions) accepts and throttles; the throttle is round(-tokens / quota * 1000).
+The bucket starts empty at time 0, as Kafka's, so pass wall-clock ms (Kafka's time.milliseconds()) to every
+call of this module - any clock works for the rates, only one clock must be used throughout.
+
+Not here: ``connection_creation_rate`` for ``ip`` entities (KIP-612) is stored and described (quota_store.py)
+but not enforced. ``client.quota.callback.class`` (custom callbacks) is not supported. Kafka's per-manager
+delay queue (ThrottledChannelReaper) is the connection's job: it knows when to unmute.
 """
 
 from __future__ import annotations
@@ -239,12 +254,42 @@ def bounded_throttle_time(value: float, bound: float, window_size_ms: int, max_t
     return min(throttle_time(value, bound, window_size_ms), max_throttle_ms)
 
 
-class _Sensor:
-    __slots__ = ("tags", "rate", "bound", "last_record_ms", "throttle_count", "throttle_total_ms")
+class TokenBucket:
+    """Kafka's TokenBucket stat (KIP-599): ``tokens`` refill at ``bound`` per second up to the burst
+    ``samples * window seconds * bound``, and a record takes ``value`` tokens (the balance may go negative).
+    Like Kafka's it starts empty at time 0, so ``now_ms`` must be a clock whose zero is long past (Kafka uses
+    wall-clock ms): the first refill then fills the bucket."""
 
-    def __init__(self, tags: tuple[str, str], rate: Rate, bound: float, now_ms: int) -> None:
+    __slots__ = ("samples", "window_ms", "tokens", "last_update_ms")
+
+    def __init__(self, samples: int, window_ms: int) -> None:
+        self.samples = samples
+        self.window_ms = window_ms
+        self.tokens = 0.0
+        self.last_update_ms = 0
+
+    def _refill(self, bound: float, now_ms: int) -> None:
+        burst = self.samples * (self.window_ms / 1000.0) * bound
+        self.tokens = min(burst, self.tokens + bound * ((now_ms - self.last_update_ms) / 1000.0))
+        self.last_update_ms = now_ms
+
+    def measure(self, bound: float, now_ms: int) -> float:
+        self._refill(bound, now_ms)
+        return self.tokens
+
+    def record(self, bound: float, value: float, now_ms: int) -> None:
+        self._refill(bound, now_ms)
+        self.tokens = min(self.samples * (self.window_ms / 1000.0) * bound, self.tokens - value)
+
+
+class _Sensor:
+    __slots__ = ("tags", "rate", "bound", "last_record_ms", "throttle_count", "throttle_total_ms", "bucket")
+
+    def __init__(self, tags: tuple[str, str], rate: Rate, bound: float, now_ms: int,
+                 bucket: TokenBucket | None = None) -> None:
         self.tags = tags
         self.rate = rate
+        self.bucket = bucket
         self.bound = bound
         self.last_record_ms = now_ms
         self.throttle_count = 0
@@ -305,7 +350,8 @@ class ClientQuotaManager:
 
     def update_quota(self, entity: QuotaEntity, bound: float | None) -> None:
         """ClientQuotaManager.updateQuota: set (or, with None, remove) the entity's quota of this type; existing
-        sensors take their new bound (quota_limit). Marks the entity's kind as enabled even on removal, as Kafka does."""
+        sensors take their new bound (quota_limit). Marks the entity's kind as enabled even on removal, as
+        Kafka does."""
         if bound is not None:
             bound = float(bound)      # NaN too: Kafka then measures "not acceptable" and throttles round(NaN) = 0
         key = self._key(entity)
@@ -384,9 +430,13 @@ class ClientQuotaManager:
         tags = self.metric_tags(principal, client_id)
         sensor = self._sensors.get(tags)
         if sensor is None:
-            sensor = _Sensor(tags, Rate(self.samples, self.window_ms), self.quota_limit(tags), now_ms)
+            sensor = _Sensor(tags, Rate(self.samples, self.window_ms), self.quota_limit(tags), now_ms,
+                             self._new_bucket())
             self._sensors[tags] = sensor
         return sensor
+
+    def _new_bucket(self) -> TokenBucket | None:
+        return None
 
     def _maybe_expire(self, now_ms: int) -> None:
         # Kafka's ExpireSensorTask runs every 30 s and drops sensors not recorded for an hour.
@@ -454,10 +504,128 @@ class ClientQuotaManager:
                                  sensor.bound, sensor.throttle_count, sensor.throttle_total_ms)
 
 
+THROTTLING_QUOTA_EXCEEDED_MESSAGE = "The throttling quota has been exceeded."
+CONTROLLER_MUTATION = "ControllerMutation"
+# The first versions whose requests get the strict quota (ControllerMutationQuotaManager.newQuotaFor)
+STRICT_SINCE_VERSION = {"CreateTopics": 6, "CreatePartitions": 3, "DeleteTopics": 5}
+
+
+class ThrottlingQuotaExceeded(Exception):
+    """A strict controller mutation quota refused a mutation: THROTTLING_QUOTA_EXCEEDED (89) for that topic,
+    with Kafka's message, and ``throttle_ms``."""
+
+    error_code = 89
+
+    def __init__(self, throttle_ms: int) -> None:
+        super().__init__(THROTTLING_QUOTA_EXCEEDED_MESSAGE)
+        self.throttle_ms = throttle_ms
+
+
+class ControllerMutationQuota:
+    """One request's controller mutation quota (Strict-/Permissive-/UnboundedControllerMutationQuota):
+    ``record(permits, now_ms)`` for each topic (permits = its partitions), then ``throttle_time(now_ms)`` for
+    the response's throttle_time_ms, which counts down from when it was computed."""
+
+    def __init__(self, manager: "ControllerMutationQuotaManager | None", sensor: _Sensor | None, strict: bool) -> None:
+        self._manager = manager
+        self._sensor = sensor
+        self.strict = strict
+        self._last_throttle_ms = 0
+        self._last_recorded_ms = 0
+
+    @property
+    def is_exceeded(self) -> bool:
+        return self.strict and self._sensor is not None and self._last_throttle_ms > 0
+
+    def record(self, permits: float, now_ms: int) -> None:
+        """Strict: refuse (ThrottlingQuotaExceeded) when the bucket is already below zero, else take the
+        permits; permissive: take them and only remember the throttle. Unbounded (no quotas): nothing."""
+        if self._sensor is None:
+            return
+        sensor, manager = self._sensor, self._manager
+        permits = manager._check_value(permits, now_ms)
+        sensor.last_record_ms = now_ms
+        if self.strict:
+            tokens = sensor.bucket.measure(sensor.bound, now_ms)
+            if tokens < 0:
+                self._violated(tokens, sensor, now_ms)
+                raise ThrottlingQuotaExceeded(java_long_to_int(self._last_throttle_ms))
+            sensor.rate.record(permits, now_ms)
+            sensor.bucket.record(sensor.bound, permits, now_ms)
+        else:
+            sensor.rate.record(permits, now_ms)
+            sensor.bucket.record(sensor.bound, permits, now_ms)
+            tokens = sensor.bucket.measure(sensor.bound, now_ms)
+            if tokens < 0:
+                self._violated(tokens, sensor, now_ms)
+
+    def _violated(self, tokens: float, sensor: _Sensor, now_ms: int) -> None:
+        self._last_throttle_ms = mutation_throttle_time(tokens, sensor.bound)
+        self._last_recorded_ms = now_ms
+        if self._last_throttle_ms > 0:
+            sensor.throttle_count += 1
+            sensor.throttle_total_ms += java_long_to_int(self._last_throttle_ms)
+
+    def throttle_time(self, now_ms: int) -> int:
+        """AbstractControllerMutationQuota.throttleTime: the last throttle less the time since it was computed."""
+        return java_long_to_int(max(0, self._last_throttle_ms - (now_ms - self._last_recorded_ms)))
+
+
+def mutation_throttle_time(tokens: float, bound: float) -> int:
+    """ControllerMutationQuotaManager.throttleTimeMs: round(-tokens / bound * 1000)."""
+    if bound == 0.0:
+        ratio = math.nan if tokens == 0.0 else math.copysign(math.inf, -tokens * math.copysign(1.0, bound))
+    else:
+        ratio = -tokens / bound
+    return java_round(ratio * 1000)
+
+
+class ControllerMutationQuotaManager(ClientQuotaManager):
+    """Kafka's ControllerMutationQuotaManager (KIP-599): ``controller_mutation_rate`` partitions per second per
+    user / client id (the same precedence), enforced with a token bucket of ``controller.quota.window.num`` *
+    ``controller.quota.window.size.seconds`` seconds of burst. Requests at or above STRICT_SINCE_VERSION
+    get a strict quota (a mutation over quota fails with THROTTLING_QUOTA_EXCEEDED), older ones a permissive
+    one (accepted, then throttled)."""
+
+    def __init__(self, *, samples: int = DEFAULT_NUM_SAMPLES, window_seconds: int = DEFAULT_WINDOW_SECONDS) -> None:
+        super().__init__(CONTROLLER_MUTATION, samples=samples, window_seconds=window_seconds)
+
+    def _new_bucket(self) -> TokenBucket:
+        return TokenBucket(self.samples, self.window_ms)
+
+    def new_quota(self, principal: Any, client_id: str, *, strict: bool, now_ms: int) -> ControllerMutationQuota:
+        """newStrictQuotaFor / newPermissiveQuotaFor (unbounded while no quota is configured anywhere)."""
+        if not self.quotas_enabled:
+            return ControllerMutationQuota(None, None, strict)
+        return ControllerMutationQuota(self, self._sensor(principal, client_id, now_ms), strict)
+
+    def new_quota_for(self, api: str, api_version: int, principal: Any, client_id: str,
+                      now_ms: int) -> ControllerMutationQuota:
+        """newQuotaFor(request, strictSinceVersion): "CreateTopics", "CreatePartitions" or "DeleteTopics"."""
+        return self.new_quota(principal, client_id, strict=api_version >= STRICT_SINCE_VERSION[api], now_ms=now_ms)
+
+    def record_and_get_throttle_time_ms(self, principal: Any, client_id: str, value: float, now_ms: int) -> int:
+        """The override: check the bucket first, then record; the throttle is round(-tokens / bound * 1000)."""
+        value = self._check_value(value, now_ms)
+        if not self.quotas_enabled:
+            return 0
+        quota = ControllerMutationQuota(self, self._sensor(principal, client_id, now_ms), True)
+        try:
+            quota.record(value, now_ms)
+        except ThrottlingQuotaExceeded as e:
+            return e.throttle_ms
+        return 0
+
+    def tokens(self, principal: Any, client_id: str, now_ms: int) -> float:
+        """The ``tokens`` metric of this client's sensor (None-free: Long.MAX_VALUE bucket when unlimited)."""
+        sensor = self._sensor(principal, client_id, now_ms)
+        return sensor.bucket.measure(sensor.bound, now_ms)
+
+
 # The config keys each manager reads from an entity config, and how (QuotaConfigHandler.updateQuotaConfig:
 # byte rates through Long.parseLong, percentages through Double.parseDouble).
 _CONFIG_KEYS = ((PRODUCE, PRODUCER_BYTE_RATE, True), (FETCH, CONSUMER_BYTE_RATE, True),
-                (REQUEST, REQUEST_PERCENTAGE, False))
+                (REQUEST, REQUEST_PERCENTAGE, False), (CONTROLLER_MUTATION, CONTROLLER_MUTATION_RATE, False))
 
 
 _JAVA_LONG = re.compile(r"[+-]?[0-9]+")
@@ -492,8 +660,12 @@ def _parse_stored(key: str, value: Any, integral: bool) -> float:
 class ClientQuotas:
     """The broker's three enforced quota managers (produce, fetch, request) fed from entity configs."""
 
-    def __init__(self, *, samples: int = DEFAULT_NUM_SAMPLES, window_seconds: int = DEFAULT_WINDOW_SECONDS) -> None:
-        for name, v in (("quota.window.num", samples), ("quota.window.size.seconds", window_seconds)):
+    def __init__(self, *, samples: int = DEFAULT_NUM_SAMPLES, window_seconds: int = DEFAULT_WINDOW_SECONDS,
+                 controller_samples: int = DEFAULT_NUM_SAMPLES,
+                 controller_window_seconds: int = DEFAULT_WINDOW_SECONDS) -> None:
+        for name, v in (("quota.window.num", samples), ("quota.window.size.seconds", window_seconds),
+                        ("controller.quota.window.num", controller_samples),
+                        ("controller.quota.window.size.seconds", controller_window_seconds)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"Invalid value {v} for configuration {name}: Value must be at least 1")
         self.produce = ClientQuotaManager(PRODUCE, samples=samples, window_seconds=window_seconds)
@@ -501,6 +673,8 @@ class ClientQuotas:
         # ClientRequestQuotaManager: maxThrottleTimeMs = quota.window.size.seconds in ms
         self.request = ClientQuotaManager(REQUEST, samples=samples, window_seconds=window_seconds,
                                           max_throttle_ms=window_seconds * 1000)
+        self.controller_mutation = ControllerMutationQuotaManager(samples=controller_samples,
+                                                                  window_seconds=controller_window_seconds)
         self.exempt = Rate(samples, window_seconds * 1000)   # exempt-request-time, for the metrics only
         self._configs: dict[QuotaEntity, dict[str, str]] = {}
 
@@ -516,10 +690,12 @@ class ClientQuotas:
             except ValueError:
                 raise ValueError(f"Invalid value {value} for configuration {name}: Not a number of type INT") from None
         return cls(samples=setting("quota.window.num", DEFAULT_NUM_SAMPLES),
-                   window_seconds=setting("quota.window.size.seconds", DEFAULT_WINDOW_SECONDS))
+                   window_seconds=setting("quota.window.size.seconds", DEFAULT_WINDOW_SECONDS),
+                   controller_samples=setting("controller.quota.window.num", DEFAULT_NUM_SAMPLES),
+                   controller_window_seconds=setting("controller.quota.window.size.seconds", DEFAULT_WINDOW_SECONDS))
 
     def managers(self) -> tuple[ClientQuotaManager, ...]:
-        return (self.produce, self.fetch, self.request)
+        return (self.produce, self.fetch, self.request, self.controller_mutation)
 
     def apply_entity_config(self, entity: QuotaEntity, config: Mapping[str, Any] | None) -> None:
         """QuotaConfigHandler.updateQuotaConfig: the entity's whole config (None or {}: deleted). Each manager

@@ -198,7 +198,8 @@ def test_alter_writes_what_kafka_wrote():
     stored: dict[str, dict[str, str]] = {}
     plan = plan_alter([
         QuotaAlteration([(USER, "alice"), (CLIENT_ID, "app")], [("producer_byte_rate", 1024.0, False)]),
-        QuotaAlteration([(USER, "alice")], [("consumer_byte_rate", 2048.0, False), ("request_percentage", 50.5, False)]),
+        QuotaAlteration([(USER, "alice")], [("consumer_byte_rate", 2048.0, False),
+                                            ("request_percentage", 50.5, False)]),
         QuotaAlteration([(CLIENT_ID, "my app*~/x")], [("producer_byte_rate", 500.0, False),
                                                        ("controller_mutation_rate", 1.5, False)]),
         QuotaAlteration([(CLIENT_ID, "rp")], [("request_percentage", -3.0, False)]),

@@ -13,8 +13,8 @@ import pytest
 
 from pykbroker.security.principal import KafkaPrincipal
 from pykbroker.security.quotas import (
-    DEFAULT, FETCH, PRODUCE, REQUEST, UNLIMITED, ClientQuotaManager, ClientQuotas, QuotaEntity, Rate,
-    bounded_throttle_time, java_long_to_int, java_round, throttle_time,
+    DEFAULT, FETCH, PRODUCE, REQUEST, UNLIMITED, ClientQuotaManager, ClientQuotas, ControllerMutationQuotaManager,
+    QuotaEntity, Rate, ThrottlingQuotaExceeded, bounded_throttle_time, java_long_to_int, java_round, throttle_time,
 )
 
 # -- Rate / SampledStat --
@@ -297,6 +297,13 @@ import scala.Option;
 
 // Drives Kafka 3.7.1's own ClientQuotaManager / ClientRequestQuotaManager / Rate from tab-separated commands.
 public class PykQuotaProbe {
+    static long NOW = 0;
+    static final Time CLOCK = new Time() {
+        public long milliseconds() { return NOW; }
+        public long nanoseconds() { return NOW * 1000000L; }
+        public void sleep(long ms) { NOW += ms; }
+        public void waitObject(Object o, java.util.function.Supplier<Boolean> c, long deadline) { }
+    };
     static Option<String> opt(String s) { return s.equals("-") ? Option.empty() : Option.apply(s); }
     static Option<String> sanitized(String s) {
         if (s.equals("-")) return Option.empty();
@@ -322,6 +329,7 @@ public class PykQuotaProbe {
         Metrics metrics = null;
         Rate rate = null;
         MetricConfig rc = null;
+        ControllerMutationQuota cur = null;
         StringBuilder out = new StringBuilder();
         String line;
         while ((line = in.readLine()) != null) {
@@ -351,6 +359,31 @@ public class PykQuotaProbe {
                 case "max": {
                     RequestChannel.Session s = new RequestChannel.Session(new KafkaPrincipal("User", f[1]), InetAddress.getLoopbackAddress());
                     out.append(m.getMaxValueInQuotaWindow(s, f[2])).append('\n');
+                    break;
+                }
+                case "cnew": {
+                    if (m != null) m.shutdown();
+                    metrics = new Metrics(CLOCK);
+                    ClientQuotaManagerConfig c = new ClientQuotaManagerConfig(Integer.parseInt(f[1]), Integer.parseInt(f[2]));
+                    m = new ControllerMutationQuotaManager(c, metrics, CLOCK, "", Option.empty());
+                    break;
+                }
+                case "cq": {   // cq <user> <client> strict|permissive <now>
+                    NOW = Long.parseLong(f[4]);
+                    RequestChannel.Session s = new RequestChannel.Session(new KafkaPrincipal("User", f[1]), InetAddress.getLoopbackAddress());
+                    ControllerMutationQuotaManager cm = (ControllerMutationQuotaManager) m;
+                    cur = f[3].equals("strict") ? cm.newStrictQuotaFor(s, f[2]) : cm.newPermissiveQuotaFor(s, f[2]);
+                    break;
+                }
+                case "crec": {   // crec <permits> <now>
+                    NOW = Long.parseLong(f[2]);
+                    try {
+                        cur.record(Double.parseDouble(f[1]));
+                        out.append("OK");
+                    } catch (org.apache.kafka.common.errors.ThrottlingQuotaExceededException e) {
+                        out.append("THROTTLED ").append(e.throttleTimeMs()).append(' ').append(e.getMessage());
+                    }
+                    out.append('\t').append(cur.isExceeded()).append('\t').append(cur.throttleTime()).append('\n');
                     break;
                 }
                 case "rate": {   // rate <samples> <window ms>
@@ -463,3 +496,87 @@ def test_rate_matches_kafka(kafka_quotas):
     for (value, window), line in zip(ours, theirs):
         jv, jw = line.split("\t")
         assert (value, window) == (float(jv), int(jw))
+
+
+# -- controller mutation quota (KIP-599) --
+
+T0 = 1_700_000_000_000   # wall-clock ms, as Kafka's time.milliseconds(): the bucket starts full
+
+
+def test_strict_mutation_quota_hand_computed():
+    m = ControllerMutationQuotaManager()
+    m.update_quota(QuotaEntity(user=DEFAULT), 2.0)                    # 2 partitions/s, burst 11 * 1 * 2 = 22
+    q = m.new_quota_for("CreateTopics", 6, "alice", "c", T0)
+    assert q.strict
+    q.record(30, T0)                                                   # allowed: the bucket was not below 0
+    assert m.tokens("alice", "c", T0) == -8.0
+    with pytest.raises(ThrottlingQuotaExceeded) as e:
+        q.record(1, T0)
+    assert (e.value.throttle_ms, e.value.error_code, str(e.value)) == (4000, 89, "The throttling quota has been exceeded.")
+    assert q.is_exceeded and q.throttle_time(T0 + 1500) == 2500      # counts down
+    q2 = m.new_quota_for("CreateTopics", 6, "alice", "c", T0 + 4000)
+    q2.record(1, T0 + 4000)                                            # refilled to 0 by then
+    assert not q2.is_exceeded and q2.throttle_time(T0 + 4000) == 0
+
+
+def test_permissive_mutation_quota_and_unbounded():
+    m = ControllerMutationQuotaManager()
+    assert m.new_quota_for("DeleteTopics", 4, "a", "c", T0).record(10**6, T0) is None   # no quotas: unbounded
+    m.update_quota(QuotaEntity(client_id="c"), 1.0)
+    q = m.new_quota_for("DeleteTopics", 4, "a", "c", T0)
+    assert not q.strict
+    q.record(15, T0)                                                   # 11 - 15 = -4: accepted, throttled 4 s
+    q.record(1, T0)
+    assert not q.is_exceeded and q.throttle_time(T0) == 5000
+    assert m.record_and_get_throttle_time_ms("a", "c", 1, T0) == 5000  # the manager's own check-then-record
+    assert ClientQuotas().controller_mutation.quotas_enabled is False
+    cq = ClientQuotas()
+    cq.apply_entity_config(QuotaEntity(client_id="c"), {"controller_mutation_rate": "1.5"})
+    assert cq.controller_mutation.effective_quota("u", "c") == 1.5
+
+
+def _mutation_scenario(seed: int) -> tuple[list[str], list[str]]:
+    rnd = random.Random(seed)
+    samples, window_s = rnd.choice([(11, 1), (3, 2), (1, 1)])
+    lines = [f"cnew\t{samples}\t{window_s}"]
+    ours: list[str] = []
+    m = ControllerMutationQuotaManager(samples=samples, window_seconds=window_s)
+    now = T0 + rnd.randrange(0, 5000)
+    quota = None
+    for _ in range(80):
+        r = rnd.random()
+        if r < 0.15:
+            u, c = rnd.choice(["alice", "*", "-"]), rnd.choice(["app", "*", "-"])
+            if u == "-" and c == "-":
+                c = "app"
+            value = None if rnd.random() < 0.2 else float(rnd.choice([0.5, 1, 2, 10, 0]))
+            lines.append(f"quota\t{u}\t{c}\t{'none' if value is None else repr(value)}")
+            m.update_quota(_entity(u, c), value)
+        elif r < 0.35 or quota is None:
+            strict = rnd.random() < 0.6
+            u, c = rnd.choice(["alice", "bob"]), rnd.choice(["app", "x"])
+            lines.append(f"cq\t{u}\t{c}\t{'strict' if strict else 'permissive'}\t{now}")
+            quota = m.new_quota(u, c, strict=strict, now_ms=now)
+        else:
+            now += rnd.choice([0, 0, 1, 10, 250, 1000, 3000, 20_000])
+            permits = float(rnd.choice([1, 1, 3, 10, 30]))
+            lines.append(f"crec\t{permits!r}\t{now}")
+            try:
+                quota.record(permits, now)
+                head = "OK"
+            except ThrottlingQuotaExceeded as e:
+                head = f"THROTTLED {e.throttle_ms} {e}"
+            ours.append(f"{head}\t{str(quota.is_exceeded).lower()}\t{quota.throttle_time(now)}")
+    return lines, ours
+
+
+def test_mutation_quota_matches_kafka(kafka_quotas):
+    lines, ours = [], []
+    for seed in range(40):
+        more_lines, more_ours = _mutation_scenario(seed)
+        lines += more_lines
+        ours += more_ours
+    theirs = kafka_quotas(lines)
+    assert len(theirs) == len(ours)
+    assert [(i, a, b) for i, (a, b) in enumerate(zip(ours, theirs)) if a != b][:5] == []
+    assert sum(1 for line in ours if line.startswith("THROTTLED")) > 20
