@@ -39,6 +39,19 @@ DescribeClientQuotas (ZkAdminManager.describeClientQuotas): :func:`describe` ove
 config, components matched exactly (a name), as default (``<default>``) or any (the kind present with any
 name), ``strict`` leaving out entities with kinds the filter does not name; values as doubles; an entity
 without quota keys is not listed.
+
+Wiring (KafkaApis in ZooKeeper mode; any broker serves both APIs)::
+
+    # AlterClientQuotas: ALTER_CONFIGS on the cluster, else CLUSTER_AUTHORIZATION_FAILED for every entry
+    plan = plan_alter(alterations_from_request(req.entries), read_config, validate_only=req.validate_only)
+    for entity, config in plan.writes:      # zk.set_entity_config(*entity_path(entity).split("/", 1), config)
+        ...                                 # writes the znode, then the change notification
+    plan.results                            # per entity: (entity, error_code, error_message)
+    # DescribeClientQuotas: DESCRIBE_CONFIGS on the cluster, else CLUSTER_AUTHORIZATION_FAILED
+    try: entries = describe(components_from_request(req.components), req.strict, table)
+    except QuotaRequestError as e: the whole response has e.error_code, e.message and no entries
+    # every broker: for each /config/changes notification naming a quota entity (decode_change), read the
+    # entity's config and ClientQuotas.apply_entity_config(quota_entity(entity), config); at startup, all of them.
 """
 
 from __future__ import annotations
@@ -248,6 +261,12 @@ def quota_values(config: Mapping[str, str], keys: Iterable[str] = QUOTA_KEYS) ->
 # -- AlterClientQuotas --
 
 
+def alterations_from_request(entries: Iterable[Any]) -> list["QuotaAlteration"]:
+    """AlterClientQuotas entries with Kafka's schema field names (kio's EntryData fits) as alterations."""
+    return [QuotaAlteration([(e.entity_type, e.entity_name) for e in entry.entity],
+                            [(op.key, op.value, op.remove) for op in entry.ops]) for entry in entries]
+
+
 @dataclass
 class QuotaAlteration:
     """One AlterClientQuotas entry as Kafka's schema has it: ``entity`` a list of (entity_type, entity_name
@@ -365,6 +384,11 @@ def plan_alter(alterations: Iterable[QuotaAlteration], current: Callable[[str], 
 
 
 # -- DescribeClientQuotas --
+
+
+def components_from_request(components: Iterable[Any]) -> list["FilterComponent"]:
+    """DescribeClientQuotas components with Kafka's schema field names (kio's ComponentData fits)."""
+    return [FilterComponent(c.entity_type, c.match_type, c.match) for c in components]
 
 
 @dataclass(frozen=True)

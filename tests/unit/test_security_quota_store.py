@@ -13,7 +13,7 @@ import pytest
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.security.quota_store import (
     CLIENT_ID, IP, MATCH_ANY, MATCH_DEFAULT, MATCH_EXACT, USER, FilterComponent, QuotaAlteration,
-    QuotaRequestError, QuotaStoreError, change_notification, config_path, decode_change, decode_entity_config,
+    QuotaRequestError, QuotaStoreError, alterations_from_request, change_notification, components_from_request, config_path, decode_change, decode_entity_config,
     describe, encode_entity_config, entity_from_path, java_double_to_string, java_parse_double, plan_alter,
     quota_entity, quota_values,
 )
@@ -225,6 +225,21 @@ def test_alter_sees_earlier_entries_and_keeps_other_keys():
     assert plan.writes == [({USER: "bob"}, {"SCRAM-SHA-256": "salt=...", "producer_byte_rate": "1",
                                             "consumer_byte_rate": "5"}),
                            ({USER: "carol"}, {"producer_byte_rate": "7"})]
+
+
+def test_requests_from_kio():
+    from kio.schema.alter_client_quotas.v1 import request as alter
+    from kio.schema.describe_client_quotas.v1 import request as desc
+
+    entries = (alter.EntryData(entity=(alter.EntityData(entity_type="user", entity_name=None),),
+                               ops=(alter.OpData(key="producer_byte_rate", value=10.0, remove=False),
+                                    alter.OpData(key="consumer_byte_rate", value=0.0, remove=True))),)
+    plan = plan_alter(alterations_from_request(entries), lambda p: {"consumer_byte_rate": "5"})
+    assert plan.results == [({USER: None}, 0, None)]
+    assert plan.writes == [({USER: None}, {"producer_byte_rate": "10"})]
+    components = (desc.ComponentData(entity_type="user", match_type=MATCH_DEFAULT, match=None),)
+    assert describe(components_from_request(components), True, kafka_table()) == [
+        ({USER: None}, {"producer_byte_rate": 4096.0})]
 
 
 def test_alter_bad_values():
