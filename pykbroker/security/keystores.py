@@ -251,7 +251,7 @@ def _setting(settings: Mapping[str, Any], name: str) -> Any:
 
 
 def _read_store_file(path: str, what: str, store_type: str, setting: str) -> bytes:
-    failed = f"Failed to load SSL keystore {path} of type {store_type} ({setting})"
+    failed = f"Failed to load SSL keystore {path} of type {store_type}"
     try:
         size = os.stat(path).st_size
         if size > MAX_STORE_BYTES:

@@ -689,7 +689,7 @@ def test_wrong_pkcs12_password(pki):
 def test_missing_files(pki, tmp_path):
     missing = str(tmp_path / "nope.p12")
     error = _error({"ssl.keystore.type": "PKCS12", "ssl.keystore.location": missing, "ssl.keystore.password": "x"})
-    assert str(error) == f"Failed to load SSL keystore {missing} of type PKCS12 (ssl.keystore.location): no such file"
+    assert str(error) == f"Failed to load SSL keystore {missing} of type PKCS12: no such file"
     error = _error(pem_settings(pki, **{"ssl.truststore.location": missing}))
     assert error.name == "ssl.truststore.location" and "no such file" in str(error)
 
@@ -832,3 +832,112 @@ def test_expired_keystore_certificate_loads_with_a_warning(pki, caplog):
     with caplog.at_level(logging.WARNING, logger="pykbroker.security.keystores"):
         server_context({"ssl.keystore.type": "PEM", "ssl.keystore.location": path})
     assert "expired" in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------------
+# openssl s_client against the same server, and connections that fail cost only themselves
+
+OPENSSL = shutil.which("openssl")
+needs_openssl = pytest.mark.skipif(OPENSSL is None, reason="needs the openssl command")
+
+
+async def s_client(port, *args):
+    """Run openssl s_client; return (first line the server sent or None, s_client's stdout+stderr, exit code)."""
+    process = await asyncio.create_subprocess_exec(
+        OPENSSL, "s_client", "-connect", f"127.0.0.1:{port}", "-servername", "localhost", "-verify_return_error",
+        "-brief", "-ign_eof", *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT)
+    output = []
+    first = None
+    try:
+        async def read():
+            nonlocal first
+            while True:
+                line = await process.stdout.readline()
+                if not line:
+                    return
+                text = line.decode(errors="replace").rstrip("\n")
+                output.append(text)
+                if text.startswith("User:"):
+                    first = text
+                    return
+        await asyncio.wait_for(read(), 30)
+    except asyncio.TimeoutError:
+        raise AssertionError("s_client: no line from the server in 30 s:\n" + "\n".join(output)) from None
+    finally:
+        if process.returncode is None:
+            process.kill()
+        code = await process.wait()
+    return first, "\n".join(output), code
+
+
+@needs_openssl
+def test_openssl_s_client_verifies_the_broker_and_presents_a_client_certificate(pki):
+    holder = TlsContextHolder(pem_settings(pki, **{"ssl.client.auth": "requested"}))
+
+    async def go():
+        async with Server(lambda: holder.context) as server:
+            anonymous = await s_client(server.port, "-CAfile", pki.ca_file)
+            mutual = await s_client(server.port, "-CAfile", pki.ca_file, "-cert", pki.client_pem_file,
+                                    "-key", pki.client_pem_file)
+            return anonymous, mutual
+    (line, output, _), (mutual_line, _, _) = run(go())
+    assert line.startswith("User:ANONYMOUS|TLSv1.3|"), output
+    assert "Verification: OK" in output
+    assert mutual_line.startswith("User:CN=client,OU=apps,O=pykbroker|TLSv1.3|")
+
+
+@needs_openssl
+def test_openssl_s_client_tls12_cipher_limits(pki):
+    context = server_context(pem_settings(pki, **{"ssl.cipher.suites": "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+                                                  "ssl.client.auth": "required"}))
+
+    async def go():
+        async with Server(lambda: context) as server:
+            ok = await s_client(server.port, "-CAfile", pki.ca_file, "-tls1_2", "-cert", pki.client_pem_file,
+                                "-key", pki.client_pem_file)
+            wrong_cipher = await s_client(server.port, "-CAfile", pki.ca_file, "-tls1_2", "-cipher",
+                                          "ECDHE-RSA-AES256-GCM-SHA384", "-cert", pki.client_pem_file,
+                                          "-key", pki.client_pem_file)
+            tls13 = await s_client(server.port, "-CAfile", pki.ca_file, "-tls1_3")
+            no_cert = await s_client(server.port, "-CAfile", pki.ca_file, "-tls1_2")
+            return ok, wrong_cipher, tls13, no_cert, server.failures
+    ok, wrong_cipher, tls13, no_cert, failures = run(go())
+    assert ok[0] == "User:CN=client,OU=apps,O=pykbroker|TLSv1.2|ECDHE-RSA-AES128-GCM-SHA256", ok[1]
+    assert wrong_cipher[0] is None and wrong_cipher[2] != 0
+    assert tls13[0] is None and tls13[2] != 0
+    assert no_cert[0] is None and no_cert[2] != 0
+    reasons = [str(f) for f in failures]
+    assert len(reasons) == 3, reasons
+    assert "NO_SHARED_CIPHER" in reasons[0] and "UNSUPPORTED_PROTOCOL" in reasons[1], reasons
+    assert "PEER_DID_NOT_RETURN_A_CERTIFICATE" in reasons[2], reasons
+
+
+def test_plaintext_and_stalled_clients_cost_only_their_connection(pki):
+    """A Kafka request in plaintext on the TLS port and a client that never starts its handshake fail alone;
+    a good client connecting meanwhile is served."""
+    context = server_context(pem_settings(pki))
+    api_versions = bytes.fromhex("0000001a0012000300000001000a6b61666b612d746573740000")
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        async with Server(lambda: context) as server:
+            stalled = socket.create_connection(("127.0.0.1", server.port))
+            plain = socket.create_connection(("127.0.0.1", server.port))
+            plain.setblocking(False)
+            try:
+                await loop.sock_sendall(plain, api_versions)
+                answer = await asyncio.wait_for(loop.sock_recv(plain, 100), 20)  # b"" (closed) or an alert
+                line, _, (_, writer) = await talk(server.port, plain_client(pki))
+                writer.close()
+                deadline = loop.time() + 20
+                while not server.failures and loop.time() < deadline:
+                    await asyncio.sleep(0.05)
+                return answer, line, list(server.failures)
+            finally:
+                stalled.close()
+                plain.close()
+    answer, line, failures = run(go())
+    assert line.startswith("User:ANONYMOUS|")
+    assert not answer.startswith(b"\x00\x00")  # no Kafka answer, just the end of that connection
+    assert any(isinstance(f, ssl.SSLError) for f in failures)
