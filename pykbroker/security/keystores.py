@@ -340,12 +340,9 @@ def _warn_validity(entry: KeyEntry, where: str) -> None:
 
 def load_keystore(settings: Mapping[str, Any]) -> SecurityStore | None:
     """The key store the ``ssl.keystore.*`` settings name, or None (no key store: a client may go without)."""
-    store_type = _setting(settings, KEYSTORE_TYPE) or DEFAULT_STORE_TYPE
-    path = _setting(settings, KEYSTORE_LOCATION)
-    password = _setting(settings, KEYSTORE_PASSWORD)
-    key_password = _setting(settings, KEY_PASSWORD)
-    private_key = _setting(settings, KEYSTORE_KEY)
-    chain = _setting(settings, KEYSTORE_CERTIFICATE_CHAIN)
+    store_type, path, password, key_password, private_key, chain = (_setting(settings, name) for name in (
+        KEYSTORE_TYPE, KEYSTORE_LOCATION, KEYSTORE_PASSWORD, KEY_PASSWORD, KEYSTORE_KEY, KEYSTORE_CERTIFICATE_CHAIN))
+    store_type = store_type or DEFAULT_STORE_TYPE
     if private_key is not None:
         if store_type != PEM_TYPE:
             raise TlsConfigError(KEYSTORE_KEY, "SSL private key can be specified only for PEM, but key store type is "
@@ -450,10 +447,9 @@ def _file_keystore(store_type: str, path: str, password: str, key_password: str 
 
 def load_truststore(settings: Mapping[str, Any]) -> SecurityStore | None:
     """The trust store the ``ssl.truststore.*`` settings name, or None (the system's default CAs are used)."""
-    store_type = _setting(settings, TRUSTSTORE_TYPE) or DEFAULT_STORE_TYPE
-    path = _setting(settings, TRUSTSTORE_LOCATION)
-    password = _setting(settings, TRUSTSTORE_PASSWORD)
-    certificates = _setting(settings, TRUSTSTORE_CERTIFICATES)
+    store_type, path, password, certificates = (_setting(settings, name) for name in (
+        TRUSTSTORE_TYPE, TRUSTSTORE_LOCATION, TRUSTSTORE_PASSWORD, TRUSTSTORE_CERTIFICATES))
+    store_type = store_type or DEFAULT_STORE_TYPE
     if certificates is not None:
         if store_type != PEM_TYPE:
             raise TlsConfigError(TRUSTSTORE_CERTIFICATES, "SSL trust store certs can be specified only for PEM, but "

@@ -64,7 +64,8 @@ Principal
     :func:`peer_principal` is Kafka's DefaultKafkaPrincipalBuilder for an SSL connection: "User:" + the client
     certificate's subject (RFC 2253, as Java renders it) through ``ssl.principal.mapping.rules``, or
     User:ANONYMOUS without a client certificate. A subject no rule maps raises principal.py's NoMatchingRule:
-    Kafka fails the authentication and closes the connection.
+    Kafka fails the authentication and closes the connection. On a SASL_SSL listener the principal is the SASL
+    one (sasl/), not the certificate's.
 
 Wiring (for the session that wires listeners)
     * One :class:`TlsContextHolder` per SSL / SASL_SSL listener, built at startup from
@@ -74,7 +75,8 @@ Wiring (for the session that wires listeners)
       ssl_handshake_timeout=...)`` - read ``holder.context`` per connection (that is the atomic swap). That call
       returns only after the handshake: run it in a task per connection, not inline in the accept loop, or one
       stalled handshake stops all accepting. A failed handshake (plaintext client, garbage records, untrusted
-      certificate) raises there: log one line, close that socket only.
+      certificate) raises there: log one line, close that socket only. (asyncio then closes without sending
+      the TLS alert: the peer sees an EOF rather than, say, "handshake failure".)
     * In ``connection_made``: ``peer_principal(transport.get_extra_info("ssl_object"), holder.mapper)``.
     * Fetch: asyncio's SSL transport encrypts in user space, so ``loop.sendfile`` falls back to reading and
       writing chunks; keep the chunked path (CHUNK_BYTES, write-buffer watermarks) for TLS listeners.

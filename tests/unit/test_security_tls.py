@@ -941,3 +941,64 @@ def test_plaintext_and_stalled_clients_cost_only_their_connection(pki):
     assert line.startswith("User:ANONYMOUS|")
     assert not answer.startswith(b"\x00\x00")  # no Kafka answer, just the end of that connection
     assert any(isinstance(f, ssl.SSLError) for f in failures)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Stores made by Java's keytool, as Kafka users make them
+
+KEYTOOL = shutil.which("keytool")
+
+
+@pytest.mark.skipif(KEYTOOL is None, reason="needs Java's keytool")
+def test_keytool_jks_is_refused_and_the_suggested_conversion_works(tmp_path):
+    jks = str(tmp_path / "broker.jks")
+    subprocess.run([KEYTOOL, "-genkeypair", "-alias", "Broker", "-keyalg", "RSA", "-keysize", "2048",
+                    "-dname", "CN=broker,O=pykbroker", "-ext", "SAN=dns:localhost,ip:127.0.0.1", "-validity", "30",
+                    "-storetype", "JKS", "-keystore", jks, "-storepass", "changeit", "-keypass", "changeit"],
+                   check=True, capture_output=True, timeout=120)
+    crt = tmp_path / "broker.crt"
+    crt.write_bytes(subprocess.run([KEYTOOL, "-exportcert", "-rfc", "-alias", "broker", "-keystore", jks,
+                                    "-storepass", "changeit"], check=True, capture_output=True, timeout=120).stdout)
+    with pytest.raises(TlsConfigError) as info:
+        server_context({"ssl.keystore.location": jks, "ssl.keystore.password": "changeit"})
+    command = str(info.value).split("`")[1]
+    assert command.startswith("keytool -importkeystore")
+    subprocess.run(command.split() + ["-srcstorepass", "changeit", "-deststorepass", "changeit", "-noprompt"],
+                   check=True, capture_output=True, timeout=120)
+    # a PKCS12 trust store made by keytool, protected by its password
+    trust = str(tmp_path / "trust.p12")
+    subprocess.run([KEYTOOL, "-importcert", "-noprompt", "-alias", "broker", "-file", str(crt), "-storetype", "PKCS12",
+                    "-keystore", trust, "-storepass", "trustpass"], check=True, capture_output=True, timeout=120)
+    holder = TlsContextHolder({"ssl.keystore.type": "PKCS12", "ssl.keystore.location": jks + ".p12",
+                               "ssl.keystore.password": "changeit"})
+    assert holder.keystore.key_entry.alias == "broker"
+    client = client_context({"ssl.truststore.type": "PKCS12", "ssl.truststore.location": trust,
+                             "ssl.truststore.password": "trustpass"})
+    line, cert, _ = handshake(holder.context, client)
+    assert line.startswith("User:ANONYMOUS|") and served_cert_cn(cert) == "broker"
+    with pytest.raises(TlsConfigError, match="ssl.truststore.password is not set"):
+        client_context({"ssl.truststore.type": "PKCS12", "ssl.truststore.location": trust})
+
+
+@pytest.mark.skipif(OPENSSL is None, reason="needs the openssl command")
+def test_openssl_made_pkcs12_and_traditional_key_conversion(pki, tmp_path):
+    """`openssl pkcs12 -export` output loads; the `openssl pkcs8 -topk8` the refusal names makes a key Kafka reads."""
+    key_file = tmp_path / "key.pem"
+    key_file.write_text(pki.broker_key.private_bytes(PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                                                     serialization.NoEncryption()).decode())
+    cert_file = tmp_path / "cert.pem"
+    cert_file.write_text(chain_pem(pki.broker, pki))
+    bundle = str(tmp_path / "broker.p12")
+    subprocess.run([OPENSSL, "pkcs12", "-export", "-in", str(cert_file), "-inkey", str(key_file), "-name", "kafka",
+                    "-out", bundle, "-passout", "pass:p12pass"], check=True, capture_output=True, timeout=60)
+    context = server_context({"ssl.keystore.type": "PKCS12", "ssl.keystore.location": bundle,
+                              "ssl.keystore.password": "p12pass"})
+    assert served_cert_cn(handshake(context, plain_client(pki))[1]) == "broker"
+    with pytest.raises(TlsConfigError) as info:
+        server_context({"ssl.keystore.type": "PEM", "ssl.keystore.key": key_file.read_text(),
+                        "ssl.keystore.certificate.chain": cert_file.read_text()})
+    command = str(info.value).split("`")[1].replace("key.pem", str(key_file)).replace("key-pkcs8.pem",
+                                                                                      str(tmp_path / "k8.pem"))
+    subprocess.run(command.split() + ["-nocrypt"], check=True, capture_output=True, timeout=60)
+    server_context({"ssl.keystore.type": "PEM", "ssl.keystore.key": (tmp_path / "k8.pem").read_text(),
+                    "ssl.keystore.certificate.chain": cert_file.read_text()})
