@@ -391,14 +391,14 @@ def _pem_key_entry(chain_pem: str, key_pem: str, key_password: str | None, faile
         raise TlsConfigError(setting, f"{failed}: {exc}") from None
 
 
-def _check_type(store_type: str, setting: str) -> str:
+def _check_type(store_type: str, path: str, setting: str) -> str:
     upper = store_type.upper()
-    if store_type == "pem" or (upper == PEM_TYPE and store_type != PEM_TYPE):
-        raise TlsConfigError(setting, f"{store_type} KeyStore not available (Kafka's store type PEM is written in "
-                                      "upper case)")
+    failed = f"Failed to load SSL keystore {path} of type {store_type}: {store_type} KeyStore not available"
+    if upper == PEM_TYPE:  # Kafka compares "PEM" case-sensitively: "pem" goes to Java's KeyStore, which has none
+        raise TlsConfigError(setting, f"{failed} (Kafka's store type PEM is written in upper case)")
     if upper not in (PKCS12_TYPE, "JKS", "JCEKS"):
-        raise TlsConfigError(setting, f"{store_type} KeyStore not available: pykbroker reads the store types PEM "
-                                      "and PKCS12 (and a PKCS12 file declared as JKS, as Java does)")
+        raise TlsConfigError(setting, f"{failed}: pykbroker reads the store types PEM and PKCS12 (and a PKCS12 "
+                                      "file declared as JKS, as Java does)")
     return upper
 
 
@@ -406,7 +406,7 @@ def _pkcs12_file(store_type: str, path: str, password: str | None, kind: str):
     """(modification time, cryptography's PKCS12 object) of a key store or trust store file; a JKS / JCEKS
     file is refused naming the conversion."""
     type_setting, location = f"ssl.{kind}.type", f"ssl.{kind}.location"
-    upper = _check_type(store_type, type_setting)
+    upper = _check_type(store_type, path, type_setting)
     modified = _mtime_ns(path)
     data = _read_store_file(path, kind.replace("store", " store"), store_type, location)
     loaded = None

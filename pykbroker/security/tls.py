@@ -524,6 +524,11 @@ def _subject_alt_names(certificate) -> frozenset:
     return frozenset(names)
 
 
+def _java_dn_text(rfc2253: str) -> str:
+    """The subject as X500Principal.toString() prints it in Kafka's message: RDNs joined by ", "."""
+    return ", ".join(re.split(r"(?<!\\),", rfc2253))
+
+
 def _san_text(names: Iterable) -> str:
     return "[" + ", ".join(f"[{kind}, {value}]" for kind, value in sorted(names)) + "]"
 
@@ -542,7 +547,8 @@ def _ensure_compatible(new: SecurityStore, old: SecurityStore, allow_dn: bool, a
             old_dn = rfc2253_subject(old_cert.public_bytes(serialization.Encoding.DER))
             if new_cert.subject != old_cert.subject and new_dn.lower() != old_dn.lower():
                 raise TlsConfigError(KEYSTORE_LOCATION, f"Keystore DistinguishedName does not match:  existing={{alias="
-                                                        f"{old_alias}, DN={old_dn}}}, new={{alias={new_alias}, DN={new_dn}}}")
+                                                        f"{old_alias}, DN={_java_dn_text(old_dn)}}}, new={{alias="
+                                                        f"{new_alias}, DN={_java_dn_text(new_dn)}}}")
         if not allow_san:
             new_sans = _subject_alt_names(new_cert)
             old_sans = _subject_alt_names(old_cert)
