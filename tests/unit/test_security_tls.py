@@ -264,6 +264,25 @@ def test_listener_prefix_wins_over_plain_key_and_other_listeners_are_ignored():
     assert listener_ssl_configs(values, "OTHER", "SSL")["ssl.keystore.location"] == "/plain.p12"
 
 
+def test_a_brokers_typed_config_with_listener_overrides_builds_its_context(pki):
+    """BrokerConfig holds every ssl.* key with Kafka's typed default (JKS, lists, booleans): the per-listener PEM
+    key store wins and the rest comes from the defaults."""
+    from pykbroker.config import BrokerConfig
+
+    config = BrokerConfig(values={"listener.name.ssl.ssl.keystore.type": "PEM",
+                                  "listener.name.ssl.ssl.keystore.location": pki.broker_pem_file,
+                                  "ssl.truststore.type": "PEM", "ssl.truststore.location": pki.ca_file,
+                                  "ssl.client.auth": "required"})
+    settings = listener_ssl_configs(config.values, "SSL", "SSL")
+    assert settings["ssl.keystore.type"] == "PEM" and settings["ssl.enabled.protocols"] == ["TLSv1.2", "TLSv1.3"]
+    holder = TlsContextHolder(settings, inter_broker=True)
+    assert holder.context.verify_mode == ssl.CERT_REQUIRED
+    assert handshake(holder.context, plain_client(pki, cert_file=pki.client_pem_file))[0].startswith("User:CN=client,")
+    with pytest.raises(TlsConfigError, match="of type JKS: Invalid keystore format"):
+        server_context(listener_ssl_configs({**config.values, "ssl.keystore.location": pki.broker_pem_file,
+                                             "ssl.keystore.password": "x"}, "OTHER", "SSL"))
+
+
 def test_sasl_ssl_listener_takes_ssl_client_auth_only_with_the_listener_prefix(caplog):
     values = {"ssl.client.auth": "required"}
     with caplog.at_level(logging.WARNING, logger="pykbroker.security.tls"):
