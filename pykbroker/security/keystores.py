@@ -19,10 +19,10 @@ Which store a set of ``ssl.*`` settings names, with Kafka's own refusals and mes
 PEM text is parsed by Kafka's ``PemParser`` rule: blocks ``-----BEGIN ...CERTIFICATE...-----`` /
 ``-----BEGIN ...PRIVATE KEY...-----`` anywhere in the text (text around them, header lines inside them and a
 PEM folded onto one line, as a backslash-continued properties value gives it, are accepted; where Kafka's greedy
-pattern keeps only the last certificate of a chain folded onto one line, every certificate is kept here). As in Kafka the private key must be PKCS#8 - ``BEGIN PRIVATE KEY``, or
-``BEGIN ENCRYPTED PRIVATE KEY`` with ``ssl.key.password`` - of type RSA, DSA or EC; an OpenSSL "traditional"
-key (``BEGIN RSA PRIVATE KEY``, ``BEGIN EC PRIVATE KEY``) is refused with the ``openssl pkcs8 -topk8``
-command that converts it. A chain whose certificates are not each issued by the next is refused, as Java's
+pattern keeps only the last certificate of a chain folded onto one line, every certificate is kept here). As in
+Kafka the private key must be PKCS#8 - ``BEGIN PRIVATE KEY``, or ``BEGIN ENCRYPTED PRIVATE KEY`` with
+``ssl.key.password`` - of type RSA, DSA or EC; an OpenSSL "traditional" key (``BEGIN RSA PRIVATE KEY``,
+``BEGIN EC PRIVATE KEY``) is refused with the ``openssl pkcs8 -topk8`` command that converts it. A chain whose certificates are not each issued by the next is refused, as Java's
 key store refuses it; a key that does not belong to the first certificate is refused here when loading (Java
 would fail every handshake later).
 

@@ -10,7 +10,6 @@ SslFactory run on the same stores."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import ipaddress
 import logging
