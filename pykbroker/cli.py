@@ -184,8 +184,8 @@ def build_config(flags: Mapping[str, Any], overrides: tuple[str, ...] = (), conf
 @click.option("--override", "overrides", multiple=True, metavar="KEY=VALUE",
               help="A Kafka broker config key for every broker (repeatable).")
 @click.option("--restart/--no-restart", default=True, show_default=True,
-              help="Restart a broker that dies (not after 3 deaths in a row before serving). --no-restart "
-                   "prints the command that restarts it instead.")
+              help="Restart a broker that fails (not after 3 deaths within 5 minutes, nor one that exited with "
+                   "status 0, a requested shutdown). --no-restart prints the command that restarts it instead.")
 @click.pass_context
 def cluster(ctx: click.Context, brokers: int, data_dir: Path | None, zookeeper: str | None, host: str,
             base_port: int | None, log_level: str, overrides: tuple[str, ...], restart: bool) -> None:
@@ -195,7 +195,7 @@ def cluster(ctx: click.Context, brokers: int, data_dir: Path | None, zookeeper: 
     Prints the bootstrap servers once every broker lists all N in Metadata. A broker that dies is reported
     (exit status or signal, end of its log) and restarted, or its restart command printed. Ctrl-C or SIGTERM
     stops the brokers (controlled shutdown, SIGKILL after a grace period) and then ZooKeeper. Exit status 1
-    when the cluster cannot start or a broker died."""
+    when the cluster cannot start or a broker failed (not one that exited with status 0)."""
     if ctx.invoked_subcommand is not None:
         return
     if data_dir is None:
@@ -220,7 +220,7 @@ def cluster(ctx: click.Context, brokers: int, data_dir: Path | None, zookeeper: 
 @click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default="WARNING", show_default=True)
 def console(bootstrap: str, host: str, port: int, allow_writes: bool, allowed_hosts: tuple[str, ...], timeout: float,
             log_level: str) -> None:
-    """Serve a web console for a Kafka cluster (read through the Kafka protocol) until Ctrl-C."""
+    """Serve a web console for a Kafka cluster (read through the Kafka protocol) until Ctrl-C or SIGTERM."""
     configure_logging(log_level.upper())
     _keep_hypothesis_out_of_the_broker()
     from pykbroker.console.server import ListenError, serve as serve_console  # imported late: --help stays fast

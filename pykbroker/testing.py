@@ -88,7 +88,7 @@ PORT_RETRY_S = 0.2
 # elsewhere), its data dir, its id and a cluster's ZooKeeper. KafkaBroker/KafkaCluster and the plugin's
 # options refuse them.
 FIXTURE_CONFIGS = frozenset({"host", "port", "listeners", "advertised.host", "advertised.port", "advertised.listeners",
-                             "data.dir", "log.dir", "log.dirs", "broker.id", "zookeeper.connect"})
+                             "data.dir", "log.dir", "log.dirs", "broker.id", "node.id", "zookeeper.connect"})
 
 _live: set["_Server"] = set()
 

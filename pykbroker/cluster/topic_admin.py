@@ -482,7 +482,7 @@ class TopicAdmin:
     def internal_replication_factor(self, key: str = _OFFSETS_REPLICATION_KEY) -> int:
         """The replication factor of a new internal topic: 1 on the single node, else ``key``
         (offsets.topic.replication.factor, transaction.state.log.replication.factor): Kafka's default of 3 for
-        both in a cluster (config.CLUSTER_DEFAULTS), whatever the brokers alive now, so an offsets topic created
+        both in a cluster (offsets: config.CLUSTER_DEFAULTS; transaction state: its table default), whatever the brokers alive now, so an offsets topic created
         while brokers are still starting is not stuck with fewer replicas. Until that many brokers are up,
         group requests get COORDINATOR_NOT_AVAILABLE (retriable); a smaller cluster sets the key."""
         if self.metadata.local_leadership:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import queue
 import re
 import socket
 import sys
@@ -495,6 +494,13 @@ def global_options(group: Callable[..., Any]) -> Any:
 _GLOBAL_FLAGS = {"brokers": "-b", "timeout": "--timeout", "output": "--format", "client_config": "-X", "verbose": "-v"}
 
 
+def _protected_args(ctx: click.Context) -> list[str]:
+    """The arguments click holds back for the subcommand: ``_protected_args`` since click 8.2,
+    ``protected_args`` in 8.1 (which pyproject allows)."""
+    held = getattr(ctx, "_protected_args", None)
+    return list(held if held is not None else ctx.protected_args)
+
+
 class GlobalOptionsGroup(click.Group):
     """The ``pykbroker`` group (with :func:`global_options`): client options given before the command that
     reach a command that does not take them (serve, console, the dev cluster) are a usage error, said before
@@ -509,7 +515,7 @@ def refuse_unused_global_options(ctx: click.Context) -> None:
     """A usage error when client options given before the command reach a command that does not take them;
     the command is found as click will find it (through a group such as ``cluster`` too)."""
     given = ctx.meta.get(_GLOBAL_KEY)
-    args = [*ctx._protected_args, *ctx.args]
+    args = [*_protected_args(ctx), *ctx.args]
     if not given or set(args) & set(ctx.help_option_names):
         return  # help is shown whatever comes before it
     command: click.Command = ctx.command
@@ -522,7 +528,7 @@ def refuse_unused_global_options(ctx: click.Context) -> None:
         command = found
         if isinstance(command, click.Group):
             parent = command.make_context(name, list(args), parent=parent, resilient_parsing=True)
-            args = [*parent._protected_args, *parent.args]
+            args = [*_protected_args(parent), *parent.args]
     if getattr(command.callback, "takes_client_options", False) or (
             isinstance(command, click.Group) and not command.invoke_without_command):
         return  # a client command, or a group without its command: click says that one is missing
