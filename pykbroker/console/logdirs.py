@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-from typing import Any, Callable, Iterable
+from typing import Iterable
 
 from kio.schema.errors import ErrorCode
 
-from pykbroker.protocol.client import ClientError, KafkaClientConnection
+from pykbroker.protocol.client import ClientError, request_once
 
 log = logging.getLogger(__name__)
 
@@ -31,28 +31,12 @@ def _request(version: int):
     return module.DescribeLogDirsRequest(topics=None)
 
 
-async def ask(host: str, port: int, timeout: float, api_key: int, max_version: int, min_version: int,
-              request: Callable[[int], Any]) -> Any:
-    """One request to one broker on a new connection, in the highest version of [min_version, max_version]
-    the broker supports (``request(version)`` builds it); the response, or None (logged at debug) when the
-    broker cannot be reached, does not support such a version or does not answer within timeout seconds."""
-    try:
-        async with asyncio.timeout(timeout):
-            connection = await KafkaClientConnection.connect(
-                host, port, client_id=CLIENT_ID, connect_timeout=timeout, request_timeout=timeout)
-            try:
-                version = connection.version_for(api_key, max_version, min_version)
-                return await connection.send(request(version))
-            finally:
-                connection.close()
-    except (ClientError, TimeoutError, OSError) as exc:  # UnsupportedVersion is a ClientError
-        log.debug("no answer to API %d from %s:%s: %s", api_key, host, port, exc)
-        return None
-
-
 async def _broker_sizes(host: str, port: int, timeout: float) -> Sizes | None:
-    response = await ask(host, port, timeout, DESCRIBE_LOG_DIRS_KEY, MAX_VERSION, MIN_VERSION, _request)
-    if response is None:
+    try:
+        response = await request_once(host, port, _request, client_id=CLIENT_ID, timeout=timeout,
+                                      negotiate=(DESCRIBE_LOG_DIRS_KEY, MIN_VERSION, MAX_VERSION))
+    except (ClientError, TimeoutError, OSError) as exc:  # UnsupportedVersion is a ClientError
+        log.debug("no DescribeLogDirs from %s:%s: %s", host, port, exc)
         return None
     if getattr(response, "error_code", ErrorCode.none) != ErrorCode.none:
         return None

@@ -29,7 +29,7 @@ from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.static.primitive import i8
 
-from pykbroker.protocol.client import ClientError, KafkaClientConnection
+from pykbroker.protocol.client import ClientError, request_once
 
 log = logging.getLogger(__name__)
 
@@ -48,22 +48,12 @@ def offsets_topic_shortfall(live_brokers: int, replication_factor: int) -> str |
             f"brokers, or lower {REPLICATION_KEY})")
 
 
-async def _send(host: str, port: int, request, client_id: str, timeout: float):
-    async with asyncio.timeout(timeout):
-        connection = await KafkaClientConnection.connect(host, port, client_id=client_id, connect_timeout=timeout,
-                                                         request_timeout=timeout, negotiate_versions=False)
-        try:
-            return await connection.send(request)
-        finally:
-            connection.close()
-
-
 async def _replication_factor(host: str, port: int, broker_id: int, client_id: str, timeout: float) -> int | None:
     request = DescribeConfigsRequest(
         resources=(DescribeConfigsResource(resource_type=i8(BROKER_RESOURCE), resource_name=str(broker_id),
                                            configuration_keys=(REPLICATION_KEY,)),),
         include_synonyms=False, include_documentation=False)
-    response = await _send(host, port, request, client_id, timeout)
+    response = await request_once(host, port, request, client_id=client_id, timeout=timeout)
     result = response.results[0]
     if result.error_code != ErrorCode.none:
         return None
@@ -82,7 +72,7 @@ async def offsets_topic_problem_async(bootstrap: Iterable[tuple[str, int]], time
                               allow_auto_topic_creation=False, include_topic_authorized_operations=False)
     for host, port in bootstrap:
         try:
-            metadata = await _send(host, port, request, client_id, timeout)
+            metadata = await request_once(host, port, request, client_id=client_id, timeout=timeout)
         except (ClientError, OSError, TimeoutError) as exc:
             log.debug("no Metadata from %s:%s: %s", host, port, exc)
             continue

@@ -33,6 +33,9 @@ Requests are kio entities (any API kio has a schema for, AlterPartition included
 inter-broker entities of protocol/interbroker (api keys 4-7); the version is the entity's. Responses are the
 matching response entities. Produce with acks=0 gets no response: ``send`` returns None for it.
 
+:func:`request_once` sends one request on a new connection and closes it, all within one timeout: the
+console's and the CLI's look at a broker (``console/logdirs.py``, ``ctl/coordination.py``).
+
 :class:`NodeClients` is a pool of connections keyed by broker id, for the controller's channel manager and
 the follower fetchers: connect on first use, one connection per node, and Kafka's reconnect backoff - after
 a failed attempt or a lost connection no new attempt is made before ``reconnect_backoff`` seconds, doubled
@@ -69,7 +72,7 @@ log = logging.getLogger(__name__)
 __all__ = (
     "ClientError", "ConnectError", "ConnectionLost", "ProtocolViolation", "RequestTimedOut",
     "UnsupportedVersion", "UnknownNode", "KafkaClientConnection", "NodeClients", "encode_request",
-    "decode_response", "reconnect_backoff",
+    "decode_response", "reconnect_backoff", "request_once",
 )
 
 # Kafka's defaults: request.timeout.ms 30 s, socket.connection.setup.timeout.ms 10 s,
@@ -487,6 +490,26 @@ def _api_versions_request(version: int) -> Any:
     if version >= 3:
         return request_type(client_software_name="pykbroker", client_software_version=__version__)
     return request_type()
+
+
+async def request_once(host: str, port: int, request: Any, *, client_id: str | None, timeout: float,
+                       negotiate: tuple[int, int, int] | None = None) -> Any:
+    """One request to one broker on a new connection, closed after it: connecting, ApiVersions and the
+    request all within ``timeout`` seconds. ``request`` is a request entity, sent in its own version without
+    asking ApiVersions; or, with ``negotiate`` = (api key, min version, max version), a function building the
+    request in a version, sent in the highest version of that range the broker supports. The response; or
+    ClientError (UnsupportedVersion when the broker supports no such version), OSError or TimeoutError."""
+    async with asyncio.timeout(timeout):
+        connection = await KafkaClientConnection.connect(host, port, client_id=client_id, connect_timeout=timeout,
+                                                         request_timeout=timeout,
+                                                         negotiate_versions=negotiate is not None)
+        try:
+            if negotiate is not None:
+                api_key, min_version, max_version = negotiate
+                request = request(connection.version_for(api_key, max_version, min_version))
+            return await connection.send(request)
+        finally:
+            connection.close()
 
 
 # ---------------------------------------------------------------------------------------------------
