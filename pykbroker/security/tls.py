@@ -450,9 +450,10 @@ def peer_principal(ssl_object: ssl.SSLObject | ssl.SSLSocket | None, mapper: Ssl
 # ---------------------------------------------------------------------------------------------------
 # Handshake check (Kafka's SslEngineValidator), in memory
 
-def handshake_check(server: ssl.SSLContext, client: ssl.SSLContext, *, max_rounds: int = 64) -> None:
-    """Complete a TLS handshake between ``server`` and ``client`` through memory buffers; raise ssl.SSLError
-    (or RuntimeError when it does not finish) otherwise. The client must not check host names."""
+def handshake_check(server: ssl.SSLContext, client: ssl.SSLContext, *, max_rounds: int = 64) -> ssl.SSLObject:
+    """Complete a TLS handshake between ``server`` and ``client`` through memory buffers and return the
+    server's side of it (the client's certificate: ``getpeercert``); raise ssl.SSLError (or RuntimeError when
+    it does not finish) otherwise. The client must not check host names."""
     server_in, server_out = ssl.MemoryBIO(), ssl.MemoryBIO()
     client_in, client_out = ssl.MemoryBIO(), ssl.MemoryBIO()
     server_side = server.wrap_bio(server_in, server_out, server_side=True)
@@ -475,7 +476,7 @@ def handshake_check(server: ssl.SSLContext, client: ssl.SSLContext, *, max_round
                 client_side.read(1)
             except ssl.SSLWantReadError:
                 pass
-            return
+            return server_side
     raise RuntimeError("the TLS handshake did not finish")
 
 
