@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from broker_cluster import REPO_ROOT, wait_until
 from pykbroker.cluster.zk_server import ZooKeeperUnavailable, find_install
+from tests.proc_helpers import each_process
 from workload import produce_batch, read_log
 
 START_TIMEOUT_S = 120.0
@@ -32,15 +33,7 @@ STOP_TIMEOUT_S = 60.0
 def processes_using(path: Path) -> set[int]:
     """Processes other than this one whose command line mentions path: the command, ZooKeeper (its zoo.cfg
     is under the data dir) and the brokers (--data-dir), wherever they were reparented to."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if str(path).encode() in (entry / "cmdline").read_bytes():
-                    found.add(int(entry.name))
-            except OSError:
-                continue
-    return found
+    return {pid for pid, cmdline in each_process("cmdline") if pid != os.getpid() and str(path).encode() in cmdline}
 
 
 class ClusterCommand:

@@ -18,6 +18,7 @@ import pytest
 from console_helpers import REPO_ROOT
 
 from broker_process import wait_until  # tests/integration, on sys.path through console_helpers
+from tests.proc_helpers import each_process
 
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
@@ -26,16 +27,10 @@ STOP_TIMEOUT_S = 30.0
 def children_of(pid: int) -> set[int]:
     """The live processes whose parent is pid (from /proc/N/stat)."""
     found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.add(int(entry.name))
+    for child, stat in each_process("stat"):
+        fields = stat[stat.rindex(b")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
+        if int(fields[1]) == pid and fields[0] != b"Z":
+            found.add(child)
     return found
 
 
