@@ -31,6 +31,7 @@ from pykbroker.protocol.client import (
     decode_response,
     encode_request,
     reconnect_backoff,
+    request_once,
 )
 from pykbroker.protocol.framing import encode_response
 
@@ -533,5 +534,25 @@ def test_a_request_stuck_behind_a_peer_that_does_not_read_still_times_out():
             assert isinstance(results[0], RequestTimedOut), results[0]
             assert all(isinstance(r, (RequestTimedOut, ConnectionLost)) for r in results), results
             release.set()
+
+    run(scenario())
+
+
+def test_request_once_bounds_connect_and_request_by_one_timeout():
+    """A listener that accepts and never answers: request_once gives up after its one timeout (connecting,
+    ApiVersions when negotiating, and the request share it), whether it negotiates versions or not."""
+    async def scenario():
+        server = await asyncio.start_server(lambda reader, writer: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            for negotiate in (None, (3, 1, 1)):
+                request = MetadataRequest(topics=None) if negotiate is None else (lambda version: MetadataRequest(topics=None))
+                started = time.monotonic()
+                with pytest.raises(TimeoutError):
+                    await request_once("127.0.0.1", port, request, client_id="t", timeout=0.5, negotiate=negotiate)
+                assert time.monotonic() - started < 5  # one bound, not one per step (and not the 20 s of run())
+        finally:
+            server.close()
+            await server.wait_closed()
 
     run(scenario())
