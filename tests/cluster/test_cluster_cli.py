@@ -459,7 +459,9 @@ def test_an_installed_pykbroker_is_not_put_on_the_childrens_pythonpath():
 
     from pykbroker.devcluster import _path_entry_for
 
-    for installed in (*site.getsitepackages(), site.getusersitepackages()):
+    # The user site counts only where this Python reads it (not in a virtualenv, where ENABLE_USER_SITE is off).
+    user_site = (site.getusersitepackages(),) if site.ENABLE_USER_SITE else ()
+    for installed in (*site.getsitepackages(), *user_site):
         assert _path_entry_for(Path(installed)) is None
     assert _path_entry_for(REPO_ROOT) == str(REPO_ROOT)
 
