@@ -321,7 +321,8 @@ def cluster_admin(tmp_path):
     def make(**config):
         zkm = cache()
         zkm.apply_update_metadata(update_metadata({b: THREE[b] for b in (1, 2)}, {}))
-        broker_config = BrokerConfig(data_dir=tmp_path, port=0, values=config, explicit=frozenset(config))
+        values = {"zookeeper.connect": "127.0.0.1:2181", **config}  # a cluster member (its defaults); not dialled
+        broker_config = BrokerConfig(data_dir=tmp_path, port=0, values=values, explicit=frozenset(config))
         replicas = ReplicaManager(logs, 1, lambda topic: admin.log_config(topic))
         admin = TopicAdmin(broker_config, zkm, replicas)
         made.append(zkm)
