@@ -21,6 +21,10 @@ kafka = pytest.importorskip("kafka")
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
 from broker_process import BrokerProcess, ProtocolError, free_port, probe_api_versions, wait_until  # noqa: E402
+from test_resource_limits import (  # noqa: E402
+    FETCH_RSS_BOUND_MIB, MIB, PIPELINED_FETCHES, _fill_topic, _rss_mib, greedy_fetch_frame,
+)
+from test_startup import assert_one_line_failure, serve  # noqa: E402
 from tls_helpers import standard_pki  # noqa: E402
 
 TIMEOUT_S = 60.0
@@ -160,6 +164,40 @@ def test_a_large_fetch_over_ssl_arrives_whole(tls_broker, pki):
     assert received == payloads
 
 
+@pytest.mark.timeout(240)
+def test_a_tls_client_pipelining_fetches_without_reading_leaves_memory_bounded(tls_broker, pki):
+    """test_resource_limits' greedy fetcher, over TLS: 200 pipelined fetches of 30 MiB over a 32 MiB topic,
+    never read. The TLS transport's buffer counts towards the write high-water mark, so the broker holds
+    about one chunk and that mark (without it: one encrypted response per fetch), and another client reads
+    the whole topic over TLS meanwhile."""
+    topic = _topic()
+    records = _fill_topic(tls_broker, topic)
+    baseline = _rss_mib(tls_broker)
+    fetch = greedy_fetch_frame(topic)
+    with socket.socket() as raw:
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        raw.connect(("127.0.0.1", tls_broker.tls_port))
+        with _tls_client(pki, cert=False).wrap_socket(raw, server_hostname="127.0.0.1") as greedy:
+            greedy.sendall(fetch * PIPELINED_FETCHES)
+            peak = baseline
+            consumer = confluent_kafka.Consumer({
+                "bootstrap.servers": f"127.0.0.1:{tls_broker.tls_port}", "group.id": f"g-{topic}",
+                "auto.offset.reset": "earliest", "fetch.max.bytes": MIB, **_ssl(pki)})
+            try:
+                consumer.subscribe([topic])
+                count = 0
+                deadline = time.monotonic() + 120
+                while count < records and time.monotonic() < deadline:
+                    message = consumer.poll(0.5)
+                    if message is not None and message.error() is None:
+                        count += 1
+                    peak = max(peak, _rss_mib(tls_broker))
+            finally:
+                consumer.close()
+    assert count == records
+    assert peak - baseline < FETCH_RSS_BOUND_MIB, f"RSS grew from {baseline:.0f} to {peak:.0f} MiB"
+
+
 # -- mutual TLS ------------------------------------------------------------------------------------------------
 
 
@@ -254,8 +292,6 @@ def test_garbage_bytes_on_the_tls_port_close_that_connection_only(tls_broker, pk
 
 
 def _serve_properties(tmp_path, text: str):
-    from test_startup import serve  # the real command, expected to exit by itself
-
     properties = tmp_path / "server.properties"
     properties.write_text(text)
     return serve("--config", str(properties), data_dir=tmp_path / "fresh")
@@ -280,8 +316,6 @@ def _serve_properties(tmp_path, text: str):
 ], ids=["sasl-ssl", "sasl-plaintext", "security-inter-broker-protocol", "first-listener-ssl", "inter-broker-listener-ssl",
         "no-keystore", "missing-keystore-file"])
 def test_what_is_not_served_yet_is_refused_at_start_in_one_line(tmp_path, properties, words, status):
-    from test_startup import assert_one_line_failure
-
     p, q = free_port(), free_port()
     result = _serve_properties(tmp_path, properties.format(p=p, q=q))
     assert_one_line_failure(result, *(word.format(p=p, q=q) for word in words), status=status)
