@@ -198,6 +198,31 @@ def test_a_tls_client_pipelining_fetches_without_reading_leaves_memory_bounded(t
     assert peak - baseline < FETCH_RSS_BOUND_MIB, f"RSS grew from {baseline:.0f} to {peak:.0f} MiB"
 
 
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("listener", ["SSL", "MTLS"])
+def test_kafkas_console_producer_and_consumer_over_ssl(tls_broker, pki, tmp_path, listener):
+    """The Java client (Kafka 3.7.1's console tools) with its own TLS settings only: a PEM trust store, and on
+    the mutual TLS listener a PEM key store with the client's key and certificate."""
+    from kafka_tools import kafka_tools_or_skip
+
+    tools = kafka_tools_or_skip()
+    client = tmp_path / "client-ssl.properties"
+    settings = f"security.protocol=SSL\nssl.truststore.type=PEM\nssl.truststore.location={pki.ca_file}\n"
+    if listener == "MTLS":
+        settings += f"ssl.keystore.type=PEM\nssl.keystore.location={pki.client_pem_file}\n"
+    client.write_text(settings)
+    bootstrap = f"127.0.0.1:{tls_broker.tls_port if listener == 'SSL' else tls_broker.mtls_port}"
+    topic = _topic()
+    lines = [f"java-{index}" for index in range(3)]
+    tools.run("kafka-console-producer.sh", "--bootstrap-server", bootstrap, "--topic", topic,
+              "--producer.config", str(client), input="\n".join(lines) + "\n")
+    out = tools.run("kafka-console-consumer.sh", "--bootstrap-server", bootstrap, "--topic", topic,
+                    "--from-beginning", "--max-messages", "3", "--timeout-ms", "60000",
+                    "--consumer.config", str(client))
+    assert out.stdout.strip().splitlines() == lines
+    assert "Processed a total of 3 messages" in out.stderr
+
+
 # -- mutual TLS ------------------------------------------------------------------------------------------------
 
 
