@@ -19,7 +19,8 @@ Listeners: ``host``/``port`` give one PLAINTEXT listener; Kafka's ``listeners`` 
 one server socket each), ``advertised.listeners`` and ``listener.security.protocol.map`` take over when
 set (host/port are then ignored with a warning). PLAINTEXT and SSL listeners are served (SSL with Kafka's
 ``ssl.*`` settings, per listener ``listener.name.<listener>.ssl.*``); SASL_PLAINTEXT and SASL_SSL listeners,
-and an inter-broker listener other than PLAINTEXT, are refused at start. A listener on every interface is advertised under the canonical host name (see resolve_listeners).
+and an inter-broker listener other than PLAINTEXT, are refused at start. A listener on every interface is
+advertised under the canonical host name (see resolve_listeners).
 
 The config file is TOML when its name ends in ``.toml`` (flat quoted keys ``"num.partitions" = 3`` or
 tables that join to the dotted name, ``[log] segment.bytes = 1048576``), otherwise Kafka's
@@ -698,7 +699,8 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
 # Why a Kafka broker config pykbroker does not use has no effect here, by the start of its name (first match).
 _UNUSED_REASONS = (
     (("sasl.", "security.", "principal.builder.", "connections.max.reauth.", "connection.failed.authentication.",
-      "delegation.token.", "password.encoder.", "authorizer."), "pykbroker serves PLAINTEXT and SSL without SASL or ACLs"),
+      "delegation.token.", "password.encoder.", "authorizer."),
+     "pykbroker serves PLAINTEXT and SSL without SASL or ACLs"),
     (("remote.log.",), "pykbroker has no tiered storage"),
     (("zookeeper.ssl.", "zookeeper.set.acl", "zookeeper.clientCnxnSocket", "zookeeper.max.in.flight."),
      "pykbroker's ZooKeeper client (kazoo) connects without TLS and ACLs"),
@@ -1362,7 +1364,10 @@ def _check_inter_broker_plaintext(values: Mapping[str, Any], advertised: tuple[L
         raise ConfigError("security.inter.broker.protocol", f"security.inter.broker.protocol {protocol}: inter-broker "
                           "traffic over a protocol other than PLAINTEXT is not supported yet")
     name = (values.get("inter.broker.listener.name") or "").upper()
-    listener = next((a for a in advertised if a.name == name), None) if name else (advertised[0] if advertised else None)
+    if name:
+        listener = next((a for a in advertised if a.name == name), None)
+    else:
+        listener = advertised[0] if advertised else None
     if listener is not None and listener.security_protocol != "PLAINTEXT":
         raise ConfigError("inter.broker.listener.name", f"the inter-broker listener {listener.name} uses security "
                           f"protocol {listener.security_protocol}: inter-broker traffic over TLS is not supported yet; "

@@ -323,7 +323,7 @@ class Broker:
 
     def _address_of(self, broker_id: int) -> tuple[str, int] | None:
         """Where the marker sender reaches a broker: its inter-broker listener; the single node reaches itself
-        on the address its first listener is bound to (the loopback for a wildcard), which works whatever
+        on the address its first PLAINTEXT listener is bound to (the loopback for a wildcard), which works whatever
         it advertises (a container's published name may not resolve inside it)."""
         if self.cluster is not None:
             return self.cluster.metadata.address_of(broker_id)
@@ -365,13 +365,15 @@ class Broker:
         self._lead_offsets_partitions()
         max_request = int(self.config.get("socket.request.max.bytes"))
         bound_ports = {listener.name: sock.getsockname()[1] for listener, sock in listening}
-        if listening:
-            listener, sock = listening[0]
+        # The marker sender speaks plain text: the first PLAINTEXT listener (config.py refuses an inter-broker
+        # listener that is not PLAINTEXT, so there is one).
+        plaintext = [(listener, sock) for listener, sock in listening if listener.security_protocol == "PLAINTEXT"]
+        if plaintext:
+            listener, sock = plaintext[0]
             bound_host = sock.getsockname()[0]
             if listener.binds_all:
                 bound_host = "::1" if listener.host == "::" else "127.0.0.1"  # "" binds IPv4 too
-            if listener.security_protocol == "PLAINTEXT":  # the marker sender speaks plain text (config refuses
-                self._self_address = (bound_host, sock.getsockname()[1])  # an inter-broker listener that is not)
+            self._self_address = (bound_host, sock.getsockname()[1])
         for advertised in self.config.advertised_listeners:
             # Port 0 means any free port: advertise the one the listener of that name got.
             self.advertised[advertised.name] = BrokerEndpoint(

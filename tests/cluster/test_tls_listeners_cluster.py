@@ -5,7 +5,6 @@ over TLS only."""
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
@@ -16,6 +15,7 @@ from confluent_kafka.admin import AdminClient  # noqa: E402
 
 from broker_cluster import BrokerCluster  # noqa: E402
 from broker_process import free_port  # noqa: E402
+from test_tls_listeners import consume_values  # noqa: E402
 from tls_helpers import standard_pki  # noqa: E402
 
 TIMEOUT_S = 60.0
@@ -46,17 +46,6 @@ def test_clients_use_every_brokers_ssl_listener(zk_connect, tmp_path):
         for index in range(10):
             producer.produce(topic, f"v{index}".encode())
         assert producer.flush(TIMEOUT_S) == 0
-        consumer = confluent_kafka.Consumer({"bootstrap.servers": f"127.0.0.1:{ssl_ports[2]}", "group.id": "g",
-                                             "auto.offset.reset": "earliest", **settings})
-        try:
-            consumer.subscribe([topic])
-            values = []
-            deadline = time.monotonic() + TIMEOUT_S
-            while len(values) < 10 and time.monotonic() < deadline:
-                message = consumer.poll(0.5)
-                if message is not None and message.error() is None:
-                    values.append(message.value())
-        finally:
-            consumer.close()
+        values = consume_values(f"127.0.0.1:{ssl_ports[2]}", settings, topic, 10)
         assert values == [f"v{index}".encode() for index in range(10)]
         cluster.wait_for_isr(topic, 0, {1, 2})  # replicated between the brokers over PLAINTEXT

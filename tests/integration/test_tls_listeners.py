@@ -70,15 +70,11 @@ def _ssl(pki, *, cert: bool = False) -> dict:
     return settings
 
 
-def _round_trip_confluent(bootstrap: str, settings: dict, count: int = 5) -> list[bytes]:
-    """Produce ``count`` messages to a new topic and consume them back; the values consumed."""
-    topic = _topic()
-    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, **settings})
-    for index in range(count):
-        producer.produce(topic, f"m{index}".encode())
-    assert producer.flush(TIMEOUT_S) == 0
-    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{topic}",
-                                         "auto.offset.reset": "earliest", **settings})
+def consume_values(bootstrap: str, settings: dict, topic: str, count: int, **extra) -> list[bytes]:
+    """The values of the first ``count`` records of ``topic`` (a new group, from the start), read within
+    TIMEOUT_S (also used by tests/cluster/test_tls_listeners_cluster.py)."""
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex[:8]}",
+                                         "auto.offset.reset": "earliest", **settings, **extra})
     try:
         consumer.subscribe([topic])
         values: list[bytes] = []
@@ -90,6 +86,16 @@ def _round_trip_confluent(bootstrap: str, settings: dict, count: int = 5) -> lis
         return values
     finally:
         consumer.close()
+
+
+def _round_trip_confluent(bootstrap: str, settings: dict, count: int = 5) -> list[bytes]:
+    """Produce ``count`` messages to a new topic and consume them back; the values consumed."""
+    topic = _topic()
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, **settings})
+    for index in range(count):
+        producer.produce(topic, f"m{index}".encode())
+    assert producer.flush(TIMEOUT_S) == 0
+    return consume_values(bootstrap, settings, topic, count)
 
 
 def _metadata_ports(bootstrap: str, settings: dict) -> list[int]:
@@ -148,19 +154,7 @@ def test_a_large_fetch_over_ssl_arrives_whole(tls_broker, pki):
     for payload in payloads:
         producer.produce(topic, payload)
     assert producer.flush(TIMEOUT_S) == 0
-    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{topic}",
-                                         "auto.offset.reset": "earliest", "fetch.max.bytes": 8 * 1024 * 1024,
-                                         **settings})
-    try:
-        consumer.subscribe([topic])
-        received = []
-        deadline = time.monotonic() + TIMEOUT_S
-        while len(received) < len(payloads) and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is not None and message.error() is None:
-                received.append(message.value())
-    finally:
-        consumer.close()
+    received = consume_values(bootstrap, settings, topic, len(payloads), **{"fetch.max.bytes": 8 * 1024 * 1024})
     assert received == payloads
 
 
@@ -221,6 +215,32 @@ def test_kafkas_console_producer_and_consumer_over_ssl(tls_broker, pki, tmp_path
                     "--consumer.config", str(client))
     assert out.stdout.strip().splitlines() == lines
     assert "Processed a total of 3 messages" in out.stderr
+
+
+def test_transactions_over_ssl_when_the_ssl_listener_comes_first(tmp_path, pki):
+    """The single node's transaction marker sender reaches the broker itself on a PLAINTEXT listener, here the
+    second one (named in inter.broker.listener.name); a transactional producer commits over SSL and a
+    read_committed consumer sees the records."""
+    plain, tls = free_port(), free_port()
+    broker = BrokerProcess(tmp_path / "broker", port=plain, config={
+        "listeners": f"SSL://127.0.0.1:{tls},PLAINTEXT://127.0.0.1:{plain}", "inter.broker.listener.name": "PLAINTEXT",
+        "ssl.keystore.type": "PEM", "ssl.keystore.location": pki.broker_pem_file,
+        "transaction.state.log.num.partitions": 2, "offsets.topic.num.partitions": 2, "num.partitions": 1})
+    broker.start()
+    try:
+        bootstrap, topic = f"127.0.0.1:{tls}", _topic()
+        producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{topic}",
+                                             **_ssl(pki)})
+        producer.init_transactions(TIMEOUT_S)
+        producer.begin_transaction()
+        for index in range(3):
+            producer.produce(topic, f"t{index}".encode())
+        producer.commit_transaction(TIMEOUT_S)
+        values = consume_values(bootstrap, _ssl(pki), topic, 3, **{"isolation.level": "read_committed"})
+        assert values == [b"t0", b"t1", b"t2"]
+        assert not _log_lines(broker, "TLS handshake failed")
+    finally:
+        broker.close()
 
 
 # -- mutual TLS ------------------------------------------------------------------------------------------------
