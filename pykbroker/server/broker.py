@@ -20,7 +20,8 @@ when that is shorter (Kafka has no handshake timeout of its own: its idle expiry
 handshake after connections.max.idle.ms, 10 minutes by default, which is too long to hold a socket for a peer
 that never speaks TLS). A handshake that fails or times out (a plaintext client, garbage bytes, a missing or
 untrusted client certificate under ``ssl.client.auth=required``) costs that socket only, with one log line.
-Handshakes in progress count towards ``max.connections``.
+Handshakes in progress count towards ``max.connections`` and ``max.connections.per.ip`` (Kafka counts a
+connection from its accept, before any handshake).
 
 Shutdown stops accepting, closes connections, flushes every log, writes the clean-shutdown marker and
 releases the data dir lock (the log manager's shutdown).
@@ -212,7 +213,8 @@ class Broker:
         self.request_memory = RequestMemory(int(config.get("queued.max.request.bytes")))
         self.handlers = load_handlers()
         self._acceptors: list[asyncio.Task] = []  # one accept loop per listener
-        self._handshakes: set[asyncio.Task] = set()  # TLS handshakes in progress (SSL listeners)
+        self._handshakes: dict[asyncio.Task, str] = {}  # TLS handshakes in progress (SSL listeners) -> peer host
+        self._handshaking_per_host: Counter[str] = Counter()
         self.tls: dict[str, TlsContextHolder] | None = None  # SSL listener name -> its TLS context (tls_holders)
         self._slot_freed = asyncio.Event()  # set when a connection closes: an acceptor at max.connections goes on
         self.advertised: dict[str, BrokerEndpoint] = {}  # listener name -> this broker's endpoint there
@@ -481,14 +483,21 @@ class Broker:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
             try:
-                accepted, _ = await loop.sock_accept(sock)
+                accepted, address = await loop.sock_accept(sock)
             except OSError as exc:  # out of descriptors, or the peer gave up in the backlog: keep serving
                 log.warning("accepting a connection failed: %s", exc)
                 await asyncio.sleep(0.1)  # do not spin while descriptors are exhausted
                 continue
             if tls is not None:
+                host = address[0]
+                refusal = self._per_ip_refusal(host, self._handshaking_per_host[host])
+                if refusal is not None:  # before the handshake: a flood of stalled ones from one host is bounded
+                    log.warning("refusing connection from %s:%s: %s", host, address[1], refusal)
+                    accepted.close()
+                    continue
                 task = asyncio.ensure_future(self._handshake(accepted, factory, tls))
-                self._handshakes.add(task)
+                self._handshakes[task] = host
+                self._handshaking_per_host[host] += 1
                 task.add_done_callback(self._handshake_done)
                 continue
             try:
@@ -521,7 +530,10 @@ class Broker:
             accepted.close()  # (the transport closed it already; a no-op then)
 
     def _handshake_done(self, task: asyncio.Task) -> None:
-        self._handshakes.discard(task)
+        host = self._handshakes.pop(task)
+        self._handshaking_per_host[host] -= 1
+        if not self._handshaking_per_host[host]:
+            del self._handshaking_per_host[host]
         self._slot_freed.set()
         if not task.cancelled() and task.exception() is not None:  # unexpected: say so, keep serving
             log.warning("TLS connection setup failed: %r", task.exception())
@@ -529,13 +541,21 @@ class Broker:
     def admit(self, connection: KafkaConnection) -> str | None:
         """Count a new connection in, or say why it must be closed (max.connections, max.connections.per.ip)."""
         max_total = int(self.config.get("max.connections"))
-        max_per_ip = int(self.config.get("max.connections.per.ip"))
         if len(self.connections) >= max_total:
             return f"max.connections {max_total} reached"
-        if self._connections_per_host[connection.host] >= max_per_ip:
-            return f"max.connections.per.ip {max_per_ip} reached for {connection.host}"
+        refusal = self._per_ip_refusal(connection.host)
+        if refusal is not None:
+            return refusal
         self.connections.add(connection)
         self._connections_per_host[connection.host] += 1
+        return None
+
+    def _per_ip_refusal(self, host: str, pending: int = 0) -> str | None:
+        """Why a new connection from ``host`` is refused (max.connections.per.ip), counting ``pending`` ones of
+        that host not yet admitted (TLS handshakes in progress), or None."""
+        max_per_ip = int(self.config.get("max.connections.per.ip"))
+        if self._connections_per_host[host] + pending >= max_per_ip:
+            return f"max.connections.per.ip {max_per_ip} reached for {host}"
         return None
 
     def release(self, connection: KafkaConnection) -> None:

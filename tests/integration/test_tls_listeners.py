@@ -107,6 +107,14 @@ def _log_lines(broker: BrokerProcess, *words: str) -> list[str]:
     return [line for line in broker.log_path.read_text(errors="replace").splitlines() if all(w in line for w in words)]
 
 
+def _the_log_line(broker: BrokerProcess, peer: str) -> str:
+    """The one log line about connection ``peer`` (host:port), once it is written; fails if there are more."""
+    wait_until(lambda: _log_lines(broker, peer), f"a log line about {peer}", TIMEOUT_S)
+    lines = _log_lines(broker, peer)
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
 # -- stock clients ---------------------------------------------------------------------------------------------
 
 
@@ -300,12 +308,39 @@ def test_a_stalled_handshake_is_closed_after_the_bound_and_blocks_no_one(tls_bro
             assert _closed_by_broker(sock)
             assert time.monotonic() - opened >= 9.5  # not before the bound
         for port in ports:
-            wait_until(lambda: _log_lines(tls_broker, f"127.0.0.1:{port}"), "the log line", TIMEOUT_S)
-            lines = _log_lines(tls_broker, f"127.0.0.1:{port}")
-            assert len(lines) == 1 and "TLS handshake failed: SSL handshake is taking longer than 10.0 seconds" in lines[0], lines
+            line = _the_log_line(tls_broker, f"127.0.0.1:{port}")
+            assert "TLS handshake failed: SSL handshake is taking longer than 10.0 seconds" in line
     finally:
         for sock in stalled:
             sock.close()
+
+
+def test_stalled_handshakes_count_towards_max_connections_per_ip(tmp_path, pki):
+    """A host's TLS connections count from their accept, as Kafka counts them: with max.connections.per.ip 2,
+    two stalled handshakes from 127.0.0.2 make the broker refuse a third connection from there at once (one log
+    line), while a client from 127.0.0.1 is served; the stalled ones are closed at the handshake bound."""
+    plain, tls = free_port(), free_port()
+    broker = BrokerProcess(tmp_path / "broker", port=plain, config={
+        "listeners": f"PLAINTEXT://127.0.0.1:{plain},SSL://127.0.0.1:{tls}", "max.connections.per.ip": 2,
+        "connections.max.idle.ms": 5000, "ssl.keystore.type": "PEM", "ssl.keystore.location": pki.broker_pem_file})
+    broker.start()
+    try:
+        silent = [socket.create_connection(("127.0.0.1", tls), timeout=TIMEOUT_S, source_address=("127.0.0.2", 0))
+                  for _ in range(3)]
+        try:
+            ports = [sock.getsockname()[1] for sock in silent]
+            assert _closed_by_broker(silent[2])  # accepted in order: the third is over the limit
+            refused = _the_log_line(broker, f"127.0.0.2:{ports[2]}")
+            assert "refusing connection" in refused and "max.connections.per.ip 2 reached for 127.0.0.2" in refused
+            assert _metadata_ports(f"127.0.0.1:{tls}", _ssl(pki)) == [tls]  # another host meanwhile
+            for sock, port in zip(silent[:2], ports[:2]):
+                assert _closed_by_broker(sock)
+                assert "taking longer than 5.0 seconds" in _the_log_line(broker, f"127.0.0.2:{port}")
+        finally:
+            for sock in silent:
+                sock.close()
+    finally:
+        broker.close()
 
 
 def test_a_plaintext_kafka_client_on_the_tls_port_gets_a_closed_connection(tls_broker, pki):
@@ -327,9 +362,7 @@ def test_garbage_bytes_on_the_tls_port_close_that_connection_only(tls_broker, pk
         sock.sendall(garbage)
         assert _metadata_ports(f"127.0.0.1:{tls_broker.tls_port}", _ssl(pki)) == [tls_broker.tls_port]
         assert _closed_by_broker(sock)
-    wait_until(lambda: _log_lines(tls_broker, f"127.0.0.1:{port}"), "the log line", TIMEOUT_S)
-    lines = _log_lines(tls_broker, f"127.0.0.1:{port}")
-    assert len(lines) == 1 and "TLS handshake" in lines[0], lines
+    assert "TLS handshake failed" in _the_log_line(tls_broker, f"127.0.0.1:{port}")
     assert tls_broker.is_running()
 
 
