@@ -325,8 +325,8 @@ class Broker:
 
     def _address_of(self, broker_id: int) -> tuple[str, int] | None:
         """Where the marker sender reaches a broker: its inter-broker listener; the single node reaches itself
-        on the address its first PLAINTEXT listener is bound to (the loopback for a wildcard), which works whatever
-        it advertises (a container's published name may not resolve inside it)."""
+        on the address its first PLAINTEXT listener is bound to (the loopback for a wildcard), which works
+        whatever it advertises (a container's published name may not resolve inside it)."""
         if self.cluster is not None:
             return self.cluster.metadata.address_of(broker_id)
         return self._self_address if broker_id == self.broker_id else None

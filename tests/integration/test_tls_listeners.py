@@ -270,7 +270,8 @@ def test_mutual_tls_refuses_a_client_without_certificate(tls_broker, pki):
                 tls.sendall(b"\x00\x00\x00\x00")
                 if tls.recv(1) == b"":
                     raise ConnectionError("closed by the broker")
-    wait_until(lambda: _log_lines(tls_broker, "TLS handshake failed", "CERTIFICATE"), "the refusal's log line", TIMEOUT_S)
+    wait_until(lambda: _log_lines(tls_broker, "TLS handshake failed", "CERTIFICATE"), "the refusal's log line",
+               TIMEOUT_S)
 
 
 def test_mutual_tls_serves_a_client_with_a_certificate_and_knows_its_principal(tls_broker, pki):
@@ -391,8 +392,8 @@ def _serve_properties(tmp_path, text: str):
     ("listeners=PLAINTEXT://127.0.0.1:{p},SSL://127.0.0.1:{q}\nssl.keystore.type=PEM\n"
      "listener.name.ssl.ssl.keystore.location=/nonexistent/broker.pem\n",
      ("listener SSL://127.0.0.1:{q}", "/nonexistent/broker.pem"), 1),
-], ids=["sasl-ssl", "sasl-plaintext", "security-inter-broker-protocol", "first-listener-ssl", "inter-broker-listener-ssl",
-        "no-keystore", "missing-keystore-file"])
+], ids=["sasl-ssl", "sasl-plaintext", "security-inter-broker-protocol", "first-listener-ssl",
+        "inter-broker-listener-ssl", "no-keystore", "missing-keystore-file"])
 def test_what_is_not_served_yet_is_refused_at_start_in_one_line(tmp_path, properties, words, status):
     p, q = free_port(), free_port()
     result = _serve_properties(tmp_path, properties.format(p=p, q=q))
