@@ -17,8 +17,10 @@ names for it), ``log.level`` and ``fsync``.
 
 Listeners: ``host``/``port`` give one PLAINTEXT listener; Kafka's ``listeners`` (``NAME://host:port,...``,
 one server socket each), ``advertised.listeners`` and ``listener.security.protocol.map`` take over when
-set (host/port are then ignored with a warning). Listeners whose protocol is not PLAINTEXT are refused at
-start. A listener on every interface is advertised under the canonical host name (see resolve_listeners).
+set (host/port are then ignored with a warning). PLAINTEXT and SSL listeners are served (SSL with Kafka's
+``ssl.*`` settings, per listener ``listener.name.<listener>.ssl.*``); SASL_PLAINTEXT and SASL_SSL listeners,
+and an inter-broker listener other than PLAINTEXT, are refused at start. A listener on every interface is
+advertised under the canonical host name (see resolve_listeners).
 
 The config file is TOML when its name ends in ``.toml`` (flat quoted keys ``"num.partitions" = 3`` or
 tables that join to the dotted name, ``[log] segment.bytes = 1048576``), otherwise Kafka's
@@ -537,7 +539,7 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
         "listener.security.protocol.map",
         "string",
         "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
-        "Each listener name's security protocol (NAME:PROTOCOL,...); pykbroker serves PLAINTEXT only.",
+        "Each listener name's security protocol (NAME:PROTOCOL,...); pykbroker serves PLAINTEXT and SSL.",
     ),
     # topics
     _broker("num.partitions", "int", 1, "Default number of partitions of a new topic.", _AT_LEAST_1),
@@ -696,8 +698,9 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
 
 # Why a Kafka broker config pykbroker does not use has no effect here, by the start of its name (first match).
 _UNUSED_REASONS = (
-    (("ssl.", "sasl.", "security.", "principal.builder.", "connections.max.reauth.", "connection.failed.authentication.",
-      "delegation.token.", "password.encoder.", "authorizer."), "pykbroker serves PLAINTEXT without authentication"),
+    (("sasl.", "security.", "principal.builder.", "connections.max.reauth.", "connection.failed.authentication.",
+      "delegation.token.", "password.encoder.", "authorizer."),
+     "pykbroker serves PLAINTEXT and SSL without SASL or ACLs"),
     (("remote.log.",), "pykbroker has no tiered storage"),
     (("zookeeper.ssl.", "zookeeper.set.acl", "zookeeper.clientCnxnSocket", "zookeeper.max.in.flight."),
      "pykbroker's ZooKeeper client (kazoo) connects without TLS and ACLs"),
@@ -713,6 +716,9 @@ _UNUSED_REASONS = (
 def _unused_doc(name: str, mode: str) -> str:
     reason = next((why for prefixes, why in _UNUSED_REASONS if name.startswith(prefixes)), "pykbroker does not use it")
     changeable = "read-only" if mode == "read-only" else f"dynamic ({mode})"
+    if name.startswith("ssl."):
+        return (f"Kafka 3.7.1's {name}, {changeable} as in Kafka: read by SSL listeners at start (also as "
+                f"listener.name.<listener>.{name}); pykbroker/security/tls.py says what each ssl.* setting does here.")
     return f"Kafka 3.7.1's {name}, {changeable} as in Kafka: accepted, stored and described; no effect here ({reason})."
 
 
@@ -1236,7 +1242,10 @@ def to_topic_unit(broker_key: str, value: Any) -> Any:
 
 DEFAULT_LISTENER_NAME = "PLAINTEXT"
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SUPPORTED_SECURITY_PROTOCOLS = ("PLAINTEXT",)
+# What pykbroker serves: SSL listeners beside PLAINTEXT ones (server/broker.py, security/tls.py); SASL_* not yet.
+SUPPORTED_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL")
+# What a listener added by a dynamic update may use (listeners are not opened at run time with TLS contexts).
+DYNAMIC_SECURITY_PROTOCOLS = ("PLAINTEXT",)
 # Kafka's endpoint syntax (CoreUtils.listenerListToEndPoints): an IPv6 host may be bracketed.
 _ENDPOINT = re.compile(r"(?P<name>[^:/]+)://\[?(?P<host>[0-9a-zA-Z\-%._:]*?)\]?:(?P<port>-?\d+)")
 _NON_ROUTABLE = ("0.0.0.0", "::")
@@ -1325,7 +1334,7 @@ def check_listener_update(values: Mapping[str, Any], current: "BrokerConfig") ->
         if new is not None and new.security_protocol != old.security_protocol:
             raise ReconfigurationError("listener.security.protocol.map", "Security protocol cannot be updated for "
                                        f"existing listener ListenerName({old.name})")
-    _check_supported(listeners)
+    _check_supported(listeners, DYNAMIC_SECURITY_PROTOCOLS)
 
 
 def controller_listener_names(values: Mapping[str, Any]) -> frozenset[str]:
@@ -1335,14 +1344,35 @@ def controller_listener_names(values: Mapping[str, Any]) -> frozenset[str]:
                      if name.strip())
 
 
-def _check_supported(listeners: Iterable[Listener]) -> None:
+def _check_supported(listeners: Iterable[Listener], supported: tuple[str, ...] = SUPPORTED_SECURITY_PROTOCOLS) -> None:
     for listener in listeners:
-        if listener.security_protocol not in SUPPORTED_SECURITY_PROTOCOLS:
+        if listener.security_protocol not in supported:
             raise ConfigError(
                 "listeners",
                 f"listener {listener} uses security protocol {listener.security_protocol}, which pykbroker does not "
-                f"support yet (only {', '.join(SUPPORTED_SECURITY_PROTOCOLS)})",
+                f"support yet (only {', '.join(supported)})",
             )
+
+
+def _check_inter_broker_plaintext(values: Mapping[str, Any], advertised: tuple[Listener, ...]) -> None:
+    """Brokers (and a single node's transaction marker sender, which reaches itself) talk to each other in
+    plain text only for now: the inter-broker listener (``inter.broker.listener.name``, else the first
+    advertised listener, as cluster/node.py picks it) must be a PLAINTEXT one, and
+    ``security.inter.broker.protocol`` may name nothing else."""
+    protocol = str(values.get("security.inter.broker.protocol") or "PLAINTEXT").upper()
+    if protocol != "PLAINTEXT":
+        raise ConfigError("security.inter.broker.protocol", f"security.inter.broker.protocol {protocol}: inter-broker "
+                          "traffic over a protocol other than PLAINTEXT is not supported yet")
+    name = (values.get("inter.broker.listener.name") or "").upper()
+    if name:
+        listener = next((a for a in advertised if a.name == name), None)
+    else:
+        listener = advertised[0] if advertised else None
+    if listener is not None and listener.security_protocol != "PLAINTEXT":
+        raise ConfigError("inter.broker.listener.name", f"the inter-broker listener {listener.name} uses security "
+                          f"protocol {listener.security_protocol}: inter-broker traffic over TLS is not supported yet; "
+                          "add a PLAINTEXT listener (it may bind 127.0.0.1 on a single node) and name it in "
+                          "inter.broker.listener.name")
 
 
 def resolve_listeners(
@@ -1355,8 +1385,9 @@ def resolve_listeners(
     listeners default to the listeners; their names must be a subset of the listeners' and, as in Kafka,
     they may not name the non-routable 0.0.0.0. A listener on every interface (an empty host, or
     ``--host 0.0.0.0`` without an advertised host) is advertised under the canonical host name. A
-    security protocol other than PLAINTEXT is refused here, before anything starts (after Kafka's own
-    requirements; ``supported_only`` False: not at all). Kafka's requirements raise KafkaRequirement.
+    security protocol other than PLAINTEXT or SSL, and an inter-broker listener other than a PLAINTEXT one,
+    are refused here, before anything starts (after Kafka's own requirements; ``supported_only`` False: not
+    at all). Kafka's requirements raise KafkaRequirement.
     """
     protocols = parse_security_protocol_map(values["listener.security.protocol.map"])
     if values.get("listeners"):
@@ -1393,6 +1424,7 @@ def resolve_listeners(
                                        f"meta-address {listener.host}. Use a routable IP address.")
     if supported_only:
         _check_supported(listeners)
+        _check_inter_broker_plaintext(values, advertised)
     if any(listener.binds_all for listener in advertised):
         host_name = canonical_host_name()
         advertised = tuple(replace(a, host=host_name) if a.binds_all else a for a in advertised)

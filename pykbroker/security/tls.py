@@ -1,6 +1,6 @@
 """TLS for SSL and SASL_SSL listeners, from Kafka's ``ssl.*`` settings (Kafka 3.7's ``SslFactory``,
-``DefaultSslEngineFactory``, ``SslConfigs``, ``BrokerSecurityConfigs``, ``ChannelBuilders``) - a building block,
-not yet wired into the broker's listeners (see "Wiring" below).
+``DefaultSslEngineFactory``, ``SslConfigs``, ``BrokerSecurityConfigs``, ``ChannelBuilders``): server/broker.py
+serves SSL listeners with it as "Wiring" below describes (not yet: reloads, SASL_SSL, the inter-broker client).
 
 Settings
     Every function takes a mapping of Kafka property names to values, as ``BrokerConfig.values`` holds them

@@ -12,6 +12,17 @@ StartupError whose message names the thing (the CLI prints it as one line and ex
 Each listener is one server socket; a connection knows the listener it arrived on, and Metadata,
 DescribeCluster and FindCoordinator answer with that listener's advertised endpoints (``brokers_on``).
 
+SSL listeners: one TlsContextHolder per SSL listener is built before the data dir is opened, from that
+listener's view of Kafka's ``ssl.*`` settings (``listener.name.<listener>.ssl.*`` wins); a bad setting is a
+StartupError. An accepted socket on an SSL listener gets its TLS handshake in a task of its own (the accept
+loop goes straight back to accepting), bounded by ``TLS_HANDSHAKE_TIMEOUT_S`` or ``connections.max.idle.ms``
+when that is shorter (Kafka has no handshake timeout of its own: its idle expiry closes a channel stuck in its
+handshake after connections.max.idle.ms, 10 minutes by default, which is too long to hold a socket for a peer
+that never speaks TLS). A handshake that fails or times out (a plaintext client, garbage bytes, a missing or
+untrusted client certificate under ``ssl.client.auth=required``) costs that socket only, with one log line.
+Handshakes in progress count towards ``max.connections`` and ``max.connections.per.ip`` (Kafka counts a
+connection from its accept, before any handshake).
+
 Shutdown stops accepting, closes connections, flushes every log, writes the clean-shutdown marker and
 releases the data dir lock (the log manager's shutdown).
 
@@ -36,6 +47,7 @@ import logging
 import shlex
 import signal
 import socket
+import ssl
 import sys
 import time
 from collections import Counter
@@ -47,7 +59,7 @@ from pykbroker.cluster.dynamic_configs import DynamicConfigs
 from pykbroker.cluster.metadata import BrokerEndpoint, ClusterMetadata, EmbeddedMetadata
 from pykbroker.cluster.producer_ids import ProducerIdAllocator, ProducerRegistry, ZkProducerIdAllocator
 from pykbroker.cluster.topic_admin import TopicAdmin
-from pykbroker.config import BrokerConfig, Listener, controller_listener_names
+from pykbroker.config import BrokerConfig, ConfigError, Listener, controller_listener_names
 from pykbroker.groups.coordinator import GroupConfig, GroupCoordinator
 from pykbroker.groups.offset_store import OffsetStore
 from pykbroker.log.cleaner import CleanerConfig
@@ -68,6 +80,7 @@ from pykbroker.txn.verification import TransactionVerifier
 if TYPE_CHECKING:
     from pykbroker.cluster.node import ClusterNode
     from pykbroker.metrics.http import MetricsServer
+    from pykbroker.security.tls import TlsContextHolder
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +107,10 @@ def speedups_missing_message() -> str:
                f"--no-deps <the source you installed from>")
     return (f"the C record walker (pykbroker._speedups) is not built for {package / '__init__.py'}: records are "
             f"validated in pure Python, several times slower; {fix}")
+
+
+# The longest a TLS handshake may take on an SSL listener (see the module docstring).
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 
 class StartupError(Exception):
@@ -196,6 +213,9 @@ class Broker:
         self.request_memory = RequestMemory(int(config.get("queued.max.request.bytes")))
         self.handlers = load_handlers()
         self._acceptors: list[asyncio.Task] = []  # one accept loop per listener
+        self._handshakes: dict[asyncio.Task, str] = {}  # TLS handshakes in progress (SSL listeners) -> peer host
+        self._handshaking_per_host: Counter[str] = Counter()
+        self.tls: dict[str, TlsContextHolder] | None = None  # SSL listener name -> its TLS context (tls_holders)
         self._slot_freed = asyncio.Event()  # set when a connection closes: an acceptor at max.connections goes on
         self.advertised: dict[str, BrokerEndpoint] = {}  # listener name -> this broker's endpoint there
         self._background: list[asyncio.Task] = []
@@ -305,8 +325,8 @@ class Broker:
 
     def _address_of(self, broker_id: int) -> tuple[str, int] | None:
         """Where the marker sender reaches a broker: its inter-broker listener; the single node reaches itself
-        on the address its first listener is bound to (the loopback for a wildcard), which works whatever
-        it advertises (a container's published name may not resolve inside it)."""
+        on the address its first PLAINTEXT listener is bound to (the loopback for a wildcard), which works
+        whatever it advertises (a container's published name may not resolve inside it)."""
         if self.cluster is not None:
             return self.cluster.metadata.address_of(broker_id)
         return self._self_address if broker_id == self.broker_id else None
@@ -341,12 +361,17 @@ class Broker:
             log.warning("%s", speedups_missing_message())
         if self.cluster is not None:
             await self._join_cluster_first()
+        if self.tls is None:
+            self.tls = tls_holders(self.config)
         self.load()
         self._lead_offsets_partitions()
         max_request = int(self.config.get("socket.request.max.bytes"))
         bound_ports = {listener.name: sock.getsockname()[1] for listener, sock in listening}
-        if listening:
-            listener, sock = listening[0]
+        # The marker sender speaks plain text: the first PLAINTEXT listener (config.py refuses an inter-broker
+        # listener that is not PLAINTEXT, so there is one).
+        plaintext = [(listener, sock) for listener, sock in listening if listener.security_protocol == "PLAINTEXT"]
+        if plaintext:
+            listener, sock = plaintext[0]
             bound_host = sock.getsockname()[0]
             if listener.binds_all:
                 bound_host = "::1" if listener.host == "::" else "127.0.0.1"  # "" binds IPv4 too
@@ -372,9 +397,10 @@ class Broker:
             if not await self._register_in_cluster(stop):
                 return
         for listener, sock in listening:
+            holder = self.tls.get(listener.name)
             factory = functools.partial(KafkaConnection, self, self.handlers, max_request, self.request_memory,
-                                        listener=listener.name)
-            self._acceptors.append(asyncio.ensure_future(self._accept(sock, factory)))
+                                        listener=listener.name, tls=holder)
+            self._acceptors.append(asyncio.ensure_future(self._accept(sock, factory, holder)))
             endpoint = self.advertised.get(listener.name)
             if listener.binds_all and endpoint is not None:
                 log.info("listener %s binds every interface; advertised as %s (the canonical host name)",
@@ -446,20 +472,33 @@ class Broker:
         return brokers
 
     # -- connections ------------------------------------------------------------------------------
-    async def _accept(self, sock: socket.socket, factory) -> None:
-        """Accept connections on ``sock`` while fewer than max.connections are open (Kafka's KIP-402)."""
+    async def _accept(self, sock: socket.socket, factory, tls: TlsContextHolder | None = None) -> None:
+        """Accept connections on ``sock`` while fewer than max.connections are open (Kafka's KIP-402); on an
+        SSL listener (``tls``) each accepted socket's handshake runs in a task of its own (_handshake)."""
         loop = asyncio.get_running_loop()
         max_total = int(self.config.get("max.connections"))
         sock.setblocking(False)
         while True:
-            while len(self.connections) >= max_total:
+            while len(self.connections) + len(self._handshakes) >= max_total:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
             try:
-                accepted, _ = await loop.sock_accept(sock)
+                accepted, address = await loop.sock_accept(sock)
             except OSError as exc:  # out of descriptors, or the peer gave up in the backlog: keep serving
                 log.warning("accepting a connection failed: %s", exc)
                 await asyncio.sleep(0.1)  # do not spin while descriptors are exhausted
+                continue
+            if tls is not None:
+                host = address[0]
+                refusal = self._per_ip_refusal(host, self._handshaking_per_host[host])
+                if refusal is not None:  # before the handshake: a flood of stalled ones from one host is bounded
+                    log.warning("refusing connection from %s:%s: %s", host, address[1], refusal)
+                    accepted.close()
+                    continue
+                task = asyncio.ensure_future(self._handshake(accepted, factory, tls))
+                self._handshakes[task] = host
+                self._handshaking_per_host[host] += 1
+                task.add_done_callback(self._handshake_done)
                 continue
             try:
                 await loop.connect_accepted_socket(factory, accepted)
@@ -467,16 +506,56 @@ class Broker:
                 log.warning("cannot serve an accepted connection: %s", exc)
                 accepted.close()
 
+    def _handshake_timeout_s(self) -> float:
+        idle_ms = int(self.config.get("connections.max.idle.ms"))
+        return TLS_HANDSHAKE_TIMEOUT_S if idle_ms < 0 else max(min(idle_ms / 1000, TLS_HANDSHAKE_TIMEOUT_S), 0.1)
+
+    async def _handshake(self, accepted: socket.socket, factory, tls: TlsContextHolder) -> None:
+        """Serve one accepted socket of an SSL listener: the TLS handshake (with the listener's current context,
+        read once here: that is the reload's atomic swap), then the Kafka connection. A failed or timed-out
+        handshake closes this socket only, with one log line."""
+        try:
+            peer = "%s:%s" % accepted.getpeername()[:2]
+        except OSError:
+            peer = "?"
+        timeout_s = self._handshake_timeout_s()
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                factory, accepted, ssl=tls.context, ssl_handshake_timeout=timeout_s)
+        except asyncio.CancelledError:
+            accepted.close()  # broker stopping (detached by the transport if it got that far: then a no-op)
+            raise
+        except (ssl.SSLError, OSError, EOFError) as exc:  # the timeout too: "SSL handshake is taking longer than"
+            log.warning("closing connection from %s: TLS handshake failed: %s", peer, exc)
+            accepted.close()  # (the transport closed it already; a no-op then)
+
+    def _handshake_done(self, task: asyncio.Task) -> None:
+        host = self._handshakes.pop(task)
+        self._handshaking_per_host[host] -= 1
+        if not self._handshaking_per_host[host]:
+            del self._handshaking_per_host[host]
+        self._slot_freed.set()
+        if not task.cancelled() and task.exception() is not None:  # unexpected: say so, keep serving
+            log.warning("TLS connection setup failed: %r", task.exception())
+
     def admit(self, connection: KafkaConnection) -> str | None:
         """Count a new connection in, or say why it must be closed (max.connections, max.connections.per.ip)."""
         max_total = int(self.config.get("max.connections"))
-        max_per_ip = int(self.config.get("max.connections.per.ip"))
         if len(self.connections) >= max_total:
             return f"max.connections {max_total} reached"
-        if self._connections_per_host[connection.host] >= max_per_ip:
-            return f"max.connections.per.ip {max_per_ip} reached for {connection.host}"
+        refusal = self._per_ip_refusal(connection.host)
+        if refusal is not None:
+            return refusal
         self.connections.add(connection)
         self._connections_per_host[connection.host] += 1
+        return None
+
+    def _per_ip_refusal(self, host: str, pending: int = 0) -> str | None:
+        """Why a new connection from ``host`` is refused (max.connections.per.ip), counting ``pending`` ones of
+        that host not yet admitted (TLS handshakes in progress), or None."""
+        max_per_ip = int(self.config.get("max.connections.per.ip"))
+        if self._connections_per_host[host] + pending >= max_per_ip:
+            return f"max.connections.per.ip {max_per_ip} reached for {host}"
         return None
 
     def release(self, connection: KafkaConnection) -> None:
@@ -530,6 +609,9 @@ class Broker:
         for acceptor in self._acceptors:
             acceptor.cancel()
         await asyncio.gather(*self._acceptors, return_exceptions=True)
+        for handshake in list(self._handshakes):
+            handshake.cancel()
+        await asyncio.gather(*self._handshakes, return_exceptions=True)
         for connection in list(self.connections):
             connection.close()
         for task in self._background:
@@ -548,6 +630,23 @@ class Broker:
         if self.metrics_server is not None:
             await self.metrics_server.close()
         log.info("pykbroker broker %d stopped cleanly", self.broker_id)
+
+
+def tls_holders(config: BrokerConfig) -> dict[str, TlsContextHolder]:
+    """One TLS context holder per SSL listener, from that listener's ``ssl.*`` settings; a setting TLS cannot
+    use (no key store, a wrong password, an unreadable file...) is a StartupError naming the listener."""
+    from pykbroker.security.tls import TlsContextHolder, listener_ssl_configs
+
+    holders: dict[str, TlsContextHolder] = {}
+    for listener in config.listeners:
+        if listener.security_protocol != "SSL":
+            continue
+        try:
+            holders[listener.name] = TlsContextHolder(
+                listener_ssl_configs(config.values, listener.name, listener.security_protocol))
+        except ConfigError as exc:
+            raise StartupError(f"listener {listener}: {exc.message}") from None
+    return holders
 
 
 def open_broker(config: BrokerConfig) -> Broker:
@@ -610,7 +709,9 @@ async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> Non
         for listener in config.listeners:
             listening.append((listener, bind_listener(listener)))
         metrics_sock = bind_metrics(config)
+        tls = tls_holders(config)  # before the data dir is opened: a bad ssl.* setting writes nothing
         broker = open_broker(config)
+        broker.tls = tls
         if metrics_sock is not None:  # from now on: /health answers, /ready says why not yet
             await broker.serve_metrics(metrics_sock)
         await broker.start(listening, stop)

@@ -29,6 +29,16 @@ Memory is bounded:
   ``connections.max.idle.ms`` is closed by the broker's idle sweep (a connection stuck mid-frame is idle, a
   slow but progressing upload is not; one waiting on its own request in processing is not).
 
+The same holds on an SSL listener (the transport is asyncio's TLS transport, handed over after the broker's
+handshake task, see server/broker.py). Record data is never sent with sendfile, on either kind of listener:
+it is read from the segment files in ``CHUNK_BYTES`` chunks and written to the transport, which on TLS
+encrypts in user space (sendfile could not be used there anyway), and the write-buffer watermark counts the
+plaintext waiting to be encrypted too, so a TLS fetch holds at most about one chunk plus the high-water mark.
+A TLS connection's principal (``principal``: "User:" + the client certificate's mapped subject, or
+User:ANONYMOUS) is computed when the connection is made and logged at debug, for the authorizer to come; a
+certificate subject that no ``ssl.principal.mapping.rules`` rule maps closes the connection, as Kafka fails
+the authentication.
+
 The broker closes a connection (bad frame, idle, an acks=0 produce that failed, its own failure) with
 ``transport.abort()``: unsent response bytes are dropped, as Kafka's Selector.close does, so a client that
 never reads cannot keep the connection, its pending response and its pinned segment files alive (a graceful
@@ -65,6 +75,8 @@ from pykbroker.server.error_answers import error_response
 from pykbroker.server.handlers.api_versions import unsupported_api_versions_response
 
 if TYPE_CHECKING:
+    from pykbroker.security.principal import KafkaPrincipal
+    from pykbroker.security.tls import TlsContextHolder
     from pykbroker.server.broker import Broker
 
 log = logging.getLogger(__name__)
@@ -120,9 +132,12 @@ class RequestMemory:
 
 class KafkaConnection(asyncio.Protocol):
     def __init__(self, broker: "Broker", handlers: dict[int, Handler], max_request_bytes: int,
-                 memory: RequestMemory, listener: str = DEFAULT_LISTENER_NAME) -> None:
+                 memory: RequestMemory, listener: str = DEFAULT_LISTENER_NAME,
+                 tls: "TlsContextHolder | None" = None) -> None:
         self.broker = broker
         self.listener = listener  # the listener name this connection arrived on (RequestContext.listener)
+        self.tls = tls  # the SSL listener's context holder, None on PLAINTEXT
+        self.principal: KafkaPrincipal | None = None  # a TLS connection's principal (connection_made)
         self.handlers = handlers
         self.max_request_bytes = max_request_bytes
         self.memory = memory
@@ -155,6 +170,14 @@ class KafkaConnection(asyncio.Protocol):
             log.warning("refusing connection from %s: %s", self.peer, refusal)
             self._closed = True
             transport.abort()
+            return
+        if self.tls is not None:
+            try:
+                self.principal = self.tls.principal(transport.get_extra_info("ssl_object"))
+            except ValueError as exc:  # principal.py's NoMatchingRule: Kafka fails the authentication
+                self._abort(f"no principal for the client certificate: {exc}")
+                return
+            log.debug("TLS connection from %s on listener %s: principal %s", self.peer, self.listener, self.principal)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True

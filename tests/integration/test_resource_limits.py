@@ -72,6 +72,15 @@ def _fill_topic(broker, topic: str) -> int:
     return TOPIC_MIB * 10
 
 
+def greedy_fetch_frame(topic: str) -> bytes:
+    """A Fetch of FETCH_MAX_BYTES from offset 0 of ``topic``'s partition 0 that answers at once (also used by
+    test_tls_listeners)."""
+    return _frame(FetchRequest(
+        replica_id=i32(-1), max_wait=i32Timedelta.parse(datetime.timedelta(0)), min_bytes=i32(1),
+        max_bytes=i32(FETCH_MAX_BYTES), isolation_level=0, topics=(FetchTopic(topic=topic, partitions=(
+            FetchPartition(partition=i32(0), fetch_offset=i64(0), partition_max_bytes=i32(FETCH_MAX_BYTES)),)),)), 1)
+
+
 def _closed_by_peer(sock: socket.socket, deadline: float) -> bool:
     """Wait (until ``deadline``) for the broker to close ``sock``; True when it did."""
     while time.monotonic() < deadline:
@@ -91,10 +100,7 @@ def test_a_client_pipelining_fetches_without_reading_leaves_memory_bounded(broke
     broker = broker_factory.make({"num.partitions": 1})
     records = _fill_topic(broker, topic_name)
     baseline = _rss_mib(broker)
-    fetch = _frame(FetchRequest(
-        replica_id=i32(-1), max_wait=i32Timedelta.parse(datetime.timedelta(0)), min_bytes=i32(1),
-        max_bytes=i32(FETCH_MAX_BYTES), isolation_level=0, topics=(FetchTopic(topic=topic_name, partitions=(
-            FetchPartition(partition=i32(0), fetch_offset=i64(0), partition_max_bytes=i32(FETCH_MAX_BYTES)),)),)), 1)
+    fetch = greedy_fetch_frame(topic_name)
     with socket.socket() as greedy:
         greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         greedy.connect(broker.address)

@@ -162,8 +162,8 @@ def test_data_dir_without_write_permission_is_named(tmp_path):
 
 def test_listener_with_an_unsupported_security_protocol_is_refused(tmp_path):
     data_dir = tmp_path / "fresh"
-    result = serve("--listeners", f"SSL://{HOST}:{free_port()}", data_dir=data_dir)
-    assert_one_line_failure(result, "SSL", "PLAINTEXT", status=2)
+    result = serve("--listeners", f"SASL_SSL://{HOST}:{free_port()}", data_dir=data_dir)
+    assert_one_line_failure(result, "SASL_SSL", "PLAINTEXT", status=2)
     assert not data_dir.exists()
 
 
