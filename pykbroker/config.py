@@ -717,8 +717,9 @@ def _unused_doc(name: str, mode: str) -> str:
     reason = next((why for prefixes, why in _UNUSED_REASONS if name.startswith(prefixes)), "pykbroker does not use it")
     changeable = "read-only" if mode == "read-only" else f"dynamic ({mode})"
     if name.startswith("ssl."):
-        return (f"Kafka 3.7.1's {name}, {changeable} as in Kafka: read by SSL listeners at start (also as "
-                f"listener.name.<listener>.{name}); pykbroker/security/tls.py says what each ssl.* setting does here.")
+        return (f"Kafka 3.7.1's {name}, {changeable} as in Kafka: read by SSL listeners at start where it is a "
+                f"server setting (also as listener.name.<listener>.{name}); pykbroker/security/tls.py says what each "
+                f"ssl.* setting does here.")
     return f"Kafka 3.7.1's {name}, {changeable} as in Kafka: accepted, stored and described; no effect here ({reason})."
 
 
@@ -1334,7 +1335,8 @@ def check_listener_update(values: Mapping[str, Any], current: "BrokerConfig") ->
         if new is not None and new.security_protocol != old.security_protocol:
             raise ReconfigurationError("listener.security.protocol.map", "Security protocol cannot be updated for "
                                        f"existing listener ListenerName({old.name})")
-    _check_supported(listeners, DYNAMIC_SECURITY_PROTOCOLS)
+    existing = {listener.name for listener in current.listeners}  # served already (SSL ones too)
+    _check_supported([listener for listener in listeners if listener.name not in existing], DYNAMIC_SECURITY_PROTOCOLS)
 
 
 def controller_listener_names(values: Mapping[str, Any]) -> frozenset[str]:

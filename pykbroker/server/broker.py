@@ -495,7 +495,7 @@ class Broker:
                     log.warning("refusing connection from %s:%s: %s", host, address[1], refusal)
                     accepted.close()
                     continue
-                task = asyncio.ensure_future(self._handshake(accepted, factory, tls))
+                task = asyncio.ensure_future(self._handshake(accepted, address, factory, tls))
                 self._handshakes[task] = host
                 self._handshaking_per_host[host] += 1
                 task.add_done_callback(self._handshake_done)
@@ -510,30 +510,49 @@ class Broker:
         idle_ms = int(self.config.get("connections.max.idle.ms"))
         return TLS_HANDSHAKE_TIMEOUT_S if idle_ms < 0 else max(min(idle_ms / 1000, TLS_HANDSHAKE_TIMEOUT_S), 0.1)
 
-    async def _handshake(self, accepted: socket.socket, factory, tls: TlsContextHolder) -> None:
+    async def _handshake(self, accepted: socket.socket, address: tuple, factory, tls: TlsContextHolder) -> None:
         """Serve one accepted socket of an SSL listener: the TLS handshake (with the listener's current context,
         read once here: that is the reload's atomic swap), then the Kafka connection. A failed or timed-out
-        handshake closes this socket only, with one log line."""
-        try:
-            peer = "%s:%s" % accepted.getpeername()[:2]
-        except OSError:
-            peer = "?"
+        handshake closes this socket only, with one log line (a peer that just closes, e.g. a TCP health
+        check, at INFO; Kafka logs these at debug/info)."""
+        peer = "%s:%s" % tuple(address[:2])
+        handshake = asyncio.current_task()
+        made: list[KafkaConnection] = []
+
+        def connection() -> KafkaConnection:
+            made.append(factory())
+            made[0].handshake = handshake  # admit() takes this handshake out of the per-host count at once
+            return made[0]
+
         timeout_s = self._handshake_timeout_s()
         try:
             await asyncio.get_running_loop().connect_accepted_socket(
-                factory, accepted, ssl=tls.context, ssl_handshake_timeout=timeout_s)
+                connection, accepted, ssl=tls.context, ssl_handshake_timeout=timeout_s)
         except asyncio.CancelledError:
-            accepted.close()  # broker stopping (detached by the transport if it got that far: then a no-op)
+            if not made:  # broker stopping before a transport owns the socket; after, stop() closes the connection
+                accepted.close()
             raise
         except (ssl.SSLError, OSError, EOFError) as exc:  # the timeout too: "SSL handshake is taking longer than"
-            log.warning("closing connection from %s: TLS handshake failed: %s", peer, exc)
-            accepted.close()  # (the transport closed it already; a no-op then)
+            if isinstance(exc, (ConnectionResetError, EOFError)) or not str(exc):
+                log.info("closing connection from %s: the peer closed it during the TLS handshake (%s)", peer,
+                         type(exc).__name__)
+            else:
+                log.warning("closing connection from %s: TLS handshake failed: %s", peer, exc)
+            if not made:  # the transport closes its socket on any later failure
+                accepted.close()
 
-    def _handshake_done(self, task: asyncio.Task) -> None:
-        host = self._handshakes.pop(task)
+    def _handover(self, handshake: asyncio.Task) -> None:
+        """A TLS connection admitted: its handshake no longer counts (the connection does), at once, so a
+        client's next connection is not refused by max.connections.per.ip meanwhile."""
+        host = self._handshakes.pop(handshake, None)
+        if host is None:
+            return
         self._handshaking_per_host[host] -= 1
         if not self._handshaking_per_host[host]:
             del self._handshaking_per_host[host]
+
+    def _handshake_done(self, task: asyncio.Task) -> None:
+        self._handover(task)  # (a no-op for an admitted connection's)
         self._slot_freed.set()
         if not task.cancelled() and task.exception() is not None:  # unexpected: say so, keep serving
             log.warning("TLS connection setup failed: %r", task.exception())
@@ -548,6 +567,8 @@ class Broker:
             return refusal
         self.connections.add(connection)
         self._connections_per_host[connection.host] += 1
+        if connection.handshake is not None:
+            self._handover(connection.handshake)
         return None
 
     def _per_ip_refusal(self, host: str, pending: int = 0) -> str | None:

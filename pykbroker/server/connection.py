@@ -33,7 +33,8 @@ The same holds on an SSL listener (the transport is asyncio's TLS transport, han
 handshake task, see server/broker.py). Record data is never sent with sendfile, on either kind of listener:
 it is read from the segment files in ``CHUNK_BYTES`` chunks and written to the transport, which on TLS
 encrypts in user space (sendfile could not be used there anyway), and the write-buffer watermark counts the
-plaintext waiting to be encrypted too, so a TLS fetch holds at most about one chunk plus the high-water mark.
+plaintext waiting to be encrypted too, so a TLS fetch holds about one chunk plus the high-water mark in the TLS transport, and up to about as much
+again in the socket transport beneath it (asyncio's TLS transport hands over its encrypted buffer whole).
 A TLS connection's principal (``principal``: "User:" + the client certificate's mapped subject, or
 User:ANONYMOUS) is computed when the connection is made and logged at debug, for the authorizer to come; a
 certificate subject that no ``ssl.principal.mapping.rules`` rule maps closes the connection, as Kafka fails
@@ -138,6 +139,7 @@ class KafkaConnection(asyncio.Protocol):
         self.listener = listener  # the listener name this connection arrived on (RequestContext.listener)
         self.tls = tls  # the SSL listener's context holder, None on PLAINTEXT
         self.principal: KafkaPrincipal | None = None  # a TLS connection's principal (connection_made)
+        self.handshake: asyncio.Task | None = None  # a TLS connection's handshake task (the broker's per-IP count)
         self.handlers = handlers
         self.max_request_bytes = max_request_bytes
         self.memory = memory
@@ -174,7 +176,7 @@ class KafkaConnection(asyncio.Protocol):
         if self.tls is not None:
             try:
                 self.principal = self.tls.principal(transport.get_extra_info("ssl_object"))
-            except ValueError as exc:  # principal.py's NoMatchingRule: Kafka fails the authentication
+            except Exception as exc:  # principal.py's NoMatchingRule (a ValueError): Kafka fails the authentication
                 self._abort(f"no principal for the client certificate: {exc}")
                 return
             log.debug("TLS connection from %s on listener %s: principal %s", self.peer, self.listener, self.principal)

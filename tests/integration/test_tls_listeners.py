@@ -344,6 +344,44 @@ def test_stalled_handshakes_count_towards_max_connections_per_ip(tmp_path, pki):
         broker.close()
 
 
+def _api_versions_answered(tls: ssl.SSLSocket) -> bool:
+    """An ApiVersions v0 request on an established TLS connection: True when the broker answers it, False when
+    it closes the connection instead (a refused connection is closed right after its handshake)."""
+    tls.sendall(b"\x00\x00\x00\x0a" + b"\x00\x12\x00\x00\x00\x00\x00\x01\xff\xff")  # key 18 v0, corr 1
+    try:
+        return len(tls.recv(4)) == 4
+    except (ConnectionError, ssl.SSLError):
+        return False
+
+
+def test_a_clients_next_tls_connection_is_not_counted_twice_towards_max_connections_per_ip(tmp_path, pki):
+    """max.connections.per.ip 2: a host with one live TLS connection opens its second one at once. The first's
+    handshake must stop counting the moment the connection itself counts (a broker that dropped it a few loop
+    turns later refused such second connections, ~1 in 8 on an idle machine). 50 hosts, one try each, so no
+    earlier close is still on its way to the broker."""
+    plain, tls_port = free_port(), free_port()
+    broker = BrokerProcess(tmp_path / "broker", port=plain, config={
+        "listeners": f"PLAINTEXT://127.0.0.1:{plain},SSL://127.0.0.1:{tls_port}", "max.connections.per.ip": 2,
+        "ssl.keystore.type": "PEM", "ssl.keystore.location": pki.broker_pem_file})
+    broker.start()
+    context = _tls_client(pki, cert=False)
+    try:
+        for host in range(50):
+            source = (f"127.0.3.{host + 1}", 0)
+            opened = []
+            try:
+                for _ in range(2):
+                    raw = socket.create_connection(("127.0.0.1", tls_port), timeout=TIMEOUT_S, source_address=source)
+                    opened.append(context.wrap_socket(raw, server_hostname="127.0.0.1"))
+                assert all(_api_versions_answered(tls) for tls in opened), f"a connection from {source[0]} refused"
+            finally:
+                for tls in opened:
+                    tls.close()
+        assert not _log_lines(broker, "refusing connection")
+    finally:
+        broker.close()
+
+
 def test_a_plaintext_kafka_client_on_the_tls_port_gets_a_closed_connection(tls_broker, pki):
     with pytest.raises((ProtocolError, OSError)):
         probe_api_versions(("127.0.0.1", tls_broker.tls_port), timeout=TIMEOUT_S)

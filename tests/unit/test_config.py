@@ -723,3 +723,20 @@ def test_a_cluster_member_takes_kafkas_offsets_topic_replication_factor_and_repo
                                    "offsets.topic.replication.factor": "2"}, env={})
     assert set_by_user.get("offsets.topic.replication.factor") == 2
     assert "offsets.topic.replication.factor" in set_by_user.explicit
+
+
+def test_a_dynamic_listener_update_on_a_broker_serving_ssl_checks_only_the_new_listeners():
+    """A broker already serving an SSL listener: updating its advertised listeners, or adding a PLAINTEXT
+    listener, is accepted (it was refused naming the SSL listener as unsupported); adding a new SSL listener
+    while running is still refused."""
+    current = BrokerConfig(host="127.0.0.1", port=9092, values={
+        "listeners": "PLAINTEXT://127.0.0.1:9092,SSL://127.0.0.1:9093"})
+    check_listener_update({**current.values, "advertised.listeners": "PLAINTEXT://127.0.0.1:9092,SSL://localhost:9093"},
+                          current)
+    check_listener_update({**current.values,
+                           "listeners": "PLAINTEXT://127.0.0.1:9092,SSL://127.0.0.1:9093,EXTRA://127.0.0.1:9094",
+                           "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SSL:SSL,EXTRA:PLAINTEXT"}, current)
+    with pytest.raises(ConfigError, match="NEW://127.0.0.1:9095 uses security protocol SSL"):
+        check_listener_update({**current.values,
+                               "listeners": "PLAINTEXT://127.0.0.1:9092,SSL://127.0.0.1:9093,NEW://127.0.0.1:9095",
+                               "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SSL:SSL,NEW:SSL"}, current)
