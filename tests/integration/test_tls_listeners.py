@@ -8,6 +8,7 @@ working. Certificates come from tests/tls_helpers.py (cryptography)."""
 
 from __future__ import annotations
 
+import re
 import socket
 import ssl
 import time
@@ -109,8 +110,13 @@ def _log_lines(broker: BrokerProcess, *words: str) -> list[str]:
 
 def _the_log_line(broker: BrokerProcess, peer: str) -> str:
     """The one log line about connection ``peer`` (host:port), once it is written; fails if there are more."""
-    wait_until(lambda: _log_lines(broker, peer), f"a log line about {peer}", TIMEOUT_S)
-    lines = _log_lines(broker, peer)
+    about = re.compile(re.escape(peer) + r"(?!\d)")  # 127.0.0.1:4123 is not 127.0.0.1:41234
+
+    def lines_about() -> list[str]:
+        return [line for line in _log_lines(broker, peer) if about.search(line)]
+
+    wait_until(lines_about, f"a log line about {peer}", TIMEOUT_S)
+    lines = lines_about()
     assert len(lines) == 1, lines
     return lines[0]
 
