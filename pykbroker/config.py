@@ -773,6 +773,11 @@ LISTENER_MECHANISM_CONFIGS = ("sasl.jaas.config", "sasl.login.callback.handler.c
                               "sasl.server.callback.handler.class", "connections.max.reauth.ms")
 
 
+def listener_prefix(listener: str) -> str:
+    """The prefix of ``listener``'s overrides: ``listener.name.<listener, lower case>.``"""
+    return f"listener.name.{listener.lower()}."
+
+
 def listener_override_base(name: str) -> str | None:
     """The base config a ``listener.name.<listener>.<config>`` or
     ``listener.name.<listener>.<mechanism>.<config>`` name overrides, or None."""

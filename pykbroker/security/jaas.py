@@ -40,6 +40,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from pykbroker.config import listener_prefix
+
 log = logging.getLogger(__name__)
 
 PLAIN_LOGIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
@@ -274,10 +276,6 @@ def _parse_entry(tok: _Tokenizer) -> LoginModuleEntry:
     return LoginModuleEntry(login_module, flag.lower(), options)
 
 
-def _listener_prefix(listener: str) -> str:
-    return f"listener.name.{listener.lower()}."
-
-
 def server_jaas_entry(listener: str, mechanism: str, configs: Mapping[str, Any]) -> LoginModuleEntry:
     """The login module a broker uses for SASL ``mechanism`` on ``listener`` (JaasContext.loadServerContext):
     only ``listener.name.<listener>.<mechanism>.sasl.jaas.config``, exactly one login module, not a
@@ -286,10 +284,10 @@ def server_jaas_entry(listener: str, mechanism: str, configs: Mapping[str, Any])
         raise JaasConfigError("listenerName should not be null for SERVER")
     if not mechanism:
         raise JaasConfigError("mechanism should not be null for SERVER")
-    key = f"{_listener_prefix(listener)}{mechanism.lower()}.{SASL_JAAS_CONFIG}"
+    key = f"{listener_prefix(listener)}{mechanism.lower()}.{SASL_JAAS_CONFIG}"
     value = configs.get(key)
     if value is None:
-        if configs.get(SASL_JAAS_CONFIG) is not None or configs.get(f"{_listener_prefix(listener)}{SASL_JAAS_CONFIG}"):
+        if configs.get(SASL_JAAS_CONFIG) is not None or configs.get(f"{listener_prefix(listener)}{SASL_JAAS_CONFIG}"):
             log.warning("Server config %s should be prefixed with SASL mechanism name, ignoring config",
                         SASL_JAAS_CONFIG)
         context = f"{listener.lower()}.KafkaServer"
@@ -322,7 +320,7 @@ def listener_mechanism_config(configs: Mapping[str, Any], listener: str, mechani
                               default: Any = None) -> Any:
     """A SASL setting as Kafka's OAuth callback handlers see it: ``listener.name.<l>.<mech>.<key>``, then
     ``listener.name.<l>.<key>``, then ``<key>``, then ``default``."""
-    prefix = _listener_prefix(listener)
+    prefix = listener_prefix(listener)
     for name in (f"{prefix}{mechanism.lower()}.{key}", f"{prefix}{key}", key):
         value = configs.get(name)
         if value is not None:

@@ -95,7 +95,7 @@ import ssl
 import threading
 from typing import Any, Iterable, Mapping
 
-from pykbroker.config import BROKER_CONFIGS, listener_override_base
+from pykbroker.config import BROKER_CONFIGS, listener_override_base, listener_prefix
 from pykbroker.kafka_broker_configs import LISTENER_PREFIX_ONLY_CONFIGS
 from pykbroker.security.keystores import (
     KEYSTORE_LOCATION, SecurityStore, TlsConfigError, load_key_entry_into, load_keystore, load_trusted_into,
@@ -146,7 +146,7 @@ def listener_ssl_configs(values: Mapping[str, Any], listener_name: str | None,
     wins over ``ssl.x``. On a SASL_SSL listener ``ssl.client.auth`` is "none" unless set with the listener
     prefix (Kafka's ChannelBuilders, KIP-684), with Kafka's warning when the plain key asks for more."""
     resolved = {name: value for name, value in values.items() if name.startswith("ssl.")}
-    prefix = f"listener.name.{listener_name.lower()}." if listener_name else None
+    prefix = listener_prefix(listener_name) if listener_name else None
     listener_keys: set[str] = set()
     if prefix is not None:
         for name, value in values.items():

@@ -45,6 +45,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Mapping
 
+from pykbroker.config import listener_prefix
 from pykbroker.protocol.errors import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -224,7 +225,7 @@ def _list_setting(value: Any) -> list[str]:
 def enabled_mechanisms(listener: str, configs: Mapping[str, Any]) -> list[str]:
     """``sasl.enabled.mechanisms`` for the listener (``listener.name.<l>.sasl.enabled.mechanisms`` wins),
     Kafka's default GSSAPI when unset."""
-    value = configs.get(f"listener.name.{listener.lower()}.{SASL_ENABLED_MECHANISMS}")
+    value = configs.get(f"{listener_prefix(listener)}{SASL_ENABLED_MECHANISMS}")
     if value is None:
         value = configs.get(SASL_ENABLED_MECHANISMS)
     names = _list_setting(value)
@@ -256,7 +257,7 @@ def create_factory(listener: str, mechanism: str, configs: Mapping[str, Any], *,
 
     size = max_receive_size(configs)
     # SaslChannelBuilder reads only the listener- and mechanism-prefixed key; a bare one is ignored
-    handler = configs.get(f"listener.name.{listener.lower()}.{mechanism.lower()}.{SASL_SERVER_CALLBACK_HANDLER_CLASS}")
+    handler = configs.get(f"{listener_prefix(listener)}{mechanism.lower()}.{SASL_SERVER_CALLBACK_HANDLER_CLASS}")
     if mechanism == "PLAIN":
         _refuse_handler(handler, mechanism, plain.KAFKA_CALLBACK_HANDLERS)
         entry = jaas.server_jaas_entry(listener, mechanism, configs)
