@@ -39,6 +39,19 @@ from pykbroker.protocol.errors import ErrorCode, KafkaError
 TOPIC_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_NAME_LENGTH = 249
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+# Each internal topic's role in words and the broker config setting its replication factor.
+INTERNAL_TOPIC_ROLES = {
+    "__consumer_offsets": ("the offsets topic", "offsets.topic.replication.factor"),
+    "__transaction_state": ("the transaction state topic", "transaction.state.log.replication.factor"),
+}
+
+
+def internal_topic_shortfall(name: str, live_brokers: int, replication_factor: int) -> str:
+    """Why internal topic ``name`` cannot be created while ``live_brokers`` are fewer than its replication
+    factor: a broker's FindCoordinator error_message and log line, and the CLI's and console's explanation."""
+    role, key = INTERNAL_TOPIC_ROLES[name]
+    return (f"{role} {name} cannot be created yet: {live_brokers} live broker{'s' if live_brokers != 1 else ''}, "
+            f"{key}={replication_factor} (start the missing brokers, or lower {key})")
 DEFAULT_BROKER_ENTITY = "<default>"  # Kafka's ConfigEntityName.Default: the cluster-wide broker configs
 
 

@@ -41,7 +41,9 @@ from concurrent.futures import Future
 from typing import Any
 
 from pykbroker.cluster.dynamic_configs import DynamicConfigs
-from pykbroker.cluster.metadata import INTERNAL_TOPICS, ClusterMetadata, TopicInfo, topic_name_error
+from pykbroker.cluster.metadata import (
+    INTERNAL_TOPIC_ROLES, INTERNAL_TOPICS, ClusterMetadata, TopicInfo, internal_topic_shortfall, topic_name_error,
+)
 from pykbroker.config import TOPIC_CONFIGS, BrokerConfig, ConfigError, ConfigSource, validate_topic_configs
 from pykbroker.log.config import LogConfig
 from pykbroker.protocol.errors import ErrorCode, KafkaError
@@ -57,10 +59,6 @@ MAX_PARTITIONS_PER_REQUEST = 10_000  # Kafka's ReplicationControlManager.MAX_PAR
 _INTERNAL_CONFIGS = {"cleanup.policy": "compact"}
 _OFFSETS_REPLICATION_KEY = "offsets.topic.replication.factor"
 # What each internal topic is called in a message, and the key of its replication factor.
-_INTERNAL_TOPIC_ROLES = {
-    "__consumer_offsets": ("the offsets topic", _OFFSETS_REPLICATION_KEY),
-    "__transaction_state": ("the transaction state topic", "transaction.state.log.replication.factor"),
-}
 _PROBLEM_LOG_INTERVAL_S = 60.0  # an internal topic that cannot be created is logged at most this often
 _TOPIC_DEFAULT_KEYS = frozenset(key for definition in TOPIC_CONFIGS.values() for key in definition.synonyms)
 
@@ -458,12 +456,10 @@ class TopicAdmin:
     def _internal_topic_failed(self, name: str, replication_factor: int, exc: KafkaError) -> None:
         """Keep why the internal topic cannot be created (FindCoordinator tells it) and log it, at most once
         a minute while it stays the same: clients ask again every few hundred milliseconds."""
-        role, key = _INTERNAL_TOPIC_ROLES.get(name, ("the internal topic", None))
-        if exc.code == ErrorCode.invalid_replication_factor and key is not None:
-            live = len(self.metadata.brokers())
-            problem = (f"{role} {name} cannot be created yet: {live} live broker{'s' if live != 1 else ''}, "
-                       f"{key}={replication_factor} (start the missing brokers, or lower {key})")
+        if exc.code == ErrorCode.invalid_replication_factor and name in INTERNAL_TOPIC_ROLES:
+            problem = internal_topic_shortfall(name, len(self.metadata.brokers()), replication_factor)
         else:
+            role = INTERNAL_TOPIC_ROLES.get(name, ("the internal topic", None))[0]
             problem = f"{role} {name} cannot be created: {exc}"
         now = time.monotonic()
         previous = self._internal_problems.get(name)

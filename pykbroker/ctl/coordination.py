@@ -29,6 +29,7 @@ from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.static.primitive import i8
 
+from pykbroker.cluster.metadata import internal_topic_shortfall
 from pykbroker.protocol.client import ClientError, request_once
 
 log = logging.getLogger(__name__)
@@ -43,9 +44,7 @@ def offsets_topic_shortfall(live_brokers: int, replication_factor: int) -> str |
     too few for an offsets topic of ``replication_factor`` replicas, else None."""
     if live_brokers >= replication_factor:
         return None
-    return (f"the offsets topic {OFFSETS_TOPIC} cannot be created yet: {live_brokers} live "
-            f"broker{'s' if live_brokers != 1 else ''}, {REPLICATION_KEY}={replication_factor} (start the missing "
-            f"brokers, or lower {REPLICATION_KEY})")
+    return internal_topic_shortfall(OFFSETS_TOPIC, live_brokers, replication_factor)
 
 
 async def _replication_factor(host: str, port: int, broker_id: int, client_id: str, timeout: float) -> int | None:
