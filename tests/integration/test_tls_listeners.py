@@ -109,8 +109,11 @@ def _log_lines(broker: BrokerProcess, *words: str) -> list[str]:
 
 
 def _the_log_line(broker: BrokerProcess, peer: str) -> str:
-    """The one log line about connection ``peer`` (host:port), once it is written; fails if there are more."""
-    about = re.compile(re.escape(peer) + r"(?!\d)")  # 127.0.0.1:4123 is not 127.0.0.1:41234
+    """The one log line saying what the broker did with connection ``peer`` (host:port): "closing connection
+    from PEER: ..." or "refusing connection from PEER: ...", once it is written; fails if there are more. The
+    debug line of an earlier connection that had the same ephemeral port ("TLS connection from PEER on
+    listener ...") is not about this one, nor is 127.0.0.1:41234 about 127.0.0.1:4123."""
+    about = re.compile(r"connection from " + re.escape(peer) + r": ")
 
     def lines_about() -> list[str]:
         return [line for line in _log_lines(broker, peer) if about.search(line)]
