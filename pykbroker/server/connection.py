@@ -71,6 +71,7 @@ from pykbroker.protocol.framing import (
     encode_response,
     read_prefix,
 )
+from pykbroker.security.principal import ANONYMOUS
 from pykbroker.server.dispatch import NO_RESPONSE, CloseConnection, Handler, RequestContext
 from pykbroker.server.error_answers import error_response
 from pykbroker.server.handlers.api_versions import unsupported_api_versions_response
@@ -290,7 +291,7 @@ class KafkaConnection(asyncio.Protocol):
         except FrameError as exc:
             self._abort(str(exc))
             return
-        context = RequestContext(self.broker, request, self.peer, self.listener)
+        context = RequestContext(self.broker, request, self.peer, self.listener, self.principal or ANONYMOUS)
         started = self.stats.clock() if self.stats is not None else 0.0
         try:
             result = self.handlers[request.api_key](context, request.body)

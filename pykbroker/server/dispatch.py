@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Union
 from pykbroker.config import DEFAULT_LISTENER_NAME
 from pykbroker.protocol.apis import SUPPORTED_APIS
 from pykbroker.protocol.framing import Request
+from pykbroker.security.principal import ANONYMOUS, KafkaPrincipal
 
 if TYPE_CHECKING:
     from pykbroker.server.broker import Broker
@@ -25,6 +26,9 @@ class RequestContext:
     request: Request
     peer: str
     listener: str = DEFAULT_LISTENER_NAME  # the name of the listener the request arrived on
+    # Who sent it: the connection's authenticated principal (TLS client certificate or SASL), else
+    # User:ANONYMOUS, as Kafka's RequestContext.principal. Handlers ask the authorizer with it.
+    principal: KafkaPrincipal = ANONYMOUS
 
     @property
     def version(self) -> int:
