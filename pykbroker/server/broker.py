@@ -70,6 +70,9 @@ from pykbroker.metrics.stats import BrokerStats
 from pykbroker.protocol import records
 from pykbroker.protocol.apis import apis_for
 from pykbroker.replication.replica_manager import ReplicaManager
+from pykbroker.security.authorizer import AclAuthorizer
+from pykbroker.security.credentials import ScramCredentialCache
+from pykbroker.security.quotas import ClientQuotas
 from pykbroker.server.connection import KafkaConnection, RequestMemory
 from pykbroker.server.dispatch import load_handlers
 from pykbroker.txn.coordinator import TransactionCoordinator, TxnConfig
@@ -208,6 +211,12 @@ class Broker:
         self.dynamic_configs.add_listener(self._verification_config_changed)
         if self.cluster is not None:
             self.cluster.on_leadership_change.append(self.transactions.on_leadership_change)
+        # Security (pykbroker/security): SCRAM credentials the SASL listeners check (fed from the journal or
+        # ZooKeeper's /config/users), the client quotas every request is measured against (fed from the
+        # users/clients entity configs), and the ACL authorizer, None unless authorizer.class.name names one.
+        self.scram_credentials = ScramCredentialCache()
+        self.quotas = ClientQuotas.from_config(config.get)
+        self.authorizer: AclAuthorizer | None = None
         self.connections: set[KafkaConnection] = set()
         self._connections_per_host: Counter[str] = Counter()
         self.request_memory = RequestMemory(int(config.get("queued.max.request.bytes")))
