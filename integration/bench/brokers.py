@@ -298,10 +298,13 @@ class KafkaBroker(BrokerProcess):
         env.update(KAFKA_HEAP_OPTS=KAFKA_HEAP_OPTS, LOG_DIR=str(workdir / "kafka-logs"))
         return env
 
-    def prepare(self, workdir: Path) -> None:
+    def server_properties(self, workdir: Path) -> str:
+        """The node's server.properties: kraft_properties, then the ``extra_args`` lines (later keys win)."""
         properties = kraft_properties(self.host, self.port, free_port(), workdir / "data")
-        properties += "".join(f"{line}\n" for line in self.extra_args)
-        self._properties_path(workdir).write_text(properties)
+        return properties + "".join(f"{line}\n" for line in self.extra_args)
+
+    def prepare(self, workdir: Path) -> None:
+        self._properties_path(workdir).write_text(self.server_properties(workdir))
         env = self.environment(workdir)
         env["KAFKA_HEAP_OPTS"] = "-Xmx256m"  # the formatting tool only
         done = subprocess.run(

@@ -344,16 +344,18 @@ def check_committed(bootstrap: str, topic: str, partitions: int, sent: int) -> N
 
 
 def consume_throughput(bootstrap: str, topic: str, partitions: int, expected: int,
-                       batch: int = 1000) -> dict[str, float]:
+                       batch: int = 1000, settings: dict[str, object] | None = None) -> dict[str, float]:
     """Read the whole topic from offset 0 with assign(), ``consume(num_messages=batch, timeout=0.5)`` in a loop;
     clock runs from assign to the last message.
 
     Also counted: the consume() calls that took at least CONSUME_WAIT_S (half their timeout; a batch that is
     there takes milliseconds) and the time spent in them. A consumer whose client-side fetch queue fills up
     (librdkafka's queued.max.messages.kbytes, 64 MiB) stops fetching for fetch.queue.backoff.ms (1 s): each
-    such pause shows as one or two waiting calls, whichever broker it reads from.
+    such pause shows as one or two waiting calls, whichever broker it reads from. ``settings``: more consumer
+    settings (security.protocol and friends).
     """
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-consume-{topic}-{batch}"})
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-consume-{topic}-{batch}",
+                         **(settings or {})})
     try:
         consumer.list_topics(topic, timeout=CLIENT_TIMEOUT_S)
         loop_cpu_before = time.thread_time()
