@@ -91,11 +91,23 @@ def test_credentials_altered_through_one_broker_reach_every_broker_and_survive_r
         assert zk_user_config(cluster, "carol") == {"producer_byte_rate": "1024"}
 
 
-def test_confluent_kafka_admin_client_on_a_cluster(zk_connect, tmp_path):
-    """librdkafka sends AlterUserScramCredentials to the controller and describes through any broker."""
+def test_concurrent_changes_of_one_user_through_two_brokers_lose_nothing_and_confluent_kafka(zk_connect, tmp_path):
+    """Each change is a read-modify-write of /config/users/<user> conditional on its zkVersion: two brokers
+    changing the same user's two credentials at the same moment keep both (a blind write would drop one).
+    librdkafka sends AlterUserScramCredentials to the controller and describes through any broker."""
     from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+    from kio.schema.alter_user_scram_credentials.v0 import request as alter_v0
+    from broker_process import send_request_now
 
     with BrokerCluster(zk_connect, tmp_path, n=3) as cluster:
+        for round_ in range(15):
+            iterations = 4096 + round_
+            answers = [send_request_now(cluster.brokers[broker_id].address, alter_v0.AlterUserScramCredentialsRequest(
+                deletions=(), upsertions=(s.upsertion("racy", mechanism, iterations),)))
+                for broker_id, mechanism in ((1, s.SHA256), (2, s.SHA512))]
+            assert [[(r.user, r.error_code) for r in answer().results] for answer in answers] == [[("racy", 0)]] * 2
+            wait_described(cluster, "racy", [(s.SHA256, iterations), (s.SHA512, iterations)], via=[3])
+
         admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
         futures = admin.alter_user_scram_credentials([
             UserScramCredentialUpsertion("dave", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 12000), b"dave-pw")])
