@@ -249,8 +249,11 @@ def scram() -> None:
 @click.option("--zookeeper", metavar="HOST:PORT[/chroot]", help="A cluster's ZooKeeper (brokers may be running).")
 @click.option("--broker-id", type=int, default=1, show_default=True,
               help="The node id of a data dir that has none yet (as serve's --broker-id).")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="Seconds to wait for ZooKeeper.")
 @click.argument("credentials", nargs=-1, required=True, metavar="CREDENTIAL")
-def scram_add(data_dir: Path | None, zookeeper: str | None, broker_id: int, credentials: tuple[str, ...]) -> None:
+def scram_add(data_dir: Path | None, zookeeper: str | None, broker_id: int, timeout: float,
+              credentials: tuple[str, ...]) -> None:
     """Add or replace users' SCRAM credentials, as kafka-storage.sh format --add-scram reads them:
     MECHANISM=[name=USER,password=PASSWORD] or MECHANISM=[name=USER,iterations=N,salt=B64,saltedpassword=B64]
     (MECHANISM: SCRAM-SHA-256 or SCRAM-SHA-512). The user's other configs (quotas) are kept."""
@@ -259,6 +262,7 @@ def scram_add(data_dir: Path | None, zookeeper: str | None, broker_id: int, cred
 
     if (data_dir is None) == (zookeeper is None):
         raise click.UsageError("give exactly one of --data-dir (a single node) or --zookeeper (a cluster)")
+    configure_logging("ERROR")  # kazoo's reconnect warnings: the outcome is said in one line
     entries = []
     for argument in credentials:
         try:
@@ -271,7 +275,7 @@ def scram_add(data_dir: Path | None, zookeeper: str | None, broker_id: int, cred
         else:
             import asyncio
 
-            asyncio.run(add_to_zookeeper(zookeeper, entries))
+            asyncio.run(add_to_zookeeper(zookeeper, entries, timeout))
     except BootstrapError as exc:
         raise click.ClickException(str(exc)) from None
     where = f"data dir {data_dir}" if data_dir is not None else f"ZooKeeper {zookeeper}"

@@ -101,12 +101,16 @@ async def add_to_zookeeper(connect: str, entries: Iterable[Entry], timeout_s: fl
     """Store the credentials in ZooKeeper's /config/users (``connect``: HOST:PORT[,...][/chroot])."""
     from pykbroker.cluster.zookeeper import KafkaZkClient, StaleZkVersion
 
-    zk = KafkaZkClient(connect, session_timeout_ms=int(timeout_s * 1000))
+    try:
+        zk = KafkaZkClient(connect, session_timeout_ms=10000, connection_timeout_ms=int(timeout_s * 1000))
+    except ValueError as exc:  # a malformed connect string
+        raise BootstrapError(f"cannot use ZooKeeper {connect!r}: {exc}") from None
     try:
         try:
-            await asyncio.wait_for(zk.start(), timeout_s)
+            await zk.start()  # gives up after timeout_s
         except Exception as exc:  # noqa: BLE001 - kazoo's timeouts and connection errors: one line
-            raise BootstrapError(f"cannot connect to ZooKeeper {connect}: {exc or type(exc).__name__}") from None
+            raise BootstrapError(f"cannot connect to ZooKeeper {connect} within {timeout_s:g} s "
+                                 f"({type(exc).__name__}{': ' + str(exc) if str(exc) else ''})") from None
         for user, mechanism, credential in entries:
             for _ in range(_WRITE_ATTEMPTS):
                 config, version = await zk.get_entity_config_versioned("users", sanitize(user))

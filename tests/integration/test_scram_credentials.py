@@ -340,3 +340,21 @@ def test_scram_add_refuses_bad_arguments_and_stores_nothing(tmp_path, argument, 
     refused = scram_add("--data-dir", str(tmp_path / "data"), argument)
     assert refused.returncode == 2 and message in refused.stderr
     assert not (tmp_path / "data").exists()
+
+
+def test_scram_add_refuses_a_cluster_brokers_data_dir_and_an_unreachable_zookeeper(tmp_path):
+    data_dir = tmp_path / "cluster-broker"
+    data_dir.mkdir()
+    (data_dir / "meta.properties").write_text("version=0\nbroker.id=2\ncluster.id=abc\n")  # a ZooKeeper-mode broker's
+    refused = scram_add("--data-dir", str(data_dir), "SCRAM-SHA-256=[name=admin,password=x]")
+    assert refused.returncode == 1
+    assert "belongs to a broker of a ZooKeeper cluster" in refused.stderr and "use --zookeeper" in refused.stderr
+    assert sorted(p.name for p in data_dir.iterdir() if p.name != ".lock") == ["meta.properties"]
+
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    refused = scram_add("--zookeeper", f"127.0.0.1:{port}", "--timeout", "2", "SCRAM-SHA-256=[name=admin,password=x]")
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines() == [
+        f"Error: cannot connect to ZooKeeper 127.0.0.1:{port} within 2 s (KazooTimeoutError: Connection time-out)"]
