@@ -216,15 +216,21 @@ async def alter_user_scram_credentials(ctx: RequestContext, request) -> object:
 
     pairs = [(u.name, u.mechanism) for u in request.upsertions if u.name not in illegal]
     pairs += [(d.name, d.mechanism) for d in request.deletions if d.name not in illegal]
-    duplicated = list(dict.fromkeys(user for (user, _), count in Counter(pairs).items() if count > 1))
+    duplicated = dict.fromkeys(user for (user, _), count in Counter(pairs).items() if count > 1)
     results.extend((user, ErrorCode.duplicate_resource, "A user credential cannot be altered twice in the same request")
                    for user in duplicated)
 
+    changes: dict[str, tuple[list, list]] = {user: ([], []) for user, _ in pairs if user not in duplicated}
+    for upsertion in request.upsertions:
+        if upsertion.name in changes:
+            changes[upsertion.name][0].append(upsertion)
+    for deletion in request.deletions:
+        if deletion.name in changes:
+            changes[deletion.name][1].append(deletion)
     not_found, failed, changed = [], [], []
-    for user in dict.fromkeys(user for user, _ in pairs if user not in duplicated):
+    for user, (upsertions, deletions) in changes.items():
         try:
-            await _alter_user(ctx, user, [u for u in request.upsertions if u.name == user],
-                              [d for d in request.deletions if d.name == user])
+            await _alter_user(ctx, user, upsertions, deletions)
         except _NotFound:
             not_found.append((user, ErrorCode.resource_not_found, "Attempt to delete a user credential that does not exist"))
         except asyncio.CancelledError:
