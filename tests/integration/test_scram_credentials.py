@@ -358,3 +358,55 @@ def test_scram_add_refuses_a_cluster_brokers_data_dir_and_an_unreachable_zookeep
     assert refused.returncode == 1
     assert refused.stderr.strip().splitlines() == [
         f"Error: cannot connect to ZooKeeper 127.0.0.1:{port} within 2 s (KazooTimeoutError: Connection time-out)"]
+
+
+# -- the credential cache SCRAM logins read (in process) -----------------------------------------------------
+
+def test_the_brokers_credential_cache_follows_the_api_and_the_journal(tmp_path):
+    """What AlterUserScramCredentials stores is what the broker's ScramCredentialCache (SASL/SCRAM logins) has, at
+    once and after a restart; a deletion removes it; the user's quota stays with the client quotas."""
+    import types
+
+    from pykbroker.config import BrokerConfig
+    from pykbroker.protocol.apis import codec_for
+    from pykbroker.security.quotas import QuotaEntity
+    from pykbroker.server.broker import Broker
+    from pykbroker.server.dispatch import RequestContext
+    from pykbroker.server.handlers.scram_credentials import alter_user_scram_credentials
+
+    def started() -> Broker:
+        broker = Broker(BrokerConfig(data_dir=tmp_path, port=0))
+        broker.load()
+        return broker
+
+    async def call(broker, upsertions=(), deletions=()):
+        request = alter_v0.AlterUserScramCredentialsRequest(deletions=tuple(deletions), upsertions=tuple(upsertions))
+        envelope = types.SimpleNamespace(api_key=51, api_version=0, body=request, codec=codec_for(51, 0))
+        response = await alter_user_scram_credentials(RequestContext(broker, envelope, "peer"), request)
+        return [(r.user, r.error_code) for r in response.results]
+
+    def cached_password_checks(broker, password: str) -> bool:
+        credential = broker.scram_credentials.get("SCRAM-SHA-512", "grace")
+        mechanism = scram_mechanism("SCRAM-SHA-512")
+        salted = salted_password(mechanism, password, credential.salt, credential.iterations)
+        return stored_key(mechanism, client_key(mechanism, salted)) == credential.stored_key
+
+    async def first_run():
+        broker = started()
+        await broker.metadata.set_client_entity_configs_async("users/grace", {"consumer_byte_rate": "2048"})
+        assert await call(broker, [upsertion("grace", SHA512, 8192, password=b"grace-pw")]) == [("grace", OK)]
+        assert cached_password_checks(broker, "grace-pw") and not cached_password_checks(broker, "other")
+        assert broker.scram_credentials.get("SCRAM-SHA-512", "grace").iterations == 8192
+        await broker.stop()
+
+    async def second_run():
+        broker = started()
+        assert cached_password_checks(broker, "grace-pw")  # from the journal
+        assert broker.quotas.entity_config(QuotaEntity("grace", None)) == {"consumer_byte_rate": "2048"}
+        assert await call(broker, deletions=[deletion("grace", SHA512)]) == [("grace", OK)]
+        assert broker.scram_credentials.get("SCRAM-SHA-512", "grace") is None
+        assert broker.quotas.entity_config(QuotaEntity("grace", None)) == {"consumer_byte_rate": "2048"}
+        await broker.stop()
+
+    asyncio.run(first_run())
+    asyncio.run(second_run())
