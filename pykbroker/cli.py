@@ -251,7 +251,7 @@ def scram() -> None:
               help="The node id of a data dir that has none yet (as serve's --broker-id).")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
               help="Seconds to wait for ZooKeeper.")
-@click.argument("credentials", nargs=-1, required=True, metavar="CREDENTIAL")
+@click.argument("credentials", nargs=-1, required=True, metavar="CREDENTIAL...")
 def scram_add(data_dir: Path | None, zookeeper: str | None, broker_id: int, timeout: float,
               credentials: tuple[str, ...]) -> None:
     """Add or replace users' SCRAM credentials, as kafka-storage.sh format --add-scram reads them:
