@@ -6,7 +6,11 @@ add`` for the first user of a data dir no broker runs on.
 
 The raw cases' answers (EXPECTED) are Kafka 3.7.1's in ZooKeeper mode, recorded from the reference kit;
 tests/cluster/test_scram_credentials_cluster.py runs the same cases against Kafka (opt-in) and a pykbroker
-cluster."""
+cluster. Kafka 3.7.1 in KRaft mode (tests/integration/reference_kafka.py) answers several of them differently,
+and ZooKeeper mode is followed here (issue 19's reference): KRaft refuses two mechanisms of one user in one
+request (DUPLICATE_RESOURCE, so kafka-configs.sh's SCRAM-SHA-256 plus SCRAM-SHA-512 fails there), checks a
+deletion before a duplicate, reports the first of a user's errors, answers null messages where ZooKeeper mode
+answers "", calls a twice-named empty user a duplicate, and lists every user unsorted."""
 
 from __future__ import annotations
 
