@@ -333,6 +333,22 @@ def test_scram_add_bootstraps_the_first_user_of_a_data_dir(tmp_path):
     assert _checks_password(config, "SCRAM-SHA-256", "admin-secret")
 
 
+def test_scram_add_keeps_the_users_other_configs(tmp_path):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    seed = EmbeddedMetadata(data_dir, 1, "localhost", 0)
+    asyncio.run(seed.set_client_entity_configs_async("users/ops%40corp", {"request_percentage": "50.0"}))
+    seed.commit().result()
+    seed.close()
+    for argument in ("SCRAM-SHA-256=[name=ops@corp,password=first]", "SCRAM-SHA-512=[name=ops@corp,password=second]",
+                     "SCRAM-SHA-256=[name=ops@corp,password=third]"):
+        done = scram_add("--data-dir", str(data_dir), argument)
+        assert done.returncode == 0, done.stderr
+    config = _journal_user(data_dir, "ops%40corp")  # Kafka's Sanitizer: '@' is %40 in the entity name
+    assert config["request_percentage"] == "50.0"
+    assert _checks_password(config, "SCRAM-SHA-256", "third") and _checks_password(config, "SCRAM-SHA-512", "second")
+
+
 @pytest.mark.parametrize(("argument", "message"), [
     ("SCRAM-SHA-1=[name=admin,password=x]", "The add-scram mechanism SCRAM-SHA-1 is not supported."),
     ("SCRAM-SHA-256=[password=x]", "You must supply 'name' to add-scram"),
