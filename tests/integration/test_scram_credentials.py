@@ -218,6 +218,24 @@ def test_credentials_survive_a_restart_and_the_users_quota_keys_are_kept(tmp_pat
         assert _journal_user(broker.data_dir, "alice") == {"producer_byte_rate": "1024"}
 
 
+def test_an_unreadable_stored_credential_is_that_users_error_and_never_shown(tmp_path):
+    """A credential string Kafka could not read (written by another tool): describing the user answers
+    UNKNOWN_SERVER_ERROR for that user only (Kafka's ApiError for the IllegalArgumentException); the value is in
+    no answer and no log line; the other users are described."""
+    broker = BrokerProcess(tmp_path / "broker")
+    broker.data_dir.mkdir(parents=True)
+    seed = EmbeddedMetadata(broker.data_dir, 1, "localhost", 0)
+    asyncio.run(seed.set_client_entity_configs_async("users/zed", {"SCRAM-SHA-256": "salt=secret-looking,garbage"}))
+    seed.commit().result()
+    seed.close()
+    with broker:  # started
+        assert alter(broker.address, [upsertion("amy")]) == [("amy", OK, "")]
+        assert describe(broker.address, ["zed", "amy"]) == (OK, "", [
+            ("zed", UNKNOWN_SERVER_ERROR, UNEXPECTED, []), ("amy", OK, "", [(SHA256, 4096)])])
+        assert describe(broker.address)[2] == [("amy", OK, "", [(SHA256, 4096)]), ("zed", UNKNOWN_SERVER_ERROR, UNEXPECTED, [])]
+        assert "secret-looking" not in broker.log_tail(400) and "zed" in broker.log_tail(400)
+
+
 # -- clients and tools ------------------------------------------------------------------------------------
 
 def test_kafka_configs_adds_and_deletes_credentials(broker):
