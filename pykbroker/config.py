@@ -692,14 +692,16 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
     _broker("metrics.host", "string", None, "Address the metrics endpoint listens on; unset: the broker's host."),
     # the authorizer's (Kafka's AclAuthorizer and StandardAuthorizer read it; KafkaConfig does not define it)
     _broker("super.users", "string", None, "Principals allowed every operation (User:alice;User:bob), as Kafka's "
-            "authorizers read it; accepted and described, no effect here (pykbroker has no authorizer)."),
+            "authorizers read it; used when authorizer.class.name turns ACLs on."),
+    _broker("allow.everyone.if.no.acl.found", "string", None, "With an authorizer, whether a resource with no ACL "
+            "is open to everyone (true) or to super users only (false, the default), as Kafka's authorizers read it."),
 )
 
 
 # Why a Kafka broker config pykbroker does not use has no effect here, by the start of its name (first match).
 _UNUSED_REASONS = (
     (("sasl.", "security.", "principal.builder.", "connections.max.reauth.", "connection.failed.authentication.",
-      "delegation.token.", "password.encoder.", "authorizer."),
+      "delegation.token.", "password.encoder."),
      "pykbroker serves PLAINTEXT and SSL without SASL or ACLs"),
     (("remote.log.",), "pykbroker has no tiered storage"),
     (("zookeeper.ssl.", "zookeeper.set.acl", "zookeeper.clientCnxnSocket", "zookeeper.max.in.flight."),

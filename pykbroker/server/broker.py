@@ -70,7 +70,7 @@ from pykbroker.metrics.stats import BrokerStats
 from pykbroker.protocol import records
 from pykbroker.protocol.apis import apis_for
 from pykbroker.replication.replica_manager import ReplicaManager
-from pykbroker.security.authorizer import AclAuthorizer
+from pykbroker.security.authorizer import AUTHORIZER_CLASS_NAMES, AclAuthorizer
 from pykbroker.security.credentials import ScramCredentialCache
 from pykbroker.security.quotas import ClientQuotas
 from pykbroker.server.connection import KafkaConnection, RequestMemory
@@ -140,9 +140,26 @@ def bind_listener(listener: Listener) -> socket.socket:
         raise StartupError(f"cannot listen on {listener}: {reason}") from None
 
 
+def make_authorizer(config: BrokerConfig) -> AclAuthorizer | None:
+    """The ACL authorizer ``authorizer.class.name`` asks for (Kafka's AclAuthorizer or StandardAuthorizer:
+    both give Kafka's ZooKeeper-mode ACL semantics here), None when it is empty; StartupError for another
+    class or a bad ``super.users`` / ``allow.everyone.if.no.acl.found``."""
+    class_name = (config.get("authorizer.class.name") or "").strip()
+    if not class_name:
+        return None
+    if class_name not in AUTHORIZER_CLASS_NAMES:
+        raise StartupError(f"authorizer.class.name={class_name}: pykbroker's authorizer serves "
+                           f"{' or '.join(sorted(AUTHORIZER_CLASS_NAMES))} (Kafka's ACL semantics), no other class")
+    try:
+        return AclAuthorizer.from_config(config.values)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+
+
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
+        authorizer = make_authorizer(config)  # before the data dir is opened: a bad setting writes nothing
         self.broker_id = config.broker_id
         data_dir = Path(config.data_dir)
         self.data_dir = data_dir
@@ -216,7 +233,13 @@ class Broker:
         # users/clients entity configs), and the ACL authorizer, None unless authorizer.class.name names one.
         self.scram_credentials = ScramCredentialCache()
         self.quotas = ClientQuotas.from_config(config.get)
-        self.authorizer: AclAuthorizer | None = None
+        self.authorizer: AclAuthorizer | None = authorizer
+        self.acl_store = None  # where the authorizer's ACLs live (cluster/acls.py), with an authorizer only
+        if authorizer is not None:
+            from pykbroker.cluster.acls import EmbeddedAclStore, ZkAclStore
+
+            self.acl_store = (EmbeddedAclStore(self.metadata, authorizer.cache) if self.cluster is None
+                              else ZkAclStore(self.cluster.zk, authorizer.cache))
         self.connections: set[KafkaConnection] = set()
         self._connections_per_host: Counter[str] = Counter()
         self.request_memory = RequestMemory(int(config.get("queued.max.request.bytes")))
@@ -370,6 +393,8 @@ class Broker:
             log.warning("%s", speedups_missing_message())
         if self.cluster is not None:
             await self._join_cluster_first()
+        if self.acl_store is not None:  # every ACL in the cache before the first request is served
+            await self.acl_store.start()
         if self.tls is None:
             self.tls = tls_holders(self.config)
         self.load()
@@ -648,6 +673,8 @@ class Broker:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
         await self._verifier.close()  # produces waiting for a verification get NETWORK_EXCEPTION
+        if self.acl_store is not None:
+            await self.acl_store.close()
         while self._owned:  # topic creations whose clients left: their partitions get hosted and committed
             await asyncio.gather(*self._owned, return_exceptions=True)
         try:
