@@ -42,15 +42,20 @@ def _host(ctx: "RequestContext") -> str:
     return java_host_address(ctx.peer.rpartition(":")[0] or ctx.peer)
 
 
+def _authorizer(ctx: "RequestContext"):
+    # (getattr: the handlers' unit tests run them on a stand-in broker without the attribute)
+    return getattr(ctx.broker, "authorizer", None)
+
+
 def enabled(ctx: "RequestContext") -> bool:
     """Whether the broker has an authorizer (without one every check below allows)."""
-    return ctx.broker.authorizer is not None
+    return _authorizer(ctx) is not None
 
 
 def allowed(ctx: "RequestContext", operation: AclOperation, resource_type: ResourceType, name: str, *,
             ref_count: int = 1, log_if_denied: bool = True) -> bool:
     """May the request's principal do ``operation`` on the resource (Kafka's AuthHelper.authorize)?"""
-    authorizer = ctx.broker.authorizer
+    authorizer = _authorizer(ctx)
     if authorizer is None:
         return True
     return authorizer.authorize(ctx.principal, _host(ctx), operation, Resource(resource_type, name),
@@ -66,7 +71,7 @@ def allowed_names(ctx: "RequestContext", operation: AclOperation, resource_type:
     """The names among ``names`` the principal may do ``operation`` on, each asked once with its count
     (Kafka's AuthHelper.filterByAuthorized)."""
     counts = Counter(names)
-    if ctx.broker.authorizer is None:
+    if _authorizer(ctx) is None:
         return set(counts)
     return {name for name, count in counts.items()
             if allowed(ctx, operation, resource_type, name, ref_count=count, log_if_denied=log_if_denied)}
@@ -74,7 +79,7 @@ def allowed_names(ctx: "RequestContext", operation: AclOperation, resource_type:
 
 def any_allowed(ctx: "RequestContext", operation: AclOperation, resource_type: ResourceType) -> bool:
     """May the principal do ``operation`` on some resource of the type (Kafka's authorizeByResourceType)?"""
-    authorizer = ctx.broker.authorizer
+    authorizer = _authorizer(ctx)
     if authorizer is None:
         return True
     return authorizer.authorize_by_resource_type(ctx.principal, _host(ctx), operation, resource_type,
@@ -83,7 +88,7 @@ def any_allowed(ctx: "RequestContext", operation: AclOperation, resource_type: R
 
 def idempotent_write_allowed(ctx: "RequestContext") -> bool:
     """InitProducerId without a transactional id: IDEMPOTENT_WRITE on the cluster or WRITE on any topic."""
-    authorizer = ctx.broker.authorizer
+    authorizer = _authorizer(ctx)
     if authorizer is None:
         return True
     return authorizer.authorize_idempotent_producer(ctx.principal, _host(ctx), request=_request_name(ctx))
@@ -92,7 +97,7 @@ def idempotent_write_allowed(ctx: "RequestContext") -> bool:
 def operations(ctx: "RequestContext", resource_type: ResourceType, name: str, supported: int) -> int:
     """The authorized-operations bit field of a resource: ``supported`` (every operation the type
     supports) without an authorizer, else what the principal's ACLs allow (Kafka's authorizedOperations)."""
-    authorizer = ctx.broker.authorizer
+    authorizer = _authorizer(ctx)
     if authorizer is None:
         return supported
     return authorizer.authorized_operations(ctx.principal, _host(ctx), Resource(resource_type, name))
@@ -101,3 +106,29 @@ def operations(ctx: "RequestContext", resource_type: ResourceType, name: str, su
 def denied_error(resource_type: ResourceType) -> ErrorCode:
     """The error a denied request gets for a resource of this type (TOPIC_AUTHORIZATION_FAILED, ...)."""
     return AUTHORIZATION_ERRORS[resource_type]
+
+
+def denied_answer(ctx: "RequestContext", code: ErrorCode) -> object:
+    """The whole request refused with ``code`` as Kafka's getErrorResponse answers it (the error at every
+    level of the response that has one), for the APIs Kafka refuses whole (authorizeClusterOperation, ...)."""
+    from pykbroker.server.error_answers import build
+
+    return build(ctx.request.codec.response_type, ctx.request.body, code)
+
+
+# ConfigResource.Type codes -> the ACL resource guarding them (Kafka's ConfigHelper / configsAuthorizationApiError)
+_CONFIG_RESOURCES = {2: ResourceType.TOPIC, 4: ResourceType.CLUSTER, 8: ResourceType.CLUSTER}
+_DENIED_MESSAGES = {ResourceType.TOPIC: "Topic authorization failed.",
+                    ResourceType.CLUSTER: "Cluster authorization failed."}
+
+
+def config_resource_denied(ctx: "RequestContext", operation: AclOperation, config_type: int,
+                           name: str) -> tuple[ErrorCode, str] | None:
+    """DescribeConfigs (DESCRIBE_CONFIGS) / AlterConfigs (ALTER_CONFIGS) on one config resource: None when
+    allowed (or not a type an ACL guards: the handler refuses it), else Kafka's error and message."""
+    resource_type = _CONFIG_RESOURCES.get(int(config_type))
+    if resource_type is None:
+        return None
+    if allowed(ctx, operation, resource_type, name if resource_type == ResourceType.TOPIC else CLUSTER_NAME):
+        return None
+    return denied_error(resource_type), _DENIED_MESSAGES[resource_type]

@@ -23,7 +23,7 @@ from pykbroker.security.acl import (
 )
 from pykbroker.security.acl_store import check_storable
 from pykbroker.server.dispatch import CloseConnection, RequestContext, handles
-from pykbroker.server.handlers._authorize import AclOperation, cluster_allowed
+from pykbroker.server.handlers._authorize import AclOperation, cluster_allowed, enabled
 from pykbroker.server.handlers._build import make, response_module
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def _check(ctx: RequestContext, operation: AclOperation) -> KafkaError | None:
     there is an authorizer at all."""
     if not cluster_allowed(ctx, operation):
         return _denied(ctx)
-    if ctx.broker.authorizer is None:
+    if not enabled(ctx):
         return KafkaError(ErrorCode.security_disabled, _NO_AUTHORIZER)
     return None
 
@@ -63,14 +63,22 @@ async def _persist(ctx: RequestContext, plan) -> None:
                 plan.fail(pattern, KafkaError(ErrorCode.unknown_server_error, f"Failed to update ACLs: {exc}"))
 
 
+def _read(ctx: RequestContext, what: str, parse, operation: AclOperation):
+    """(the request read as security/acl.py reads it, None, the error refusing it whole or None); or (None,
+    the connection closed, None), as Kafka closes it for a request it cannot parse."""
+    try:
+        return parse(), None, _check(ctx, operation)
+    except MalformedAclRequest as exc:
+        return None, CloseConnection(f"malformed {what} request: {exc}"), None
+
+
 @handles(29)
 def describe_acls(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
-    try:
-        binding_filter = describe_filter(request, ctx.version)
-    except MalformedAclRequest as exc:
-        return CloseConnection(f"malformed DescribeAcls request: {exc}")
-    error = _check(ctx, AclOperation.DESCRIBE)
+    binding_filter, closed, error = _read(ctx, "DescribeAcls", lambda: describe_filter(request, ctx.version),
+                                          AclOperation.DESCRIBE)
+    if closed is not None:
+        return closed
     if error is not None:
         code, message = _code(error)
         if code == ErrorCode.security_disabled:
@@ -93,16 +101,15 @@ def describe_acls(ctx: RequestContext, request) -> object:
 @handles(30)
 async def create_acls(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
-    try:
-        parsed = creation_bindings(request.creations, ctx.version)
-    except MalformedAclRequest as exc:
-        return CloseConnection(f"malformed CreateAcls request: {exc}")
+    parsed, closed, error = _read(ctx, "CreateAcls", lambda: creation_bindings(request.creations, ctx.version),
+                                  AclOperation.ALTER)
+    if closed is not None:
+        return closed
 
     def answer(errors: list[KafkaError | None]) -> object:
         return make(schema.CreateAclsResponse, throttle_time=0, results=tuple(
             make(schema.AclCreationResult, error_code=_code(e)[0], error_message=_code(e)[1]) for e in errors))
 
-    error = _check(ctx, AclOperation.ALTER)
     if error is not None:
         return answer([error] * len(parsed))
     results: list[KafkaError | None] = [item if isinstance(item, KafkaError) else None for item in parsed]
@@ -117,12 +124,11 @@ async def create_acls(ctx: RequestContext, request) -> object:
 
 @handles(31)
 async def delete_acls(ctx: RequestContext, request) -> object:
+    filters, closed, error = _read(ctx, "DeleteAcls", lambda: delete_filters(request.filters, ctx.version),
+                                   AclOperation.ALTER)
+    if closed is not None:
+        return closed
     schema = response_module(ctx)
-    try:
-        filters = delete_filters(request.filters, ctx.version)
-    except MalformedAclRequest as exc:
-        return CloseConnection(f"malformed DeleteAcls request: {exc}")
-    error = _check(ctx, AclOperation.ALTER)
     if error is not None:
         code, message = _code(error)
         return make(schema.DeleteAclsResponse, throttle_time=0, filter_results=tuple(
