@@ -79,7 +79,11 @@ def pykbroker_client(tmp_path_factory, pki):
     plain, mtls = free_port(), free_port()
     config = {**_tls_settings(pki, mtls, plain), "num.partitions": 1, "offsets.topic.num.partitions": 1,
               "transaction.state.log.num.partitions": 1}
-    broker = BrokerProcess(tmp_path_factory.mktemp("acl-pykbroker"), config=config, port=plain)
+    yield from _serving(BrokerProcess(tmp_path_factory.mktemp("acl-pykbroker"), config=config, port=plain), mtls, pki)
+
+
+def _serving(broker, mtls: int, pki):
+    """Start ``broker``, prepare it, and yield the mTLS client's connection to it; close it after."""
     broker.start()
     try:
         _prepare(RawClient(broker.address))
@@ -107,14 +111,7 @@ def kafka_client(tmp_path_factory, pki):
     settings["advertised.listeners"] = f"PLAINTEXT://{kafka.host}:{kafka.port},MTLS://{kafka.host}:{mtls}"
     settings["listener.security.protocol.map"] = "PLAINTEXT:PLAINTEXT,MTLS:SSL,CONTROLLER:PLAINTEXT"
     kafka.overrides.update(settings)
-    kafka.start()
-    try:
-        _prepare(RawClient(kafka.address))
-        client = RawClient(("127.0.0.1", mtls), client_tls(pki, pki.client_pem_file))
-        yield client
-        client.close()
-    finally:
-        kafka.close()
+    yield from _serving(kafka, mtls, pki)
 
 
 # -- the table: (id, request builder, the authorization errors expected at those paths) --------------------
