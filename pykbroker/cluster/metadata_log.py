@@ -71,7 +71,7 @@ def _decode_line(line: bytes) -> dict[str, Any] | None:
         record = json.loads(body)
     except ValueError:
         return None
-    return record if isinstance(record, dict) and record.get("op") in ("topic", "delete", "config") else None
+    return record if isinstance(record, dict) and record.get("op") in ("topic", "delete", "config", "acl") else None
 
 
 def read_snapshot_topics(path: Path) -> list[dict[str, Any]] | None:

@@ -137,3 +137,16 @@ def wait_for_acl_count(client: RawClient, count: int, timeout: float = 30.0) -> 
     while (seen := acl_count(client)) != count:
         assert time.monotonic() < deadline, f"the broker shows {seen} ACLs, not {count}, after {timeout} s"
         time.sleep(0.1)
+
+
+def secured_settings(pki, plain_port: int, mtls_port: int, authorizer: str) -> dict:
+    """Broker settings (Kafka's names) for ACL tests: PLAINTEXT (User:ANONYMOUS, a super user: the admin) and
+    MTLS, an SSL listener requiring a client certificate (its subject is the principal), with ``authorizer``."""
+    return {
+        "listeners": f"PLAINTEXT://127.0.0.1:{plain_port},MTLS://127.0.0.1:{mtls_port}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,MTLS:SSL",
+        "ssl.keystore.type": "PEM", "ssl.keystore.location": pki.broker_pem_file,
+        "ssl.truststore.type": "PEM", "ssl.truststore.location": pki.ca_file,
+        "listener.name.mtls.ssl.client.auth": "required",
+        "authorizer.class.name": authorizer, "super.users": "User:ANONYMOUS",
+    }

@@ -24,7 +24,7 @@ pytest.importorskip("cryptography", reason="certificates for these tests are bui
 from acl_helpers import (  # noqa: E402
     ALL, ALLOW, CLUSTER_DENIED, DENY, DESCRIBE, GROUP, GROUP_DENIED, LITERAL, PREFIXED, READ, TOPIC, TOPIC_DENIED,
     TRANSACTIONAL_ID, TXN_DENIED, WRITE, RawClient, acl_creation, authorization_view, client_tls, create_acls,
-    schema, wait_for_acl_count,
+    schema, secured_settings, wait_for_acl_count,
 )
 from broker_process import BrokerProcess, free_port, wait_until  # noqa: E402
 from pykbroker.protocol.records import TRANSACTIONAL_MASK, build_batch  # noqa: E402
@@ -41,17 +41,6 @@ ACLS = [
     (GROUP, "g-read", READ, ALLOW, LITERAL), (GROUP, "g-describe", DESCRIBE, ALLOW, LITERAL),
     (TRANSACTIONAL_ID, "tx-write", WRITE, ALLOW, LITERAL),
 ]
-
-
-def _tls_settings(pki, mtls_port: int, plain_port: int) -> dict:
-    return {
-        "listeners": f"PLAINTEXT://127.0.0.1:{plain_port},MTLS://127.0.0.1:{mtls_port}",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,MTLS:SSL",
-        "ssl.keystore.type": "PEM", "ssl.keystore.location": pki.broker_pem_file,
-        "ssl.truststore.type": "PEM", "ssl.truststore.location": pki.ca_file,
-        "listener.name.mtls.ssl.client.auth": "required",
-        "authorizer.class.name": AUTHORIZER, "super.users": "User:ANONYMOUS",
-    }
 
 
 def _prepare(admin: RawClient) -> None:
@@ -77,7 +66,7 @@ def pki(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pykbroker_client(tmp_path_factory, pki):
     plain, mtls = free_port(), free_port()
-    config = {**_tls_settings(pki, mtls, plain), "num.partitions": 1, "offsets.topic.num.partitions": 1,
+    config = {**secured_settings(pki, plain, mtls, AUTHORIZER), "num.partitions": 1, "offsets.topic.num.partitions": 1,
               "transaction.state.log.num.partitions": 1}
     yield from _serving(BrokerProcess(tmp_path_factory.mktemp("acl-pykbroker"), config=config, port=plain), mtls, pki)
 
@@ -105,7 +94,7 @@ def kafka_client(tmp_path_factory, pki):
         yield None
         return
     mtls = free_port()
-    settings = _tls_settings(pki, mtls, kafka.port)
+    settings = secured_settings(pki, kafka.port, mtls, AUTHORIZER)
     settings["listeners"] = (f"PLAINTEXT://{kafka.host}:{kafka.port},MTLS://{kafka.host}:{mtls},"
                              f"CONTROLLER://{kafka.host}:{kafka.controller_port}")
     settings["advertised.listeners"] = f"PLAINTEXT://{kafka.host}:{kafka.port},MTLS://{kafka.host}:{mtls}"
@@ -338,6 +327,7 @@ ROWS = [
     ("offset-fetch-topic-describe", lambda: _offset_fetch("g-describe", "open", "denied"),
      {"g-describe/denied/0:error_code": TOPIC_DENIED}),
     ("find-coordinator-group", lambda: _find_coordinator(0, "g-read", "g-none"), {"g-none:error_code": GROUP_DENIED}),
+    ("find-coordinator-v3", lambda: schema(10, 3)[0](key="g-none", key_type=0), {":error_code": GROUP_DENIED}),
     ("find-coordinator-txn", lambda: _find_coordinator(1, "tx-write", "tx-none"), {"tx-none:error_code": TXN_DENIED}),
     ("join-group", lambda: _join("g-describe"), {":error_code": GROUP_DENIED}),
     ("join-group-allowed", lambda: _join("g-read"), {}),

@@ -37,6 +37,8 @@ _TOPIC_OF = {GROUP_KEY: OFFSETS_TOPIC, TRANSACTION_KEY: TRANSACTION_STATE_TOPIC}
 _KAFKA_MESSAGES = {
     ErrorCode.none: "NONE",
     ErrorCode.coordinator_not_available: "The coordinator is not available.",
+    ErrorCode.group_authorization_failed: "Group authorization failed.",
+    ErrorCode.transactional_id_authorization_failed: "Transactional Id authorization failed.",
     ErrorCode.invalid_request: "This most likely occurs because of a request being malformed by the client library "
                                "or the message was sent to an incompatible broker. See the broker logs for more details.",
 }
