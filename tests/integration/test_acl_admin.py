@@ -229,3 +229,27 @@ def test_super_users_and_allow_everyone_if_no_acl_found(tmp_path, pki):
         assert error is not None and error.code() == confluent_kafka.KafkaError.TOPIC_AUTHORIZATION_FAILED, error
     finally:
         broker.close()
+
+
+def test_a_transactional_producer_with_its_acls_commits(secured, pki):
+    """WRITE on the transactional id and the topic is all a transactional producer needs (InitProducerId,
+    AddPartitionsToTxn, Produce, EndTxn); the broker's markers to itself run as User:ANONYMOUS, a super user.
+    Without the transactional id's ACL, InitProducerId is refused."""
+    topic, txn = f"acl-{uuid.uuid4().hex[:8]}", f"tx-{uuid.uuid4().hex[:8]}"
+    _create_topic(secured, topic)
+    admin = RawClient(secured.address)
+    assert create_acls(admin, [acl_creation(CLIENT, TOPIC, topic, 4), acl_creation(CLIENT, TOPIC, topic, READ)]) == [0, 0]
+    settings = _mtls(pki, secured)
+    producer = confluent_kafka.Producer({**settings, "transactional.id": txn})
+    with pytest.raises(confluent_kafka.KafkaException) as refused:
+        producer.init_transactions(TIMEOUT_S)
+    assert refused.value.args[0].code() == confluent_kafka.KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    assert create_acls(admin, [acl_creation(CLIENT, 5, txn, 4)]) == [0]  # WRITE on the transactional id
+    producer = confluent_kafka.Producer({**settings, "transactional.id": txn})
+    producer.init_transactions(TIMEOUT_S)
+    producer.begin_transaction()
+    producer.produce(topic, b"committed")
+    producer.commit_transaction(TIMEOUT_S)
+    assert create_acls(admin, [acl_creation(CLIENT, 3, "reader", READ)]) == [0]
+    value, error = _consume({**settings, "isolation.level": "read_committed"}, topic, "reader")
+    assert (value, error) == (b"committed", None)
