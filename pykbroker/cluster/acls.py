@@ -169,11 +169,13 @@ class ZkAclStore:
 
     async def _process_new(self, root: str) -> None:
         children = await self.zk.children(root)
+        changes = []
         for child in children:
             try:
-                sequence = acl_store.change_sequence(child)
+                changes.append((acl_store.change_sequence(child), child))
             except acl_store.AclStoreError:
                 continue
+        for sequence, child in sorted(changes):  # in sequence order: ZooKeeper lists children in any order
             if sequence <= self._last[root]:
                 continue
             path = f"{root}/{child}"

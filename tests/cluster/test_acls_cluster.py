@@ -90,6 +90,27 @@ def test_an_acl_changed_through_one_broker_is_enforced_by_every_broker(zk_connec
                        f"broker {broker_id} refusing again", PROPAGATION_S)
         assert zk.exists(f"/kafka-acl/Topic/{topic}") is None
 
+        # written straight into ZooKeeper in Kafka's layout (as kafka-acls.sh --authorizer-properties
+        # zookeeper.connect=... writes it), beside a znode and a notification that do not decode: the brokers
+        # take the good one, skip the others with a warning, and serve on
+        zk.create("/kafka-acl/Topic/garbage", b"not json")
+        zk.create("/kafka-acl-changes/acl_changes_", b"TOPIC:garbage", sequence=True)
+        zk.create("/kafka-acl-changes/acl_changes_", b"no colon here", sequence=True)
+        zk.create(f"/kafka-acl/Topic/{topic}", json.dumps({"version": 1, "acls": [
+            {"principal": CLIENT, "permissionType": "Allow", "operation": "Read", "host": "*"}]}).encode())
+        zk.create("/kafka-acl-changes/acl_changes_", f"TOPIC:{topic}".encode(), sequence=True)
+        for broker_id in (1, 2, 3):
+            wait_until(lambda: _topic_error(clients[broker_id], topic) == 0,
+                       f"broker {broker_id} taking the ACL written to ZooKeeper", PROPAGATION_S)
+        log_text = cluster.brokers[2].log_path.read_text()
+        assert "skipping ACL znode /kafka-acl/Topic/garbage" in log_text
+        zk.delete("/kafka-acl/Topic/garbage")
+        zk.delete(f"/kafka-acl/Topic/{topic}")
+        zk.create("/kafka-acl-changes/acl_changes_", f"TOPIC:{topic}".encode(), sequence=True)
+        for broker_id in (1, 2, 3):
+            wait_until(lambda: _topic_error(clients[broker_id], topic) == TOPIC_DENIED,
+                       f"broker {broker_id} dropping the ACL deleted in ZooKeeper", PROPAGATION_S)
+
         # a broker (re)started later loads what ZooKeeper holds
         assert create_acls(admin, [acl_creation(CLIENT, TOPIC, topic, DESCRIBE)]) == [0]
         clients[3].close()
