@@ -424,3 +424,26 @@ def test_metadata_hides_topics_the_principal_may_not_describe(pykbroker_client, 
         assert "denied" not in shown and {"open", "readonly", "writeonly", "denyread"} <= set(shown)
         # READ allows READ and (implied) DESCRIBE: bits 3 and 8
         assert shown["readonly"] == (1 << READ) | (1 << DESCRIBE)
+
+
+def test_describe_groups_authorized_operations_are_the_principals(pykbroker_client, kafka_client):
+    """DESCRIBE on the group: the bit field holds DESCRIBE only (bit 8); READ on another: READ and DESCRIBE."""
+    cls, _ = schema(15, 5)
+    for client in filter(None, (pykbroker_client, kafka_client)):
+        answer = client.call(cls(groups=("g-describe", "g-read"), include_authorized_operations=True))
+        operations = {g.group_id: g.authorized_operations for g in answer.groups}
+        assert operations == {"g-describe": 1 << DESCRIBE, "g-read": (1 << READ) | (1 << DESCRIBE)}, answer
+
+
+def test_describe_topic_partitions_hides_and_refuses_like_metadata(pykbroker_client):
+    """DescribeTopicPartitions (Kafka 3.8+, not in the 3.7.1 reference): a named topic the principal may not
+    DESCRIBE answers TOPIC_AUTHORIZATION_FAILED; every topic asked for leaves it out; the others carry the
+    principal's authorized operations."""
+    cls, m = schema(75, 0)
+    answer = pykbroker_client.call(cls(topics=(m.TopicRequest(name="readonly"), m.TopicRequest(name="denied")),
+                                       response_partition_limit=100, cursor=None))
+    by_name = {t.name: t for t in answer.topics}
+    assert by_name["denied"].error_code == TOPIC_DENIED and by_name["readonly"].error_code == 0
+    assert by_name["readonly"].topic_authorized_operations == (1 << READ) | (1 << DESCRIBE)
+    answer = pykbroker_client.call(cls(topics=(), response_partition_limit=100, cursor=None))
+    assert "denied" not in {t.name for t in answer.topics} and "readonly" in {t.name for t in answer.topics}
