@@ -113,9 +113,9 @@ def _produce(*topics, txn=None):
         m.TopicProduceData(name=t, partition_data=(m.PartitionProduceData(index=0, records=batch),)) for t in topics))
 
 
-def _fetch(*topics):
+def _fetch(*topics, replica_id=-1):
     cls, m = schema(1, 12)
-    return cls(cluster_id=None, replica_id=-1, max_wait=0 * S, min_bytes=0, max_bytes=1 << 20, isolation_level=0,
+    return cls(cluster_id=None, replica_id=replica_id, max_wait=0 * S, min_bytes=0, max_bytes=1 << 20, isolation_level=0,
                session_id=0, session_epoch=-1, forgotten_topics_data=(), rack_id="", topics=tuple(
                    m.FetchTopic(topic=t, partitions=(m.FetchPartition(
                        partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1,
@@ -285,6 +285,25 @@ def _elect_leaders(*topics):
                topic_partitions=tuple(m.TopicPartitions(topic=t, partitions=(0,)) for t in topics))
 
 
+def _write_txn_markers(*topics):
+    cls, m = schema(27, 1)
+    return cls(markers=(m.WritableTxnMarker(producer_id=1, producer_epoch=0, transaction_result=True,
+                                            coordinator_epoch=0, topics=tuple(
+        m.WritableTxnMarkerTopic(name=t, partition_indexes=(0,)) for t in topics)),))
+
+
+def _offset_delete(group, *topics):
+    cls, m = schema(47, 0)
+    return cls(group_id=group, topics=tuple(m.OffsetDeleteRequestTopic(
+        name=t, partitions=(m.OffsetDeleteRequestPartition(partition_index=0),)) for t in topics))
+
+
+def _alter_reassignments(*topics):
+    cls, m = schema(45, 0)
+    return cls(timeout=10 * S, topics=tuple(m.ReassignableTopic(name=t, partitions=(
+        m.ReassignablePartition(partition_index=0, replicas=None),)) for t in topics))
+
+
 def _list_reassignments():
     cls, _ = schema(46, 0)
     return cls(timeout=10 * S, topics=None)
@@ -318,6 +337,8 @@ ROWS = [
     ("fetch-read", lambda: _fetch("open", "readonly", "writeonly", "denied", "denyread"),
      {"writeonly/0:error_code": TOPIC_DENIED, "denied/0:error_code": TOPIC_DENIED,
       "denyread/0:error_code": TOPIC_DENIED}),
+    ("fetch-as-follower-needs-cluster-action", lambda: _fetch("open", replica_id=1),
+     {"open/0:error_code": TOPIC_DENIED}),
     ("list-offsets-describe", lambda: _list_offsets("open", "writeonly", "denied"),
      {"denied/0:error_code": TOPIC_DENIED}),
     ("offset-commit-group-read", lambda: _offset_commit("g-describe", "open"), {"open/0:error_code": GROUP_DENIED}),
@@ -371,6 +392,10 @@ ROWS = [
     ("describe-transactions", lambda: _describe_transactions("tx-none"), {"tx-none:error_code": TXN_DENIED}),
     ("elect-leaders", lambda: _elect_leaders("open"), {":error_code": CLUSTER_DENIED, "open:error_code": CLUSTER_DENIED}),
     ("list-partition-reassignments", _list_reassignments, {":error_code": CLUSTER_DENIED}),
+    ("alter-partition-reassignments", lambda: _alter_reassignments("open"),
+     {":error_code": CLUSTER_DENIED, "open/0:error_code": CLUSTER_DENIED}),
+    ("write-txn-markers", lambda: _write_txn_markers("open"), {"open/0:error_code": CLUSTER_DENIED}),
+    ("offset-delete", lambda: _offset_delete("g-read", "open"), {":error_code": GROUP_DENIED}),
     ("describe-acls", _describe_acls, {":error_code": CLUSTER_DENIED}),
     ("create-acls", _create_acl, {":error_code": CLUSTER_DENIED}),
     ("delete-acls", _delete_acl, {":error_code": CLUSTER_DENIED}),
