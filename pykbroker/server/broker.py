@@ -658,6 +658,8 @@ class Broker:
 
     async def stop(self) -> None:
         self.stopping = True
+        if self.acl_store is not None:  # its watch reads ZooKeeper: stopped before the cluster parts close it
+            await self.acl_store.close()
         if self.cluster is not None:
             # Controlled shutdown while still serving (the controller's requests reach us), then leave.
             await self.cluster.stop(controlled=True)
@@ -673,8 +675,6 @@ class Broker:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
         await self._verifier.close()  # produces waiting for a verification get NETWORK_EXCEPTION
-        if self.acl_store is not None:
-            await self.acl_store.close()
         while self._owned:  # topic creations whose clients left: their partitions get hosted and committed
             await asyncio.gather(*self._owned, return_exceptions=True)
         try:
