@@ -77,8 +77,10 @@ def _serving(broker, mtls: int, pki):
     try:
         _prepare(RawClient(broker.address))
         client = RawClient(("127.0.0.1", mtls), client_tls(pki, pki.client_pem_file))
+        client.admin = RawClient(broker.address)  # User:ANONYMOUS, a super user
         yield client
         client.close()
+        client.admin.close()
     finally:
         broker.close()
 
@@ -472,3 +474,15 @@ def test_describe_topic_partitions_hides_and_refuses_like_metadata(pykbroker_cli
     assert by_name["readonly"].topic_authorized_operations == (1 << READ) | (1 << DESCRIBE)
     answer = pykbroker_client.call(cls(topics=(), response_partition_limit=100, cursor=None))
     assert "denied" not in {t.name for t in answer.topics} and "readonly" in {t.name for t in answer.topics}
+
+
+def test_list_groups_shows_only_the_groups_the_principal_may_describe(pykbroker_client, kafka_client):
+    """Without DESCRIBE on the cluster, ListGroups lists the groups the principal may DESCRIBE (READ implies it)."""
+    cls, _ = schema(16, 4)
+    for client in filter(None, (pykbroker_client, kafka_client)):
+        for group in ("g-read", "g-describe", "g-none"):  # groups made by the admin's simple commits
+            assert set(authorization_view(client.admin.call(_offset_commit(group, "open"))).values()) == {0}
+        everything = {g.group_id for g in client.admin.call(cls(states_filter=())).groups}
+        assert {"g-read", "g-describe", "g-none"} <= everything
+        listed = {g.group_id for g in client.call(cls(states_filter=())).groups}
+        assert listed == everything & {"g-read", "g-describe"}, (everything, listed)
