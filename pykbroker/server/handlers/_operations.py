@@ -10,31 +10,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pykbroker.security.acl import CLUSTER_NAME
+from pykbroker.security.acl import CLUSTER_NAME, SUPPORTED_OPERATIONS
 from pykbroker.server.handlers._authorize import AclOperation, ResourceType, cluster_allowed, operations
 
 if TYPE_CHECKING:
     from pykbroker.server.dispatch import RequestContext
 
-# AclOperation codes (org.apache.kafka.common.acl.AclOperation)
-READ, WRITE, CREATE, DELETE, ALTER, DESCRIBE = 3, 4, 5, 6, 7, 8
-CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE = 9, 10, 11, 12
-
 NOT_REQUESTED = -(2**31)  # Integer.MIN_VALUE: the field's default when the request did not ask
 
 
-def _bits(*operations: int) -> int:
-    return sum(1 << op for op in set(operations))
+def _bits(resource_type: ResourceType) -> int:
+    return sum(1 << int(op) for op in SUPPORTED_OPERATIONS[resource_type])
 
 
-TOPIC_OPERATIONS = _bits(READ, WRITE, CREATE, DELETE, ALTER, DESCRIBE, DESCRIBE_CONFIGS, ALTER_CONFIGS)
-GROUP_OPERATIONS = _bits(READ, DESCRIBE, DELETE)
-CLUSTER_OPERATIONS = _bits(CREATE, CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE, ALTER, DESCRIBE)
-
-
-def operations_if(asked: bool, operations: int) -> int:
-    """``operations`` when the request asked for them, else the "not requested" value."""
-    return operations if asked else NOT_REQUESTED
+# every operation a resource type supports (Kafka's AclEntry.supportedOperations): the answer without an authorizer
+TOPIC_OPERATIONS = _bits(ResourceType.TOPIC)
+GROUP_OPERATIONS = _bits(ResourceType.GROUP)
+CLUSTER_OPERATIONS = _bits(ResourceType.CLUSTER)
 
 
 def authorized_if(ctx: "RequestContext", asked: bool, resource_type: ResourceType, name: str, supported: int) -> int:
