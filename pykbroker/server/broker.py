@@ -71,6 +71,7 @@ from pykbroker.protocol import records
 from pykbroker.protocol.apis import apis_for
 from pykbroker.replication.replica_manager import ReplicaManager
 from pykbroker.security.authorizer import AUTHORIZER_CLASS_NAMES, AclAuthorizer
+from pykbroker.security.principal import ANONYMOUS
 from pykbroker.security.credentials import ScramCredentialCache
 from pykbroker.security.quotas import ClientQuotas
 from pykbroker.server.connection import KafkaConnection, RequestMemory
@@ -151,9 +152,17 @@ def make_authorizer(config: BrokerConfig) -> AclAuthorizer | None:
         raise StartupError(f"authorizer.class.name={class_name}: pykbroker's authorizer serves "
                            f"{' or '.join(sorted(AUTHORIZER_CLASS_NAMES))} (Kafka's ACL semantics), no other class")
     try:
-        return AclAuthorizer.from_config(config.values)
+        authorizer = AclAuthorizer.from_config(config.values)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
+    if not authorizer.is_super_user(ANONYMOUS):
+        # Brokers reach each other (and a single broker itself: transaction markers) over PLAINTEXT, as
+        # User:ANONYMOUS; Kafka needs the brokers' principal in super.users (or CLUSTER_ACTION ACLs).
+        log.warning("authorizer on and %s is not in super.users: brokers' requests to each other (and a broker's "
+                    "transaction markers to itself) come from %s over PLAINTEXT and need CLUSTER_ACTION; add it to "
+                    "super.users (or allow it CLUSTER_ACTION), as Kafka requires of the brokers' principal",
+                    ANONYMOUS, ANONYMOUS)
+    return authorizer
 
 
 class Broker:

@@ -216,6 +216,13 @@ def test_super_users_and_allow_everyone_if_no_acl_found(tmp_path, pki):
     try:
         _create_topic(broker, topic)
         assert _produce(_mtls(pki, broker), topic) is None  # no ACL at all: a super user may
+        assert "is not in super.users" not in broker.log_path.read_text()
+    finally:
+        broker.close()
+    broker = _secured(tmp_path / "no-broker-principal", pki, **{"super.users": CLIENT})
+    try:  # the brokers' own principal (User:ANONYMOUS on PLAINTEXT) is not a super user: one warning says so
+        assert "User:ANONYMOUS is not in super.users" in broker.log_path.read_text()
+        assert _produce(_mtls(pki, broker), topic) is None  # the client, a super user, auto-creates the topic
     finally:
         broker.close()
     broker = _secured(tmp_path / "everyone", pki, **{"allow.everyone.if.no.acl.found": "true"})
