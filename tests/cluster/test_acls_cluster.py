@@ -25,6 +25,13 @@ from acl_helpers import (  # noqa: E402
 from broker_process import free_port, wait_until  # noqa: E402
 from tls_helpers import standard_pki  # noqa: E402
 
+
+def kafka_tools_or_none():
+    from kafka_tools import KafkaTools, find_refkit, unavailable_reason
+
+    refkit = find_refkit()
+    return None if unavailable_reason(refkit) is not None else KafkaTools(refkit)
+
 CLIENT = "User:CN=client,OU=apps,O=pykbroker"
 PROPAGATION_S = 10.0  # "within seconds": a ZooKeeper watch and one read
 
@@ -70,6 +77,13 @@ def test_an_acl_changed_through_one_broker_is_enforced_by_every_broker(zk_connec
             wait_until(lambda: _topic_error(clients[broker_id], topic) == 0,
                        f"broker {broker_id} allowing the new ACL", PROPAGATION_S)
         assert time.monotonic() - started < PROPAGATION_S
+
+        # kafka-acls.sh unmodified, through another broker, lists it
+        tools = kafka_tools_or_none()
+        if tools is not None:
+            listed = tools.run("kafka-acls.sh", "--bootstrap-server", cluster.brokers[3].bootstrap, "--list",
+                               "--topic", topic).stdout
+            assert f"(principal={CLIENT}, host=*, operation=DESCRIBE, permissionType=ALLOW)" in listed, listed
 
         # Kafka's layout in ZooKeeper: the pattern's znode and a change notification naming it
         zk = cluster.zk()

@@ -486,3 +486,16 @@ def test_list_groups_shows_only_the_groups_the_principal_may_describe(pykbroker_
         assert {"g-read", "g-describe", "g-none"} <= everything
         listed = {g.group_id for g in client.call(cls(states_filter=())).groups}
         assert listed == everything & {"g-read", "g-describe"}, (everything, listed)
+
+
+def test_an_idempotent_producer_needs_write_on_some_topic_or_idempotent_write(pykbroker_client, kafka_client, pki):
+    """InitProducerId without a transactional id (KIP-679): a principal with no ACL at all is refused with
+    CLUSTER_AUTHORIZATION_FAILED; the table's client, with WRITE on a topic, is not (its row above)."""
+    from tls_helpers import chain_pem, key_pem
+
+    key, cert = pki.issue("nobody", sans=(), ou="apps", server=False)
+    pem = pki.write("nobody.pem", key_pem(key) + chain_pem(cert, pki))
+    for client in filter(None, (pykbroker_client, kafka_client)):
+        nobody = RawClient(client.address, client_tls(pki, pem))
+        assert authorization_view(nobody.call(_init_producer_id(None))) == {":error_code": CLUSTER_DENIED}
+        nobody.close()
