@@ -692,15 +692,17 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
     _broker("metrics.host", "string", None, "Address the metrics endpoint listens on; unset: the broker's host."),
     # the authorizer's (Kafka's AclAuthorizer and StandardAuthorizer read it; KafkaConfig does not define it)
     _broker("super.users", "string", None, "Principals allowed every operation (User:alice;User:bob), as Kafka's "
-            "authorizers read it; accepted and described, no effect here (pykbroker has no authorizer)."),
+            "authorizers read it; used when authorizer.class.name turns ACLs on."),
+    _broker("allow.everyone.if.no.acl.found", "string", None, "With an authorizer, whether a resource with no ACL "
+            "is open to everyone (true) or to super users only (false, the default), as Kafka's authorizers read it."),
 )
 
 
 # Why a Kafka broker config pykbroker does not use has no effect here, by the start of its name (first match).
 _UNUSED_REASONS = (
     (("sasl.", "security.", "principal.builder.", "connections.max.reauth.", "connection.failed.authentication.",
-      "delegation.token.", "password.encoder.", "authorizer."),
-     "pykbroker serves PLAINTEXT and SSL without SASL or ACLs"),
+      "delegation.token.", "password.encoder."),
+     "pykbroker serves PLAINTEXT and SSL without SASL"),
     (("remote.log.",), "pykbroker has no tiered storage"),
     (("zookeeper.ssl.", "zookeeper.set.acl", "zookeeper.clientCnxnSocket", "zookeeper.max.in.flight."),
      "pykbroker's ZooKeeper client (kazoo) connects without TLS and ACLs"),
@@ -747,6 +749,9 @@ def _kafka_default(type_: str, text: str | None) -> Any:
 # AlterConfigs accept it, with Kafka's type, default, validator and update mode; DescribeConfigs lists it) but
 # not used. log.dir and log.dirs are pykbroker's data.dir (_SETTING_ALIASES) and are described as such.
 _USED_KAFKA_DOCS = {
+    "authorizer.class.name": "Turns ACLs on: kafka.security.authorizer.AclAuthorizer or "
+                             "org.apache.kafka.metadata.authorizer.StandardAuthorizer (both: Kafka's ZooKeeper-mode "
+                             "ACL semantics, pykbroker/security/authorizer.py); empty: every operation allowed.",
     "log.dirs": "pykbroker's data directory (data.dir, --data-dir; one directory, not a list); described as the "
                 "data directory in use, STATIC_BROKER_CONFIG when set by any of those names.",
     "log.dir": "pykbroker's data directory (data.dir) when log.dirs is not set, as in Kafka; described with the "

@@ -268,6 +268,7 @@ class EmbeddedMetadata(TopicIndex):
         self._client_entities: dict[str, dict[str, str]] = {}  # entity path -> configs (users/alice, ...)
         self._client_entity_listeners: list[Callable[[str, dict[str, str]], None]] = []
         self._endpoint = BrokerEndpoint(broker_id, host, port)
+        self._init_acls()
         super().__init__()
         self.cluster_id = self._load_meta_properties()
         self._log = MetadataLog(data_dir)
@@ -289,6 +290,8 @@ class EmbeddedMetadata(TopicIndex):
             for record in records:
                 if record["op"] == "topic":
                     self._index(TopicInfo.from_json(record["topic"]))
+                elif record["op"] == "acl":
+                    self._replay_acl(record)
                 elif record["op"] == "config":
                     entity = record["entity"]
                     configs = {str(k): str(v) for k, v in record["config"].items()}
@@ -319,6 +322,7 @@ class EmbeddedMetadata(TopicIndex):
             len(self._topics), lambda: [info.to_json() for info in self._topics.values()],
             lambda: {**{f"brokers/{entity}": dict(configs) for entity, configs in self._broker_configs.items()},
                      **{path: dict(configs) for path, configs in self._client_entities.items()}},
+            acls_of=self._acl_records,
         )
 
     def close(self) -> None:
@@ -442,6 +446,40 @@ class EmbeddedMetadata(TopicIndex):
     async def add_partitions_async(self, name: str, total: int,
                                    assignment: dict[int, list[int]] | None = None) -> None:
         self.add_partitions(name, total)
+
+    # -- ACLs (the authorizer's store on a single node: cluster/acls.py EmbeddedAclStore) ----------------
+    # One "acl" record per change holds one resource pattern's whole ACL set, as Kafka's ZooKeeper mode keeps
+    # one znode per pattern: {"op": "acl", "pattern": [resource type, pattern type, name], "acls": [entry
+    # objects as in the znode's "acls" list]}; an empty list removes the pattern. Opaque here: the codecs
+    # are security/acl_store.py's.
+    def _init_acls(self) -> None:
+        self._acls: dict[tuple[str, str, str], list[dict[str, str]]] = {}
+
+    def _replay_acl(self, record: dict[str, Any]) -> None:
+        resource_type, pattern_type, name = record["pattern"]
+        acls = record["acls"]
+        if not isinstance(acls, list) or not all(isinstance(a, str) for a in (resource_type, pattern_type, name)):
+            raise ValueError(f"malformed acl record for {record['pattern']!r}")
+        self._set_acls((resource_type, pattern_type, name), acls)
+
+    def _set_acls(self, key: tuple[str, str, str], acls: list[dict[str, str]]) -> None:
+        if acls:
+            self._acls[key] = list(acls)
+        else:
+            self._acls.pop(key, None)
+
+    def _acl_records(self) -> list[dict[str, Any]]:
+        return [{"op": "acl", "pattern": list(key), "acls": acls} for key, acls in self._acls.items()]
+
+    def acl_sets(self) -> list[tuple[tuple[str, str, str], list[dict[str, str]]]]:
+        """Every stored pattern (resource type, pattern type, name) with its ACL entry objects."""
+        return list(self._acls.items())
+
+    def set_acls(self, key: tuple[str, str, str], acls: list[dict[str, str]]) -> Future:
+        """Replace one pattern's ACL set (empty: remove it); the future completes when it is durable."""
+        self._set_acls(key, acls)
+        self._log.append({"op": "acl", "pattern": list(key), "acls": list(acls)})
+        return self.commit()
 
     async def wait_until(self, condition: Callable[[], bool], timeout_s: float) -> bool:
         """Changes are visible as soon as they are made: nothing to wait for."""

@@ -11,7 +11,8 @@ A record is the full state of one topic (``{"op": "topic", "topic": {...}}``), i
 (``{"op": "config", "entity": "brokers/<id>" or "brokers/<default>", "config": {name: value}}``, Kafka's
 ZooKeeper entity paths; an empty config removes the entity). The snapshot holds the latter as
 ``"configs": {entity: {name: value}}``; a snapshot or journal written before dynamic configs existed has
-none, and loads as it did. Records are idempotent, so replaying the journal on a snapshot that
+none, and loads as it did. ACLs: ``{"op": "acl", "pattern": [resource type, pattern type, name], "acls": [...]}``,
+one resource pattern's whole ACL set (empty: none left); the snapshot holds them as ``"acls": [records]``. Records are idempotent, so replaying the journal on a snapshot that
 already holds some of them gives the same state: the snapshot can be written first and the journal
 truncated after it without any window where a crash loses a change.
 
@@ -70,7 +71,7 @@ def _decode_line(line: bytes) -> dict[str, Any] | None:
         record = json.loads(body)
     except ValueError:
         return None
-    return record if isinstance(record, dict) and record.get("op") in ("topic", "delete", "config") else None
+    return record if isinstance(record, dict) and record.get("op") in ("topic", "delete", "config", "acl") else None
 
 
 def read_snapshot_topics(path: Path) -> list[dict[str, Any]] | None:
@@ -135,6 +136,10 @@ class MetadataLog:
         records = self._read_journal()
         self._journal_records = len(records)
         records = [{"op": "config", "entity": entity, "config": config} for entity, config in configs.items()] + records
+        acls = (snapshot or {}).get("acls") or []
+        if not isinstance(acls, list) or not all(isinstance(r, dict) and r.get("op") == "acl" for r in acls):
+            raise CorruptFile(self.snapshot_path, "holds malformed ACL records", RESTORE_HINT)
+        records = acls + records
         self._fd = os.open(self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         return topics or [], records
 
@@ -170,12 +175,14 @@ class MetadataLog:
         self._pending.append(encode_record(record))
 
     def commit(self, topic_count: int, snapshot_of: Callable[[], list[dict[str, Any]]],
-               configs_of: Callable[[], dict[str, dict[str, str]]] | None = None) -> Future:
+               configs_of: Callable[[], dict[str, dict[str, str]]] | None = None,
+               acls_of: Callable[[], list[dict[str, Any]]] | None = None) -> Future:
         """Write what is buffered (in the worker thread); the future completes once it is fsynced.
 
         ``snapshot_of`` returns every topic's entry; it is called here, on the caller's thread, only when
         the journal has outgrown ``max(SNAPSHOT_MIN_RECORDS, 2 x topic_count)``, so the snapshot is
-        consistent with the buffered records; so is ``configs_of``, the dynamic configs by entity.
+        consistent with the buffered records; so are ``configs_of``, the dynamic configs by entity, and
+        ``acls_of``, the "acl" records of every resource pattern with ACLs.
         """
         pending, self._pending = self._pending, []
         if not pending and not self._last_failed():
@@ -187,6 +194,9 @@ class MetadataLog:
             configs = configs_of() if configs_of is not None else {}
             if configs:
                 document["configs"] = configs
+            acls = acls_of() if acls_of is not None else []
+            if acls:
+                document["acls"] = acls
             snapshot = json.dumps(document)
             self._journal_records = 0
         self._last = self._executor.submit(self._write, b"".join(pending), snapshot)

@@ -1072,3 +1072,40 @@ class KafkaZkClient:
             except BadVersionError:
                 continue
 
+
+    # -- ACLs (Kafka's /kafka-acl, /kafka-acl-extended and their change notifications: security/acl_store.py
+    #    has the layout and codecs, cluster/acls.py the store and watcher that use these calls) --
+
+    async def ensure_acl_paths(self, paths: Iterable[str]) -> None:
+        for path in paths:
+            await self._ensure_path(path)
+
+    async def write_acl_znode(self, path: str, data: bytes | None, version: int | None) -> bool:
+        """Write one pattern's ACL znode conditionally: ``version`` None creates it, else sets (``data``) or
+        deletes (``data`` None) the version read. False, nothing written, when it changed since it was read."""
+        try:
+            if version is None:
+                await self._await(self._zk.create_async(path, data, makepath=True))
+            elif data is None:
+                await self._await(self._zk.delete_async(path, version=version))
+            else:
+                await self._await(self._zk.set_async(path, data, version=version))
+        except (BadVersionError, NodeExistsError, NoNodeError):
+            return False
+        return True
+
+    async def create_acl_change(self, prefix: str, data: bytes) -> str:
+        """A persistent sequential change notification (``prefix`` ends with "acl_changes_"); its node name."""
+        created = await self._await(self._zk.create_async(prefix, data, sequence=True, makepath=True))
+        return created.rsplit("/", 1)[1]
+
+    async def delete_if_present(self, path: str) -> None:
+        try:
+            await self._await(self._zk.delete_async(path))
+        except NoNodeError:
+            pass
+
+    def watch_children(self, path: str, callback: Callable[[list[str]], Any]) -> None:
+        """``callback(sorted children)`` on the loop, now and whenever ``path``'s children change."""
+        on_loop = self._to_loop(callback)
+        self._zk.ChildrenWatch(path, lambda children: on_loop(sorted(children)))

@@ -71,7 +71,8 @@ from pykbroker.protocol import records
 from pykbroker.protocol.apis import apis_for
 from pykbroker.replication.replica_manager import ReplicaManager
 from pykbroker.security import client_entities
-from pykbroker.security.authorizer import AclAuthorizer
+from pykbroker.security.authorizer import AUTHORIZER_CLASS_NAMES, AclAuthorizer
+from pykbroker.security.principal import ANONYMOUS
 from pykbroker.security.credentials import ScramCredentialCache
 from pykbroker.security.quotas import ClientQuotas
 from pykbroker.server.connection import KafkaConnection, RequestMemory
@@ -141,9 +142,34 @@ def bind_listener(listener: Listener) -> socket.socket:
         raise StartupError(f"cannot listen on {listener}: {reason}") from None
 
 
+def make_authorizer(config: BrokerConfig) -> AclAuthorizer | None:
+    """The ACL authorizer ``authorizer.class.name`` asks for (Kafka's AclAuthorizer or StandardAuthorizer:
+    both give Kafka's ZooKeeper-mode ACL semantics here), None when it is empty; StartupError for another
+    class or a bad ``super.users`` / ``allow.everyone.if.no.acl.found``."""
+    class_name = (config.get("authorizer.class.name") or "").strip()
+    if not class_name:
+        return None
+    if class_name not in AUTHORIZER_CLASS_NAMES:
+        raise StartupError(f"authorizer.class.name={class_name}: pykbroker's authorizer serves "
+                           f"{' or '.join(sorted(AUTHORIZER_CLASS_NAMES))} (Kafka's ACL semantics), no other class")
+    try:
+        authorizer = AclAuthorizer.from_config(config.values)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    if not authorizer.is_super_user(ANONYMOUS):
+        # Brokers reach each other (and a single broker itself: transaction markers) over PLAINTEXT, as
+        # User:ANONYMOUS; Kafka needs the brokers' principal in super.users (or CLUSTER_ACTION ACLs).
+        log.warning("authorizer on and %s is not in super.users: brokers' requests to each other (and a broker's "
+                    "transaction markers to itself) come from %s over PLAINTEXT and need CLUSTER_ACTION; add it to "
+                    "super.users (or allow it CLUSTER_ACTION), as Kafka requires of the brokers' principal",
+                    ANONYMOUS, ANONYMOUS)
+    return authorizer
+
+
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
+        authorizer = make_authorizer(config)  # before the data dir is opened: a bad setting writes nothing
         self.broker_id = config.broker_id
         data_dir = Path(config.data_dir)
         self.data_dir = data_dir
@@ -217,7 +243,13 @@ class Broker:
         # users/clients entity configs), and the ACL authorizer, None unless authorizer.class.name names one.
         self.scram_credentials = ScramCredentialCache()
         self.quotas = ClientQuotas.from_config(config.get)
-        self.authorizer: AclAuthorizer | None = None
+        self.authorizer: AclAuthorizer | None = authorizer
+        self.acl_store = None  # where the authorizer's ACLs live (cluster/acls.py), with an authorizer only
+        if authorizer is not None:
+            from pykbroker.cluster.acls import EmbeddedAclStore, ZkAclStore
+
+            self.acl_store = (EmbeddedAclStore(self.metadata, authorizer.cache) if self.cluster is None
+                              else ZkAclStore(self.cluster.zk, authorizer.cache))
         client_entities.follow(self.metadata, self.scram_credentials, self.quotas)
         self.connections: set[KafkaConnection] = set()
         self._connections_per_host: Counter[str] = Counter()
@@ -372,6 +404,8 @@ class Broker:
             log.warning("%s", speedups_missing_message())
         if self.cluster is not None:
             await self._join_cluster_first()
+        if self.acl_store is not None:  # every ACL in the cache before the first request is served
+            await self.acl_store.start()
         if self.tls is None:
             self.tls = tls_holders(self.config)
         self.load()
@@ -635,6 +669,8 @@ class Broker:
 
     async def stop(self) -> None:
         self.stopping = True
+        if self.acl_store is not None:  # its watch reads ZooKeeper: stopped before the cluster parts close it
+            await self.acl_store.close()
         if self.cluster is not None:
             # Controlled shutdown while still serving (the controller's requests reach us), then leave.
             await self.cluster.stop(controlled=True)

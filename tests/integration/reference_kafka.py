@@ -26,7 +26,8 @@ JVM_ENV = {"KAFKA_HEAP_OPTS": "-Xmx512m",
 class ReferenceKafka(BrokerProcess):
     """A BrokerProcess whose process is Kafka (kafka-server-start.sh execs java: the pid is the JVM's)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, overrides: dict[str, str] | None = None) -> None:
+        """``overrides``: server.properties settings added to or replacing the defaults below."""
         refkit = find_refkit()
         reason = unavailable_reason(refkit)
         if reason is not None:
@@ -36,6 +37,7 @@ class ReferenceKafka(BrokerProcess):
         self.controller_port = free_port()  # (never the same as self.port: free_port does not repeat itself)
         self.properties = self.workdir / "kraft.properties"
         self.log_path = self.workdir / "kafka.log"
+        self.overrides = dict(overrides or {})
 
     def _env_args(self) -> list[str]:
         settings = {"LOG_DIR": str(self.workdir / "run"), **JVM_ENV}
@@ -45,7 +47,7 @@ class ReferenceKafka(BrokerProcess):
         return [*self._env_args(), str(self.bin / "kafka-server-start.sh"), str(self.properties)]
 
     def start(self, timeout: float = START_TIMEOUT_S) -> "ReferenceKafka":
-        self.properties.write_text("\n".join([
+        settings = dict(line.split("=", 1) for line in [
             "process.roles=broker,controller", "node.id=1",
             f"controller.quorum.voters=1@{self.host}:{self.controller_port}",
             f"listeners=PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{self.controller_port}",
@@ -53,8 +55,10 @@ class ReferenceKafka(BrokerProcess):
             "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
             f"log.dirs={self.data_dir}", "num.partitions=1", "offsets.topic.replication.factor=1",
             "offsets.topic.num.partitions=1", "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1", "group.initial.rebalance.delay.ms=0", "",
-        ]))
+            "transaction.state.log.min.isr=1", "group.initial.rebalance.delay.ms=0",
+        ])
+        settings.update(self.overrides)
+        self.properties.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
         if not (self.data_dir / "meta.properties").exists():
             storage = [*self._env_args(), str(self.bin / "kafka-storage.sh")]
             cluster_id = subprocess.run([*storage, "random-uuid"], capture_output=True, text=True, timeout=120,

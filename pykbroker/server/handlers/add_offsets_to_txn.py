@@ -5,7 +5,9 @@ over the offsets topic's partition count) to the transaction, with AddPartitions
 from __future__ import annotations
 
 from pykbroker.groups.offset_store import OFFSETS_TOPIC
+from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._authorize import AclOperation, ResourceType, allowed
 from pykbroker.server.handlers._build import make, response_module
 from pykbroker.server.handlers.init_producer_id import fenced_for_version
 
@@ -13,6 +15,11 @@ from pykbroker.server.handlers.init_producer_id import fenced_for_version
 @handles(25)
 async def add_offsets_to_txn(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
+    if not allowed(ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id):
+        return make(schema.AddOffsetsToTxnResponse, throttle_time=0,
+                    error_code=ErrorCode.transactional_id_authorization_failed)
+    if not allowed(ctx, AclOperation.READ, ResourceType.GROUP, request.group_id):
+        return make(schema.AddOffsetsToTxnResponse, throttle_time=0, error_code=ErrorCode.group_authorization_failed)
     partition = (OFFSETS_TOPIC, ctx.broker.offset_store.partition_for(request.group_id))
     error = await ctx.broker.transactions.handle_add_partitions(
         request.transactional_id, request.producer_id, request.producer_epoch, [partition])

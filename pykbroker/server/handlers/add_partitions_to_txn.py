@@ -6,6 +6,9 @@ gets the coordinator's answer (INVALID_PRODUCER_ID_MAPPING, PRODUCER_FENCED - IN
 v2 -, CONCURRENT_TRANSACTIONS, COORDINATOR_LOAD_IN_PROGRESS, NOT_COORDINATOR...). v4 (brokers verifying a
 transactional produce, KIP-890): a batch of transactions, each answered the same way, or with
 ``verify_only`` per partition whether it is already in the transaction (INVALID_TXN_STATE if not).
+Authorization (Kafka's): v0-3 need WRITE on the transactional id (TRANSACTIONAL_ID_AUTHORIZATION_FAILED for
+every partition) and WRITE on each topic (internal topics never pass): a refused topic's partitions answer
+TOPIC_AUTHORIZATION_FAILED, the request fails as for an unknown partition; v4 needs CLUSTER_ACTION.
 """
 
 from __future__ import annotations
@@ -14,24 +17,39 @@ import asyncio
 
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.cluster.metadata import INTERNAL_TOPICS
+from pykbroker.server.handlers._authorize import (
+    AclOperation, ResourceType, allowed, allowed_names, cluster_allowed, denied_answer,
+)
 from pykbroker.server.handlers._build import make, response_module
 from pykbroker.server.handlers.init_producer_id import fenced_for_version
 
 
-def _missing(ctx: RequestContext, partitions) -> dict:
-    """Kafka's check against the metadata cache: unknown partitions, and OPERATION_NOT_ATTEMPTED for the rest."""
-    unknown = {tp for tp in partitions
-               if (info := ctx.broker.metadata.topic(tp[0])) is None or not 0 <= tp[1] < len(info.partitions)}
-    if not unknown:
+def _missing(ctx: RequestContext, partitions, check_topics: bool) -> dict:
+    """Kafka's checks of the topics' authorization (``check_topics``) and against the metadata cache: refused
+    and unknown partitions, and OPERATION_NOT_ATTEMPTED for the rest."""
+    permitted = None
+    if check_topics:
+        permitted = allowed_names(ctx, AclOperation.WRITE, ResourceType.TOPIC,
+                                  (tp[0] for tp in partitions if tp[0] not in INTERNAL_TOPICS))
+    errors = {}
+    for tp in partitions:
+        if permitted is not None and tp[0] not in permitted:
+            errors[tp] = ErrorCode.topic_authorization_failed
+        elif (info := ctx.broker.metadata.topic(tp[0])) is None or not 0 <= tp[1] < len(info.partitions):
+            errors[tp] = ErrorCode.unknown_topic_or_partition
+    if not errors:
         return {}
-    return {tp: ErrorCode.unknown_topic_or_partition if tp in unknown else ErrorCode.operation_not_attempted
-            for tp in partitions}
+    return {tp: errors.get(tp, ErrorCode.operation_not_attempted) for tp in partitions}
 
 
 async def _transaction(ctx: RequestContext, transactional_id, producer_id: int, producer_epoch: int, topics,
                        verify_only: bool) -> dict:
     partitions = [(topic.name, index) for topic in topics for index in topic.partitions]
-    errors = _missing(ctx, partitions)
+    if not verify_only and ctx.version < 4 and not allowed(ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID,
+                                                            transactional_id):
+        return dict.fromkeys(partitions, ErrorCode.transactional_id_authorization_failed)
+    errors = _missing(ctx, partitions, ctx.version < 4)
     if errors:
         return errors
     coordinator = ctx.broker.transactions
@@ -59,6 +77,8 @@ async def add_partitions_to_txn(ctx: RequestContext, request) -> object:
                                     request.v3_and_below_producer_epoch, request.v3_and_below_topics, False)
         return make(schema.AddPartitionsToTxnResponse, throttle_time=0,
                     results_by_topic_v3_and_below=_topic_results(schema, errors))
+    if not cluster_allowed(ctx, AclOperation.CLUSTER_ACTION):
+        return denied_answer(ctx, ErrorCode.cluster_authorization_failed)
     results = await asyncio.gather(*(
         _transaction(ctx, t.transactional_id, t.producer_id, t.producer_epoch, t.topics, t.verify_only)
         for t in request.transactions))

@@ -47,6 +47,7 @@ from pykbroker.cluster.metadata import StaleConfigVersion
 from pykbroker.config import TOPIC_CONFIGS, ConfigDef, broker_config_def, listed_names, warn_ignored_topic_configs
 from pykbroker.protocol.errors import ErrorCode, KafkaError
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._authorize import AclOperation, config_resource_denied
 from pykbroker.server.handlers._build import make, response_module
 from pykbroker.server.handlers.topics_admin import _commit
 
@@ -147,6 +148,11 @@ async def _alter(ctx: RequestContext, request, change: Callable[[Any], Awaitable
     for resource in request.resources:
         if seen[(resource.resource_type, resource.resource_name)] > 1:
             results.append((resource, KafkaError(ErrorCode.invalid_request, "Each resource must appear at most once.")))
+            continue
+        denied = config_resource_denied(ctx, AclOperation.ALTER_CONFIGS, resource.resource_type,
+                                        resource.resource_name)
+        if denied is not None:  # Kafka: ALTER_CONFIGS on the topic, or on the cluster for a broker
+            results.append((resource, KafkaError(denied[0], None)))
             continue
         try:
             await change(resource)

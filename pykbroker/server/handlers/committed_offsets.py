@@ -15,6 +15,11 @@ still awaiting their transaction's marker, as Kafka does. v9's member id
 and epoch belong to the new consumer protocol (KIP-848) and are not checked for classic groups, as in Kafka.
 A coordinator error (NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS) is the top-level error from v2 (the
 group's error in v8+), and each requested partition's error in v1, which has no top-level error.
+Authorization (Kafka's KafkaApis): OffsetCommit needs READ on the group (else every partition answers
+GROUP_AUTHORIZATION_FAILED) and READ on each topic (TOPIC_AUTHORIZATION_FAILED, nothing committed for it);
+OffsetFetch DESCRIBE on the group (GROUP_AUTHORIZATION_FAILED as a coordinator error is answered) and
+DESCRIBE on each topic (a named one answers TOPIC_AUTHORIZATION_FAILED with offset -1; with every topic
+asked for, the others are left out).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from datetime import timedelta
 
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._authorize import AclOperation, ResourceType, allowed, allowed_names
 from pykbroker.server.handlers._build import make, response_module
 from pykbroker.server.handlers.groups import answer_later
 
@@ -42,9 +48,11 @@ def requested_offsets(topics) -> dict[tuple[str, int], tuple[int, int, str | Non
     }
 
 
-def answer_commit(ctx: RequestContext, request, api: str, start) -> object:
-    """Run a commit (``start(respond)``) and answer it as ``{api}Response``: each requested partition with
-    its error, in the request's order (OffsetCommit, TxnOffsetCommit)."""
+def answer_commit(ctx: RequestContext, request, api: str, start, transactional_id: str | None = None) -> object:
+    """Run a commit (``start(respond, offsets)``: the requested offsets of the topics the principal may
+    READ) and answer it as ``{api}Response``: each requested partition with its error, in the request's order
+    (OffsetCommit, TxnOffsetCommit). Authorization first, as Kafka's: WRITE on ``transactional_id`` (when
+    given: TxnOffsetCommit), READ on the group, READ on each topic."""
     schema = response_module(ctx)
     topic_cls, partition_cls = getattr(schema, f"{api}ResponseTopic"), getattr(schema, f"{api}ResponsePartition")
 
@@ -58,7 +66,25 @@ def answer_commit(ctx: RequestContext, request, api: str, start) -> object:
         )
         return make(getattr(schema, f"{api}Response"), throttle_time=0, topics=topics)
 
-    return answer_later(start, build)
+    offsets = requested_offsets(request.topics)
+    if transactional_id is not None and not allowed(ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID,
+                                                    transactional_id):
+        return build(dict.fromkeys(offsets, ErrorCode.transactional_id_authorization_failed))
+    if not allowed(ctx, AclOperation.READ, ResourceType.GROUP, request.group_id):
+        return build(dict.fromkeys(offsets, ErrorCode.group_authorization_failed))
+    readable = allowed_names(ctx, AclOperation.READ, ResourceType.TOPIC, (t.name for t in request.topics))
+    denied = {tp: ErrorCode.topic_authorization_failed for tp in offsets if tp[0] not in readable}
+    if not denied:
+        return answer_later(lambda respond: start(respond, offsets), build)
+    offsets = {tp: value for tp, value in offsets.items() if tp not in denied}
+
+    def start_readable(respond) -> None:
+        if offsets:
+            start(lambda errors: respond({**errors, **denied}), offsets)
+        else:
+            respond(denied)
+
+    return answer_later(start_readable, build)
 
 
 @handles(8)
@@ -66,8 +92,8 @@ def offset_commit(ctx: RequestContext, request) -> object:
     retention = getattr(request, "retention_time", DEFAULT_RETENTION_TIME)
     retention_ms = retention // timedelta(milliseconds=1) if isinstance(retention, timedelta) else int(retention)
     expire_timestamp = -1 if retention_ms == DEFAULT_RETENTION_TIME else int(time.time() * 1000) + retention_ms
-    return answer_commit(ctx, request, "OffsetCommit", lambda respond: ctx.broker.groups.commit_offsets(
-        request.group_id, request.generation_id_or_member_epoch, request.member_id, requested_offsets(request.topics),
+    return answer_commit(ctx, request, "OffsetCommit", lambda respond, offsets: ctx.broker.groups.commit_offsets(
+        request.group_id, request.generation_id_or_member_epoch, request.member_id, offsets,
         respond, group_instance_id=getattr(request, "group_instance_id", None), expire_timestamp_ms=expire_timestamp))
 
 
@@ -76,16 +102,30 @@ def _group_topics(ctx: RequestContext, group_id: str, requested, partition_cls, 
     """(the coordinator's error, the topics to answer); with an error, the requested partitions carry it
     (what OffsetFetch v1, without a top-level error, shows). With ``require_stable`` (v7+) a partition with
     transactional offsets awaiting their marker answers UNSTABLE_OFFSET_COMMIT, offset -1."""
-    wanted = None
+    wanted = denied = None
     if requested is not None:
         wanted = [(t.name, p) for t in requested for p in t.partition_indexes]
-    error, committed = ctx.broker.groups.fetch_offsets(group_id, wanted)
+    if not allowed(ctx, AclOperation.DESCRIBE, ResourceType.GROUP, group_id):
+        error, committed = ErrorCode.group_authorization_failed, {}
+    else:
+        if wanted is not None:
+            visible = allowed_names(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, (t.name for t in requested))
+            denied = [tp for tp in wanted if tp[0] not in visible]
+            wanted = [tp for tp in wanted if tp[0] in visible]
+        error, committed = ctx.broker.groups.fetch_offsets(group_id, wanted)
+        if error == ErrorCode.none and wanted is None:  # every topic: those it may not DESCRIBE left out
+            visible = allowed_names(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, (tp[0] for tp in committed),
+                                    log_if_denied=False)
+            committed = {tp: value for tp, value in committed.items() if tp[0] in visible}
     if error != ErrorCode.none:
-        committed = dict.fromkeys(wanted or ())
+        committed = dict.fromkeys((wanted or []) + (denied or []))
+        denied = None
     unstable = ctx.broker.groups.unstable_offsets(group_id, committed) if require_stable and error == ErrorCode.none else ()
     by_topic: dict[str, list] = {}
-    for (topic, partition), value in committed.items():
-        if (topic, partition) in unstable:
+    for (topic, partition), value in [*committed.items(), *((tp, None) for tp in denied or ())]:
+        if denied and (topic, partition) in denied:
+            partition_error = ErrorCode.topic_authorization_failed
+        elif (topic, partition) in unstable:
             value, partition_error = None, ErrorCode.unstable_offset_commit
         else:
             partition_error = error

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pykbroker.cluster.metadata import INTERNAL_TOPICS
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._authorize import AclOperation, ResourceType, allowed_names
 from pykbroker.server.handlers._build import make, response_module
 
 
@@ -26,9 +27,12 @@ async def delete_records(ctx: RequestContext, request) -> object:
     results: dict[tuple[str, int], tuple[ErrorCode, int]] = {}
     required: dict[tuple[str, int], int] = {}
     wanted = {(topic.name, p.partition_index): p.offset for topic in request.topics for p in topic.partitions}
+    permitted = allowed_names(ctx, AclOperation.DELETE, ResourceType.TOPIC, (t.name for t in request.topics))
     for (name, index), requested in wanted.items():  # a partition named twice: the last offset, as Kafka's map
         info = metadata.topic(name)
-        if info is None or not 0 <= index < len(info.partitions):
+        if name not in permitted:  # Kafka: DELETE on the topic, before anything else
+            results[(name, index)] = (ErrorCode.topic_authorization_failed, -1)
+        elif info is None or not 0 <= index < len(info.partitions):
             results[(name, index)] = (ErrorCode.unknown_topic_or_partition, -1)
         elif name in INTERNAL_TOPICS:
             results[(name, index)] = (ErrorCode.invalid_topic_exception, -1)

@@ -4,7 +4,7 @@ Behaviour: cluster id, controller (from the metadata: in cluster mode the id the
 -1 while none is known) and live brokers (their endpoints on the listener the request arrived on); the
 Java admin client and Spark's driver call it before every offset query. endpoint_type (v1) 1 = brokers is
 the only kind served; 2 (controllers) gets UNSUPPORTED_ENDPOINT_TYPE, as a broker answers in Kafka. The
-cluster's authorized operations when asked: all a cluster supports (no authorizer, see _operations.py).
+cluster's authorized operations when asked: the principal's, 0 without DESCRIBE on it (see _operations.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
-from pykbroker.server.handlers._operations import CLUSTER_OPERATIONS, operations_if
+from pykbroker.server.handlers._operations import cluster_operations_if
 
 BROKER_ENDPOINTS = 1
 
@@ -36,5 +36,5 @@ def describe_cluster(ctx: RequestContext, request) -> object:
         cluster_id=metadata.cluster_id,
         controller_id=metadata.controller_id,
         brokers=brokers,
-        cluster_authorized_operations=operations_if(request.include_cluster_authorized_operations, CLUSTER_OPERATIONS),
+        cluster_authorized_operations=cluster_operations_if(ctx, request.include_cluster_authorized_operations),
     )

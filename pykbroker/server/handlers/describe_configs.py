@@ -21,6 +21,7 @@ from typing import Any
 from pykbroker.config import BROKER_CONFIGS, TOPIC_CONFIGS, ConfigDef, ConfigSource, broker_config_def
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._authorize import AclOperation, config_resource_denied
 from pykbroker.server.handlers._build import make, response_module
 
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
@@ -91,7 +92,11 @@ def describe_configs(ctx: RequestContext, request) -> object:
     results = []
     for resource in request.resources:
         keys = set(resource.configuration_keys) if resource.configuration_keys is not None else None
-        if resource.resource_type == TOPIC_RESOURCE:
+        denied = config_resource_denied(ctx, AclOperation.DESCRIBE_CONFIGS, resource.resource_type,
+                                        resource.resource_name)
+        if denied is not None:  # Kafka: DESCRIBE_CONFIGS on the topic, or on the cluster for a broker
+            (error, message), configs = denied, ()
+        elif resource.resource_type == TOPIC_RESOURCE:
             error, message, configs = _topic_configs(ctx, schema, resource.resource_name, keys, request)
         elif resource.resource_type == BROKER_RESOURCE:
             error, message, configs = _broker_configs(ctx, schema, resource.resource_name, keys, request)

@@ -18,6 +18,7 @@ import shutil
 
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._authorize import AclOperation, cluster_allowed
 from pykbroker.server.handlers._build import make, response_module
 
 INVALID_OFFSET_LAG = -1  # Kafka's DescribeLogDirsResponse.INVALID_OFFSET_LAG: no hosted partition for the log
@@ -26,6 +27,9 @@ INVALID_OFFSET_LAG = -1  # Kafka's DescribeLogDirsResponse.INVALID_OFFSET_LAG: n
 @handles(35)
 def describe_log_dirs(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
+    if not cluster_allowed(ctx, AclOperation.DESCRIBE):  # Kafka: no dirs, the error at the top (v3+)
+        return make(schema.DescribeLogDirsResponse, throttle_time=0, error_code=ErrorCode.cluster_authorization_failed,
+                    results=())
     replicas = ctx.broker.replicas
     log_manager = replicas.log_manager
     wanted = None

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._authorize import AclOperation, ResourceType, allowed_names
 from pykbroker.server.handlers._build import make, response_module
 from pykbroker.server.handlers._epochs import leader_partition
 
-def _partition(ctx: RequestContext, schema, topic: str, index: int) -> object:
+def _partition(ctx: RequestContext, schema, topic: str, index: int, readable: bool) -> object:
     info = ctx.broker.metadata.topic(topic)
     producers, message = (), None
-    if info is None or not 0 <= index < len(info.partitions):
+    if not readable:  # Kafka: READ on the topic
+        error = ErrorCode.topic_authorization_failed
+    elif info is None or not 0 <= index < len(info.partitions):
         error = ErrorCode.unknown_topic_or_partition
         if info is None:  # what Kafka 3.7 answers (only for an unknown topic)
             message = "This server does not host this topic-partition."
@@ -40,7 +43,9 @@ def _partition(ctx: RequestContext, schema, topic: str, index: int) -> object:
 @handles(61)
 def describe_producers(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
+    readable = allowed_names(ctx, AclOperation.READ, ResourceType.TOPIC, (t.name for t in request.topics))
     return make(schema.DescribeProducersResponse, throttle_time=0, topics=tuple(
         make(schema.TopicResponse, name=topic.name,
-             partitions=tuple(_partition(ctx, schema, topic.name, index) for index in topic.partition_indexes))
+             partitions=tuple(_partition(ctx, schema, topic.name, index, topic.name in readable)
+                              for index in topic.partition_indexes))
         for topic in request.topics))

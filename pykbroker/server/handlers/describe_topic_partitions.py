@@ -11,7 +11,8 @@ leader -1), empty eligible-leader lists (no ELR). A named topic that does not ex
 UNKNOWN_TOPIC_OR_PARTITION (INVALID_TOPIC_EXCEPTION for an illegal name); with every topic asked for,
 there are none. Every topic carries its authorized operations (no authorizer: all a topic supports). A
 cursor with a negative partition, or naming a topic not in the list, gets INVALID_REQUEST for every topic
-named, as Kafka's error response.
+named, as Kafka's error response. A topic the principal may not DESCRIBE is left out (named:
+TOPIC_AUTHORIZATION_FAILED, after the page, without its id), as Kafka 3.8's handler answers.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import uuid
 from pykbroker.cluster.metadata import INTERNAL_TOPICS, topic_name_error
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._authorize import AclOperation, ResourceType, allowed_names
 from pykbroker.server.handlers._build import make, response_module
-from pykbroker.server.handlers._operations import TOPIC_OPERATIONS
+from pykbroker.server.handlers._operations import NOT_REQUESTED, TOPIC_OPERATIONS, authorized_if
 from pykbroker.server.handlers.metadata import _Reach
 
 MAX_REQUEST_PARTITION_SIZE_LIMIT = 2000  # Kafka's max.request.partition.size.limit default
@@ -54,6 +56,9 @@ def describe_topic_partitions(ctx: RequestContext, request) -> object:
             make(schema.DescribeTopicPartitionsResponseTopic, error_code=ErrorCode.invalid_request, name=t.name,
                  topic_id=NO_TOPIC_ID, is_internal=False, partitions=())
             for t in request.topics))
+    permitted = allowed_names(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, names, log_if_denied=not fetch_all)
+    denied = [name for name in names if name not in permitted]
+    names = [name for name in names if name in permitted]
     reach = _Reach(ctx, LATEST_METADATA_VERSION)
     remaining = max(min(MAX_REQUEST_PARTITION_SIZE_LIMIT, request.response_partition_limit), 1)
     topics, next_cursor = [], None
@@ -65,7 +70,8 @@ def describe_topic_partitions(ctx: RequestContext, request) -> object:
         if info is None:
             if not fetch_all:
                 error = ErrorCode.invalid_topic_exception if topic_name_error(name) else ErrorCode.unknown_topic_or_partition
-                topics.append(_topic_entry(schema, name, error))
+                topics.append(_topic_entry(schema, name, error, operations=authorized_if(
+                    ctx, True, ResourceType.TOPIC, name, TOPIC_OPERATIONS)))
             continue
         start = cursor.partition_index if cursor is not None and name == cursor_topic else 0
         end = min(len(info.partitions), start + remaining)
@@ -75,9 +81,13 @@ def describe_topic_partitions(ctx: RequestContext, request) -> object:
                 eligible_leader_replicas=(), last_known_elr=())
             for index in range(start, end)
         ]
-        topics.append(_topic_entry(schema, name, ErrorCode.none, info.topic_id, partitions))
+        topics.append(_topic_entry(schema, name, ErrorCode.none, info.topic_id, partitions,
+                                   authorized_if(ctx, True, ResourceType.TOPIC, name, TOPIC_OPERATIONS)))
         if end < len(info.partitions):
             next_cursor = make(schema.Cursor, topic_name=name, partition_index=end)
             break
         remaining -= len(partitions)
+    if not fetch_all:
+        topics.extend(_topic_entry(schema, name, ErrorCode.topic_authorization_failed, operations=NOT_REQUESTED)
+                      for name in denied)
     return make(schema.DescribeTopicPartitionsResponse, throttle_time=0, topics=tuple(topics), next_cursor=next_cursor)

@@ -9,6 +9,7 @@ import datetime
 
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._authorize import AclOperation, ResourceType, allowed, allowed_names
 from pykbroker.server.handlers._build import make, response_module
 
 
@@ -18,13 +19,18 @@ def _time(ms: int) -> datetime.datetime:
 
 
 def _state(ctx: RequestContext, schema, transactional_id: str) -> object:
-    error, metadata = ctx.broker.transactions.describe(transactional_id)
+    if not allowed(ctx, AclOperation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, transactional_id):
+        error, metadata = ErrorCode.transactional_id_authorization_failed, None
+    else:
+        error, metadata = ctx.broker.transactions.describe(transactional_id)
     if metadata is None:  # the message's defaults (zeros) beside the error, as Kafka answers
         return make(schema.TransactionState, error_code=error, transactional_id=transactional_id, transaction_state="",
                     transaction_timeout=0, transaction_start_time=_time(0), producer_id=0, producer_epoch=0, topics=())
     by_topic: dict[str, list[int]] = {}
-    for topic, index in sorted(metadata.partitions):
-        by_topic.setdefault(topic, []).append(index)
+    visible = allowed_names(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, (t for t, _ in metadata.partitions))
+    for topic, index in sorted(metadata.partitions):  # only the topics the principal may DESCRIBE, as Kafka
+        if topic in visible:
+            by_topic.setdefault(topic, []).append(index)
     return make(schema.TransactionState, error_code=ErrorCode.none, transactional_id=transactional_id,
                 transaction_state=metadata.state.state_name, transaction_timeout=metadata.timeout_ms,
                 transaction_start_time=_time(metadata.start_ms), producer_id=metadata.producer_id,

@@ -35,6 +35,9 @@ from pykbroker.log.partition_log import ReadResult
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.replication.replica_manager import FileRecords, Partition
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._authorize import (
+    AclOperation, ResourceType, allowed_names, cluster_allowed, enabled,
+)
 from pykbroker.server.handlers._build import make, response_module
 from pykbroker.server.handlers._epochs import NO_EPOCH, leader_partition
 
@@ -56,21 +59,35 @@ class _Wanted:
     last_fetched_epoch: int  # v12+: the epoch of the fetcher's last batch (-1: not given)
 
 
-def _resolve(ctx: RequestContext, request) -> list[list[_Wanted]]:
+def _resolve(ctx: RequestContext, request, replica_id: int) -> list[list[_Wanted]]:
+    """Each partition's leader replica here, or its error. Authorization as Kafka's handleFetchRequest: a
+    follower needs CLUSTER_ACTION on the cluster, a consumer READ on each topic (TOPIC_AUTHORIZATION_FAILED;
+    an unknown topic id answers UNKNOWN_TOPIC_ID first, an unknown name only once READ is allowed)."""
     broker = ctx.broker
     by_id = ctx.version >= 13
-    topics = []
+    resolved = []
     for topic in request.topics:
         if by_id:
             info = broker.metadata.topic_by_id(topic.topic_id)
-            key, missing = topic.topic_id, ErrorCode.unknown_topic_id
+            resolved.append((topic, info, topic.topic_id, ErrorCode.unknown_topic_id, info.name if info else None))
         else:
             info = broker.metadata.topic(topic.topic)
-            key, missing = topic.topic, ErrorCode.unknown_topic_or_partition
+            resolved.append((topic, info, topic.topic, ErrorCode.unknown_topic_or_partition, topic.topic))
+    if not enabled(ctx):  # (the hot path without an authorizer asks nothing)
+        denied = frozenset()
+    elif replica_id >= 0:
+        denied = set() if cluster_allowed(ctx, AclOperation.CLUSTER_ACTION) else {name for *_, name in resolved}
+    else:
+        names = [name for *_, name in resolved if name is not None]
+        denied = set(names) - allowed_names(ctx, AclOperation.READ, ResourceType.TOPIC, names)
+    topics = []
+    for topic, info, key, missing, name in resolved:
         wanted = []
         for p in topic.partitions:
             epoch = getattr(p, "current_leader_epoch", NO_EPOCH)
-            if info is None:
+            if name is not None and name in denied:
+                partition, error = None, ErrorCode.topic_authorization_failed
+            elif info is None:
                 partition, error = None, missing
             else:
                 partition, error = leader_partition(broker.replicas, info.name, p.partition, epoch)
@@ -225,13 +242,13 @@ def fetch(ctx: RequestContext, request) -> object:
         if session_epoch == FINAL_EPOCH:
             return _respond(ctx, schema, [])
         return _respond(ctx, schema, [], error=ErrorCode.fetch_session_id_not_found)
-    topics = _resolve(ctx, request)
     replica_id = getattr(request, "replica_id", -1)
     if replica_id is None or replica_id == -1:
         replica_state = getattr(request, "replica_state", None)
         replica_id = replica_state.replica_id if replica_state is not None else -1
     if replica_id is None or replica_id < 0:
         replica_id = -1
+    topics = _resolve(ctx, request, replica_id)
     results, total, answer_now = _read_all(ctx, topics, request.max_bytes, replica_id)
     max_wait_ms = int(request.max_wait.total_seconds() * 1000)
     if total >= request.min_bytes or answer_now or max_wait_ms <= 0 or not topics:

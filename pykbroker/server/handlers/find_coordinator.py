@@ -27,6 +27,7 @@ from pykbroker.groups.offset_store import OFFSETS_TOPIC, partition_for_group
 from pykbroker.txn.log import TRANSACTION_STATE_TOPIC
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._authorize import AclOperation, ResourceType, allowed
 from pykbroker.server.handlers._build import make, response_module
 
 GROUP_KEY = 0
@@ -36,6 +37,8 @@ _TOPIC_OF = {GROUP_KEY: OFFSETS_TOPIC, TRANSACTION_KEY: TRANSACTION_STATE_TOPIC}
 _KAFKA_MESSAGES = {
     ErrorCode.none: "NONE",
     ErrorCode.coordinator_not_available: "The coordinator is not available.",
+    ErrorCode.group_authorization_failed: "Group authorization failed.",
+    ErrorCode.transactional_id_authorization_failed: "Transactional Id authorization failed.",
     ErrorCode.invalid_request: "This most likely occurs because of a request being malformed by the client library "
                                "or the message was sent to an incompatible broker. See the broker logs for more details.",
 }
@@ -46,6 +49,11 @@ def _locate(ctx: RequestContext, key: str, key_type: int) -> tuple[ErrorCode, st
     topic = _TOPIC_OF.get(key_type)
     if topic is None:  # Kafka: an InvalidRequestException failing the request, its text in every version
         return ErrorCode.invalid_request, _KAFKA_MESSAGES[ErrorCode.invalid_request], None
+    # Kafka's getCoordinator: DESCRIBE on the group / transactional id first
+    if key_type == GROUP_KEY and not allowed(ctx, AclOperation.DESCRIBE, ResourceType.GROUP, key):
+        return ErrorCode.group_authorization_failed, None, None
+    if key_type == TRANSACTION_KEY and not allowed(ctx, AclOperation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, key):
+        return ErrorCode.transactional_id_authorization_failed, None, None
     if not key:
         return ErrorCode.invalid_request, None, None
     info = ctx.broker.metadata.topic(topic)

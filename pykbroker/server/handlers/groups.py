@@ -16,6 +16,11 @@ known so far).
 * ListGroups v4 filters by state (case-insensitive); DescribeGroups reports a group it does not know
   as "Dead" with no error, and from v3 ``authorized_operations`` when asked (no authorizer: READ,
   DESCRIBE and DELETE; otherwise Kafka's "not requested" INT32_MIN).
+* Authorization (Kafka's KafkaApis): JoinGroup, SyncGroup (after its protocol check), Heartbeat and
+  LeaveGroup need READ on the group, DescribeGroups DESCRIBE (per group), DeleteGroups DELETE (per group),
+  OffsetDelete DELETE on the group and READ on each topic; GROUP_AUTHORIZATION_FAILED /
+  TOPIC_AUTHORIZATION_FAILED. ListGroups lists every group with DESCRIBE on the cluster, else only the
+  groups the principal may DESCRIBE. DescribeGroups' authorized operations are the principal's.
 * DeleteGroups: GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP per group. OffsetDelete: UNKNOWN_TOPIC_OR_PARTITION for
   partitions that do not exist, GROUP_SUBSCRIBED_TO_TOPIC for topics a live consumer group reads; a
   group-level error answers with no topics.
@@ -31,8 +36,17 @@ from pykbroker.groups.coordinator import JoinRequest, LeavingMember
 from pykbroker.groups.group import JoinResult, SyncResult
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._authorize import AclOperation, ResourceType, allowed, allowed_names, cluster_allowed
 from pykbroker.server.handlers._build import make, response_module
-from pykbroker.server.handlers._operations import GROUP_OPERATIONS, NOT_REQUESTED as AUTHORIZED_OPERATIONS_OMITTED
+from pykbroker.server.handlers._operations import (
+    GROUP_OPERATIONS, NOT_REQUESTED as AUTHORIZED_OPERATIONS_OMITTED, authorized_if,
+)
+
+_DENIED = ErrorCode.group_authorization_failed
+
+
+def _group_allowed(ctx: RequestContext, operation: AclOperation, group_id: str) -> bool:
+    return allowed(ctx, operation, ResourceType.GROUP, group_id)
 
 
 def _ms(value: Any) -> int:
@@ -112,6 +126,8 @@ def join_group(ctx: RequestContext, request) -> Any:
             ),
         )
 
+    if not _group_allowed(ctx, AclOperation.READ, request.group_id):
+        return build(JoinResult(_DENIED, ""))
     return answer_later(lambda respond: ctx.broker.groups.join_group(join, respond), build)
 
 
@@ -131,6 +147,8 @@ def sync_group(ctx: RequestContext, request) -> Any:
     protocol_name = getattr(request, "protocol_name", None)
     if ctx.version >= 5 and (protocol_type is None or protocol_name is None):
         return build(SyncResult(ErrorCode.inconsistent_group_protocol))
+    if not _group_allowed(ctx, AclOperation.READ, request.group_id):
+        return build(SyncResult(_DENIED))
     assignments = {a.member_id: bytes(a.assignment) for a in request.assignments}
     return answer_later(
         lambda respond: ctx.broker.groups.sync_group(
@@ -145,6 +163,8 @@ def sync_group(ctx: RequestContext, request) -> Any:
 
 @handles(12)
 def heartbeat(ctx: RequestContext, request) -> Any:
+    if not _group_allowed(ctx, AclOperation.READ, request.group_id):
+        return make(response_module(ctx).HeartbeatResponse, throttle_time=0, error_code=_DENIED)
     error = ctx.broker.groups.heartbeat(request.group_id, request.member_id,
                                         getattr(request, "group_instance_id", None), request.generation_id)
     return make(response_module(ctx).HeartbeatResponse, throttle_time=0, error_code=error)
@@ -153,6 +173,8 @@ def heartbeat(ctx: RequestContext, request) -> Any:
 @handles(13)
 def leave_group(ctx: RequestContext, request) -> Any:
     schema = response_module(ctx)
+    if not _group_allowed(ctx, AclOperation.READ, request.group_id):
+        return make(schema.LeaveGroupResponse, throttle_time=0, error_code=_DENIED, members=())
     if ctx.version < 3:
         leaving = [LeavingMember(request.member_id)]
     else:
@@ -182,6 +204,10 @@ def leave_group(ctx: RequestContext, request) -> Any:
 def list_groups(ctx: RequestContext, request) -> Any:
     schema = response_module(ctx)
     error, groups = ctx.broker.groups.list_groups(getattr(request, "states_filter", None) or ())
+    if not cluster_allowed(ctx, AclOperation.DESCRIBE, log_if_denied=False):
+        visible = allowed_names(ctx, AclOperation.DESCRIBE, ResourceType.GROUP, (g.group_id for g in groups),
+                                log_if_denied=False)
+        groups = [g for g in groups if g.group_id in visible]
     return make(
         schema.ListGroupsResponse,
         throttle_time=0,
@@ -200,6 +226,11 @@ def describe_groups(ctx: RequestContext, request) -> Any:
     include_operations = getattr(request, "include_authorized_operations", False)
     described = []
     for group_id in request.groups:
+        if not _group_allowed(ctx, AclOperation.DESCRIBE, group_id):
+            described.append(make(schema.DescribedGroup, error_code=_DENIED, group_id=group_id, group_state="",
+                                  protocol_type="", protocol_data="", members=(),
+                                  authorized_operations=AUTHORIZED_OPERATIONS_OMITTED))
+            continue
         error, summary = ctx.broker.groups.describe_group(group_id)
         described.append(make(
             schema.DescribedGroup,
@@ -214,8 +245,8 @@ def describe_groups(ctx: RequestContext, request) -> Any:
                      member_assignment=m.assignment)
                 for m in summary.members
             ),
-            authorized_operations=(GROUP_OPERATIONS if include_operations and error == ErrorCode.none
-                                   else AUTHORIZED_OPERATIONS_OMITTED),
+            authorized_operations=authorized_if(ctx, include_operations and error == ErrorCode.none,
+                                                ResourceType.GROUP, group_id, GROUP_OPERATIONS),
         ))
     return make(schema.DescribeGroupsResponse, throttle_time=0, groups=tuple(described))
 
@@ -223,7 +254,10 @@ def describe_groups(ctx: RequestContext, request) -> Any:
 @handles(42)
 def delete_groups(ctx: RequestContext, request) -> Any:
     schema = response_module(ctx)
-    results = ctx.broker.groups.delete_groups(request.groups_names)
+    names = list(dict.fromkeys(request.groups_names))
+    permitted = allowed_names(ctx, AclOperation.DELETE, ResourceType.GROUP, names)
+    results = ctx.broker.groups.delete_groups([g for g in names if g in permitted])
+    results.update({g: _DENIED for g in names if g not in permitted})
     return make(
         schema.DeleteGroupsResponse,
         throttle_time=0,
@@ -237,13 +271,18 @@ def delete_groups(ctx: RequestContext, request) -> Any:
 @handles(47)
 def offset_delete(ctx: RequestContext, request) -> Any:
     schema = response_module(ctx)
+    if not _group_allowed(ctx, AclOperation.DELETE, request.group_id):
+        return make(schema.OffsetDeleteResponse, throttle_time=0, error_code=_DENIED, topics=())
     exists = ctx.broker.groups.partition_exists
+    readable = allowed_names(ctx, AclOperation.READ, ResourceType.TOPIC, (t.name for t in request.topics))
     errors: dict[tuple[str, int], ErrorCode] = {}
     valid = []
     for topic in request.topics:
         for p in topic.partitions:
             tp = (topic.name, p.partition_index)
-            if exists(*tp):
+            if topic.name not in readable:
+                errors[tp] = ErrorCode.topic_authorization_failed
+            elif exists(*tp):
                 valid.append(tp)
             else:
                 errors[tp] = ErrorCode.unknown_topic_or_partition

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._authorize import (
+    AclOperation, ResourceType, allowed, denied_answer, idempotent_write_allowed,
+)
 from pykbroker.server.handlers._build import make, response_module
 
 
@@ -29,6 +32,11 @@ async def init_producer_id(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
     producer_id = getattr(request, "producer_id", -1)
     producer_epoch = getattr(request, "producer_epoch", -1)
+    if request.transactional_id is not None:
+        if not allowed(ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id):
+            return denied_answer(ctx, ErrorCode.transactional_id_authorization_failed)
+    elif not idempotent_write_allowed(ctx):
+        return denied_answer(ctx, ErrorCode.cluster_authorization_failed)
     if request.transactional_id is None:
         error, producer_id, epoch = await ctx.broker.producer_ids.init_producer_id(None, producer_id, producer_epoch)
     else:

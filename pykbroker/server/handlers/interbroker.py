@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._authorize import AclOperation, cluster_allowed, denied_answer
 from pykbroker.server.handlers._build import make, response_module
 
 PREFERRED, UNCLEAN = 0, 1
@@ -22,21 +23,29 @@ PREFERRED, UNCLEAN = 0, 1
 
 @handles(4)
 async def leader_and_isr(ctx: RequestContext, request) -> object:
+    if not cluster_allowed(ctx, AclOperation.CLUSTER_ACTION):  # Kafka: CLUSTER_ACTION on the cluster
+        return denied_answer(ctx, ErrorCode.cluster_authorization_failed)
     return await ctx.broker.cluster.handle_leader_and_isr(request, response_module(ctx))
 
 
 @handles(5)
 def stop_replica(ctx: RequestContext, request) -> object:
+    if not cluster_allowed(ctx, AclOperation.CLUSTER_ACTION):  # Kafka: CLUSTER_ACTION on the cluster
+        return denied_answer(ctx, ErrorCode.cluster_authorization_failed)
     return ctx.broker.cluster.handle_stop_replica(request, response_module(ctx))
 
 
 @handles(6)
 def update_metadata(ctx: RequestContext, request) -> object:
+    if not cluster_allowed(ctx, AclOperation.CLUSTER_ACTION):  # Kafka: CLUSTER_ACTION on the cluster
+        return denied_answer(ctx, ErrorCode.cluster_authorization_failed)
     return ctx.broker.cluster.handle_update_metadata(request, response_module(ctx))
 
 
 @handles(7)
 async def controlled_shutdown(ctx: RequestContext, request) -> object:
+    if not cluster_allowed(ctx, AclOperation.CLUSTER_ACTION):  # Kafka: CLUSTER_ACTION on the cluster
+        return denied_answer(ctx, ErrorCode.cluster_authorization_failed)
     schema = response_module(ctx)
     controller = ctx.broker.cluster.controller
     if not controller.active:
@@ -48,6 +57,8 @@ async def controlled_shutdown(ctx: RequestContext, request) -> object:
 
 @handles(56)
 async def alter_partition(ctx: RequestContext, request) -> object:
+    if not cluster_allowed(ctx, AclOperation.CLUSTER_ACTION):  # Kafka: CLUSTER_ACTION on the cluster
+        return denied_answer(ctx, ErrorCode.cluster_authorization_failed)
     controller = ctx.broker.cluster.controller
     if not controller.active:
         schema = response_module(ctx)
@@ -57,6 +68,8 @@ async def alter_partition(ctx: RequestContext, request) -> object:
 
 @handles(43)
 async def elect_leaders(ctx: RequestContext, request) -> object:
+    if not cluster_allowed(ctx, AclOperation.ALTER):  # Kafka: ALTER on the cluster
+        return denied_answer(ctx, ErrorCode.cluster_authorization_failed)
     schema = response_module(ctx)
     election_type = getattr(request, "election_type", PREFERRED)
     wanted = None

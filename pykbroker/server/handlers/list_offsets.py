@@ -17,6 +17,7 @@ from __future__ import annotations
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.replication.replica_manager import Partition
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._authorize import AclOperation, ResourceType, allowed_names
 from pykbroker.server.handlers._build import make, response_module
 from pykbroker.server.handlers._epochs import NO_EPOCH, leader_partition
 
@@ -61,13 +62,17 @@ def list_offsets(ctx: RequestContext, request) -> object:
     replica_id = getattr(request, "replica_id", CONSUMER_REPLICA_ID)
     read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
     topics = []
+    permitted = allowed_names(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, (t.name for t in request.topics))
     for topic in request.topics:
         partitions = []
         for p in topic.partitions:
-            partition, error = leader_partition(
-                broker.replicas, topic.name, p.partition_index, getattr(p, "current_leader_epoch", NO_EPOCH),
-                require_leader=replica_id != DEBUGGING_REPLICA_ID,
-            )
+            if topic.name in permitted:
+                partition, error = leader_partition(
+                    broker.replicas, topic.name, p.partition_index, getattr(p, "current_leader_epoch", NO_EPOCH),
+                    require_leader=replica_id != DEBUGGING_REPLICA_ID,
+                )
+            else:  # Kafka: DESCRIBE on the topic, before anything else
+                partition, error = None, ErrorCode.topic_authorization_failed
             timestamp, offset, epoch = -1, -1, -1
             if partition is not None:
                 error, timestamp, offset = _lookup(partition, p.timestamp, replica_id == CONSUMER_REPLICA_ID,

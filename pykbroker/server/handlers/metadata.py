@@ -13,7 +13,12 @@ auto.create.topics.enable is on; the topic then appears at once when its leaders
 else LEADER_NOT_AVAILABLE until they are (cluster: the controller elects them, as in Kafka); a name Kafka
 would reject gets INVALID_TOPIC_EXCEPTION, a failed creation its error (e.g. INVALID_REPLICATION_FACTOR).
 Topics can be asked for by id from v10 (unknown id: UNKNOWN_TOPIC_ID). Authorized operations (v8+, the
-cluster's until v10) when asked: every operation the resource supports (no authorizer, see _operations.py).
+cluster's until v10) when asked: the principal's (every operation the resource supports without an
+authorizer, see _operations.py).
+Authorization, as Kafka's handleTopicMetadataRequest: a topic the principal may not DESCRIBE is left out of
+an all-topics answer and answers TOPIC_AUTHORIZATION_FAILED when named (without its id; by id: without its
+name), before its existence is checked; auto-creation needs CREATE on the cluster or on the topic, else
+TOPIC_AUTHORIZATION_FAILED.
 """
 
 from __future__ import annotations
@@ -23,8 +28,11 @@ import uuid
 from pykbroker.cluster.metadata import PartitionState, TopicInfo, topic_name_error
 from pykbroker.protocol.errors import ErrorCode, KafkaError
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._authorize import AclOperation, ResourceType, allowed_names, cluster_allowed
 from pykbroker.server.handlers._build import make, response_module
-from pykbroker.server.handlers._operations import CLUSTER_OPERATIONS, TOPIC_OPERATIONS, operations_if
+from pykbroker.server.handlers._operations import (
+    NOT_REQUESTED, TOPIC_OPERATIONS, authorized_if, cluster_operations_if,
+)
 
 NO_TOPIC_ID = uuid.UUID(int=0)
 NO_LEADER = -1
@@ -37,8 +45,12 @@ class _Reach:
         self.version = ctx.version if metadata_version is None else metadata_version  # DescribeTopicPartitions: 12
         self.alive = {b.broker_id for b in ctx.broker.metadata.brokers()}
         self.reachable = {b.broker_id for b in ctx.broker.brokers_on(ctx.listener)}
-        self.topic_operations = operations_if(
-            getattr(request, "include_topic_authorized_operations", False), TOPIC_OPERATIONS)
+        self.ctx = ctx
+        self.operations_asked = bool(getattr(request, "include_topic_authorized_operations", False))
+
+    def topic_operations(self, name: str | None) -> int:
+        return authorized_if(self.ctx, self.operations_asked and name is not None, ResourceType.TOPIC, name,
+                             TOPIC_OPERATIONS)
 
     def partition(self, schema, index: int, state: PartitionState, cls: type | None = None) -> object:
         replicas, isr = state.replicas, state.isr
@@ -75,7 +87,7 @@ class _Reach:
             topic_id=info.topic_id,
             is_internal=info.internal,
             partitions=tuple(self.partition(schema, index, state) for index, state in enumerate(info.partitions)),
-            topic_authorized_operations=self.topic_operations,
+            topic_authorized_operations=self.topic_operations(info.name),
         )
 
 
@@ -87,7 +99,8 @@ def _error_entry(reach: _Reach, schema, code: ErrorCode, name: str | None, topic
         topic_id=topic_id or NO_TOPIC_ID,
         is_internal=False,
         partitions=(),
-        topic_authorized_operations=reach.topic_operations,
+        topic_authorized_operations=(NOT_REQUESTED if code == ErrorCode.topic_authorization_failed
+                                     else reach.topic_operations(name)),
     )
 
 
@@ -99,22 +112,43 @@ async def metadata(ctx: RequestContext, request) -> object:
     reach = _Reach(ctx, request=request)
     requested = request.topics
     if requested is None or (version == 0 and not requested):
-        topics = tuple(reach.topic(schema, info) for info in broker.metadata.topics())
+        infos = broker.metadata.topics()
+        permitted = allowed_names(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, (i.name for i in infos),
+                                  log_if_denied=False)
+        topics = tuple(reach.topic(schema, info) for info in infos if info.name in permitted)
     else:
         allow_auto_create = getattr(request, "allow_auto_topic_creation", True) and bool(
             broker.config.get("auto.create.topics.enable")
         )
+        by_name = [wanted.name for wanted in requested if wanted.name is not None]
+        by_id = {wanted.topic_id: broker.metadata.topic_by_id(wanted.topic_id) for wanted in requested
+                 if wanted.name is None and getattr(wanted, "topic_id", None)}
+        permitted = allowed_names(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC,
+                                  by_name + [info.name for info in by_id.values() if info is not None])
+        may_create_any = None  # CREATE on the cluster, asked once when a topic is to be created
         entries = []
         for wanted in requested:
             name = wanted.name
             topic_id = getattr(wanted, "topic_id", None)
             if name is None:
-                info = broker.metadata.topic_by_id(topic_id) if topic_id else None
-                entries.append(
-                    reach.topic(schema, info) if info else _error_entry(reach, schema, ErrorCode.unknown_topic_id, None, topic_id)
-                )
+                info = by_id.get(topic_id) if topic_id else None
+                if info is None:
+                    entries.append(_error_entry(reach, schema, ErrorCode.unknown_topic_id, None, topic_id))
+                elif info.name not in permitted:
+                    entries.append(_error_entry(reach, schema, ErrorCode.topic_authorization_failed, None, topic_id))
+                else:
+                    entries.append(reach.topic(schema, info))
+                continue
+            if name not in permitted:
+                entries.append(_error_entry(reach, schema, ErrorCode.topic_authorization_failed, name))
                 continue
             info = broker.metadata.topic(name)
+            if info is None and allow_auto_create:
+                if may_create_any is None:
+                    may_create_any = cluster_allowed(ctx, AclOperation.CREATE, log_if_denied=False)
+                if not may_create_any and not allowed_names(ctx, AclOperation.CREATE, ResourceType.TOPIC, [name]):
+                    entries.append(_error_entry(reach, schema, ErrorCode.topic_authorization_failed, name))
+                    continue
             if info is None:
                 if topic_name_error(name):
                     entries.append(_error_entry(reach, schema, ErrorCode.invalid_topic_exception, name))
@@ -143,6 +177,6 @@ async def metadata(ctx: RequestContext, request) -> object:
         cluster_id=broker.metadata.cluster_id,
         controller_id=broker.metadata.controller_id,
         topics=topics,
-        cluster_authorized_operations=operations_if(
-            getattr(request, "include_cluster_authorized_operations", False), CLUSTER_OPERATIONS),
+        cluster_authorized_operations=cluster_operations_if(
+            ctx, version <= 10 and getattr(request, "include_cluster_authorized_operations", False)),
     )

@@ -11,6 +11,8 @@ always reads with fetchOnlyFromLeader = true, so a follower gets NOT_LEADER_OR_F
 from __future__ import annotations
 
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.protocol.errors import ErrorCode
+from pykbroker.server.handlers._authorize import AclOperation, ResourceType, allowed_names, cluster_allowed
 from pykbroker.server.handlers._build import make, response_module
 from pykbroker.server.handlers._epochs import leader_partition
 
@@ -20,10 +22,16 @@ def offset_for_leader_epoch(ctx: RequestContext, request) -> object:
     broker = ctx.broker
     schema = response_module(ctx)
     topics = []
+    # Kafka: CLUSTER_ACTION on the cluster (a follower) or DESCRIBE on each topic
+    permitted = None if cluster_allowed(ctx, AclOperation.CLUSTER_ACTION, log_if_denied=False) else allowed_names(
+        ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, (t.topic for t in request.topics))
     for topic in request.topics:
         partitions = []
         for p in topic.partitions:
-            partition, error = leader_partition(broker.replicas, topic.topic, p.partition, p.current_leader_epoch)
+            if permitted is not None and topic.topic not in permitted:
+                partition, error = None, ErrorCode.topic_authorization_failed
+            else:
+                partition, error = leader_partition(broker.replicas, topic.topic, p.partition, p.current_leader_epoch)
             epoch, end_offset = partition.last_offset_for_leader_epoch(p.leader_epoch) if partition is not None else (-1, -1)
             partitions.append(
                 make(schema.EpochEndOffset, error_code=error, partition=p.partition, leader_epoch=epoch, end_offset=end_offset)

@@ -42,13 +42,16 @@ from pykbroker.protocol.records import TRANSACTIONAL_MASK, more_than_one_batch, 
 from pykbroker.txn.verification import produce_error
 from pykbroker.replication.replica_manager import AppendOutcome
 from pykbroker.server.dispatch import NO_RESPONSE, CloseConnection, RequestContext, handles
+from pykbroker.server.handlers._authorize import AclOperation, ResourceType, allowed, allowed_names, enabled
 from pykbroker.server.handlers._build import make, response_module
 
 
 def _outcome_for_request(ctx: RequestContext, request) -> ErrorCode | None:
     if request.acks not in (-1, 0, 1):
         return ErrorCode.invalid_required_acks
-    if request.transactional_id is None and _has_transactional_records(request):
+    if _has_transactional_records(request) and (
+            request.transactional_id is None
+            or not allowed(ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id)):
         return ErrorCode.transactional_id_authorization_failed
     return None
 
@@ -181,6 +184,8 @@ def _append(ctx: RequestContext, request, request_error: ErrorCode | None, guard
     acks_all = request.acks == -1
     waits = None  # (topic, index, last offset, min.insync.replicas, where the outcome is) of appends awaiting the ISR
     topics = []
+    permitted = (allowed_names(ctx, AclOperation.WRITE, ResourceType.TOPIC, (t.name for t in request.topic_data))
+                 if enabled(ctx) else None)
     for topic_data in request.topic_data:
         name = topic_data.name
         info = broker.metadata.topic(name)
@@ -189,6 +194,8 @@ def _append(ctx: RequestContext, request, request_error: ErrorCode | None, guard
         for partition_data in topic_data.partition_data:
             if request_error is not None:
                 outcome = AppendOutcome(request_error)
+            elif permitted is not None and name not in permitted:
+                outcome = AppendOutcome(ErrorCode.topic_authorization_failed)
             elif info is None:
                 outcome = AppendOutcome(ErrorCode.unknown_topic_or_partition)
             elif info.internal:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from pykbroker.cluster.reassignment import invalid_replicas
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._authorize import AclOperation, cluster_allowed, denied_answer
 from pykbroker.server.handlers._build import make, response_module
 
 NO_SUCH_PARTITION = "The partition does not exist."
@@ -41,6 +42,8 @@ def _single_broker_alter(ctx: RequestContext, tp: tuple[str, int], replicas) -> 
 
 @handles(45)
 async def alter_partition_reassignments(ctx: RequestContext, request) -> object:
+    if not cluster_allowed(ctx, AclOperation.ALTER):  # Kafka: ALTER on the cluster
+        return denied_answer(ctx, ErrorCode.cluster_authorization_failed)
     schema = response_module(ctx)
     wanted = {(topic.name, int(p.partition_index)): (None if p.replicas is None else [int(r) for r in p.replicas])
               for topic in request.topics for p in topic.partitions}
@@ -65,6 +68,8 @@ async def alter_partition_reassignments(ctx: RequestContext, request) -> object:
 
 @handles(46)
 async def list_partition_reassignments(ctx: RequestContext, request) -> object:
+    if not cluster_allowed(ctx, AclOperation.DESCRIBE):  # Kafka: DESCRIBE on the cluster
+        return denied_answer(ctx, ErrorCode.cluster_authorization_failed)
     schema = response_module(ctx)
     wanted = None
     if request.topics is not None:

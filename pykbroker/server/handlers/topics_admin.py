@@ -36,6 +36,7 @@ from collections import Counter
 from pykbroker.cluster.topic_admin import too_many_partitions_per_request
 from pykbroker.protocol.errors import ErrorCode, KafkaError
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._authorize import AclOperation, ResourceType, allowed_names, cluster_allowed
 from pykbroker.server.handlers._build import make, response_module
 from pykbroker.config import TOPIC_CONFIGS
 
@@ -104,6 +105,11 @@ async def _create_topics(ctx: RequestContext, request) -> object:
         sum(len(t.assignments) if t.assignments else default_partitions if t.num_partitions == -1
             else max(t.num_partitions, 0) for t in request.topics)
     )
+    # Kafka: CREATE on the cluster or on each topic; the created configs and counts only with DESCRIBE_CONFIGS
+    names = [t.name for t in request.topics]
+    creatable = (set(names) if cluster_allowed(ctx, AclOperation.CREATE, log_if_denied=False)
+                 else allowed_names(ctx, AclOperation.CREATE, ResourceType.TOPIC, names))
+    describable = allowed_names(ctx, AclOperation.DESCRIBE_CONFIGS, ResourceType.TOPIC, names, log_if_denied=False)
     for topic in request.topics:
         info = None
         try:
@@ -112,6 +118,8 @@ async def _create_topics(ctx: RequestContext, request) -> object:
             if topic.name in seen:
                 raise KafkaError(ErrorCode.invalid_request, f"Duplicate topic name {topic.name} in request")
             seen.add(topic.name)
+            if topic.name not in creatable:
+                raise KafkaError(ErrorCode.topic_authorization_failed, "Authorization failed.")
             assignment = None
             if topic.assignments:
                 assignment = ctx.broker.topics.check_create_assignment(
@@ -138,6 +146,12 @@ async def _create_topics(ctx: RequestContext, request) -> object:
         ok = error is None
         if ok and info is None and topic.assignments:  # validated only: the counts the assignment gives
             topic = _counted(topic)
+        if topic.name not in describable:
+            results.append(make(schema.CreatableTopicResult, name=topic.name, topic_id=info.topic_id if info else None,
+                                error_code=ErrorCode.none if ok else error.code,
+                                error_message=None if ok else error.message, num_partitions=-1, replication_factor=-1,
+                                configs=None, topic_config_error_code=ErrorCode.topic_authorization_failed))
+            continue
         results.append(
             make(
                 schema.CreatableTopicResult,
@@ -163,6 +177,11 @@ async def delete_topics(ctx: RequestContext, request) -> object:
     else:
         wanted = [(name, None) for name in request.topic_names]
     counts = Counter(name if name is not None else topic_id for name, topic_id in wanted)
+    # Kafka: DELETE on each topic; named by id, DESCRIBE too, else the answer does not name it
+    named = [name if name is not None else getattr(metadata.topic_by_id(topic_id), "name", None)
+             for name, topic_id in wanted]
+    describable = allowed_names(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, (n for n in named if n is not None))
+    deletable = allowed_names(ctx, AclOperation.DELETE, ResourceType.TOPIC, (n for n in named if n is not None))
     outcomes = []
     for name, topic_id in dict.fromkeys(wanted):  # each duplicate once, in request order
         if counts[name if name is not None else topic_id] > 1:
@@ -177,6 +196,12 @@ async def delete_topics(ctx: RequestContext, request) -> object:
             name = info.name if info else None
             if info is None:
                 error, message = ErrorCode.unknown_topic_id, "This server does not host this topic ID."
+            elif name not in describable:
+                name, error, message = None, ErrorCode.topic_authorization_failed, None
+            elif name not in deletable:
+                error, message = ErrorCode.topic_authorization_failed, None
+        elif name not in deletable:
+            error, message = ErrorCode.topic_authorization_failed, None
         else:
             info = metadata.topic(name)
             topic_id = info.topic_id if info else topic_id
@@ -213,11 +238,14 @@ async def _create_partitions(ctx: RequestContext, request) -> object:
         for topic in request.topics
         if (info := metadata.topic(topic.name)) is not None and topic.count > len(info.partitions)
     ))
+    alterable = allowed_names(ctx, AclOperation.ALTER, ResourceType.TOPIC, (t.name for t in request.topics))
     for topic in request.topics:
         info = None
         try:
             if too_many is not None:
                 raise too_many
+            if topic.name not in alterable:  # Kafka: ALTER on the topic
+                raise KafkaError(ErrorCode.topic_authorization_failed, "The topic authorization is failed.")
             assignment = None
             if topic.assignments is not None:  # null: placed by the broker; else one per new partition
                 assignment = ctx.broker.topics.check_added_assignment(

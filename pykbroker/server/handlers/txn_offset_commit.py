@@ -22,7 +22,7 @@ from pykbroker.groups.offset_store import OFFSETS_TOPIC, coordinator_error
 from pykbroker.log.producer_state import SENTINEL
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
-from pykbroker.server.handlers.committed_offsets import answer_commit, requested_offsets
+from pykbroker.server.handlers.committed_offsets import answer_commit
 
 log = logging.getLogger(__name__)
 
@@ -61,19 +61,19 @@ def _verification_needed(ctx: RequestContext, request):
 
 @handles(28)
 def txn_offset_commit(ctx: RequestContext, request) -> object:
-    def commit(respond, verification=None) -> None:
+    def commit(respond, offsets, verification=None) -> None:
         ctx.broker.groups.commit_transactional_offsets(
             request.group_id, request.producer_id, request.producer_epoch,
             getattr(request, "generation_id", NO_GENERATION), getattr(request, "member_id", NO_MEMBER_ID),
-            requested_offsets(request.topics), respond, group_instance_id=getattr(request, "group_instance_id", None),
+            offsets, respond, group_instance_id=getattr(request, "group_instance_id", None),
             verification=verification)
 
     verification = _verification_needed(ctx, request)
     if verification is None:
-        return answer_commit(ctx, request, "TxnOffsetCommit", commit)
+        return answer_commit(ctx, request, "TxnOffsetCommit", commit, request.transactional_id)
     partition, state, guard = verification
 
-    async def verify_then_commit(respond) -> None:
+    async def verify_then_commit(respond, offsets) -> None:
         tp = (OFFSETS_TOPIC, partition.index)
         try:
             errors = await ctx.broker.txn_verifier.verify(request.transactional_id, request.producer_id,
@@ -88,15 +88,16 @@ def txn_offset_commit(ctx: RequestContext, request) -> object:
                 state.release_verification(request.producer_id, guard)
                 respond(results)
 
-            commit(answered, guard)  # the append checks the guard, as a produce's (Kafka's appendForGroup)
+            commit(answered, offsets, guard)  # the append checks the guard, as a produce's (Kafka's appendForGroup)
             return
         # A failed verification keeps the entry (shared with the producer's other requests; expiry drops it).
         error = _verification_error(error)
         metadata = ctx.broker.metadata
-        respond({(topic.name, p.partition_index):
-                 error if (info := metadata.topic(topic.name)) is not None and 0 <= p.partition_index < len(info.partitions)
+        respond({(name, index):
+                 error if (info := metadata.topic(name)) is not None and 0 <= index < len(info.partitions)
                  else ErrorCode.unknown_topic_or_partition
-                 for topic in request.topics for p in topic.partitions})
+                 for name, index in offsets})
 
     return answer_commit(ctx, request, "TxnOffsetCommit",
-                         lambda respond: asyncio.ensure_future(verify_then_commit(respond)))
+                         lambda respond, offsets: asyncio.ensure_future(verify_then_commit(respond, offsets)),
+                         request.transactional_id)

@@ -8,12 +8,16 @@ codec (v0 is v1 without the flexible encoding) and Kafka's own marker sender sen
 from __future__ import annotations
 
 from pykbroker.replication.txn_markers import write_markers
+from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._authorize import AclOperation, cluster_allowed, denied_answer
 from pykbroker.server.handlers._build import make, response_module
 
 
 @handles(27)
 def write_txn_markers(ctx: RequestContext, request) -> object:
+    if not cluster_allowed(ctx, AclOperation.CLUSTER_ACTION):  # Kafka: CLUSTER_ACTION on the cluster
+        return denied_answer(ctx, ErrorCode.cluster_authorization_failed)
     return _answer(ctx, response_module(ctx), request)
 
 

@@ -1,0 +1,210 @@
+"""Where the authorizer's ACLs live, and how every broker's ACL cache follows them.
+
+Two stores with one interface (``start()`` fills the cache, ``update(pattern, add, remove)`` persists a
+change to one resource pattern, puts its new whole ACL set in the cache and returns it, ``close()``;
+``lock`` serialises the updates made through one broker):
+
+* :class:`EmbeddedAclStore` (single node): the metadata journal's "acl" records (cluster/metadata.py,
+  one record per changed pattern holding its whole set, in the snapshot too).
+* :class:`ZkAclStore` (cluster): Kafka 3.7's ZooKeeper layout (security/acl_store.py): one znode per
+  pattern under ``/kafka-acl`` / ``/kafka-acl-extended/prefixed``, written conditionally on the version read
+  (a concurrent change by another broker is re-read and the change applied to it, as Kafka's
+  updateResourceAcls does), then a sequential notification under ``/kafka-acl-changes`` (LITERAL) or
+  ``/kafka-acl-extended-changes`` (PREFIXED). Every broker watches both change roots and re-reads the
+  patterns the new notifications name, so a change made through any broker (or by Kafka's own tools
+  writing ZooKeeper) is enforced everywhere within a ZooKeeper round trip; processed notifications older
+  than 15 minutes are deleted (Kafka's ZkNodeChangeNotificationListener). A znode or notification that
+  does not decode is skipped with a WARN (the broker keeps the rest).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Iterable
+
+from pykbroker.security import acl_store
+from pykbroker.security.acl import AccessControlEntry, PatternType, ResourcePattern, ResourceType
+from pykbroker.security.authorizer import AclCache
+
+if TYPE_CHECKING:
+    from pykbroker.cluster.metadata import EmbeddedMetadata
+    from pykbroker.cluster.zookeeper import KafkaZkClient
+
+log = logging.getLogger(__name__)
+
+__all__ = ("EmbeddedAclStore", "ZkAclStore")
+
+
+def _new_set(current: frozenset, add: Iterable[AccessControlEntry],
+             remove: Iterable[AccessControlEntry]) -> frozenset[AccessControlEntry]:
+    return (current | frozenset(add)) - frozenset(remove)
+
+
+class EmbeddedAclStore:
+    """ACLs in the single-node metadata journal."""
+
+    def __init__(self, metadata: "EmbeddedMetadata", cache: AclCache) -> None:
+        self.metadata = metadata
+        self.cache = cache
+        self.lock = asyncio.Lock()
+
+    @staticmethod
+    def _key(pattern: ResourcePattern) -> tuple[str, str, str]:
+        return (pattern.resource_type.name, pattern.pattern_type.name, pattern.name)
+
+    async def start(self) -> None:
+        for (resource_type, pattern_type, name), acls in self.metadata.acl_sets():
+            where = f"the metadata journal's ACLs of {resource_type}:{pattern_type}:{name}"
+            try:
+                pattern = ResourcePattern(ResourceType.from_string(resource_type), name,
+                                          PatternType.from_string(pattern_type))
+                decoded = acl_store.decode_acls(json.dumps({"version": 1, "acls": acls}).encode(), where=where)
+                self.cache.set(pattern, decoded.entries)
+            except ValueError as exc:
+                log.warning("skipping %s: %s", where, exc)
+
+    async def update(self, pattern: ResourcePattern, add: Iterable[AccessControlEntry],
+                     remove: Iterable[AccessControlEntry]) -> frozenset[AccessControlEntry]:
+        new = _new_set(self.cache.get(pattern), add, remove)
+        acls = json.loads(acl_store.encode_acls(new))["acls"]
+        await asyncio.wrap_future(self.metadata.set_acls(self._key(pattern), acls))
+        self.cache.set(pattern, new)
+        return new
+
+    async def close(self) -> None:
+        pass
+
+
+class ZkAclStore:
+    """ACLs in ZooKeeper, Kafka's layout, with the change-notification watcher."""
+
+    ROOTS = (acl_store.LITERAL_CHANGES_ROOT, acl_store.EXTENDED_CHANGES_ROOT)
+
+    def __init__(self, zk: "KafkaZkClient", cache: AclCache, *,
+                 expiration_ms: int = acl_store.NOTIFICATION_EXPIRATION_MS) -> None:
+        self.zk = zk
+        self.cache = cache
+        self.lock = asyncio.Lock()
+        self.expiration_ms = expiration_ms
+        self._last: dict[str, int] = {root: -1 for root in self.ROOTS}  # last notification processed per root
+        self._pending: dict[str, bool] = {root: False for root in self.ROOTS}
+        self._tasks: dict[str, asyncio.Task | None] = {root: None for root in self.ROOTS}
+        self._ctimes: dict[str, int] = {}  # notification processed -> its ZooKeeper ctime (ms)
+        self._closed = False
+
+    async def start(self) -> None:
+        """Create Kafka's ACL paths, load every pattern's ACLs, then watch the change roots."""
+        await self.zk.ensure_acl_paths(acl_store.paths_to_create())
+        for pattern_type in (PatternType.LITERAL, PatternType.PREFIXED):
+            root = acl_store.store_root(pattern_type)
+            for type_name in await self.zk.children(root):
+                if acl_store.resource_type_from_znode(type_name) is None:
+                    continue
+                for name in await self.zk.children(f"{root}/{type_name}"):
+                    await self._reload(f"{root}/{type_name}/{name}")
+        for root in self.ROOTS:
+            self.zk.watch_children(root, lambda children, root=root: self._on_changes(root))
+
+    async def _read(self, path: str) -> tuple[frozenset[AccessControlEntry], int | None]:
+        found = await self.zk.get_or_none(path)
+        if found is None:
+            return frozenset(), None
+        data, stat = found
+        decoded = acl_store.decode_acls(data, where=path)
+        for skipped in decoded.skipped:
+            log.warning("ACL znode %s: %s left out", path, skipped)
+        return decoded.entries, stat.version
+
+    async def _reload(self, path: str) -> None:
+        try:
+            pattern = acl_store.pattern_from_path(path)
+            entries, _ = await self._read(path)
+        except acl_store.AclStoreError as exc:
+            log.warning("skipping ACL znode %s: %s", path, exc)
+            return
+        self.cache.set(pattern, entries)
+
+    async def update(self, pattern: ResourcePattern, add: Iterable[AccessControlEntry],
+                     remove: Iterable[AccessControlEntry]) -> frozenset[AccessControlEntry]:
+        add, remove = frozenset(add), frozenset(remove)
+        path = acl_store.acl_path(pattern)
+        while True:
+            try:
+                current, version = await self._read(path)
+            except acl_store.AclStoreError as exc:  # a damaged znode: replaced by what this broker knows
+                log.warning("rewriting ACL znode %s: %s", path, exc)
+                found = await self.zk.get_or_none(path)
+                current, version = self.cache.get(pattern), (found[1].version if found else None)
+            new = _new_set(current, add, remove)
+            if (new == current and version is not None) or (not new and version is None):
+                break  # nothing to write
+            data = acl_store.encode_acls(new) if new else None
+            if await self.zk.write_acl_znode(path, data, version):
+                prefix, event = acl_store.change_notification(pattern)
+                await self.zk.create_acl_change(prefix, event)
+                break
+        self.cache.set(pattern, new)
+        return new
+
+    def _on_changes(self, root: str) -> None:
+        if self._closed:
+            return
+        self._pending[root] = True
+        task = self._tasks[root]
+        if task is None or task.done():
+            self._tasks[root] = asyncio.ensure_future(self._process(root))
+
+    async def _process(self, root: str) -> None:
+        while self._pending[root] and not self._closed:
+            self._pending[root] = False
+            try:
+                await self._process_new(root)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - ZooKeeper unreachable: the next notification retries
+                log.warning("cannot process ACL change notifications under %s: %r", root, exc)
+
+    async def _process_new(self, root: str) -> None:
+        children = await self.zk.children(root)
+        changes = []
+        for child in children:
+            try:
+                changes.append((acl_store.change_sequence(child), child))
+            except acl_store.AclStoreError:
+                continue
+        for sequence, child in sorted(changes):  # in sequence order: ZooKeeper lists children in any order
+            if sequence <= self._last[root]:
+                continue
+            path = f"{root}/{child}"
+            found = await self.zk.get_or_none(path)
+            self._last[root] = sequence
+            if found is None:
+                continue
+            data, stat = found
+            self._ctimes[path] = stat.ctime
+            try:
+                pattern = acl_store.decode_change(root, data)
+                await self._reload(acl_store.acl_path(pattern))
+            except acl_store.AclStoreError as exc:
+                log.warning("skipping ACL change notification %s: %s", path, exc)
+        # Kafka's purgeObsoleteNotifications: every broker deletes the processed ones older than the expiry.
+        present = {f"{root}/{child}" for child in children}
+        now = int(time.time() * 1000)
+        for path, ctime in sorted(self._ctimes.items()):
+            if not path.startswith(root + "/"):
+                continue
+            if path not in present:
+                del self._ctimes[path]
+            elif now - ctime > self.expiration_ms:
+                await self.zk.delete_if_present(path)
+                del self._ctimes[path]
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks = [t for t in self._tasks.values() if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
