@@ -697,6 +697,12 @@ class ClientQuotas:
     def managers(self) -> tuple[ClientQuotaManager, ...]:
         return (self.produce, self.fetch, self.request, self.controller_mutation)
 
+    @property
+    def enabled(self) -> bool:
+        """Has any quota entity been configured (Kafka's quotasEnabled of any manager)? Until then requests
+        are not recorded at all."""
+        return any(manager.quotas_enabled for manager in self.managers())
+
     def apply_entity_config(self, entity: QuotaEntity, config: Mapping[str, Any] | None) -> None:
         """QuotaConfigHandler.updateQuotaConfig: the entity's whole config (None or {}: deleted). Each manager
         gets its key's value or a removal. Values are parsed first, so a bad value changes nothing (ValueError)."""

@@ -37,6 +37,7 @@ from pykbroker.cluster.topic_admin import too_many_partitions_per_request
 from pykbroker.protocol.errors import ErrorCode, KafkaError
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
+from pykbroker.server.throttling import mutation_quota, record_mutation
 from pykbroker.config import TOPIC_CONFIGS
 
 
@@ -104,6 +105,8 @@ async def _create_topics(ctx: RequestContext, request) -> object:
         sum(len(t.assignments) if t.assignments else default_partitions if t.num_partitions == -1
             else max(t.num_partitions, 0) for t in request.topics)
     )
+    quota = mutation_quota(ctx, "CreateTopics")  # KIP-599's controller_mutation_rate (None: no client quotas)
+    validate_only = request.validate_only if hasattr(request, "validate_only") else False
     for topic in request.topics:
         info = None
         try:
@@ -117,13 +120,19 @@ async def _create_topics(ctx: RequestContext, request) -> object:
                 assignment = ctx.broker.topics.check_create_assignment(
                     topic.num_partitions, topic.replication_factor,
                     [(a.partition_index, list(a.broker_ids)) for a in topic.assignments])
+            if quota is not None and not validate_only:  # validated, then its partitions taken from the quota
+                await ctx.broker.topics.create_async(
+                    topic.name, topic.num_partitions, topic.replication_factor, {c.name: c.value for c in topic.configs},
+                    assignment=assignment, validate_only=True)
+                record_mutation(quota, len(assignment) if assignment else
+                                default_partitions if topic.num_partitions == -1 else topic.num_partitions)
             info = await ctx.broker.topics.create_async(
                 topic.name,
                 topic.num_partitions,
                 topic.replication_factor,
                 {c.name: c.value for c in topic.configs},
                 assignment=assignment,
-                validate_only=request.validate_only if hasattr(request, "validate_only") else False,
+                validate_only=validate_only,
                 timeout_s=deadline.remaining(),
             )
         except KafkaError as exc:
@@ -164,6 +173,7 @@ async def delete_topics(ctx: RequestContext, request) -> object:
         wanted = [(name, None) for name in request.topic_names]
     counts = Counter(name if name is not None else topic_id for name, topic_id in wanted)
     outcomes = []
+    quota = mutation_quota(ctx, "DeleteTopics")  # KIP-599's controller_mutation_rate (None: no client quotas)
     for name, topic_id in dict.fromkeys(wanted):  # each duplicate once, in request order
         if counts[name if name is not None else topic_id] > 1:
             outcomes.append((name, topic_id, ErrorCode.invalid_request,
@@ -182,6 +192,8 @@ async def delete_topics(ctx: RequestContext, request) -> object:
             topic_id = info.topic_id if info else topic_id
         if error == ErrorCode.none:
             try:
+                if info is not None:
+                    record_mutation(quota, len(info.partitions))
                 await ctx.broker.topics.delete_async(name, timeout_s=deadline.remaining())
                 ctx.broker.forget_topic(name)
             except KafkaError as exc:
@@ -213,6 +225,7 @@ async def _create_partitions(ctx: RequestContext, request) -> object:
         for topic in request.topics
         if (info := metadata.topic(topic.name)) is not None and topic.count > len(info.partitions)
     ))
+    quota = mutation_quota(ctx, "CreatePartitions")  # KIP-599's controller_mutation_rate (None: no client quotas)
     for topic in request.topics:
         info = None
         try:
@@ -222,6 +235,10 @@ async def _create_partitions(ctx: RequestContext, request) -> object:
             if topic.assignments is not None:  # null: placed by the broker; else one per new partition
                 assignment = ctx.broker.topics.check_added_assignment(
                     topic.name, topic.count, [list(a.broker_ids) for a in topic.assignments])
+            if quota is not None and not request.validate_only:  # validated, then the new partitions taken
+                await ctx.broker.topics.add_partitions_async(topic.name, topic.count, assignment=assignment,
+                                                             validate_only=True)
+                record_mutation(quota, topic.count - len(metadata.topic(topic.name).partitions))
             info = await ctx.broker.topics.add_partitions_async(
                 topic.name, topic.count, assignment=assignment, validate_only=request.validate_only,
                 timeout_s=deadline.remaining()
