@@ -40,6 +40,11 @@ User:ANONYMOUS) is computed when the connection is made and logged at debug, for
 certificate subject that no ``ssl.principal.mapping.rules`` rule maps closes the connection, as Kafka fails
 the authentication.
 
+Client quotas (KIP-219, server/throttling.py): a request over its client's quota is answered at once with its
+throttle_time_ms, and then the connection is muted for that long, as Kafka's ThrottledChannel: nothing is read
+from the socket nor taken from the buffer until the throttle time has passed (a connection muted so is not
+idle), so a client that does not back off by itself is held to its quota; other connections are not affected.
+
 The broker closes a connection (bad frame, idle, an acks=0 produce that failed, its own failure) with
 ``transport.abort()``: unsent response bytes are dropped, as Kafka's Selector.close does, so a client that
 never reads cannot keep the connection, its pending response and its pinned segment files alive (a graceful

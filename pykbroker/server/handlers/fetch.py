@@ -21,7 +21,11 @@ fetch; followers truncate to it, see replication/fetcher.py).
 Transactions: isolation_level 1 (read_committed) reads up to the last stable offset, never past it, and gets
 aborted_transactions (producer id, first offset) of the aborted transactions overlapping what it read, from
 the transaction indexes (an empty list when there are none; null for read_uncommitted, as Kafka answers);
-every fetch answers the partition's last stable offset. A read_committed long poll parked for data wakes
+every fetch answers the partition's last stable offset.
+Client quotas (server/throttling.py, KafkaApis.handleFetchRequest): a consumer's max_bytes is capped at what its
+consumer_byte_rate allows in a quota window (min_bytes with it); a fetch whose answer would go over its fetch or
+request quota is answered empty (no partitions, session id 0, NONE) with the throttle time, its bytes not
+counted; followers' fetches are exempt. A read_committed long poll parked for data wakes
 when the HWM moves (which is when the LSO can move: a marker is stable once the HWM passes it).
 """
 

@@ -17,6 +17,12 @@ changes are durable (awaited off the event loop, so other clients are served mea
 cluster mode, once the controller's UpdateMetadata shows them, within the request's timeout shared by its
 topics (REQUEST_TIMED_OUT for a topic not visible by then; the change goes on, as in Kafka).
 
+Client quotas (KIP-599, server/throttling.py): with a controller_mutation_rate, each topic's partitions (created,
+added, or those of a deleted topic) are taken from the client's quota after the topic was validated and before
+it is changed, as ZkAdminManager does; CreateTopics v6+, CreatePartitions v3+ and DeleteTopics v5+ refuse a topic
+with THROTTLING_QUOTA_EXCEEDED once the quota is used up, older versions go on and are throttled.
+validate_only takes nothing.
+
 CreateTopics and CreatePartitions change the metadata, host the new partitions and commit in a task the
 broker owns (``Broker.run_owned``), awaited through ``asyncio.shield``: a client that disconnects
 mid-request (connection_lost cancels its handler) never leaves partitions in the metadata unhosted, and
