@@ -73,8 +73,9 @@ def describe_client_quotas(ctx: RequestContext, request) -> object:
              values=tuple(make(schema.ValueData, key=key, value=value) for key, value in values.items()))
         for entity, values in found
     )
+    # Kafka leaves the message at the schema's default, "" (not null), when the description succeeds
     return make(schema.DescribeClientQuotasResponse, throttle_time=0, error_code=ErrorCode.none,
-                error_message=None, entries=entries)
+                error_message="", entries=entries)
 
 
 @handles(49)
