@@ -8,6 +8,7 @@ integration/bench/quota_bench.py's. No sleeps: every wait is on a condition with
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import urllib.request
@@ -26,6 +27,7 @@ from kio.static.primitive import i16, i32
 
 from broker_process import free_port
 from kafka_tools import kafka_tools_or_skip
+from pykbroker.protocol.client import encode_request
 from quota_bench import produce, rate
 from quota_wire import Wire, alter, create_topic, describe, described, fetch_request, ms, produce_request, throttle_ms
 
@@ -126,12 +128,24 @@ def test_kafka_configs_sets_quotas_that_take_effect_and_are_described(quota_brok
 # -- enforcement ----------------------------------------------------------------------------------------
 
 
-def test_a_throttled_connection_is_answered_at_once_then_not_read_for_the_throttle_time(quota_broker, topic_name):
-    admin = Wire(quota_broker, "admin")
-    wire = Wire(quota_broker, "muted")
+@contextlib.contextmanager
+def quota_client(broker, topic: str, client_id: str, quotas: dict):
+    """The topic made, ``quotas`` set on ``client_id``; a connection of that client, closed afterwards."""
+    admin = Wire(broker, "admin")
     try:
-        create_topic(admin, topic_name)
-        assert alter(admin, {"client_id": "muted"}, {"producer_byte_rate": 10_000}) == (ErrorCode.none, None)
+        create_topic(admin, topic)
+        assert alter(admin, {"client_id": client_id}, quotas) == (ErrorCode.none, None)
+    finally:
+        admin.close()
+    wire = Wire(broker, client_id)
+    try:
+        yield wire
+    finally:
+        wire.close()
+
+
+def test_a_throttled_connection_is_answered_at_once_then_not_read_for_the_throttle_time(quota_broker, topic_name):
+    with quota_client(quota_broker, topic_name, "muted", {"producer_byte_rate": 10_000}) as wire:
         # 11.6 kB: the rate over the 10 s minimum window is 1160 B/s... against 10 kB/s: no throttle yet
         first = wire.request(produce_request(topic_name, 11_500))
         assert throttle_ms(first) == 0
@@ -156,9 +170,18 @@ def test_a_throttled_connection_is_answered_at_once_then_not_read_for_the_thrott
             assert time.monotonic() - started < throttle / 1000, "an unthrottled client waited"
         finally:
             other.close()
-    finally:
-        admin.close()
-        wire.close()
+
+
+def test_an_acks_0_producer_over_its_byte_rate_gets_no_answer_but_its_connection_is_muted(quota_broker, topic_name):
+    with quota_client(quota_broker, topic_name, "fire-and-forget", {"producer_byte_rate": 9000}) as wire:
+        # About 100 kB over an 11 s window at 9 kB/s: a throttle of about 1.1 s, which nobody is told of ...
+        wire.sock.sendall(encode_request(produce_request(topic_name, 100_000, acks=0), 99, "fire-and-forget"))
+        sent = time.monotonic()
+        # ... but the next request of the connection is read only after it
+        answer = wire.request(ApiVersionsRequest(client_software_name="t", client_software_version="1"))
+        waited = time.monotonic() - sent
+        assert answer.error_code == ErrorCode.none
+        assert waited >= 0.8, waited
 
 
 def test_a_producer_over_its_byte_rate_is_held_to_it_while_another_client_keeps_its_rate(broker_factory, topic_name):
