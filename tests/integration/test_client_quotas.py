@@ -25,7 +25,7 @@ from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v12.request import MetadataRequest
 from kio.static.primitive import i16, i32
 
-from broker_process import free_port
+from broker_process import BrokerProcess, free_port
 from kafka_tools import kafka_tools_or_skip
 from pykbroker.protocol.client import encode_request
 from quota_bench import produce, rate
@@ -371,3 +371,55 @@ def test_quota_metrics_on_the_prometheus_endpoint(broker_factory, topic_name):
         assert f'kafka_server_produce_quota_limit{{client_id="admin",user=""}}' not in lines  # no quota: no limit
     finally:
         admin.close()
+
+
+def test_a_user_quota_applies_to_the_mutual_tls_principal(tmp_path, topic_name):
+    pytest.importorskip("cryptography", reason="certificates for this test are built with cryptography")
+    pytest.importorskip("confluent_kafka")
+    from tls_helpers import standard_pki
+
+    (tmp_path / "pki").mkdir()
+    pki = standard_pki(tmp_path / "pki")
+    plain, mtls = free_port(), free_port()
+    broker = BrokerProcess(tmp_path / "broker", port=plain, config={
+        "listeners": f"PLAINTEXT://127.0.0.1:{plain},MTLS://127.0.0.1:{mtls}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,MTLS:SSL",
+        "ssl.keystore.type": "PEM", "ssl.keystore.location": pki.broker_pem_file,
+        "ssl.truststore.type": "PEM", "ssl.truststore.location": pki.ca_file,
+        "listener.name.mtls.ssl.client.auth": "required",
+    }).start()
+    try:
+        check_user_quota_over_mutual_tls(broker, pki, plain, mtls, topic_name)
+    finally:
+        broker.close()
+
+
+def check_user_quota_over_mutual_tls(broker, pki, plain: int, mtls: int, topic_name: str) -> None:
+    from confluent_kafka import Producer
+
+    admin = Wire(broker, "admin")
+    try:
+        create_topic(admin, topic_name)
+        # Kafka's user entity is the principal's name, stored sanitized: users/CN%3Dclient%2COU%3Dapps%2CO%3Dpykbroker
+        user = "CN=client,OU=apps,O=pykbroker"
+        assert alter(admin, {"user": user}, {"producer_byte_rate": 1000}) == (ErrorCode.none, None)
+        assert set(described(describe(admin, [("user", 0, user)], strict=True))) == {(("user", user),)}
+    finally:
+        admin.close()
+
+    def throttles_of(bootstrap: str, settings: dict) -> list:
+        throttles: list = []
+        producer = Producer({"bootstrap.servers": bootstrap, "client.id": "same-client", **settings,
+                             "throttle_cb": lambda event: throttles.append(event.throttle_time)})
+        for _ in range(30):
+            producer.produce(topic_name, b"t" * 1000)
+        assert producer.flush(60) == 0
+        producer.poll(0)
+        return throttles
+
+    with_certificate = throttles_of(f"127.0.0.1:{mtls}", {
+        "security.protocol": "SSL", "ssl.ca.location": pki.ca_file,
+        "ssl.certificate.location": pki.client_pem_file, "ssl.key.location": pki.client_pem_file})
+    assert with_certificate and max(with_certificate) > 0, with_certificate
+    # the same client id on PLAINTEXT is User:ANONYMOUS: no quota
+    assert not any(throttles_of(f"127.0.0.1:{plain}", {}))
