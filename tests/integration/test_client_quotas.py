@@ -321,6 +321,25 @@ def test_controller_mutation_rate_refuses_topic_changes_with_throttling_quota_ex
         admin.close()
 
 
+def test_kafka_topics_is_refused_with_kafkas_throttling_error_over_the_mutation_rate(quota_broker):
+    tools = kafka_tools_or_skip()
+    admin = Wire(quota_broker, "admin")
+    try:  # every client id: kafka-topics.sh's admin client has a generated one
+        assert alter(admin, {"client_id": None}, {"controller_mutation_rate": 1}) == (ErrorCode.none, None)
+    finally:
+        admin.close()
+    first, second = unique("tool"), unique("tool")
+    tools.run("kafka-topics.sh", "--bootstrap-server", quota_broker.bootstrap, "--create", "--topic", first,
+              "--partitions", "20")
+    # TopicCommand does not retry on a quota violation: it reports Kafka's error
+    refused = tools.run("kafka-topics.sh", "--bootstrap-server", quota_broker.bootstrap, "--create", "--topic",
+                        second, "--partitions", "1", check=False)
+    assert refused.returncode != 0
+    assert "ThrottlingQuotaExceededException: The throttling quota has been exceeded." in refused.stdout + refused.stderr
+    listed = tools.run("kafka-topics.sh", "--bootstrap-server", quota_broker.bootstrap, "--list").stdout.split()
+    assert first in listed and second not in listed
+
+
 def test_defaults_and_precedence_user_and_client_before_user_before_client(quota_broker, topic_name):
     admin = Wire(quota_broker, "admin")
     try:
