@@ -37,6 +37,11 @@ From the broker's state at scrape time (pykbroker/metrics/collector.py):
   kafka_consumergroup_lag{group,topic,partition}                  high-water mark - committed offset (partitions
                                                                   hosted here)
   kafka_server_socketservermetrics_connection_count{listener}     open client connections
+  kafka_server_{produce,fetch}_byte_rate{user,client_id}          client quota sensors (once a quota is set): the
+  kafka_server_request_request_time{user,client_id}               measured rate, the quota that applies
+  kafka_server_controllermutation_mutation_rate{user,client_id}   (..._quota_limit) and the throttles given
+  kafka_server_<type>_quota_limit / _throttle_time_ms_total / _throttles_total{user,client_id}
+                                                                  (at most 100 series per type, see docs/metrics.md)
 
 The process and the build, also at scrape time (the standard names of Prometheus client libraries):
   process_cpu_seconds_total                                       user + system CPU time of the broker process

@@ -15,6 +15,7 @@ The metric names are listed in pykbroker/metrics/__init__.py and docs/metrics.md
 from __future__ import annotations
 
 import platform
+import time
 from typing import TYPE_CHECKING, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -60,6 +61,7 @@ class BrokerCollector(Collector):
         yield from self._logs()
         yield from self._groups()
         yield from self._network()
+        yield from self._quotas()
 
     # -- per-request counters ---------------------------------------------------------------------
     def _requests(self) -> Iterator[Metric]:
@@ -209,6 +211,57 @@ class BrokerCollector(Collector):
         for listener in sorted({*counts, *(listener.name for listener in self.broker.config.listeners)}):
             family.add_metric([listener], counts.get(listener, 0))
         yield family
+
+
+    # -- client quotas ----------------------------------------------------------------------------
+    def _quotas(self) -> Iterator[Metric]:
+        yield from quota_metrics(self.broker.quotas, int(time.time() * 1000))
+
+
+# Kafka's quota sensor groups (kafka.server:type=<group>,user=,client-id=) and the name of each one's measured value.
+QUOTA_GROUPS = (("Produce", "byte_rate", "Bytes per second produced (the producer_byte_rate quota's measure)."),
+                ("Fetch", "byte_rate", "Bytes per second fetched by consumers (the consumer_byte_rate quota's measure)."),
+                ("Request", "request_time",
+                 "Handler time as a percentage of one thread (the request_percentage quota's measure)."),
+                ("ControllerMutation", "mutation_rate",
+                 "Partitions created or deleted per second (the controller_mutation_rate quota's measure)."))
+MAX_QUOTA_SERIES = 100  # per quota type: the clients throttled most (then the busiest); the others are counted
+
+
+def quota_metrics(quotas, now_ms: int) -> Iterator[Metric]:
+    """The client quota sensors (security/quotas.py), Kafka's per user / client-id quota metrics: the measured
+    rate, the quota that applies, and the throttles so far. Sensors exist only while quotas are configured and
+    for clients seen in the last hour; at most MAX_QUOTA_SERIES per type are exported."""
+    by_type: dict[str, list] = {group: [] for group, _, _ in QUOTA_GROUPS}
+    for sensor in quotas.sensors(now_ms):
+        by_type.setdefault(sensor.quota_type, []).append(sensor)
+    labels = ["user", "client_id"]
+    omitted = GaugeMetricFamily("pykbroker_quota_sensors_omitted",
+                                f"Client quota sensors not exported (over {MAX_QUOTA_SERIES} per quota type).",
+                                labels=["quota_type"])
+    for group, measure, text in QUOTA_GROUPS:
+        prefix = f"kafka_server_{group.lower()}"
+        rate = GaugeMetricFamily(f"{prefix}_{measure}", text, labels=labels)
+        bound = GaugeMetricFamily(f"{prefix}_quota_limit", f"The {group} quota that applies (none: no series).",
+                                  labels=labels)
+        throttle_ms = CounterMetricFamily(f"{prefix}_throttle_time_ms",
+                                          f"Milliseconds of {group} quota throttling given to the client.", labels=labels)
+        throttles = CounterMetricFamily(f"{prefix}_throttles", f"Responses throttled by the {group} quota.",
+                                        labels=labels)
+        sensors = sorted(by_type.get(group, ()), key=lambda s: (-s.throttle_total_ms, -s.rate, s.user, s.client_id))
+        for sensor in sensors[:MAX_QUOTA_SERIES]:
+            values = [sensor.user, sensor.client_id]
+            rate.add_metric(values, sensor.rate)
+            if sensor.bound < 9.2e18:  # Kafka's Long.MAX_VALUE bound: no quota
+                bound.add_metric(values, sensor.bound)
+            throttle_ms.add_metric(values, sensor.throttle_total_ms)
+            throttles.add_metric(values, sensor.throttle_count)
+        omitted.add_metric([group], max(0, len(sensors) - MAX_QUOTA_SERIES))
+        yield from (rate, bound, throttle_ms, throttles)
+    yield omitted
+    yield GaugeMetricFamily("kafka_server_request_exempt_request_time",
+                            "Handler time of requests exempt from quotas (inter-broker), as a percentage of one thread.",
+                            value=quotas.exempt.measure(now_ms))
 
 
 def build_info() -> Metric:

@@ -344,7 +344,8 @@ def plan_alter(alterations: Iterable[QuotaAlteration], current: Callable[[str], 
     written: dict[str, dict[str, str]] = {}
     results: dict[str, int] = {}
     for alteration in alterations:
-        entity: dict[str, str | None] = {}
+        # The result names the entity as the request did, valid or not (Kafka answers entry.entity back)
+        entity: dict[str, str | None] = dict(alteration.entity)
         try:
             entity = _parse_entity(alteration.entity)
             kinds = set(entity)

@@ -1,7 +1,8 @@
 """Client quotas: Kafka 3.7's quota arithmetic, entity precedence and throttle times (KIP-13, KIP-55, KIP-124,
 KIP-219), as the ZooKeeper-mode broker computes them. Pure and clock-free: every call takes ``now_ms``.
 
-Wiring (for the request handlers and the connection; nothing here does I/O)::
+Wiring (for the request handlers and the connection; nothing here does I/O; done in server/throttling.py, the
+Fetch and topic admin handlers and server/connection.py's mute)::
 
     quotas = ClientQuotas.from_config(config.get)            # quota.window.num (11), quota.window.size.seconds (1)
     # fill from the store (quota_store.py decodes /config/users, /config/clients and the change notifications;
@@ -696,6 +697,12 @@ class ClientQuotas:
 
     def managers(self) -> tuple[ClientQuotaManager, ...]:
         return (self.produce, self.fetch, self.request, self.controller_mutation)
+
+    @property
+    def enabled(self) -> bool:
+        """Has any quota entity been configured (Kafka's quotasEnabled of any manager)? Until then requests
+        are not recorded at all."""
+        return any(manager.quotas_enabled for manager in self.managers())
 
     def apply_entity_config(self, entity: QuotaEntity, config: Mapping[str, Any] | None) -> None:
         """QuotaConfigHandler.updateQuotaConfig: the entity's whole config (None or {}: deleted). Each manager

@@ -77,6 +77,7 @@ from pykbroker.security.credentials import ScramCredentialCache
 from pykbroker.security.quotas import ClientQuotas
 from pykbroker.server.connection import KafkaConnection, RequestMemory
 from pykbroker.server.dispatch import load_handlers
+from pykbroker.server.throttling import with_client_quotas
 from pykbroker.txn.coordinator import TransactionCoordinator, TxnConfig
 from pykbroker.txn.log import TRANSACTION_STATE_TOPIC
 from pykbroker.txn.state_manager import TransactionStateManager
@@ -254,7 +255,7 @@ class Broker:
         self.connections: set[KafkaConnection] = set()
         self._connections_per_host: Counter[str] = Counter()
         self.request_memory = RequestMemory(int(config.get("queued.max.request.bytes")))
-        self.handlers = load_handlers()
+        self.handlers = with_client_quotas(load_handlers())  # client quotas on the request path (throttling.py)
         self._acceptors: list[asyncio.Task] = []  # one accept loop per listener
         self._handshakes: dict[asyncio.Task, str] = {}  # TLS handshakes in progress (SSL listeners) -> peer host
         self._handshaking_per_host: Counter[str] = Counter()

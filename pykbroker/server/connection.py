@@ -40,6 +40,11 @@ User:ANONYMOUS) is computed when the connection is made and logged at debug, for
 certificate subject that no ``ssl.principal.mapping.rules`` rule maps closes the connection, as Kafka fails
 the authentication.
 
+Client quotas (KIP-219, server/throttling.py): a request over its client's quota is answered at once with its
+throttle_time_ms, and then the connection is muted for that long, as Kafka's ThrottledChannel: nothing is read
+from the socket nor taken from the buffer until the throttle time has passed (a connection muted so is not
+idle), so a client that does not back off by itself is held to its quota; other connections are not affected.
+
 The broker closes a connection (bad frame, idle, an acks=0 produce that failed, its own failure) with
 ``transport.abort()``: unsent response bytes are dropped, as Kafka's Selector.close does, so a client that
 never reads cannot keep the connection, its pending response and its pinned segment files alive (a graceful
@@ -159,6 +164,7 @@ class KafkaConnection(asyncio.Protocol):
         self._closed = False
         self._reserved = 0  # bytes of RequestMemory reserved for the frame at the head of the buffer
         self._waiting_memory = False  # the next frame's size is read and the pool is exhausted
+        self._unmute: asyncio.TimerHandle | None = None  # KIP-219: muted for a client quota until this fires
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -197,6 +203,7 @@ class KafkaConnection(asyncio.Protocol):
                 close()
         if self._task is not None:
             self._task.cancel()
+        self._end_throttle()
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -225,7 +232,7 @@ class KafkaConnection(asyncio.Protocol):
     @property
     def idle_since(self) -> float | None:
         """When this connection last made progress, or None while it waits on its own request."""
-        return None if self._busy else self.last_active
+        return None if self._busy or self.throttled else self.last_active
 
     # -- requests ---------------------------------------------------------------------------------
     def _process(self) -> None:
@@ -233,7 +240,7 @@ class KafkaConnection(asyncio.Protocol):
         buffer = self._buffer
         start = 0
         size_len = SIZE.size
-        while not (self._busy or self._outbox or self._write_paused or self._closed):
+        while not (self._busy or self._outbox or self._write_paused or self._closed or self.throttled):
             available = len(buffer) - start
             if available < size_len:
                 break
@@ -291,7 +298,8 @@ class KafkaConnection(asyncio.Protocol):
         except FrameError as exc:
             self._abort(str(exc))
             return
-        context = RequestContext(self.broker, request, self.peer, self.listener, self.principal or ANONYMOUS)
+        context = RequestContext(self.broker, request, self.peer, self.listener, self.principal or ANONYMOUS,
+                                 size=len(frame))
         started = self.stats.clock() if self.stats is not None else 0.0
         try:
             result = self.handlers[request.api_key](context, request.body)
@@ -299,11 +307,12 @@ class KafkaConnection(asyncio.Protocol):
             result = self._failed(request, exc)
         if asyncio.iscoroutine(result):
             self._busy = True
-            self._task = asyncio.ensure_future(self._complete_later(request, result, started))
+            self._task = asyncio.ensure_future(self._complete_later(request, result, started, context))
         else:
             self._complete(request, result, started)
+            self._mute_if_throttled(context)
 
-    async def _complete_later(self, request, awaitable, started: float) -> None:
+    async def _complete_later(self, request, awaitable, started: float, context: RequestContext) -> None:
         try:
             try:
                 result = await awaitable
@@ -314,6 +323,7 @@ class KafkaConnection(asyncio.Protocol):
             except Exception as exc:
                 result = self._failed(request, exc)
             self._complete(request, result, started)
+            self._mute_if_throttled(context)
         finally:
             # Whatever became of the request, the connection goes on with the next one.
             self._task = None
@@ -388,13 +398,41 @@ class KafkaConnection(asyncio.Protocol):
         """Read only when idle (muted channel), draining, and within the request memory bound."""
         if self._closed or self.transport is None:
             return
-        should_pause = self._busy or self._write_paused or self._waiting_memory
+        should_pause = self._busy or self._write_paused or self._waiting_memory or self.throttled
         if should_pause and not self._reading_paused:
             self._reading_paused = True
             self.transport.pause_reading()
         elif not should_pause and self._reading_paused:
             self._reading_paused = False
             self.transport.resume_reading()
+
+    # -- client quota throttling (KIP-219) ---------------------------------------------------------
+    @property
+    def throttled(self) -> bool:
+        """Muted for a client quota: nothing is read from the socket or taken from the buffer."""
+        return self._unmute is not None
+
+    def _mute_if_throttled(self, context: RequestContext) -> None:
+        """After a request over its client quota has been answered (its answer goes out at once, with
+        throttle_time_ms; an acks=0 produce has none), read nothing more from this connection for the
+        throttle time (Kafka's ThrottledChannel: the channel stays muted until the delay has passed), so that
+        a client that does not back off by itself is held to its quota. See server/throttling.py."""
+        quota = context.quota
+        if quota is None or quota.throttle_ms <= 0 or self._closed:
+            return
+        if self._unmute is not None:
+            self._unmute.cancel()
+        self._unmute = asyncio.get_running_loop().call_later(quota.throttle_ms / 1000, self._end_throttle)
+        self.update_reading()
+
+    def _end_throttle(self) -> None:
+        """The throttle time has passed (or the connection is gone): the buffered frames, then reading again."""
+        if self._unmute is None:
+            return
+        self._unmute.cancel()
+        self._unmute = None
+        if not self._closed:
+            self._process()
 
     def _abort(self, reason: str) -> None:
         log.warning("closing connection from %s: %s", self.peer, reason)

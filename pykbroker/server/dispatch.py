@@ -29,6 +29,9 @@ class RequestContext:
     # Who sent it: the connection's authenticated principal (TLS client certificate or SASL), else
     # User:ANONYMOUS, as Kafka's RequestContext.principal. Handlers ask the authorizer with it.
     principal: KafkaPrincipal = ANONYMOUS
+    size: int = 0  # the request's size in bytes, header and body (Kafka's sizeInBytes: the produce byte-rate quota)
+    # Client quotas (server/throttling.py): the request's handler time and throttle; None while no quota is set.
+    quota: Any = None
 
     @property
     def version(self) -> int:

@@ -56,6 +56,8 @@ def _sample_value(hint, kafka_type: str):
         return hint("t")
     if kafka_type == "bytes":
         return b"m"
+    if kafka_type == "float64":  # AlterClientQuotas' values
+        return hint(3.0)
     return hint(3)
 
 

@@ -21,7 +21,11 @@ fetch; followers truncate to it, see replication/fetcher.py).
 Transactions: isolation_level 1 (read_committed) reads up to the last stable offset, never past it, and gets
 aborted_transactions (producer id, first offset) of the aborted transactions overlapping what it read, from
 the transaction indexes (an empty list when there are none; null for read_uncommitted, as Kafka answers);
-every fetch answers the partition's last stable offset. A read_committed long poll parked for data wakes
+every fetch answers the partition's last stable offset.
+Client quotas (server/throttling.py, KafkaApis.handleFetchRequest): a consumer's max_bytes is capped at what its
+consumer_byte_rate allows in a quota window (min_bytes with it); a fetch whose answer would go over its fetch or
+request quota is answered empty (no partitions, session id 0, NONE) with the throttle time, its bytes not
+counted; followers' fetches are exempt. A read_committed long poll parked for data wakes
 when the HWM moves (which is when the LSO can move: a marker is stable once the HWM passes it).
 """
 
@@ -40,6 +44,7 @@ from pykbroker.server.handlers._authorize import (
 )
 from pykbroker.server.handlers._build import make, response_module
 from pykbroker.server.handlers._epochs import NO_EPOCH, leader_partition
+from pykbroker.server.throttling import consumer_fetch_max_bytes, fetch_exempt, fetch_throttle, throttled
 
 FINAL_EPOCH = -1  # session_epoch -1 closes a fetch session
 NO_SESSION = 0
@@ -193,9 +198,21 @@ def _count_out(stats, results, replica_id: int) -> None:
 
 def _respond(ctx: RequestContext, schema, results, session_id: int = NO_SESSION, error=ErrorCode.none,
              replica_id: int = -1) -> object:
+    response = _response(ctx, schema, results, session_id, error)
+    if replica_id >= 0:
+        fetch_exempt(ctx)
+    else:
+        throttle = fetch_throttle(ctx, response)  # client quotas: a throttled consumer gets an empty answer
+        if throttle > 0:
+            return throttled(ctx, make(schema.FetchResponse, throttle_time=0, error_code=ErrorCode.none,
+                                       session_id=NO_SESSION, responses=()), throttle)
     stats = ctx.broker.stats
     if stats is not None:
         _count_out(stats, results, replica_id)
+    return response
+
+
+def _response(ctx: RequestContext, schema, results, session_id: int, error) -> object:
     by_id = ctx.version >= 13
     # Kafka sends an empty aborted-transactions list to read_committed fetchers and null to the others.
     read_committed = getattr(ctx.request.body, "isolation_level", 0) == READ_COMMITTED
@@ -249,18 +266,21 @@ def fetch(ctx: RequestContext, request) -> object:
     if replica_id is None or replica_id < 0:
         replica_id = -1
     topics = _resolve(ctx, request, replica_id)
-    results, total, answer_now = _read_all(ctx, topics, request.max_bytes, replica_id)
+    max_bytes = request.max_bytes if replica_id >= 0 else consumer_fetch_max_bytes(ctx, request.max_bytes)
+    min_bytes = min(request.min_bytes, max_bytes)  # Kafka's fetchMinBytes
+    results, total, answer_now = _read_all(ctx, topics, max_bytes, replica_id)
     max_wait_ms = int(request.max_wait.total_seconds() * 1000)
-    if total >= request.min_bytes or answer_now or max_wait_ms <= 0 or not topics:
+    if total >= min_bytes or answer_now or max_wait_ms <= 0 or not topics:
         return _respond(ctx, schema, results, replica_id=replica_id)
     # Watch the partitions now, in the step that read them: an append right after this step must wake us.
     partitions = [w.partition for topic in topics for w in topic if w.partition is not None]
     watch = ctx.broker.replicas.watch(partitions, follower=replica_id >= 0)
-    return _long_poll(ctx, schema, request, topics, replica_id, max_wait_ms, partitions, watch)
+    return _long_poll(ctx, schema, request, topics, replica_id, max_wait_ms, partitions, watch, (min_bytes, max_bytes))
 
 
 async def _long_poll(ctx: RequestContext, schema, request, topics, replica_id: int, max_wait_ms: int,
-                     partitions, watch) -> object:
+                     partitions, watch, limits: tuple[int, int]) -> object:
+    min_bytes, max_bytes = limits
     deadline = time.monotonic() + max_wait_ms / 1000
     stats = ctx.broker.stats
     if stats is not None:
@@ -268,8 +288,8 @@ async def _long_poll(ctx: RequestContext, schema, request, topics, replica_id: i
     try:
         while True:
             await watch.wait(deadline - time.monotonic())
-            results, total, answer_now = _read_all(ctx, topics, request.max_bytes, replica_id, recheck=True)
-            if total >= request.min_bytes or answer_now or time.monotonic() >= deadline:
+            results, total, answer_now = _read_all(ctx, topics, max_bytes, replica_id, recheck=True)
+            if total >= min_bytes or answer_now or time.monotonic() >= deadline:
                 return _respond(ctx, schema, results, replica_id=replica_id)
             watch = ctx.broker.replicas.watch(partitions, follower=replica_id >= 0)
     finally:

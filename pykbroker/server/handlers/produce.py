@@ -29,6 +29,9 @@ the connection's answers stay in order); a partition the coordinator does not ha
 INVALID_TXN_STATE, a fenced epoch INVALID_PRODUCER_EPOCH, a coordinator that cannot answer just now
 NOT_ENOUGH_REPLICAS (retriable, NETWORK_EXCEPTION included); transactional batches of more than one producer id in one request:
 INVALID_PRODUCER_ID_MAPPING for every partition.
+Client quotas: producer_byte_rate (the request's size) and request_percentage are recorded once the answer is
+ready (server/throttling.py), which puts the throttle in throttle_time_ms; acks=0 is not request-metered but its
+connection is muted for a byte-rate throttle all the same.
 """
 
 from __future__ import annotations

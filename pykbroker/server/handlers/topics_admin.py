@@ -17,6 +17,12 @@ changes are durable (awaited off the event loop, so other clients are served mea
 cluster mode, once the controller's UpdateMetadata shows them, within the request's timeout shared by its
 topics (REQUEST_TIMED_OUT for a topic not visible by then; the change goes on, as in Kafka).
 
+Client quotas (KIP-599, server/throttling.py): with a controller_mutation_rate, each topic's partitions (created,
+added, or those of a deleted topic) are taken from the client's quota after the topic was validated and before
+it is changed, as ZkAdminManager does; CreateTopics v6+, CreatePartitions v3+ and DeleteTopics v5+ refuse a topic
+with THROTTLING_QUOTA_EXCEEDED once the quota is used up, older versions go on and are throttled.
+validate_only takes nothing.
+
 CreateTopics and CreatePartitions change the metadata, host the new partitions and commit in a task the
 broker owns (``Broker.run_owned``), awaited through ``asyncio.shield``: a client that disconnects
 mid-request (connection_lost cancels its handler) never leaves partitions in the metadata unhosted, and
@@ -38,6 +44,7 @@ from pykbroker.protocol.errors import ErrorCode, KafkaError
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._authorize import AclOperation, ResourceType, allowed_names, cluster_allowed
 from pykbroker.server.handlers._build import make, response_module
+from pykbroker.server.throttling import mutation_quota, record_mutation
 from pykbroker.config import TOPIC_CONFIGS
 
 
@@ -110,6 +117,8 @@ async def _create_topics(ctx: RequestContext, request) -> object:
     creatable = (set(names) if cluster_allowed(ctx, AclOperation.CREATE, log_if_denied=False)
                  else allowed_names(ctx, AclOperation.CREATE, ResourceType.TOPIC, names))
     describable = allowed_names(ctx, AclOperation.DESCRIBE_CONFIGS, ResourceType.TOPIC, names, log_if_denied=False)
+    quota = mutation_quota(ctx, "CreateTopics")  # KIP-599's controller_mutation_rate (None: no client quotas)
+    validate_only = request.validate_only if hasattr(request, "validate_only") else False
     for topic in request.topics:
         info = None
         try:
@@ -125,13 +134,19 @@ async def _create_topics(ctx: RequestContext, request) -> object:
                 assignment = ctx.broker.topics.check_create_assignment(
                     topic.num_partitions, topic.replication_factor,
                     [(a.partition_index, list(a.broker_ids)) for a in topic.assignments])
+            if quota is not None and not validate_only:  # validated, then its partitions taken from the quota
+                await ctx.broker.topics.create_async(
+                    topic.name, topic.num_partitions, topic.replication_factor, {c.name: c.value for c in topic.configs},
+                    assignment=assignment, validate_only=True)
+                record_mutation(quota, len(assignment) if assignment else
+                                default_partitions if topic.num_partitions == -1 else topic.num_partitions)
             info = await ctx.broker.topics.create_async(
                 topic.name,
                 topic.num_partitions,
                 topic.replication_factor,
                 {c.name: c.value for c in topic.configs},
                 assignment=assignment,
-                validate_only=request.validate_only if hasattr(request, "validate_only") else False,
+                validate_only=validate_only,
                 timeout_s=deadline.remaining(),
             )
         except KafkaError as exc:
@@ -183,6 +198,7 @@ async def delete_topics(ctx: RequestContext, request) -> object:
     describable = allowed_names(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, (n for n in named if n is not None))
     deletable = allowed_names(ctx, AclOperation.DELETE, ResourceType.TOPIC, (n for n in named if n is not None))
     outcomes = []
+    quota = mutation_quota(ctx, "DeleteTopics")  # KIP-599's controller_mutation_rate (None: no client quotas)
     for name, topic_id in dict.fromkeys(wanted):  # each duplicate once, in request order
         if counts[name if name is not None else topic_id] > 1:
             outcomes.append((name, topic_id, ErrorCode.invalid_request,
@@ -207,6 +223,8 @@ async def delete_topics(ctx: RequestContext, request) -> object:
             topic_id = info.topic_id if info else topic_id
         if error == ErrorCode.none:
             try:
+                if info is not None:
+                    record_mutation(quota, len(info.partitions))
                 await ctx.broker.topics.delete_async(name, timeout_s=deadline.remaining())
                 ctx.broker.forget_topic(name)
             except KafkaError as exc:
@@ -239,6 +257,7 @@ async def _create_partitions(ctx: RequestContext, request) -> object:
         if (info := metadata.topic(topic.name)) is not None and topic.count > len(info.partitions)
     ))
     alterable = allowed_names(ctx, AclOperation.ALTER, ResourceType.TOPIC, (t.name for t in request.topics))
+    quota = mutation_quota(ctx, "CreatePartitions")  # KIP-599's controller_mutation_rate (None: no client quotas)
     for topic in request.topics:
         info = None
         try:
@@ -250,6 +269,10 @@ async def _create_partitions(ctx: RequestContext, request) -> object:
             if topic.assignments is not None:  # null: placed by the broker; else one per new partition
                 assignment = ctx.broker.topics.check_added_assignment(
                     topic.name, topic.count, [list(a.broker_ids) for a in topic.assignments])
+            if quota is not None and not request.validate_only:  # validated, then the new partitions taken
+                await ctx.broker.topics.add_partitions_async(topic.name, topic.count, assignment=assignment,
+                                                             validate_only=True)
+                record_mutation(quota, topic.count - len(metadata.topic(topic.name).partitions))
             info = await ctx.broker.topics.add_partitions_async(
                 topic.name, topic.count, assignment=assignment, validate_only=request.validate_only,
                 timeout_s=deadline.remaining()
