@@ -802,8 +802,10 @@ def broker_config_def(name: str) -> ConfigDef | None:
     base = BROKER_CONFIGS.get(listener_override_base(name) or "")
     if base is None:
         return None
+    effect = ("the listener's TLS context (and the inter-broker client's) is rebuilt with it when it changes, "
+              "as Kafka's SslFactory" if base.name.startswith("ssl.") else "no effect here")
     return replace(base, name=name, default=None, read_only=True,
-                   doc=f"{base.name} for one listener (Kafka's listener override); no effect here.")
+                   doc=f"{base.name} for one listener (Kafka's listener override); {effect}.")
 
 _TOPIC_CONFIG_DEFS = (
     ConfigDef("cleanup.policy", "list", ["delete"], "delete old segments and/or compact by key.", _CLEANUP_POLICIES, ("log.cleanup.policy",)),

@@ -383,6 +383,7 @@ class Broker:
         max_request = int(self.config.get("socket.request.max.bytes"))
         bound_ports = {listener.name: sock.getsockname()[1] for listener, sock in listening}
         self._reach_self(listening)
+        self._watch_tls_configs()
         for advertised in self.config.advertised_listeners:
             # Port 0 means any free port: advertise the one the listener of that name got.
             self.advertised[advertised.name] = BrokerEndpoint(
@@ -439,6 +440,23 @@ class Broker:
                 bound_host = "::1" if listener.host == "::" else "127.0.0.1"  # "" binds IPv4 too
             advertised = self.config.inter_broker_listener
             self._self_address = (bound_host, sock.getsockname()[1], advertised.host if advertised else None)
+
+    def _watch_tls_configs(self) -> None:
+        """Dynamic ``listener.name.<l>.ssl.*`` updates reload the listeners' TLS contexts and the inter-broker
+        client's (security/tls.py ListenerTlsReloader): validated before they are stored, files changed in place
+        reloaded, stored changes (this broker's or the cluster default's) applied."""
+        from pykbroker.security.tls import ListenerTlsReloader
+
+        client = self.inter_broker.tls
+        if not self.tls and client is None:
+            return
+        protocols = {listener.name: listener.security_protocol for listener in self.config.listeners}
+        reloader = ListenerTlsReloader(self.tls or {}, protocols,
+                                       (self.inter_broker.listener, client) if client is not None else None)
+        self.dynamic_configs.add_reconfigurable(reloader.validate, reloader.reconfigure)
+        self.dynamic_configs.add_listener(lambda names: reloader.reconfigure(self.dynamic_configs.config.values)
+                                          if any("ssl." in name for name in names) else None)
+        reloader.reconfigure(self.dynamic_configs.config.values)  # dynamic ones stored before this start
 
     async def _join_cluster_first(self) -> None:
         """Cluster mode, before the logs load: connect to ZooKeeper and agree on the cluster id."""
