@@ -382,7 +382,7 @@ class KafkaClientConnection(asyncio.Protocol):
         handshake = await self.send(load_request_schema(SASL_HANDSHAKE_KEY, handshake_version)(mechanism=client.mechanism))
         if handshake.error_code != ErrorCode.none:
             raise AuthenticationFailed(f"{self.peer} refused SASL mechanism {client.mechanism} "
-                                       f"({ErrorCode(handshake.error_code).name}; enabled: "
+                                       f"({ErrorCode(handshake.error_code).name.upper()}; enabled: "
                                        f"{', '.join(handshake.mechanisms) or 'none'})")
         request_type = load_request_schema(SASL_AUTHENTICATE_KEY, authenticate_version)
         try:
@@ -391,7 +391,7 @@ class KafkaClientConnection(asyncio.Protocol):
                 response = await self.send(request_type(auth_bytes=token))
                 if response.error_code != ErrorCode.none:
                     raise AuthenticationFailed(f"SASL/{client.mechanism} authentication with {self.peer} failed: "
-                                               f"{response.error_message or ErrorCode(response.error_code).name}")
+                                               f"{response.error_message or ErrorCode(response.error_code).name.upper()}")
                 if client.complete:
                     break
                 token = client.evaluate(response.auth_bytes)
