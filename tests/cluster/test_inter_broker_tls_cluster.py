@@ -169,3 +169,38 @@ def test_a_broker_that_trusts_another_ca_fails_with_a_clear_log_line(cluster, tm
         assert len(failures()) <= 10, [m.group(0) for m in failures()]
         # nothing else broke: brokers 1 and 2 still serve, broker 3 is alive
         assert all(cluster.brokers[i].is_running() for i in ALL)
+
+
+def test_a_new_certificate_on_the_inter_broker_listener_without_a_restart(cluster, pki, tmp_path):
+    """kafka-configs.sh sets broker 1's INTERNAL key store to a new certificate (same subject and names): new
+    connections to broker 1 get it, broker 1's own client presents it, and the cluster goes on replicating
+    over mutual TLS when connections are made anew (broker 2 restarted)."""
+    import ssl
+    import socket
+
+    from cryptography import x509
+
+    from kafka_tools import kafka_tools_or_skip
+    from tls_helpers import chain_pem, key_pem
+
+    tools = kafka_tools_or_skip()
+    with cluster:
+        key, cert = pki.issue("broker")
+        path = tmp_path / "broker-1-new.pem"
+        path.write_text(key_pem(key) + chain_pem(cert, pki))
+        tools.run("kafka-configs.sh", "--bootstrap-server", cluster.bootstrap, "--entity-type", "brokers",
+                  "--entity-name", "1", "--alter", "--add-config", f"listener.name.internal.ssl.keystore.location={path}")
+
+        def served_serial() -> int:
+            context = ssl.create_default_context(cafile=pki.ca_file)
+            context.load_cert_chain(pki.client_pem_file)  # INTERNAL requires a client certificate
+            with context.wrap_socket(socket.create_connection(("127.0.0.1", cluster.internal[1]), timeout=10),
+                                     server_hostname="127.0.0.1") as sock:
+                return x509.load_der_x509_certificate(sock.getpeercert(binary_form=True)).serial_number
+
+        assert served_serial() == cert.serial_number
+        cluster.restart(2)  # its connections to broker 1, and broker 1's to it, are made anew
+        cluster.wait_ready()
+        topic = f"ib-reload-{uuid.uuid4().hex[:8]}"
+        cluster.create_topic(topic, partitions=3, replication_factor=3)  # every partition's full ISR, over mTLS
+        assert all(cluster.brokers[i].is_running() for i in ALL)
