@@ -60,7 +60,10 @@ Reload without restart
     listener the old and the new contexts must complete a TLS handshake with each other both ways (Kafka's
     ``SslEngineValidator``, done here in memory) - and only then swaps. A refused update raises
     :class:`TlsConfigError` ("Validation of dynamic config update of SSLFactory failed: ...") and keeps the
-    old context. Connections already open keep the context they were accepted with; new ones get the new one.
+    old context; as in Kafka, the text names the cause's Java class (``...failed: org.apache.kafka.common.config.
+    ConfigException: Keystore DistinguishedName does not match: ...``; InvalidConfigurationException for a store that
+    does not load, SSLHandshakeException for the handshake check), measured against Kafka 3.7.1 in ZooKeeper mode.
+    Connections already open keep the context they were accepted with; new ones get the new one.
 
 Principal
     :func:`peer_principal` is Kafka's DefaultKafkaPrincipalBuilder for an SSL connection: "User:" + the client
@@ -614,8 +617,11 @@ class TlsContextHolder:
         merged = dict(current.settings) if new_settings is None else self._next_settings(new_settings)
         if merged == current.settings and not current.modified():
             return None
+        # The cause's Java class leads its text, as Kafka prints the exception it wraps ("failed: " + e).
+        cause = "org.apache.kafka.common.errors.InvalidConfigurationException"
         try:
             candidate = _build(merged, self.mode)
+            cause = "org.apache.kafka.common.config.ConfigException"
             if current.keystore is None:
                 if candidate.keystore is not None:
                     raise TlsConfigError(KEYSTORE_LOCATION, "Cannot add SSL keystore to an existing listener for which "
@@ -633,12 +639,13 @@ class TlsContextHolder:
                 try:
                     _validate_pair(current, candidate)
                 except (ssl.SSLError, RuntimeError, OSError) as exc:
+                    cause = "javax.net.ssl.SSLHandshakeException"
                     raise TlsConfigError(KEYSTORE_LOCATION, f"the old and the new SSL settings cannot complete a "
                                                             f"handshake with each other: {_reason(exc)}") from None
         except TlsConfigError as exc:
             log.error("Validation of dynamic config update of SSLFactory failed: %s", exc.message)
             raise TlsConfigError(exc.name, f"Validation of dynamic config update of SSLFactory failed: "
-                                           f"{exc.message}") from None
+                                           f"{cause}: {exc.message}") from None
         return candidate
 
     def validate_reconfiguration(self, new_settings: Mapping[str, Any]) -> None:
