@@ -1,5 +1,5 @@
 """SSL listeners for clients on a ZooKeeper cluster whose brokers talk to each other on PLAINTEXT (inter-broker
-TLS is refused at start for now, see tests/integration/test_tls_listeners.py): each broker advertises its SSL
+TLS: test_inter_broker_tls_cluster.py): each broker advertises its SSL
 listener to clients that came in through it, and confluent-kafka produces to a replicated topic and consumes it
 over TLS only."""
 
@@ -33,7 +33,7 @@ def test_clients_use_every_brokers_ssl_listener(zk_connect, tmp_path):
     for broker_id, broker in cluster.brokers.items():
         ssl_ports[broker_id] = free_port()
         listeners = f"PLAINTEXT://127.0.0.1:{broker.port},SSL://127.0.0.1:{ssl_ports[broker_id]}"
-        command = broker.command  # the PLAINTEXT listener stays first: it is the inter-broker listener
+        command = broker.command  # PLAINTEXT stays the inter-broker listener (Kafka's default)
         broker.command = lambda command=command, listeners=listeners: [
             listeners if arg.startswith("PLAINTEXT://") else arg for arg in command()]
     settings = {"security.protocol": "SSL", "ssl.ca.location": pki.ca_file}
