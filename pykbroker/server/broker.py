@@ -453,9 +453,10 @@ class Broker:
         protocols = {listener.name: listener.security_protocol for listener in self.config.listeners}
         reloader = ListenerTlsReloader(self.tls or {}, protocols,
                                        (self.inter_broker.listener, client) if client is not None else None)
-        self.dynamic_configs.add_reconfigurable(reloader.validate, reloader.reconfigure)
+        concerns = lambda name: "ssl." in name  # noqa: E731 - ssl.* and listener.name.<l>.ssl.*
+        self.dynamic_configs.add_reconfigurable(concerns, reloader.validate, reloader.reconfigure)
         self.dynamic_configs.add_listener(lambda names: reloader.reconfigure(self.dynamic_configs.config.values)
-                                          if any("ssl." in name for name in names) else None)
+                                          if any(map(concerns, names)) else None)
         reloader.reconfigure(self.dynamic_configs.config.values)  # dynamic ones stored before this start
 
     async def _join_cluster_first(self) -> None:
