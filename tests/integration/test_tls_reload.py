@@ -183,3 +183,16 @@ def test_a_missing_key_store_file_and_a_new_password_are_refused(broker, pki, tm
     assert "new-secret" not in raised.value.args[0].str()
     assert served_serial(broker, pki) == pki.broker.serial_number
     assert "new-secret" not in broker.log_path.read_text(errors="replace")
+
+
+def test_an_update_that_concerns_no_tls_setting_is_not_refused_for_a_key_store_file_changed_meanwhile(broker, pki):
+    """A cluster-default update of an unrelated config does not look at the TLS stores (Kafka validates only
+    the reconfigurables an update concerns): a bad file written over the key store meanwhile neither blocks it
+    nor gets loaded."""
+    key, cert = pki.issue("another-broker")
+    with open(pki.broker_pem_file, "w") as handle:  # a different subject DN: a reload would be refused
+        handle.write(key_pem(key) + chain_pem(cert, pki))
+    os.utime(pki.broker_pem_file, (time.time() + 5, time.time() + 5))
+    kafka_tools_or_skip().run("kafka-configs.sh", "--bootstrap-server", f"127.0.0.1:{broker.port}", "--entity-type",
+                              "brokers", "--entity-default", "--alter", "--add-config", "log.retention.ms=3600000")
+    assert served_serial(broker, pki) == pki.broker.serial_number
