@@ -33,7 +33,7 @@ def test_clients_use_every_brokers_ssl_listener(zk_connect, tmp_path):
     for broker_id, broker in cluster.brokers.items():
         ssl_ports[broker_id] = free_port()
         listeners = f"PLAINTEXT://127.0.0.1:{broker.port},SSL://127.0.0.1:{ssl_ports[broker_id]}"
-        command = broker.command  # PLAINTEXT stays the inter-broker listener (Kafka's default)
+        command = broker.command  # the PLAINTEXT listener stays first: it is the inter-broker listener
         broker.command = lambda command=command, listeners=listeners: [
             listeners if arg.startswith("PLAINTEXT://") else arg for arg in command()]
     settings = {"security.protocol": "SSL", "ssl.ca.location": pki.ca_file}
