@@ -156,3 +156,14 @@ def test_inter_broker_credentials_come_from_the_listeners_jaas_entry():
         inter_broker_credentials("INTERNAL", "SCRAM-SHA-512", configs)
     with pytest.raises(SaslClientError, match="GSSAPI"):
         inter_broker_credentials("INTERNAL", "GSSAPI", configs)
+
+
+def test_inter_broker_credentials_from_a_broker_configs_password_value():
+    """The broker's typed configs hold sasl.jaas.config as a Password (its str hides it): read its value."""
+    from pykbroker.config import Password, broker_config_def
+
+    key = "listener.name.internal.plain.sasl.jaas.config"
+    typed = broker_config_def(key).parse(f'org.apache.kafka.common.security.plain.PlainLoginModule required '
+                                         f'username="broker" password="{SECRET}";')
+    assert isinstance(typed, Password)  # as a config file or --override gives it
+    assert inter_broker_credentials("INTERNAL", "PLAIN", {key: typed}) == ("broker", SECRET)

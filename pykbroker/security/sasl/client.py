@@ -189,6 +189,9 @@ def inter_broker_credentials(listener: str, mechanism: str, configs: Mapping[str
     if mechanism not in CLIENT_MECHANISMS:
         raise SaslClientError(f"sasl.mechanism.inter.broker.protocol={mechanism}: the broker's own client speaks "
                               f"{', '.join(CLIENT_MECHANISMS)}")
+    from pykbroker.config import Password
+
+    configs = {name: value.value if isinstance(value, Password) else value for name, value in configs.items()}
     try:
         entry = server_jaas_entry(listener, mechanism, configs)
     except JaasConfigError as exc:
