@@ -1372,11 +1372,6 @@ def _check_supported(listeners: Iterable[Listener], supported: tuple[str, ...] =
             )
 
 
-# The security protocols the broker's own client speaks to other brokers (protocol/client.py with
-# security/inter_broker.py): TLS with the inter-broker listener's ssl.* settings; SASL not yet.
-INTER_BROKER_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL")
-
-
 def inter_broker_listener_name(values: Mapping[str, Any], explicit: Iterable[str] = ()) -> tuple[str, str]:
     """(listener name, security protocol) of the inter-broker listener, as Kafka 3.7.1's
     KafkaConfig.interBrokerListenerNameAndSecurityProtocol: ``inter.broker.listener.name`` (upper case) with
@@ -1401,15 +1396,6 @@ def inter_broker_listener_name(values: Mapping[str, Any], explicit: Iterable[str
     return protocol.upper(), protocol.upper()
 
 
-def _check_inter_broker_supported(name: str, protocol: str) -> None:
-    """The broker's own client speaks PLAINTEXT and SSL to other brokers (and a single node's transaction
-    marker sender to itself); an inter-broker listener of another protocol is refused at start."""
-    if protocol not in INTER_BROKER_SECURITY_PROTOCOLS:
-        raise ConfigError("inter.broker.listener.name", f"the inter-broker listener {name} uses security protocol "
-                          f"{protocol}: the broker's own client does not speak it yet (only "
-                          f"{', '.join(INTER_BROKER_SECURITY_PROTOCOLS)})")
-
-
 def resolve_listeners(
     host: str, port: int, advertised_host: str, advertised_port: int, values: Mapping[str, Any], *,
     supported_only: bool = True, explicit: Iterable[str] = (),
@@ -1420,9 +1406,9 @@ def resolve_listeners(
     listeners default to the listeners; their names must be a subset of the listeners' and, as in Kafka,
     they may not name the non-routable 0.0.0.0. A listener on every interface (an empty host, or
     ``--host 0.0.0.0`` without an advertised host) is advertised under the canonical host name. A
-    security protocol other than PLAINTEXT or SSL, and an inter-broker listener (inter_broker_listener_name)
-    whose protocol the broker's client does not speak, are refused here, before anything starts (after Kafka's
-    own requirements; ``supported_only`` False: not at all). Kafka's requirements raise KafkaRequirement.
+    security protocol other than PLAINTEXT or SSL is refused here, before anything starts (after Kafka's own
+    requirements, the inter-broker listener's among them: inter_broker_listener_name; ``supported_only`` False:
+    not at all). Kafka's requirements raise KafkaRequirement.
     """
     protocols = parse_security_protocol_map(values["listener.security.protocol.map"])
     if values.get("listeners"):
@@ -1442,7 +1428,7 @@ def resolve_listeners(
         advertised = (Listener(listeners[0].name, advertised_host or host, advertised_port or port, listeners[0].security_protocol),)
     # KafkaConfig's requirements, in its order and words
     advertised_names = ",".join(listener.name for listener in advertised)
-    inter_broker, inter_broker_protocol = inter_broker_listener_name(values, explicit)
+    inter_broker, _ = inter_broker_listener_name(values, explicit)
     if inter_broker not in {listener.name for listener in advertised}:
         raise KafkaRequirement("inter.broker.listener.name", "inter.broker.listener.name must be a listener name "
                                "defined in advertised.listeners. The valid options based on currently configured "
@@ -1458,8 +1444,7 @@ def resolve_listeners(
                 raise KafkaRequirement("advertised.listeners", "advertised.listeners cannot use the nonroutable "
                                        f"meta-address {listener.host}. Use a routable IP address.")
     if supported_only:
-        _check_supported(listeners)
-        _check_inter_broker_supported(inter_broker, inter_broker_protocol)
+        _check_supported(listeners)  # the inter-broker listener among them: the broker's client speaks every protocol
     if any(listener.binds_all for listener in advertised):
         host_name = canonical_host_name()
         advertised = tuple(replace(a, host=host_name) if a.binds_all else a for a in advertised)

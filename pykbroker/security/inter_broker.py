@@ -15,8 +15,8 @@ listener named after ``security.inter.broker.protocol``). Its security protocol 
   Kafka registers its inter-broker client channel builders as reconfigurable.
 * SASL_PLAINTEXT / SASL_SSL: ``sasl.mechanism.inter.broker.protocol`` (Kafka's default GSSAPI is not
   spoken; PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 are) with the ``username`` / ``password`` of the listener's JAAS
-  entry for it (sasl/client.py). config.py refuses a SASL inter-broker listener for now: the listeners that
-  would serve it are not wired yet.
+  entry for it (sasl/client.py), where SASL listeners are served (checked against them, PLAIN and
+  SCRAM-SHA-512 over SASL_PLAINTEXT and SASL_SSL, on a 3-broker cluster).
 
 A setting that cannot work (a key store that does not load, no credentials) raises a ConfigError at
 construction: the broker refuses to start, as Kafka does.

@@ -569,9 +569,6 @@ def test_listeners_win_over_host_and_port_with_a_warning(caplog):
          "Only one of inter.broker.listener.name and security.inter.broker.protocol should be set."),
         ({"listeners": "PLAINTEXT://:9092", "inter.broker.listener.name": "internal"}, "inter.broker.listener.name",
          "Listener with name INTERNAL defined in inter.broker.listener.name not found in listener.security.protocol.map."),
-        ({"listeners": "PLAINTEXT://:9092,SASL_SSL://:9094", "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,"
-          "SASL_SSL:PLAINTEXT", "security.inter.broker.protocol": "SASL_SSL"}, "inter.broker.listener.name",
-         "the inter-broker listener SASL_SSL uses security protocol SASL_SSL: the broker's own client does not"),
         ({"listeners": "PLAINTEXT://:9092,SASL_PLAINTEXT://:9094"}, "listeners", "security protocol SASL_PLAINTEXT"),
         ({"listeners": "PLAINTEXT://:9092,SASL_SSL://:9094"}, "listeners", "security protocol SASL_SSL"),
         ({"listeners": "OTHER://:9092"}, "listeners", "No security protocol defined for listener OTHER"),
