@@ -18,9 +18,10 @@ names for it), ``log.level`` and ``fsync``.
 Listeners: ``host``/``port`` give one PLAINTEXT listener; Kafka's ``listeners`` (``NAME://host:port,...``,
 one server socket each), ``advertised.listeners`` and ``listener.security.protocol.map`` take over when
 set (host/port are then ignored with a warning). PLAINTEXT and SSL listeners are served (SSL with Kafka's
-``ssl.*`` settings, per listener ``listener.name.<listener>.ssl.*``); SASL_PLAINTEXT and SASL_SSL listeners,
-and an inter-broker listener other than PLAINTEXT, are refused at start. A listener on every interface is
-advertised under the canonical host name (see resolve_listeners).
+``ssl.*`` settings, per listener ``listener.name.<listener>.ssl.*``); SASL_PLAINTEXT and SASL_SSL listeners
+are refused at start. The inter-broker listener is Kafka's (``inter_broker_listener``): the one named by
+``inter.broker.listener.name``, else the one named after ``security.inter.broker.protocol`` (default
+PLAINTEXT). A listener on every interface is advertised under the canonical host name (see resolve_listeners).
 
 The config file is TOML when its name ends in ``.toml`` (flat quoted keys ``"num.partitions" = 3`` or
 tables that join to the dotted name, ``[log] segment.bytes = 1048576``), otherwise Kafka's
@@ -527,7 +528,8 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
         "inter.broker.listener.name",
         "string",
         None,
-        "The listener brokers and the controller reach each other on; unset: the first advertised listener.",
+        "The listener brokers and the controller reach each other on; unset: the listener named after "
+        "security.inter.broker.protocol (PLAINTEXT by default), as in Kafka. Only one of the two may be set.",
     ),
     _broker("controlled.shutdown.enable", "boolean", True, "Hand leaderships over to other brokers before stopping."),
     _broker("controlled.shutdown.max.retries", "int", 3, "Controlled shutdown attempts before an unclean stop."),
@@ -805,8 +807,10 @@ def broker_config_def(name: str) -> ConfigDef | None:
     base = BROKER_CONFIGS.get(listener_override_base(name) or "")
     if base is None:
         return None
+    effect = ("the listener's TLS context (and the inter-broker client's) is rebuilt with it when it changes, "
+              "as Kafka's SslFactory" if base.name.startswith("ssl.") else "no effect here")
     return replace(base, name=name, default=None, read_only=True,
-                   doc=f"{base.name} for one listener (Kafka's listener override); no effect here.")
+                   doc=f"{base.name} for one listener (Kafka's listener override); {effect}.")
 
 _TOPIC_CONFIG_DEFS = (
     ConfigDef("cleanup.policy", "list", ["delete"], "delete old segments and/or compact by key.", _CLEANUP_POLICIES, ("log.cleanup.policy",)),
@@ -1117,7 +1121,8 @@ class BrokerConfig:
         object.__setattr__(self, "explicit", frozenset(self.explicit))
         object.__setattr__(self, "data_dir", Path(self.data_dir))
         if not self.listeners:
-            listeners, advertised = resolve_listeners(self.host, self.port, self.advertised_host, self.advertised_port, full)
+            listeners, advertised = resolve_listeners(self.host, self.port, self.advertised_host, self.advertised_port, full,
+                                                      explicit=self.explicit)
             object.__setattr__(self, "listeners", listeners)
             object.__setattr__(self, "advertised_listeners", advertised)
         # host/port and their advertised twins name the first listener (the only one unless `listeners` is set).
@@ -1132,6 +1137,12 @@ class BrokerConfig:
             return self.values[name]
         except KeyError:
             raise KeyError(f"unknown broker config {name!r}") from None
+
+    @property
+    def inter_broker_listener(self) -> "Listener | None":
+        """The advertised listener brokers reach each other on (Kafka's rule: inter_broker_listener_name)."""
+        name = inter_broker_listener_name(self.values)[0]
+        return next((listener for listener in self.advertised_listeners if listener.name == name), None)
 
     @property
     def zookeeper_connect(self) -> str | None:
@@ -1336,7 +1347,7 @@ def check_listener_update(values: Mapping[str, Any], current: "BrokerConfig") ->
     (an existing listener's security protocol cannot change). Unset listeners are pykbroker's host/port
     listener; the inter-broker listener must stay advertised."""
     listeners_text = values["listeners"] or ",".join(map(str, current.listeners))
-    inter_broker = values.get("inter.broker.listener.name") or current.advertised_listeners[0].name
+    inter_broker = inter_broker_listener_name(values)[0]
     listeners, _ = resolve_listeners(current.host, current.port, current.advertised_host, current.advertised_port,
                                      {**values, "listeners": listeners_text, "inter.broker.listener.name": inter_broker},
                                      supported_only=False)
@@ -1366,30 +1377,33 @@ def _check_supported(listeners: Iterable[Listener], supported: tuple[str, ...] =
             )
 
 
-def _check_inter_broker_plaintext(values: Mapping[str, Any], advertised: tuple[Listener, ...]) -> None:
-    """Brokers (and a single node's transaction marker sender, which reaches itself) talk to each other in
-    plain text only for now: the inter-broker listener (``inter.broker.listener.name``, else the first
-    advertised listener, as cluster/node.py picks it) must be a PLAINTEXT one, and
-    ``security.inter.broker.protocol`` may name nothing else."""
-    protocol = str(values.get("security.inter.broker.protocol") or "PLAINTEXT").upper()
-    if protocol != "PLAINTEXT":
-        raise ConfigError("security.inter.broker.protocol", f"security.inter.broker.protocol {protocol}: inter-broker "
-                          "traffic over a protocol other than PLAINTEXT is not supported yet")
-    name = (values.get("inter.broker.listener.name") or "").upper()
+def inter_broker_listener_name(values: Mapping[str, Any], explicit: Iterable[str] = ()) -> tuple[str, str]:
+    """(listener name, security protocol) of the inter-broker listener, as Kafka 3.7.1's
+    KafkaConfig.interBrokerListenerNameAndSecurityProtocol: ``inter.broker.listener.name`` (upper case) with
+    the protocol ``listener.security.protocol.map`` gives it, else the listener named after
+    ``security.inter.broker.protocol`` (default PLAINTEXT). Both set (``explicit`` holds the keys the user
+    set) is an error, as is a name the map does not know or an unknown protocol (Kafka's words)."""
+    name = values.get("inter.broker.listener.name")
     if name:
-        listener = next((a for a in advertised if a.name == name), None)
-    else:
-        listener = advertised[0] if advertised else None
-    if listener is not None and listener.security_protocol != "PLAINTEXT":
-        raise ConfigError("inter.broker.listener.name", f"the inter-broker listener {listener.name} uses security "
-                          f"protocol {listener.security_protocol}: inter-broker traffic over TLS is not supported yet; "
-                          "add a PLAINTEXT listener (it may bind 127.0.0.1 on a single node) and name it in "
-                          "inter.broker.listener.name")
+        if "security.inter.broker.protocol" in set(explicit):
+            raise ConfigError("inter.broker.listener.name", "Only one of inter.broker.listener.name and "
+                              "security.inter.broker.protocol should be set.")
+        name = str(name).strip().upper()
+        protocols = parse_security_protocol_map(values.get("listener.security.protocol.map") or "")
+        if name not in protocols:
+            raise ConfigError("inter.broker.listener.name", f"Listener with name {name} defined in "
+                              "inter.broker.listener.name not found in listener.security.protocol.map.")
+        return name, protocols[name]
+    protocol = str(values.get("security.inter.broker.protocol") or "PLAINTEXT").strip()
+    if protocol.upper() not in SECURITY_PROTOCOLS:
+        raise ConfigError("security.inter.broker.protocol", f"Invalid security protocol `{protocol}` defined in "
+                          "security.inter.broker.protocol")
+    return protocol.upper(), protocol.upper()
 
 
 def resolve_listeners(
     host: str, port: int, advertised_host: str, advertised_port: int, values: Mapping[str, Any], *,
-    supported_only: bool = True,
+    supported_only: bool = True, explicit: Iterable[str] = (),
 ) -> tuple[tuple[Listener, ...], tuple[Listener, ...]]:
     """(listeners, advertised listeners) from Kafka's listener keys, else from pykbroker's host/port.
 
@@ -1397,9 +1411,9 @@ def resolve_listeners(
     listeners default to the listeners; their names must be a subset of the listeners' and, as in Kafka,
     they may not name the non-routable 0.0.0.0. A listener on every interface (an empty host, or
     ``--host 0.0.0.0`` without an advertised host) is advertised under the canonical host name. A
-    security protocol other than PLAINTEXT or SSL, and an inter-broker listener other than a PLAINTEXT one,
-    are refused here, before anything starts (after Kafka's own requirements; ``supported_only`` False: not
-    at all). Kafka's requirements raise KafkaRequirement.
+    security protocol other than PLAINTEXT or SSL is refused here, before anything starts (after Kafka's own
+    requirements, the inter-broker listener's among them: inter_broker_listener_name; ``supported_only`` False:
+    not at all). Kafka's requirements raise KafkaRequirement.
     """
     protocols = parse_security_protocol_map(values["listener.security.protocol.map"])
     if values.get("listeners"):
@@ -1419,8 +1433,8 @@ def resolve_listeners(
         advertised = (Listener(listeners[0].name, advertised_host or host, advertised_port or port, listeners[0].security_protocol),)
     # KafkaConfig's requirements, in its order and words
     advertised_names = ",".join(listener.name for listener in advertised)
-    inter_broker = values.get("inter.broker.listener.name")
-    if inter_broker and inter_broker.upper() not in {listener.name for listener in advertised}:
+    inter_broker, _ = inter_broker_listener_name(values, explicit)
+    if inter_broker not in {listener.name for listener in advertised}:
         raise KafkaRequirement("inter.broker.listener.name", "inter.broker.listener.name must be a listener name "
                                "defined in advertised.listeners. The valid options based on currently configured "
                                f"listeners are {advertised_names}")
@@ -1435,8 +1449,7 @@ def resolve_listeners(
                 raise KafkaRequirement("advertised.listeners", "advertised.listeners cannot use the nonroutable "
                                        f"meta-address {listener.host}. Use a routable IP address.")
     if supported_only:
-        _check_supported(listeners)
-        _check_inter_broker_plaintext(values, advertised)
+        _check_supported(listeners)  # the inter-broker listener among them: the broker's client speaks every protocol
     if any(listener.binds_all for listener in advertised):
         host_name = canonical_host_name()
         advertised = tuple(replace(a, host=host_name) if a.binds_all else a for a in advertised)

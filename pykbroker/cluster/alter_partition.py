@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Callable
 
 from kio.schema.alter_partition.v3 import request as alter_request
 
-from pykbroker.protocol.client import ClientError, NodeClients
+from pykbroker.protocol.client import ClientError, ClientSecurity, NodeClients
 from pykbroker.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ class AlterPartitionManager:
         topic_id_of: Callable[[str], uuid.UUID | None],
         *,
         clock: Callable[[], int] = _wall_clock_ms,
+        security: ClientSecurity | None = None,
     ) -> None:
         self.broker_id = broker_id
         self.broker_epoch = broker_epoch
@@ -80,7 +81,7 @@ class AlterPartitionManager:
         self.address_of = address_of
         self.topic_id_of = topic_id_of
         self.clock = clock
-        self.clients = NodeClients(broker_id)
+        self.clients = NodeClients(broker_id, security=security)
         self._unsent: dict[TopicPartition, tuple["Partition", "IsrChange"]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None

@@ -63,7 +63,7 @@ from pykbroker.cluster.zookeeper import (
     uuid_to_kafka,
 )
 from pykbroker.config import BrokerConfig
-from pykbroker.protocol.client import ClientError, NodeClients
+from pykbroker.protocol.client import ClientError, ClientSecurity, NodeClients
 from pykbroker.protocol.interbroker.leader_and_isr.v7 import request as lai
 from pykbroker.protocol.interbroker.stop_replica.v4 import request as sr
 from pykbroker.protocol.interbroker.update_metadata.v8 import request as um
@@ -93,12 +93,12 @@ class ControllerChannel:
     removed (Kafka's RequestSendThread). Errors in answers are logged; the brokers act on them themselves."""
 
     def __init__(self, broker_id: int, *, request_timeout_s: float = 30.0,
-                 retry_backoff_s: float = CHANNEL_RETRY_BACKOFF_S) -> None:
+                 retry_backoff_s: float = CHANNEL_RETRY_BACKOFF_S, security: ClientSecurity | None = None) -> None:
         self.broker_id = broker_id
         self.request_timeout_s = request_timeout_s
         self.retry_backoff_s = retry_backoff_s
         self._clients = NodeClients(broker_id, client_id=str(broker_id), negotiate_versions=False,
-                                    request_timeout=request_timeout_s)
+                                    request_timeout=request_timeout_s, security=security)
         self._queues: dict[int, asyncio.Queue] = {}
         self._senders: dict[int, asyncio.Task] = {}
 
@@ -226,7 +226,7 @@ class Controller(ReassignmentMixin):
     controller epoch we won (or the last one we knew)."""
 
     def __init__(self, zk: KafkaZkClient, broker_id: int, config: BrokerConfig, *, listener_name: str,
-                 channel: ControllerChannel | None = None) -> None:
+                 channel: ControllerChannel | None = None, security: ClientSecurity | None = None) -> None:
         self.zk = zk
         self.broker_id = broker_id
         self.config = config
@@ -235,7 +235,7 @@ class Controller(ReassignmentMixin):
         self.dynamic_configs: DynamicConfigs | None = None
         self.listener_name = listener_name
         self.channel = channel if channel is not None else ControllerChannel(
-            broker_id, request_timeout_s=config.get("controller.socket.timeout.ms") / 1000)
+            broker_id, request_timeout_s=config.get("controller.socket.timeout.ms") / 1000, security=security)
         self.active = False
         self.epoch = 0
         self._leadership: ControllerLeadership | None = None

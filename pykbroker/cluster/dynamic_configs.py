@@ -15,9 +15,10 @@ Interface for the rest of the broker (``broker.dynamic_configs``):
 Which configs are dynamic: those Kafka 3.7.1 marks dynamic (config.DYNAMIC_BROKER_CONFIG_NAMES, read_only
 false in DescribeConfigs, from its catalogue in kafka_broker_configs.py) and the two replication throttles.
 pykbroker applies config.APPLIED_DYNAMIC_CONFIG_NAMES while it runs (the log.* topic defaults,
-message.max.bytes, compression.type, min.insync.replicas, the throttles, the cleaner's settings); the others
-(listeners, connection limits, thread counts, SSL/SASL settings, ...) are stored and described, and their
-doc says a new value has no effect here. Kafka's listener overrides (``listener.name.<listener>.<config>``)
+message.max.bytes, compression.type, min.insync.replicas, the throttles, the cleaner's settings, and a
+listener's ``listener.name.<l>.ssl.*`` through ``add_reconfigurable``: the broker validates and reloads its TLS
+contexts with them); the others (listeners, connection limits, thread counts, SASL settings, ...) are stored
+and described, and their doc says a new value has no effect here. Kafka's listener overrides (``listener.name.<listener>.<config>``)
 are accepted too, typed as their base config (``listener.name.<listener>.<mechanism>.sasl.jaas.config`` as
 sasl.jaas.config, as Kafka's ListenerMechanismConfigs). Refusals follow Kafka (parse_dynamic_configs, then
 ``alter_async`` against this broker's current configs): INVALID_REQUEST for a read-only key ("Cannot update
@@ -134,6 +135,8 @@ class DynamicConfigs:
         self.entity = str(config.broker_id)
         self._typed: dict[str, dict[str, Any]] = {DEFAULT_BROKER_ENTITY: {}, self.entity: {}}
         self._listeners: list[Callable[[set[str]], None]] = []
+        self._reconfigurables: list[tuple[Callable[[str], bool], Callable[[Mapping[str, Any]], None],
+                                          Callable[[Mapping[str, Any]], Any]]] = []
         metadata.add_broker_config_listener(self._stored)
         for entity in (DEFAULT_BROKER_ENTITY, self.entity):  # what the single node's journal holds already
             self._stored(entity, metadata.broker_configs(entity))
@@ -146,6 +149,17 @@ class DynamicConfigs:
     def add_listener(self, callback: Callable[[set[str]], None]) -> None:
         """``callback(changed names)`` after the effective value of some broker configs changed."""
         self._listeners.append(callback)
+
+    def add_reconfigurable(self, concerns: Callable[[str], bool], validate: Callable[[Mapping[str, Any]], None],
+                           reload: Callable[[Mapping[str, Any]], Any]) -> None:
+        """A component Kafka reconfigures with validation (its Reconfigurable), given the effective configs
+        (``values``) after an update: ``validate(values)`` before anything is stored when a config it
+        ``concerns`` changes, or on any update of this broker's own configs, which reloads files changed in
+        place (ConfigError: the update is refused as Kafka refuses an invalid dynamic configuration);
+        ``reload(values)`` after such a per-broker update even when no value changed (Kafka's
+        reloadUpdatedFilesWithoutConfigChange: SSL key and trust stores). Apply changed values through
+        ``add_listener`` as usual."""
+        self._reconfigurables.append((concerns, validate, reload))
 
     # -- changes ----------------------------------------------------------------------------------
     def stored(self, entity: str) -> dict[str, str]:
@@ -167,6 +181,12 @@ class DynamicConfigs:
                 check_thread_pool_configs(after, now)
                 if any(after[name] != now[name] for name in _LISTENER_CONFIGS):
                     check_listener_update(after, self.config)
+                for concerns, validate, _ in self._reconfigurables:
+                    if entity == self.entity or any(concerns(name) and after[name] != now.get(name) for name in after):
+                        try:
+                            validate(after)
+                        except ConfigError as exc:
+                            raise ReconfigurationError(exc.name, exc.message) from None
             except ReconfigurationError as exc:  # Kafka wraps a reconfigurable's refusal this way
                 raise KafkaError(ErrorCode.invalid_request, f"Invalid value org.apache.kafka.common.config."
                                  f"ConfigException: {exc.message} for configuration Invalid dynamic configuration") from None
@@ -183,6 +203,9 @@ class DynamicConfigs:
                       f"pykbroker does not store password configs ({listed_names(passwords)}): it would keep them unencrypted")
             raise KafkaError(ErrorCode.invalid_config,
                              f"Invalid config value for resource ConfigResource(type=BROKER, name='{resource}'): {reason}")
+        if entity == self.entity:  # a store file changed in place is reloaded even when no value changed
+            for _, _, reload in self._reconfigurables:
+                reload(self.static.with_dynamic(typed, self._typed[DEFAULT_BROKER_ENTITY]).values)
         log.info("updating dynamic configs of broker %s: %s", entity, configs)
         await self.metadata.set_broker_configs_async(entity, dict(configs), version=version)
 

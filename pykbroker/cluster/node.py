@@ -70,22 +70,24 @@ class ClusterNode:
         self.broker_id = config.broker_id
         self.broker_epoch = -1
         self.controller_epoch = -1  # the newest controller epoch this broker has seen
-        self.inter_broker_listener = config.get("inter.broker.listener.name") or config.advertised_listeners[0].name
+        self.inter_broker_listener = broker.inter_broker.listener  # Kafka's rule (config.inter_broker_listener_name)
+        self.security = broker.inter_broker.security  # TLS / SASL of every connection to another broker
         self.zk = KafkaZkClient(
             config.zookeeper_connect,
             session_timeout_ms=int(config.get("zookeeper.session.timeout.ms")),
             connection_timeout_ms=config.get("zookeeper.connection.timeout.ms"),
         )
         self.metadata = ZkMetadata(self.zk, self.broker_id, "", inter_broker_listener=self.inter_broker_listener)
-        self.controller = Controller(self.zk, self.broker_id, config, listener_name=self.inter_broker_listener)
+        self.controller = Controller(self.zk, self.broker_id, config, listener_name=self.inter_broker_listener,
+                                     security=self.security)
         replicas = broker.replicas
         self.fetchers = ReplicaFetcherManager(
             self.broker_id, replicas, self.metadata.address_of, self._topic_id_of, config,
-            broker_epoch=lambda: self.broker_epoch,
+            broker_epoch=lambda: self.broker_epoch, security=self.security,
         )
         self.alter_partition = AlterPartitionManager(
             self.broker_id, lambda: self.broker_epoch, lambda: self.metadata.controller_id,
-            self.metadata.address_of, self._topic_id_of,
+            self.metadata.address_of, self._topic_id_of, security=self.security,
         )
         replicas.alter_partition = self.alter_partition
         # Replication throttles (reassignments): the leader's on follower fetches, the follower's on its own.
@@ -203,7 +205,8 @@ class ClusterNode:
         retries = int(self.config.get("controlled.shutdown.max.retries"))
         backoff_s = int(self.config.get("controlled.shutdown.retry.backoff.ms")) / 1000
         timeout_s = int(self.config.get("controller.socket.timeout.ms")) / 1000
-        clients = NodeClients(self.broker_id, negotiate_versions=False, request_timeout=timeout_s)
+        clients = NodeClients(self.broker_id, negotiate_versions=False, request_timeout=timeout_s,
+                              security=self.security)
         try:
             for attempt in range(1, retries + 1):
                 controller = self.metadata.controller_id

@@ -28,6 +28,13 @@ controller. This module is the asyncio client all of them use; it knows nothing 
   the declared size; and before kio decodes a body, the frame guard (protocol/guard.py) checks every length
   and count in it against the bytes left, since kio's native reader reserves memory by declared counts.
 * The client id is the broker id as a string, as Kafka's brokers send it.
+* Security (``security``, a :class:`ClientSecurity`; None: plain text): with TLS the connection is wrapped in
+  the context ``security.ssl_context()`` returns at that moment (so a reloaded certificate serves the next
+  connection) and the server's certificate is checked against ``server_hostname`` (default: the host
+  connected to) when the context checks host names; the handshake counts towards the connect timeout. With
+  SASL, before anything else: ApiVersions, SaslHandshake and SaslAuthenticate exchanges driven by a client
+  state machine (security/sasl/client.py). A TLS handshake or a SASL exchange that fails raises
+  :class:`AuthenticationFailed` (a ConnectError) naming the peer and the reason, never a secret.
 
 Requests are kio entities (any API kio has a schema for, AlterPartition included) or the generated
 inter-broker entities of protocol/interbroker (api keys 4-7); the version is the entity's. Responses are the
@@ -37,7 +44,8 @@ matching response entities. Produce with acks=0 gets no response: ``send`` retur
 console's and the CLI's look at a broker (``console/logdirs.py``, ``ctl/coordination.py``).
 
 :class:`NodeClients` is a pool of connections keyed by broker id, for the controller's channel manager and
-the follower fetchers: connect on first use, one connection per node, and Kafka's reconnect backoff - after
+the follower fetchers (and the transaction marker sender): connect on first use, one connection per node, with
+the pool's ``security``, and Kafka's reconnect backoff - after
 a failed attempt or a lost connection no new attempt is made before ``reconnect_backoff`` seconds, doubled
 after each consecutive failure up to ``reconnect_backoff_max``, with +-20 % jitter
 (``reconnect.backoff.ms`` / ``reconnect.backoff.max.ms``); a successful connection resets it.
@@ -50,6 +58,7 @@ import collections
 import io
 import logging
 import random
+import ssl
 import struct
 import time
 from dataclasses import dataclass
@@ -70,7 +79,8 @@ from pykbroker.protocol.guard import compile_entity_check
 log = logging.getLogger(__name__)
 
 __all__ = (
-    "ClientError", "ConnectError", "ConnectionLost", "ProtocolViolation", "RequestTimedOut",
+    "ClientError", "ConnectError", "AuthenticationFailed", "ClientSecurity", "ConnectionLost", "ProtocolViolation",
+    "RequestTimedOut",
     "UnsupportedVersion", "UnknownNode", "KafkaClientConnection", "NodeClients", "encode_request",
     "decode_response", "reconnect_backoff", "request_once",
 )
@@ -99,6 +109,10 @@ class ConnectError(ClientError):
     """The connection could not be opened (refused, unreachable, timed out, or version negotiation failed)."""
 
 
+class AuthenticationFailed(ConnectError):
+    """The TLS handshake or the SASL exchange with the peer failed (Kafka's AuthenticationException)."""
+
+
 class ConnectionLost(ClientError):
     """The request cannot be answered: its connection is closed, dropped, or was closed by the client."""
 
@@ -118,6 +132,37 @@ class UnsupportedVersion(ClientError):
 
 class UnknownNode(ClientError):
     """NodeClients has no address for this broker id."""
+
+
+SASL_HANDSHAKE_KEY = 17
+SASL_AUTHENTICATE_KEY = 36
+
+
+class ClientSecurity:
+    """How the broker's own client secures its connections (security/inter_broker.py builds it from the
+    inter-broker listener's settings): ``ssl_context`` returns the TLS context for the next connection (None:
+    no TLS); ``sasl`` returns a new client state machine for one SASL exchange (None: no SASL);
+    ``description`` names the listener and protocol in log lines."""
+
+    def __init__(self, *, ssl_context: Callable[[], ssl.SSLContext | None] | None = None,
+                 sasl: Callable[[], Any] | None = None, description: str = "") -> None:
+        self._ssl_context = ssl_context
+        self.sasl = sasl
+        self.description = description
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        return self._ssl_context() if self._ssl_context is not None else None
+
+    def __repr__(self) -> str:
+        return f"ClientSecurity({self.description or 'PLAINTEXT'})"
+
+
+def _tls_reason(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError):  # "certificate verify failed: self-signed certificate ..."
+        return f"certificate verify failed: {exc.verify_message or exc.reason or exc}"
+    if isinstance(exc, ssl.SSLError):
+        return exc.reason or exc.strerror or str(exc)
+    return str(exc) or type(exc).__name__
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -251,21 +296,47 @@ class KafkaClientConnection(asyncio.Protocol):
                       negotiate_versions: bool = True,
                       max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
                       on_close: Callable[["KafkaClientConnection"], None] | None = None,
+                      security: ClientSecurity | None = None,
+                      server_hostname: str | None = None,
                       ) -> "KafkaClientConnection":
-        """Open a connection within connect_timeout seconds (ConnectError otherwise) and, if
-        negotiate_versions, learn the peer's API versions (``api_versions``, ``version_for``)."""
+        """Open a connection within connect_timeout seconds (ConnectError otherwise; AuthenticationFailed for
+        a failed TLS handshake or SASL exchange, see the module docstring) and, if negotiate_versions, learn
+        the peer's API versions (``api_versions``, ``version_for``)."""
         loop = asyncio.get_running_loop()
         factory = lambda: cls(client_id=client_id, request_timeout=request_timeout,  # noqa: E731
                               max_response_bytes=max_response_bytes, on_close=on_close)
+        context = security.ssl_context() if security is not None else None
+        tls = {} if context is None else {"ssl": context, "server_hostname": server_hostname or host,
+                                          "ssl_handshake_timeout": connect_timeout}
         try:
             # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that arrives as
             # the connection completes, and the attempt would then go on to wait for ApiVersions.
             async with asyncio.timeout(connect_timeout):
-                _, connection = await loop.create_connection(factory, host, port)
+                _, connection = await loop.create_connection(factory, host, port, **tls)
         except TimeoutError:
-            raise ConnectError(f"connecting to {host}:{port} timed out after {connect_timeout} s") from None
+            what = "connecting (TLS handshake included)" if tls else "connecting"
+            raise ConnectError(f"{what} to {host}:{port} timed out after {connect_timeout} s") from None
+        except ssl.SSLError as exc:
+            raise AuthenticationFailed(f"TLS handshake with {host}:{port} failed: {_tls_reason(exc)}") from None
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            if tls:  # a server that refuses our certificate (or speaks no TLS) closes during the handshake
+                raise AuthenticationFailed(f"TLS handshake with {host}:{port} failed: the server closed the "
+                                           f"connection ({_tls_reason(exc)})") from None
+            raise ConnectError(f"cannot connect to {host}:{port}: {exc}") from exc
         except OSError as exc:
             raise ConnectError(f"cannot connect to {host}:{port}: {exc}") from exc
+        if security is not None and security.sasl is not None:
+            try:
+                async with asyncio.timeout(connect_timeout):
+                    await connection.authenticate_sasl(security.sasl())
+            except BaseException as exc:
+                connection.close()
+                if isinstance(exc, TimeoutError):
+                    raise AuthenticationFailed(f"SASL authentication with {host}:{port} timed out after "
+                                               f"{connect_timeout} s") from None
+                if isinstance(exc, ClientError) and not isinstance(exc, AuthenticationFailed):
+                    raise AuthenticationFailed(f"SASL authentication with {host}:{port} failed: {exc}") from None
+                raise
         if negotiate_versions:
             try:
                 await connection.negotiate_api_versions()
@@ -293,6 +364,41 @@ class KafkaClientConnection(asyncio.Protocol):
             self.api_versions = ranges
             return ranges
         raise UnsupportedVersion(f"{self.peer}: no ApiVersions version agreed")
+
+    async def authenticate_sasl(self, client: Any) -> None:
+        """The SASL exchange of Kafka's SaslClientAuthenticator: ApiVersions (to learn the SASL versions),
+        SaslHandshake naming ``client.mechanism``, then SaslAuthenticate with each token of ``client`` (a
+        security/sasl/client.py state machine) until it is complete. AuthenticationFailed with the server's
+        error message, or the client's own refusal (a server that failed its proof)."""
+        from pykbroker.security.sasl.client import SaslClientError
+
+        if self.api_versions is None:
+            await self.negotiate_api_versions()
+        handshake_version = self.version_for(SASL_HANDSHAKE_KEY, 1)
+        authenticate_version = self.version_for(SASL_AUTHENTICATE_KEY, 2) if handshake_version >= 1 else None
+        if authenticate_version is None:
+            raise AuthenticationFailed(f"{self.peer} supports only SaslHandshake v0 (unframed SASL tokens), which "
+                                       "the broker's own client does not speak")
+        handshake = await self.send(load_request_schema(SASL_HANDSHAKE_KEY, handshake_version)(mechanism=client.mechanism))
+        if handshake.error_code != ErrorCode.none:
+            raise AuthenticationFailed(f"{self.peer} refused SASL mechanism {client.mechanism} "
+                                       f"({ErrorCode(handshake.error_code).name.upper()}; enabled: "
+                                       f"{', '.join(handshake.mechanisms) or 'none'})")
+        request_type = load_request_schema(SASL_AUTHENTICATE_KEY, authenticate_version)
+        try:
+            token = client.first()
+            while token is not None:
+                response = await self.send(request_type(auth_bytes=token))
+                if response.error_code != ErrorCode.none:
+                    raise AuthenticationFailed(f"SASL/{client.mechanism} authentication with {self.peer} failed: "
+                                               f"{response.error_message or ErrorCode(response.error_code).name.upper()}")
+                if client.complete:
+                    break
+                token = client.evaluate(response.auth_bytes)
+            if not client.complete:
+                raise SaslClientError("the exchange ended before it was complete")
+        except SaslClientError as exc:
+            raise AuthenticationFailed(f"SASL/{client.mechanism} authentication with {self.peer} failed: {exc}") from None
 
     def version_for(self, api_key: int, max_version: int, min_version: int = 0) -> int:
         """The highest version of api_key in [min_version, max_version] the peer supports. Without a
@@ -532,11 +638,13 @@ def reconnect_backoff(failures: int, base: float, maximum: float, jitter: float 
 @dataclass
 class _Node:
     address: tuple[str, int] | None
+    server_hostname: str | None = None  # the name a TLS certificate must carry (None: the host)
     connection: KafkaClientConnection | None = None
     connecting: asyncio.Task | None = None
     failures: int = 0
     next_attempt: float = 0.0  # loop time before which no attempt is made
     connects: int = 0  # successful connections made, for observation
+    auth_failure: str | None = None  # the last authentication failure logged (logged again when it changes)
 
 
 class NodeClients:
@@ -545,7 +653,9 @@ class NodeClients:
     broker_id is this broker's id; connections send it as their client id, as Kafka's controller channel
     and AlterPartition channel do, unless client_id says otherwise (Kafka's follower fetchers send
     "broker-<id>-fetcher-<n>"). addresses maps broker ids to (host, port); set_address/remove keep it
-    current as the metadata changes.
+    current as the metadata changes. ``security`` (a ClientSecurity) secures every connection; a TLS
+    handshake or SASL exchange that fails is logged as a warning naming the peer and the reason (then again
+    only when the reason changes: a misconfigured peer is retried with the backoff, not logged every second).
     """
 
     def __init__(self, broker_id: int, addresses: Mapping[int, tuple[str, int]] | None = None, *,
@@ -555,8 +665,10 @@ class NodeClients:
                  request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S,
                  reconnect_backoff: float = DEFAULT_RECONNECT_BACKOFF_S,
                  reconnect_backoff_max: float = DEFAULT_RECONNECT_BACKOFF_MAX_S,
-                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+                 security: ClientSecurity | None = None) -> None:
         self.broker_id = broker_id
+        self.security = security
         self.client_id = str(broker_id) if client_id is None else client_id
         self.negotiate_versions = negotiate_versions
         self.connect_timeout = connect_timeout
@@ -569,12 +681,15 @@ class NodeClients:
         for node_id, (host, port) in (addresses or {}).items():
             self.set_address(node_id, host, port)
 
-    def set_address(self, node_id: int, host: str, port: int) -> None:
-        """Where broker node_id listens; a changed address closes the connection to the old one."""
+    def set_address(self, node_id: int, host: str, port: int, server_hostname: str | None = None) -> None:
+        """Where broker node_id listens (``server_hostname``: the name its TLS certificate must carry when
+        that is not ``host``, as for a broker reaching itself on its bound address); a changed address
+        closes the connection to the old one."""
         node = self._nodes.get(node_id)
         if node is None:
-            self._nodes[node_id] = _Node((host, port))
+            self._nodes[node_id] = _Node((host, port), server_hostname)
             return
+        node.server_hostname = server_hostname
         if node.address != (host, port):
             node.address = (host, port)
             node.failures, node.next_attempt = 0, 0.0
@@ -651,15 +766,23 @@ class NodeClients:
                 host, port, client_id=self.client_id, connect_timeout=self.connect_timeout,
                 request_timeout=self.request_timeout, negotiate_versions=self.negotiate_versions,
                 max_response_bytes=self.max_response_bytes,
-                on_close=lambda closed: self._lost(node_id, node, closed))
+                on_close=lambda closed: self._lost(node_id, node, closed),
+                security=self.security, server_hostname=node.server_hostname)
         except BaseException as exc:
             node.connecting = None
             if isinstance(exc, Exception):
                 self._failed(node, loop)
-                log.info("broker %s: connection to broker %s at %s:%s failed (%s); next attempt in %.3f s",
-                         self.broker_id, node_id, host, port, exc, node.next_attempt - loop.time())
+                if isinstance(exc, AuthenticationFailed) and str(exc) != node.auth_failure:
+                    node.auth_failure = str(exc)
+                    log.warning("broker %s: connection to broker %s at %s:%s failed authentication (client %s, %s): "
+                                "%s; retrying with backoff", self.broker_id, node_id, host, port, self.client_id,
+                                self.security.description if self.security else "PLAINTEXT", exc)
+                else:
+                    log.info("broker %s: connection to broker %s at %s:%s failed (%s); next attempt in %.3f s",
+                             self.broker_id, node_id, host, port, exc, node.next_attempt - loop.time())
             raise
         node.connecting = None
+        node.auth_failure = None
         if self._closed or self._nodes.get(node_id) is not node or node.address != (host, port):
             connection.close()  # the pool closed or the node moved while connecting
             raise ConnectionLost(f"connection to broker {node_id} abandoned: the node or the pool changed")

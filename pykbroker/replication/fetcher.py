@@ -48,7 +48,7 @@ from kio.schema.fetch.v16 import request as fetch_request
 from kio.schema.list_offsets.v8 import request as list_offsets_request
 from kio.static.primitive import i32Timedelta
 
-from pykbroker.protocol.client import ClientError, NodeClients
+from pykbroker.protocol.client import ClientError, ClientSecurity, NodeClients
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.replication.partition import Partition, Role
 
@@ -376,6 +376,7 @@ class ReplicaFetcherManager:
         config: "BrokerConfig",
         *,
         broker_epoch: Callable[[], int] = lambda: -1,
+        security: ClientSecurity | None = None,
     ) -> None:
         self.broker_id = broker_id
         self.replicas = replicas
@@ -392,7 +393,7 @@ class ReplicaFetcherManager:
         self.request_timeout_s = (int(config.get("replica.socket.timeout.ms"))
                                   + int(config.get("replica.fetch.wait.max.ms"))) / 1000
         self.clients = NodeClients(broker_id, client_id=f"broker-{broker_id}-fetcher-0", negotiate_versions=False,
-                                   request_timeout=self.request_timeout_s)
+                                   request_timeout=self.request_timeout_s, security=security)
         self._sources: dict[int, _SourceFetcher] = {}
         self._leader_of: dict[TopicPartition, int] = {}
         self.quota: "ReplicationQuota | None" = None  # the follower's replication throttle (replication/quota.py)

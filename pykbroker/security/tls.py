@@ -1,6 +1,8 @@
 """TLS for SSL and SASL_SSL listeners, from Kafka's ``ssl.*`` settings (Kafka 3.7's ``SslFactory``,
 ``DefaultSslEngineFactory``, ``SslConfigs``, ``BrokerSecurityConfigs``, ``ChannelBuilders``): server/broker.py
-serves SSL listeners with it as "Wiring" below describes (not yet: reloads, SASL_SSL, the inter-broker client).
+serves SSL listeners with it as "Wiring" below describes, the inter-broker client (inter_broker.py) connects
+with a client-mode holder, and dynamic ``listener.name.<l>.ssl.*`` updates reload both (ListenerTlsReloader;
+not yet: SASL_SSL listeners).
 
 Settings
     Every function takes a mapping of Kafka property names to values, as ``BrokerConfig.values`` holds them
@@ -58,7 +60,10 @@ Reload without restart
     listener the old and the new contexts must complete a TLS handshake with each other both ways (Kafka's
     ``SslEngineValidator``, done here in memory) - and only then swaps. A refused update raises
     :class:`TlsConfigError` ("Validation of dynamic config update of SSLFactory failed: ...") and keeps the
-    old context. Connections already open keep the context they were accepted with; new ones get the new one.
+    old context; as in Kafka, the text names the cause's Java class (``...failed: org.apache.kafka.common.config.
+    ConfigException: Keystore DistinguishedName does not match: ...``; InvalidConfigurationException for a store that
+    does not load, SSLHandshakeException for the handshake check), measured against Kafka 3.7.1 in ZooKeeper mode.
+    Connections already open keep the context they were accepted with; new ones get the new one.
 
 Principal
     :func:`peer_principal` is Kafka's DefaultKafkaPrincipalBuilder for an SSL connection: "User:" + the client
@@ -80,11 +85,15 @@ Wiring (for the session that wires listeners)
     * In ``connection_made``: ``peer_principal(transport.get_extra_info("ssl_object"), holder.mapper)``.
     * Fetch: asyncio's SSL transport encrypts in user space, so ``loop.sendfile`` falls back to reading and
       writing chunks; keep the chunked path (CHUNK_BYTES, write-buffer watermarks) for TLS listeners.
-    * Inter-broker client: ``holder.client_context`` (a TlsContextHolder built with ``mode="client"``) and
-      ``asyncio.open_connection(host, port, ssl=ctx, server_hostname=<advertised host>)``.
-    * Dynamic updates: AlterConfigs of ``listener.name.<l>.ssl.keystore.*`` -> ``holder.reconfigure(new view)``
-      (its TlsConfigError -> INVALID_CONFIG with its message). Building reads files and does RSA work: call it
-      in an executor if the event loop must not pause (the holder is thread-safe).
+    * Inter-broker client (done: security/inter_broker.py): a TlsContextHolder built with ``mode="client"`` from
+      the inter-broker listener's view; protocol/client.py connects with ``ssl=holder.context,
+      server_hostname=<advertised host>``.
+    * Dynamic updates (done: :class:`ListenerTlsReloader`, hooked into cluster/dynamic_configs.py by the
+      broker): AlterConfigs of ``listener.name.<l>.ssl.keystore.*`` validates every holder against the new
+      view first (a refusal is INVALID_REQUEST in Kafka's "Invalid dynamic configuration" wording, nothing is
+      stored), reloads store files changed in place even when no value changed (Kafka's
+      reloadUpdatedFilesWithoutConfigChange), and applies the stored change. Building reads files and does RSA
+      work on the event loop (milliseconds; the holder is thread-safe should it move to an executor).
 """
 
 from __future__ import annotations
@@ -108,6 +117,7 @@ log = logging.getLogger(__name__)
 __all__ = (
     "TlsConfigError", "TlsContextHolder", "listener_ssl_configs", "server_context", "client_context",
     "peer_principal", "principal_mapper", "openssl_cipher_name", "handshake_check", "RECONFIGURABLE_CONFIGS",
+    "ListenerTlsReloader",
 )
 
 SSL_CLIENT_AUTH = "ssl.client.auth"
@@ -607,8 +617,11 @@ class TlsContextHolder:
         merged = dict(current.settings) if new_settings is None else self._next_settings(new_settings)
         if merged == current.settings and not current.modified():
             return None
+        # The cause's Java class leads its text, as Kafka prints the exception it wraps ("failed: " + e).
+        cause = "org.apache.kafka.common.errors.InvalidConfigurationException"
         try:
             candidate = _build(merged, self.mode)
+            cause = "org.apache.kafka.common.config.ConfigException"
             if current.keystore is None:
                 if candidate.keystore is not None:
                     raise TlsConfigError(KEYSTORE_LOCATION, "Cannot add SSL keystore to an existing listener for which "
@@ -626,12 +639,13 @@ class TlsContextHolder:
                 try:
                     _validate_pair(current, candidate)
                 except (ssl.SSLError, RuntimeError, OSError) as exc:
+                    cause = "javax.net.ssl.SSLHandshakeException"
                     raise TlsConfigError(KEYSTORE_LOCATION, f"the old and the new SSL settings cannot complete a "
                                                             f"handshake with each other: {_reason(exc)}") from None
         except TlsConfigError as exc:
             log.error("Validation of dynamic config update of SSLFactory failed: %s", exc.message)
             raise TlsConfigError(exc.name, f"Validation of dynamic config update of SSLFactory failed: "
-                                           f"{exc.message}") from None
+                                           f"{cause}: {exc.message}") from None
         return candidate
 
     def validate_reconfiguration(self, new_settings: Mapping[str, Any]) -> None:
@@ -650,6 +664,43 @@ class TlsContextHolder:
         log.info("Created new %s SSL context with keystore %s truststore %s", self.mode.upper(),
                  candidate.keystore, candidate.truststore)
         return True
+
+
+class ListenerTlsReloader:
+    """Kafka's DynamicListenerConfig for TLS: the server-side holder of every SSL listener and the client-side
+    holder of the inter-broker client, each reconfigured from its listener's view of the broker's effective
+    configs (``listener.name.<l>.ssl.*`` wins), as Kafka reconfigures every listener's SslFactory and its
+    inter-broker client channel builders. ``holders``: listener name -> server holder; ``protocols``: listener
+    name -> security protocol; ``client``: (inter-broker listener name, client holder) or None."""
+
+    def __init__(self, holders: Mapping[str, TlsContextHolder], protocols: Mapping[str, str],
+                 client: tuple[str, TlsContextHolder] | None = None) -> None:
+        self._targets = [(name, holder) for name, holder in holders.items()]
+        if client is not None:
+            self._targets.append(client)
+        self._protocols = dict(protocols)
+
+    def _views(self, values: Mapping[str, Any]):
+        for name, holder in self._targets:
+            yield name, holder, listener_ssl_configs(values, name, self._protocols.get(name))
+
+    def validate(self, values: Mapping[str, Any]) -> None:
+        """TlsConfigError (Kafka's "Validation of dynamic config update of SSLFactory failed: ...") if any
+        holder would refuse these configs; nothing changes."""
+        for _, holder, view in self._views(values):
+            holder.validate_reconfiguration(view)
+
+    def reconfigure(self, values: Mapping[str, Any]) -> list[str]:
+        """Swap in new contexts where a setting or a store file changed; a holder that refuses keeps its
+        context (logged). The listeners whose context changed ("<name> (client)" for the client's)."""
+        changed = []
+        for name, holder, view in self._views(values):
+            try:
+                if holder.reconfigure(view):
+                    changed.append(name if holder.mode == "server" else f"{name} (client)")
+            except TlsConfigError as exc:
+                log.error("listener %s: the %s TLS context keeps its certificate: %s", name, holder.mode, exc.message)
+        return changed
 
 
 def _reason(exc: BaseException) -> str:

@@ -86,6 +86,7 @@ from pykbroker.txn.verification import TransactionVerifier
 if TYPE_CHECKING:
     from pykbroker.cluster.node import ClusterNode
     from pykbroker.metrics.http import MetricsServer
+    from pykbroker.security.inter_broker import InterBrokerClient
     from pykbroker.security.tls import TlsContextHolder
 
 log = logging.getLogger(__name__)
@@ -186,6 +187,9 @@ class Broker:
             self.log_manager, config.broker_id, lambda topic: self.topics.log_config(topic),
             replica_lag_time_max_ms=int(config.get("replica.lag.time.max.ms")),
         )
+        # How this broker's own client reaches brokers (itself too, for transaction markers): the inter-broker
+        # listener's security (TLS, SASL), for every NodeClients pool (security/inter_broker.py).
+        self.inter_broker = inter_broker_client(config)
         self.cluster: ClusterNode | None = None  # the ZooKeeper cluster's parts, in cluster mode only
         if config.zookeeper_connect:
             from pykbroker.cluster import node  # kazoo and the controller: cluster mode only
@@ -229,7 +233,8 @@ class Broker:
         )
         self.transactions = TransactionCoordinator(self.txn_state, self.producer_ids.new_id, self._txn_leader_epoch,
                                                    TxnConfig.from_broker_config(config))
-        self.transactions.make_marker_sender(config.broker_id, leader_of=self._leader_of, address_of=self._address_of)
+        self.transactions.make_marker_sender(config.broker_id, leader_of=self._leader_of, address_of=self._address_of,
+                                             security=self.inter_broker.security)
         # KIP-890 partition verification of transactional produces (pykbroker/txn/verification.py); None: off.
         # A dynamic broker config, as in Kafka: _verification_config_changed switches it on and off live.
         self._verifier = TransactionVerifier(config.broker_id, coordinator_of=self._txn_coordinator_of,
@@ -263,7 +268,7 @@ class Broker:
         self._slot_freed = asyncio.Event()  # set when a connection closes: an acceptor at max.connections goes on
         self.advertised: dict[str, BrokerEndpoint] = {}  # listener name -> this broker's endpoint there
         self._background: list[asyncio.Task] = []
-        self._self_address: tuple[str, int] | None = None  # where this broker reaches itself (see _address_of)
+        self._self_address: tuple | None = None  # where this broker reaches itself (see _address_of)
         self._owned: set[asyncio.Task] = set()  # work a request started that must finish (see run_owned)
         # Metrics (pykbroker/metrics): counters while metrics.port is set; the endpoint's readiness flags.
         self.stats: BrokerStats | None = BrokerStats() if config.get("metrics.port") else None
@@ -367,10 +372,11 @@ class Broker:
         leader = self.cluster.metadata.leader_of(topic, index)
         return -1 if leader is None else leader
 
-    def _address_of(self, broker_id: int) -> tuple[str, int] | None:
+    def _address_of(self, broker_id: int) -> tuple | None:
         """Where the marker sender reaches a broker: its inter-broker listener; the single node reaches itself
-        on the address its first PLAINTEXT listener is bound to (the loopback for a wildcard), which works
-        whatever it advertises (a container's published name may not resolve inside it)."""
+        on the address its inter-broker listener is bound to (the loopback for a wildcard), which works
+        whatever it advertises (a container's published name may not resolve inside it), checking a TLS
+        certificate against the advertised host: (host, port, advertised host)."""
         if self.cluster is not None:
             return self.cluster.metadata.address_of(broker_id)
         return self._self_address if broker_id == self.broker_id else None
@@ -413,15 +419,8 @@ class Broker:
         self._lead_offsets_partitions()
         max_request = int(self.config.get("socket.request.max.bytes"))
         bound_ports = {listener.name: sock.getsockname()[1] for listener, sock in listening}
-        # The marker sender speaks plain text: the first PLAINTEXT listener (config.py refuses an inter-broker
-        # listener that is not PLAINTEXT, so there is one).
-        plaintext = [(listener, sock) for listener, sock in listening if listener.security_protocol == "PLAINTEXT"]
-        if plaintext:
-            listener, sock = plaintext[0]
-            bound_host = sock.getsockname()[0]
-            if listener.binds_all:
-                bound_host = "::1" if listener.host == "::" else "127.0.0.1"  # "" binds IPv4 too
-            self._self_address = (bound_host, sock.getsockname()[1])
+        self._reach_self(listening)
+        self._watch_tls_configs()
         for advertised in self.config.advertised_listeners:
             # Port 0 means any free port: advertise the one the listener of that name got.
             self.advertised[advertised.name] = BrokerEndpoint(
@@ -467,6 +466,35 @@ class Broker:
             self.data_dir,
             self.metadata.cluster_id,
         )
+
+    def _reach_self(self, listening: list[tuple[Listener, socket.socket]]) -> None:
+        """The single node's marker sender reaches itself on its inter-broker listener's bound socket."""
+        own = [(listener, sock) for listener, sock in listening if listener.name == self.inter_broker.listener]
+        if own:
+            listener, sock = own[0]
+            bound_host = sock.getsockname()[0]
+            if listener.binds_all:
+                bound_host = "::1" if listener.host == "::" else "127.0.0.1"  # "" binds IPv4 too
+            advertised = self.config.inter_broker_listener
+            self._self_address = (bound_host, sock.getsockname()[1], advertised.host if advertised else None)
+
+    def _watch_tls_configs(self) -> None:
+        """Dynamic ``listener.name.<l>.ssl.*`` updates reload the listeners' TLS contexts and the inter-broker
+        client's (security/tls.py ListenerTlsReloader): validated before they are stored, files changed in place
+        reloaded, stored changes (this broker's or the cluster default's) applied."""
+        from pykbroker.security.tls import ListenerTlsReloader
+
+        client = self.inter_broker.tls
+        if not self.tls and client is None:
+            return
+        protocols = {listener.name: listener.security_protocol for listener in self.config.listeners}
+        reloader = ListenerTlsReloader(self.tls or {}, protocols,
+                                       (self.inter_broker.listener, client) if client is not None else None)
+        concerns = lambda name: "ssl." in name  # noqa: E731 - ssl.* and listener.name.<l>.ssl.*
+        self.dynamic_configs.add_reconfigurable(concerns, reloader.validate, reloader.reconfigure)
+        self.dynamic_configs.add_listener(lambda names: reloader.reconfigure(self.dynamic_configs.config.values)
+                                          if any(map(concerns, names)) else None)
+        reloader.reconfigure(self.dynamic_configs.config.values)  # dynamic ones stored before this start
 
     async def _join_cluster_first(self) -> None:
         """Cluster mode, before the logs load: connect to ZooKeeper and agree on the cluster id."""
@@ -707,15 +735,28 @@ def tls_holders(config: BrokerConfig) -> dict[str, TlsContextHolder]:
     from pykbroker.security.tls import TlsContextHolder, listener_ssl_configs
 
     holders: dict[str, TlsContextHolder] = {}
+    inter_broker = config.inter_broker_listener
     for listener in config.listeners:
         if listener.security_protocol != "SSL":
             continue
-        try:
+        try:  # the inter-broker listener's own client must be able to connect to it (Kafka's SslFactory check)
             holders[listener.name] = TlsContextHolder(
-                listener_ssl_configs(config.values, listener.name, listener.security_protocol))
+                listener_ssl_configs(config.values, listener.name, listener.security_protocol),
+                inter_broker=inter_broker is not None and listener.name == inter_broker.name)
         except ConfigError as exc:
             raise StartupError(f"listener {listener}: {exc.message}") from None
     return holders
+
+
+def inter_broker_client(config: BrokerConfig) -> InterBrokerClient:
+    """The broker's own client settings (security/inter_broker.py); a setting that cannot work is a
+    StartupError naming the inter-broker listener."""
+    from pykbroker.security.inter_broker import InterBrokerClient
+
+    try:
+        return InterBrokerClient.from_config(config)
+    except ConfigError as exc:
+        raise StartupError(exc.message) from None
 
 
 def open_broker(config: BrokerConfig) -> Broker:

@@ -30,7 +30,7 @@ from typing import Awaitable, Callable
 
 from kio.schema.write_txn_markers.v1 import request as wtm
 
-from pykbroker.protocol.client import ClientError, NodeClients
+from pykbroker.protocol.client import ClientError, ClientSecurity, NodeClients
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.txn.metadata import TopicPartition, TransactionMetadata, TxnTransit
 
@@ -71,7 +71,8 @@ class MarkerSender:
                  is_current: Callable[[PendingCompleteTxn], bool],
                  write_completion: Callable[[PendingCompleteTxn], None],
                  send_request: Callable[[int, object], Awaitable[object]] | None = None,
-                 retry_backoff_s: float = DEFAULT_RETRY_BACKOFF_S, request_timeout_s: float = 30.0) -> None:
+                 retry_backoff_s: float = DEFAULT_RETRY_BACKOFF_S, request_timeout_s: float = 30.0,
+                 security: ClientSecurity | None = None) -> None:
         self.broker_id = broker_id
         self._leader_of = leader_of
         self._address_of = address_of
@@ -81,7 +82,7 @@ class MarkerSender:
         self._clients: NodeClients | None = None
         if send_request is None:
             self._clients = NodeClients(broker_id, client_id=f"broker-{broker_id}-txn-marker-sender",
-                                        request_timeout=request_timeout_s)
+                                        request_timeout=request_timeout_s, security=security)
             send_request = self._send_over_network
         self._send_request = send_request
         self._pending: dict[str, PendingCompleteTxn] = {}  # transactional id -> its markers being written

@@ -1,5 +1,5 @@
 """SSL listeners for clients on a ZooKeeper cluster whose brokers talk to each other on PLAINTEXT (inter-broker
-TLS is refused at start for now, see tests/integration/test_tls_listeners.py): each broker advertises its SSL
+TLS: test_inter_broker_tls_cluster.py): each broker advertises its SSL
 listener to clients that came in through it, and confluent-kafka produces to a replicated topic and consumes it
 over TLS only."""
 

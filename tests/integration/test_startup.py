@@ -93,6 +93,7 @@ def test_each_listener_answers_with_its_own_advertised_endpoint(tmp_path):
         "listeners": f"EXTERNAL://{HOST}:{outside_port},INTERNAL://{HOST}:{inside_port}",
         "advertised.listeners": f"EXTERNAL://kafka.example.invalid:29092,INTERNAL://{HOST}:{inside_port}",
         "listener.security.protocol.map": "EXTERNAL:PLAINTEXT,INTERNAL:PLAINTEXT",
+        "inter.broker.listener.name": "INTERNAL",  # Kafka requires it without a listener named PLAINTEXT
     }
     with BrokerProcess(tmp_path, config=config, port=inside_port) as broker:
         outside, inside = (HOST, outside_port), (HOST, inside_port)
@@ -162,7 +163,8 @@ def test_data_dir_without_write_permission_is_named(tmp_path):
 
 def test_listener_with_an_unsupported_security_protocol_is_refused(tmp_path):
     data_dir = tmp_path / "fresh"
-    result = serve("--listeners", f"SASL_SSL://{HOST}:{free_port()}", data_dir=data_dir)
+    result = serve("--listeners", f"SASL_SSL://{HOST}:{free_port()}", "--override",
+                   "security.inter.broker.protocol=SASL_SSL", data_dir=data_dir)
     assert_one_line_failure(result, "SASL_SSL", "PLAINTEXT", status=2)
     assert not data_dir.exists()
 

@@ -428,24 +428,71 @@ def _serve_properties(tmp_path, text: str):
      ("SASL_SSL://127.0.0.1:{q} uses security protocol SASL_SSL", "not support yet", "PLAINTEXT, SSL"), 2),
     ("listeners=PLAINTEXT://127.0.0.1:{p},SASL_PLAINTEXT://127.0.0.1:{q}\n",
      ("security protocol SASL_PLAINTEXT", "not support yet"), 2),
-    ("listeners=SSL://127.0.0.1:{p}\nsecurity.inter.broker.protocol=SSL\n",
-     ("security.inter.broker.protocol SSL", "not supported yet"), 2),
-    ("listeners=SSL://127.0.0.1:{p},PLAINTEXT://127.0.0.1:{q}\n",
-     ("inter-broker listener SSL", "TLS is not supported yet", "inter.broker.listener.name"), 2),
-    ("listeners=PLAINTEXT://127.0.0.1:{p},SSL://127.0.0.1:{q}\ninter.broker.listener.name=SSL\n",
-     ("inter-broker listener SSL", "TLS is not supported yet"), 2),
+    # Kafka's inter-broker listener: the one named after security.inter.broker.protocol (PLAINTEXT) by default
+    ("listeners=SSL://127.0.0.1:{p}\n",
+     ("inter.broker.listener.name must be a listener name defined in advertised.listeners",
+      "The valid options based on currently configured listeners are SSL"), 2),
+    ("listeners=PLAINTEXT://127.0.0.1:{p},SSL://127.0.0.1:{q}\ninter.broker.listener.name=SSL\n"
+     "security.inter.broker.protocol=SSL\n",
+     ("Only one of inter.broker.listener.name and security.inter.broker.protocol should be set.",), 2),
+    ("listeners=PLAINTEXT://127.0.0.1:{p},SSL://127.0.0.1:{q}\ninter.broker.listener.name=ssl\n",
+     ("listener SSL://127.0.0.1:{q}", "ssl.keystore.location"), 1),
     ("listeners=PLAINTEXT://127.0.0.1:{p},SSL://127.0.0.1:{q}\n",
      ("listener SSL://127.0.0.1:{q}", "ssl.keystore.location"), 1),
     ("listeners=PLAINTEXT://127.0.0.1:{p},SSL://127.0.0.1:{q}\nssl.keystore.type=PEM\n"
      "listener.name.ssl.ssl.keystore.location=/nonexistent/broker.pem\n",
      ("listener SSL://127.0.0.1:{q}", "/nonexistent/broker.pem"), 1),
-], ids=["sasl-ssl", "sasl-plaintext", "security-inter-broker-protocol", "first-listener-ssl",
-        "inter-broker-listener-ssl", "no-keystore", "missing-keystore-file"])
+], ids=["sasl-ssl", "sasl-plaintext", "no-plaintext-listener-for-inter-broker", "inter-broker-name-and-protocol",
+        "inter-broker-listener-ssl-without-keystore", "no-keystore", "missing-keystore-file"])
 def test_what_is_not_served_yet_is_refused_at_start_in_one_line(tmp_path, properties, words, status):
     p, q = free_port(), free_port()
     result = _serve_properties(tmp_path, properties.format(p=p, q=q))
     assert_one_line_failure(result, *(word.format(p=p, q=q) for word in words), status=status)
     assert not (tmp_path / "fresh").exists()
+
+
+def test_an_ssl_inter_broker_listener_whose_trust_store_does_not_trust_its_key_store_is_refused(tmp_path, pki):
+    """Kafka's SslFactory check for the inter-broker listener: a client made from the listener's own settings
+    must complete a handshake with its server side. A trust store of another CA fails the start in one line,
+    rather than every broker-to-broker connection failing later."""
+    (tmp_path / "other").mkdir()
+    other = standard_pki(tmp_path / "other", name="Other CA")
+    p, q = free_port(), free_port()
+    result = _serve_properties(tmp_path, f"listeners=PLAINTEXT://127.0.0.1:{p},SSL://127.0.0.1:{q}\n"
+                               "security.inter.broker.protocol=SSL\nssl.keystore.type=PEM\n"
+                               f"ssl.keystore.location={pki.broker_pem_file}\nssl.truststore.type=PEM\n"
+                               f"ssl.truststore.location={other.ca_file}\n")
+    assert_one_line_failure(result, f"listener SSL://127.0.0.1:{q}", "A client SSLEngine created with the provided "
+                            "settings can't connect to a server SSLEngine created with those settings", status=1)
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_a_single_node_with_an_ssl_inter_broker_listener_commits_transactions_over_it(tmp_path, pki):
+    """security.inter.broker.protocol=SSL on one broker: the transaction marker sender reaches the broker itself
+    over TLS (its own client certificate under ssl.client.auth=required, the certificate checked against the
+    advertised host), so a transactional producer's commit completes and a read_committed consumer sees it."""
+    plain, tls = free_port(), free_port()
+    broker = BrokerProcess(tmp_path / "broker", port=plain, config={
+        "listeners": f"PLAINTEXT://127.0.0.1:{plain},SSL://127.0.0.1:{tls}", "security.inter.broker.protocol": "SSL",
+        "ssl.keystore.type": "PEM", "ssl.keystore.location": pki.broker_pem_file, "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": pki.ca_file, "listener.name.ssl.ssl.client.auth": "required",
+        "num.partitions": 1, "offsets.topic.num.partitions": 1, "transaction.state.log.num.partitions": 1})
+    broker.start()
+    try:
+        topic = f"txn-{uuid.uuid4().hex[:8]}"
+        bootstrap = f"127.0.0.1:{plain}"
+        producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "transactional.id": "t-ssl-ib"})
+        producer.init_transactions(TIMEOUT_S)
+        producer.begin_transaction()
+        for index in range(3):
+            producer.produce(topic, f"v{index}".encode())
+        producer.commit_transaction(TIMEOUT_S)
+        values = consume_values(bootstrap, {"isolation.level": "read_committed"}, topic, 3)
+        assert values == [b"v0", b"v1", b"v2"]
+        # the marker sender came in on the SSL listener with the broker's own certificate
+        assert _log_lines(broker, "listener SSL", "principal User:CN=broker,O=pykbroker")
+    finally:
+        broker.close()
 
 
 def test_a_server_properties_file_with_an_ssl_listener_serves_it(tmp_path, pki):

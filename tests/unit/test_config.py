@@ -560,9 +560,15 @@ def test_listeners_win_over_host_and_port_with_a_warning(caplog):
 @pytest.mark.parametrize(
     ("values", "key", "words"),
     [
-        ({"listeners": "SSL://:9093"}, "inter.broker.listener.name", "inter-broker listener SSL uses security protocol SSL"),
-        ({"listeners": "PLAINTEXT://:9092,SSL://:9093", "security.inter.broker.protocol": "SSL"},
-         "security.inter.broker.protocol", "not supported yet"),
+        # Kafka's inter-broker listener: the one named after security.inter.broker.protocol (PLAINTEXT) by default
+        ({"listeners": "SSL://:9093"}, "inter.broker.listener.name",
+         "inter.broker.listener.name must be a listener name defined in advertised.listeners. The valid options "
+         "based on currently configured listeners are SSL"),
+        ({"listeners": "PLAINTEXT://:9092,SSL://:9093", "security.inter.broker.protocol": "SSL",
+          "inter.broker.listener.name": "PLAINTEXT"}, "inter.broker.listener.name",
+         "Only one of inter.broker.listener.name and security.inter.broker.protocol should be set."),
+        ({"listeners": "PLAINTEXT://:9092", "inter.broker.listener.name": "internal"}, "inter.broker.listener.name",
+         "Listener with name INTERNAL defined in inter.broker.listener.name not found in listener.security.protocol.map."),
         ({"listeners": "PLAINTEXT://:9092,SASL_PLAINTEXT://:9094"}, "listeners", "security protocol SASL_PLAINTEXT"),
         ({"listeners": "PLAINTEXT://:9092,SASL_SSL://:9094"}, "listeners", "security protocol SASL_SSL"),
         ({"listeners": "OTHER://:9092"}, "listeners", "No security protocol defined for listener OTHER"),
@@ -571,7 +577,7 @@ def test_listeners_win_over_host_and_port_with_a_warning(caplog):
         ({"listeners": "A://:1,B://:1", "listener.security.protocol.map": "A:PLAINTEXT,B:PLAINTEXT"}, "listeners", "different port"),
         ({"listeners": "PLAINTEXT://:70000"}, "listeners", "Invalid port"),
         ({"listeners": "PLAINTEXT://0.0.0.0:9092"}, "advertised.listeners", "nonroutable meta-address 0.0.0.0"),
-        ({"listeners": "PLAINTEXT://:9092", "advertised.listeners": "OTHER://h:1",
+        ({"listeners": "PLAINTEXT://:9092", "advertised.listeners": "PLAINTEXT://h:1,OTHER://h:2",
           "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,OTHER:PLAINTEXT"}, "advertised.listeners", "subset"),
         ({"listener.security.protocol.map": "PLAINTEXT:TLS"}, "listener.security.protocol.map", "Invalid security protocol"),
         ({"listeners": "PLAINTEXT://:9092,B://:9093", "advertised.listeners": "PLAINTEXT://h:9092",
@@ -583,6 +589,20 @@ def test_listener_errors_name_the_key(values, key, words):
     with pytest.raises(ConfigError, match=words) as raised:
         load(cli=values)
     assert raised.value.name == key
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ({"listeners": "SSL://127.0.0.1:9093,PLAINTEXT://127.0.0.1:9092"}, ("PLAINTEXT", "PLAINTEXT")),  # not the first
+    ({"listeners": "PLAINTEXT://127.0.0.1:9092,SSL://127.0.0.1:9093", "security.inter.broker.protocol": "SSL"},
+     ("SSL", "SSL")),
+    ({"listeners": "PLAINTEXT://127.0.0.1:9092,INTERNAL://127.0.0.1:9093", "inter.broker.listener.name": "internal",
+      "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,INTERNAL:SSL"}, ("INTERNAL", "SSL")),
+])
+def test_the_inter_broker_listener_follows_kafkas_rule(values, expected):
+    """KafkaConfig.interBrokerListenerNameAndSecurityProtocol: inter.broker.listener.name, else the listener
+    named after security.inter.broker.protocol (PLAINTEXT), never simply the first listener."""
+    config = load(cli=values)
+    assert (config.inter_broker_listener.name, config.inter_broker_listener.security_protocol) == expected
 
 
 def test_ssl_listeners_are_served_beside_plaintext_ones():
