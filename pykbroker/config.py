@@ -1248,8 +1248,8 @@ def to_topic_unit(broker_key: str, value: Any) -> Any:
 
 DEFAULT_LISTENER_NAME = "PLAINTEXT"
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-# What pykbroker serves: SSL listeners beside PLAINTEXT ones (server/broker.py, security/tls.py); SASL_* not yet.
-SUPPORTED_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL")
+# What pykbroker serves: all four (server/broker.py; security/tls.py for SSL, security/sasl/ for SASL).
+SUPPORTED_SECURITY_PROTOCOLS = SECURITY_PROTOCOLS
 # What a listener added by a dynamic update may use (listeners are not opened at run time with TLS contexts).
 DYNAMIC_SECURITY_PROTOCOLS = ("PLAINTEXT",)
 # Kafka's endpoint syntax (CoreUtils.listenerListToEndPoints): an IPv6 host may be bracketed.

@@ -563,8 +563,6 @@ def test_listeners_win_over_host_and_port_with_a_warning(caplog):
         ({"listeners": "SSL://:9093"}, "inter.broker.listener.name", "inter-broker listener SSL uses security protocol SSL"),
         ({"listeners": "PLAINTEXT://:9092,SSL://:9093", "security.inter.broker.protocol": "SSL"},
          "security.inter.broker.protocol", "not supported yet"),
-        ({"listeners": "PLAINTEXT://:9092,SASL_PLAINTEXT://:9094"}, "listeners", "security protocol SASL_PLAINTEXT"),
-        ({"listeners": "PLAINTEXT://:9092,SASL_SSL://:9094"}, "listeners", "security protocol SASL_SSL"),
         ({"listeners": "OTHER://:9092"}, "listeners", "No security protocol defined for listener OTHER"),
         ({"listeners": "localhost:9092"}, "listeners", "Unable to parse"),
         ({"listeners": "A://:1,A://:2", "listener.security.protocol.map": "A:PLAINTEXT"}, "listeners", "different name"),
@@ -588,6 +586,13 @@ def test_listener_errors_name_the_key(values, key, words):
 def test_ssl_listeners_are_served_beside_plaintext_ones():
     config = load(cli={"listeners": "PLAINTEXT://127.0.0.1:9092,SSL://127.0.0.1:9093"})
     assert config.listeners == (Listener("PLAINTEXT", "127.0.0.1", 9092), Listener("SSL", "127.0.0.1", 9093, "SSL"))
+
+
+def test_sasl_listeners_are_served_beside_plaintext_ones():
+    config = load(cli={"listeners": "PLAINTEXT://127.0.0.1:9092,SASL_PLAINTEXT://127.0.0.1:9094,SASL_SSL://127.0.0.1:9095"})
+    assert config.listeners == (Listener("PLAINTEXT", "127.0.0.1", 9092),
+                                Listener("SASL_PLAINTEXT", "127.0.0.1", 9094, "SASL_PLAINTEXT"),
+                                Listener("SASL_SSL", "127.0.0.1", 9095, "SASL_SSL"))
 
 
 def test_queued_max_request_bytes_is_unbounded_at_or_below_0_or_at_least_socket_request_max_bytes():

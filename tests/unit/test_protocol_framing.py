@@ -30,7 +30,8 @@ def test_matrix_matches_the_issue_ranges():
                 11: (0, 9), 12: (0, 4), 13: (0, 5), 14: (0, 5), 15: (0, 5), 16: (0, 4), 42: (0, 2), 47: (0, 0),
                 21: (0, 2), 35: (1, 4), 43: (0, 2), 61: (0, 0), 75: (0, 0), 33: (0, 2), 44: (0, 1),
                 45: (0, 0), 46: (0, 0), 27: (1, 1),
-                24: (0, 4), 25: (0, 3), 26: (0, 3), 65: (0, 0), 66: (0, 0)}  # the transaction coordinator
+                24: (0, 4), 25: (0, 3), 26: (0, 3), 65: (0, 0), 66: (0, 0),  # the transaction coordinator
+                17: (0, 1), 36: (0, 2)}  # SASL (Kafka 3.7.1's ranges)
     assert {k: (a.min_version, a.max_version) for k, a in apis_for(cluster=False).items()} == expected
     # A cluster member also serves the controller's requests (the versions Kafka 3.7's controller sends),
     # ControlledShutdown and AlterPartition (brokers to the controller).
