@@ -745,3 +745,12 @@ def test_a_dynamic_listener_update_on_a_broker_serving_ssl_checks_only_the_new_l
         check_listener_update({**current.values,
                                "listeners": "PLAINTEXT://127.0.0.1:9092,SSL://127.0.0.1:9093,NEW://127.0.0.1:9095",
                                "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SSL:SSL,NEW:SSL"}, current)
+
+
+@pytest.mark.parametrize("name", ["sasl.enabled.mechanisms", "sasl.jaas.config", "sasl.server.max.receive.size",
+                                  "connections.max.reauth.ms", "connection.failed.authentication.delay.ms"])
+def test_the_sasl_settings_sasl_listeners_read_are_documented_as_used(name):
+    from pykbroker.config import BROKER_CONFIGS
+
+    assert "no effect here" not in BROKER_CONFIGS[name].doc
+    assert "SASL" in BROKER_CONFIGS[name].doc
