@@ -238,4 +238,46 @@ def console(bootstrap: str, host: str, port: int, allow_writes: bool, allowed_ho
         pass
 
 
+@main.group()
+def scram() -> None:
+    """SCRAM credentials stored without a running broker (the first admin user)."""
+
+
+@scram.command("add")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="A single node's data dir (the broker must not be running; made if missing).")
+@click.option("--zookeeper", metavar="HOST:PORT[/chroot]", help="A cluster's ZooKeeper (brokers may be running).")
+@click.option("--broker-id", type=int, default=1, show_default=True,
+              help="The node id of a data dir that has none yet (as serve's --broker-id).")
+@click.argument("credentials", nargs=-1, required=True, metavar="CREDENTIAL")
+def scram_add(data_dir: Path | None, zookeeper: str | None, broker_id: int, credentials: tuple[str, ...]) -> None:
+    """Add or replace users' SCRAM credentials, as kafka-storage.sh format --add-scram reads them:
+    MECHANISM=[name=USER,password=PASSWORD] or MECHANISM=[name=USER,iterations=N,salt=B64,saltedpassword=B64]
+    (MECHANISM: SCRAM-SHA-256 or SCRAM-SHA-512). The user's other configs (quotas) are kept."""
+    from pykbroker.security.credentials import parse_add_scram
+    from pykbroker.security.scram_bootstrap import BootstrapError, add_to_data_dir, add_to_zookeeper
+
+    if (data_dir is None) == (zookeeper is None):
+        raise click.UsageError("give exactly one of --data-dir (a single node) or --zookeeper (a cluster)")
+    entries = []
+    for argument in credentials:
+        try:
+            entries.append(parse_add_scram(argument))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="CREDENTIALS") from None
+    try:
+        if data_dir is not None:
+            add_to_data_dir(data_dir, entries, broker_id)
+        else:
+            import asyncio
+
+            asyncio.run(add_to_zookeeper(zookeeper, entries))
+    except BootstrapError as exc:
+        raise click.ClickException(str(exc)) from None
+    where = f"data dir {data_dir}" if data_dir is not None else f"ZooKeeper {zookeeper}"
+    for user, mechanism, credential in entries:
+        click.echo(f"Stored the {mechanism.name} credential of user {user!r} "
+                   f"({credential.iterations} iterations) in {where}.")
+
+
 ctl.register(main, cluster)  # the client commands: topic, produce, consume, group, cluster info (pykbroker.ctl)

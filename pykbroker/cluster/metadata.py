@@ -16,6 +16,13 @@ Dynamic broker configs (AlterConfigs on a BROKER resource) are kept per entity, 
 store them (here in the journal, in ZooKeeper under /config/brokers/<entity>) and tell the broker config
 listeners; cluster/dynamic_configs.py turns them into the broker's effective configuration.
 
+Client entity configs (Kafka's ``/config/users/<user>``, ``/config/users/<user>/clients/<client>``,
+``/config/clients/<client>``, ``/config/ips/<ip>``: SCRAM credentials and client quotas) are kept by entity
+path, the sanitized path under /config (``users/alice``, ``users/<default>/clients/app``); both backends store
+them (here in the journal, in ZooKeeper under /config with change notifications) and tell the listeners of
+``add_client_entity_listener``, which pykbroker/security/client_entities.py feeds to the SCRAM credential
+cache and the client quotas.
+
 Changes are applied in memory at once (so the next request sees them) and journalled; ``commit`` returns
 a future that completes when they are durable, which CreateTopics and friends await before answering.
 Topic names that differ only by '.' versus '_' collide (Kafka's rule: both map to the same metric
@@ -39,6 +46,15 @@ from pykbroker.protocol.errors import ErrorCode, KafkaError
 TOPIC_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_NAME_LENGTH = 249
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+# The entity types under /config that hold client entity configs (SCRAM credentials, client quotas).
+CLIENT_ENTITY_TYPES = ("users", "clients", "ips")
+
+
+def client_entity_type(entity_path: str) -> str | None:
+    """The entity type of a client entity path (``users/alice/clients/app`` -> "users"), None for another."""
+    kind, _, name = entity_path.partition("/")
+    return kind if kind in CLIENT_ENTITY_TYPES and name else None
+
 # Each internal topic's role in words and the broker config setting its replication factor.
 INTERNAL_TOPIC_ROLES = {
     "__consumer_offsets": ("the offsets topic", "offsets.topic.replication.factor"),
@@ -174,6 +190,11 @@ class ClusterMetadata(Protocol):
     async def set_broker_configs_async(self, entity: str, configs: dict[str, str], *,
                                        version: int | None = None) -> None: ...
     def add_broker_config_listener(self, callback: Callable[[str, dict[str, str]], None]) -> None: ...
+    # Client entity configs by entity path (users/<u>, users/<u>/clients/<c>, clients/<c>, ips/<ip>):
+    def client_entity_configs(self) -> dict[str, dict[str, str]]: ...
+    async def set_client_entity_configs_async(self, entity_path: str, configs: dict[str, str], *,
+                                              version: int | None = None) -> None: ...
+    def add_client_entity_listener(self, callback: Callable[[str, dict[str, str]], None]) -> None: ...
     def commit(self) -> Future: ...
 
 
@@ -244,6 +265,8 @@ class EmbeddedMetadata(TopicIndex):
         self._config_listeners: list[Callable[[str], None]] = []
         self._broker_configs: dict[str, dict[str, str]] = {}  # entity -> dynamic broker configs
         self._broker_config_listeners: list[Callable[[str, dict[str, str]], None]] = []
+        self._client_entities: dict[str, dict[str, str]] = {}  # entity path -> configs (users/alice, ...)
+        self._client_entity_listeners: list[Callable[[str, dict[str, str]], None]] = []
         self._endpoint = BrokerEndpoint(broker_id, host, port)
         super().__init__()
         self.cluster_id = self._load_meta_properties()
@@ -267,12 +290,18 @@ class EmbeddedMetadata(TopicIndex):
                 if record["op"] == "topic":
                     self._index(TopicInfo.from_json(record["topic"]))
                 elif record["op"] == "config":
-                    entity = record["entity"].partition("brokers/")[2]
+                    entity = record["entity"]
                     configs = {str(k): str(v) for k, v in record["config"].items()}
-                    if configs:
-                        self._broker_configs[entity] = configs
+                    if entity.startswith("brokers/"):
+                        store, entity = self._broker_configs, entity[len("brokers/"):]
+                    elif client_entity_type(entity) is not None:
+                        store = self._client_entities
                     else:
-                        self._broker_configs.pop(entity, None)
+                        raise ValueError(f"a config record of an unknown entity {entity!r}")
+                    if configs:
+                        store[entity] = configs
+                    else:
+                        store.pop(entity, None)
                 elif record["name"] in self._topics:
                     self._unindex(record["name"])
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -288,7 +317,8 @@ class EmbeddedMetadata(TopicIndex):
         """Make every change so far durable, off the event loop; the future completes when it is."""
         return self._log.commit(
             len(self._topics), lambda: [info.to_json() for info in self._topics.values()],
-            lambda: {f"brokers/{entity}": dict(configs) for entity, configs in self._broker_configs.items()},
+            lambda: {**{f"brokers/{entity}": dict(configs) for entity, configs in self._broker_configs.items()},
+                     **{path: dict(configs) for path, configs in self._client_entities.items()}},
         )
 
     def close(self) -> None:
@@ -350,6 +380,8 @@ class EmbeddedMetadata(TopicIndex):
         """The stored configs (this journal is the store: no version needed, nothing else writes it)."""
         if entity_type == "topics":
             return dict(self.topic_configs(name) or {}), None
+        if entity_type in CLIENT_ENTITY_TYPES:
+            return dict(self._client_entities.get(f"{entity_type}/{name}", {})), None
         return self.broker_configs(name), None
 
     async def set_topic_configs_async(self, name: str, configs: dict[str, str], *, version: int | None = None) -> None:
@@ -376,6 +408,27 @@ class EmbeddedMetadata(TopicIndex):
     def add_broker_config_listener(self, callback: Callable[[str, dict[str, str]], None]) -> None:
         """``callback(entity, configs)`` after an entity's dynamic broker configs changed."""
         self._broker_config_listeners.append(callback)
+
+    def client_entity_configs(self) -> dict[str, dict[str, str]]:
+        """Every client entity's configs by entity path (users/alice, clients/app, ...), as stored."""
+        return {path: dict(configs) for path, configs in self._client_entities.items()}
+
+    async def set_client_entity_configs_async(self, entity_path: str, configs: dict[str, str], *,
+                                              version: int | None = None) -> None:
+        """Replace a client entity's configs (empty: remove it), journal, tell the listeners."""
+        if client_entity_type(entity_path) is None:
+            raise ValueError(f"not a client entity path: {entity_path!r}")
+        if configs:
+            self._client_entities[entity_path] = dict(configs)
+        else:
+            self._client_entities.pop(entity_path, None)
+        self._log.append({"op": "config", "entity": entity_path, "config": dict(configs)})
+        for callback in list(self._client_entity_listeners):
+            callback(entity_path, dict(configs))
+
+    def add_client_entity_listener(self, callback: Callable[[str, dict[str, str]], None]) -> None:
+        """``callback(entity_path, configs)`` after a client entity's configs changed ({}: removed)."""
+        self._client_entity_listeners.append(callback)
 
     # -- the admin interface both backends share (see the module docstring) ---------------------------
     async def create_topic_async(self, name: str, partitions: int, replication_factor: int,

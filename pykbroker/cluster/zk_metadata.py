@@ -16,6 +16,10 @@ Kafka's ZkMetadataCache, rule for rule where it matters to clients:
 - Dynamic broker configs: ``/config/brokers/<default>`` and ``/config/brokers/<this broker's id>`` are read
   at ``start`` (before the broker registers, so before any LeaderAndIsr) and re-read when a notification
   names ``brokers/<default>`` or ``brokers/<id>``; broker config listeners are told after each read.
+- Client entity configs (SCRAM credentials and client quotas: ``/config/users/<u>``,
+  ``/config/users/<u>/clients/<c>``, ``/config/clients/<c>``, ``/config/ips/<ip>``): every one is read at
+  ``start`` and re-read when a notification names it (``users/alice/clients/app``); client entity listeners
+  are told after each read ({} for an entity that is gone). Reads carry generations as topic configs do.
 - AlterConfigs writes go through the broker that got the request, as Kafka's ZkAdminManager: the config
   znode, then a change notification (AdminZkClient.changeEntityConfig); that broker applies the change
   to its own cache at once (its next DescribeConfigs shows it), the others when they see the notification.
@@ -52,6 +56,7 @@ Not done: rack-aware placement (racks are carried in endpoints but placement ign
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import logging
@@ -68,6 +73,7 @@ from pykbroker.cluster.metadata import (
     StaleConfigVersion,
     TopicIndex,
     TopicInfo,
+    client_entity_type,
     collision_key,
 )
 from pykbroker.cluster.zookeeper import (
@@ -175,25 +181,32 @@ class ZkMetadata(TopicIndex):
         self._broker_configs: dict[str, dict[str, str]] = {}  # DEFAULT_BROKER_ENTITY / own id -> configs
         self._broker_config_generation: dict[str, int] = {}
         self._broker_config_listeners: list[Callable[[str, dict[str, str]], None]] = []
+        self._client_entities: dict[str, dict[str, str]] = {}  # entity path -> configs (users/alice, ...)
+        self._client_entity_generation: dict[str, int] = {}
+        self._client_entity_listeners: list[Callable[[str, dict[str, str]], None]] = []
         self._waiters: list[tuple[Callable[[], bool], asyncio.Future]] = []
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Read the dynamic broker configs, then watch ``/config/changes`` (the watch fires once at once:
+        """Read the dynamic broker configs and the client entity configs, then watch ``/config/changes`` (the watch fires once at once:
         notifications present now are processed). A failed read is retried (backoff 0.1 s doubling up to
         5 s) for ``start_timeout_s``; then MetadataStartError: a broker must not run without the dynamic
         configs the cluster set for it (a lowered retention, a throttle)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.start_timeout_s
-        for entity in self._broker_entities():
+        reads = [(functools.partial(self._load_broker_config, entity),
+                  f"the dynamic broker configs /config/brokers/{entity}") for entity in self._broker_entities()]
+        reads.append((self._load_client_entities,
+                      "the client entity configs (SCRAM credentials, client quotas) under /config"))
+        for read, what in reads:
             backoff = 0.1
-            while not await self._load_broker_config(entity):
+            while not await read():
                 if loop.time() + backoff > deadline:
                     raise MetadataStartError(
-                        f"Cannot read the dynamic broker configs /config/brokers/{entity} from ZooKeeper "
-                        f"within {self.start_timeout_s:g} s (see the warnings above); not starting without them."
+                        f"Cannot read {what} from ZooKeeper within {self.start_timeout_s:g} s (see the warnings "
+                        f"above); not starting without them."
                     )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -434,6 +447,8 @@ class ZkMetadata(TopicIndex):
                 await self._load_config(name)
             elif entity_type == "brokers" and name in self._broker_entities():
                 await self._load_broker_config(name)
+            elif client_entity_type(f"{entity_type}/{name}") is not None:
+                await self._load_client_entity(f"{entity_type}/{name}")
 
     # -- dynamic broker configs -------------------------------------------------------------------
     def _broker_entities(self) -> tuple[str, str]:
@@ -450,20 +465,74 @@ class ZkMetadata(TopicIndex):
     async def _load_broker_config(self, entity: str) -> bool:
         """Read /config/brokers/<entity> and apply it (unless a newer read or write started meanwhile);
         False if ZooKeeper could not be read (reported; the configs known are kept)."""
-        generation = self._broker_config_generation[entity] = next(self._generations)
+        return await self._read_entity_config(self._broker_config_generation, entity, f"brokers/{entity}",
+                                              self._apply_broker_configs)
+
+    async def _read_entity_config(self, generations: dict[str, int], key: str, entity_path: str,
+                                  apply: Callable[[str, dict[str, str]], None]) -> bool:
+        """Read /config/<entity_path> and ``apply(key, configs)`` unless a newer read or write of ``key`` started
+        meanwhile (``generations``); False if ZooKeeper could not be read (reported; what is known is kept)."""
+        generation = generations[key] = next(self._generations)
+        entity_type, _, name = entity_path.partition("/")
         try:
-            configs = await self.zk.get_entity_config("brokers", entity)
+            configs = await self.zk.get_entity_config(entity_type, name)
         except Exception as exc:  # noqa: BLE001 - a ZooKeeper failure keeps the configs known and is reported
-            log.warning("cannot read the dynamic configs of broker entity %s from ZooKeeper: %r", entity, exc)
+            log.warning("cannot read the configs of %s from ZooKeeper: %r", entity_path, exc)
             return False
-        if self._broker_config_generation.get(entity) == generation:
-            self._apply_broker_configs(entity, configs)
+        if generations.get(key) == generation:
+            apply(key, configs)
         return True
 
     def _apply_broker_configs(self, entity: str, configs: dict[str, str]) -> None:
         self._broker_configs[entity] = dict(configs)
         for callback in list(self._broker_config_listeners):
             callback(entity, dict(configs))
+
+    # -- client entity configs (SCRAM credentials, client quotas) ----------------------------------
+    def client_entity_configs(self) -> dict[str, dict[str, str]]:
+        """Every client entity's configs by entity path, as last read (entities with no configs left out)."""
+        return {path: dict(configs) for path, configs in self._client_entities.items()}
+
+    def add_client_entity_listener(self, callback: Callable[[str, dict[str, str]], None]) -> None:
+        """``callback(entity_path, configs)`` after a client entity's configs were read ({}: none, or gone)."""
+        self._client_entity_listeners.append(callback)
+
+    async def _load_client_entities(self) -> bool:
+        """Read every client entity under /config (at start); False if ZooKeeper could not be read."""
+        try:
+            paths = await self.zk.client_entity_paths()
+        except Exception as exc:  # noqa: BLE001 - reported; start retries
+            log.warning("cannot list the client entity configs under /config in ZooKeeper: %r", exc)
+            return False
+        for path in paths:
+            if not await self._load_client_entity(path):
+                return False
+        return True
+
+    async def _load_client_entity(self, entity_path: str) -> bool:
+        return await self._read_entity_config(self._client_entity_generation, entity_path, entity_path,
+                                              self._apply_client_entity)
+
+    def _apply_client_entity(self, entity_path: str, configs: dict[str, str]) -> None:
+        if configs:
+            self._client_entities[entity_path] = dict(configs)
+        elif self._client_entities.pop(entity_path, None) is None:
+            return  # nothing known, nothing to tell (a parent znode made on the way, or an unchanged absence)
+        for callback in list(self._client_entity_listeners):
+            callback(entity_path, dict(configs))
+
+    async def set_client_entity_configs_async(self, entity_path: str, configs: dict[str, str], *,
+                                              version: int | None = None) -> None:
+        """Write ``/config/<entity_path>`` and its change notification (conditional on ``version`` as
+        ``read_entity_configs_async`` gave it, StaleConfigVersion if it changed), then apply it here at once."""
+        kind, _, name = entity_path.partition("/")
+        if client_entity_type(entity_path) is None:
+            raise ValueError(f"not a client entity path: {entity_path!r}")
+        generation = self._client_entity_generation.get(entity_path)
+        await self._write_entity_config(kind, name, configs, version)
+        if self._client_entity_generation.get(entity_path) == generation:
+            self._client_entity_generation[entity_path] = next(self._generations)
+            self._apply_client_entity(entity_path, configs)
 
     async def read_entity_configs_async(self, entity_type: str, name: str) -> tuple[dict[str, str], int]:
         """``/config/<entity_type>/<name>`` as ZooKeeper has it now, and its zkVersion (-1: no znode)."""

@@ -945,6 +945,17 @@ class KafkaZkClient:
         )
         return created.rsplit("/", 1)[1]
 
+    async def client_entity_paths(self) -> list[str]:
+        """Every client entity under /config: ``users/<u>``, ``users/<u>/clients/<c>``, ``clients/<c>``,
+        ``ips/<ip>`` (the names sanitized, as stored; a user znode made only as a parent is listed too)."""
+        paths: list[str] = []
+        for user in await self.children(f"{CONFIG_PATH}/users"):
+            paths.append(f"users/{user}")
+            paths.extend(f"users/{user}/clients/{c}" for c in await self.children(f"{CONFIG_PATH}/users/{user}/clients"))
+        for kind in ("clients", "ips"):
+            paths.extend(f"{kind}/{name}" for name in await self.children(f"{CONFIG_PATH}/{kind}"))
+        return paths
+
     async def delete_config_change(self, child: str) -> None:
         """Delete the config change notification ``child`` (already gone: fine, another broker purged it)."""
         try:

@@ -39,6 +39,7 @@ from pykbroker.protocol.errors import ErrorCode
 UNSUPPORTED_SASL_MECHANISM = ErrorCode.unsupported_sasl_mechanism
 RESOURCE_NOT_FOUND = ErrorCode.resource_not_found
 UNACCEPTABLE_CREDENTIAL = ErrorCode.unacceptable_credential
+USERNAME_MUST_NOT_BE_EMPTY = "Username must not be empty"
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,11 @@ def secure_random_string() -> str:
 
 def credential_from_salted_password(mechanism: ScramMechanism, salt: bytes, salted: bytes,
                                     iterations: int) -> ScramCredential:
-    """ScramFormatter.generateCredential(salt, saltedPassword, iterations): the KIP-554 upsertion path."""
+    """ScramFormatter.generateCredential(salt, saltedPassword, iterations): the KIP-554 upsertion path.
+    An empty salted password is refused as Java's HMAC key refuses it (ValueError "Empty key"); an empty salt
+    is taken, as Kafka takes it."""
+    if not salted:
+        raise ValueError("Empty key")
     return ScramCredential(bytes(salt), stored_key(mechanism, client_key(mechanism, salted)),
                            server_key(mechanism, salted), int(iterations))
 
@@ -278,9 +283,11 @@ def parse_add_scram(arg: str) -> tuple[str, ScramMechanism, ScramCredential]:
 
 
 def validate_upsertion(user: str, mechanism_type: int, iterations: int) -> tuple[int, str] | None:
-    """ZkAdminManager.alterUserScramCredentials' checks of one upsertion: (error code, message) or None."""
+    """ZkAdminManager.alterUserScramCredentials' checks of one upsertion: (error code, message) or None.
+    Kafka 3.7.1 answers UNACCEPTABLE_CREDENTIAL for an empty user name in AlterUserScramCredentials (every
+    message but "Unknown SCRAM mechanism" gets that code); DescribeUserScramCredentials, RESOURCE_NOT_FOUND."""
     if not user:
-        return RESOURCE_NOT_FOUND, "Username must not be empty"
+        return UNACCEPTABLE_CREDENTIAL, USERNAME_MUST_NOT_BE_EMPTY
     mech = mechanism_for_type(mechanism_type)
     if mech is None:
         return UNSUPPORTED_SASL_MECHANISM, "Unknown SCRAM mechanism"
@@ -294,7 +301,7 @@ def validate_upsertion(user: str, mechanism_type: int, iterations: int) -> tuple
 def validate_deletion(user: str, mechanism_type: int) -> tuple[int, str] | None:
     """The same for one deletion."""
     if not user:
-        return RESOURCE_NOT_FOUND, "Username must not be empty"
+        return UNACCEPTABLE_CREDENTIAL, USERNAME_MUST_NOT_BE_EMPTY
     if mechanism_for_type(mechanism_type) is None:
         return UNSUPPORTED_SASL_MECHANISM, "Unknown SCRAM mechanism"
     return None

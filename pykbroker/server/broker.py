@@ -70,6 +70,7 @@ from pykbroker.metrics.stats import BrokerStats
 from pykbroker.protocol import records
 from pykbroker.protocol.apis import apis_for
 from pykbroker.replication.replica_manager import ReplicaManager
+from pykbroker.security import client_entities
 from pykbroker.security.authorizer import AclAuthorizer
 from pykbroker.security.credentials import ScramCredentialCache
 from pykbroker.security.quotas import ClientQuotas
@@ -218,6 +219,7 @@ class Broker:
         self.scram_credentials = ScramCredentialCache()
         self.quotas = ClientQuotas.from_config(config.get)
         self.authorizer: AclAuthorizer | None = None
+        client_entities.follow(self.metadata, self.scram_credentials, self.quotas)
         self.connections: set[KafkaConnection] = set()
         self._connections_per_host: Counter[str] = Counter()
         self.request_memory = RequestMemory(int(config.get("queued.max.request.bytes")))

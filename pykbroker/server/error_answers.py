@@ -24,7 +24,7 @@ import types
 import typing
 import uuid
 from functools import lru_cache
-from typing import Any
+from typing import Any, Callable
 
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import CloseConnection
@@ -207,6 +207,16 @@ def has_illegal_null(entity: Any) -> bool:
     return False
 
 
+# api key -> builder(request, code) of that API's answer where the schema cannot pair it (a handler registers it)
+_BUILDERS: dict[int, Callable[[Any, ErrorCode], Any]] = {}
+
+
+def register_error_answer(api_key: int, builder: Callable[[Any, ErrorCode], Any]) -> None:
+    """For an API whose error answer cannot be built from the schemas (AlterUserScramCredentials: one result per
+    user named by either of two request arrays)."""
+    _BUILDERS[api_key] = builder
+
+
 def error_response(request) -> tuple[Any, ErrorCode]:
     """(the answer to ``request``, whose handler raised, and the error code chosen)."""
     body = request.body
@@ -214,4 +224,6 @@ def error_response(request) -> tuple[Any, ErrorCode]:
     if request.api_key == PRODUCE_KEY and getattr(body, "acks", None) == 0:
         # No answer is read for acks=0: Kafka closes the connection so that the producer notices.
         return CloseConnection(f"acks=0 produce failed: {code.name}"), code
+    if request.api_key in _BUILDERS:
+        return _BUILDERS[request.api_key](request, code), code
     return build(request.codec.response_type, body, code), code

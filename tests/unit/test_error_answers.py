@@ -20,10 +20,11 @@ from kio.serial import entity_reader
 from pykbroker.protocol.apis import codec_for
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.protocol.framing import Request, encode_response
-from pykbroker.server.dispatch import CloseConnection
+from pykbroker.server.dispatch import CloseConnection, load_handlers
 from pykbroker.server.error_answers import build, error_response, has_illegal_null
 
 SUPPORT = Path(__file__).resolve().parents[2] / "protocol_specs" / "api_support.json"
+load_handlers()  # as the broker at start: a handler may register its API's error answer (error_answers.py)
 ADVERTISED = [
     (api["key"], version)
     for api in json.loads(SUPPORT.read_text())["apis"]

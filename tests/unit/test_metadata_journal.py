@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -218,3 +219,52 @@ def test_changes_still_not_durable_at_close_are_reported_as_lost(tmp_path, monke
         store.close()
     lost = [r for r in caplog.records if r.levelno == logging.ERROR and "lost" in r.getMessage()]
     assert len(lost) == 1 and JOURNAL_FILE in lost[0].getMessage()
+
+
+def test_client_entity_configs_are_journalled_snapshotted_and_told(tmp_path, monkeypatch):
+    """users/<u>, users/<u>/clients/<c>, clients/<c> and ips/<ip> configs (SCRAM credentials, quotas) survive
+    restarts through the journal and the snapshot; listeners hear each change, {} for a removal."""
+    monkeypatch.setattr(metadata_log, "SNAPSHOT_MIN_RECORDS", 10)
+    store = open_store(tmp_path)
+    heard = []
+    store.add_client_entity_listener(lambda path, configs: heard.append((path, configs)))
+    run = lambda coro: asyncio.run(coro)  # noqa: E731
+    run(store.set_client_entity_configs_async("users/alice", {"producer_byte_rate": "1024"}))
+    run(store.set_client_entity_configs_async("users/%3Cdefault%3E/clients/app", {"consumer_byte_rate": "5"}))
+    run(store.set_client_entity_configs_async("clients/<default>", {"request_percentage": "50.0"}))
+    run(store.set_client_entity_configs_async("ips/127.0.0.1", {"connection_creation_rate": "3"}))
+    run(store.set_broker_configs_async("<default>", {"log.retention.ms": "1000"}))
+    assert heard[0] == ("users/alice", {"producer_byte_rate": "1024"})
+    store.commit().result(10)
+    store.close()
+    expected = {"users/alice": {"producer_byte_rate": "1024"},
+                "users/%3Cdefault%3E/clients/app": {"consumer_byte_rate": "5"},
+                "clients/<default>": {"request_percentage": "50.0"},
+                "ips/127.0.0.1": {"connection_creation_rate": "3"}}
+    reopened = open_store(tmp_path)  # from the journal
+    assert reopened.client_entity_configs() == expected
+    assert reopened.broker_configs("<default>") == {"log.retention.ms": "1000"}  # not taken for a client entity
+    assert run(reopened.read_entity_configs_async("users", "alice")) == ({"producer_byte_rate": "1024"}, None)
+    run(reopened.set_client_entity_configs_async("users/alice", {}))
+    for i in range(30):  # past the snapshot threshold
+        run(reopened.set_client_entity_configs_async("clients/app", {"producer_byte_rate": str(i)}))
+        reopened.commit()
+    reopened.commit().result(10)
+    reopened.close()
+    assert (tmp_path / SNAPSHOT_FILE).exists()
+    again = open_store(tmp_path)  # from the snapshot
+    del expected["users/alice"]
+    assert again.client_entity_configs() == {**expected, "clients/app": {"producer_byte_rate": "29"}}
+    with pytest.raises(ValueError):
+        run(again.set_client_entity_configs_async("topics/x", {"a": "b"}))
+    again.close()
+
+
+def test_a_config_record_of_an_unknown_entity_refuses_to_load(tmp_path):
+    store = open_store(tmp_path)
+    store.commit().result(10)
+    store.close()
+    with open(tmp_path / JOURNAL_FILE, "ab") as f:
+        f.write(encode_record({"op": "config", "entity": "groups/g", "config": {"a": "b"}}))
+    with pytest.raises(CorruptFile):
+        open_store(tmp_path)

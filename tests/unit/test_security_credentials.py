@@ -140,14 +140,14 @@ def test_sanitize_is_kafkas_sanitizer(user, znode):
 
 
 def test_upsertion_rules_are_zk_admin_managers():
-    assert cred.validate_upsertion("", 1, 4096) == (91, "Username must not be empty")
+    assert cred.validate_upsertion("", 1, 4096) == (93, "Username must not be empty")  # Kafka 3.7.1 (ZooKeeper mode)
     assert cred.validate_upsertion("u", 0, 4096) == (33, "Unknown SCRAM mechanism")
     assert cred.validate_upsertion("u", 3, 4096) == (33, "Unknown SCRAM mechanism")
     assert cred.validate_upsertion("u", 1, 4095) == (93, "Too few iterations")
     assert cred.validate_upsertion("u", 2, 16385) == (93, "Too many iterations")
     assert cred.validate_upsertion("u", 2, 16384) is None
     assert cred.validate_deletion("u", 9) == (33, "Unknown SCRAM mechanism")
-    assert cred.validate_deletion("", 1) == (91, "Username must not be empty")
+    assert cred.validate_deletion("", 1) == (93, "Username must not be empty")
     assert cred.mechanism_for_type(1) is SCRAM_SHA_256 and cred.mechanism_for_type(2) is SCRAM_SHA_512
 
 
@@ -211,3 +211,11 @@ def test_add_scram_errors(spec, message):
     with pytest.raises(ValueError) as e:
         cred.parse_add_scram(spec)
     assert message in str(e.value)
+
+
+def test_an_empty_salted_password_is_refused_and_an_empty_salt_taken_as_kafka_does():
+    """Kafka 3.7.1's ScramFormatter keys an HMAC with the salted password: Java refuses an empty key (the
+    upsertion fails with UNKNOWN_SERVER_ERROR); an empty salt makes a credential."""
+    with pytest.raises(ValueError, match="Empty key"):
+        cred.credential_from_salted_password(SCRAM_SHA_256, b"salt", b"", 4096)
+    assert cred.credential_from_salted_password(SCRAM_SHA_256, b"", b"x", 4096).salt == b""

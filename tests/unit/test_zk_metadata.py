@@ -367,6 +367,9 @@ class WritingZk(FakeZk):
     async def set_topic_config(self, name, config):
         await self.set_entity_config("topics", name, config)
 
+    async def client_entity_paths(self):
+        return []
+
     async def get_entity_config(self, entity_type, name):
         if self.failures:
             self.failures -= 1

@@ -1,0 +1,128 @@
+"""Client entity configs (SCRAM credentials and client quotas) in ZooKeeper, as Kafka 3.7.1 keeps them:
+read by ZkMetadata at start and on change notifications, fed to the broker's ScramCredentialCache and
+ClientQuotas (security/client_entities.py). Kafka's own kafka-configs.sh --zookeeper writes them where it can
+run (its ZooKeeper path is how ZooKeeper-mode clusters bootstrap SCRAM users), against a real ZooKeeper."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("kazoo", reason="kazoo is not installed (pip install kazoo, or the project's test extra)")
+
+import broker_cluster  # noqa: F401 - puts tests/integration (kafka_tools) on sys.path
+from pykbroker.cluster.zk_metadata import ZkMetadata
+from pykbroker.cluster.zookeeper import KafkaZkClient
+from pykbroker.security import client_entities
+from pykbroker.security.credentials import ScramCredentialCache, generate_credential, user_config_with
+from pykbroker.security.quotas import ClientQuotas, QuotaEntity
+from cluster_helpers import wait_for
+
+
+class Follower:
+    """A started ZkMetadata whose client entities feed a credential cache and client quotas (a broker's part)."""
+
+    def __init__(self, zk_connect: str) -> None:
+        self.zk = KafkaZkClient(zk_connect, session_timeout_ms=6000)
+        self.metadata = ZkMetadata(self.zk, 1, "cid", inter_broker_listener="PLAINTEXT")
+        self.credentials, self.quotas = ScramCredentialCache(), ClientQuotas()
+        client_entities.follow(self.metadata, self.credentials, self.quotas)
+
+    async def __aenter__(self) -> "Follower":
+        await self.zk.start()
+        await self.metadata.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.metadata.close()
+        await self.zk.close()
+
+
+def scram_config(user_config: dict, password: str) -> dict:
+    return user_config_with(user_config, "SCRAM-SHA-256", generate_credential("SCRAM-SHA-256", password))
+
+
+def test_client_entities_are_read_at_start_and_followed_through_change_notifications(zk_connect, run_async):
+    async def main():
+        writer = KafkaZkClient(zk_connect, session_timeout_ms=6000)
+        await writer.start()
+        # Before the broker starts: a user with a credential and a quota, a user+client quota, a client default.
+        await writer.set_entity_config("users", "alice", scram_config({"producer_byte_rate": "1024"}, "pw"))
+        await writer.set_entity_config("users", "alice/clients/app", {"consumer_byte_rate": "2048"})
+        await writer.set_entity_config("clients", "<default>", {"request_percentage": "50.0"})
+        broker = Follower(zk_connect)
+        heard = []
+        broker.metadata.add_client_entity_listener(lambda path, configs: heard.append(path))
+        try:
+            async with broker:
+                credentials, quotas, metadata = broker.credentials, broker.quotas, broker.metadata
+                assert set(metadata.client_entity_configs()) == {"users/alice", "users/alice/clients/app",
+                                                                 "clients/<default>"}
+                assert credentials.get("SCRAM-SHA-256", "alice") is not None
+                assert quotas.entity_config(QuotaEntity("alice", None)) == {"producer_byte_rate": "1024"}
+                assert quotas.entity_config(QuotaEntity("alice", "app")) == {"consumer_byte_rate": "2048"}
+                # Written by another broker (or Kafka's tool) while running: the notification brings it here.
+                await writer.set_entity_config("users", "bob%40example.com", scram_config({}, "pw2"))
+                await wait_for(lambda: credentials.get("SCRAM-SHA-256", "bob@example.com") is not None,
+                               what="bob's credential from the change notification")
+                await writer.set_entity_config("users", "alice", {})  # credential and quota removed
+                await wait_for(lambda: credentials.get("SCRAM-SHA-256", "alice") is None, what="alice's removal")
+                assert quotas.entity_config(QuotaEntity("alice", None)) == {}
+                # Written through this broker: applied at once, written conditionally on the version read.
+                _, version = await metadata.read_entity_configs_async("clients", "app")
+                assert version == -1
+                await metadata.set_client_entity_configs_async("clients/app", {"producer_byte_rate": "10"},
+                                                               version=version)
+                assert quotas.entity_config(QuotaEntity(None, "app")) == {"producer_byte_rate": "10"}
+                assert (await writer.get_entity_config("clients", "app")) == {"producer_byte_rate": "10"}
+                assert "clients/app" in heard
+        finally:
+            await writer.close()
+
+    run_async(main(), timeout=60)
+
+
+def test_an_unreadable_credential_keeps_the_known_one_and_names_no_secret(zk_connect, run_async, caplog):
+    async def main():
+        writer = KafkaZkClient(zk_connect, session_timeout_ms=6000)
+        await writer.start()
+        await writer.set_entity_config("users", "carol", scram_config({}, "pw"))
+        try:
+            async with Follower(zk_connect) as broker:
+                known = broker.credentials.get("SCRAM-SHA-256", "carol")
+                assert known is not None
+                await writer.set_entity_config("users", "carol", {"SCRAM-SHA-256": "salt=secret-looking,garbage"})
+                await wait_for(lambda: "carol" in caplog.text, what="the warning about carol's credential")
+                assert broker.credentials.get("SCRAM-SHA-256", "carol") == known
+                assert "secret-looking" not in caplog.text
+        finally:
+            await writer.close()
+
+    run_async(main(), timeout=60)
+
+
+def test_kafkas_own_tool_bootstraps_a_scram_user_in_zookeeper_and_the_broker_checks_its_password(zk_connect, run_async):
+    """kafka-configs.sh --zookeeper (Kafka 3.7.1's way to add the first SCRAM users of a ZooKeeper-mode cluster)
+    writes /config/users/<user> and a change notification; a running broker takes the credential."""
+    from kafka_tools import kafka_tools_or_skip
+    from pykbroker.security.credentials import client_key, salted_password, scram_mechanism, stored_key
+
+    tools = kafka_tools_or_skip()
+
+    async def main():
+        async with Follower(zk_connect) as broker:
+            await asyncio.to_thread(
+                tools.run, "kafka-configs.sh", "--zookeeper", zk_connect, "--alter", "--entity-type", "users",
+                "--entity-name", "alice", "--add-config",
+                "SCRAM-SHA-256=[iterations=8192,password=alice-secret],SCRAM-SHA-512=[password=alice-secret]")
+            await wait_for(lambda: broker.credentials.get("SCRAM-SHA-512", "alice") is not None,
+                           what="alice's credentials")
+            for name, iterations in (("SCRAM-SHA-256", 8192), ("SCRAM-SHA-512", 4096)):
+                credential = broker.credentials.get(name, "alice")
+                mechanism = scram_mechanism(name)
+                salted = salted_password(mechanism, "alice-secret", credential.salt, credential.iterations)
+                assert credential.iterations == iterations
+                assert stored_key(mechanism, client_key(mechanism, salted)) == credential.stored_key
+
+    run_async(main(), timeout=200)
