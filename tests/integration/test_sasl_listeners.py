@@ -46,6 +46,7 @@ TIMEOUT_S = 60.0
 DELAY_MS = 1000  # connection.failed.authentication.delay.ms of the module's broker
 REAUTH_MS = 2000  # connections.max.reauth.ms of its REAUTH listener (PLAIN)
 USERS = {"alice": "alice-s3cret-pw", "bob": "bob-s3cret-pw"}
+SCRAM_USERS = {"sam": "sam-scr4m-pw", "sue": "sue-scr4m-pw"}  # given credentials by scram_users
 PLAIN_JAAS = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
               + " ".join(f'user_{user}="{password}"' for user, password in USERS.items()) + ";")
 OAUTH_JAAS = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;"
@@ -70,7 +71,7 @@ def sasl_broker(tmp_path_factory, pki):
                      f"SASL_SSL://127.0.0.1:{sasl_ssl},REAUTH://127.0.0.1:{reauth}",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL,"
                                           "REAUTH:SASL_PLAINTEXT",
-        "sasl.enabled.mechanisms": "PLAIN,OAUTHBEARER,SCRAM-SHA-256",
+        "sasl.enabled.mechanisms": "PLAIN,OAUTHBEARER,SCRAM-SHA-256,SCRAM-SHA-512",
         "ssl.keystore.type": "PEM",
         "ssl.keystore.location": pki.broker_pem_file,
         "connection.failed.authentication.delay.ms": DELAY_MS,
@@ -84,6 +85,7 @@ def sasl_broker(tmp_path_factory, pki):
         config[f"listener.name.{listener}.plain.sasl.jaas.config"] = PLAIN_JAAS
         config[f"listener.name.{listener}.oauthbearer.sasl.jaas.config"] = OAUTH_JAAS
         config[f"listener.name.{listener}.scram-sha-256.sasl.jaas.config"] = SCRAM_JAAS
+        config[f"listener.name.{listener}.scram-sha-512.sasl.jaas.config"] = SCRAM_JAAS
     broker = BrokerProcess(tmp_path_factory.mktemp("sasl-broker"), config=config, port=plain)
     broker.sasl_port, broker.sasl_ssl_port, broker.reauth_port = sasl, sasl_ssl, reauth
     broker.start()
@@ -92,7 +94,7 @@ def sasl_broker(tmp_path_factory, pki):
     finally:
         broker.close()
         log = broker.log_path.read_text(errors="replace")
-        for secret in USERS.values():  # no password in any line, at debug level, after everything these tests did
+        for secret in [*USERS.values(), *SCRAM_USERS.values()]:  # no password in any line, at debug level
             assert secret not in log
 
 
@@ -329,7 +331,7 @@ def test_plain_login_then_requests_are_served_as_the_principal(sasl_broker):
     assert {17, 36} <= {api.api_key for api in versions.api_keys}
     handshake = wire.ask(SaslHandshakeRequest(mechanism="PLAIN"))
     assert handshake.error_code == ErrorCode.none
-    assert list(handshake.mechanisms) == ["PLAIN", "OAUTHBEARER", "SCRAM-SHA-256"]
+    assert list(handshake.mechanisms) == ["PLAIN", "OAUTHBEARER", "SCRAM-SHA-256", "SCRAM-SHA-512"]
     answer = wire.ask(SaslAuthenticateRequest(auth_bytes=b"\0alice\0" + USERS["alice"].encode()))
     assert answer.error_code == ErrorCode.none and answer.error_message is None
     assert answer.session_lifetime.total_seconds() == 0  # connections.max.reauth.ms unset: no session lifetime
@@ -367,7 +369,7 @@ def test_unknown_mechanism_gets_unsupported_sasl_mechanism_with_the_enabled_list
     wire = Wire(sasl_broker.sasl_port)
     answer = wire.ask(SaslHandshakeRequest(mechanism="GSSAPI"))
     assert answer.error_code == ErrorCode.unsupported_sasl_mechanism
-    assert list(answer.mechanisms) == ["PLAIN", "OAUTHBEARER", "SCRAM-SHA-256"]
+    assert list(answer.mechanisms) == ["PLAIN", "OAUTHBEARER", "SCRAM-SHA-256", "SCRAM-SHA-512"]
     assert wire.closed()
     assert _log_lines(sasl_broker, "failed authentication with", "Unsupported SASL mechanism GSSAPI")
 
@@ -527,3 +529,107 @@ def test_a_sasl_listener_kafka_would_refuse_stops_the_start(tmp_path, settings, 
                    *settings, data_dir=data_dir)
     assert_one_line_failure(result, "SASL_PLAINTEXT", *words)
     assert not data_dir.exists()
+
+
+# -- SCRAM, with credentials stored through AlterUserScramCredentials ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def scram_users(sasl_broker):
+    """sam has SCRAM-SHA-256 credentials, sue SCRAM-SHA-512 ones, stored with confluent-kafka's admin client
+    (AlterUserScramCredentials) through the PLAINTEXT listener; the broker's SASL listeners see them at once."""
+    from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+
+    admin = AdminClient({"bootstrap.servers": sasl_broker.bootstrap})
+    upsertions = [
+        UserScramCredentialUpsertion("sam", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), SCRAM_USERS["sam"].encode()),
+        UserScramCredentialUpsertion("sue", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192), SCRAM_USERS["sue"].encode()),
+    ]
+    for future in admin.alter_user_scram_credentials(upsertions).values():
+        future.result(timeout=TIMEOUT_S)
+    return SCRAM_USERS
+
+
+def _scram(user: str, mechanism: str, protocol: str = "SASL_PLAINTEXT", password: str | None = None) -> dict:
+    return {"security.protocol": protocol, "sasl.mechanism": mechanism, "sasl.username": user,
+            "sasl.password": SCRAM_USERS[user] if password is None else password}
+
+
+def test_confluent_kafka_scram_sha_256_and_512(sasl_broker, scram_users, pki):
+    assert _round_trip_confluent(f"127.0.0.1:{sasl_broker.sasl_port}", _scram("sam", "SCRAM-SHA-256")) == EXPECTED
+    over_tls = {**_scram("sue", "SCRAM-SHA-512", "SASL_SSL"), "ssl.ca.location": pki.ca_file}
+    assert _round_trip_confluent(f"127.0.0.1:{sasl_broker.sasl_ssl_port}", over_tls) == EXPECTED
+    assert _log_lines(sasl_broker, "principal User:sue", "on listener SASL_SSL")
+
+
+def test_kafka_python_and_java_client_scram(sasl_broker, scram_users, tmp_path):
+    kafka = pytest.importorskip("kafka")
+    topic = _topic()
+    settings = {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-512",
+                "sasl_plain_username": "sue", "sasl_plain_password": SCRAM_USERS["sue"]}
+    producer = kafka.KafkaProducer(bootstrap_servers=f"127.0.0.1:{sasl_broker.sasl_port}", **settings)
+    producer.send(topic, b"kp-scram").get(timeout=TIMEOUT_S)
+    producer.close()
+    from test_transactions_clients import java_client_or_skip
+
+    java, lib = java_client_or_skip()
+    done = subprocess.run(
+        [java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", f"{lib}/*",
+         str(JAVA_DIR / "SaslClient.java"), f"127.0.0.1:{sasl_broker.sasl_port}", _topic(), "2",
+         "security.protocol=SASL_PLAINTEXT", "sasl.mechanism=SCRAM-SHA-256",
+         "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+         f'username="sam" password="{SCRAM_USERS["sam"]}";'],
+        capture_output=True, text=True, timeout=TIMEOUT_S * 4, cwd=tmp_path)
+    assert done.returncode == 0, f"SaslClient.java exited {done.returncode}\n{done.stdout}\n{done.stderr[-4000:]}"
+    assert [line for line in done.stdout.splitlines() if line.startswith("read ")] == ["read java-0", "read java-1"]
+
+
+def _scram_exchange(wire: Wire, client, mechanism: str):
+    """Handshake and client-first; returns the server-first answer."""
+    assert wire.ask(SaslHandshakeRequest(mechanism=mechanism)).error_code == ErrorCode.none
+    first = wire.ask(SaslAuthenticateRequest(auth_bytes=client.first_message()))
+    assert first.error_code == ErrorCode.none
+    return first
+
+
+def test_scram_wrong_password_forged_nonce_and_replayed_proof_fail(sasl_broker, scram_users):
+    from kafka.net.sasl.scram import ScramClient
+
+    generic = "Authentication failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-256"
+    # A wrong password: the proof does not verify.
+    wire = Wire(sasl_broker.sasl_port)
+    client = ScramClient("sam", "not-sams-password", "SCRAM-SHA-256")
+    client.process_server_first_message(_scram_exchange(wire, client, "SCRAM-SHA-256").auth_bytes)
+    answer = wire.ask(SaslAuthenticateRequest(auth_bytes=client.final_message()))
+    assert (answer.error_code, answer.error_message) == (ErrorCode.sasl_authentication_failed, generic)
+    assert wire.closed()
+    # A good exchange, whose final message is then replayed on another connection (another server nonce).
+    wire = Wire(sasl_broker.sasl_port)
+    client = ScramClient("sam", SCRAM_USERS["sam"], "SCRAM-SHA-256")
+    client.process_server_first_message(_scram_exchange(wire, client, "SCRAM-SHA-256").auth_bytes)
+    final = client.final_message()
+    answer = wire.ask(SaslAuthenticateRequest(auth_bytes=final))
+    assert answer.error_code == ErrorCode.none
+    client.process_server_final_message(answer.auth_bytes)  # the server proved it knows the key too
+    assert wire.ask(_metadata()).brokers
+    replay = Wire(sasl_broker.sasl_port)
+    _scram_exchange(replay, ScramClient("sam", SCRAM_USERS["sam"], "SCRAM-SHA-256"), "SCRAM-SHA-256")
+    answer = replay.ask(SaslAuthenticateRequest(auth_bytes=final))
+    assert answer.error_code == ErrorCode.sasl_authentication_failed
+    assert replay.closed()
+    # A forged nonce: the client-final names a nonce the server did not issue.
+    wire = Wire(sasl_broker.sasl_port)
+    client = ScramClient("sam", SCRAM_USERS["sam"], "SCRAM-SHA-256")
+    client.process_server_first_message(_scram_exchange(wire, client, "SCRAM-SHA-256").auth_bytes)
+    forged = client.final_message().replace(b"r=", b"r=forged", 1)
+    answer = wire.ask(SaslAuthenticateRequest(auth_bytes=forged))
+    assert answer.error_code == ErrorCode.sasl_authentication_failed
+    assert wire.closed()
+    # A user without credentials for the mechanism: the same generic text (nothing says the user exists).
+    wire = Wire(sasl_broker.sasl_port)
+    client = ScramClient("sue", SCRAM_USERS["sue"], "SCRAM-SHA-256")  # sue has SCRAM-SHA-512 only
+    assert wire.ask(SaslHandshakeRequest(mechanism="SCRAM-SHA-256")).error_code == ErrorCode.none
+    answer = wire.ask(SaslAuthenticateRequest(auth_bytes=client.first_message()))
+    assert (answer.error_code, answer.error_message) == (ErrorCode.sasl_authentication_failed, generic)
+    log = sasl_broker.log_path.read_text(errors="replace")
+    assert final.decode().rsplit("p=", 1)[1] not in log  # no SCRAM proof in the log
