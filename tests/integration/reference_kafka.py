@@ -26,7 +26,10 @@ JVM_ENV = {"KAFKA_HEAP_OPTS": "-Xmx512m",
 class ReferenceKafka(BrokerProcess):
     """A BrokerProcess whose process is Kafka (kafka-server-start.sh execs java: the pid is the JVM's)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, extra_listeners: dict[str, tuple[str, int]] | None = None,
+                 extra_properties: tuple[str, ...] = ()) -> None:
+        """``extra_listeners``: name -> (security protocol, port) beside PLAINTEXT; ``extra_properties``: more
+        ``key=value`` lines for kraft.properties (e.g. SASL settings)."""
         refkit = find_refkit()
         reason = unavailable_reason(refkit)
         if reason is not None:
@@ -36,6 +39,8 @@ class ReferenceKafka(BrokerProcess):
         self.controller_port = free_port()  # (never the same as self.port: free_port does not repeat itself)
         self.properties = self.workdir / "kraft.properties"
         self.log_path = self.workdir / "kafka.log"
+        self.extra_listeners = extra_listeners or {}
+        self.extra_properties = extra_properties
 
     def _env_args(self) -> list[str]:
         settings = {"LOG_DIR": str(self.workdir / "run"), **JVM_ENV}
@@ -45,15 +50,17 @@ class ReferenceKafka(BrokerProcess):
         return [*self._env_args(), str(self.bin / "kafka-server-start.sh"), str(self.properties)]
 
     def start(self, timeout: float = START_TIMEOUT_S) -> "ReferenceKafka":
+        extra = "".join(f",{name}://{self.host}:{port}" for name, (_, port) in self.extra_listeners.items())
+        extra_map = "".join(f",{name}:{protocol}" for name, (protocol, _) in self.extra_listeners.items())
         self.properties.write_text("\n".join([
             "process.roles=broker,controller", "node.id=1",
             f"controller.quorum.voters=1@{self.host}:{self.controller_port}",
-            f"listeners=PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{self.controller_port}",
-            f"advertised.listeners=PLAINTEXT://{self.host}:{self.port}", "controller.listener.names=CONTROLLER",
-            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            f"listeners=PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{self.controller_port}{extra}",
+            f"advertised.listeners=PLAINTEXT://{self.host}:{self.port}{extra}", "controller.listener.names=CONTROLLER",
+            f"listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT{extra_map}",
             f"log.dirs={self.data_dir}", "num.partitions=1", "offsets.topic.replication.factor=1",
             "offsets.topic.num.partitions=1", "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1", "group.initial.rebalance.delay.ms=0", "",
+            "transaction.state.log.min.isr=1", "group.initial.rebalance.delay.ms=0", *self.extra_properties, "",
         ]))
         if not (self.data_dir / "meta.properties").exists():
             storage = [*self._env_args(), str(self.bin / "kafka-storage.sh")]

@@ -46,6 +46,8 @@ TIMEOUT_S = 60.0
 DELAY_MS = 1000  # connection.failed.authentication.delay.ms of the module's broker
 REAUTH_MS = 2000  # connections.max.reauth.ms of its REAUTH listener (PLAIN)
 USERS = {"alice": "alice-s3cret-pw", "bob": "bob-s3cret-pw"}
+# sasl.enabled.mechanisms=PLAIN,OAUTHBEARER,SCRAM-SHA-256,SCRAM-SHA-512 as Kafka lists them (its HashSet's order)
+HANDSHAKE_ORDER = ["PLAIN", "SCRAM-SHA-512", "SCRAM-SHA-256", "OAUTHBEARER"]
 SCRAM_USERS = {"sam": "sam-scr4m-pw", "sue": "sue-scr4m-pw"}  # given credentials by scram_users
 PLAIN_JAAS = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
               + " ".join(f'user_{user}="{password}"' for user, password in USERS.items()) + ";")
@@ -331,9 +333,9 @@ def test_plain_login_then_requests_are_served_as_the_principal(sasl_broker):
     assert {17, 36} <= {api.api_key for api in versions.api_keys}
     handshake = wire.ask(SaslHandshakeRequest(mechanism="PLAIN"))
     assert handshake.error_code == ErrorCode.none
-    assert list(handshake.mechanisms) == ["PLAIN", "OAUTHBEARER", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+    assert list(handshake.mechanisms) == HANDSHAKE_ORDER
     answer = wire.ask(SaslAuthenticateRequest(auth_bytes=b"\0alice\0" + USERS["alice"].encode()))
-    assert answer.error_code == ErrorCode.none and answer.error_message is None
+    assert answer.error_code == ErrorCode.none and answer.error_message == ""  # as Kafka 3.7.1 sends it
     assert answer.session_lifetime.total_seconds() == 0  # connections.max.reauth.ms unset: no session lifetime
     assert wire.ask(_metadata()).brokers
     # After authentication KafkaApis answers both SASL requests with ILLEGAL_SASL_STATE; the connection stays.
@@ -369,7 +371,7 @@ def test_unknown_mechanism_gets_unsupported_sasl_mechanism_with_the_enabled_list
     wire = Wire(sasl_broker.sasl_port)
     answer = wire.ask(SaslHandshakeRequest(mechanism="GSSAPI"))
     assert answer.error_code == ErrorCode.unsupported_sasl_mechanism
-    assert list(answer.mechanisms) == ["PLAIN", "OAUTHBEARER", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+    assert list(answer.mechanisms) == HANDSHAKE_ORDER
     assert wire.closed()
     assert _log_lines(sasl_broker, "failed authentication with", "Unsupported SASL mechanism GSSAPI")
 
@@ -379,7 +381,8 @@ def test_a_request_before_authentication_closes_the_connection_without_an_answer
     peer = "127.0.0.1:%d" % wire.sock.getsockname()[1]
     wire.send(_metadata())
     assert wire.closed()
-    wait_until(lambda: _log_lines(sasl_broker, f"closing connection from {peer}:", "Unexpected Kafka request"),
+    wait_until(lambda: _log_lines(sasl_broker, f"failed authentication with {peer} ",
+                                  "Unexpected Kafka request of type METADATA during SASL handshake."),
                "the broker's log line", TIMEOUT_S)
     # Between the handshake and the token, another request: ILLEGAL_SASL_STATE (after the delay), then closed.
     wire = Wire(sasl_broker.sasl_port)
@@ -633,3 +636,65 @@ def test_scram_wrong_password_forged_nonce_and_replayed_proof_fail(sasl_broker, 
     assert (answer.error_code, answer.error_message) == (ErrorCode.sasl_authentication_failed, generic)
     log = sasl_broker.log_path.read_text(errors="replace")
     assert final.decode().rsplit("p=", 1)[1] not in log  # no SCRAM proof in the log
+
+
+# -- the same answers as Kafka 3.7.1 ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reference_sasl(tmp_path_factory):
+    """Kafka 3.7.1 (KRaft; its SaslServerAuthenticator is the same in ZooKeeper mode) with a SASL_PLAINTEXT listener
+    configured as the module broker's."""
+    from reference_kafka import ReferenceKafka
+
+    port = free_port()
+    properties = ["sasl.enabled.mechanisms=PLAIN,OAUTHBEARER,SCRAM-SHA-256,SCRAM-SHA-512"]
+    for mechanism, jaas in (("plain", PLAIN_JAAS), ("oauthbearer", OAUTH_JAAS), ("scram-sha-256", SCRAM_JAAS),
+                            ("scram-sha-512", SCRAM_JAAS)):
+        properties.append(f"listener.name.sasl_plaintext.{mechanism}.sasl.jaas.config={jaas}")
+    kafka = ReferenceKafka(tmp_path_factory.mktemp("reference-sasl"),
+                           extra_listeners={"SASL_PLAINTEXT": ("SASL_PLAINTEXT", port)},
+                           extra_properties=tuple(properties))
+    kafka.sasl_port = port
+    kafka.start()
+    try:
+        yield kafka
+    finally:
+        kafka.close()
+
+
+def _answers(port: int) -> dict:
+    """What a listener answers to each case, as comparable values."""
+    found = {}
+    wire = Wire(port)
+    answer = wire.ask(SaslHandshakeRequest(mechanism="GSSAPI"))
+    found["unknown mechanism"] = (answer.error_code, list(answer.mechanisms), wire.closed())
+    for case, token in (("wrong password", b"\0alice\0wrong"), ("no such user", b"\0mallory\0x"),
+                        ("garbage", b"garbage without separators"), ("empty", b"")):
+        wire = Wire(port)
+        wire.ask(SaslHandshakeRequest(mechanism="PLAIN"))
+        answer = wire.ask(SaslAuthenticateRequest(auth_bytes=token))
+        found[case] = (answer.error_code, answer.error_message, wire.closed())
+    wire = Wire(port)
+    wire.ask(SaslHandshakeRequest(mechanism="SCRAM-SHA-256"))
+    answer = wire.ask(SaslAuthenticateRequest(auth_bytes=b"n,,n=nobody,r=0123456789abcdef"))
+    found["scram unknown user"] = (answer.error_code, answer.error_message, wire.closed())
+    wire = Wire(port)
+    wire.send(_metadata())
+    found["request before authentication"] = wire.closed()
+    wire = Wire(port)
+    answer = _login(wire)
+    found["login"] = (answer.error_code, answer.error_message, answer.auth_bytes, answer.session_lifetime)
+    answer = wire.ask(SaslHandshakeRequest(mechanism="PLAIN"))
+    found["handshake after login"] = (answer.error_code, list(answer.mechanisms))
+    answer = wire.ask(SaslAuthenticateRequest(auth_bytes=b"\0alice\0x"))
+    found["authenticate after login"] = (answer.error_code, answer.error_message)
+    wire = Wire(port)
+    wire.ask(SaslHandshakeV0(mechanism="PLAIN"))
+    found["raw token"] = wire.raw(b"\0alice\0" + USERS["alice"].encode())
+    return found
+
+
+def test_answers_are_kafka_3_7_1s(sasl_broker, reference_sasl):
+    ours, kafkas = _answers(sasl_broker.sasl_port), _answers(reference_sasl.sasl_port)
+    assert ours == kafkas

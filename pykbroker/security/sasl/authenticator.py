@@ -7,8 +7,9 @@ send, "serve this frame as usual" (ApiVersions before the handshake), a close, o
 any) Kafka sends only after ``connection.failed.authentication.delay.ms`` and then closes.
 
 States (Kafka's SaslState): INITIAL_REQUEST and HANDSHAKE_OR_VERSIONS_REQUEST accept ApiVersions or
-SaslHandshake, HANDSHAKE_REQUEST (after one ApiVersions) only SaslHandshake; any other request there closes
-the connection at once with no answer (Kafka's InvalidRequestException, logged). SaslHandshake v1 means the
+SaslHandshake, HANDSHAKE_REQUEST (after one ApiVersions) only SaslHandshake; any other request there fails the
+authentication without an answer, as Kafka 3.7.1 ("Unexpected Kafka request of type METADATA during SASL
+handshake.": closed after the delay, logged). SaslHandshake v1 means the
 tokens come in SaslAuthenticate requests (another request then gets ILLEGAL_SASL_STATE and the connection
 closes); v0 means KIP-43 framing: each token is a raw size-prefixed frame, answered the same way. A mechanism not
 enabled on the listener gets UNSUPPORTED_SASL_MECHANISM (33) with the enabled list, a failed exchange
@@ -32,6 +33,7 @@ whose texts never hold one.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -66,8 +68,14 @@ FAILED = "FAILED"
 REAUTH_PROCESS_HANDSHAKE = "REAUTH_PROCESS_HANDSHAKE"
 REAUTH_BAD_MECHANISM = "REAUTH_BAD_MECHANISM"
 
-_API_NAMES = {SASL_HANDSHAKE_KEY: "SASL_HANDSHAKE", SASL_AUTHENTICATE_KEY: "SASL_AUTHENTICATE",
-              API_VERSIONS_KEY: "API_VERSIONS"}
+
+
+def _api_name(apis: Mapping[int, Any], api_key: int) -> str:
+    """Kafka's ApiKeys name of an API (METADATA, SASL_HANDSHAKE), for Kafka's messages."""
+    support = apis.get(api_key)
+    if support is None:
+        return f"api key {api_key}"
+    return re.sub(r"(?<=[a-z])(?=[A-Z])", "_", support.name).upper()
 
 
 @dataclass(frozen=True)
@@ -98,7 +106,28 @@ class SaslListener:
 
     @property
     def enabled(self) -> list[str]:
-        return list(self.factories)
+        """The enabled mechanisms in the order SaslHandshake answers them: Kafka's SaslServerAuthenticator keeps
+        ``new ArrayList<>(new HashSet<>(enabledMechanisms))``, i.e. java.util.HashSet's iteration order."""
+        return java_hash_set_order(list(self.factories))
+
+
+def _java_string_hash(text: str) -> int:
+    value = 0
+    for unit in text.encode("utf-16-be").hex(" ", 2).split():  # String.hashCode over UTF-16 code units
+        value = (31 * value + int(unit, 16)) & 0xFFFFFFFF
+    return value
+
+
+def java_hash_set_order(names: list[str]) -> list[str]:
+    """The iteration order of ``new HashSet<>(names)`` in Java: by bucket of the spread String hash in a table of
+    at least 16 slots (more than size / 0.75), insertion order within a bucket."""
+    wanted = max(int(len(names) / 0.75) + 1, 16)  # HashSet(Collection)'s initial capacity, a power of two up
+    slots = 1 << (wanted - 1).bit_length()
+    buckets: dict[int, list[str]] = {}
+    for name in dict.fromkeys(names):
+        code = _java_string_hash(name)
+        buckets.setdefault((code ^ (code >> 16)) & (slots - 1), []).append(name)
+    return [name for slot in sorted(buckets) for name in buckets[slot]]
 
 
 @dataclass
@@ -184,7 +213,7 @@ class SaslAuthenticator:
             return self.receive(frame)
         if self.session_expires is not None and now > self.session_expires:
             return Step(close=f"SASL session expired (connections.max.reauth.ms or credential lifetime) and the "
-                              f"client sent {_API_NAMES.get(api_key, f'api {api_key}')} instead of re-authenticating")
+                              f"client sent {_api_name(self.apis, api_key)} instead of re-authenticating")
         return SERVE
 
     def _begin_reauthentication(self, now: float) -> bool:
@@ -215,13 +244,17 @@ class SaslAuthenticator:
         initial = self.state == INITIAL_REQUEST
         try:
             prefix = read_prefix(frame)
+            if prefix.api_key not in self.apis:
+                raise FrameError(f"unknown api key {prefix.api_key}")
         except FrameError as exc:
-            return Step(close=self._invalid(initial, str(exc)))
+            return self._not_a_request(initial, str(exc))
+        if self.state == INITIAL_REQUEST:  # a Kafka request header: no GSSAPI token of a 0.9 client
+            self.state = HANDSHAKE_OR_VERSIONS_REQUEST
         if prefix.api_key not in (API_VERSIONS_KEY, SASL_HANDSHAKE_KEY):
-            name = _API_NAMES.get(prefix.api_key, f"api key {prefix.api_key}")
-            return Step(close=self._invalid(initial, f"Unexpected Kafka request of type {name} during SASL handshake."))
+            name = _api_name(self.apis, prefix.api_key)
+            return self._fail(f"Unexpected Kafka request of type {name} during SASL handshake.")
         if prefix.api_key == API_VERSIONS_KEY:
-            if self.state not in (INITIAL_REQUEST, HANDSHAKE_OR_VERSIONS_REQUEST):
+            if self.state != HANDSHAKE_OR_VERSIONS_REQUEST:
                 return Step(close=f"Unexpected ApiVersions request received during SASL authentication state {self.state}")
             support = self.apis.get(API_VERSIONS_KEY)
             self.state = HANDSHAKE_REQUEST if support is not None and support.supports(prefix.api_version) \
@@ -230,9 +263,7 @@ class SaslAuthenticator:
         try:
             request = decode_request(frame, prefix, self.apis)
         except FrameError as exc:
-            return Step(close=self._invalid(initial, str(exc)))
-        if self.state == INITIAL_REQUEST:
-            self.state = HANDSHAKE_OR_VERSIONS_REQUEST
+            return Step(close=f"cannot decode a SaslHandshake: {exc}")
         mechanism = request.body.mechanism
         self._headers = request.api_version >= 1
         enabled = self.listener.enabled
@@ -251,12 +282,13 @@ class SaslAuthenticator:
         self.state = AUTHENTICATE
         return Step(reply=reply)
 
-    @staticmethod
-    def _invalid(initial: bool, reason: str) -> str:
-        if initial:  # SaslServerAuthenticator.handleKafkaRequest's words for a first frame that is no handshake
-            return (f"Invalid request, potential reasons: kafka client configured with the wrong security protocol, "
-                    f"it does not support KIP-43 or it is not a kafka client. ({reason})")
-        return reason
+    def _not_a_request(self, initial: bool, reason: str) -> Step:
+        """Bytes without a Kafka request header. First on the connection: Kafka 3.7.1 would take them for a 0.9
+        client's GSSAPI token, which is never enabled here (an authentication failure); later: closed at once."""
+        if initial:
+            return self._fail("Exception handling first SASL packet from client, GSSAPI is not supported by server",
+                              detail=reason)
+        return Step(close=f"not a Kafka request during SASL {self._text()}: {reason}")
 
     def _token(self, frame: bytes) -> Step:
         try:
@@ -265,7 +297,7 @@ class SaslAuthenticator:
         except FrameError as exc:
             return Step(close=f"cannot decode a request during SASL {self._text()}: {exc}")
         if request.api_key != SASL_AUTHENTICATE_KEY:
-            name = _API_NAMES.get(request.api_key, f"api key {request.api_key}")
+            name = _api_name(self.apis, request.api_key)
             return Step(failure=f"Unexpected Kafka request of type {name} during SASL authentication.",
                         refused=request)
         if request.api_version > 0:
@@ -285,7 +317,7 @@ class SaslAuthenticator:
             return self._fail(message, reply, exc.detail)
         except IllegalSaslState as exc:
             return self._fail(str(exc))
-        reply = self._response(request, error_code=ErrorCode.none, error_message=None, auth_bytes=token,
+        reply = self._response(request, error_code=ErrorCode.none, error_message="", auth_bytes=token,
                                session_lifetime=lifetime_ms)
         return Step(reply=reply, principal=self.principal if server.complete else None)
 
