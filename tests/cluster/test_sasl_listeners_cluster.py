@@ -5,8 +5,6 @@ stored through a third broker (ZooKeeper's /config/users, seen by every broker).
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -15,7 +13,8 @@ from confluent_kafka.admin import (  # noqa: E402
 )
 
 from broker_cluster import BrokerCluster  # noqa: E402
-from broker_process import free_port, wait_until  # noqa: E402
+from broker_process import wait_until  # noqa: E402
+from cluster_helpers import add_client_listener, produce_through_listener  # noqa: E402
 from test_tls_listeners import consume_values  # noqa: E402
 
 TIMEOUT_S = 60.0
@@ -31,26 +30,13 @@ def test_clients_use_every_brokers_sasl_listener(zk_connect, tmp_path):
         "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config": SCRAM_JAAS,
         "offsets.topic.replication.factor": 3, "offsets.topic.num.partitions": 2,
         "default.replication.factor": 3, "num.partitions": 1})
-    sasl_ports = {}
-    for broker_id, broker in cluster.brokers.items():
-        sasl_ports[broker_id] = free_port()
-        listeners = f"PLAINTEXT://127.0.0.1:{broker.port},SASL_PLAINTEXT://127.0.0.1:{sasl_ports[broker_id]}"
-        command = broker.command  # the PLAINTEXT listener stays first: it is the inter-broker listener
-        broker.command = lambda command=command, listeners=listeners: [
-            listeners if arg.startswith("PLAINTEXT://") else arg for arg in command()]
+    sasl_ports = add_client_listener(cluster, "SASL_PLAINTEXT")  # PLAINTEXT stays the inter-broker listener
     plain = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "alice",
              "sasl.password": "alice-pw"}
     scram = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "sue",
              "sasl.password": "sue-pw"}
     with cluster:
-        bootstrap = f"127.0.0.1:{sasl_ports[1]}"
-        brokers = AdminClient({"bootstrap.servers": bootstrap, **plain}).list_topics(timeout=TIMEOUT_S).brokers
-        assert sorted((b.id, b.port) for b in brokers.values()) == sorted(sasl_ports.items())
-        topic = f"sasl-{uuid.uuid4().hex[:8]}"
-        producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", **plain})
-        for index in range(10):
-            producer.produce(topic, f"v{index}".encode())
-        assert producer.flush(TIMEOUT_S) == 0
+        topic = produce_through_listener(sasl_ports, plain, "sasl")
         cluster.wait_for_isr(topic, 0, {1, 2, 3})  # replicated between the brokers over PLAINTEXT
         # SCRAM credentials stored through broker 3 (ZooKeeper), used on broker 2 as soon as it has them.
         admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{cluster.brokers[3].port}"})

@@ -16,7 +16,6 @@ import socket
 import ssl
 import struct
 import subprocess
-import threading
 import time
 import uuid
 from pathlib import Path
