@@ -510,7 +510,7 @@ def test_confluent_kafka_reauthenticates_and_keeps_producing(sasl_broker):
     producer = confluent_kafka.Producer({"bootstrap.servers": f"127.0.0.1:{sasl_broker.reauth_port}",
                                          **_plain("alice"), "linger.ms": 0})
     topic = _topic()
-    before = len(_log_lines(sasl_broker, "SASL/PLAIN re-authentication of User:alice complete"))
+    before = _reauthentications(sasl_broker, "alice")
     deadline = time.monotonic() + REAUTH_MS / 1000 * 2.5
     sent = 0
     while time.monotonic() < deadline:
@@ -519,7 +519,42 @@ def test_confluent_kafka_reauthenticates_and_keeps_producing(sasl_broker):
         sent += 1
         time.sleep(0.2)
     assert sent >= 5
-    assert len(_log_lines(sasl_broker, "SASL/PLAIN re-authentication of User:alice complete")) > before
+    assert _reauthentications(sasl_broker, "alice") > before
+
+
+def _reauthentications(broker: BrokerProcess, user: str) -> int:
+    return len(_log_lines(broker, f"SASL/PLAIN re-authentication of User:{user} complete"))
+
+
+def test_java_client_and_kafka_python_reauthenticate(sasl_broker, tmp_path):
+    """The Java client and kafka-python re-authenticate (KIP-368) within the session lifetime the broker gave them,
+    on a connection that outlives it."""
+    kafka = pytest.importorskip("kafka")
+    before = _reauthentications(sasl_broker, "bob")
+    producer = kafka.KafkaProducer(bootstrap_servers=f"127.0.0.1:{sasl_broker.reauth_port}",
+                                   security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                                   sasl_plain_username="bob", sasl_plain_password=USERS["bob"])
+    topic = _topic()
+    deadline = time.monotonic() + REAUTH_MS / 1000 * 2.5
+    while time.monotonic() < deadline:
+        producer.send(topic, b"r").get(timeout=TIMEOUT_S)
+        time.sleep(0.2)
+    producer.close()
+    assert _reauthentications(sasl_broker, "bob") > before
+    from test_transactions_clients import java_client_or_skip
+
+    java, lib = java_client_or_skip()
+    before = _reauthentications(sasl_broker, "alice")
+    done = subprocess.run(
+        [java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", f"{lib}/*",
+         str(JAVA_DIR / "SaslClient.java"), f"127.0.0.1:{sasl_broker.reauth_port}", _topic(), "10",
+         f"pause.ms={REAUTH_MS // 4}", "security.protocol=SASL_PLAINTEXT", "sasl.mechanism=PLAIN",
+         "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required "
+         f'username="alice" password="{USERS["alice"]}";'],
+        capture_output=True, text=True, timeout=TIMEOUT_S * 4, cwd=tmp_path)
+    assert done.returncode == 0, f"SaslClient.java exited {done.returncode}\n{done.stdout}\n{done.stderr[-4000:]}"
+    assert len([line for line in done.stdout.splitlines() if line.startswith("read ")]) == 10
+    assert _reauthentications(sasl_broker, "alice") > before
 
 
 # -- start-up ---------------------------------------------------------------------------------------------------

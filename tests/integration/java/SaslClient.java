@@ -3,9 +3,10 @@
 //
 //   java -cp '../shared/refkit/java-client/lib/*' SaslClient.java BOOTSTRAP TOPIC COUNT KEY=VALUE...
 //
-// The KEY=VALUE pairs are client settings (security.protocol, sasl.mechanism, sasl.jaas.config, ssl.*). A
-// KafkaProducer (its defaults: idempotent, acks=all) sends java-0..COUNT-1 to TOPIC; a KafkaConsumer (a new group,
-// from the beginning) reads them back, printing "read VALUE" per record. Exit 0, or the exception and exit 1.
+// The KEY=VALUE pairs are client settings (security.protocol, sasl.mechanism, sasl.jaas.config, ssl.*), except
+// pause.ms=N: wait N ms after each send (to outlive a SASL session). A KafkaProducer (its defaults: idempotent,
+// acks=all) sends java-0..COUNT-1 to TOPIC; a KafkaConsumer (a new group, from the beginning) reads them back,
+// printing "read VALUE" per record. Exit 0, or the exception and exit 1.
 
 import java.time.Duration;
 import java.util.List;
@@ -29,6 +30,8 @@ public class SaslClient {
             int eq = args[i].indexOf('=');
             common.put(args[i].substring(0, eq), args[i].substring(eq + 1));
         }
+        long pauseMs = Long.parseLong((String) common.getOrDefault("pause.ms", "0"));
+        common.remove("pause.ms");
         Properties producerProps = new Properties();
         producerProps.putAll(common);
         producerProps.put("key.serializer", StringSerializer.class.getName());
@@ -36,6 +39,7 @@ public class SaslClient {
         try (KafkaProducer<String, String> producer = new KafkaProducer<>(producerProps)) {
             for (int i = 0; i < count; i++) {
                 producer.send(new ProducerRecord<>(topic, "java-" + i)).get();
+                Thread.sleep(pauseMs);
             }
         }
         Properties consumerProps = new Properties();
