@@ -357,7 +357,8 @@ class KafkaConnection(asyncio.Protocol):
         else:
             if step.principal is not None:
                 self.principal = step.principal
-                log.debug("SASL connection from %s on listener %s: principal %s", self.peer, self.listener, self.principal)
+                log.debug("SASL connection from %s on listener %s: principal %s", self.peer, self.listener,
+                          self.principal)
             if step.reply is not None:
                 self._outbox.append(bytearray(step.reply))
                 self._pump()
@@ -371,7 +372,8 @@ class KafkaConnection(asyncio.Protocol):
             request = step.refused
             try:
                 answer = build(request.codec.response_type, request.body, ErrorCode.illegal_sasl_state)
-                reply = b"".join(bytes(piece) for piece in encode_response(request.codec, request.correlation_id, answer))
+                pieces = encode_response(request.codec, request.correlation_id, answer)
+                reply = b"".join(bytes(piece) for piece in pieces)
             except Exception:
                 reply = None
         self._busy = True  # muted: nothing more is read or processed on this connection

@@ -224,15 +224,21 @@ def test_kcat_plain_over_sasl_plaintext(sasl_broker):
 
 @pytest.mark.skipif(NODE is None or not (JS_DIR / "node_modules" / "kafkajs").is_dir(),
                     reason="needs node and `npm install --prefix tests/js` (kafkajs)")
-def test_kafkajs_plain_over_sasl_plaintext_and_sasl_ssl(sasl_broker, pki):
-    sasl = {"mechanism": "plain", "username": "alice", "password": USERS["alice"]}
-    for port, tls in ((sasl_broker.sasl_port, False), (sasl_broker.sasl_ssl_port, {"ca": [Path(pki.ca_file).read_text()]})):
+def test_kafkajs_plain_oauthbearer_and_scram(sasl_broker, pki, scram_users):
+    plain = {"mechanism": "plain", "username": "alice", "password": USERS["alice"]}
+    tls = {"ca": [Path(pki.ca_file).read_text()]}
+    for port, tls, sasl in ((sasl_broker.sasl_port, False, plain), (sasl_broker.sasl_ssl_port, tls, plain),
+                            (sasl_broker.sasl_ssl_port, tls,
+                             {"mechanism": "oauthbearer", "token": _unsecured_jwt("jo")}),
+                            (sasl_broker.sasl_port, False, {"mechanism": "scram-sha-256", "username": "sam",
+                                                            "password": SCRAM_USERS["sam"]})):
         options = {"brokers": [f"127.0.0.1:{port}"], "topic": _topic(), "count": 3, "sasl": sasl, "ssl": tls,
                    "timeoutMs": int(TIMEOUT_S * 1000)}
         done = subprocess.run([NODE, str(JS_DIR / "sasl_client.js"), json.dumps(options)], capture_output=True,
                               text=True, timeout=TIMEOUT_S * 2)
         assert done.returncode == 0, f"sasl_client.js exited {done.returncode}\n{done.stdout}\n{done.stderr}"
-        assert sorted(json.loads(done.stdout.strip().splitlines()[-1])["read"]) == ["js-0", "js-1", "js-2"]
+        assert sorted(json.loads(done.stdout.strip().splitlines()[-1])["read"]) == ["js-0", "js-1", "js-2"], sasl
+    assert _log_lines(sasl_broker, "principal User:jo")
 
 
 def test_java_client_plain_over_sasl_ssl_and_oauthbearer_over_sasl_plaintext(sasl_broker, pki, tmp_path):
@@ -246,7 +252,8 @@ def test_java_client_plain_over_sasl_ssl_and_oauthbearer_over_sasl_plaintext(sas
     cases = [
         (sasl_broker.sasl_ssl_port, ["security.protocol=SASL_SSL", "sasl.mechanism=PLAIN",
                                      "ssl.truststore.type=PEM", f"ssl.truststore.location={pki.ca_file}",
-                                     "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required "
+                                     "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule "
+                                     "required "
                                      f'username="bob" password="{USERS["bob"]}";']),
         (sasl_broker.sasl_port, ["security.protocol=SASL_PLAINTEXT", "sasl.mechanism=OAUTHBEARER",
                                  "sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule "
@@ -582,10 +589,8 @@ def scram_users(sasl_broker):
     from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
 
     admin = AdminClient({"bootstrap.servers": sasl_broker.bootstrap})
-    upsertions = [
-        UserScramCredentialUpsertion("sam", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), SCRAM_USERS["sam"].encode()),
-        UserScramCredentialUpsertion("sue", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192), SCRAM_USERS["sue"].encode()),
-    ]
+    upsertions = [UserScramCredentialUpsertion(user, ScramCredentialInfo(mechanism, 4096), SCRAM_USERS[user].encode())
+                  for user, mechanism in (("sam", ScramMechanism.SCRAM_SHA_256), ("sue", ScramMechanism.SCRAM_SHA_512))]
     for future in admin.alter_user_scram_credentials(upsertions).values():
         future.result(timeout=TIMEOUT_S)
     return SCRAM_USERS

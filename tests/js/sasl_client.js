@@ -2,6 +2,7 @@
 //
 // Usage: node sasl_client.js '{"brokers": ["127.0.0.1:9094"], "topic": "t", "count": 5,
 //                             "sasl": {"mechanism": "plain", "username": "alice", "password": "..."},
+//                             (or {"mechanism": "oauthbearer", "token": "an unsecured JWS"}),
 //                             "ssl": {"ca": "PEM text"} | false, "timeoutMs": 60000}'
 //
 // A producer sends js-0..count-1 to topic; a consumer (a new group, from the beginning) reads them back.
@@ -11,8 +12,11 @@
 const { Kafka, logLevel } = require('kafkajs')
 
 const options = JSON.parse(process.argv[2])
+const sasl = options.sasl.mechanism === 'oauthbearer'
+  ? { mechanism: 'oauthbearer', oauthBearerProvider: async () => ({ value: options.sasl.token }) }
+  : options.sasl
 const kafka = new Kafka({ clientId: 'sasl-client', brokers: options.brokers, logLevel: logLevel.ERROR,
-  sasl: options.sasl, ssl: options.ssl || false, connectionTimeout: 10000, retry: { retries: 3 } })
+  sasl, ssl: options.ssl || false, connectionTimeout: 10000, retry: { retries: 3 } })
 
 const main = async () => {
   const producer = kafka.producer()

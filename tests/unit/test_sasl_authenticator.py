@@ -1,7 +1,8 @@
 """The SASL authenticator of one connection (security/sasl/authenticator.py) driven with real request frames:
 KIP-368 session lifetimes (connections.max.reauth.ms per listener and mechanism, an OAUTHBEARER token's expiry,
 the smaller of both), the one-second re-authentication interval, expiry, and Kafka's HashSet order of the enabled
-mechanisms. The same paths on the wire, against stock clients and Kafka 3.7.1: tests/integration/test_sasl_listeners.py."""
+mechanisms. The same paths on the wire, against stock clients and Kafka 3.7.1:
+tests/integration/test_sasl_listeners.py."""
 
 from __future__ import annotations
 

@@ -255,7 +255,8 @@ class SaslAuthenticator:
             return self._fail(f"Unexpected Kafka request of type {name} during SASL handshake.")
         if prefix.api_key == API_VERSIONS_KEY:
             if self.state != HANDSHAKE_OR_VERSIONS_REQUEST:
-                return Step(close=f"Unexpected ApiVersions request received during SASL authentication state {self.state}")
+                return Step(close=f"Unexpected ApiVersions request received during SASL authentication state "
+                                  f"{self.state}")
             support = self.apis.get(API_VERSIONS_KEY)
             self.state = HANDSHAKE_REQUEST if support is not None and support.supports(prefix.api_version) \
                 else HANDSHAKE_OR_VERSIONS_REQUEST
@@ -343,7 +344,8 @@ class SaslAuthenticator:
         return principal
 
     def _complete(self, principal: KafkaPrincipal) -> int:
-        """The exchange succeeded: the session lifetime to send (ReauthInfo.calcCompletionTimesAndReturnSessionLifetimeMs)."""
+        """The exchange succeeded: the session lifetime to send (Kafka's
+        ReauthInfo.calcCompletionTimesAndReturnSessionLifetimeMs)."""
         server = self._server
         expiry_ms = server.credential_expiry_ms
         max_reauth_ms = self.listener.reauth_ms.get(self.mechanism or "", 0)
