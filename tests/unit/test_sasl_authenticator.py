@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import base64
 import json
+import struct
 
 import pytest
+from kio.schema.api_versions.v3.request import ApiVersionsRequest
 from kio.schema.metadata.v12.request import MetadataRequest
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
@@ -131,3 +133,24 @@ def test_the_enabled_mechanisms_in_javas_hash_set_order():
     assert java_hash_set_order(["PLAIN", "OAUTHBEARER", "SCRAM-SHA-256", "SCRAM-SHA-512"]) == [
         "PLAIN", "SCRAM-SHA-512", "SCRAM-SHA-256", "OAUTHBEARER"]
     assert java_hash_set_order(["SCRAM-SHA-512", "PLAIN", "PLAIN"]) == ["SCRAM-SHA-512", "PLAIN"]
+
+
+def _header_only(api_key: int, version: int = 0) -> bytes:
+    return struct.pack(">hhih", api_key, version, 7, -1)
+
+
+def test_what_is_not_a_handshake_before_authentication():
+    clock = Clock()
+    # Any request Kafka knows, even one pykbroker does not serve: Kafka 3.7.1's IllegalSaslStateException.
+    step = _authenticator(clock).receive(_header_only(29, 1))
+    assert step.failure == "Unexpected Kafka request of type DESCRIBE_ACLS during SASL handshake." and not step.reply
+    # Bytes that are no Kafka request as the first frame: taken for a 0.9 client's GSSAPI token, not enabled here.
+    step = _authenticator(clock).receive(_header_only(999))
+    assert step.failure.startswith("Exception handling first SASL packet from client, GSSAPI is not supported")
+    # The same after an ApiVersions: the connection is closed at once (Kafka's InvalidRequestException).
+    sasl = _authenticator(clock)
+    assert sasl.receive(_frame(ApiVersionsRequest(client_software_name="t", client_software_version="1"))).serve
+    assert "unknown api key 999" in sasl.receive(_header_only(999)).close
+    # A second ApiVersions: Kafka's IllegalStateException, closed at once.
+    assert "Unexpected ApiVersions request" in sasl.receive(_frame(ApiVersionsRequest(
+        client_software_name="t", client_software_version="1"))).close

@@ -38,7 +38,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from pykbroker.protocol.apis import API_VERSIONS_KEY
+from kio.index import api_key_map
+
+from pykbroker.protocol.apis import API_VERSIONS_KEY, SUPPORTED_APIS
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.protocol.framing import SIZE, FrameError, Request, decode_request, encode_response, read_prefix
 from pykbroker.security.principal import USER_TYPE, KafkaPrincipal
@@ -70,12 +72,13 @@ REAUTH_BAD_MECHANISM = "REAUTH_BAD_MECHANISM"
 
 
 
-def _api_name(apis: Mapping[int, Any], api_key: int) -> str:
-    """Kafka's ApiKeys name of an API (METADATA, SASL_HANDSHAKE), for Kafka's messages."""
-    support = apis.get(api_key)
-    if support is None:
-        return f"api key {api_key}"
-    return re.sub(r"(?<=[a-z])(?=[A-Z])", "_", support.name).upper()
+def _api_name(api_key: int) -> str | None:
+    """Kafka's ApiKeys name of an API key (METADATA, DESCRIBE_ACLS), or None for a key Kafka does not know."""
+    name = api_key_map.get(api_key)
+    if name is not None:
+        return name.upper()
+    support = SUPPORTED_APIS.get(api_key)  # the inter-broker APIs kio has no schema of
+    return None if support is None else re.sub(r"(?<=[a-z])(?=[A-Z])", "_", support.name).upper()
 
 
 @dataclass(frozen=True)
@@ -213,7 +216,7 @@ class SaslAuthenticator:
             return self.receive(frame)
         if self.session_expires is not None and now > self.session_expires:
             return Step(close=f"SASL session expired (connections.max.reauth.ms or credential lifetime) and the "
-                              f"client sent {_api_name(self.apis, api_key)} instead of re-authenticating")
+                              f"client sent {_api_name(api_key) or f'api key {api_key}'} instead of re-authenticating")
         return SERVE
 
     def _begin_reauthentication(self, now: float) -> bool:
@@ -244,14 +247,14 @@ class SaslAuthenticator:
         initial = self.state == INITIAL_REQUEST
         try:
             prefix = read_prefix(frame)
-            if prefix.api_key not in self.apis:
+            name = _api_name(prefix.api_key)
+            if name is None:
                 raise FrameError(f"unknown api key {prefix.api_key}")
         except FrameError as exc:
             return self._not_a_request(initial, str(exc))
         if self.state == INITIAL_REQUEST:  # a Kafka request header: no GSSAPI token of a 0.9 client
             self.state = HANDSHAKE_OR_VERSIONS_REQUEST
         if prefix.api_key not in (API_VERSIONS_KEY, SASL_HANDSHAKE_KEY):
-            name = _api_name(self.apis, prefix.api_key)
             return self._fail(f"Unexpected Kafka request of type {name} during SASL handshake.")
         if prefix.api_key == API_VERSIONS_KEY:
             if self.state != HANDSHAKE_OR_VERSIONS_REQUEST:
@@ -298,7 +301,7 @@ class SaslAuthenticator:
         except FrameError as exc:
             return Step(close=f"cannot decode a request during SASL {self._text()}: {exc}")
         if request.api_key != SASL_AUTHENTICATE_KEY:
-            name = _api_name(self.apis, request.api_key)
+            name = _api_name(request.api_key)
             return Step(failure=f"Unexpected Kafka request of type {name} during SASL authentication.",
                         refused=request)
         if request.api_version > 0:
