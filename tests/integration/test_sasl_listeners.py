@@ -529,6 +529,30 @@ def test_confluent_kafka_reauthenticates_and_keeps_producing(sasl_broker):
     assert _reauthentications(sasl_broker, "alice") > before
 
 
+def test_kafka_tools_with_command_config_over_sasl_ssl(sasl_broker, scram_users, pki, tmp_path):
+    """kafka-topics.sh and kafka-console-producer/consumer.sh with --command-config / --producer.config (SCRAM over
+    SASL_SSL, Kafka's own client properties)."""
+    from kafka_tools import kafka_tools_or_skip
+
+    tools = kafka_tools_or_skip()
+    config = tmp_path / "client.properties"
+    config.write_text("security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\n"
+                      "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+                      f'username="sue" password="{SCRAM_USERS["sue"]}";\n'
+                      f"ssl.truststore.type=PEM\nssl.truststore.location={pki.ca_file}\n")
+    bootstrap = f"127.0.0.1:{sasl_broker.sasl_ssl_port}"
+    topic = _topic()
+    tools.run("kafka-topics.sh", "--bootstrap-server", bootstrap, "--command-config", str(config), "--create",
+              "--topic", topic, "--partitions", "2")
+    listed = tools.run("kafka-topics.sh", "--bootstrap-server", bootstrap, "--command-config", str(config), "--list")
+    assert topic in listed.stdout.split()
+    tools.run("kafka-console-producer.sh", "--bootstrap-server", bootstrap, "--producer.config", str(config),
+              "--topic", topic, input="t0\nt1\n")
+    out = tools.run("kafka-console-consumer.sh", "--bootstrap-server", bootstrap, "--consumer.config", str(config),
+                    "--topic", topic, "--from-beginning", "--max-messages", "2", "--timeout-ms", "60000")
+    assert sorted(out.stdout.split()) == ["t0", "t1"]
+
+
 def _reauthentications(broker: BrokerProcess, user: str) -> int:
     return len(_log_lines(broker, f"SASL/PLAIN re-authentication of User:{user} complete"))
 
