@@ -87,7 +87,7 @@ class SaslListener:
     jaas.JaasConfigError for what Kafka refuses at start)."""
 
     name: str
-    factories: Mapping[str, SaslServerFactory]
+    factories: Mapping[str, SaslServerFactory] = field(repr=False)  # (configured from JAAS strings: never shown)
     max_receive_size: int
     reauth_ms: Mapping[str, int]  # mechanism -> connections.max.reauth.ms (0: no session expiry from config)
     failed_delay_ms: int
@@ -176,7 +176,7 @@ class SaslAuthenticator:
     mechanism: str | None = None
     principal: KafkaPrincipal | None = None
     session_expires: float | None = None  # clock() value after which the session is over, or None
-    _server: SaslServer | None = None
+    _server: SaslServer | None = field(default=None, repr=False)
     _headers: bool = False  # SaslHandshake v1+: tokens in SaslAuthenticate requests
     _previous_mechanism: str | None = None  # while re-authenticating
     _previous_principal: KafkaPrincipal | None = None
