@@ -366,8 +366,12 @@ def test_sasl_requests_on_a_plaintext_listener_get_illegal_sasl_state(sasl_broke
     wire.close()
 
 
-def test_wrong_password_is_answered_after_the_delay_then_closed(sasl_broker):
-    wire = Wire(sasl_broker.sasl_port)
+@pytest.mark.parametrize("listener", ["SASL_PLAINTEXT", "SASL_SSL"])
+def test_wrong_password_is_answered_after_the_delay_then_closed(sasl_broker, pki, listener):
+    if listener == "SASL_SSL":  # the answer goes out through TLS before the graceful close
+        wire = Wire(sasl_broker.sasl_ssl_port, tls=ssl.create_default_context(cafile=pki.ca_file))
+    else:
+        wire = Wire(sasl_broker.sasl_port)
     assert wire.ask(SaslHandshakeRequest(mechanism="PLAIN")).error_code == ErrorCode.none
     started = time.monotonic()
     answer = wire.ask(SaslAuthenticateRequest(auth_bytes=b"\0alice\0wrong-password-123"))
