@@ -17,9 +17,10 @@ names for it), ``log.level`` and ``fsync``.
 
 Listeners: ``host``/``port`` give one PLAINTEXT listener; Kafka's ``listeners`` (``NAME://host:port,...``,
 one server socket each), ``advertised.listeners`` and ``listener.security.protocol.map`` take over when
-set (host/port are then ignored with a warning). PLAINTEXT and SSL listeners are served (SSL with Kafka's
-``ssl.*`` settings, per listener ``listener.name.<listener>.ssl.*``); SASL_PLAINTEXT and SASL_SSL listeners
-are refused at start. The inter-broker listener is Kafka's (``inter_broker_listener``): the one named by
+set (host/port are then ignored with a warning). PLAINTEXT, SSL, SASL_PLAINTEXT and SASL_SSL listeners are served
+(SSL with Kafka's ``ssl.*`` settings, per listener ``listener.name.<listener>.ssl.*``; SASL with
+``sasl.enabled.mechanisms`` and ``listener.name.<listener>.<mechanism>.sasl.jaas.config``, see
+security/sasl/authenticator.py). The inter-broker listener is Kafka's (``inter_broker_listener``): the one named by
 ``inter.broker.listener.name``, else the one named after ``security.inter.broker.protocol`` (default
 PLAINTEXT). A listener on every interface is advertised under the canonical host name (see resolve_listeners).
 
@@ -702,9 +703,11 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
 
 # Why a Kafka broker config pykbroker does not use has no effect here, by the start of its name (first match).
 _UNUSED_REASONS = (
+    (("sasl.kerberos.", "sasl.login.", "sasl.client.", "sasl.oauthbearer."),
+     "pykbroker's SASL listeners serve PLAIN, SCRAM and OAUTHBEARER without Kerberos or broker-side logins"),
     (("sasl.", "security.", "principal.builder.", "connections.max.reauth.", "connection.failed.authentication.",
       "delegation.token.", "password.encoder."),
-     "pykbroker serves PLAINTEXT and SSL without SASL"),
+     "pykbroker has no delegation tokens, custom principal builders or password encoder"),
     (("remote.log.",), "pykbroker has no tiered storage"),
     (("zookeeper.ssl.", "zookeeper.set.acl", "zookeeper.clientCnxnSocket", "zookeeper.max.in.flight."),
      "pykbroker's ZooKeeper client (kazoo) connects without TLS and ACLs"),
@@ -759,6 +762,30 @@ _USED_KAFKA_DOCS = {
     "log.dir": "pykbroker's data directory (data.dir) when log.dirs is not set, as in Kafka; described with the "
                "value it was set to.",
 }
+# The SASL settings SASL_PLAINTEXT and SASL_SSL listeners read at start (security/sasl/, security/jaas.py; also as
+# listener.name.<listener>.<name>, and the per-mechanism ones as listener.name.<listener>.<mechanism>.<name>).
+_SASL_AT_START = "read by SASL listeners at start (a new value takes effect at the next start)"
+_USED_KAFKA_DOCS.update({
+    "sasl.enabled.mechanisms": f"The SASL mechanisms a SASL listener serves: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, "
+                               f"OAUTHBEARER (GSSAPI, Kafka's default, is refused at start); {_SASL_AT_START}.",
+    "sasl.jaas.config": f"The JAAS login module of a mechanism, set as listener.name.<listener>.<mechanism>."
+                        f"sasl.jaas.config (the unprefixed key is ignored, as by Kafka's broker); {_SASL_AT_START}.",
+    "sasl.server.callback.handler.class": f"Only Kafka's own handlers (OAUTHBEARER: its signed-JWT validator), as "
+                                          f"listener.name.<listener>.<mechanism>.sasl.server.callback.handler.class; "
+                                          f"{_SASL_AT_START}.",
+    "sasl.server.max.receive.size": f"The largest frame a client may send before it is authenticated (larger: the "
+                                    f"authentication fails); {_SASL_AT_START}.",
+    "connections.max.reauth.ms": f"KIP-368 session lifetime of SASL connections (0: none), also per listener and "
+                                 f"mechanism; sent in SaslAuthenticate v1+, the client re-authenticates before it "
+                                 f"ends, a request on an expired session closes the connection; {_SASL_AT_START}.",
+    "connection.failed.authentication.delay.ms": f"How long the answer to a failed SASL authentication is held "
+                                                 f"before the connection closes (other clients are served "
+                                                 f"meanwhile); {_SASL_AT_START}.",
+    **{name: f"The signed-JWT validator of OAUTHBEARER (security/sasl/oauthbearer.py); {_SASL_AT_START}." for name in (
+        "sasl.oauthbearer.jwks.endpoint.url", "sasl.oauthbearer.clock.skew.seconds",
+        "sasl.oauthbearer.expected.audience", "sasl.oauthbearer.expected.issuer",
+        "sasl.oauthbearer.scope.claim.name", "sasl.oauthbearer.sub.claim.name")},
+})
 # Kafka checks these where KafkaConfig reads them, not in its ConfigDef (their catalogue column is empty).
 _READ_CHECKS: dict[str, Validator] = {"max.connections.per.ip.overrides": ConnectionsPerIpOverrides()}
 BROKER_CONFIGS.update(
@@ -1264,8 +1291,8 @@ def to_topic_unit(broker_key: str, value: Any) -> Any:
 
 DEFAULT_LISTENER_NAME = "PLAINTEXT"
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-# What pykbroker serves: SSL listeners beside PLAINTEXT ones (server/broker.py, security/tls.py); SASL_* not yet.
-SUPPORTED_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL")
+# What pykbroker serves: all four (server/broker.py; security/tls.py for SSL, security/sasl/ for SASL).
+SUPPORTED_SECURITY_PROTOCOLS = SECURITY_PROTOCOLS
 # What a listener added by a dynamic update may use (listeners are not opened at run time with TLS contexts).
 DYNAMIC_SECURITY_PROTOCOLS = ("PLAINTEXT",)
 # Kafka's endpoint syntax (CoreUtils.listenerListToEndPoints): an IPv6 host may be bracketed.
@@ -1410,10 +1437,10 @@ def resolve_listeners(
     ``listeners`` wins over host/port (as it did over Kafka's old ``host.name``/``port``). Advertised
     listeners default to the listeners; their names must be a subset of the listeners' and, as in Kafka,
     they may not name the non-routable 0.0.0.0. A listener on every interface (an empty host, or
-    ``--host 0.0.0.0`` without an advertised host) is advertised under the canonical host name. A
-    security protocol other than PLAINTEXT or SSL is refused here, before anything starts (after Kafka's own
-    requirements, the inter-broker listener's among them: inter_broker_listener_name; ``supported_only`` False:
-    not at all). Kafka's requirements raise KafkaRequirement.
+    ``--host 0.0.0.0`` without an advertised host) is advertised under the canonical host name. Kafka's own
+    requirements (the inter-broker listener's among them: inter_broker_listener_name) are checked here, before
+    anything starts; then a security protocol pykbroker does not serve (``supported_only`` False: not checked).
+    Kafka's requirements raise KafkaRequirement.
     """
     protocols = parse_security_protocol_map(values["listener.security.protocol.map"])
     if values.get("listeners"):

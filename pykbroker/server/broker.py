@@ -75,6 +75,7 @@ from pykbroker.security.authorizer import AUTHORIZER_CLASS_NAMES, AclAuthorizer
 from pykbroker.security.principal import ANONYMOUS
 from pykbroker.security.credentials import ScramCredentialCache
 from pykbroker.security.quotas import ClientQuotas
+from pykbroker.security.sasl.authenticator import SaslListener
 from pykbroker.server.connection import KafkaConnection, RequestMemory
 from pykbroker.server.dispatch import load_handlers
 from pykbroker.server.throttling import with_client_quotas
@@ -265,6 +266,7 @@ class Broker:
         self._handshakes: dict[asyncio.Task, str] = {}  # TLS handshakes in progress (SSL listeners) -> peer host
         self._handshaking_per_host: Counter[str] = Counter()
         self.tls: dict[str, TlsContextHolder] | None = None  # SSL listener name -> its TLS context (tls_holders)
+        self.sasl: dict[str, SaslListener] | None = None  # SASL listener name -> its mechanisms (sasl_listeners)
         self._slot_freed = asyncio.Event()  # set when a connection closes: an acceptor at max.connections goes on
         self.advertised: dict[str, BrokerEndpoint] = {}  # listener name -> this broker's endpoint there
         self._background: list[asyncio.Task] = []
@@ -415,6 +417,8 @@ class Broker:
             await self.acl_store.start()
         if self.tls is None:
             self.tls = tls_holders(self.config)
+        if self.sasl is None:
+            self.sasl = sasl_listeners(self.config, BrokerCredentials(self))
         self.load()
         self._lead_offsets_partitions()
         max_request = int(self.config.get("socket.request.max.bytes"))
@@ -444,7 +448,7 @@ class Broker:
         for listener, sock in listening:
             holder = self.tls.get(listener.name)
             factory = functools.partial(KafkaConnection, self, self.handlers, max_request, self.request_memory,
-                                        listener=listener.name, tls=holder)
+                                        listener=listener.name, tls=holder, sasl=self.sasl.get(listener.name))
             self._acceptors.append(asyncio.ensure_future(self._accept(sock, factory, holder)))
             endpoint = self.advertised.get(listener.name)
             if listener.binds_all and endpoint is not None:
@@ -737,7 +741,7 @@ def tls_holders(config: BrokerConfig) -> dict[str, TlsContextHolder]:
     holders: dict[str, TlsContextHolder] = {}
     inter_broker = config.inter_broker_listener
     for listener in config.listeners:
-        if listener.security_protocol != "SSL":
+        if listener.security_protocol not in ("SSL", "SASL_SSL"):
             continue
         try:  # the inter-broker listener's own client must be able to connect to it (Kafka's SslFactory check)
             holders[listener.name] = TlsContextHolder(
@@ -757,6 +761,35 @@ def inter_broker_client(config: BrokerConfig) -> InterBrokerClient:
         return InterBrokerClient.from_config(config)
     except ConfigError as exc:
         raise StartupError(exc.message) from None
+
+
+class BrokerCredentials:
+    """The SCRAM credentials SASL listeners check: the broker's ``scram_credentials`` at each look-up (the
+    mechanisms are built, and their settings checked, before the broker and its data dir exist)."""
+
+    def __init__(self, broker: Broker | None = None) -> None:
+        self.broker = broker
+
+    def get(self, mechanism: str, user: str) -> Any:
+        return None if self.broker is None else self.broker.scram_credentials.get(mechanism, user)
+
+
+def sasl_listeners(config: BrokerConfig, credentials: BrokerCredentials) -> dict[str, SaslListener]:
+    """One SaslListener per SASL_PLAINTEXT or SASL_SSL listener (its enabled mechanisms from
+    ``sasl.enabled.mechanisms``, its JAAS strings, ...); what Kafka refuses at start (GSSAPI, an enabled mechanism
+    without a JAAS entry, ...) is a StartupError naming the listener."""
+    from pykbroker.security.jaas import JaasConfigError
+    from pykbroker.security.sasl import SaslConfigError
+
+    listeners: dict[str, SaslListener] = {}
+    for listener in config.listeners:
+        if listener.security_protocol not in ("SASL_PLAINTEXT", "SASL_SSL"):
+            continue
+        try:
+            listeners[listener.name] = SaslListener.from_configs(listener.name, config.values, credentials=credentials)
+        except (SaslConfigError, JaasConfigError) as exc:
+            raise StartupError(f"listener {listener}: {exc}") from None
+    return listeners
 
 
 def open_broker(config: BrokerConfig) -> Broker:
@@ -820,8 +853,12 @@ async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> Non
             listening.append((listener, bind_listener(listener)))
         metrics_sock = bind_metrics(config)
         tls = tls_holders(config)  # before the data dir is opened: a bad ssl.* setting writes nothing
+        credentials = BrokerCredentials()
+        sasl = sasl_listeners(config, credentials)  # likewise a bad SASL setting
         broker = open_broker(config)
         broker.tls = tls
+        credentials.broker = broker
+        broker.sasl = sasl
         if metrics_sock is not None:  # from now on: /health answers, /ready says why not yet
             await broker.serve_metrics(metrics_sock)
         await broker.start(listening, stop)

@@ -45,6 +45,15 @@ throttle_time_ms, and then the connection is muted for that long, as Kafka's Thr
 from the socket nor taken from the buffer until the throttle time has passed (a connection muted so is not
 idle), so a client that does not back off by itself is held to its quota; other connections are not affected.
 
+A SASL listener's connection (``sasl``) is "authenticating" before it serves: every frame goes to its
+SaslAuthenticator (security/sasl/authenticator.py, Kafka's SaslServerAuthenticator), which allows only
+ApiVersions, SaslHandshake and SaslAuthenticate (or KIP-43 raw tokens) and bounds frames by
+``sasl.server.max.receive.size``; any other request closes the connection with one log line. Success sets
+``principal`` (User:<authorized id>). A failure is logged in one line, the connection is muted, and its answer
+(if any) is sent only after ``connection.failed.authentication.delay.ms`` (a timer on the event loop: other
+connections are served meanwhile), then the connection is closed. Once authenticated, a SaslHandshake may begin
+KIP-368 re-authentication, and a request on an expired session closes the connection.
+
 The broker closes a connection (bad frame, idle, an acks=0 produce that failed, its own failure) with
 ``transport.abort()``: unsent response bytes are dropped, as Kafka's Selector.close does, so a client that
 never reads cannot keep the connection, its pending response and its pinned segment files alive (a graceful
@@ -76,13 +85,16 @@ from pykbroker.protocol.framing import (
     encode_response,
     read_prefix,
 )
+from pykbroker.protocol.errors import ErrorCode
 from pykbroker.security.principal import ANONYMOUS
+from pykbroker.security.sasl.authenticator import SaslAuthenticator, Step
 from pykbroker.server.dispatch import NO_RESPONSE, CloseConnection, Handler, RequestContext
-from pykbroker.server.error_answers import error_response
+from pykbroker.server.error_answers import build, error_response
 from pykbroker.server.handlers.api_versions import unsupported_api_versions_response
 
 if TYPE_CHECKING:
     from pykbroker.security.principal import KafkaPrincipal
+    from pykbroker.security.sasl.authenticator import SaslListener
     from pykbroker.security.tls import TlsContextHolder
     from pykbroker.server.broker import Broker
 
@@ -140,11 +152,14 @@ class RequestMemory:
 class KafkaConnection(asyncio.Protocol):
     def __init__(self, broker: "Broker", handlers: dict[int, Handler], max_request_bytes: int,
                  memory: RequestMemory, listener: str = DEFAULT_LISTENER_NAME,
-                 tls: "TlsContextHolder | None" = None) -> None:
+                 tls: "TlsContextHolder | None" = None, sasl: "SaslListener | None" = None) -> None:
         self.broker = broker
         self.listener = listener  # the listener name this connection arrived on (RequestContext.listener)
         self.tls = tls  # the SSL listener's context holder, None on PLAINTEXT
-        self.principal: KafkaPrincipal | None = None  # a TLS connection's principal (connection_made)
+        self.principal: KafkaPrincipal | None = None  # a TLS connection's principal (connection_made), or SASL's
+        # A SASL listener's connection: its authenticator takes every frame until the client is authenticated.
+        self.sasl = SaslAuthenticator(sasl, broker.apis) if sasl is not None else None
+        self._failing: asyncio.TimerHandle | None = None  # a failed authentication's delayed answer and close
         self.handshake: asyncio.Task | None = None  # a TLS connection's handshake task (the broker's per-IP count)
         self.handlers = handlers
         self.max_request_bytes = max_request_bytes
@@ -180,7 +195,7 @@ class KafkaConnection(asyncio.Protocol):
             self._closed = True
             transport.abort()
             return
-        if self.tls is not None:
+        if self.tls is not None and self.sasl is None:  # on SASL_SSL the principal is SASL's
             try:
                 self.principal = self.tls.principal(transport.get_extra_info("ssl_object"))
             except Exception as exc:  # principal.py's NoMatchingRule (a ValueError): Kafka fails the authentication
@@ -204,6 +219,8 @@ class KafkaConnection(asyncio.Protocol):
         if self._task is not None:
             self._task.cancel()
         self._end_throttle()
+        if self._failing is not None:
+            self._failing.cancel()
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -245,6 +262,10 @@ class KafkaConnection(asyncio.Protocol):
             if available < size_len:
                 break
             (size,) = SIZE.unpack_from(buffer, start)
+            sasl = self.sasl
+            if sasl is not None and sasl.authenticating and sasl.frame_too_large(size):
+                self._authentication_failed(sasl.oversized(size))
+                return
             if size < 0 or size > self.max_request_bytes:
                 self._abort(f"frame of {size} bytes exceeds socket.request.max.bytes {self.max_request_bytes}")
                 return
@@ -281,6 +302,12 @@ class KafkaConnection(asyncio.Protocol):
         return True
 
     def _handle_frame(self, frame: bytes) -> None:
+        sasl = self.sasl
+        if sasl is not None:
+            step = sasl.receive(frame) if sasl.authenticating else sasl.screen(frame)
+            if not step.serve:
+                self._sasl_step(step)
+                return
         try:
             prefix = read_prefix(frame)
         except FrameError as exc:
@@ -330,6 +357,51 @@ class KafkaConnection(asyncio.Protocol):
             self._busy = False
         if not self._closed:
             self._process()
+
+    # -- SASL (security/sasl/authenticator.py decides, the connection acts) -------------------------------
+    def _sasl_step(self, step: Step) -> None:
+        if step.close is not None:
+            self._abort(step.close)
+        elif step.failure is not None:
+            self._authentication_failed(step)
+        else:
+            if step.principal is not None:
+                self.principal = step.principal
+                log.debug("SASL connection from %s on listener %s: principal %s", self.peer, self.listener,
+                          self.principal)
+            if step.reply is not None:
+                self._outbox.append(bytearray(step.reply))
+                self._pump()
+
+    def _authentication_failed(self, step: Step) -> None:
+        """Kafka's Selector: one log line, the channel muted, the answer (if any) sent after
+        connection.failed.authentication.delay.ms, then closed. Other connections are served meanwhile."""
+        log.info("failed authentication with %s on listener %s (%s)", self.peer, self.listener, step.failure)
+        reply = step.reply
+        if step.refused is not None:  # another request during the exchange: ILLEGAL_SASL_STATE, as Kafka
+            request = step.refused
+            try:
+                answer = build(request.codec.response_type, request.body, ErrorCode.illegal_sasl_state)
+                pieces = encode_response(request.codec, request.correlation_id, answer)
+                reply = b"".join(bytes(piece) for piece in pieces)
+            except Exception:
+                reply = None
+        self._busy = True  # muted: nothing more is read or processed on this connection
+        self.update_reading()
+        delay_s = self.sasl.listener.failed_delay_ms / 1000 if self.sasl is not None else 0
+        if delay_s > 0:
+            self._failing = asyncio.get_running_loop().call_later(delay_s, self._close_after_failure, reply)
+        else:
+            self._close_after_failure(reply)
+
+    def _close_after_failure(self, reply: bytes | None) -> None:
+        self._failing = None
+        if self._closed or self.transport is None:
+            return
+        if reply:
+            self._send(reply)
+        self._closed = True
+        self.transport.close()  # graceful: the answer is flushed first
 
     def _failed(self, request, exc: Exception) -> Any:
         """The answer to a request whose handler raised: Kafka's error response, one log line. If even that

@@ -26,8 +26,12 @@ JVM_ENV = {"KAFKA_HEAP_OPTS": "-Xmx512m",
 class ReferenceKafka(BrokerProcess):
     """A BrokerProcess whose process is Kafka (kafka-server-start.sh execs java: the pid is the JVM's)."""
 
-    def __init__(self, workdir: Path, overrides: dict[str, str] | None = None) -> None:
-        """``overrides``: server.properties settings added to or replacing the defaults below."""
+    def __init__(self, workdir: Path, overrides: dict[str, str] | None = None, *,
+                 extra_listeners: dict[str, tuple[str, int]] | None = None,
+                 extra_properties: tuple[str, ...] = ()) -> None:
+        """``overrides``: server.properties settings added to or replacing the defaults below;
+        ``extra_listeners``: name -> (security protocol, port) beside PLAINTEXT; ``extra_properties``: more
+        ``key=value`` lines (e.g. SASL settings), applied before ``overrides``."""
         refkit = find_refkit()
         reason = unavailable_reason(refkit)
         if reason is not None:
@@ -38,6 +42,8 @@ class ReferenceKafka(BrokerProcess):
         self.properties = self.workdir / "kraft.properties"
         self.log_path = self.workdir / "kafka.log"
         self.overrides = dict(overrides or {})
+        self.extra_listeners = extra_listeners or {}
+        self.extra_properties = extra_properties
 
     def _env_args(self) -> list[str]:
         settings = {"LOG_DIR": str(self.workdir / "run"), **JVM_ENV}
@@ -47,15 +53,17 @@ class ReferenceKafka(BrokerProcess):
         return [*self._env_args(), str(self.bin / "kafka-server-start.sh"), str(self.properties)]
 
     def start(self, timeout: float = START_TIMEOUT_S) -> "ReferenceKafka":
+        extra = "".join(f",{name}://{self.host}:{port}" for name, (_, port) in self.extra_listeners.items())
+        extra_map = "".join(f",{name}:{protocol}" for name, (protocol, _) in self.extra_listeners.items())
         settings = dict(line.split("=", 1) for line in [
             "process.roles=broker,controller", "node.id=1",
             f"controller.quorum.voters=1@{self.host}:{self.controller_port}",
-            f"listeners=PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{self.controller_port}",
-            f"advertised.listeners=PLAINTEXT://{self.host}:{self.port}", "controller.listener.names=CONTROLLER",
-            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            f"listeners=PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{self.controller_port}{extra}",
+            f"advertised.listeners=PLAINTEXT://{self.host}:{self.port}{extra}", "controller.listener.names=CONTROLLER",
+            f"listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT{extra_map}",
             f"log.dirs={self.data_dir}", "num.partitions=1", "offsets.topic.replication.factor=1",
             "offsets.topic.num.partitions=1", "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1", "group.initial.rebalance.delay.ms=0",
+            "transaction.state.log.min.isr=1", "group.initial.rebalance.delay.ms=0", *self.extra_properties,
         ])
         settings.update(self.overrides)
         self.properties.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))

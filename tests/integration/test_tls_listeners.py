@@ -424,10 +424,10 @@ def _serve_properties(tmp_path, text: str):
 
 
 @pytest.mark.parametrize(("properties", "words", "status"), [
-    ("listeners=PLAINTEXT://127.0.0.1:{p},SASL_SSL://127.0.0.1:{q}\n",
-     ("SASL_SSL://127.0.0.1:{q} uses security protocol SASL_SSL", "not support yet", "PLAINTEXT, SSL"), 2),
-    ("listeners=PLAINTEXT://127.0.0.1:{p},SASL_PLAINTEXT://127.0.0.1:{q}\n",
-     ("security protocol SASL_PLAINTEXT", "not support yet"), 2),
+    ("listeners=PLAINTEXT://127.0.0.1:{p},SASL_SSL://127.0.0.1:{q}\n",  # SASL_SSL: TLS first, its key store
+     ("listener SASL_SSL://127.0.0.1:{q}", "ssl.keystore.location"), 1),
+    ("listeners=PLAINTEXT://127.0.0.1:{p},SASL_PLAINTEXT://127.0.0.1:{q}\n",  # Kafka's default GSSAPI
+     ("listener SASL_PLAINTEXT://127.0.0.1:{q}", "SASL mechanism GSSAPI is not supported"), 1),
     # Kafka's inter-broker listener: the one named after security.inter.broker.protocol (PLAINTEXT) by default
     ("listeners=SSL://127.0.0.1:{p}\n",
      ("inter.broker.listener.name must be a listener name defined in advertised.listeners",

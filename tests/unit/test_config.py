@@ -569,8 +569,6 @@ def test_listeners_win_over_host_and_port_with_a_warning(caplog):
          "Only one of inter.broker.listener.name and security.inter.broker.protocol should be set."),
         ({"listeners": "PLAINTEXT://:9092", "inter.broker.listener.name": "internal"}, "inter.broker.listener.name",
          "Listener with name INTERNAL defined in inter.broker.listener.name not found in listener.security.protocol.map."),
-        ({"listeners": "PLAINTEXT://:9092,SASL_PLAINTEXT://:9094"}, "listeners", "security protocol SASL_PLAINTEXT"),
-        ({"listeners": "PLAINTEXT://:9092,SASL_SSL://:9094"}, "listeners", "security protocol SASL_SSL"),
         ({"listeners": "OTHER://:9092"}, "listeners", "No security protocol defined for listener OTHER"),
         ({"listeners": "localhost:9092"}, "listeners", "Unable to parse"),
         ({"listeners": "A://:1,A://:2", "listener.security.protocol.map": "A:PLAINTEXT"}, "listeners", "different name"),
@@ -608,6 +606,13 @@ def test_the_inter_broker_listener_follows_kafkas_rule(values, expected):
 def test_ssl_listeners_are_served_beside_plaintext_ones():
     config = load(cli={"listeners": "PLAINTEXT://127.0.0.1:9092,SSL://127.0.0.1:9093"})
     assert config.listeners == (Listener("PLAINTEXT", "127.0.0.1", 9092), Listener("SSL", "127.0.0.1", 9093, "SSL"))
+
+
+def test_sasl_listeners_are_served_beside_plaintext_ones():
+    config = load(cli={"listeners": "PLAINTEXT://127.0.0.1:9092,SASL_PLAINTEXT://127.0.0.1:9094,SASL_SSL://127.0.0.1:9095"})
+    assert config.listeners == (Listener("PLAINTEXT", "127.0.0.1", 9092),
+                                Listener("SASL_PLAINTEXT", "127.0.0.1", 9094, "SASL_PLAINTEXT"),
+                                Listener("SASL_SSL", "127.0.0.1", 9095, "SASL_SSL"))
 
 
 def test_queued_max_request_bytes_is_unbounded_at_or_below_0_or_at_least_socket_request_max_bytes():
@@ -760,3 +765,12 @@ def test_a_dynamic_listener_update_on_a_broker_serving_ssl_checks_only_the_new_l
         check_listener_update({**current.values,
                                "listeners": "PLAINTEXT://127.0.0.1:9092,SSL://127.0.0.1:9093,NEW://127.0.0.1:9095",
                                "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SSL:SSL,NEW:SSL"}, current)
+
+
+@pytest.mark.parametrize("name", ["sasl.enabled.mechanisms", "sasl.jaas.config", "sasl.server.max.receive.size",
+                                  "connections.max.reauth.ms", "connection.failed.authentication.delay.ms"])
+def test_the_sasl_settings_sasl_listeners_read_are_documented_as_used(name):
+    from pykbroker.config import BROKER_CONFIGS
+
+    assert "no effect here" not in BROKER_CONFIGS[name].doc
+    assert "SASL" in BROKER_CONFIGS[name].doc

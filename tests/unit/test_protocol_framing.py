@@ -32,7 +32,8 @@ def test_matrix_matches_the_issue_ranges():
                 45: (0, 0), 46: (0, 0), 27: (1, 1), 50: (0, 0), 51: (0, 0),
                 24: (0, 4), 25: (0, 3), 26: (0, 3), 65: (0, 0), 66: (0, 0),  # the transaction coordinator
                 29: (1, 3), 30: (1, 3), 31: (1, 3),  # ACLs (Kafka 3.7.1 also has v0; kio's codecs start at v1)
-                48: (0, 1), 49: (0, 1)}  # client quotas (KIP-546)
+                48: (0, 1), 49: (0, 1),  # client quotas (KIP-546)
+                17: (0, 1), 36: (0, 2)}  # SASL (Kafka 3.7.1's ranges)
     assert {k: (a.min_version, a.max_version) for k, a in apis_for(cluster=False).items()} == expected
     # A cluster member also serves the controller's requests (the versions Kafka 3.7's controller sends),
     # ControlledShutdown and AlterPartition (brokers to the controller).

@@ -32,12 +32,13 @@ OAuthBearerValidatorCallbackHandler). GSSAPI (Kerberos) is not implemented: a li
 at startup by ``build_listener_mechanisms``.
 
 Cost: ``evaluate`` is cheap enough for the event loop (SCRAM keeps derived keys, so an exchange is a few HMACs;
-an RS256 check is tens of microseconds; the JWKS file is read at startup). Left to the wiring, as Kafka's
-authenticator does them: ``connection.failed.authentication.delay.ms`` before answering a failure, the
-re-authentication rules (same mechanism, same principal: KIP-368), the principal's ``tokenAuthenticated`` flag
-(``token_authenticated``), feeding ``credentials.ScramCredentialCache`` from the journal or ZooKeeper's
-``/config/users`` changes, and bounding how many tokens one connection may try (Kafka lets an OAUTHBEARER client
-send a new token after each JSON error).
+an RS256 check is tens of microseconds; the JWKS file is read at startup). The wiring is ``authenticator.py``
+(one SaslAuthenticator per connection of a SASL listener, Kafka's SaslServerAuthenticator): the framing,
+``connection.failed.authentication.delay.ms`` (applied by server/connection.py), the session lifetime and the
+re-authentication rules (same mechanism, same principal: KIP-368). Not wired yet: the principal's
+``tokenAuthenticated`` flag (``token_authenticated``; KafkaPrincipal has none yet, delegation tokens are not
+served), and bounding how many tokens one connection may try (Kafka lets an OAUTHBEARER client send a new token
+after each JSON error).
 """
 
 from __future__ import annotations
