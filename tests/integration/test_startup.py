@@ -161,11 +161,14 @@ def test_data_dir_without_write_permission_is_named(tmp_path):
     assert_one_line_failure(result, str(data_dir), "not writable")
 
 
-def test_listener_with_an_unsupported_security_protocol_is_refused(tmp_path):
+def test_a_sasl_ssl_listener_without_a_key_store_is_refused_before_the_data_dir_is_made(tmp_path):
+    """Every security protocol is served; one that cannot work as configured (SASL_SSL: TLS first, and no
+    ssl.keystore.location) stops the start with one line naming the listener, before anything is written."""
     data_dir = tmp_path / "fresh"
-    result = serve("--listeners", f"SASL_SSL://{HOST}:{free_port()}", "--override",
+    port = free_port()
+    result = serve("--listeners", f"SASL_SSL://{HOST}:{port}", "--override",
                    "security.inter.broker.protocol=SASL_SSL", data_dir=data_dir)
-    assert_one_line_failure(result, "SASL_SSL", "PLAINTEXT", status=2)
+    assert_one_line_failure(result, f"SASL_SSL://{HOST}:{port}", "ssl.keystore.location", status=1)
     assert not data_dir.exists()
 
 
