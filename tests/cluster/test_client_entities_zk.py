@@ -23,9 +23,9 @@ from cluster_helpers import wait_for
 class Follower:
     """A started ZkMetadata whose client entities feed a credential cache and client quotas (a broker's part)."""
 
-    def __init__(self, zk_connect: str) -> None:
+    def __init__(self, zk_connect: str, **metadata_options) -> None:
         self.zk = KafkaZkClient(zk_connect, session_timeout_ms=6000)
-        self.metadata = ZkMetadata(self.zk, 1, "cid", inter_broker_listener="PLAINTEXT")
+        self.metadata = ZkMetadata(self.zk, 1, "cid", inter_broker_listener="PLAINTEXT", **metadata_options)
         self.credentials, self.quotas = ScramCredentialCache(), ClientQuotas()
         client_entities.follow(self.metadata, self.credentials, self.quotas)
 
@@ -96,6 +96,42 @@ def test_an_unreadable_credential_keeps_the_known_one_and_names_no_secret(zk_con
                 await wait_for(lambda: "carol" in caplog.text, what="the warning about carol's credential")
                 assert broker.credentials.get("SCRAM-SHA-256", "carol") == known
                 assert "secret-looking" not in caplog.text
+        finally:
+            await writer.close()
+
+    run_async(main(), timeout=60)
+
+
+def test_unreadable_config_znodes_are_entities_without_configs_and_the_broker_starts(zk_connect, run_async, caplog):
+    """Kafka's ConfigEntityZNode.decode takes data that is not its JSON as an empty config: one such znode under
+    /config/users, /config/clients, /config/ips or /config/brokers does not keep a broker from starting (it
+    used to be retried as if ZooKeeper were unreachable, then MetadataStartError). One warning names each
+    znode; the readable entities are read; a later write of the entity is taken."""
+    async def main():
+        writer = KafkaZkClient(zk_connect, session_timeout_ms=6000)
+        await writer.start()
+        raw = writer.kazoo
+        for path, data in (("/config/users/mallory", b"{not json"), ("/config/clients/app", b"\xff\xfe"),
+                           ("/config/ips/10.0.0.1", b"[1]"), ("/config/brokers/<default>", b"{oops"),
+                           ("/config/topics/t", b'{"version":1,"config":"x"}')):
+            await asyncio.to_thread(raw.create, path, data, makepath=True)
+        await writer.set_entity_config("users", "alice", scram_config({}, "pw"))
+        try:
+            async with Follower(zk_connect, start_timeout_s=5) as broker:
+                assert broker.credentials.get("SCRAM-SHA-256", "alice") is not None
+                assert set(broker.metadata.client_entity_configs()) == {"users/alice"}
+                assert broker.metadata.broker_configs("<default>") == {}
+                assert await broker.zk.get_topic_config("t") == {}
+                for path in ("/config/users/mallory", "/config/clients/app", "/config/ips/10.0.0.1",
+                             "/config/brokers/<default>", "/config/topics/t"):
+                    assert path in caplog.text
+                assert "cannot read the configs" not in caplog.text  # not taken for ZooKeeper being unreachable
+                # the unreadable user is overwritten like an entity without configs (its zkVersion read)
+                config, version = await broker.metadata.read_entity_configs_async("users", "mallory")
+                assert (config, version) == ({}, 0)
+                await broker.metadata.set_client_entity_configs_async("users/mallory", scram_config({}, "pw"),
+                                                                      version=version)
+                assert broker.credentials.get("SCRAM-SHA-256", "mallory") is not None
         finally:
             await writer.close()
 
