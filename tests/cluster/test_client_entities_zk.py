@@ -39,6 +39,13 @@ class Follower:
         await self.zk.close()
 
 
+async def notifications_done(broker: "Follower", last: str) -> None:
+    """Until the broker has processed the change notifications up to ``last`` (those present at its start are
+    processed after ``start`` returns)."""
+    sequence = int(last.rsplit("_", 1)[1])
+    await wait_for(lambda: broker.metadata._last_change >= sequence, what=f"notification {last} processed")
+
+
 def scram_config(user_config: dict, password: str) -> dict:
     return user_config_with(user_config, "SCRAM-SHA-256", generate_credential("SCRAM-SHA-256", password))
 
@@ -136,6 +143,82 @@ def test_unreadable_config_znodes_are_entities_without_configs_and_the_broker_st
             await writer.close()
 
     run_async(main(), timeout=60)
+
+
+def test_a_change_whose_read_fails_is_read_again_not_skipped(zk_connect, run_async):
+    """The read a change notification starts loses its connection (injected once: a real ZooKeeper cannot
+    time that): the notification is not done, it is processed again (with those after it, in order), so a
+    revoked password does not survive on this broker until a restart."""
+    from kazoo.exceptions import ConnectionLoss
+
+    async def main():
+        writer = KafkaZkClient(zk_connect, session_timeout_ms=6000)
+        await writer.start()
+        last = await writer.set_entity_config("users", "alice", scram_config({}, "pw"))
+        try:
+            async with Follower(zk_connect) as broker:
+                await notifications_done(broker, last)
+                assert broker.credentials.get("SCRAM-SHA-256", "alice") is not None
+                real_read, failed = broker.zk.get_entity_config, []
+
+                async def read_losing_the_connection_once(entity_type, name):
+                    if (entity_type, name) == ("users", "alice") and not failed:
+                        failed.append(name)
+                        raise ConnectionLoss()
+                    return await real_read(entity_type, name)
+
+                broker.zk.get_entity_config = read_losing_the_connection_once
+                await writer.set_entity_config("users", "alice", {})  # alice's password revoked
+                await writer.set_entity_config("users", "bob", scram_config({}, "pw2"))  # a later change
+                await wait_for(lambda: failed, what="the failed read")
+                await wait_for(lambda: broker.credentials.get("SCRAM-SHA-256", "alice") is None,
+                               what="alice's revocation read again")
+                await wait_for(lambda: broker.credentials.get("SCRAM-SHA-256", "bob") is not None, what="bob")
+        finally:
+            await writer.close()
+
+    run_async(main(), timeout=60)
+
+
+def test_after_a_new_zookeeper_session_every_client_entity_is_read_again(zk_connect, run_async):
+    """While a broker's session is expired, a change may come and its notification be purged (15 minutes):
+    on the new session every client entity is read again. Here the znode is written without notification and
+    the session then expired (a second client with its session id closes it, ZooKeeper's way)."""
+    from kazoo.client import KazooClient
+
+    async def main():
+        writer = KafkaZkClient(zk_connect, session_timeout_ms=6000)
+        await writer.start()
+        await writer.set_entity_config("users", "alice", scram_config({}, "pw"))
+        last = await writer.set_entity_config("clients", "app", {"producer_byte_rate": "10"})
+        try:
+            async with Follower(zk_connect) as broker:
+                await notifications_done(broker, last)
+                assert broker.credentials.get("SCRAM-SHA-256", "alice") is not None
+                raw = writer.kazoo
+                await asyncio.to_thread(raw.set, "/config/users/alice", b'{"version":1,"config":{}}')
+                await asyncio.to_thread(raw.delete, "/config/clients/app")
+                heard = []
+                broker.zk.add_session_listener(heard.append)
+                session_id, password = broker.zk.kazoo.client_id
+                hosts = broker.zk.hosts + (broker.zk.chroot or "")
+
+                def expire() -> None:
+                    other = KazooClient(hosts=hosts, client_id=(session_id, password), timeout=6)
+                    other.start(10)
+                    other.stop()
+                    other.close()
+
+                await asyncio.to_thread(expire)
+                await wait_for(lambda: "RECONNECTED" in heard, timeout=30, what="a new session")
+                await wait_for(lambda: broker.credentials.get("SCRAM-SHA-256", "alice") is None,
+                               what="alice's credential read again")
+                await wait_for(lambda: "clients/app" not in broker.metadata.client_entity_configs(),
+                               what="the deleted client entity forgotten")
+        finally:
+            await writer.close()
+
+    run_async(main(), timeout=90)
 
 
 def test_kafkas_own_tool_bootstraps_a_scram_user_in_zookeeper_and_the_broker_checks_its_password(zk_connect, run_async):
