@@ -373,10 +373,16 @@ def test_scram_add_keeps_the_users_other_configs(tmp_path):
     ("SCRAM-SHA-256=[name=admin]", "You must supply one of 'password' or 'saltedpassword' to add-scram"),
     ('SCRAM-SHA-256=[name=admin,iterations=100,salt="c2FsdA==",saltedpassword="YWJj"]',
      "The 'iterations' value must be >= 4096 for add-scram"),
+    # what Kafka's StorageTool would silently store as something else: refused, the key named, no value shown
+    ("SCRAM-SHA-256=[name=admin,password=pass s3cr3t]", "the item of 'password' holds whitespace"),
+    ("SCRAM-SHA-256=[name=admin,password=pa=s3cr3t]", "the value of 'password' holds an '=' outside double quotes"),
+    ("SCRAM-SHA-256=[name=admin,password=abc,s3cr3t]", "the item after 'password' has no '='"),
+    ("SCRAM-SHA-256=name=admin,password=s3cr3t", "must be SCRAM-SHA-256=[key=value,...] (in brackets)"),
 ])
 def test_scram_add_refuses_bad_arguments_and_stores_nothing(tmp_path, argument, message):
     refused = scram_add("--data-dir", str(tmp_path / "data"), argument)
-    assert refused.returncode == 2 and message in refused.stderr
+    assert refused.returncode == 2 and message in " ".join(refused.stderr.split()), refused.stderr
+    assert "s3cr3t" not in refused.stderr and "Stored" not in refused.stdout
     assert not (tmp_path / "data").exists()
 
 

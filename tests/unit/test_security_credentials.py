@@ -189,6 +189,9 @@ def test_add_scram_argument_as_kafka_storage_reads_it():
     # Kafka 3.7.1 reads 'iterations' only together with 'salt'
     assert cred.parse_add_scram("SCRAM-SHA-256=[name=c,iterations=8192,password=x]")[2].iterations == 4096
     assert cred.parse_add_scram('SCRAM-SHA-256=[name=d,password="a=b"]')[2] is not None
+    # base64 padding outside quotes is padding (Java's split drops the trailing empty strings)
+    assert cred.parse_add_scram(
+        "SCRAM-SHA-512=[name=e,iterations=8192,salt=N3E=,saltedpassword=YCE=]")[2].salt == b"7q"
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -211,6 +214,31 @@ def test_add_scram_errors(spec, message):
     with pytest.raises(ValueError) as e:
         cred.parse_add_scram(spec)
     assert message in str(e.value)
+
+
+@pytest.mark.parametrize("spec, message", [
+    # Kafka would store the first word ("pas"): refused, naming the key
+    ("SCRAM-SHA-256=[name=a,password=pass word]", "the item of 'password' holds whitespace"),
+    ("SCRAM-SHA-256=[name=a,password=pass\tword]", "the item of 'password' holds whitespace"),
+    # Kafka would store "a" (the second '=' splits again)
+    ("SCRAM-SHA-256=[name=a,password=a=b]", "the value of 'password' holds an '=' outside double quotes"),
+    ("SCRAM-SHA-256=[name=a,password=pass=]", "the value of 'password' holds an '=' outside double quotes"),
+    ("SCRAM-SHA-256=[name=a=b,password=x]", "the value of 'name' holds an '=' outside double quotes"),
+    # a ',' inside the password: the rest is an item without '='
+    ("SCRAM-SHA-256=[name=a,password=abc,s3cr3t]", "the item after 'password' has no '='"),
+    ("SCRAM-SHA-256=[s3cr3t]", "the first item has no '='"),
+    # the brackets
+    ("SCRAM-SHA-256=name=a,password=s3cr3t", "must be SCRAM-SHA-256=[key=value,...] (in brackets)"),
+    ("SCRAM-SHA-256=[name=a,password=s3cr3t", "must be SCRAM-SHA-256=[key=value,...] (in brackets)"),
+    # the rest of a password the shell split off into an argument of its own
+    ("s3cr3t]", "An add-scram argument must be SCRAM-SHA-256=[key=value,...]"),
+])
+def test_malformed_add_scram_arguments_are_refused_naming_the_key_never_a_value(spec, message):
+    with pytest.raises(ValueError) as e:
+        cred.parse_add_scram(spec)
+    assert message in str(e.value)
+    said = str(e.value).replace("'password'", "")
+    assert "s3cr3t" not in said and "word" not in said and "pass" not in said and "a=b" not in said
 
 
 def test_an_empty_salted_password_is_refused_and_an_empty_salt_taken_as_kafka_does():
