@@ -84,6 +84,7 @@ from pykbroker.cluster.metadata import (
 from pykbroker.cluster.zookeeper import (
     CONFIG_CHANGE_PREFIX,
     CONFIG_CHANGES_PATH,
+    CONFIG_PATH,
     KafkaZkClient,
     SessionEvent,
     StaleZkVersion,
@@ -585,6 +586,14 @@ class ZkMetadata(TopicIndex):
     async def read_entity_configs_async(self, entity_type: str, name: str) -> tuple[dict[str, str], int]:
         """``/config/<entity_type>/<name>`` as ZooKeeper has it now, and its zkVersion (-1: no znode)."""
         return await self.zk.get_entity_config_versioned(entity_type, name)
+
+    async def read_client_entity_configs_async(self, entity_type: str) -> dict[str, dict[str, str]]:
+        """Every ``<entity_type>/<name>`` entity (``users``, ``clients``, ``ips``; not the users' client
+        sub-entities) as ZooKeeper has it now, by entity path (Kafka's fetchAllEntityConfigs: the children of
+        /config/<entity_type>, then each one's configs; one that vanished meanwhile is {})."""
+        names = await self.zk.children(f"{CONFIG_PATH}/{entity_type}")
+        configs = await asyncio.gather(*(self.zk.get_entity_config(entity_type, name) for name in names))
+        return {f"{entity_type}/{name}": config for name, config in zip(names, configs)}
 
     async def _write_entity_config(self, entity_type: str, name: str, configs: dict[str, str],
                                    version: int | None) -> None:

@@ -90,6 +90,34 @@ def test_client_entities_are_read_at_start_and_followed_through_change_notificat
     run_async(main(), timeout=60)
 
 
+def test_a_credential_altered_through_one_broker_reaches_every_brokers_cache(zk_connect, run_async):
+    """What AlterUserScramCredentials does through one broker (a conditional write and a notification) reaches
+    the credential cache of every broker, which SCRAM logins read (describe reads ZooKeeper, so the cluster
+    tests' describes do not show the caches): three brokers' parts in process, the caches checked directly."""
+    async def main():
+        brokers = [Follower(zk_connect) for _ in range(3)]
+        for broker in brokers:
+            await broker.__aenter__()
+        try:
+            first = brokers[0].metadata
+            config, version = await first.read_entity_configs_async("users", "erin")
+            await first.set_client_entity_configs_async("users/erin", scram_config(config, "pw"), version=version)
+            for broker in brokers:
+                await wait_for(lambda: broker.credentials.get("SCRAM-SHA-256", "erin") is not None,
+                               what="erin's credential in every broker's cache")
+            config, version = await brokers[2].metadata.read_entity_configs_async("users", "erin")
+            await brokers[2].metadata.set_client_entity_configs_async(
+                "users/erin", user_config_with(config, "SCRAM-SHA-256", None), version=version)
+            for broker in brokers:
+                await wait_for(lambda: broker.credentials.get("SCRAM-SHA-256", "erin") is None,
+                               what="erin's credential gone from every broker's cache")
+        finally:
+            for broker in brokers:
+                await broker.__aexit__(None, None, None)
+
+    run_async(main(), timeout=60)
+
+
 def test_an_unreadable_credential_keeps_the_known_one_and_names_no_secret(zk_connect, run_async, caplog):
     async def main():
         writer = KafkaZkClient(zk_connect, session_timeout_ms=6000)
