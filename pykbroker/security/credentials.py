@@ -30,7 +30,7 @@ import hmac
 import secrets
 import threading
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Awaitable, Callable, Iterable, Mapping
 from urllib.parse import quote, unquote_plus
 
 from pykbroker.protocol.errors import ErrorCode
@@ -227,6 +227,28 @@ def user_config_with(config: Mapping[str, str], mechanism: str, credential: Scra
     else:
         out[mechanism] = credential_to_string(credential)
     return out
+
+
+WRITE_ATTEMPTS = 5  # conditional writes of one user's config that found it changed, before giving up
+
+
+async def rewrite_user_config(read: Callable[[], Awaitable[tuple[dict[str, str], int | None]]],
+                              write: Callable[[dict[str, str], int | None], Awaitable[object]],
+                              change: Callable[[dict[str, str]], dict[str, str]],
+                              stale: type[Exception] | tuple[type[Exception], ...],
+                              attempts: int = WRITE_ATTEMPTS) -> bool:
+    """ZkAdminManager's read-modify-write of a user's entity config: ``read()`` gives (config, version),
+    ``change(config)`` the new config (its exceptions go to the caller), ``write(config, version)`` stores it
+    conditionally on the version read and raises ``stale`` if another write (credentials, quotas) came in
+    between: then read again. False when every one of ``attempts`` writes was stale."""
+    for _ in range(attempts):
+        config, version = await read()
+        try:
+            await write(change(config), version)
+            return True
+        except stale:
+            continue
+    return False
 
 
 def parse_add_scram(arg: str) -> tuple[str, ScramMechanism, ScramCredential]:

@@ -57,6 +57,7 @@ from pykbroker.security.credentials import (
     credential_from_salted_password,
     credential_from_string,
     mechanism_for_type,
+    rewrite_user_config,
     sanitize,
     user_config_with,
     validate_deletion,
@@ -72,7 +73,6 @@ log = logging.getLogger(__name__)
 
 # Errors.UNKNOWN_SERVER_ERROR.message(): what Kafka puts in a result for an unexpected failure
 UNKNOWN_SERVER_ERROR_MESSAGE = "The server experienced an unexpected error when processing the request."
-_WRITE_ATTEMPTS = 5  # reads and conditional writes of one user's config before giving up
 _MECHANISMS_IN_ORDER = sorted(SCRAM_MECHANISMS.values(), key=lambda m: m.type)  # ScramMechanism.values()
 
 
@@ -233,8 +233,8 @@ class _NotFound(Exception):
 async def _alter_user(ctx: RequestContext, user: str, upsertions: list, deletions: list) -> None:
     """Apply one user's deletions then upsertions to its entity config, read and written conditionally."""
     metadata = ctx.broker.metadata
-    for _ in range(_WRITE_ATTEMPTS):
-        config, version = await metadata.read_entity_configs_async("users", sanitize(user))
+
+    def change(config: dict[str, str]) -> dict[str, str]:
         for deletion in deletions:
             name = mechanism_for_type(deletion.mechanism).name
             if name not in config:
@@ -245,12 +245,13 @@ async def _alter_user(ctx: RequestContext, user: str, upsertions: list, deletion
             credential = credential_from_salted_password(mechanism, upsertion.salt, upsertion.salted_password,
                                                          upsertion.iterations)
             config = user_config_with(config, mechanism.name, credential)
-        try:
-            await metadata.set_client_entity_configs_async(_user_path(user), config, version=version)
-            return
-        except StaleConfigVersion:
-            continue  # another write (credentials or quotas) came in between: read again
-    raise RuntimeError(f"the config of user {user!r} kept changing")
+        return config
+
+    if not await rewrite_user_config(
+            lambda: metadata.read_entity_configs_async("users", sanitize(user)),
+            lambda config, version: metadata.set_client_entity_configs_async(_user_path(user), config, version=version),
+            change, StaleConfigVersion):
+        raise RuntimeError(f"the config of user {user!r} kept changing")
 
 
 @handles(51)
