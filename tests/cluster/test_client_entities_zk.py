@@ -273,3 +273,50 @@ def test_kafkas_own_tool_bootstraps_a_scram_user_in_zookeeper_and_the_broker_che
                 assert stored_key(mechanism, client_key(mechanism, salted)) == credential.stored_key
 
     run_async(main(), timeout=200)
+
+
+
+def test_describe_when_zookeeper_cannot_be_read_is_kafkas_error_answer(zk_connect, run_async):
+    """DescribeUserScramCredentials reads ZooKeeper (Kafka's describeUserScramCredentials): when listing the
+    users fails, the top-level UNKNOWN_SERVER_ERROR with no results; when a named user's read fails, that
+    user's error. The failures are injected (kazoo queues requests while disconnected: a stopped server
+    makes them wait, not fail)."""
+    import types
+
+    from kazoo.exceptions import ConnectionLoss
+    from kio.schema.describe_user_scram_credentials.v0 import request as describe_v0
+
+    from pykbroker.protocol.apis import codec_for
+    from pykbroker.server.dispatch import RequestContext
+    from pykbroker.server.handlers.scram_credentials import (
+        UNKNOWN_SERVER_ERROR_MESSAGE, describe_user_scram_credentials)
+
+    async def describe(broker, users):
+        body = describe_v0.DescribeUserScramCredentialsRequest(
+            users=None if users is None else tuple(describe_v0.UserName(name=u) for u in users))
+        envelope = types.SimpleNamespace(api_key=50, api_version=0, body=body, codec=codec_for(50, 0))
+        ctx = RequestContext(types.SimpleNamespace(metadata=broker.metadata), envelope, "peer")
+        answer = await describe_user_scram_credentials(ctx, body)
+        return (answer.error_code, answer.error_message,
+                [(r.user, r.error_code, r.error_message, len(r.credential_infos)) for r in answer.results])
+
+    async def lost(*args, **kwargs):
+        raise ConnectionLoss()
+
+    async def main():
+        async with Follower(zk_connect) as broker:
+            await broker.metadata.set_client_entity_configs_async("users/alice", scram_config({}, "pw"))
+            await broker.metadata.set_client_entity_configs_async("users/bob", scram_config({}, "pw"))
+            assert await describe(broker, None) == (0, "", [("alice", 0, "", 1), ("bob", 0, "", 1)])
+            broker.zk.children = lost
+            assert await describe(broker, None) == (-1, UNKNOWN_SERVER_ERROR_MESSAGE, [])
+            real_read = broker.zk.get_entity_config_versioned
+
+            async def alice_lost(entity_type, name):
+                return await (lost() if name == "alice" else real_read(entity_type, name))
+
+            broker.zk.get_entity_config_versioned = alice_lost
+            assert await describe(broker, ["alice", "bob"]) == (
+                0, "", [("alice", -1, UNKNOWN_SERVER_ERROR_MESSAGE, 0), ("bob", 0, "", 1)])
+
+    run_async(main(), timeout=60)
