@@ -490,9 +490,9 @@ _META_PROPERTIES_HINT = "restore it from a backup, or write cluster.id=<id> and 
 META_PROPERTIES = "meta.properties"
 
 
-def read_meta_properties(data_dir: Path, broker_id: int) -> str | None:
-    """The cluster id stored in ``<data-dir>/meta.properties``, None if there is no such file. Raises
-    CorruptFile (one line) if it cannot be read or belongs to another broker id."""
+def meta_properties(data_dir: Path) -> dict[str, str] | None:
+    """The keys of ``<data-dir>/meta.properties``, None if there is no such file; CorruptFile (one line) if it
+    cannot be read."""
     path = data_dir / META_PROPERTIES
     try:
         text = path.read_bytes().decode()
@@ -509,6 +509,16 @@ def read_meta_properties(data_dir: Path, broker_id: int) -> str | None:
         if not equals:
             raise CorruptFile(path, f"line {number} is not key=value", _META_PROPERTIES_HINT)
         props[key.strip()] = value.strip()
+    return props
+
+
+def read_meta_properties(data_dir: Path, broker_id: int) -> str | None:
+    """The cluster id stored in ``<data-dir>/meta.properties``, None if there is no such file. Raises
+    CorruptFile (one line) if it cannot be read or belongs to another broker id."""
+    path = data_dir / META_PROPERTIES
+    props = meta_properties(data_dir)
+    if props is None:
+        return None
     if not props.get("cluster.id"):
         raise CorruptFile(path, "has no cluster.id", _META_PROPERTIES_HINT)
     raw_id = props.get("node.id", props.get("broker.id", str(broker_id)))

@@ -13,6 +13,9 @@ Kafka's ZkMetadataCache, rule for rule where it matters to clients:
   when a ``/config/changes/config_change_<seq>`` notification names the topic (Kafka's
   ZkConfigManager / ZkNodeChangeNotificationListener: notifications are processed in sequence order, each
   once; the ones present at start-up are processed then). Config listeners are told after each change.
+  A notification is done only once its entity was read: if ZooKeeper cannot be read meanwhile (a lost
+  connection), processing stops at that notification and is retried (backoff 0.1 s doubling up to 5 s),
+  as Kafka's ZooKeeper client blocks until it is connected again: no change is skipped.
 - Dynamic broker configs: ``/config/brokers/<default>`` and ``/config/brokers/<this broker's id>`` are read
   at ``start`` (before the broker registers, so before any LeaderAndIsr) and re-read when a notification
   names ``brokers/<default>`` or ``brokers/<id>``; broker config listeners are told after each read.
@@ -20,6 +23,8 @@ Kafka's ZkMetadataCache, rule for rule where it matters to clients:
   ``/config/users/<u>/clients/<c>``, ``/config/clients/<c>``, ``/config/ips/<ip>``): every one is read at
   ``start`` and re-read when a notification names it (``users/alice/clients/app``); client entity listeners
   are told after each read ({} for an entity that is gone). Reads carry generations as topic configs do.
+  After a new ZooKeeper session (the old one expired: notifications may have been purged meanwhile) every
+  client entity is read again, so a revoked credential or a changed quota is not kept until a restart.
 - AlterConfigs writes go through the broker that got the request, as Kafka's ZkAdminManager: the config
   znode, then a change notification (AdminZkClient.changeEntityConfig); that broker applies the change
   to its own cache at once (its next DescribeConfigs shows it), the others when they see the notification.
@@ -79,7 +84,9 @@ from pykbroker.cluster.metadata import (
 from pykbroker.cluster.zookeeper import (
     CONFIG_CHANGE_PREFIX,
     CONFIG_CHANGES_PATH,
+    CONFIG_PATH,
     KafkaZkClient,
+    SessionEvent,
     StaleZkVersion,
     TopicAssignment,
     TopicExists,
@@ -184,6 +191,7 @@ class ZkMetadata(TopicIndex):
         self._client_entities: dict[str, dict[str, str]] = {}  # entity path -> configs (users/alice, ...)
         self._client_entity_generation: dict[str, int] = {}
         self._client_entity_listeners: list[Callable[[str, dict[str, str]], None]] = []
+        self._reread_task: asyncio.Task | None = None
         self._waiters: list[tuple[Callable[[], bool], asyncio.Future]] = []
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
@@ -210,6 +218,7 @@ class ZkMetadata(TopicIndex):
                     )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+        self.zk.add_session_listener(self._on_session_event)
         self.zk.watch_config_changes(self._on_config_changes)
 
     async def close(self) -> None:
@@ -217,7 +226,7 @@ class ZkMetadata(TopicIndex):
         for _, waiter in self._waiters:  # their admin requests answer now (REQUEST_TIMED_OUT, as at a timeout)
             if not waiter.done():
                 waiter.set_result(None)
-        tasks = [*self._tasks, *([self._changes_task] if self._changes_task else [])]
+        tasks = [*self._tasks, *(t for t in (self._changes_task, self._reread_task) if t)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -372,22 +381,24 @@ class ZkMetadata(TopicIndex):
         await self._load_config(name)
         return self._configs.get(name, {})
 
-    async def _load_config(self, name: str) -> None:
-        """Read /config/topics/<name>; of two reads in flight, the one started last wins."""
+    async def _load_config(self, name: str) -> bool:
+        """Read /config/topics/<name>; of two reads in flight, the one started last wins. False if ZooKeeper
+        could not be read (reported; the configs known are kept)."""
         generation = self._config_generation[name] = next(self._generations)
         try:
             configs = await self.zk.get_topic_config(name)
         except Exception as exc:  # noqa: BLE001 - a ZooKeeper failure keeps the configs known and is reported
             log.warning("cannot read the config of topic %s from ZooKeeper: %r", name, exc)
-            return
+            return False
         if self._config_generation.get(name) != generation:
-            return
+            return True
         self._configs[name] = configs
         info = self._topics.get(name)
         if info is not None:
             info.configs = configs
         for callback in list(self._config_listeners):
             callback(name)
+        return True
 
     def _on_config_changes(self, children: list[str]) -> None:
         if self._closed:
@@ -399,20 +410,29 @@ class ZkMetadata(TopicIndex):
     async def _process_config_changes(self) -> None:
         """Kafka's ZkNodeChangeNotificationListener: every notification newer than the last processed, in
         sequence order; a ``topics/<t>`` entity reloads that topic's config (if the cache has the topic:
-        others are read when they appear)."""
+        others are read when they appear). A round that could not read ZooKeeper is retried (backoff 0.1 s
+        doubling up to 5 s) from the first notification not done."""
+        backoff = 0.1
         while self._changes_pending and not self._closed:
             self._changes_pending = False
             try:
-                await self._process_new_changes()
+                done = await self._process_new_changes()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - ZooKeeper unreachable: the next notification retries
+            except Exception as exc:  # noqa: BLE001 - ZooKeeper unreachable: retried below
                 log.warning("cannot process config change notifications: %r", exc)
+                done = False
+            if done:
+                backoff = 0.1
+            elif not self._closed:
+                self._changes_pending = True
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
 
-    async def _process_new_changes(self) -> None:
+    async def _process_new_changes(self) -> bool:
         children = await self.zk.children(CONFIG_CHANGES_PATH)
         try:
-            await self._process_changes(children)
+            return await self._process_changes(children)
         finally:
             await self._purge_obsolete_changes(children)
 
@@ -429,7 +449,9 @@ class ZkMetadata(TopicIndex):
                 await self.zk.delete_config_change(child)
                 del self._change_ctimes[child]
 
-    async def _process_changes(self, children: list[str]) -> None:
+    async def _process_changes(self, children: list[str]) -> bool:
+        """Process the notifications newer than ``_last_change``; False (``_last_change`` left at the last one
+        done) when an entity could not be read: the caller retries from there."""
         changes = sorted(
             (int(child[len(CONFIG_CHANGE_PREFIX):]), child)
             for child in children
@@ -439,16 +461,20 @@ class ZkMetadata(TopicIndex):
             if sequence <= self._last_change:
                 continue
             found = await self.zk.get_or_none(f"{CONFIG_CHANGES_PATH}/{child}")
+            entity_type, name = _changed_entity(found[0] if found else None) or ("", "")
+            loaded = True
+            if entity_type == "topics" and name in self._topics:
+                loaded = await self._load_config(name)
+            elif entity_type == "brokers" and name in self._broker_entities():
+                loaded = await self._load_broker_config(name)
+            elif client_entity_type(f"{entity_type}/{name}") is not None:
+                loaded = await self._load_client_entity(f"{entity_type}/{name}")
+            if not loaded:
+                return False  # this notification is not done: retried, with the ones after it
             self._last_change = sequence
             if found is not None:
                 self._change_ctimes[child] = found[1].ctime
-            entity_type, name = _changed_entity(found[0] if found else None) or ("", "")
-            if entity_type == "topics" and name in self._topics:
-                await self._load_config(name)
-            elif entity_type == "brokers" and name in self._broker_entities():
-                await self._load_broker_config(name)
-            elif client_entity_type(f"{entity_type}/{name}") is not None:
-                await self._load_client_entity(f"{entity_type}/{name}")
+        return True
 
     # -- dynamic broker configs -------------------------------------------------------------------
     def _broker_entities(self) -> tuple[str, str]:
@@ -497,17 +523,40 @@ class ZkMetadata(TopicIndex):
         """``callback(entity_path, configs)`` after a client entity's configs were read ({}: none, or gone)."""
         self._client_entity_listeners.append(callback)
 
-    async def _load_client_entities(self) -> bool:
-        """Read every client entity under /config (at start); False if ZooKeeper could not be read."""
+    async def _load_client_entities(self, forget: set[str] = frozenset()) -> bool:
+        """Read every client entity under /config (at start, and after a new session); those of ``forget``
+        that are no longer there are gone ({}). False if ZooKeeper could not be read."""
         try:
             paths = await self.zk.client_entity_paths()
-        except Exception as exc:  # noqa: BLE001 - reported; start retries
+        except Exception as exc:  # noqa: BLE001 - reported; the caller retries
             log.warning("cannot list the client entity configs under /config in ZooKeeper: %r", exc)
             return False
         for path in paths:
             if not await self._load_client_entity(path):
                 return False
+        for path in sorted(forget - set(paths)):
+            if not await self._load_client_entity(path):  # a read, not a blind removal: a write may race
+                return False
         return True
+
+    def _on_session_event(self, event: str) -> None:
+        """A new session (the old one expired): re-read every client entity (retried until it succeeds) and
+        the notifications (the watch is set again by kazoo; this makes sure a round runs)."""
+        if event != SessionEvent.RECONNECTED or self._closed:
+            return
+        if self._reread_task is None or self._reread_task.done():
+            self._reread_task = asyncio.ensure_future(self._reread_client_entities())
+        self._on_config_changes([])
+
+    async def _reread_client_entities(self) -> None:
+        backoff = 0.1
+        while not self._closed:
+            known = set(self._client_entities)
+            if await self._load_client_entities(forget=known):
+                log.info("client entity configs read again after a new ZooKeeper session")
+                return
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
 
     async def _load_client_entity(self, entity_path: str) -> bool:
         return await self._read_entity_config(self._client_entity_generation, entity_path, entity_path,
@@ -537,6 +586,14 @@ class ZkMetadata(TopicIndex):
     async def read_entity_configs_async(self, entity_type: str, name: str) -> tuple[dict[str, str], int]:
         """``/config/<entity_type>/<name>`` as ZooKeeper has it now, and its zkVersion (-1: no znode)."""
         return await self.zk.get_entity_config_versioned(entity_type, name)
+
+    async def read_client_entity_configs_async(self, entity_type: str) -> dict[str, dict[str, str]]:
+        """Every ``<entity_type>/<name>`` entity (``users``, ``clients``, ``ips``; not the users' client
+        sub-entities) as ZooKeeper has it now, by entity path (Kafka's fetchAllEntityConfigs: the children of
+        /config/<entity_type>, then each one's configs; one that vanished meanwhile is {})."""
+        names = await self.zk.children(f"{CONFIG_PATH}/{entity_type}")
+        configs = await asyncio.gather(*(self.zk.get_entity_config(entity_type, name) for name in names))
+        return {f"{entity_type}/{name}": config for name, config in zip(names, configs)}
 
     async def _write_entity_config(self, entity_type: str, name: str, configs: dict[str, str],
                                    version: int | None) -> None:

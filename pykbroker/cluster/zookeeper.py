@@ -394,10 +394,24 @@ def encode_topic_config(config: dict[str, str]) -> bytes:
     return _json({"version": 1, "config": {k: str(v) for k, v in config.items()}})
 
 
-def decode_topic_config(data: bytes | None) -> dict[str, str]:
+def decode_topic_config(data: bytes | None, path: str | None = None) -> dict[str, str]:
+    """The ``config`` map of an entity config znode (/config/topics/<t>, /config/brokers/<id>,
+    /config/users/<u>, ...), as Kafka's ConfigEntityZNode.decode reads it: data that is not JSON (or not
+    UTF-8), not a JSON object, or whose ``config`` is not an object, is an entity without configs ({}), not
+    an error; a warning names the znode (``path``), never its content."""
     if not data:
         return {}
-    return {k: str(v) for k, v in (json.loads(data).get("config") or {}).items()}
+    try:
+        doc = json.loads(data)
+    except ValueError:  # json.JSONDecodeError and UnicodeDecodeError
+        doc = None
+    config = doc.get("config") if isinstance(doc, dict) else None
+    if not isinstance(config, dict):
+        if not isinstance(doc, dict) or "config" in doc:
+            log.warning("the entity config znode %s cannot be read (not Kafka's {\"version\":1,\"config\":{...}} "
+                        "JSON): taken as an entity without configs, as Kafka does", path or "(unnamed)")
+        return {}
+    return {k: str(v) for k, v in config.items()}
 
 
 def encode_config_change(entity_path: str) -> bytes:
@@ -900,7 +914,7 @@ class KafkaZkClient:
 
     async def get_topic_config(self, topic: str) -> dict[str, str]:
         found = await self.get_or_none(topic_config_path(topic))
-        return decode_topic_config(found[0]) if found else {}
+        return decode_topic_config(found[0], topic_config_path(topic)) if found else {}
 
     async def set_topic_config(self, topic: str, config: dict[str, str]) -> str:
         """AdminZkClient.changeTopicConfig: write /config/topics/<t>, then a sequential change notification
@@ -914,8 +928,9 @@ class KafkaZkClient:
     async def get_entity_config_versioned(self, entity_type: str, name: str) -> tuple[dict[str, str], int]:
         """The configs in /config/<entity_type>/<name> and the znode's zkVersion (-1 if there is none), for
         a read-modify-write with ``set_entity_config(..., version=)`` (Kafka's fetchEntityConfig)."""
-        found = await self.get_or_none(f"{CONFIG_PATH}/{entity_type}/{name}")
-        return (decode_topic_config(found[0]), found[1].version) if found else ({}, -1)
+        path = f"{CONFIG_PATH}/{entity_type}/{name}"
+        found = await self.get_or_none(path)
+        return (decode_topic_config(found[0], path), found[1].version) if found else ({}, -1)
 
     async def set_entity_config(self, entity_type: str, name: str, config: dict[str, str], *,
                                 version: int | None = None) -> str:

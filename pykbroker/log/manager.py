@@ -120,6 +120,18 @@ def read_partition_metadata(directory: Path) -> uuid.UUID | None:
         ) from None
 
 
+
+def lock_data_dir(data_dir: Path) -> int:
+    """Take the data dir's lock (``LOCK_FILE``, held while the fd is open): LogDirectoryInUse if another process
+    holds it, OSError if the file cannot be made. Returns the fd; closing it releases the lock."""
+    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        os.close(fd)
+        raise LogDirectoryInUse(f"{data_dir} is locked by another process") from exc
+    return fd
+
 class LogManager:
     def __init__(
         self,
@@ -148,22 +160,13 @@ class LogManager:
         # Removing deleted topics' files can take long: its own worker, so flushes never wait for it.
         self._remover = ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-delete")
         self._closed = False
-        self._lock_fd = self._lock_data_dir()
+        self._lock_fd = lock_data_dir(self.data_dir)
         # The log cleaner of compacted topics (pykbroker/log/cleaner.py); started by run_background.
         self.cleaner = LogCleaner(
             self.data_dir, cleaner or CleanerConfig(), self.logs,
             lambda topic, partition: self.last_stable_offset_of(topic, partition) if self.last_stable_offset_of else None,
             self.run_file_work_async, self._in_io_thread, retain=self._retain_compacted,
         )
-
-    def _lock_data_dir(self) -> int:
-        fd = os.open(self.data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            os.close(fd)
-            raise LogDirectoryInUse(f"{self.data_dir} is locked by another process") from exc
-        return fd
 
     # -- loading -----------------------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ import hmac
 import secrets
 import threading
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Awaitable, Callable, Iterable, Mapping
 from urllib.parse import quote, unquote_plus
 
 from pykbroker.protocol.errors import ErrorCode
@@ -229,25 +229,71 @@ def user_config_with(config: Mapping[str, str], mechanism: str, credential: Scra
     return out
 
 
+WRITE_ATTEMPTS = 5  # conditional writes of one user's config that found it changed, before giving up
+
+
+async def rewrite_user_config(read: Callable[[], Awaitable[tuple[dict[str, str], int | None]]],
+                              write: Callable[[dict[str, str], int | None], Awaitable[object]],
+                              change: Callable[[dict[str, str]], dict[str, str]],
+                              stale: type[Exception] | tuple[type[Exception], ...],
+                              attempts: int = WRITE_ATTEMPTS) -> bool:
+    """ZkAdminManager's read-modify-write of a user's entity config: ``read()`` gives (config, version),
+    ``change(config)`` the new config (its exceptions go to the caller), ``write(config, version)`` stores it
+    conditionally on the version read and raises ``stale`` if another write (credentials, quotas) came in
+    between: then read again. False when every one of ``attempts`` writes was stale."""
+    for _ in range(attempts):
+        config, version = await read()
+        try:
+            await write(change(config), version)
+            return True
+        except stale:
+            continue
+    return False
+
+
 def parse_add_scram(arg: str) -> tuple[str, ScramMechanism, ScramCredential]:
     """A first user's credential as ``kafka-storage.sh format --add-scram`` reads it (Kafka 3.7.1's
     StorageTool), for a bootstrap command: ``SCRAM-SHA-256=[name=alice,password=alice-secret]`` or
     ``SCRAM-SHA-512=[name=alice,iterations=8192,salt="N3E=",saltedpassword="YCE="]`` (base64 salt and salted
     password). As in Kafka, ``iterations`` is read only together with ``salt`` (4096 otherwise), and a value may
-    hold '=' inside double quotes. Returns (user, mechanism, credential); ValueError with Kafka's messages."""
+    hold '=' inside double quotes. Returns (user, mechanism, credential); ValueError with Kafka's messages.
+
+    Where Kafka silently stores something else than what was typed, this refuses (ValueError naming the key,
+    never a value: the values hold passwords): whitespace inside the argument (Kafka keeps its first word, so
+    ``password=pass word`` would store ``pas``), a config not in ``[...]``, an item without '=' (a ',' inside
+    a value: ``password=abc,def``), a second unquoted '=' in an item (``password=a=b`` would store ``a``; only
+    the base64 ``salt`` and ``saltedpassword`` may end in unquoted '=' padding, which Kafka drops)."""
     import re
 
-    head = arg.split()[0] if arg.split() else ""
-    name, _, config = head.partition("=")
+    head = arg.strip()
+    name, sep, config = head.partition("=")
     if name not in SCRAM_MECHANISMS:
-        raise ValueError(f"The add-scram mechanism {name} is not supported.")
+        if not head or (sep and config.startswith("[")):  # MECHANISM=[...]: a mechanism's place, no value
+            raise ValueError(f"The add-scram mechanism {name} is not supported.")
+        raise ValueError("An add-scram argument must be SCRAM-SHA-256=[key=value,...] or "
+                         "SCRAM-SHA-512=[key=value,...], without whitespace")
     mech = SCRAM_MECHANISMS[name]
+    if not (len(config) >= 2 and config.startswith("[") and config.endswith("]")):
+        raise ValueError(f"The add-scram argument of {name} must be {name}=[key=value,...] (in brackets)")
     args: dict[str, str] = {}
+    key = None
     for item in config[1:-1].split(","):
         parts = re.split(r'=(?=(?:[^"]*"[^"]*")*[^"]*$)', item)
         if len(parts) < 2:
-            raise ValueError(f"Invalid add-scram argument {parts[0]!r}: expected key=value")
-        args[parts[0]] = parts[1].replace('"', "")
+            where = f"the item after {key!r}" if key is not None else "the first item"
+            raise ValueError(f"Invalid add-scram argument of {name}: {where} has no '=' (expected "
+                             "key=value,...; a value cannot hold ',')")
+        key = parts[0].strip()
+        if key in ("salt", "saltedpassword"):  # base64 padding: Java's split drops trailing empty strings
+            while len(parts) > 2 and parts[-1] == "":
+                parts.pop()
+        if len(parts) > 2:
+            raise ValueError(f"Invalid add-scram argument of {name}: the value of {key!r} holds an '=' outside "
+                             'double quotes (write it as key="value")')
+        if re.search(r"\s", item):
+            raise ValueError(f"Invalid add-scram argument of {name}: the item of {key!r} holds whitespace "
+                             "(Kafka's tools split their arguments on it)")
+        args[key] = parts[1].replace('"', "")
     if "name" not in args:
         raise ValueError("You must supply 'name' to add-scram")
 

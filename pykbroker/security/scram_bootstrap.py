@@ -6,7 +6,7 @@ Kafka's StorageTool syntax) and stored where the broker keeps SCRAM credentials,
 entity configs (quota keys kept):
 
 - a single node's data dir (``add_to_data_dir``): the metadata journal's ``users/<user>`` entity config. The
-  data dir's lock (log/manager.LOCK_FILE, the one a running broker holds) is taken first: a data dir in use
+  data dir's lock (log/manager.lock_data_dir, the one a running broker holds) is taken first: a data dir in use
   is refused (the running broker would not see the change; use AlterUserScramCredentials through it). A
   data dir that does not exist yet is made (with meta.properties, as the broker's first start makes it);
   one of a ZooKeeper-mode broker is refused (its credentials live in ZooKeeper).
@@ -18,15 +18,19 @@ entity configs (quota keys kept):
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 from pathlib import Path
 from typing import Iterable
 
-from pykbroker.security.credentials import ScramCredential, ScramMechanism, sanitize, user_config_with
+from pykbroker.security.credentials import (
+    ScramCredential,
+    ScramMechanism,
+    rewrite_user_config,
+    sanitize,
+    user_config_with,
+)
 
 Entry = tuple[str, ScramMechanism, ScramCredential]  # what parse_add_scram returns
-_WRITE_ATTEMPTS = 5
 
 
 class BootstrapError(Exception):
@@ -36,58 +40,72 @@ class BootstrapError(Exception):
 def _stored_node_id(data_dir: Path) -> int | None:
     """The node.id of the data dir's meta.properties, None without one; BootstrapError for a ZooKeeper-mode
     broker's (version 0, broker.id) or an unreadable one."""
-    from pykbroker.cluster.metadata import META_PROPERTIES
+    from pykbroker.cluster.metadata import META_PROPERTIES, meta_properties
+    from pykbroker.log.checkpoint import CorruptFile
 
-    path = data_dir / META_PROPERTIES
     try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
+        props = meta_properties(data_dir)
+    except CorruptFile as exc:
+        raise BootstrapError(str(exc)) from None
+    except OSError as exc:
+        raise BootstrapError(f"cannot read {data_dir / META_PROPERTIES}: {exc.strerror or exc}") from None
+    if props is None:
         return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BootstrapError(f"cannot read {path}: {exc}") from None
-    props = dict(line.strip().partition("=")[::2] for line in lines if "=" in line and not line.startswith("#"))
     if "node.id" not in props:
-        raise BootstrapError(f"{data_dir} belongs to a broker of a ZooKeeper cluster ({path} has no node.id): "
-                             "its SCRAM credentials live in ZooKeeper, use --zookeeper")
+        raise BootstrapError(f"{data_dir} belongs to a broker of a ZooKeeper cluster ({data_dir / META_PROPERTIES} "
+                             "has no node.id): its SCRAM credentials live in ZooKeeper, use --zookeeper")
     try:
         return int(props["node.id"])
     except ValueError:
-        raise BootstrapError(f"{path} has a node.id that is not a number") from None
+        raise BootstrapError(f"{data_dir / META_PROPERTIES} has a node.id that is not a number") from None
+
+
+async def _store(read, write, entries: list[Entry]) -> None:
+    """Each entry's credential set in its user's config (``read(user)``, ``write(user, config, version)``)."""
+    for user, mechanism, credential in entries:
+        if not await rewrite_user_config(
+                lambda: read(user), lambda config, version: write(user, config, version),
+                lambda config: user_config_with(config, mechanism.name, credential), _stale_errors()):
+            raise BootstrapError(f"the config of user {user!r} kept changing; try again")
+
+
+def _stale_errors() -> tuple[type[Exception], ...]:
+    from pykbroker.cluster.metadata import StaleConfigVersion
+    from pykbroker.cluster.zookeeper import StaleZkVersion
+
+    return StaleConfigVersion, StaleZkVersion
 
 
 def add_to_data_dir(data_dir: Path, entries: Iterable[Entry], broker_id: int = 1) -> None:
     """Store the credentials in a single node's metadata journal (durable when this returns)."""
     from pykbroker.cluster.metadata import EmbeddedMetadata
     from pykbroker.log.checkpoint import CorruptFile
-    from pykbroker.log.manager import LOCK_FILE
+    from pykbroker.log.errors import LogDirectoryInUse
+    from pykbroker.log.manager import lock_data_dir
 
     entries = list(entries)
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
-        lock_fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        lock_fd = lock_data_dir(data_dir)
+    except LogDirectoryInUse:
+        raise BootstrapError(
+            f"{data_dir} is locked by a running broker: stop it first, or add the user through it "
+            "(kafka-configs.sh --bootstrap-server ... --alter --add-config 'SCRAM-SHA-256=[...]' "
+            "--entity-type users --entity-name USER)") from None
     except OSError as exc:
         raise BootstrapError(f"cannot use data dir {data_dir}: {exc.strerror or exc}") from None
     try:
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise BootstrapError(
-                f"{data_dir} is locked by a running broker: stop it first, or add the user through it "
-                "(kafka-configs.sh --bootstrap-server ... --alter --add-config 'SCRAM-SHA-256=[...]' "
-                "--entity-type users --entity-name USER)") from None
         stored = _stored_node_id(data_dir)
         try:
             metadata = EmbeddedMetadata(data_dir, stored if stored is not None else broker_id, "localhost", 0)
         except CorruptFile as exc:
             raise BootstrapError(str(exc)) from None
-        async def store() -> None:
-            for user, mechanism, credential in entries:
-                current, _ = await metadata.read_entity_configs_async("users", sanitize(user))
-                await metadata.set_client_entity_configs_async(
-                    f"users/{sanitize(user)}", user_config_with(current, mechanism.name, credential))
-
         try:
-            asyncio.run(store())
+            asyncio.run(_store(
+                lambda user: metadata.read_entity_configs_async("users", sanitize(user)),
+                lambda user, config, version: metadata.set_client_entity_configs_async(
+                    f"users/{sanitize(user)}", config, version=version),
+                entries))
             metadata.commit().result()
         except OSError as exc:
             raise BootstrapError(f"cannot write the metadata journal in {data_dir}: {exc}") from None
@@ -99,7 +117,7 @@ def add_to_data_dir(data_dir: Path, entries: Iterable[Entry], broker_id: int = 1
 
 async def add_to_zookeeper(connect: str, entries: Iterable[Entry], timeout_s: float = 30.0) -> None:
     """Store the credentials in ZooKeeper's /config/users (``connect``: HOST:PORT[,...][/chroot])."""
-    from pykbroker.cluster.zookeeper import KafkaZkClient, StaleZkVersion
+    from pykbroker.cluster.zookeeper import KafkaZkClient
 
     try:
         zk = KafkaZkClient(connect, session_timeout_ms=10000, connection_timeout_ms=int(timeout_s * 1000))
@@ -111,16 +129,9 @@ async def add_to_zookeeper(connect: str, entries: Iterable[Entry], timeout_s: fl
         except Exception as exc:  # noqa: BLE001 - kazoo's timeouts and connection errors: one line
             raise BootstrapError(f"cannot connect to ZooKeeper {connect} within {timeout_s:g} s "
                                  f"({type(exc).__name__}{': ' + str(exc) if str(exc) else ''})") from None
-        for user, mechanism, credential in entries:
-            for _ in range(_WRITE_ATTEMPTS):
-                config, version = await zk.get_entity_config_versioned("users", sanitize(user))
-                try:
-                    await zk.set_entity_config("users", sanitize(user), user_config_with(config, mechanism.name, credential),
-                                               version=version)
-                    break
-                except StaleZkVersion:
-                    continue  # a broker or a tool wrote the same user meanwhile: read again
-            else:
-                raise BootstrapError(f"the config of user {user!r} in ZooKeeper kept changing; try again")
+        await _store(
+            lambda user: zk.get_entity_config_versioned("users", sanitize(user)),
+            lambda user, config, version: zk.set_entity_config("users", sanitize(user), config, version=version),
+            entries)
     finally:
         await zk.close()

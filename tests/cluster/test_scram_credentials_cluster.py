@@ -1,6 +1,7 @@
 """SCRAM credentials in a 3-broker ZooKeeper cluster, kept as Kafka 3.7.1 keeps them (/config/users/<user> with
-change notifications): a credential altered through one broker is described by every broker (each follows the
-user entity configs its credential cache is fed from), survives restarts, keeps the user's quota keys;
+change notifications): a credential altered through one broker is described by every broker (describe reads
+ZooKeeper, as Kafka's; the credential caches are checked in test_client_entities_zk.py), survives restarts,
+keeps the user's quota keys;
 ``pykbroker scram add --zookeeper`` bootstraps the first user before any broker runs and adds one to a running
 cluster. The raw cases of tests/integration/test_scram_credentials.py get the same answers through a cluster
 broker, and (opt-in, PYKBROKER_REFERENCE_CLUSTER=1: a JVM) from Kafka 3.7.1 in ZooKeeper mode."""
@@ -27,7 +28,10 @@ TIMEOUT = 30.0
 
 
 def wait_described(cluster: BrokerCluster, user: str, expected, via=None) -> None:
-    """Until every broker (or those of ``via``) describes ``user`` with ``expected`` (None: no credential)."""
+    """Until every broker (or those of ``via``) describes ``user`` with ``expected`` (None: no credential).
+    Describe reads ZooKeeper, as Kafka's does: this checks what every broker answers, not its credential
+    cache; that each broker's cache follows the change notifications is checked in process, on the caches
+    themselves (test_client_entities_zk.py), until a SASL/SCRAM login can check it here."""
     for broker_id in via or sorted(cluster.brokers):
         address = cluster.brokers[broker_id].address
         wait_until(lambda: s.described(address, user) == expected,
@@ -116,6 +120,35 @@ def test_concurrent_changes_of_one_user_through_two_brokers_lose_nothing_and_con
         description = admin.describe_user_scram_credentials(["dave"])["dave"].result(TIMEOUT)
         assert [(i.mechanism, i.iterations) for i in description.scram_credential_infos] == [
             (ScramMechanism.SCRAM_SHA_512, 12000)]
+
+
+def test_describe_reads_zookeeper_and_unreadable_user_znodes_stop_nothing(zk_connect, tmp_path):
+    """Before the broker starts, /config/users holds a znode that is not JSON (Kafka: a user without configs)
+    and a user whose name is not a sanitized one (%FF) with a credential. The broker starts; describing every
+    user leaves the badly named one out (a warning) and answers the others; an alteration of the unreadable
+    user overwrites it (Kafka answers 0). Describe reads ZooKeeper as Kafka does: a credential written there
+    whose notification this broker has not processed is described at once."""
+    from pykbroker.cluster.zookeeper import encode_topic_config
+    from pykbroker.security.credentials import generate_credential, user_config_with
+
+    zk_credential = user_config_with({}, "SCRAM-SHA-512", generate_credential("SCRAM-SHA-512", "pw", 8192))
+    with BrokerCluster(zk_connect, tmp_path, n=1) as cluster:
+        zk = cluster.zk()
+        zk.create("/config/users/mallory", b"{not json", makepath=True)
+        zk.create("/config/users/%FF", encode_topic_config(zk_credential), makepath=True)
+        zk.create("/config/users/good", encode_topic_config(zk_credential), makepath=True)
+        cluster.restart(1)  # read at start: one unreadable znode must not keep it from starting
+        address = cluster.brokers[1].address
+        assert s.describe(address) == (s.OK, "", [("good", s.OK, "", [(s.SHA512, 8192)])])
+        assert "/config/users/mallory" in cluster.brokers[1].log_tail(4000)
+        assert "'users/%FF'" in cluster.brokers[1].log_tail(4000)
+        assert s.alter(address, [s.upsertion("mallory", s.SHA256, 4096, password=b"m-pw")]) == [("mallory", s.OK, "")]
+        assert s._checks_password(zk_user_config(cluster, "mallory"), "SCRAM-SHA-256", "m-pw")
+        # written in ZooKeeper without a change notification (one not yet seen): described at once
+        zk.create("/config/users/late", encode_topic_config(zk_credential), makepath=True)
+        assert s.described(address, "late") == [(s.SHA512, 8192)]
+        assert ("late", s.OK, "", [(s.SHA512, 8192)]) in s.describe(address)[2]
+        assert "Traceback" not in cluster.brokers[1].log_tail(4000)
 
 
 @pytest.mark.timeout(600)

@@ -172,3 +172,16 @@ def test_none_values_are_minus_one_as_in_kafkas_error_responses_and_throttle_tim
     assert (committed.committed_offset, committed.committed_leader_epoch) == (-1, -1)
     producer = _answer(22, 4)  # InitProducerId
     assert (producer.producer_id, producer.producer_epoch) == (-1, -1)
+
+
+def test_a_failed_describe_user_scram_credentials_sets_only_the_top_level_error():
+    """Kafka's DescribeUserScramCredentialsRequest.getErrorResponse: the top-level code and ApiError's message
+    (UNKNOWN_SERVER_ERROR's own for an unexpected failure), no per-user results (not one per user named)."""
+    codec = codec_for(50, 0)
+    module = __import__(codec.request_type.__module__, fromlist=["x"])
+    body = codec.request_type(users=(module.UserName(name="alice"), module.UserName(name="bob")))
+    answer, code = error_response(_request(50, 0, body))
+    assert code == ErrorCode.unknown_server_error
+    assert (answer.error_code, answer.results) == (ErrorCode.unknown_server_error, ())
+    assert answer.error_message == "The server experienced an unexpected error when processing the request."
+    b"".join(encode_response(codec, 11, answer))  # encodable

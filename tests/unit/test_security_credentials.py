@@ -189,6 +189,9 @@ def test_add_scram_argument_as_kafka_storage_reads_it():
     # Kafka 3.7.1 reads 'iterations' only together with 'salt'
     assert cred.parse_add_scram("SCRAM-SHA-256=[name=c,iterations=8192,password=x]")[2].iterations == 4096
     assert cred.parse_add_scram('SCRAM-SHA-256=[name=d,password="a=b"]')[2] is not None
+    # base64 padding outside quotes is padding (Java's split drops the trailing empty strings)
+    assert cred.parse_add_scram(
+        "SCRAM-SHA-512=[name=e,iterations=8192,salt=N3E=,saltedpassword=YCE=]")[2].salt == b"7q"
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -206,11 +209,23 @@ def test_add_scram_argument_as_kafka_storage_reads_it():
     ("SCRAM-SHA-256=[name=a,salt=AA==,password=b]", "The 'iterations' value must be a number"),
     ("SCRAM-SHA-256=[name=a,salt=!!,iterations=4096,password=b]", "The 'salt' value must be base64"),
     ("SCRAM-SHA-256=[name=a,junk]", "expected key=value"),
+    # where Kafka would store something else than typed: refused, naming the key, never showing a value
+    ("SCRAM-SHA-256=[name=a,password=pass s3cr3t]", "the item of 'password' holds whitespace"),  # Kafka: "pas"
+    ("SCRAM-SHA-256=[name=a,password=pass\ts3cr3t]", "the item of 'password' holds whitespace"),
+    ("SCRAM-SHA-256=[name=a,password=s3=cr3t]", "the value of 'password' holds an '=' outside double quotes"),
+    ("SCRAM-SHA-256=[name=a,password=s3cr3t=]", "the value of 'password' holds an '=' outside double quotes"),
+    ("SCRAM-SHA-256=[name=a=b,password=x]", "the value of 'name' holds an '=' outside double quotes"),
+    ("SCRAM-SHA-256=[name=a,password=abc,s3cr3t]", "the item after 'password' has no '='"),  # a ',' in it
+    ("SCRAM-SHA-256=[s3cr3t]", "the first item has no '='"),
+    ("SCRAM-SHA-256=name=a,password=s3cr3t", "must be SCRAM-SHA-256=[key=value,...] (in brackets)"),
+    ("SCRAM-SHA-256=[name=a,password=s3cr3t", "must be SCRAM-SHA-256=[key=value,...] (in brackets)"),
+    ("s3cr3t]", "An add-scram argument must be SCRAM-SHA-256=[key=value,...]"),  # split off by the shell
 ])
 def test_add_scram_errors(spec, message):
     with pytest.raises(ValueError) as e:
         cred.parse_add_scram(spec)
     assert message in str(e.value)
+    assert "s3cr3t" not in str(e.value) and "cr3t" not in str(e.value)
 
 
 def test_an_empty_salted_password_is_refused_and_an_empty_salt_taken_as_kafka_does():

@@ -120,6 +120,21 @@ def test_topic_config_and_change_notification():
     assert json.loads(zkm.encode_config_change("topics/orders")) == note
 
 
+@pytest.mark.parametrize("data", [b"{not json", b"\xff\xfe", b"[1, 2]", b'"text"', b'{"version":1,"config":[]}',
+                                  b'{"version":1,"config":null}'])
+def test_an_unreadable_entity_config_znode_is_an_entity_without_configs_and_a_warning_naming_it(data, caplog):
+    """Kafka's ConfigEntityZNode.decode: data that does not parse as JSON (Json.parseBytes gives None), is not
+    an object, or has no ``config`` object is an empty Properties: not an error (a broker starts), and the
+    same for topic, broker and client entity znodes. The warning names the znode and shows none of the data."""
+    assert zkm.decode_topic_config(data, "/config/users/mallory") == {}
+    assert "/config/users/mallory" in caplog.text
+    assert "not json" not in caplog.text and "text" not in caplog.text.replace("cannot be read", "")
+    caplog.clear()
+    assert zkm.decode_topic_config(b'{"version":1}', "/config/topics/t") == {}  # no config key: nothing to warn
+    assert zkm.decode_topic_config(None) == {} and zkm.decode_topic_config(b"") == {}
+    assert caplog.text == ""
+
+
 def test_producer_id_block():
     kafka = fixture("latest_producer_id_block.json")
     ours = zkm.encode_producer_id_block(ProducerIdBlock(1, 0, 999))

@@ -370,6 +370,9 @@ class WritingZk(FakeZk):
     async def client_entity_paths(self):
         return []
 
+    def add_session_listener(self, callback):
+        pass
+
     async def get_entity_config(self, entity_type, name):
         if self.failures:
             self.failures -= 1

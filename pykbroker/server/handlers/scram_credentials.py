@@ -12,10 +12,14 @@ Describe (null or empty ``users``: every user with a credential, sorted by name)
 - RESOURCE_NOT_FOUND "Username must not be empty" for an empty name, "Attempt to describe a user credential
   that does not exist: <user>" for a user without one; DUPLICATE_RESOURCE "Cannot describe SCRAM credentials
   for the same user twice in a single request: <user>" for a user named twice (one result per user, in the
-  request's order); an unreadable stored credential: UNKNOWN_SERVER_ERROR for that user.
-- Kafka reads ZooKeeper on every describe; pykbroker answers from the broker's view of the user entity
-  configs (the one its credential cache follows: at once for a change made through this broker, within a
-  change notification for one made through another).
+  request's order); an unreadable stored credential, or a user whose config cannot be read:
+  UNKNOWN_SERVER_ERROR for that user. Every user failing to be listed (ZooKeeper unreachable): the
+  top-level error, no results, as Kafka's ``describeUserScramCredentials``.
+- As Kafka, each describe reads the store: on a cluster ZooKeeper (``read_entity_configs_async`` for named
+  users, ``read_client_entity_configs_async`` for every user), so a change made through another broker is
+  described at once, before its notification reaches this broker's credential cache; a single node's journal
+  view is its store. A user znode whose name is not a sanitized name (``%FF``) is left out of "every user"
+  with a warning (only entities with a SCRAM key are looked at).
 
 Alter (codes and messages checked against Kafka 3.7.1 in ZooKeeper mode):
 - per user, in Kafka's order of checks: an empty name (UNACCEPTABLE_CREDENTIAL "Username must not be empty"),
@@ -52,13 +56,14 @@ from pykbroker.security.credentials import (
     CredentialError,
     credential_from_salted_password,
     credential_from_string,
-    desanitize,
     mechanism_for_type,
+    rewrite_user_config,
     sanitize,
     user_config_with,
     validate_deletion,
     validate_upsertion,
 )
+from pykbroker.security.quota_store import DEFAULT_STRING, USER, QuotaStoreError, entity_from_path
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.error_answers import register_error_answer
 from pykbroker.server.handlers._build import make, response_module
@@ -68,7 +73,6 @@ log = logging.getLogger(__name__)
 
 # Errors.UNKNOWN_SERVER_ERROR.message(): what Kafka puts in a result for an unexpected failure
 UNKNOWN_SERVER_ERROR_MESSAGE = "The server experienced an unexpected error when processing the request."
-_WRITE_ATTEMPTS = 5  # reads and conditional writes of one user's config before giving up
 _MECHANISMS_IN_ORDER = sorted(SCRAM_MECHANISMS.values(), key=lambda m: m.type)  # ScramMechanism.values()
 
 
@@ -80,9 +84,17 @@ def _user_path(user: str) -> str:
 
 def describe_error_response(ctx: RequestContext, code: ErrorCode, message: str | None) -> object:
     """The whole request refused (Kafka's DescribeUserScramCredentialsRequest.getErrorResponse)."""
-    schema = response_module(ctx)
-    return make(schema.DescribeUserScramCredentialsResponse, throttle_time=0, error_code=code, error_message=message,
-                results=())
+    return _describe_error(ctx.request.codec.response_type, code, message)
+
+
+def _describe_error(response_type: type, code: ErrorCode, message: str | None) -> object:
+    """Only the top-level code and message, no results."""
+    return make(response_type, throttle_time=0, error_code=code, error_message=message, results=())
+
+
+# A failure of the handler itself: the top-level code, no results (ApiError.fromThrowable's message).
+register_error_answer(50, lambda request, code: _describe_error(
+    request.codec.response_type, code, UNKNOWN_SERVER_ERROR_MESSAGE if code == ErrorCode.unknown_server_error else None))
 
 
 def _credential_infos(schema, user: str, config: dict[str, str]):
@@ -99,12 +111,32 @@ def _credential_infos(schema, user: str, config: dict[str, str]):
     return ErrorCode.none, "", infos
 
 
+async def _every_user_config(metadata) -> dict[str, dict[str, str]]:
+    """users/<u> entity path -> config, from the store (a cluster: ZooKeeper now; a single node: its journal)."""
+    read_all = getattr(metadata, "read_client_entity_configs_async", None)
+    if read_all is not None:
+        return await read_all("users")
+    return {path: config for path, config in metadata.client_entity_configs().items()
+            if path.startswith("users/") and path.count("/") == 1}
+
+
+def _user_of(path: str) -> str | None:
+    """The user of a ``users/<sanitized>`` entity path (Kafka names the default entity ``<default>``); None,
+    with a warning, for a name that is not a sanitized one."""
+    try:
+        user = entity_from_path(path)[USER]
+    except QuotaStoreError:
+        log.warning("user entity %r has a name that is not a sanitized user name: left out", path)
+        return None
+    return DEFAULT_STRING if user is None else user
+
+
 @handles(50)
 async def describe_user_scram_credentials(ctx: RequestContext, request) -> object:
     # Authorization goes here: Kafka requires DESCRIBE on the CLUSTER, else
     # describe_error_response(ctx, ErrorCode.cluster_authorization_failed, <ApiError message>).
     schema = response_module(ctx)
-    entities = ctx.broker.metadata.client_entity_configs()
+    metadata = ctx.broker.metadata
 
     def result(user: str, code: ErrorCode = ErrorCode.none, message: str | None = "", infos=()):
         return make(schema.DescribeUserScramCredentialsResult, user=user, error_code=code, error_message=message,
@@ -112,14 +144,21 @@ async def describe_user_scram_credentials(ctx: RequestContext, request) -> objec
 
     results = []
     if not request.users:  # null or empty: every user with a credential
+        try:
+            configs = await _every_user_config(metadata)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - Kafka: the top-level error, no results
+            log.exception("cannot read the user entity configs to describe every user's SCRAM credentials")
+            return describe_error_response(ctx, ErrorCode.unknown_server_error, UNKNOWN_SERVER_ERROR_MESSAGE)
         found = {}
-        for path, config in entities.items():
-            kind, _, name = path.partition("/")
-            if kind != "users" or "/" in name:
-                continue
-            described = _credential_infos(schema, desanitize(name), config)
+        for path, config in configs.items():
+            if not any(m.name in config for m in _MECHANISMS_IN_ORDER):
+                continue  # no credential: its name does not matter
+            user = _user_of(path)
+            described = _credential_infos(schema, user, config) if user is not None else None
             if described is not None:
-                found[desanitize(name)] = result(desanitize(name), *described)
+                found[user] = result(user, *described)
         results = [found[user] for user in sorted(found)]
     else:
         names = [entry.name for entry in request.users]
@@ -131,7 +170,15 @@ async def describe_user_scram_credentials(ctx: RequestContext, request) -> objec
                 results.append(result(user, ErrorCode.duplicate_resource, "Cannot describe SCRAM credentials for "
                                                                           f"the same user twice in a single request: {user}"))
             else:
-                described = _credential_infos(schema, user, entities.get(_user_path(user), {}))
+                try:
+                    config, _ = await metadata.read_entity_configs_async("users", sanitize(user))
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # noqa: BLE001 - Kafka: this user's error, not the request's
+                    log.exception("cannot read the entity config of user %r", user)
+                    results.append(result(user, ErrorCode.unknown_server_error, UNKNOWN_SERVER_ERROR_MESSAGE))
+                    continue
+                described = _credential_infos(schema, user, config)
                 if described is None:
                     described = (ErrorCode.resource_not_found,
                                  f"Attempt to describe a user credential that does not exist: {user}", ())
@@ -186,8 +233,8 @@ class _NotFound(Exception):
 async def _alter_user(ctx: RequestContext, user: str, upsertions: list, deletions: list) -> None:
     """Apply one user's deletions then upsertions to its entity config, read and written conditionally."""
     metadata = ctx.broker.metadata
-    for _ in range(_WRITE_ATTEMPTS):
-        config, version = await metadata.read_entity_configs_async("users", sanitize(user))
+
+    def change(config: dict[str, str]) -> dict[str, str]:
         for deletion in deletions:
             name = mechanism_for_type(deletion.mechanism).name
             if name not in config:
@@ -198,12 +245,13 @@ async def _alter_user(ctx: RequestContext, user: str, upsertions: list, deletion
             credential = credential_from_salted_password(mechanism, upsertion.salt, upsertion.salted_password,
                                                          upsertion.iterations)
             config = user_config_with(config, mechanism.name, credential)
-        try:
-            await metadata.set_client_entity_configs_async(_user_path(user), config, version=version)
-            return
-        except StaleConfigVersion:
-            continue  # another write (credentials or quotas) came in between: read again
-    raise RuntimeError(f"the config of user {user!r} kept changing")
+        return config
+
+    if not await rewrite_user_config(
+            lambda: metadata.read_entity_configs_async("users", sanitize(user)),
+            lambda config, version: metadata.set_client_entity_configs_async(_user_path(user), config, version=version),
+            change, StaleConfigVersion):
+        raise RuntimeError(f"the config of user {user!r} kept changing")
 
 
 @handles(51)
