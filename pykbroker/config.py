@@ -784,7 +784,9 @@ _USED_KAFKA_DOCS.update({
     **{name: f"The signed-JWT validator of OAUTHBEARER (security/sasl/oauthbearer.py); {_SASL_AT_START}." for name in (
         "sasl.oauthbearer.jwks.endpoint.url", "sasl.oauthbearer.clock.skew.seconds",
         "sasl.oauthbearer.expected.audience", "sasl.oauthbearer.expected.issuer",
-        "sasl.oauthbearer.scope.claim.name", "sasl.oauthbearer.sub.claim.name")},
+        "sasl.oauthbearer.scope.claim.name", "sasl.oauthbearer.sub.claim.name",
+        "sasl.oauthbearer.jwks.endpoint.refresh.ms", "sasl.oauthbearer.jwks.endpoint.retry.backoff.ms",
+        "sasl.oauthbearer.jwks.endpoint.retry.backoff.max.ms")},
 })
 # Kafka checks these where KafkaConfig reads them, not in its ConfigDef (their catalogue column is empty).
 _READ_CHECKS: dict[str, Validator] = {"max.connections.per.ip.overrides": ConnectionsPerIpOverrides()}

@@ -463,7 +463,10 @@ def test_jwks_configuration_errors(tmp_path, jwks_file):
 
     url = "sasl.oauthbearer.jwks.endpoint.url"
     assert "must be non-null" in err()
-    assert "file: URL only, for now" in err(**{url: "https://idp/keys"})
+    # an http(s) JWKS that cannot be fetched at start stops the start (Kafka's RefreshingHttpsJwks.init)
+    assert "Could not refresh JWKS from http://127.0.0.1:9/keys" in err(**{url: "http://127.0.0.1:9/keys"})
+    assert "Not a number of type LONG" in err(**{url: "http://127.0.0.1:9/keys",
+                                                 "sasl.oauthbearer.jwks.endpoint.refresh.ms": "soon"})
     assert "invalid protocol (ftp)" in err(**{url: "ftp://idp/keys"})
     assert "doesn't exist" in err(**{url: (tmp_path / "missing.json").as_uri()})
     assert "not a file" in err(**{url: tmp_path.as_uri()})
@@ -757,3 +760,98 @@ def test_initial_responses_read_as_kafka_reads_them(tmp_path):
         except InvalidClientResponse:
             ours = "ERR"
         assert ours.rstrip() == k.rstrip(), m
+
+
+# --- KIP-768: signed JWTs against a JWKS URL (Kafka's RefreshingHttpsJwks) -------------------------------------
+
+class JwksServer:
+    """A real HTTP server on 127.0.0.1 serving ``document`` (changeable), counting the requests; ``fail`` makes
+    it answer 500."""
+
+    def __init__(self, document: dict) -> None:
+        import http.server
+        import threading
+
+        self.document, self.requests, self.fail = document, 0, False
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                outer.requests += 1
+                body = b"oops" if outer.fail else json.dumps(outer.document).encode()
+                self.send_response(500 if outer.fail else 200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/.well-known/jwks.json"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def wait_for(condition, what: str, timeout_s: float = 20.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_a_jwks_url_is_fetched_at_start_and_a_rotated_key_is_taken_after_one_refused_token(keys):
+    server = JwksServer({"keys": [jwk(keys["rsa"], "rsa-1")]})
+    try:
+        v = SignedJwtValidator.from_configs("SASL_SSL", {"sasl.oauthbearer.jwks.endpoint.url": server.url},
+                                            clock=clock)
+        try:
+            assert server.requests == 1
+            ok = sign(keys["rsa"], {"alg": "RS256", "kid": "rsa-1"}, jwt_claims())
+            assert v.validate(ok).principal_name == "svc-orders"
+            assert server.requests == 1  # validation never touches the network
+            # the identity provider rotates to a new key: the first token signed with it is refused and asks for
+            # a refresh at once; once that is done the key is known
+            server.document = {"keys": [jwk(keys["rsa"], "rsa-1"), jwk(keys["rsa-other"], "rsa-2")]}
+            rotated = sign(keys["rsa-other"], {"alg": "RS256", "kid": "rsa-2"}, jwt_claims(sub="svc-new"))
+            with pytest.raises(InvalidToken, match=f"from JWKs obtained from {server.url}"):
+                v.validate(rotated)
+            wait_for(lambda: v.resolver.refreshes == 1, "the expedited refresh")
+            assert v.validate(rotated).principal_name == "svc-new"
+            # an unknown kid asks once a minute at most: a flood of forged kids cannot hammer the provider
+            forged = sign(keys["rsa-other"], {"alg": "RS256", "kid": "nope"}, jwt_claims())
+            for _ in range(50):
+                with pytest.raises(InvalidToken):
+                    v.validate(forged)
+            wait_for(lambda: v.resolver.refreshes == 2, "the refresh for the unknown kid")
+            assert server.requests == 3
+            assert not v.resolver.maybe_expedite_refresh("x" * 1001)  # never cached
+        finally:
+            v.resolver.close()
+    finally:
+        server.close()
+
+
+def test_a_failed_refresh_keeps_the_keys_it_had(keys, caplog):
+    server = JwksServer({"keys": [jwk(keys["rsa"], "rsa-1")]})
+    try:
+        v = SignedJwtValidator.from_configs("SASL_SSL", {
+            "sasl.oauthbearer.jwks.endpoint.url": server.url,
+            "sasl.oauthbearer.jwks.endpoint.retry.backoff.ms": "1",
+            "sasl.oauthbearer.jwks.endpoint.retry.backoff.max.ms": "20"}, clock=clock)
+        try:
+            server.fail = True
+            assert v.resolver.maybe_expedite_refresh("rsa-9")
+            wait_for(lambda: "encountered an error" in caplog.text, "the failed refresh's warning")
+            assert server.requests >= 2  # retried before giving up
+            ok = sign(keys["rsa"], {"alg": "RS256", "kid": "rsa-1"}, jwt_claims())
+            assert v.validate(ok).principal_name == "svc-orders"
+        finally:
+            v.resolver.close()
+    finally:
+        server.close()

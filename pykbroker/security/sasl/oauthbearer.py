@@ -24,8 +24,15 @@ validator:
   ``sasl.oauthbearer.clock.skew.seconds`` (default 30), ``sasl.oauthbearer.expected.issuer``,
   ``sasl.oauthbearer.expected.audience`` (a token carrying ``aud`` is refused when none is configured, as
   jose4j refuses it), ``sasl.oauthbearer.scope.claim.name`` (default ``scope``),
-  ``sasl.oauthbearer.sub.claim.name`` (default ``sub``). An http(s) JWKS URL (Kafka refreshes it in the
-  background) is not served yet: the factory refuses it at startup.
+  ``sasl.oauthbearer.sub.claim.name`` (default ``sub``). An http(s) JWKS URL is Kafka's RefreshingHttpsJwks
+  (``JwksUrlKeyResolver``): fetched once at start (a failure stops the start, as Kafka's init does), then
+  again every ``sasl.oauthbearer.jwks.endpoint.refresh.ms`` (default 1 hour) by a thread of its own, each
+  refresh retried from ``...retry.backoff.ms`` (100) doubling up to ``...retry.backoff.max.ms`` (10 s), a
+  failed refresh keeping the keys it had; a token naming a ``kid`` the keys lack is refused and asks for a
+  refresh at once, at most once a minute per ``kid`` (16 remembered, ``kid`` longer than 1000 characters
+  ignored), so a key rotated in at the identity provider is taken within moments. The broker's event loop
+  never waits for the network. HTTPS is checked against the system's CAs (``SSL_CERT_FILE`` names another
+  bundle).
 
 A token that fails validation is answered, as Kafka answers it, with the JSON error
 ``{"status":"invalid_token"}`` (``{"status":"insufficient_scope", "scope":"[...]"}`` for a missing required
@@ -81,6 +88,15 @@ UNSECURED_REQUIRED_SCOPE = "unsecuredValidatorRequiredScope"
 UNSECURED_ALLOWABLE_CLOCK_SKEW_MS = "unsecuredValidatorAllowableClockSkewMs"
 
 MAX_JWKS_FILE_BYTES = 1 << 20
+SASL_OAUTHBEARER_JWKS_ENDPOINT_REFRESH_MS = "sasl.oauthbearer.jwks.endpoint.refresh.ms"
+SASL_OAUTHBEARER_JWKS_ENDPOINT_RETRY_BACKOFF_MS = "sasl.oauthbearer.jwks.endpoint.retry.backoff.ms"
+SASL_OAUTHBEARER_JWKS_ENDPOINT_RETRY_BACKOFF_MAX_MS = "sasl.oauthbearer.jwks.endpoint.retry.backoff.max.ms"
+JWKS_FETCH_TIMEOUT_S = 10.0
+# Kafka's RefreshingHttpsJwks: how often one unknown kid may ask for a refresh, how many are remembered, the
+# longest kid that may ask at all.
+MISSING_KEY_ID_CACHE_IN_FLIGHT_S = 60.0
+MISSING_KEY_ID_CACHE_MAX_ENTRIES = 16
+MISSING_KEY_ID_MAX_KEY_LENGTH = 1000
 _MAX_SECONDS = (2 ** 63 - 1) // 1000  # claim times must fit a Java long of milliseconds
 
 # --- the client initial response ------------------------------------------------------------------------
@@ -442,29 +458,145 @@ class JwksFileKeyResolver:
             raise SaslConfigError(f"JWKS file {self.path} is not a valid JSON Web Key Set: {e}") from None
 
     def resolve(self, header: Mapping[str, Any]) -> Any:
-        """jose4j's VerificationJwkSelector: kid, key type, curve, use, key_ops and alg must fit; the first
-        fitting key wins."""
-        alg = header["alg"]
-        kty, _, crv = _ALGS[alg]
-        kid = header.get("kid")
-        for jwk in self.keys:
-            if kid is not None and jwk.kid != kid:
-                continue
-            if jwk.kty != kty or (crv is not None and jwk.crv != crv):
-                continue
-            if jwk.use not in (None, "sig") or (jwk.key_ops is not None and "verify" not in jwk.key_ops):
-                continue
-            if jwk.alg is not None and jwk.alg != alg:
-                continue
-            return jwk.key
-        raise InvalidToken(f"Unable to find a suitable verification key for JWS w/ header "
-                           f"{{alg: {alg}, kid: {kid}}} from the JWKS file")
+        return select_key(self.keys, header, "the JWKS file")
+
+
+def select_key(keys: list[Jwk], header: Mapping[str, Any], where: str) -> Any:
+    """jose4j's VerificationJwkSelector: kid, key type, curve, use, key_ops and alg must fit; the first
+    fitting key wins; InvalidToken when none does."""
+    alg = header["alg"]
+    kty, _, crv = _ALGS[alg]
+    kid = header.get("kid")
+    for jwk in keys:
+        if kid is not None and jwk.kid != kid:
+            continue
+        if jwk.kty != kty or (crv is not None and jwk.crv != crv):
+            continue
+        if jwk.use not in (None, "sig") or (jwk.key_ops is not None and "verify" not in jwk.key_ops):
+            continue
+        if jwk.alg is not None and jwk.alg != alg:
+            continue
+        return jwk.key
+    raise InvalidToken(f"Unable to find a suitable verification key for JWS w/ header "
+                       f"{{alg: {alg}, kid: {str(kid)[:100]}}} from {where}")
+
+
+def fetch_jwks(url: str, timeout_s: float = JWKS_FETCH_TIMEOUT_S) -> list[Jwk]:
+    """GET the JWKS at an http(s) URL (at most MAX_JWKS_FILE_BYTES); OSError or ValueError on failure."""
+    import urllib.request
+
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - http(s) only, checked
+        raw = response.read(MAX_JWKS_FILE_BYTES + 1)
+    if len(raw) > MAX_JWKS_FILE_BYTES:
+        raise ValueError(f"the JWKS is larger than {MAX_JWKS_FILE_BYTES} bytes")
+    try:
+        return load_jwks(raw.decode("utf-8"))
+    except (UnicodeDecodeError, RecursionError) as e:
+        raise ValueError(f"not a valid JSON Web Key Set: {e}") from None
+
+
+class JwksUrlKeyResolver:
+    """Kafka's RefreshingHttpsJwks + RefreshingHttpsJwksVerificationKeyResolver (see the module docstring)."""
+
+    def __init__(self, url: str, *, refresh_ms: int = 3_600_000, retry_backoff_ms: int = 100,
+                 retry_backoff_max_ms: int = 10_000, fetch: Callable[[str], list[Jwk]] = fetch_jwks,
+                 clock: Callable[[], float] | None = None):
+        import collections
+        import threading
+        import time
+
+        if refresh_ms <= 0:
+            raise SaslConfigError(f"The OAuth configuration option {SASL_OAUTHBEARER_JWKS_ENDPOINT_REFRESH_MS} "
+                                  f"value must be positive")
+        self.url = url
+        self.refresh_s = refresh_ms / 1000
+        self.retry_backoff_s = max(retry_backoff_ms, 0) / 1000
+        self.retry_backoff_max_s = max(retry_backoff_max_ms, 0) / 1000
+        self._fetch = fetch
+        self._clock = clock or time.monotonic
+        try:
+            self.keys: list[Jwk] = fetch(url)  # at start, where blocking is fine (Kafka's init)
+        except (OSError, ValueError) as e:
+            raise SaslConfigError(f"Could not refresh JWKS from {url}: {e}") from None
+        self._lock = threading.Lock()
+        self._missing: "collections.OrderedDict[str, float]" = collections.OrderedDict()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.refreshes = 0  # completed refreshes (tests and logs)
+        self._thread = threading.Thread(target=self._run, name="jwks-refresh", daemon=True)
+        self._thread.start()
+        log.info("JWKS validation key refresh thread started for %s with a refresh interval of %d ms", url, refresh_ms)
+
+    def resolve(self, header: Mapping[str, Any]) -> Any:
+        try:
+            return select_key(self.keys, header, f"JWKs obtained from {self.url}")
+        except InvalidToken:
+            kid = header.get("kid")
+            if isinstance(kid, str) and self.maybe_expedite_refresh(kid):
+                log.debug("refreshing the JWKS of %s at once for an unknown key id", self.url)
+            raise
+
+    def maybe_expedite_refresh(self, kid: str) -> bool:
+        """Ask the refresh thread for a refresh now, unless this kid asked less than a minute ago."""
+        if len(kid) > MISSING_KEY_ID_MAX_KEY_LENGTH:
+            log.warning("Key ID %s... (%d characters) was too long to cache", kid[:100], len(kid))
+            return False
+        now = self._clock()
+        with self._lock:
+            next_check = self._missing.get(kid)
+            if next_check is not None and next_check > now:
+                return False
+            self._missing[kid] = now + MISSING_KEY_ID_CACHE_IN_FLIGHT_S
+            self._missing.move_to_end(kid)
+            while len(self._missing) > MISSING_KEY_ID_CACHE_MAX_ENTRIES:
+                self._missing.popitem(last=False)
+        self._wake.set()
+        return True
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def _run(self) -> None:
+        next_at = self._clock() + self.refresh_s
+        while not self._stop.is_set():
+            woken = self._wake.wait(timeout=max(0.0, next_at - self._clock()))
+            if self._stop.is_set():
+                return
+            self._wake.clear()
+            self._refresh()
+            if not woken:
+                next_at += self.refresh_s  # a fixed rate, as Kafka's scheduleAtFixedRate
+
+    def _refresh(self) -> None:
+        """One refresh, retried with backoff for up to retry.backoff.max.ms (Kafka's Retry); a failure keeps
+        the keys known."""
+        started, wait = self._clock(), self.retry_backoff_s
+        while True:
+            try:
+                keys = self._fetch(self.url)
+                break
+            except Exception as e:  # noqa: BLE001 - the IdP unreachable or answering garbage: keep the old keys
+                if self._stop.is_set() or self._clock() - started + wait > self.retry_backoff_max_s:
+                    log.warning("OAuth JWKS refresh of %s encountered an error (%s); not updating the local JWKS "
+                                "cache", self.url, e)
+                    return
+                self._stop.wait(wait)
+                wait = min(wait * 2, self.retry_backoff_max_s) if wait else self.retry_backoff_s
+        with self._lock:
+            for jwk in keys:
+                if jwk.kid is not None:
+                    self._missing.pop(jwk.kid, None)
+            self.keys = keys
+        self.refreshes += 1
+        log.info("OAuth JWKS refresh of %s complete (%d keys)", self.url, len(keys))
 
 
 class SignedJwtValidator:
     """ValidatorAccessTokenValidator (jose4j JwtConsumer + Kafka's claim checks)."""
 
-    def __init__(self, resolver: JwksFileKeyResolver, *, clock_skew_seconds: int = DEFAULT_CLOCK_SKEW_SECONDS,
+    def __init__(self, resolver: "JwksFileKeyResolver | JwksUrlKeyResolver", *, clock_skew_seconds: int = DEFAULT_CLOCK_SKEW_SECONDS,
                  expected_audiences: list[str] | None = None, expected_issuer: str | None = None,
                  scope_claim_name: str = "scope", sub_claim_name: str = "sub",
                  clock: Callable[[], float] | None = None):
@@ -490,20 +622,34 @@ class SignedJwtValidator:
                                   f"must be non-null")
         parsed = urlparse(url)
         scheme = parsed.scheme.lower()
+        resolver: JwksFileKeyResolver | JwksUrlKeyResolver | None = None
+        url_settings: dict[str, int] | None = None  # an http(s) URL: its resolver is made last (it starts a thread)
         if scheme in ("http", "https"):
-            raise SaslConfigError(f"The OAuth configuration option {SASL_OAUTHBEARER_JWKS_ENDPOINT_URL} is an "
-                                  f"{scheme} URL ({url}): pykbroker reads a JWKS from a file: URL only, for now")
-        if scheme != "file":
+            def millis(key: str, default: int) -> int:
+                raw = get(key)
+                try:
+                    return default if raw is None else int(str(raw).strip())
+                except ValueError:
+                    raise SaslConfigError(f"Invalid value {raw} for configuration {key}: Not a number of type "
+                                          f"LONG") from None
+
+            url_settings = dict(
+                refresh_ms=millis(SASL_OAUTHBEARER_JWKS_ENDPOINT_REFRESH_MS, 3_600_000),
+                retry_backoff_ms=millis(SASL_OAUTHBEARER_JWKS_ENDPOINT_RETRY_BACKOFF_MS, 100),
+                retry_backoff_max_ms=millis(SASL_OAUTHBEARER_JWKS_ENDPOINT_RETRY_BACKOFF_MAX_MS, 10_000))
+        elif scheme != "file":
             raise SaslConfigError(
                 f"The OAuth configuration option {SASL_OAUTHBEARER_JWKS_ENDPOINT_URL} contains a URL ({url}) that "
                 f"contains an invalid protocol ({scheme}); only \"http\", \"https\", and \"file\" protocol are supported")
-        path = Path(unquote(parsed.path))
-        if not path.exists():
-            raise SaslConfigError(f"The OAuth configuration option {SASL_OAUTHBEARER_JWKS_ENDPOINT_URL} contains a "
-                                  f"file ({path}) that doesn't exist")
-        if path.is_dir():
-            raise SaslConfigError(f"The OAuth configuration option {SASL_OAUTHBEARER_JWKS_ENDPOINT_URL} references "
-                                  f"a directory ({path}), not a file")
+        if url_settings is None:
+            path = Path(unquote(parsed.path))
+            if not path.exists():
+                raise SaslConfigError(f"The OAuth configuration option {SASL_OAUTHBEARER_JWKS_ENDPOINT_URL} contains a "
+                                      f"file ({path}) that doesn't exist")
+            if path.is_dir():
+                raise SaslConfigError(f"The OAuth configuration option {SASL_OAUTHBEARER_JWKS_ENDPOINT_URL} references "
+                                      f"a directory ({path}), not a file")
+            resolver = JwksFileKeyResolver(path)
         skew_raw = get(SASL_OAUTHBEARER_CLOCK_SKEW_SECONDS)
         try:
             skew = DEFAULT_CLOCK_SKEW_SECONDS if skew_raw is None else int(str(skew_raw).strip())
@@ -521,9 +667,12 @@ class SignedJwtValidator:
                 raise SaslConfigError(f"The OAuth configuration option {key} value must not contain only whitespace")
             return value
 
-        return cls(JwksFileKeyResolver(path), clock_skew_seconds=skew, expected_audiences=audiences,
-                   expected_issuer=issuer, scope_claim_name=claim_name(SASL_OAUTHBEARER_SCOPE_CLAIM_NAME, "scope"),
-                   sub_claim_name=claim_name(SASL_OAUTHBEARER_SUB_CLAIM_NAME, "sub"), clock=clock)
+        scope_claim = claim_name(SASL_OAUTHBEARER_SCOPE_CLAIM_NAME, "scope")
+        sub_claim = claim_name(SASL_OAUTHBEARER_SUB_CLAIM_NAME, "sub")
+        if url_settings is not None:
+            resolver = JwksUrlKeyResolver(url, **url_settings)
+        return cls(resolver, clock_skew_seconds=skew, expected_audiences=audiences,
+                   expected_issuer=issuer, scope_claim_name=scope_claim, sub_claim_name=sub_claim, clock=clock)
 
     def validate(self, token: str) -> OAuthBearerToken:
         token = token.strip()
