@@ -81,7 +81,7 @@ def client_tls(pki, pem_file: str | None = None) -> ssl.SSLContext:
 
 
 _IDS = ("name", "topic", "group_id", "key", "transactional_id", "resource_name", "partition_index", "partition",
-        "index")
+        "index", "user")
 
 
 def error_codes(response) -> dict[str, int]:

@@ -328,6 +328,17 @@ def _delete_acl():
                                            principal_filter=None, host_filter=None, operation=1, permission_type=1),))
 
 
+def _describe_scram(*users):
+    cls, m = schema(50, 0)
+    return cls(users=tuple(m.UserName(name=u) for u in users))
+
+
+def _alter_scram(upsert, delete):
+    cls, m = schema(51, 0)
+    return cls(deletions=(m.ScramCredentialDeletion(name=delete, mechanism=1),), upsertions=(
+        m.ScramCredentialUpsertion(name=upsert, mechanism=1, iterations=4096, salt=b"salt", salted_password=b"p" * 32),))
+
+
 ROWS = [
     ("metadata-describe", lambda: _metadata("open", "readonly", "writeonly", "denied", "denyread"),
      {"denied:error_code": TOPIC_DENIED}),
@@ -401,6 +412,9 @@ ROWS = [
     ("describe-acls", _describe_acls, {":error_code": CLUSTER_DENIED}),
     ("create-acls", _create_acl, {":error_code": CLUSTER_DENIED}),
     ("delete-acls", _delete_acl, {":error_code": CLUSTER_DENIED}),
+    ("describe-user-scram-credentials", lambda: _describe_scram("alice"), {":error_code": CLUSTER_DENIED}),
+    ("alter-user-scram-credentials", lambda: _alter_scram("alice", "bob"),
+     {"alice:error_code": CLUSTER_DENIED, "bob:error_code": CLUSTER_DENIED}),
 ]
 
 

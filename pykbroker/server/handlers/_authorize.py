@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from pykbroker.server.dispatch import RequestContext
 
 __all__ = ("AclOperation", "ResourceType", "enabled", "allowed", "allowed_names", "cluster_allowed",
-           "operations", "idempotent_write_allowed", "any_allowed", "denied_error")
+           "operations", "idempotent_write_allowed", "any_allowed", "denied_error", "CLUSTER_DENIED_MESSAGE")
 
 _SNAKE = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
@@ -118,8 +118,8 @@ def denied_answer(ctx: "RequestContext", code: ErrorCode) -> object:
 
 # ConfigResource.Type codes -> the ACL resource guarding them (Kafka's ConfigHelper / configsAuthorizationApiError)
 _CONFIG_RESOURCES = {2: ResourceType.TOPIC, 4: ResourceType.CLUSTER, 8: ResourceType.CLUSTER}
-_DENIED_MESSAGES = {ResourceType.TOPIC: "Topic authorization failed.",
-                    ResourceType.CLUSTER: "Cluster authorization failed."}
+CLUSTER_DENIED_MESSAGE = "Cluster authorization failed."  # Errors.CLUSTER_AUTHORIZATION_FAILED.message()
+_DENIED_MESSAGES = {ResourceType.TOPIC: "Topic authorization failed.", ResourceType.CLUSTER: CLUSTER_DENIED_MESSAGE}
 
 
 def config_resource_denied(ctx: "RequestContext", operation: AclOperation, config_type: int,

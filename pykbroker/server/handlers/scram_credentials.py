@@ -61,6 +61,7 @@ from pykbroker.security.credentials import (
 )
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.error_answers import register_error_answer
+from pykbroker.server.handlers._authorize import CLUSTER_DENIED_MESSAGE, AclOperation, cluster_allowed
 from pykbroker.server.handlers._build import make, response_module
 from pykbroker.server.handlers.topics_admin import _commit
 
@@ -101,8 +102,8 @@ def _credential_infos(schema, user: str, config: dict[str, str]):
 
 @handles(50)
 async def describe_user_scram_credentials(ctx: RequestContext, request) -> object:
-    # Authorization goes here: Kafka requires DESCRIBE on the CLUSTER, else
-    # describe_error_response(ctx, ErrorCode.cluster_authorization_failed, <ApiError message>).
+    if not cluster_allowed(ctx, AclOperation.DESCRIBE):  # KafkaApis: DESCRIBE on the CLUSTER
+        return describe_error_response(ctx, ErrorCode.cluster_authorization_failed, CLUSTER_DENIED_MESSAGE)
     schema = response_module(ctx)
     entities = ctx.broker.metadata.client_entity_configs()
 
@@ -208,8 +209,8 @@ async def _alter_user(ctx: RequestContext, user: str, upsertions: list, deletion
 
 @handles(51)
 async def alter_user_scram_credentials(ctx: RequestContext, request) -> object:
-    # Authorization goes here: Kafka requires ALTER on the CLUSTER, else
-    # alter_error_response(ctx, request, ErrorCode.cluster_authorization_failed, <ApiError message>).
+    if not cluster_allowed(ctx, AclOperation.ALTER):  # KafkaApis: ALTER on the CLUSTER, every user refused
+        return alter_error_response(ctx, request, ErrorCode.cluster_authorization_failed, CLUSTER_DENIED_MESSAGE)
     results: list[tuple[str, ErrorCode, str | None]] = []
     illegal = _illegal_users(request)
     results.extend((user, code, message) for user, (code, message) in illegal.items())
