@@ -1,8 +1,9 @@
 """Where the authorizer's ACLs live, and how every broker's ACL cache follows them.
 
-Two stores with one interface (``start()`` fills the cache, ``update(pattern, add, remove)`` persists a
-change to one resource pattern, puts its new whole ACL set in the cache and returns it, ``close()``;
-``lock`` serialises the updates made through one broker):
+Two stores with one interface (``start()`` fills the cache, ``update(pattern, change)`` persists a change
+to one resource pattern - ``change`` makes the new ACL set from the set the store reads when it writes,
+Kafka's updateResourceAcls function - puts the new whole set in the cache and returns it, ``close()``;
+``lock`` serialises the ACL changes made through one broker: the handler plans and persists under it):
 
 * :class:`EmbeddedAclStore` (single node): the metadata journal's "acl" records (cluster/metadata.py,
   one record per changed pattern holding its whole set, in the snapshot too).
@@ -23,11 +24,11 @@ import asyncio
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from pykbroker.security import acl_store
 from pykbroker.security.acl import AccessControlEntry, PatternType, ResourcePattern, ResourceType
-from pykbroker.security.authorizer import AclCache
+from pykbroker.security.authorizer import AclCache, AclChange
 
 if TYPE_CHECKING:
     from pykbroker.cluster.metadata import EmbeddedMetadata
@@ -36,11 +37,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ("EmbeddedAclStore", "ZkAclStore")
-
-
-def _new_set(current: frozenset, add: Iterable[AccessControlEntry],
-             remove: Iterable[AccessControlEntry]) -> frozenset[AccessControlEntry]:
-    return (current | frozenset(add)) - frozenset(remove)
 
 
 class EmbeddedAclStore:
@@ -66,12 +62,13 @@ class EmbeddedAclStore:
             except ValueError as exc:
                 log.warning("skipping %s: %s", where, exc)
 
-    async def update(self, pattern: ResourcePattern, add: Iterable[AccessControlEntry],
-                     remove: Iterable[AccessControlEntry]) -> frozenset[AccessControlEntry]:
-        new = _new_set(self.cache.get(pattern), add, remove)
-        acls = json.loads(acl_store.encode_acls(new))["acls"]
-        await asyncio.wrap_future(self.metadata.set_acls(self._key(pattern), acls))
-        self.cache.set(pattern, new)
+    async def update(self, pattern: ResourcePattern, change: AclChange) -> frozenset[AccessControlEntry]:
+        current = self.cache.get(pattern)  # the journal's state: every change goes through this store
+        new = change(current)
+        if new != current:
+            acls = json.loads(acl_store.encode_acls(new))["acls"]
+            await asyncio.wrap_future(self.metadata.set_acls(self._key(pattern), acls))
+            self.cache.set(pattern, new)
         return new
 
     async def close(self) -> None:
@@ -127,9 +124,7 @@ class ZkAclStore:
             return
         self.cache.set(pattern, entries)
 
-    async def update(self, pattern: ResourcePattern, add: Iterable[AccessControlEntry],
-                     remove: Iterable[AccessControlEntry]) -> frozenset[AccessControlEntry]:
-        add, remove = frozenset(add), frozenset(remove)
+    async def update(self, pattern: ResourcePattern, change: AclChange) -> frozenset[AccessControlEntry]:
         path = acl_store.acl_path(pattern)
         while True:
             try:
@@ -138,7 +133,7 @@ class ZkAclStore:
                 log.warning("rewriting ACL znode %s: %s", path, exc)
                 found = await self.zk.get_or_none(path)
                 current, version = self.cache.get(pattern), (found[1].version if found else None)
-            new = _new_set(current, add, remove)
+            new = change(current)  # applied again to the set read again after a conflicting write
             if (new == current and version is not None) or (not new and version is None):
                 break  # nothing to write
             data = acl_store.encode_acls(new) if new else None
