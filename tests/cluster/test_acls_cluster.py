@@ -146,16 +146,17 @@ def test_an_acl_changed_through_one_broker_is_enforced_by_every_broker(zk_connec
             wait_until(lambda: _topic_error(clients[broker_id], topic) == TOPIC_DENIED,
                        f"broker {broker_id} dropping the ACL deleted in ZooKeeper", PROPAGATION_S)
 
-        # a DeleteAcls through broker 1 and a CreateAcls through broker 2 at once on one pattern: each applied
-        # to what the other left (conditional writes, re-read on conflict), as every broker then shows
+        # a DeleteAcls and a CreateAcls at once on one pattern, through one broker (its lock) or two (conditional
+        # writes, re-read on conflict): each applied to what the other left, as every broker then shows
         admins = {broker_id: RawClient(broker.address) for broker_id, broker in cluster.brokers.items()}
-        for round_ in range(3):
+        for round_, (deleting, creating) in enumerate([(1, 1), (1, 2), (2, 2), (3, 1)]):
             swap = f"swap-{round_}"
             assert create_acls(admin, [acl_creation("User:mallory", TOPIC, swap, DESCRIBE)]) == [0]
-            wait_until(lambda: acl_principals(admins[2], TOPIC, swap) == ["User:mallory"],
-                       "broker 2 showing mallory's ACL", PROPAGATION_S)
-            _at_once([(cluster.brokers[1].address, delete_acls_request("User:mallory", TOPIC, swap)),
-                      (cluster.brokers[2].address, schema(30, 3)[0](
+            for broker_id in {deleting, creating}:
+                wait_until(lambda: acl_principals(admins[broker_id], TOPIC, swap) == ["User:mallory"],
+                           f"broker {broker_id} showing mallory's ACL", PROPAGATION_S)
+            _at_once([(cluster.brokers[deleting].address, delete_acls_request("User:mallory", TOPIC, swap)),
+                      (cluster.brokers[creating].address, schema(30, 3)[0](
                           creations=(acl_creation("User:bob", TOPIC, swap, DESCRIBE),)))])
             for broker_id in (1, 2, 3):
                 wait_until(lambda: acl_principals(admins[broker_id], TOPIC, swap)
