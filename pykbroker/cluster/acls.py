@@ -10,8 +10,8 @@ Kafka's updateResourceAcls function - puts the new whole set in the cache and re
 * :class:`ZkAclStore` (cluster): Kafka 3.7's ZooKeeper layout (security/acl_store.py): one znode per
   pattern under ``/kafka-acl`` / ``/kafka-acl-extended/prefixed``, written conditionally on the version read
   (a concurrent change by another broker is re-read and the change applied to it, as Kafka's
-  updateResourceAcls does), then a sequential notification under ``/kafka-acl-changes`` (LITERAL) or
-  ``/kafka-acl-extended-changes`` (PREFIXED). Every broker watches both change roots and re-reads the
+  updateResourceAcls does: up to 10 retries, each after 100-150 ms), then a sequential notification under
+  ``/kafka-acl-changes`` (LITERAL) or ``/kafka-acl-extended-changes`` (PREFIXED). Every broker watches both change roots and re-reads the
   patterns the new notifications name (cluster/change_notifications.py, Kafka's
   ZkNodeChangeNotificationListener: in sequence order, a notification counted processed only once its
   pattern was re-read - a ZooKeeper error retries it - and processed ones older than 15 minutes deleted),
@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 from typing import TYPE_CHECKING
 
 from pykbroker.cluster.change_notifications import ChangeNotificationListener
@@ -38,7 +39,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ("EmbeddedAclStore", "ZkAclStore")
+__all__ = ("EmbeddedAclStore", "ZkAclStore", "AclUpdateConflict")
+
+
+# AclAuthorizer.updateResourceAcls: a conditional write that lost to another broker's is retried this many
+# times, each after 100 ms plus up to 50 ms of jitter, then the change fails (UNKNOWN_SERVER_ERROR)
+MAX_UPDATE_RETRIES = 10
+RETRY_BACKOFF_MS, RETRY_BACKOFF_JITTER_MS = 100, 50
+
+
+class AclUpdateConflict(RuntimeError):
+    """Every conditional write of a pattern's znode lost to another writer (Kafka's IllegalStateException)."""
 
 
 class EmbeddedAclStore:
@@ -125,7 +136,9 @@ class ZkAclStore:
 
     async def update(self, pattern: ResourcePattern, change: AclChange) -> frozenset[AccessControlEntry]:
         path = acl_store.acl_path(pattern)
-        while True:
+        for attempt in range(MAX_UPDATE_RETRIES + 1):
+            if attempt:  # the znode changed since it was read (another broker): wait, read it again
+                await asyncio.sleep((RETRY_BACKOFF_MS + random.randrange(RETRY_BACKOFF_JITTER_MS)) / 1000)
             try:
                 current, version = await self._read(path)
             except acl_store.AclStoreError as exc:  # a damaged znode: replaced by what this broker knows
@@ -140,6 +153,9 @@ class ZkAclStore:
                 prefix, event = acl_store.change_notification(pattern)
                 await self.zk.create_acl_change(prefix, event)
                 break
+        else:
+            raise AclUpdateConflict(f"Failed to update ACLs for {pattern} after trying a maximum of "
+                                    f"{MAX_UPDATE_RETRIES} times")
         self.cache.set(pattern, new)
         return new
 

@@ -1,7 +1,8 @@
 """Change notifications followed as Kafka's ZkNodeChangeNotificationListener does, against a real ZooKeeper:
 in sequence order, a notification counted processed only once processing it succeeded (a ZooKeeper error
 while re-reading what it names is retried, never skipped: here through the ACL store of a second broker
-whose client fails one read), processed ones older than the expiry deleted, other nodes ignored."""
+whose client fails one read), processed ones older than the expiry deleted, other nodes ignored. And the ACL
+store's conditional writes: retried as Kafka's updateResourceAcls retries them, then given up."""
 
 from __future__ import annotations
 
@@ -103,6 +104,46 @@ def test_notifications_are_processed_in_order_once_and_purged_when_expired(zk_co
             assert [child for child, _ in seen] == [f"change_{n:010d}" for n in (0, 1, 2, 4, 5)]
         finally:
             await listener.close()
+            await zk.close()
+
+    run_async(scenario())
+
+
+class Contended(KafkaZkClient):
+    """The real client, with another writer changing the ACL znode just before each of its writes."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.writes = 0
+
+    async def write_acl_znode(self, path: str, data: bytes | None, version: int | None) -> bool:
+        self.writes += 1
+        found = await self.get_or_none(path)
+        if found is not None:  # the other writer: the same data, a new version
+            await self._await(self._zk.set_async(path, found[0]))
+        return await super().write_acl_znode(path, data, version)
+
+
+def test_an_acl_write_losing_every_race_gives_up_after_kafkas_ten_retries(zk_connect, run_async):
+    """AclAuthorizer.updateResourceAcls: 10 retries, each after 100-150 ms, then the change fails."""
+    from pykbroker.cluster.acls import AclUpdateConflict
+
+    async def scenario():
+        zk = Contended(zk_connect, session_timeout_ms=6000)
+        await zk.start()
+        store = ZkAclStore(zk, AclCache())
+        try:
+            await store.start()
+            await store.update(ORDERS, lambda current: current | {ALICE})  # created: no version to lose to
+            assert zk.writes == 1
+            bob = AccessControlEntry("User:bob", "*", AclOperation.READ, AclPermissionType.ALLOW)
+            started = time.monotonic()
+            with pytest.raises(AclUpdateConflict, match="after trying a maximum of 10 times"):
+                await store.update(ORDERS, lambda current: current | {bob})
+            assert zk.writes == 1 + 11 and time.monotonic() - started >= 1.0
+            assert store.cache.get(ORDERS) == {ALICE}
+        finally:
+            await store.close()
             await zk.close()
 
     run_async(scenario())
