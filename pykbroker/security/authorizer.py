@@ -532,10 +532,11 @@ class AclAuthorizer:
     def plan_delete(self, filters: list[AclBindingFilter]) -> DeletePlan:
         """DeleteAcls as AclAuthorizer.deleteAcls decides it, without persisting anything: every stored
         binding that a filter matches is deleted and reported under the first filter (in request order)
-        that matches it; filters that match nothing report nothing. Like Kafka's, it works on this broker's
-        view: an ACL another broker wrote whose notification has not arrived yet is not deleted (Kafka
-        also re-reads the one or two znodes of a filter that names an exact pattern; a caller with
-        ZooKeeper can refresh those patterns in the cache first)."""
+        that matches it; filters that match nothing report nothing. The patterns changed are those of this
+        broker's cache with a matching binding; each one's change matches the filters again on the set the
+        store reads when it writes (an ACL added there meanwhile by another broker is deleted too, one gone
+        is not reported). A pattern another broker created whose notification has not arrived yet is not
+        visited (Kafka also re-reads the one or two znodes of a filter that names an exact pattern)."""
         plan = DeletePlan([[] for _ in filters])
         for pattern, entries in self.cache.items():
             matching = [(index, f) for index, f in enumerate(filters) if f.pattern_filter.matches(pattern)]
