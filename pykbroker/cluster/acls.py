@@ -1,20 +1,23 @@
 """Where the authorizer's ACLs live, and how every broker's ACL cache follows them.
 
-Two stores with one interface (``start()`` fills the cache, ``update(pattern, add, remove)`` persists a
-change to one resource pattern, puts its new whole ACL set in the cache and returns it, ``close()``;
-``lock`` serialises the updates made through one broker):
+Two stores with one interface (``start()`` fills the cache, ``update(pattern, change)`` persists a change
+to one resource pattern - ``change`` makes the new ACL set from the set the store reads when it writes,
+Kafka's updateResourceAcls function - puts the new whole set in the cache and returns it, ``close()``;
+``lock`` serialises the ACL changes made through one broker: the handler plans and persists under it):
 
 * :class:`EmbeddedAclStore` (single node): the metadata journal's "acl" records (cluster/metadata.py,
   one record per changed pattern holding its whole set, in the snapshot too).
 * :class:`ZkAclStore` (cluster): Kafka 3.7's ZooKeeper layout (security/acl_store.py): one znode per
   pattern under ``/kafka-acl`` / ``/kafka-acl-extended/prefixed``, written conditionally on the version read
   (a concurrent change by another broker is re-read and the change applied to it, as Kafka's
-  updateResourceAcls does), then a sequential notification under ``/kafka-acl-changes`` (LITERAL) or
-  ``/kafka-acl-extended-changes`` (PREFIXED). Every broker watches both change roots and re-reads the
-  patterns the new notifications name, so a change made through any broker (or by Kafka's own tools
-  writing ZooKeeper) is enforced everywhere within a ZooKeeper round trip; processed notifications older
-  than 15 minutes are deleted (Kafka's ZkNodeChangeNotificationListener). A znode or notification that
-  does not decode is skipped with a WARN (the broker keeps the rest).
+  updateResourceAcls does: up to 10 retries, each after 100-150 ms), then a sequential notification under
+  ``/kafka-acl-changes`` (LITERAL) or ``/kafka-acl-extended-changes`` (PREFIXED). Every broker watches both change roots and re-reads the
+  patterns the new notifications name (cluster/change_notifications.py, Kafka's
+  ZkNodeChangeNotificationListener: in sequence order, a notification counted processed only once its
+  pattern was re-read - a ZooKeeper error retries it - and processed ones older than 15 minutes deleted),
+  so a change made through any broker (or by Kafka's own tools writing ZooKeeper) is enforced everywhere
+  within a ZooKeeper round trip. A znode or notification that does not decode is skipped with a WARN (the
+  broker keeps the rest).
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
-from typing import TYPE_CHECKING, Iterable
+import random
+from typing import TYPE_CHECKING
 
+from pykbroker.cluster.change_notifications import ChangeNotificationListener
 from pykbroker.security import acl_store
 from pykbroker.security.acl import AccessControlEntry, PatternType, ResourcePattern, ResourceType
-from pykbroker.security.authorizer import AclCache
+from pykbroker.security.authorizer import AclCache, AclChange
 
 if TYPE_CHECKING:
     from pykbroker.cluster.metadata import EmbeddedMetadata
@@ -35,12 +39,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ("EmbeddedAclStore", "ZkAclStore")
+__all__ = ("EmbeddedAclStore", "ZkAclStore", "AclUpdateConflict")
 
 
-def _new_set(current: frozenset, add: Iterable[AccessControlEntry],
-             remove: Iterable[AccessControlEntry]) -> frozenset[AccessControlEntry]:
-    return (current | frozenset(add)) - frozenset(remove)
+# AclAuthorizer.updateResourceAcls: a conditional write that lost to another broker's is retried this many
+# times, each after 100 ms plus up to 50 ms of jitter, then the change fails (UNKNOWN_SERVER_ERROR)
+MAX_UPDATE_RETRIES = 10
+RETRY_BACKOFF_MS, RETRY_BACKOFF_JITTER_MS = 100, 50
+
+
+class AclUpdateConflict(RuntimeError):
+    """Every conditional write of a pattern's znode lost to another writer (Kafka's IllegalStateException)."""
 
 
 class EmbeddedAclStore:
@@ -66,12 +75,13 @@ class EmbeddedAclStore:
             except ValueError as exc:
                 log.warning("skipping %s: %s", where, exc)
 
-    async def update(self, pattern: ResourcePattern, add: Iterable[AccessControlEntry],
-                     remove: Iterable[AccessControlEntry]) -> frozenset[AccessControlEntry]:
-        new = _new_set(self.cache.get(pattern), add, remove)
-        acls = json.loads(acl_store.encode_acls(new))["acls"]
-        await asyncio.wrap_future(self.metadata.set_acls(self._key(pattern), acls))
-        self.cache.set(pattern, new)
+    async def update(self, pattern: ResourcePattern, change: AclChange) -> frozenset[AccessControlEntry]:
+        current = self.cache.get(pattern)  # the journal's state: every change goes through this store
+        new = change(current)
+        if new != current:
+            acls = json.loads(acl_store.encode_acls(new))["acls"]
+            await asyncio.wrap_future(self.metadata.set_acls(self._key(pattern), acls))
+            self.cache.set(pattern, new)
         return new
 
     async def close(self) -> None:
@@ -88,12 +98,9 @@ class ZkAclStore:
         self.zk = zk
         self.cache = cache
         self.lock = asyncio.Lock()
-        self.expiration_ms = expiration_ms
-        self._last: dict[str, int] = {root: -1 for root in self.ROOTS}  # last notification processed per root
-        self._pending: dict[str, bool] = {root: False for root in self.ROOTS}
-        self._tasks: dict[str, asyncio.Task | None] = {root: None for root in self.ROOTS}
-        self._ctimes: dict[str, int] = {}  # notification processed -> its ZooKeeper ctime (ms)
-        self._closed = False
+        self.listeners = {root: ChangeNotificationListener(
+            zk, root, acl_store.CHANGE_PREFIX, lambda child, data, root=root: self._on_change(root, child, data),
+            name="ACL", expiration_ms=expiration_ms) for root in self.ROOTS}
 
     async def start(self) -> None:
         """Create Kafka's ACL paths, load every pattern's ACLs, then watch the change roots."""
@@ -105,8 +112,8 @@ class ZkAclStore:
                     continue
                 for name in await self.zk.children(f"{root}/{type_name}"):
                     await self._reload(f"{root}/{type_name}/{name}")
-        for root in self.ROOTS:
-            self.zk.watch_children(root, lambda children, root=root: self._on_changes(root))
+        for listener in self.listeners.values():
+            listener.start()
 
     async def _read(self, path: str) -> tuple[frozenset[AccessControlEntry], int | None]:
         found = await self.zk.get_or_none(path)
@@ -127,18 +134,18 @@ class ZkAclStore:
             return
         self.cache.set(pattern, entries)
 
-    async def update(self, pattern: ResourcePattern, add: Iterable[AccessControlEntry],
-                     remove: Iterable[AccessControlEntry]) -> frozenset[AccessControlEntry]:
-        add, remove = frozenset(add), frozenset(remove)
+    async def update(self, pattern: ResourcePattern, change: AclChange) -> frozenset[AccessControlEntry]:
         path = acl_store.acl_path(pattern)
-        while True:
+        for attempt in range(MAX_UPDATE_RETRIES + 1):
+            if attempt:  # the znode changed since it was read (another broker): wait, read it again
+                await asyncio.sleep((RETRY_BACKOFF_MS + random.randrange(RETRY_BACKOFF_JITTER_MS)) / 1000)
             try:
                 current, version = await self._read(path)
             except acl_store.AclStoreError as exc:  # a damaged znode: replaced by what this broker knows
                 log.warning("rewriting ACL znode %s: %s", path, exc)
                 found = await self.zk.get_or_none(path)
                 current, version = self.cache.get(pattern), (found[1].version if found else None)
-            new = _new_set(current, add, remove)
+            new = change(current)  # applied again to the set read again after a conflicting write
             if (new == current and version is not None) or (not new and version is None):
                 break  # nothing to write
             data = acl_store.encode_acls(new) if new else None
@@ -146,65 +153,23 @@ class ZkAclStore:
                 prefix, event = acl_store.change_notification(pattern)
                 await self.zk.create_acl_change(prefix, event)
                 break
+        else:
+            raise AclUpdateConflict(f"Failed to update ACLs for {pattern} after trying a maximum of "
+                                    f"{MAX_UPDATE_RETRIES} times")
         self.cache.set(pattern, new)
         return new
 
-    def _on_changes(self, root: str) -> None:
-        if self._closed:
+    async def _on_change(self, root: str, child: str, data: bytes | None) -> None:
+        """One change notification: re-read the pattern it names (ZooKeeper errors propagate: the listener
+        retries it); one that does not decode is skipped with a WARN."""
+        if data is None:
             return
-        self._pending[root] = True
-        task = self._tasks[root]
-        if task is None or task.done():
-            self._tasks[root] = asyncio.ensure_future(self._process(root))
-
-    async def _process(self, root: str) -> None:
-        while self._pending[root] and not self._closed:
-            self._pending[root] = False
-            try:
-                await self._process_new(root)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - ZooKeeper unreachable: the next notification retries
-                log.warning("cannot process ACL change notifications under %s: %r", root, exc)
-
-    async def _process_new(self, root: str) -> None:
-        children = await self.zk.children(root)
-        changes = []
-        for child in children:
-            try:
-                changes.append((acl_store.change_sequence(child), child))
-            except acl_store.AclStoreError:
-                continue
-        for sequence, child in sorted(changes):  # in sequence order: ZooKeeper lists children in any order
-            if sequence <= self._last[root]:
-                continue
-            path = f"{root}/{child}"
-            found = await self.zk.get_or_none(path)
-            self._last[root] = sequence
-            if found is None:
-                continue
-            data, stat = found
-            self._ctimes[path] = stat.ctime
-            try:
-                pattern = acl_store.decode_change(root, data)
-                await self._reload(acl_store.acl_path(pattern))
-            except acl_store.AclStoreError as exc:
-                log.warning("skipping ACL change notification %s: %s", path, exc)
-        # Kafka's purgeObsoleteNotifications: every broker deletes the processed ones older than the expiry.
-        present = {f"{root}/{child}" for child in children}
-        now = int(time.time() * 1000)
-        for path, ctime in sorted(self._ctimes.items()):
-            if not path.startswith(root + "/"):
-                continue
-            if path not in present:
-                del self._ctimes[path]
-            elif now - ctime > self.expiration_ms:
-                await self.zk.delete_if_present(path)
-                del self._ctimes[path]
+        try:
+            pattern = acl_store.decode_change(root, data)
+        except acl_store.AclStoreError as exc:
+            log.warning("skipping ACL change notification %s/%s: %s", root, child, exc)
+            return
+        await self._reload(acl_store.acl_path(pattern))
 
     async def close(self) -> None:
-        self._closed = True
-        tasks = [t for t in self._tasks.values() if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(listener.close() for listener in self.listeners.values()))

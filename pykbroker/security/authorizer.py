@@ -16,11 +16,11 @@ Wiring (for the request handlers; nothing here does I/O)::
     authorizer.authorize_idempotent_producer(principal, host)     # InitProducerId without transactional id
 
     # CreateAcls: acl.creation_bindings(...) first, then for the bindings it returned:
+    # under the store's lock (plan, then persist: one ACL change at a time through a broker, as Kafka's):
     plan = authorizer.plan_create(bindings, check=acl_store.check_storable)
-    for pattern, entries in plan.updates.items():                 # the new full ACL set of each resource
-        try: persist(pattern, entries)                            # ZooKeeper znode / journal record
+    for pattern, change in plan.changes.items():                  # new set = change(the set the store reads)
+        try: persist(pattern, change)                             # ZooKeeper znode / journal record, cache
         except Exception: plan.fail(pattern); continue            # UNKNOWN_SERVER_ERROR for its creations
-        authorizer.cache.set(pattern, entries)
     plan.results                                                  # per binding: None (created) or KafkaError
     # DeleteAcls: the same with plan_delete(filters); plan.results is, per filter, [(binding, error)].
     # DescribeAcls: authorizer.acls(filter).
@@ -72,7 +72,7 @@ from pykbroker.security.acl import (
 )
 from pykbroker.security.principal import KafkaPrincipal
 
-__all__ = ("AclAuthorizer", "AclCache", "CreatePlan", "DeletePlan", "java_host_address",
+__all__ = ("AclAuthorizer", "AclCache", "AclChange", "CreatePlan", "DeletePlan", "java_host_address",
            "AUTHORIZER_CLASS_NAMES", "SUPER_USERS_CONFIG", "ALLOW_EVERYONE_CONFIG")
 
 log = logging.getLogger(__name__)
@@ -251,13 +251,17 @@ class AclCache:
 # Plans for CreateAcls / DeleteAcls
 
 
+AclChange = Callable[[frozenset], frozenset]  # a pattern's ACL set as read -> its new set
+
+
 @dataclass
 class CreatePlan:
-    """What CreateAcls changes: ``updates`` (pattern -> its new full ACL set) to persist and then put
-    in the cache, ``results`` per binding (None: created), ``indexes`` (pattern -> its bindings)."""
+    """What CreateAcls changes: ``changes`` (pattern -> the function making its new ACL set from the set the
+    store reads when it writes, Kafka's updateResourceAcls argument: here the set plus the creations), then
+    put in the cache; ``results`` per binding (None: created), ``indexes`` (pattern -> its bindings)."""
 
     results: list[KafkaError | None]
-    updates: dict[ResourcePattern, frozenset[AccessControlEntry]] = field(default_factory=dict)
+    changes: dict[ResourcePattern, AclChange] = field(default_factory=dict)
     indexes: dict[ResourcePattern, list[int]] = field(default_factory=dict)
 
     def fail(self, pattern: ResourcePattern, error: KafkaError | None = None) -> None:
@@ -265,16 +269,18 @@ class CreatePlan:
         error = error or KafkaError(ErrorCode.unknown_server_error)
         for index in self.indexes.get(pattern, ()):
             self.results[index] = error
-        self.updates.pop(pattern, None)
+        self.changes.pop(pattern, None)
 
 
 @dataclass
 class DeletePlan:
-    """What DeleteAcls changes: ``updates`` as for CreatePlan; ``results`` per filter: the deleted
-    bindings, each with None or the error persisting it met."""
+    """What DeleteAcls changes: ``changes`` as for CreatePlan (here: the set without the entries the
+    filters match in it, matched again on the set the store reads); ``results`` per filter: the deleted
+    bindings, each with None or the error persisting it met (first filled from the cache, then replaced
+    pattern by pattern by what a change removed when it was applied)."""
 
     results: list[list[list]]  # per filter: [binding, error | None]
-    updates: dict[ResourcePattern, frozenset[AccessControlEntry]] = field(default_factory=dict)
+    changes: dict[ResourcePattern, AclChange] = field(default_factory=dict)
 
     def fail(self, pattern: ResourcePattern, error: KafkaError | None = None) -> None:
         error = error or KafkaError(ErrorCode.unknown_server_error)
@@ -282,7 +288,25 @@ class DeletePlan:
             for item in deleted:
                 if item[0].pattern == pattern and item[1] is None:
                     item[1] = error
-        self.updates.pop(pattern, None)
+        self.changes.pop(pattern, None)
+
+    def removal(self, pattern: ResourcePattern, matching: list[tuple[int, AclBindingFilter]]) -> AclChange:
+        """The change deleting from ``pattern``'s set every entry one of ``matching`` (index, filter) matches,
+        each reported under the first filter (in request order) that matches it (AclAuthorizer.deleteAcls)."""
+
+        def change(current: frozenset) -> frozenset:
+            for deleted in self.results:  # an earlier application (a conflicting write, re-read) is replaced
+                deleted[:] = [item for item in deleted if item[0].pattern != pattern]
+            removed = set()
+            for entry in current:
+                for index, binding_filter in matching:
+                    if binding_filter.entry_filter.matches(entry):
+                        removed.add(entry)
+                        self.results[index].append([AclBinding(pattern, entry), None])
+                        break
+            return current - removed
+
+        return change
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -476,7 +500,8 @@ class AclAuthorizer:
         others are grouped by pattern; a group in which one principal is not "Type:name", or which
         ``check(pattern, new_entries)`` refuses (ValueError: e.g. acl_store.check_storable), fails whole
         with UNKNOWN_SERVER_ERROR, as Kafka's per-resource update does. Creating an ACL that exists is a
-        success that changes nothing (no update for that pattern).
+        success that changes nothing. Each pattern's change adds its entries to the set the store reads when
+        it writes (under the store's lock: another change, here or through another broker, is kept).
         """
         results: list[KafkaError | None] = [None] * len(bindings)
         plan = CreatePlan(results)
@@ -500,34 +525,30 @@ class AclAuthorizer:
                 for i in indexes:
                     results[i] = KafkaError(ErrorCode.unknown_server_error)
                 continue
-            if new != current:
-                plan.updates[pattern] = new
+            added = frozenset(bindings[i].entry for i in indexes)
+            plan.changes[pattern] = lambda current, added=added: current | added
         return plan
 
     def plan_delete(self, filters: list[AclBindingFilter]) -> DeletePlan:
         """DeleteAcls as AclAuthorizer.deleteAcls decides it, without persisting anything: every stored
         binding that a filter matches is deleted and reported under the first filter (in request order)
-        that matches it; filters that match nothing report nothing. Like Kafka's, it works on this broker's
-        view: an ACL another broker wrote whose notification has not arrived yet is not deleted (Kafka
-        also re-reads the one or two znodes of a filter that names an exact pattern; a caller with
-        ZooKeeper can refresh those patterns in the cache first)."""
+        that matches it; filters that match nothing report nothing. The patterns changed are those of this
+        broker's cache with a matching binding; each one's change matches the filters again on the set the
+        store reads when it writes (an ACL added there meanwhile by another broker is deleted too, one gone
+        is not reported). A pattern another broker created whose notification has not arrived yet is not
+        visited (Kafka also re-reads the one or two znodes of a filter that names an exact pattern)."""
         plan = DeletePlan([[] for _ in filters])
         for pattern, entries in self.cache.items():
             matching = [(index, f) for index, f in enumerate(filters) if f.pattern_filter.matches(pattern)]
             if not matching:
                 continue
-            removed = set()
-            for entry in entries:
-                for index, f in matching:
-                    if f.entry_filter.matches(entry):
-                        removed.add(entry)
-                        plan.results[index].append([AclBinding(pattern, entry), None])
-                        break
-            if removed:
-                plan.updates[pattern] = entries - removed
+            change = plan.removal(pattern, matching)
+            if change(entries) != entries:
+                plan.changes[pattern] = change
         return plan
 
     def apply(self, plan: CreatePlan | DeletePlan) -> None:
-        """Put a plan's (persisted) updates into the cache."""
-        for pattern, entries in plan.updates.items():
-            self.cache.set(pattern, entries)
+        """Apply a plan's changes to the cache alone (without a store: the store's ``update`` applies them
+        to what it reads and puts the result in the cache)."""
+        for pattern, change in list(plan.changes.items()):
+            self.cache.set(pattern, change(self.cache.get(pattern)))

@@ -81,7 +81,7 @@ def client_tls(pki, pem_file: str | None = None) -> ssl.SSLContext:
 
 
 _IDS = ("name", "topic", "group_id", "key", "transactional_id", "resource_name", "partition_index", "partition",
-        "index")
+        "index", "user")
 
 
 def error_codes(response) -> dict[str, int]:
@@ -121,6 +121,24 @@ def acl_creation(principal: str, resource_type: int, name: str, operation: int, 
 def create_acls(client: RawClient, creations) -> list[int]:
     cls, _ = schema(30, 3)
     return [int(r.error_code) for r in client.call(cls(creations=tuple(creations))).results]
+
+
+def delete_acls_request(principal: str, resource_type: int, name: str, pattern: int = LITERAL):
+    """DeleteAcls of every ACL of ``principal`` on one resource pattern."""
+    cls, m = schema(31, 3)
+    return cls(filters=(m.DeleteAclsFilter(resource_type_filter=resource_type, resource_name_filter=name,
+                                           pattern_type_filter=pattern, principal_filter=principal, host_filter=None,
+                                           operation=1, permission_type=1),))
+
+
+def acl_principals(client: RawClient, resource_type: int, name: str, pattern: int = LITERAL) -> list[str]:
+    """The principals of the ACLs the broker's DescribeAcls shows on one resource pattern, sorted."""
+    cls, _ = schema(29, 3)
+    response = client.call(cls(resource_type_filter=resource_type, resource_name_filter=name,
+                               pattern_type_filter=pattern, principal_filter=None, host_filter=None, operation=1,
+                               permission_type=1))
+    assert response.error_code == 0, response
+    return sorted(acl.principal for r in response.resources for acl in r.acls)
 
 
 def acl_count(client: RawClient) -> int:

@@ -7,6 +7,7 @@ confluent-kafka clients with mutual-TLS principals allowed and refused by ACLs, 
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import pytest
@@ -16,8 +17,8 @@ confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from acl_helpers import (  # noqa: E402
-    CLUSTER, READ, SECURITY_DISABLED, TOPIC, RawClient, acl_creation, acl_count, create_acls, schema,
-    secured_settings,
+    CLUSTER, READ, SECURITY_DISABLED, TOPIC, RawClient, acl_creation, acl_count, acl_principals, create_acls,
+    delete_acls_request, schema, secured_settings,
 )
 from broker_process import BrokerProcess, ProtocolError, free_port  # noqa: E402
 from kafka_tools import kafka_tools_or_skip  # noqa: E402
@@ -148,6 +149,54 @@ def test_create_acls_answers_kafkas_errors_for_bad_input_and_creates_the_rest(se
     with pytest.raises((ProtocolError, ConnectionError, OSError)):
         create_acls(admin, [acl_creation("User:x", 0, "t", READ)])
     assert acl_count(RawClient(secured.address)) == 1  # and the broker serves on
+
+
+def _at_once(address, requests: list) -> list:
+    """Each request sent on its own connection (already open) at the same moment; their answers."""
+    clients = [RawClient(address) for _ in requests]
+    for client in clients:
+        acl_count(client)  # connected
+    start, answers = threading.Barrier(len(requests)), [None] * len(requests)
+
+    def run(index: int) -> None:
+        start.wait(TIMEOUT_S)
+        answers[index] = clients[index].call(requests[index])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(TIMEOUT_S)
+    for client in clients:
+        client.close()
+    assert None not in answers, answers
+    return answers
+
+
+def test_concurrent_acl_changes_on_one_pattern_keep_each_others_acls(secured):
+    """CreateAcls / DeleteAcls arriving together on two connections for the same pattern: each change is
+    applied to the ACLs the other left (Kafka's createAcls / deleteAcls under the authorizer's lock)."""
+    admin, create = RawClient(secured.address), schema(30, 3)[0]
+    for round_ in range(5):
+        topic = f"both-{round_}"
+        answers = _at_once(secured.address, [create(creations=(acl_creation("User:alice", TOPIC, topic, READ),)),
+                                             create(creations=(acl_creation("User:bob", TOPIC, topic, READ),))])
+        assert [a.results[0].error_code for a in answers] == [0, 0]
+        assert acl_principals(admin, TOPIC, topic) == ["User:alice", "User:bob"]
+
+        topic = f"swap-{round_}"
+        assert create_acls(admin, [acl_creation("User:mallory", TOPIC, topic, READ)]) == [0]
+        deleted, created = _at_once(secured.address, [delete_acls_request("User:mallory", TOPIC, topic),
+                                                       create(creations=(acl_creation("User:bob", TOPIC, topic, READ),))])
+        assert created.results[0].error_code == 0
+        assert [acl.principal for acl in deleted.filter_results[0].matching_acls] == ["User:mallory"]
+        assert acl_principals(admin, TOPIC, topic) == ["User:bob"]
+    admin.close()
+    secured.restart()  # the metadata journal holds the same
+    admin = RawClient(secured.address)
+    for round_ in range(5):
+        assert acl_principals(admin, TOPIC, f"both-{round_}") == ["User:alice", "User:bob"]
+        assert acl_principals(admin, TOPIC, f"swap-{round_}") == ["User:bob"]
 
 
 def _security_disabled_answers(address) -> list:

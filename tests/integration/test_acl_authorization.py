@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("cryptography", reason="certificates for these tests are built with cryptography")
 
 from acl_helpers import (  # noqa: E402
-    ALL, ALLOW, CLUSTER_DENIED, DENY, DESCRIBE, GROUP, GROUP_DENIED, LITERAL, PREFIXED, READ, TOPIC, TOPIC_DENIED,
+    ALL, ALLOW, CLUSTER_DENIED, CREATE, DENY, DESCRIBE, GROUP, GROUP_DENIED, LITERAL, PREFIXED, READ, TOPIC, TOPIC_DENIED,
     TRANSACTIONAL_ID, TXN_DENIED, WRITE, RawClient, acl_creation, authorization_view, client_tls, create_acls,
     schema, secured_settings, wait_for_acl_count,
 )
@@ -39,7 +39,7 @@ ACLS = [
     (TOPIC, "writeonly", WRITE, ALLOW, LITERAL), (TOPIC, "denyread", ALL, ALLOW, LITERAL),
     (TOPIC, "denyread", READ, DENY, LITERAL), (TOPIC, "pre-", WRITE, ALLOW, PREFIXED),
     (GROUP, "g-read", READ, ALLOW, LITERAL), (GROUP, "g-describe", DESCRIBE, ALLOW, LITERAL),
-    (TRANSACTIONAL_ID, "tx-write", WRITE, ALLOW, LITERAL),
+    (TRANSACTIONAL_ID, "tx-write", WRITE, ALLOW, LITERAL), (TOPIC, "createonly", CREATE, ALLOW, LITERAL),
 ]
 
 
@@ -188,9 +188,9 @@ def _delete_groups(*groups):
     return cls(groups_names=tuple(groups))
 
 
-def _create_topics(*topics):
+def _create_topics(*topics, replication_factor=1):
     cls, m = schema(19, 7)
-    return cls(topics=tuple(m.CreatableTopic(name=t, num_partitions=1, replication_factor=1, assignments=(),
+    return cls(topics=tuple(m.CreatableTopic(name=t, num_partitions=1, replication_factor=replication_factor, assignments=(),
                                              configs=()) for t in topics), timeout=10 * S, validate_only=True)
 
 
@@ -328,6 +328,17 @@ def _delete_acl():
                                            principal_filter=None, host_filter=None, operation=1, permission_type=1),))
 
 
+def _describe_scram(*users):
+    cls, m = schema(50, 0)
+    return cls(users=tuple(m.UserName(name=u) for u in users))
+
+
+def _alter_scram(upsert, delete):
+    cls, m = schema(51, 0)
+    return cls(deletions=(m.ScramCredentialDeletion(name=delete, mechanism=1),), upsertions=(
+        m.ScramCredentialUpsertion(name=upsert, mechanism=1, iterations=4096, salt=b"salt", salted_password=b"p" * 32),))
+
+
 ROWS = [
     ("metadata-describe", lambda: _metadata("open", "readonly", "writeonly", "denied", "denyread"),
      {"denied:error_code": TOPIC_DENIED}),
@@ -363,6 +374,8 @@ ROWS = [
      {"g-read:error_code": GROUP_DENIED, "g-none:error_code": GROUP_DENIED}),
     ("create-topics", lambda: _create_topics("new-topic"),  # no DESCRIBE_CONFIGS either: no configs shown
      {"new-topic:error_code": TOPIC_DENIED, "new-topic:topic_config_error_code": TOPIC_DENIED}),
+    # CREATE but no DESCRIBE_CONFIGS, and the creation fails (3 replicas, 1 broker): no config error either
+    ("create-topics-failing", lambda: _create_topics("createonly", replication_factor=3), {}),
     ("delete-topics", lambda: _delete_topics("readonly", "denied"),
      {"readonly:error_code": TOPIC_DENIED, "denied:error_code": TOPIC_DENIED}),
     ("create-partitions", lambda: _create_partitions("readonly"), {"readonly:error_code": TOPIC_DENIED}),
@@ -401,6 +414,9 @@ ROWS = [
     ("describe-acls", _describe_acls, {":error_code": CLUSTER_DENIED}),
     ("create-acls", _create_acl, {":error_code": CLUSTER_DENIED}),
     ("delete-acls", _delete_acl, {":error_code": CLUSTER_DENIED}),
+    ("describe-user-scram-credentials", lambda: _describe_scram("alice"), {":error_code": CLUSTER_DENIED}),
+    ("alter-user-scram-credentials", lambda: _alter_scram("alice", "bob"),
+     {"alice:error_code": CLUSTER_DENIED, "bob:error_code": CLUSTER_DENIED}),
 ]
 
 

@@ -29,6 +29,11 @@ def entry(principal: str, operation=AclOperation.READ) -> AccessControlEntry:
     return AccessControlEntry(principal, "*", operation, AclPermissionType.ALLOW)
 
 
+def changing(add=(), remove=()):
+    """The change adding ``add`` to a pattern's ACL set and removing ``remove`` from it."""
+    return lambda current: (current | frozenset(add)) - frozenset(remove)
+
+
 def open_store(path) -> tuple[EmbeddedMetadata, EmbeddedAclStore]:
     metadata = EmbeddedMetadata(path, 1, "127.0.0.1", 9092)
     store = EmbeddedAclStore(metadata, AclCache())
@@ -41,11 +46,11 @@ def test_acls_survive_a_restart_through_the_journal_and_the_snapshot(tmp_path, m
     metadata, store = open_store(tmp_path)
 
     async def changes() -> None:
-        await store.update(ORDERS, [entry("User:alice"), entry("User:bob")], [])
-        await store.update(PAY, [entry("User:carol", AclOperation.WRITE)], [])
+        await store.update(ORDERS, changing([entry("User:alice"), entry("User:bob")]))
+        await store.update(PAY, changing([entry("User:carol", AclOperation.WRITE)]))
         for i in range(30):  # enough records to compact the journal into a snapshot
-            await store.update(ORDERS, [entry(f"User:u{i}")], [entry(f"User:u{i - 1}")] if i else [])
-        await store.update(ORDERS, [], [entry("User:bob")])
+            await store.update(ORDERS, changing([entry(f"User:u{i}")], [entry(f"User:u{i - 1}")] if i else []))
+        await store.update(ORDERS, changing(remove=[entry("User:bob")]))
 
     asyncio.run(changes())
     expected = dict(store.cache.items())
@@ -55,7 +60,7 @@ def test_acls_survive_a_restart_through_the_journal_and_the_snapshot(tmp_path, m
     assert "acls" in json.loads((tmp_path / SNAPSHOT_FILE).read_text())
     metadata, store = open_store(tmp_path)
     assert dict(store.cache.items()) == expected
-    asyncio.run(store.update(PAY, [], [entry("User:carol", AclOperation.WRITE)]))  # the last entry: pattern gone
+    asyncio.run(store.update(PAY, changing(remove=[entry("User:carol", AclOperation.WRITE)])))  # the last entry: pattern gone
     metadata.close()
     metadata, store = open_store(tmp_path)
     assert PAY not in store.cache and ORDERS in store.cache

@@ -423,10 +423,11 @@ def test_create_answers_as_kafka(authorizer, creations, kafka):
 def test_create_twice_changes_nothing_and_failed_store_is_reported(authorizer):
     binding = AclBinding(lit("orders"), ace())
     plan = authorizer.plan_create([binding])
-    assert plan.results == [None] and plan.updates == {lit("orders"): frozenset({ace()})}
+    assert plan.results == [None] and list(plan.changes) == [lit("orders")]
+    assert plan.changes[lit("orders")](frozenset({ace(BOB)})) == {ace(), ace(BOB)}  # added to what the store reads
     authorizer.apply(plan)
     again = authorizer.plan_create([binding])
-    assert again.results == [None] and again.updates == {}
+    assert again.results == [None] and again.changes[lit("orders")](frozenset({ace()})) == {ace()}
     other = authorizer.plan_create([AclBinding(lit("x"), ace()), AclBinding(lit("y"), ace()),
                                     AclBinding(lit("x"), ace(BOB))])
     other.fail(lit("x"))  # e.g. the ZooKeeper write failed
@@ -478,6 +479,22 @@ def test_delete_plans(authorizer):
     assert [error.code for b, error in plan.results[0] if b.pattern == pre("ord")] == [ErrorCode.unknown_server_error]
     authorizer.apply(plan)
     assert authorizer.acls(AclBindingFilter.ANY) == [AclBinding(pre("ord"), ace(ALICE, "*", Op.READ))]
+
+
+def test_a_delete_plan_matches_its_filters_again_on_the_set_the_store_reads(authorizer):
+    """Kafka's deleteAcls passes updateResourceAcls a function of the ACLs read: what another change left
+    (here an ACL of alice's added, one of bob's gone) is what is matched, deleted and reported."""
+    add(authorizer, lit("orders"), ace(BOB, "*", Op.READ), ace(ALICE, "*", Op.WRITE))
+    by_bob = AclBindingFilter(ResourcePatternFilter(RT.TOPIC, "orders", LIT),
+                              AccessControlEntryFilter("User:bob", None, Op.ANY, Perm.ANY))
+    anyone = AclBindingFilter(ResourcePatternFilter(RT.TOPIC, "orders", LIT), AccessControlEntryFilter.ANY)
+    plan = authorizer.plan_delete([by_bob, anyone])
+    assert [[item[0].entry for item in deleted] for deleted in plan.results] == [[ace(BOB, "*", Op.READ)],
+                                                                                 [ace(ALICE, "*", Op.WRITE)]]
+    read = frozenset({ace(BOB, "*", Op.WRITE), ace(ALICE, "*", Op.READ)})  # meanwhile changed elsewhere
+    assert plan.changes[lit("orders")](read) == frozenset()
+    assert [[item[0].entry for item in deleted] for deleted in plan.results] == [[ace(BOB, "*", Op.WRITE)],
+                                                                                 [ace(ALICE, "*", Op.READ)]]
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -269,6 +269,6 @@ def test_a_request_of_two_producer_ids_makes_no_verification_entry():
     request = SimpleNamespace(topic_data=[SimpleNamespace(name="t", partition_data=[
         SimpleNamespace(index=0, records=records(1)), SimpleNamespace(index=1, records=records(2))])])
     guards: dict = {}
-    error, to_verify, _, _ = _start_verification(ctx, request, guards)
+    error, to_verify, _, _ = _start_verification(ctx, request, guards, None)  # no authorizer: every topic
     assert error == ErrorCode.invalid_producer_id_mapping and not to_verify and not guards
     assert [p.producer_state.verification_entries() for p in partitions.values()] == [0, 0]

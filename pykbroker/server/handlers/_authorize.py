@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from pykbroker.server.dispatch import RequestContext
 
 __all__ = ("AclOperation", "ResourceType", "enabled", "allowed", "allowed_names", "cluster_allowed",
-           "operations", "idempotent_write_allowed", "any_allowed", "denied_error")
+           "operations", "idempotent_write_allowed", "any_allowed", "denied_error", "CLUSTER_DENIED_MESSAGE")
 
 _SNAKE = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
@@ -70,11 +70,13 @@ def allowed_names(ctx: "RequestContext", operation: AclOperation, resource_type:
                   names: Iterable[str], *, log_if_denied: bool = True) -> set[str]:
     """The names among ``names`` the principal may do ``operation`` on, each asked once with its count
     (Kafka's AuthHelper.filterByAuthorized)."""
-    counts = Counter(names)
-    if _authorizer(ctx) is None:
-        return set(counts)
-    return {name for name, count in counts.items()
-            if allowed(ctx, operation, resource_type, name, ref_count=count, log_if_denied=log_if_denied)}
+    authorizer = _authorizer(ctx)
+    if authorizer is None:
+        return set(names)
+    host, request = _host(ctx), _request_name(ctx)  # once for the request, not per name
+    return {name for name, count in Counter(names).items()
+            if authorizer.authorize(ctx.principal, host, operation, Resource(resource_type, name), request=request,
+                                    ref_count=count, log_if_denied=log_if_denied)}
 
 
 def any_allowed(ctx: "RequestContext", operation: AclOperation, resource_type: ResourceType) -> bool:
@@ -118,8 +120,8 @@ def denied_answer(ctx: "RequestContext", code: ErrorCode) -> object:
 
 # ConfigResource.Type codes -> the ACL resource guarding them (Kafka's ConfigHelper / configsAuthorizationApiError)
 _CONFIG_RESOURCES = {2: ResourceType.TOPIC, 4: ResourceType.CLUSTER, 8: ResourceType.CLUSTER}
-_DENIED_MESSAGES = {ResourceType.TOPIC: "Topic authorization failed.",
-                    ResourceType.CLUSTER: "Cluster authorization failed."}
+CLUSTER_DENIED_MESSAGE = "Cluster authorization failed."  # Errors.CLUSTER_AUTHORIZATION_FAILED.message()
+_DENIED_MESSAGES = {ResourceType.TOPIC: "Topic authorization failed.", ResourceType.CLUSTER: CLUSTER_DENIED_MESSAGE}
 
 
 def config_resource_denied(ctx: "RequestContext", operation: AclOperation, config_type: int,

@@ -8,7 +8,8 @@ configured."). The request fields become bindings and filters as security/acl.py
 Kafka cannot parse - an UNKNOWN code - closes the connection, as Kafka's does); the authorizer plans each
 change (security/authorizer.py plan_create / plan_delete: Kafka's per-binding errors) and the broker's ACL
 store (cluster/acls.py: the journal on a single node, ZooKeeper's /kafka-acl in a cluster) persists each
-changed resource pattern before it is answered; a pattern that cannot be persisted answers
+changed resource pattern before it is answered, both under the store's lock, each change applied to the
+pattern's ACLs as the store reads them (two requests at once keep each other's ACLs); a pattern that cannot be persisted answers
 UNKNOWN_SERVER_ERROR for its bindings. Kafka 3.7.1 also advertises version 0 of the three (literal
 patterns only); pykbroker's codecs (kio) start at version 1, which every client since Kafka 2.0 sends.
 """
@@ -50,17 +51,20 @@ def _code(error: KafkaError | None) -> tuple[ErrorCode, str | None]:
     return (ErrorCode.none, None) if error is None else (error.code, error.message)
 
 
-async def _persist(ctx: RequestContext, plan) -> None:
-    """Write each changed pattern through the ACL store (serialised); a failure fails that pattern only."""
-    store, cache = ctx.broker.acl_store, ctx.broker.authorizer.cache
+async def _change(ctx: RequestContext, make_plan):
+    """Plan and persist one request's ACL changes under the store's lock (Kafka's createAcls / deleteAcls
+    hold the authorizer's lock), each pattern's change applied by the store to the set it reads; a failure
+    fails that pattern only. Returns the plan."""
+    store = ctx.broker.acl_store
     async with store.lock:
-        for pattern, entries in list(plan.updates.items()):
-            current = cache.get(pattern)
+        plan = make_plan()
+        for pattern, change in list(plan.changes.items()):
             try:
-                await store.update(pattern, entries - current, current - entries)
+                await store.update(pattern, change)
             except Exception as exc:  # noqa: BLE001 - ZooKeeper or the disk failed: Kafka answers UNKNOWN_SERVER_ERROR
                 log.warning("cannot store the ACLs of %s: %r", pattern, exc)
                 plan.fail(pattern, KafkaError(ErrorCode.unknown_server_error, f"Failed to update ACLs: {exc}"))
+    return plan
 
 
 def _read(ctx: RequestContext, what: str, parse, operation: AclOperation):
@@ -115,8 +119,8 @@ async def create_acls(ctx: RequestContext, request) -> object:
     results: list[KafkaError | None] = [item if isinstance(item, KafkaError) else None for item in parsed]
     valid = [(index, item) for index, item in enumerate(parsed) if isinstance(item, AclBinding)]
     if valid:
-        plan = ctx.broker.authorizer.plan_create([binding for _, binding in valid], check=check_storable)
-        await _persist(ctx, plan)
+        plan = await _change(ctx, lambda: ctx.broker.authorizer.plan_create([binding for _, binding in valid],
+                                                                            check=check_storable))
         for (index, _), result in zip(valid, plan.results):
             results[index] = result
     return answer(results)
@@ -134,8 +138,7 @@ async def delete_acls(ctx: RequestContext, request) -> object:
         return make(schema.DeleteAclsResponse, throttle_time=0, filter_results=tuple(
             make(schema.DeleteAclsFilterResult, error_code=code, error_message=message, matching_acls=())
             for _ in filters))
-    plan = ctx.broker.authorizer.plan_delete(filters)
-    await _persist(ctx, plan)
+    plan = await _change(ctx, lambda: ctx.broker.authorizer.plan_delete(filters))
 
     def matching(binding: AclBinding, error: KafkaError | None):
         code, message = _code(error)

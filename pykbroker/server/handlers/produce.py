@@ -75,15 +75,19 @@ def _has_transactional_records(request) -> bool:
     return False
 
 
-def _start_verification(ctx: RequestContext, request, guards: dict) -> tuple[ErrorCode | None, list, int, int]:
+def _start_verification(ctx: RequestContext, request, guards: dict,
+                        permitted: set[str] | None) -> tuple[ErrorCode | None, list, int, int]:
     """Kafka's handleProduceAppend up to the verification: the guard of each transactional partition led
-    here (``guards``), the partitions still to verify, the producer (id, epoch of its first batch);
-    INVALID_PRODUCER_ID_MAPPING when the transactional batches come from more than one producer id, checked
-    before any guard is made (nothing to release)."""
+    here (``guards``) of a topic the principal may WRITE (``permitted``; None: every topic), the partitions
+    still to verify, the producer (id, epoch of its first batch); INVALID_PRODUCER_ID_MAPPING when the
+    transactional batches come from more than one producer id, checked before any guard is made (nothing
+    to release)."""
     replicas = ctx.broker.replicas
     producer_id = producer_epoch = -1
     transactional = []
     for topic_data in request.topic_data:
+        if permitted is not None and topic_data.name not in permitted:
+            continue  # answered TOPIC_AUTHORIZATION_FAILED by _append, never verified
         for partition_data in topic_data.partition_data:
             records = partition_data.records
             if not _is_transactional(records):
@@ -149,23 +153,27 @@ def _response(schema, version: int, topics: list[tuple[str, list[tuple[int, Appe
 
 @handles(0)
 def produce(ctx: RequestContext, request) -> object:
+    # Authorization first (KafkaApis.handleProduceRequest): only the topics the principal may WRITE are verified
     request_error = _outcome_for_request(ctx, request)
+    permitted = (allowed_names(ctx, AclOperation.WRITE, ResourceType.TOPIC, (t.name for t in request.topic_data))
+                 if request_error is None and enabled(ctx) else None)
     verifier = ctx.broker.txn_verifier
     if request_error is None and request.transactional_id is not None and verifier is not None:
         guards: dict = {}
-        request_error, to_verify, producer_id, producer_epoch = _start_verification(ctx, request, guards)
+        request_error, to_verify, producer_id, producer_epoch = _start_verification(ctx, request, guards, permitted)
         if to_verify and request_error is None:
-            return _verify_then_append(ctx, request, verifier, guards, to_verify, producer_id, producer_epoch)
-        return _append(ctx, request, request_error, guards, {})
-    return _append(ctx, request, request_error, None, None)
+            return _verify_then_append(ctx, request, verifier, guards, to_verify, producer_id, producer_epoch,
+                                       permitted)
+        return _append(ctx, request, request_error, guards, {}, permitted)
+    return _append(ctx, request, request_error, None, None, permitted)
 
 
 async def _verify_then_append(ctx: RequestContext, request, verifier, guards: dict, to_verify: list,
-                              producer_id: int, producer_epoch: int) -> object:
+                              producer_id: int, producer_epoch: int, permitted: set[str] | None) -> object:
     errors = await verifier.verify(request.transactional_id, producer_id, producer_epoch, to_verify)
     # A failed verification keeps its entry: other requests of the producer may share it (expiry drops it).
     failed = {key: produce_error(error) for key, error in errors.items() if error != ErrorCode.none}
-    result = _append(ctx, request, None, guards, failed)
+    result = _append(ctx, request, None, guards, failed, permitted)
     # The leader's appends are done: a verified entry still there was not used (the append was refused).
     for key in to_verify:
         if key not in failed:
@@ -176,9 +184,10 @@ async def _verify_then_append(ctx: RequestContext, request, verifier, guards: di
 
 
 def _append(ctx: RequestContext, request, request_error: ErrorCode | None, guards: dict | None,
-            failed: dict | None) -> object:
+            failed: dict | None, permitted: set[str] | None) -> object:
     """Append every partition (``guards``: the verification guard of each transactional partition;
-    ``failed``: the partitions whose verification failed, (error, message)) and answer, or wait for acks=all."""
+    ``failed``: the partitions whose verification failed, (error, message); ``permitted``: the topics the
+    principal may WRITE, None: every one) and answer, or wait for acks=all."""
     broker = ctx.broker
     replicas = broker.replicas
     stats = broker.stats  # messages and bytes in per topic for /metrics (None: metrics off)
@@ -187,8 +196,6 @@ def _append(ctx: RequestContext, request, request_error: ErrorCode | None, guard
     acks_all = request.acks == -1
     waits = None  # (topic, index, last offset, min.insync.replicas, where the outcome is) of appends awaiting the ISR
     topics = []
-    permitted = (allowed_names(ctx, AclOperation.WRITE, ResourceType.TOPIC, (t.name for t in request.topic_data))
-                 if enabled(ctx) else None)
     for topic_data in request.topic_data:
         name = topic_data.name
         info = broker.metadata.topic(name)

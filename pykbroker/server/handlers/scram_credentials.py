@@ -66,6 +66,7 @@ from pykbroker.security.credentials import (
 from pykbroker.security.quota_store import DEFAULT_STRING, USER, QuotaStoreError, entity_from_path
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.error_answers import register_error_answer
+from pykbroker.server.handlers._authorize import CLUSTER_DENIED_MESSAGE, AclOperation, cluster_allowed
 from pykbroker.server.handlers._build import make, response_module
 from pykbroker.server.handlers.topics_admin import _commit
 
@@ -133,8 +134,8 @@ def _user_of(path: str) -> str | None:
 
 @handles(50)
 async def describe_user_scram_credentials(ctx: RequestContext, request) -> object:
-    # Authorization goes here: Kafka requires DESCRIBE on the CLUSTER, else
-    # describe_error_response(ctx, ErrorCode.cluster_authorization_failed, <ApiError message>).
+    if not cluster_allowed(ctx, AclOperation.DESCRIBE):  # KafkaApis: DESCRIBE on the CLUSTER
+        return describe_error_response(ctx, ErrorCode.cluster_authorization_failed, CLUSTER_DENIED_MESSAGE)
     schema = response_module(ctx)
     metadata = ctx.broker.metadata
 
@@ -256,8 +257,8 @@ async def _alter_user(ctx: RequestContext, user: str, upsertions: list, deletion
 
 @handles(51)
 async def alter_user_scram_credentials(ctx: RequestContext, request) -> object:
-    # Authorization goes here: Kafka requires ALTER on the CLUSTER, else
-    # alter_error_response(ctx, request, ErrorCode.cluster_authorization_failed, <ApiError message>).
+    if not cluster_allowed(ctx, AclOperation.ALTER):  # KafkaApis: ALTER on the CLUSTER, every user refused
+        return alter_error_response(ctx, request, ErrorCode.cluster_authorization_failed, CLUSTER_DENIED_MESSAGE)
     results: list[tuple[str, ErrorCode, str | None]] = []
     illegal = _illegal_users(request)
     results.extend((user, code, message) for user, (code, message) in illegal.items())

@@ -119,6 +119,7 @@ async def _create_topics(ctx: RequestContext, request) -> object:
     describable = allowed_names(ctx, AclOperation.DESCRIBE_CONFIGS, ResourceType.TOPIC, names, log_if_denied=False)
     quota = mutation_quota(ctx, "CreateTopics")  # KIP-599's controller_mutation_rate (None: no client quotas)
     validate_only = request.validate_only if hasattr(request, "validate_only") else False
+    attempted: set[int] = set()  # (ids of) the request's topics Kafka's admin manager is asked to create
     for topic in request.topics:
         info = None
         try:
@@ -129,6 +130,7 @@ async def _create_topics(ctx: RequestContext, request) -> object:
             seen.add(topic.name)
             if topic.name not in creatable:
                 raise KafkaError(ErrorCode.topic_authorization_failed, "Authorization failed.")
+            attempted.add(id(topic))
             assignment = None
             if topic.assignments:
                 assignment = ctx.broker.topics.check_create_assignment(
@@ -162,10 +164,13 @@ async def _create_topics(ctx: RequestContext, request) -> object:
         if ok and info is None and topic.assignments:  # validated only: the counts the assignment gives
             topic = _counted(topic)
         if topic.name not in describable:
+            # KafkaApis resets the config error of a topic whose creation was attempted and failed
+            config_error = (ErrorCode.none if not ok and id(topic) in attempted
+                            else ErrorCode.topic_authorization_failed)
             results.append(make(schema.CreatableTopicResult, name=topic.name, topic_id=info.topic_id if info else None,
                                 error_code=ErrorCode.none if ok else error.code,
                                 error_message=None if ok else error.message, num_partitions=-1, replication_factor=-1,
-                                configs=None, topic_config_error_code=ErrorCode.topic_authorization_failed))
+                                configs=None, topic_config_error_code=config_error))
             continue
         results.append(
             make(

@@ -68,12 +68,7 @@ def txn_offset_commit(ctx: RequestContext, request) -> object:
             offsets, respond, group_instance_id=getattr(request, "group_instance_id", None),
             verification=verification)
 
-    verification = _verification_needed(ctx, request)
-    if verification is None:
-        return answer_commit(ctx, request, "TxnOffsetCommit", commit, request.transactional_id)
-    partition, state, guard = verification
-
-    async def verify_then_commit(respond, offsets) -> None:
+    async def verify_then_commit(respond, offsets, partition, state, guard) -> None:
         tp = (OFFSETS_TOPIC, partition.index)
         try:
             errors = await ctx.broker.txn_verifier.verify(request.transactional_id, request.producer_id,
@@ -98,6 +93,13 @@ def txn_offset_commit(ctx: RequestContext, request) -> object:
                  else ErrorCode.unknown_topic_or_partition
                  for name, index in offsets})
 
-    return answer_commit(ctx, request, "TxnOffsetCommit",
-                         lambda respond, offsets: asyncio.ensure_future(verify_then_commit(respond, offsets)),
-                         request.transactional_id)
+    def start(respond, offsets) -> None:
+        # Called once authorized (answer_commit: WRITE on the transactional id, READ on the group and topics,
+        # as KafkaApis before the coordinator): only then is a verification entry made.
+        verification = _verification_needed(ctx, request)
+        if verification is None:
+            commit(respond, offsets)
+        else:
+            asyncio.ensure_future(verify_then_commit(respond, offsets, *verification))
+
+    return answer_commit(ctx, request, "TxnOffsetCommit", start, request.transactional_id)
