@@ -81,6 +81,7 @@ from pykbroker.cluster.metadata import (
     client_entity_type,
     collision_key,
 )
+from pykbroker.cluster.change_notifications import ChangeNotificationListener
 from pykbroker.cluster.zookeeper import (
     CONFIG_CHANGE_PREFIX,
     CONFIG_CHANGES_PATH,
@@ -154,6 +155,10 @@ def _partition_states(request) -> list[tuple[str, object]]:
     return [(topic.topic_name, state) for topic in request.topic_states for state in topic.partition_states]
 
 
+class ConfigReadFailed(Exception):
+    """A change notification's entity could not be read (reported where it failed): processed again."""
+
+
 class ZkMetadata(TopicIndex):
     """The metadata cache of a broker in a ZooKeeper cluster (see the module docstring)."""
 
@@ -176,13 +181,13 @@ class ZkMetadata(TopicIndex):
         # grows (a topic deleted and created again never gets a generation it had before)
         self._generations = itertools.count(1)
         self._config_generation: dict[str, int] = {}
-        self._last_change = -1  # sequence number of the last config change notification processed
-        self._change_ctimes: dict[str, int] = {}  # notification processed -> its ZooKeeper ctime (ms)
         self.change_expiration_ms = change_expiration_ms
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        # /config/changes, as Kafka's ZkNodeChangeNotificationListener follows it (cluster/change_notifications.py)
+        self._changes = ChangeNotificationListener(zk, CONFIG_CHANGES_PATH, CONFIG_CHANGE_PREFIX, self._process_change,
+                                                   name="config", expiration_ms=change_expiration_ms,
+                                                   clock_ms=lambda: self.clock_ms(), max_backoff_s=5.0)
         self.start_timeout_s = start_timeout_s
-        self._changes_task: asyncio.Task | None = None
-        self._changes_pending = False
         self._listeners: list[Callable[[], None]] = []
         self._config_listeners: list[Callable[[str], None]] = []
         self._broker_configs: dict[str, dict[str, str]] = {}  # DEFAULT_BROKER_ENTITY / own id -> configs
@@ -219,14 +224,15 @@ class ZkMetadata(TopicIndex):
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
         self.zk.add_session_listener(self._on_session_event)
-        self.zk.watch_config_changes(self._on_config_changes)
+        self._changes.start()
 
     async def close(self) -> None:
         self._closed = True
         for _, waiter in self._waiters:  # their admin requests answer now (REQUEST_TIMED_OUT, as at a timeout)
             if not waiter.done():
                 waiter.set_result(None)
-        tasks = [*self._tasks, *(t for t in (self._changes_task, self._reread_task) if t)]
+        await self._changes.close()
+        tasks = [*self._tasks, *([self._reread_task] if self._reread_task else [])]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -400,81 +406,25 @@ class ZkMetadata(TopicIndex):
             callback(name)
         return True
 
-    def _on_config_changes(self, children: list[str]) -> None:
-        if self._closed:
-            return
-        self._changes_pending = True
-        if self._changes_task is None or self._changes_task.done():
-            self._changes_task = asyncio.ensure_future(self._process_config_changes())
+    @property
+    def last_config_change(self) -> int:
+        """The sequence number of the last /config/changes notification processed (-1: none yet)."""
+        return self._changes.last_processed
 
-    async def _process_config_changes(self) -> None:
-        """Kafka's ZkNodeChangeNotificationListener: every notification newer than the last processed, in
-        sequence order; a ``topics/<t>`` entity reloads that topic's config (if the cache has the topic:
-        others are read when they appear). A round that could not read ZooKeeper is retried (backoff 0.1 s
-        doubling up to 5 s) from the first notification not done."""
-        backoff = 0.1
-        while self._changes_pending and not self._closed:
-            self._changes_pending = False
-            try:
-                done = await self._process_new_changes()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - ZooKeeper unreachable: retried below
-                log.warning("cannot process config change notifications: %r", exc)
-                done = False
-            if done:
-                backoff = 0.1
-            elif not self._closed:
-                self._changes_pending = True
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-
-    async def _process_new_changes(self) -> bool:
-        children = await self.zk.children(CONFIG_CHANGES_PATH)
-        try:
-            return await self._process_changes(children)
-        finally:
-            await self._purge_obsolete_changes(children)
-
-    async def _purge_obsolete_changes(self, children: list[str]) -> None:
-        """Kafka's purgeObsoleteNotifications: delete the notifications processed that are older than
-        ``change_expiration_ms`` (every broker does; one already deleted by another is fine)."""
-        present = set(children)
-        for child in [c for c in self._change_ctimes if c not in present]:  # purged by another broker
-            del self._change_ctimes[child]
-        now = self.clock_ms()
-        for child, ctime in sorted(self._change_ctimes.items()):
-            if now - ctime > self.change_expiration_ms:
-                log.debug("purging config change notification %s", child)
-                await self.zk.delete_config_change(child)
-                del self._change_ctimes[child]
-
-    async def _process_changes(self, children: list[str]) -> bool:
-        """Process the notifications newer than ``_last_change``; False (``_last_change`` left at the last one
-        done) when an entity could not be read: the caller retries from there."""
-        changes = sorted(
-            (int(child[len(CONFIG_CHANGE_PREFIX):]), child)
-            for child in children
-            if child.startswith(CONFIG_CHANGE_PREFIX) and child[len(CONFIG_CHANGE_PREFIX):].isdigit()
-        )
-        for sequence, child in changes:
-            if sequence <= self._last_change:
-                continue
-            found = await self.zk.get_or_none(f"{CONFIG_CHANGES_PATH}/{child}")
-            entity_type, name = _changed_entity(found[0] if found else None) or ("", "")
-            loaded = True
-            if entity_type == "topics" and name in self._topics:
-                loaded = await self._load_config(name)
-            elif entity_type == "brokers" and name in self._broker_entities():
-                loaded = await self._load_broker_config(name)
-            elif client_entity_type(f"{entity_type}/{name}") is not None:
-                loaded = await self._load_client_entity(f"{entity_type}/{name}")
-            if not loaded:
-                return False  # this notification is not done: retried, with the ones after it
-            self._last_change = sequence
-            if found is not None:
-                self._change_ctimes[child] = found[1].ctime
-        return True
+    async def _process_change(self, child: str, data: bytes | None) -> None:
+        """One /config/changes notification: a ``topics/<t>`` entity reloads that topic's config (if the cache has
+        the topic: others are read when they appear), a broker entity of this broker or a client entity its
+        configs. An entity that could not be read raises: the listener retries from this notification."""
+        entity_type, name = _changed_entity(data) or ("", "")
+        loaded = True
+        if entity_type == "topics" and name in self._topics:
+            loaded = await self._load_config(name)
+        elif entity_type == "brokers" and name in self._broker_entities():
+            loaded = await self._load_broker_config(name)
+        elif client_entity_type(f"{entity_type}/{name}") is not None:
+            loaded = await self._load_client_entity(f"{entity_type}/{name}")
+        if not loaded:
+            raise ConfigReadFailed(f"the configs of {entity_type}/{name} ({child}) could not be read from ZooKeeper")
 
     # -- dynamic broker configs -------------------------------------------------------------------
     def _broker_entities(self) -> tuple[str, str]:

@@ -971,17 +971,6 @@ class KafkaZkClient:
             paths.extend(f"{kind}/{name}" for name in await self.children(f"{CONFIG_PATH}/{kind}"))
         return paths
 
-    async def delete_config_change(self, child: str) -> None:
-        """Delete the config change notification ``child`` (already gone: fine, another broker purged it)."""
-        try:
-            await self._await(self._zk.delete_async(f"{CONFIG_CHANGES_PATH}/{child}"))
-        except NoNodeError:
-            pass
-
-    def watch_config_changes(self, callback: Callable[[list[str]], Any]) -> None:
-        on_loop = self._to_loop(callback)
-        self._zk.ChildrenWatch(CONFIG_CHANGES_PATH, lambda children: on_loop(sorted(children)))
-
     # -- topic deletion --
 
     async def mark_topic_for_deletion(self, topic: str) -> None:

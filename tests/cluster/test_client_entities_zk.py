@@ -43,7 +43,7 @@ async def notifications_done(broker: "Follower", last: str) -> None:
     """Until the broker has processed the change notifications up to ``last`` (those present at its start are
     processed after ``start`` returns)."""
     sequence = int(last.rsplit("_", 1)[1])
-    await wait_for(lambda: broker.metadata._last_change >= sequence, what=f"notification {last} processed")
+    await wait_for(lambda: broker.metadata.last_config_change >= sequence, what=f"notification {last} processed")
 
 
 def scram_config(user_config: dict, password: str) -> dict:

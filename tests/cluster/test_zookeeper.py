@@ -345,7 +345,7 @@ def test_topic_assignment_config_changes_and_deletion(zk_connect, run_async):
             assert await c.children(zkm.CONFIG_CHANGES_PATH) == []  # creation writes no notification (as Kafka)
 
             changes: list[list[str]] = []
-            c.watch_config_changes(changes.append)
+            c.watch_children(zkm.CONFIG_CHANGES_PATH, changes.append)
             name = await c.set_topic_config("orders", {"retention.ms": "2000", "cleanup.policy": "compact"})
             assert name.startswith("config_change_") and len(name) == len("config_change_") + 10
             data, _ = await c.get(f"{zkm.CONFIG_CHANGES_PATH}/{name}")

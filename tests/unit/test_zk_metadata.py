@@ -420,7 +420,7 @@ def test_a_config_write_applies_to_the_cache_at_once_when_nothing_came_in_betwee
 def test_start_retries_reading_the_dynamic_broker_configs_and_fails_clearly_if_it_never_can():
     async def main():
         zk = WritingZk(failures=3)
-        zk.watch_config_changes = lambda callback: None
+        zk.watch_children = lambda path, callback: None
         zkm = ZkMetadata(zk, 1, "cluster-x", inter_broker_listener="PLAINTEXT", start_timeout_s=30)
         await zkm.start()
         assert zkm.broker_configs("<default>") == {"log.retention.ms": "60000"}
