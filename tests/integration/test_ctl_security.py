@@ -193,3 +193,50 @@ def test_console_data_layer_over_sasl_ssl(secured, pki, tmp_path):
     sizes = reader.sizes(info.brokers)
     assert sizes[info.brokers[0].id] is not None and sizes[info.brokers[0].id][(topic, 0)] > 0
     assert reader.coordination_problem() is None
+
+
+def test_the_console_command_serves_a_sasl_ssl_cluster_with_command_config(secured, pki, tmp_path):
+    """``pykbroker console --command-config FILE``: the worker processes' clients authenticate (the topics page
+    lists the topic); a file that cannot be used stops it before it starts (exit 2)."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+    import urllib.request
+
+    from broker_process import REPO_ROOT
+
+    bootstrap = f"127.0.0.1:{secured.sasl_ssl_port}"
+    config = _scram_file(tmp_path / "client.properties", pki)
+    topic = _topic()
+    assert ctl(bootstrap, "topic", "create", topic, "--command-config", config).returncode == 0
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1")
+    bad = tmp_path / "bad.properties"
+    bad.write_text("security.protocol=SASL_SSL\nsasl.jaas.config=com.example.Nope required;\n")
+    refused = subprocess.run([sys.executable, "-P", "-m", "pykbroker", "console", "-b", bootstrap, "--port", "0",
+                              "--command-config", str(bad)], env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "com.example.Nope" in refused.stderr, refused
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "pykbroker", "console", "-b", bootstrap, "--port", "0",
+                             "--command-config", config], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not any(" at http://" in line for line in lines):
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.05)
+        url = re.search(r"at (http://\S+?)/?$", next(line for line in lines if " at http://" in line).strip()).group(1)
+        with urllib.request.urlopen(url + "/topics", timeout=TIMEOUT_S * 2) as response:
+            assert response.status == 200
+            assert topic in response.read().decode()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
