@@ -39,7 +39,9 @@ def secured(tmp_path_factory, pki):
     config = {
         "listeners": f"PLAINTEXT://127.0.0.1:{plain},SSL://127.0.0.1:{tls},SASL_SSL://127.0.0.1:{sasl_ssl}",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL",
-        "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256",
+        "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,OAUTHBEARER",
+        "listener.name.sasl_ssl.oauthbearer.sasl.jaas.config":
+            "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;",
         "ssl.keystore.type": "PEM",
         "ssl.keystore.location": pki.broker_pem_file,
         "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config": SCRAM_JAAS,
@@ -240,3 +242,23 @@ def test_the_console_command_serves_a_sasl_ssl_cluster_with_command_config(secur
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_oauthbearer_unsecured_from_a_kafka_command_config_and_global_position(secured, pki, tmp_path):
+    """OAuthBearerLoginModule's unsecured options become librdkafka's unsecured JWT; pykbroker's own protocol
+    client does not speak OAUTHBEARER, so its bootstrap check stops after the TLS handshake and ApiVersions
+    (which Kafka answers before authentication) and ``cluster info`` still lists each broker's API versions.
+    The option is taken before the command too."""
+    bootstrap = f"127.0.0.1:{secured.sasl_ssl_port}"
+    config = tmp_path / "oauth.properties"
+    config.write_text("security.protocol=SASL_SSL\nsasl.mechanism=OAUTHBEARER\n"
+                      "sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule "
+                      'required unsecuredLoginStringClaim_sub="carol";\n'
+                      f"ssl.truststore.location={pki.ca_file}\nssl.truststore.type=PEM\n")
+    topic = _topic()
+    assert ctl(bootstrap, "--command-config", str(config), "topic", "create", topic, brokers_flag=False,
+               env={"PYKBROKER_BROKERS": bootstrap}).returncode == 0
+    info = ctl(bootstrap, "cluster", "info", "--format", "json", "--command-config", str(config))
+    assert info.returncode == 0, info
+    assert all("api_versions" in broker for broker in info.json()["brokers"]), info
+    assert "principal User:carol" in secured.log_path.read_text()
