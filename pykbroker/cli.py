@@ -16,7 +16,9 @@ from typing import Any, Mapping
 import click
 
 from pykbroker import __version__, ctl
-from pykbroker.ctl.common import GlobalOptionsGroup, brokers_option, global_options
+from pykbroker.ctl.common import (
+    GlobalOptionsGroup, brokers_option, checked_client_settings, command_config_option, global_options,
+)
 from pykbroker.config import FSYNC_MODES, LOG_LEVELS, BrokerConfig, ConfigError, load_config
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -217,10 +219,14 @@ def cluster(ctx: click.Context, brokers: int, data_dir: Path | None, zookeeper: 
                    "proxy); repeatable. Others than the bound address and localhost are refused (DNS rebinding).")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="Seconds to wait for the cluster on each call.")
+@click.option("-X", "--client-config", "client_config", multiple=True, metavar="KEY=VALUE",
+              help="Any librdkafka client setting for the cluster, e.g. -X security.protocol=SSL (repeatable).")
+@command_config_option()
 @click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default="WARNING", show_default=True)
 def console(bootstrap: str, host: str, port: int, allow_writes: bool, allowed_hosts: tuple[str, ...], timeout: float,
-            log_level: str) -> None:
+            client_config: tuple[str, ...], command_config: str | None, log_level: str) -> None:
     """Serve a web console for a Kafka cluster (read through the Kafka protocol) until Ctrl-C or SIGTERM."""
+    settings = checked_client_settings(command_config, client_config)
     configure_logging(log_level.upper())
     _keep_hypothesis_out_of_the_broker()
     from pykbroker.console.server import ListenError, serve as serve_console  # imported late: --help stays fast
@@ -231,7 +237,7 @@ def console(bootstrap: str, host: str, port: int, allow_writes: bool, allowed_ho
 
     try:
         serve_console(bootstrap, host=host, port=port, allow_writes=allow_writes, allowed_hosts=allowed_hosts,
-                      timeout=timeout, ready=ready)
+                      timeout=timeout, ready=ready, client_config=settings)
     except ListenError as exc:
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:

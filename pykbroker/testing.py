@@ -128,6 +128,68 @@ def _fixture_config_refusal(key: str) -> str | None:
             f"and ZooKeeper are set by the fixture); set any other broker config")
 
 
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+TEST_USER = "pykbroker-test"
+
+
+def _checked_security(security: str, mechanism: str | None) -> tuple[str, str | None]:
+    """(protocol, SASL mechanism or None) upper-cased; ValueError naming what is accepted."""
+    protocol = str(security or "PLAINTEXT").upper()
+    if protocol not in SECURITY_PROTOCOLS:
+        raise ValueError(f"security {security!r}: must be one of {', '.join(SECURITY_PROTOCOLS)}")
+    if not protocol.startswith("SASL"):
+        if mechanism:
+            raise ValueError(f"sasl_mechanism {mechanism!r} needs security SASL_PLAINTEXT or SASL_SSL, not {protocol}")
+        return protocol, None
+    mechanism = str(mechanism or "PLAIN").upper()
+    if mechanism not in SASL_MECHANISMS:
+        raise ValueError(f"sasl_mechanism {mechanism!r}: must be one of {', '.join(SASL_MECHANISMS)}")
+    return protocol, mechanism
+
+
+def _new_password() -> str:
+    import secrets
+
+    return secrets.token_urlsafe(18)
+
+
+def _write_certificates(directory: Path) -> None:
+    """A CA (``ca.pem``) and a broker certificate for 127.0.0.1 and localhost signed by it, with its key and
+    the chain in ``broker.pem`` (Kafka's PEM key store), made with the cryptography package."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    directory.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def certificate(subject: str, key, issuer_name, issuer_key, *, ca: bool):
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+        builder = (x509.CertificateBuilder().subject_name(name).issuer_name(issuer_name or name)
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(hours=1))
+                   .not_valid_after(now + datetime.timedelta(days=30))
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if not ca:
+            builder = builder.add_extension(x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address(HOST))]), critical=False)
+        return builder.sign(issuer_key or key, hashes.SHA256())
+
+    ca_key, broker_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = certificate("pykbroker test CA", ca_key, None, None, ca=True)
+    broker = certificate("pykbroker test broker", broker_key, ca.subject, ca_key, ca=False)
+    pem = serialization.Encoding.PEM
+    key_pem = broker_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    (directory / "ca.pem").write_bytes(ca.public_bytes(pem))
+    (directory / "broker.pem").write_bytes(key_pem + broker.public_bytes(pem) + ca.public_bytes(pem))
+    (directory / "broker.pem").chmod(0o600)
+
+
 def _checked_config(config: dict[str, Any] | None) -> dict[str, Any]:
     """config over TEST_BROKER_CONFIG; ValueError for a key the fixtures own."""
     for key in config or {}:
@@ -252,12 +314,18 @@ class _Admin:
 
     bootstrap_servers: str
 
+    @property
+    def admin_bootstrap_servers(self) -> str:
+        """Where the admin helpers connect: a PLAINTEXT listener (``bootstrap_servers`` unless the brokers
+        are secured, see KafkaBroker's ``security``)."""
+        return self.bootstrap_servers
+
     def _send(self, request: Any, address: tuple[str, int] | None = None) -> Any:
         """To address, or to the first bootstrap broker that answers."""
         if address is not None:
             return _request(address, request)
         errors = []
-        for server in self.bootstrap_servers.split(","):
+        for server in self.admin_bootstrap_servers.split(","):
             try:
                 return _request(_address(server), request)
             except OSError as exc:
@@ -305,7 +373,7 @@ class _Admin:
 
     def _wait_for_topic(self, name: str, partitions: int | None) -> None:
         def led_everywhere() -> bool:
-            for server in self.bootstrap_servers.split(","):
+            for server in self.admin_bootstrap_servers.split(","):
                 try:
                     answer = self._metadata([name], _address(server)).topics[0]
                 except OSError:
@@ -489,22 +557,69 @@ class KafkaBroker(_Server):
 
     config: Kafka broker configs passed as ``--override KEY=VALUE`` (e.g. {"num.partitions": 3}), over
     TEST_BROKER_CONFIG. Usable without pytest: ``with KafkaBroker() as broker: ...``.
+
+    security: the security protocol of the listener clients get (``bootstrap_servers``): PLAINTEXT (the
+    default), SSL, SASL_PLAINTEXT or SASL_SSL; ``sasl_mechanism`` PLAIN (the default), SCRAM-SHA-256 or
+    SCRAM-SHA-512. A secured broker has a TLS certificate made at its first start (a CA and a certificate for
+    127.0.0.1 and localhost, PEM files in its work dir: ``ca_file``) and one user (``username``, ``password``:
+    random), and hands out the clients' settings: :meth:`client_config` (confluent-kafka / librdkafka),
+    :meth:`kafka_python_config` (kafka-python, aiokafka), ``client_properties`` (a Kafka client properties
+    file: the Java client, Kafka's tools' ``--command-config``, ``pykbroker ... --command-config``). It keeps a
+    PLAINTEXT listener on another port for the admin helpers (``admin_bootstrap_servers``).
     """
 
     def __init__(self, config: dict[str, Any] | None = None, *, workdir: Path | None = None,
-                 log_level: str = LOG_LEVEL):
+                 log_level: str = LOG_LEVEL, security: str = "PLAINTEXT", sasl_mechanism: str | None = None):
         self.config = _checked_config(config)
+        self.security, self.sasl_mechanism = _checked_security(security, sasl_mechanism)
         self.log_level = log_level
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else None
         self.host = HOST
         self.port = _free_port()
+        self.client_port = self.port if self.security == "PLAINTEXT" else _free_port()
+        self.username = TEST_USER if self.sasl_mechanism else None
+        self.password = _new_password() if self.sasl_mechanism else None
         self.proc: subprocess.Popen | None = None
         self.start_seconds: float | None = None  # how long the last start() took
 
     @property
     def bootstrap_servers(self) -> str:
+        return f"{self.host}:{self.client_port}"
+
+    @property
+    def admin_bootstrap_servers(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def ca_file(self) -> Path | None:
+        """The CA certificate (PEM) that signed the broker's: clients trust it (None without TLS)."""
+        return self.workdir / "tls" / "ca.pem" if self.workdir and "SSL" in self.security else None
+
+    @property
+    def client_properties(self) -> Path | None:
+        """A Kafka client properties file with the client settings (None before the first start)."""
+        return self.workdir / "client.properties" if self.workdir else None
+
+    def client_config(self) -> dict[str, str]:
+        """confluent-kafka's (librdkafka's) settings to reach this broker: bootstrap.servers and its security."""
+        config = {"bootstrap.servers": self.bootstrap_servers, "security.protocol": self.security}
+        if "SSL" in self.security:
+            config["ssl.ca.location"] = str(self.ca_file)
+        if self.sasl_mechanism:
+            config.update({"sasl.mechanism": self.sasl_mechanism, "sasl.username": self.username,
+                           "sasl.password": self.password})
+        return config
+
+    def kafka_python_config(self) -> dict[str, str]:
+        """kafka-python's (and aiokafka's, but for ssl_context) keyword arguments to reach this broker."""
+        config = {"bootstrap_servers": self.bootstrap_servers, "security_protocol": self.security}
+        if "SSL" in self.security:
+            config["ssl_cafile"] = str(self.ca_file)
+        if self.sasl_mechanism:
+            config.update({"sasl_mechanism": self.sasl_mechanism, "sasl_plain_username": self.username,
+                           "sasl_plain_password": self.password})
+        return config
 
     @property
     def data_dir(self) -> Path:
@@ -517,9 +632,12 @@ class KafkaBroker(_Server):
     def command(self) -> list[str]:
         from pykbroker.devcluster import pykbroker_command  # the pykbroker this plugin belongs to (child_env)
 
-        cmd = pykbroker_command("serve", "--host", self.host, "--port", str(self.port),
-                                "--data-dir", str(self.data_dir), "--log-level", self.log_level)
-        for key, value in self.config.items():
+        if self.security == "PLAINTEXT":
+            cmd = pykbroker_command("serve", "--host", self.host, "--port", str(self.port),
+                                    "--data-dir", str(self.data_dir), "--log-level", self.log_level)
+        else:
+            cmd = pykbroker_command("serve", "--data-dir", str(self.data_dir), "--log-level", self.log_level)
+        for key, value in {**self.config, **self._security_config()}.items():
             cmd += ["--override", f"{key}={value}"]
         return cmd
 
@@ -533,7 +651,10 @@ class KafkaBroker(_Server):
             return self
         if self.workdir is None:
             self.workdir = _new_workdir()
+        first = not self.data_dir.exists()
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if first and self.security != "PLAINTEXT":
+            self._prepare_security()
         from pykbroker.devcluster import _die_with_parent, child_env  # the pykbroker this plugin belongs to
 
         began = time.monotonic()
@@ -561,6 +682,43 @@ class KafkaBroker(_Server):
                 raise
         self.start_seconds = time.monotonic() - began
         return self
+
+    def _security_config(self) -> dict[str, str]:
+        """The broker configs of the secured listener (none for PLAINTEXT)."""
+        if self.security == "PLAINTEXT":
+            return {}
+        listener = self.security.lower()
+        config = {"listeners": f"PLAINTEXT://{self.host}:{self.port},{self.security}://{self.host}:{self.client_port}"}
+        if "SSL" in self.security:
+            config.update({"ssl.keystore.type": "PEM", "ssl.keystore.location": str(self.workdir / "tls" / "broker.pem")})
+        if self.sasl_mechanism:
+            mechanism = self.sasl_mechanism
+            config["sasl.enabled.mechanisms"] = mechanism
+            jaas = (f'org.apache.kafka.common.security.plain.PlainLoginModule required user_{self.username}='
+                    f'"{self.password}";' if mechanism == "PLAIN"
+                    else "org.apache.kafka.common.security.scram.ScramLoginModule required;")
+            config[f"listener.name.{listener}.{mechanism.lower()}.sasl.jaas.config"] = jaas
+        return config
+
+    def _prepare_security(self) -> None:
+        """Before the first start: the certificates, the SCRAM user (in the data dir, as ``pykbroker scram add``
+        stores it) and the client properties file."""
+        lines = [f"bootstrap.servers={self.bootstrap_servers}", f"security.protocol={self.security}"]
+        if "SSL" in self.security:
+            _write_certificates(self.workdir / "tls")
+            lines += [f"ssl.truststore.location={self.ca_file}", "ssl.truststore.type=PEM"]
+        if self.sasl_mechanism:
+            module = "plain.PlainLoginModule" if self.sasl_mechanism == "PLAIN" else "scram.ScramLoginModule"
+            lines += [f"sasl.mechanism={self.sasl_mechanism}",
+                      f"sasl.jaas.config=org.apache.kafka.common.security.{module} required "
+                      f'username="{self.username}" password="{self.password}";']
+        if self.sasl_mechanism and self.sasl_mechanism != "PLAIN":
+            from pykbroker.security.credentials import parse_add_scram
+            from pykbroker.security.scram_bootstrap import add_to_data_dir
+
+            add_to_data_dir(self.data_dir, [parse_add_scram(
+                f"{self.sasl_mechanism}=[name={self.username},password={self.password}]")])
+        self.client_properties.write_text("\n".join(lines) + "\n")
 
     def _port_was_in_use(self, output_from: int) -> bool:
         """Did the broker, which exited, say its port is in use (in its output from ``output_from`` on)?"""
@@ -629,7 +787,9 @@ class KafkaBroker(_Server):
         return _tail(self.log_path, lines) if self.workdir else "(not started)"
 
     def __repr__(self) -> str:
-        return f"KafkaBroker({self.bootstrap_servers}, {'running' if self.running() else 'stopped'})"
+        security = "" if self.security == "PLAINTEXT" else f" {self.security}" + (
+            f"/{self.sasl_mechanism}" if self.sasl_mechanism else "")
+        return f"KafkaBroker({self.bootstrap_servers}{security}, {'running' if self.running() else 'stopped'})"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -780,6 +940,13 @@ def pytest_addoption(parser) -> None:
     parser.addini("pykbroker_config", config_help + "; one a line", type="linelist", default=[])
     group.addoption("--pykbroker-config", dest="pykbroker_config", action="append", default=[], metavar="KEY=VALUE",
                     help=config_help + "; repeatable, over the ini file's pykbroker_config")
+    security_help = (f"security protocol of the kafka_broker fixture's client listener: {', '.join(SECURITY_PROTOCOLS)} "
+                     "(default PLAINTEXT; kafka_broker.client_config() gives the clients' settings)")
+    parser.addini("pykbroker_security", security_help, default="PLAINTEXT")
+    group.addoption("--pykbroker-security", dest="pykbroker_security", default=None, help=security_help)
+    mechanism_help = f"SASL mechanism of kafka_broker with a SASL security protocol: {', '.join(SASL_MECHANISMS)} (default PLAIN)"
+    parser.addini("pykbroker_sasl_mechanism", mechanism_help, default="")
+    group.addoption("--pykbroker-sasl-mechanism", dest="pykbroker_sasl_mechanism", default=None, help=mechanism_help)
 
 
 def _configured_scope(config) -> str:
@@ -802,11 +969,31 @@ def _configured_broker_config(config) -> dict[str, str]:
     return settings
 
 
+def _configured_security(config, param: Any = None) -> dict[str, Any]:
+    """KafkaBroker's security arguments: an indirect parametrization's dict (``security``, ``sasl_mechanism``),
+    else the --pykbroker-security / --pykbroker-sasl-mechanism options, else the ini file's."""
+    if param is not None:
+        if not isinstance(param, dict) or set(param) - {"security", "sasl_mechanism"}:
+            raise pytest.UsageError(f"kafka_broker parameter {param!r}: expected a dict with security and, for "
+                                    "SASL, sasl_mechanism, e.g. {'security': 'SASL_SSL', 'sasl_mechanism': 'SCRAM-SHA-256'}")
+        arguments = dict(param)
+    else:
+        arguments = {"security": config.getoption("pykbroker_security", None) or config.getini("pykbroker_security"),
+                     "sasl_mechanism": (config.getoption("pykbroker_sasl_mechanism", None)
+                                        or config.getini("pykbroker_sasl_mechanism") or None)}
+    try:
+        _checked_security(arguments.get("security") or "PLAINTEXT", arguments.get("sasl_mechanism"))
+    except ValueError as exc:
+        raise pytest.UsageError(f"pykbroker: {exc}") from None
+    return arguments
+
+
 def pytest_configure(config) -> None:
     scope = _configured_scope(config)
     if scope not in SCOPES:
         raise pytest.UsageError(f"pykbroker_scope = {scope!r}: must be one of {', '.join(SCOPES)}")
     _configured_broker_config(config)  # refuses a malformed entry before any test runs
+    _configured_security(config)
 
 
 def _scope(fixture_name: str, config) -> str:
@@ -826,8 +1013,11 @@ def _zookeeper_missing() -> str | None:
 
 @pytest.fixture(scope=_scope)
 def kafka_broker(request):
-    """A running pykbroker (KafkaBroker): ``kafka_broker.bootstrap_servers``, admin helpers, stop/restart."""
-    broker = KafkaBroker(_configured_broker_config(request.config))
+    """A running pykbroker (KafkaBroker): ``kafka_broker.bootstrap_servers``, admin helpers, stop/restart;
+    secured as the options say, or as an indirect parametrization's dict asks
+    (``@pytest.mark.parametrize("kafka_broker", [{"security": "SASL_SSL"}], indirect=True)``)."""
+    broker = KafkaBroker(_configured_broker_config(request.config),
+                         **_configured_security(request.config, getattr(request, "param", None)))
     broker._pytest_scope = request.scope
     try:
         yield broker.start()

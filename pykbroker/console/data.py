@@ -21,6 +21,7 @@ from confluent_kafka import (Consumer, ConsumerGroupTopicPartitions, KafkaError,
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic, OffsetSpec, ResourceType
 
 from pykbroker.ctl.coordination import offsets_topic_problem
+from pykbroker.ctl.security import client_security
 from pykbroker.console.logdirs import log_dir_sizes
 
 log = logging.getLogger(__name__)
@@ -244,6 +245,11 @@ class ClusterReader:
         self.client_config = {"bootstrap.servers": bootstrap, "client.id": CLIENT_ID,
                               "socket.timeout.ms": int(timeout * 1000), **(client_config or {})}
         self.admin = AdminClient(self.client_config, logger=log)
+        # pykbroker's own protocol client (DescribeLogDirs, the coordination check) with the same TLS and SASL;
+        # None when it cannot authenticate with these settings (a SASL mechanism it does not speak).
+        security = client_security(self.client_config)
+        self._protocol_client = security is None or security.authenticates
+        self.security = security if self._protocol_client else None
 
     # -- plumbing -------------------------------------------------------------------------------------
     @property
@@ -299,7 +305,9 @@ class ClusterReader:
         return self.offsets(partitions, OffsetSpec.earliest()), self.offsets(partitions, OffsetSpec.latest())
 
     def sizes(self, brokers: Iterable[Broker]) -> dict[int, dict | None]:
-        return log_dir_sizes([(b.id, b.host, b.port) for b in brokers], self.timeout)
+        if not self._protocol_client:
+            return {b.id: None for b in brokers}
+        return log_dir_sizes([(b.id, b.host, b.port) for b in brokers], self.timeout, security=self.security)
 
     # -- cluster --------------------------------------------------------------------------------------
     def cluster(self) -> ClusterInfo:
@@ -369,7 +377,9 @@ class ClusterReader:
             bootstrap = parse_bootstrap(self.bootstrap)
         except click.BadParameter:  # the client calls say what is wrong with it
             return None
-        problem = offsets_topic_problem(bootstrap, self.timeout, CLIENT_ID)
+        if not self._protocol_client:
+            return None
+        problem = offsets_topic_problem(bootstrap, self.timeout, CLIENT_ID, security=self.security)
         return f"consumer groups cannot start: {problem}" if problem else None
 
     def _committed(self, group_ids: list[str]) -> tuple[dict[str, list], dict[str, str]]:

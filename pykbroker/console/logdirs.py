@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-from typing import Iterable
+from typing import Any, Iterable
 
 from kio.schema.errors import ErrorCode
 
@@ -31,9 +31,9 @@ def _request(version: int):
     return module.DescribeLogDirsRequest(topics=None)
 
 
-async def _broker_sizes(host: str, port: int, timeout: float) -> Sizes | None:
+async def _broker_sizes(host: str, port: int, timeout: float, security: Any) -> Sizes | None:
     try:
-        response = await request_once(host, port, _request, client_id=CLIENT_ID, timeout=timeout,
+        response = await request_once(host, port, _request, client_id=CLIENT_ID, timeout=timeout, security=security,
                                       negotiate=(DESCRIBE_LOG_DIRS_KEY, MIN_VERSION, MAX_VERSION))
     except (ClientError, TimeoutError, OSError) as exc:  # UnsupportedVersion is a ClientError
         log.debug("no DescribeLogDirs from %s:%s: %s", host, port, exc)
@@ -52,13 +52,16 @@ async def _broker_sizes(host: str, port: int, timeout: float) -> Sizes | None:
     return sizes
 
 
-async def _all_sizes(brokers: Iterable[tuple[int, str, int]], timeout: float) -> dict[int, Sizes | None]:
+async def _all_sizes(brokers: Iterable[tuple[int, str, int]], timeout: float,
+                     security: Any) -> dict[int, Sizes | None]:
     brokers = list(brokers)
-    results = await asyncio.gather(*(_broker_sizes(host, port, timeout) for _, host, port in brokers))
+    results = await asyncio.gather(*(_broker_sizes(host, port, timeout, security) for _, host, port in brokers))
     return {broker_id: sizes for (broker_id, _, _), sizes in zip(brokers, results)}
 
 
-def log_dir_sizes(brokers: Iterable[tuple[int, str, int]], timeout: float) -> dict[int, Sizes | None]:
+def log_dir_sizes(brokers: Iterable[tuple[int, str, int]], timeout: float,
+                  security: Any = None) -> dict[int, Sizes | None]:
     """{broker id: {(topic, partition): bytes} or None when that broker gave no sizes}, for the brokers
-    given as (id, host, port); returns within about timeout seconds."""
-    return asyncio.run(_all_sizes(brokers, timeout))
+    given as (id, host, port), asked with ``security`` (protocol/client ClientSecurity: TLS, SASL); returns
+    within about timeout seconds."""
+    return asyncio.run(_all_sizes(brokers, timeout, security))

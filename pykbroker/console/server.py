@@ -291,11 +291,13 @@ class ConsoleServer(ThreadingHTTPServer):
 
 def serve(bootstrap: str, *, host: str = "127.0.0.1", port: int = 8080, allow_writes: bool = False,
           allowed_hosts: Iterable[str] = (),
-          timeout: float = data.DEFAULT_TIMEOUT_S, ready: Callable[[ConsoleServer], None] | None = None) -> None:
+          timeout: float = data.DEFAULT_TIMEOUT_S, ready: Callable[[ConsoleServer], None] | None = None,
+          client_config: dict[str, Any] | None = None) -> None:
     """Serve the console until interrupted (Ctrl-C, or SIGTERM when called in the main thread: both raise
     KeyboardInterrupt after the worker processes have stopped); :class:`ListenError` when the address cannot
-    be bound. The Kafka clients run in worker processes (pykbroker.console.worker)."""
-    reader = IsolatedReader(bootstrap, timeout=timeout)
+    be bound. The Kafka clients run in worker processes (pykbroker.console.worker), with ``client_config``
+    (librdkafka settings: TLS, SASL) on top of the console's own."""
+    reader = IsolatedReader(bootstrap, timeout=timeout, client_config=client_config)
     try:
         server = ConsoleServer((host, port), reader, allow_writes=allow_writes, allowed_hosts=allowed_hosts)
     except OSError as exc:

@@ -1,8 +1,10 @@
 """``pykbroker`` as a Kafka command-line client (the rpk of this project), for pykbroker or any Kafka
 cluster: it speaks the protocol only (librdkafka through confluent-kafka; pykbroker's own protocol client
-for the bootstrap check, the group commands' FindCoordinator and ApiVersions per broker) and never reads a data dir.
+for the bootstrap check, the group commands' FindCoordinator and ApiVersions per broker, with the same TLS and
+SASL) and never reads a data dir.
 
-Commands (each takes ``-b/--brokers`` or ``$PYKBROKER_BROKERS``, ``--timeout``, ``-X KEY=VALUE``, ``-v``;
+Commands (each takes ``-b/--brokers`` or ``$PYKBROKER_BROKERS``, ``--timeout``, ``-X KEY=VALUE``,
+``--command-config FILE`` (Kafka's client properties: TLS, SASL; pykbroker.ctl.security), ``-v``;
 all but ``consume`` and ``produce`` print tables or, with ``--format json``, JSON)::
 
     pykbroker topic create|list|describe|alter-config|delete

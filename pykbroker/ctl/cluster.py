@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from pykbroker.ctl.common import CLIENT_ID, EXIT_CODES_HELP, Connection, connection_options, node_json, section, table
+from pykbroker.ctl.security import before_sasl
 
 
 def api_name(key: int) -> str:
@@ -24,20 +25,22 @@ def api_name(key: int) -> str:
     return "".join(part.title() for part in name.split("_")) if name else f"api {key}"
 
 
-async def _versions_of(host: str, port: int, timeout: float) -> dict[int, tuple[int, int]]:
+async def _versions_of(host: str, port: int, timeout: float, security: Any) -> dict[int, tuple[int, int]]:
     from pykbroker.protocol.client import KafkaClientConnection
 
     connection = await KafkaClientConnection.connect(host, port, client_id=CLIENT_ID, connect_timeout=timeout,
-                                                     request_timeout=timeout)
+                                                     request_timeout=timeout, security=security)
     try:
         return dict(connection.api_versions)
     finally:
         await connection.aclose()
 
 
-async def api_versions(brokers: list[Any], timeout: float) -> dict[int, Any]:
-    """Broker id -> {api key: (min, max)}, or the error text for a broker that did not answer."""
-    results = await asyncio.gather(*(_versions_of(b.host, b.port, timeout) for b in brokers), return_exceptions=True)
+async def api_versions(brokers: list[Any], timeout: float, security: Any = None) -> dict[int, Any]:
+    """Broker id -> {api key: (min, max)}, or the error text for a broker that did not answer; ``security``
+    the connection's TLS and SASL (Connection.security)."""
+    results = await asyncio.gather(*(_versions_of(b.host, b.port, timeout, security) for b in brokers),
+                                   return_exceptions=True)
     return {broker.id: (str(result) if isinstance(result, BaseException) else result)
             for broker, result in zip(brokers, results)}
 
@@ -51,7 +54,7 @@ def cluster_info(conn: Connection, with_versions: bool) -> dict[str, Any]:
         "brokers": [{**node_json(node), "controller": node.id == controller} for node in brokers],
     }
     if with_versions:
-        versions = asyncio.run(api_versions(brokers, conn.timeout))
+        versions = asyncio.run(api_versions(brokers, conn.timeout, before_sasl(conn.security)))
         for entry in info["brokers"]:
             found = versions[entry["id"]]
             if isinstance(found, str):

@@ -2,7 +2,8 @@
 
 Connection: ``-b/--brokers HOST:PORT[,...]`` or ``$PYKBROKER_BROKERS`` (default ``127.0.0.1:9092``),
 ``--timeout`` seconds for each request (an unreachable cluster fails within it), ``-X/--client-config
-KEY=VALUE`` for any librdkafka setting. ``PYKBROKER_BROKERS`` is not a broker setting, so ``serve`` ignores
+KEY=VALUE`` for any librdkafka setting, ``--command-config FILE`` for Kafka's client properties file (TLS and
+SASL as Kafka's tools take them, translated by pykbroker.ctl.security; -X wins). ``PYKBROKER_BROKERS`` is not a broker setting, so ``serve`` ignores
 it (pykbroker.config reads only PYKBROKER_* variables that name a setting it knows). These options (and
 ``--format``) are also taken before the command, ``pykbroker -b HOST:PORT --format json topic list``
 (:func:`global_options`); given in both places, the command's own wins; before a command that is not a
@@ -12,10 +13,11 @@ An address without a port is a usage error, as Kafka's clients refuse it ("Inval
 bootstrap.servers"), and so is an IPv6 address outside brackets (librdkafka would misread it); a usage error
 names where the address came from (-b, $PYKBROKER_BROKERS, -X bootstrap.servers). Before the first client is
 made, the bootstrap addresses are resolved, connected to and asked ApiVersions (all at once, every address a
-name resolves to too, within one --timeout; TCP only when -X sets TLS or SASL): when none answers, the
+name resolves to too, within one --timeout; over TLS after the handshake, over SASL PLAIN / SCRAM after
+authenticating, with another mechanism before it, as Kafka allows ApiVersions): when none answers, the
 command fails at once naming each address and why (not resolved, connection refused, not a Kafka listener,
 or the step still running at the timeout), instead of librdkafka's "Broker transport failure" after the
-whole --timeout.
+whole --timeout; a refused TLS handshake or SASL exchange (wrong password) is one line saying so (exit 1).
 
 Output: human-readable tables on stdout by default, ``--format json`` for scripts (one JSON document);
 progress and warnings go to stderr, so stdout stays what the command answers.
@@ -105,9 +107,12 @@ class _Probe:
     to at once (and, with ``api_versions``, asked ApiVersions), all within one deadline. ``step`` says what
     is still running when the deadline passes; ``cause`` why it failed; ``done`` is set once it is known."""
 
-    def __init__(self, host: str, port: int, timeout: float, deadline: float, api_versions: bool) -> None:
+    def __init__(self, host: str, port: int, timeout: float, deadline: float, api_versions: bool,
+                 security: Any = None) -> None:
         self.host, self.port, self.timeout, self.deadline = host, port, timeout, deadline
         self.api_versions = api_versions
+        self.security = security
+        self.refused: str | None = None  # the TLS handshake or the SASL exchange failed: why
         self.step = "name lookup"
         self.ok = False
         self.cause: str | None = None
@@ -131,14 +136,13 @@ class _Probe:
 
     def _try(self, family: int, kind: int, proto: int, sockaddr: Any) -> None:
         try:
-            with socket.socket(family, kind, proto) as sock:
-                sock.settimeout(max(self.deadline - time.monotonic(), 0.001))
-                sock.connect(sockaddr)
-                if self.api_versions:
-                    self.step = "ApiVersions"
-                    cause = _api_versions_failure(sock, self.deadline)
-                else:
-                    cause = None
+            if self.api_versions and self.security is not None:  # connected by the protocol client itself
+                self.step = "connecting, TLS handshake, SASL and ApiVersions"
+                cause = _secured_failure(sockaddr[0], self.port, self.host, self.security, self.deadline)
+                if cause is not None and cause.startswith(_AUTHENTICATION):
+                    self.refused = cause
+            else:
+                cause = self._plaintext(family, kind, proto, sockaddr)
         except ConnectionRefusedError:
             cause = "connection refused (nothing listens on that port)"
         except (socket.timeout, TimeoutError):
@@ -153,6 +157,15 @@ class _Probe:
                 self._causes.append(cause)
             if self.ok or self._pending == 0:
                 self._finish("; ".join(self._causes) if not self.ok else None)
+
+    def _plaintext(self, family: int, kind: int, proto: int, sockaddr: Any) -> str | None:
+        with socket.socket(family, kind, proto) as sock:
+            sock.settimeout(max(self.deadline - time.monotonic(), 0.001))
+            sock.connect(sockaddr)
+            if not self.api_versions:
+                return None
+            self.step = "ApiVersions"
+            return _api_versions_failure(sock, self.deadline)
 
     def _finish(self, cause: str | None) -> None:
         if not self.done.is_set():
@@ -184,15 +197,55 @@ def _api_versions_failure(sock: socket.socket, deadline: float) -> str | None:
     return None
 
 
+def _secured_failure(ip: str, port: int, host: str, security: Any, deadline: float) -> str | None:
+    """None if ``ip``:``port`` completes the TLS handshake (checking the certificate names ``host``), the
+    SASL exchange (when the protocol client speaks the mechanism; else ApiVersions only, which Kafka answers
+    before authentication) and ApiVersions before the deadline; else why not: the refusal (a wrong password,
+    an untrusted certificate) in the broker's words, ending in ``AUTHENTICATION``, or :data:`_NOT_KAFKA`."""
+    import asyncio
+
+    from pykbroker.ctl.security import before_sasl
+    from pykbroker.protocol.client import AuthenticationFailed, ClientError, ConnectError, KafkaClientConnection
+
+    security = before_sasl(security)
+
+    async def ask() -> None:
+        remaining = max(deadline - time.monotonic(), 0.001)
+        connection = await KafkaClientConnection.connect(ip, port, client_id=CLIENT_ID, connect_timeout=remaining,
+                                                         request_timeout=remaining, security=security,
+                                                         server_hostname=host)
+        await connection.aclose()
+
+    try:
+        asyncio.run(ask())
+    except AuthenticationFailed as exc:
+        return _AUTHENTICATION + str(exc).replace(f"{ip}:{port}", _address_text((host, port)))
+    except ConnectError as exc:
+        if isinstance(exc.__cause__, OSError):
+            raise exc.__cause__ from None  # refused, unreachable: said as for a plaintext probe
+        if exc.__cause__ is None and "timed out" in str(exc):
+            raise TimeoutError from None
+        return _NOT_KAFKA
+    except (ClientError, OSError, TimeoutError):
+        return _NOT_KAFKA
+    return None
+
+
+_AUTHENTICATION = "authentication failed: "
+
+
 def reachable_broker(addresses: Sequence[tuple[str, int]], timeout: float, *,
-                     api_versions: bool = False) -> tuple[str, int]:
+                     api_versions: bool = False, security: Any = None) -> tuple[str, int]:
     """The first of these addresses a TCP connection opens to (and, with ``api_versions``, that answers
-    ApiVersions): all tried at once - every address a name resolves to too - within one timeout; or a
+    ApiVersions - after the TLS handshake and the SASL exchange of ``security``, a protocol/client
+    ClientSecurity): all tried at once - every address a name resolves to too - within one timeout; or a
     CtlError (EXIT_UNREACHABLE) naming every address and why it failed, or which step was still running at
-    the timeout. Daemon threads: a name lookup that hangs past the timeout does not hold the command."""
+    the timeout; when the TLS handshake or the SASL exchange was refused (a wrong password, an untrusted
+    certificate), a CtlError (EXIT_KAFKA_ERROR) saying that. Daemon threads: a name lookup that hangs past
+    the timeout does not hold the command."""
     addresses = list(dict.fromkeys(addresses))
     deadline = time.monotonic() + timeout
-    probes = [_Probe(host, port, timeout, deadline, api_versions) for host, port in addresses]
+    probes = [_Probe(host, port, timeout, deadline, api_versions, security) for host, port in addresses]
     answered = threading.Condition()
 
     def run(probe: _Probe) -> None:
@@ -209,6 +262,9 @@ def reachable_broker(addresses: Sequence[tuple[str, int]], timeout: float, *,
     for probe in probes:
         if probe.ok:
             return probe.host, probe.port
+    refused = [p.refused for p in probes if p.refused and p.refused.startswith(_AUTHENTICATION)]
+    if refused:
+        raise CtlError(refused[0], EXIT_KAFKA_ERROR)
     listed = "; ".join(f"{_address_text((p.host, p.port))}: "
                        f"{p.cause if p.done.is_set() else f'no answer within {timeout:g} s ({p.step})'}"
                        for p in probes)
@@ -312,6 +368,7 @@ class Connection:
     brokers_hint: str = _BROKERS_HINT  # where ``brokers`` came from, for a usage error: -b or $PYKBROKER_BROKERS
     _admin: Any = None
     _reachable: tuple[str, int] | None = None
+    _security: Any = False  # False: not built yet
 
     @property
     def bootstrap(self) -> list[tuple[str, int]]:
@@ -321,17 +378,32 @@ class Connection:
         return parse_bootstrap(self.brokers, self.brokers_hint)
 
     def reachable(self) -> tuple[str, int]:
-        """A bootstrap address that answers ApiVersions (checked once; with TLS or SASL set, that accepts a
-        TCP connection), else a CtlError saying, for each address, why not (exit 4) - at once, not after
-        librdkafka's whole --timeout."""
+        """A bootstrap address that answers ApiVersions (checked once; with TLS, after the handshake; with
+        SASL PLAIN or SCRAM, after authenticating), else a CtlError saying, for each address, why not (exit
+        4) - at once, not after librdkafka's whole --timeout - or that authentication failed (exit 1)."""
         if self._reachable is None:
-            self._reachable = reachable_broker(self.bootstrap, self.timeout, api_versions=self.plaintext)
+            self._reachable = reachable_broker(self.bootstrap, self.timeout, api_versions=True,
+                                               security=self.security)
         return self._reachable
 
     @property
-    def plaintext(self) -> bool:
-        """Whether pykbroker's own protocol client can talk to the brokers (no TLS or SASL set with -X)."""
-        return self.extra.get("security.protocol", "plaintext").lower() == "plaintext"
+    def security(self) -> Any:
+        """The TLS and SASL of the settings (--command-config, -X) for pykbroker's own protocol client
+        (pykbroker.ctl.security.client_security; None for PLAINTEXT); a setting it cannot use is a usage error."""
+        if self._security is False:
+            from pykbroker.ctl.security import CommandConfigError, client_security
+
+            try:
+                self._security = client_security(self.extra)
+            except CommandConfigError as exc:
+                raise click.UsageError(f"client configuration refused: {exc}") from None
+        return self._security
+
+    @property
+    def authenticates(self) -> bool:
+        """Whether pykbroker's own protocol client can make authenticated requests with these settings (not
+        with a SASL mechanism it does not speak: OAUTHBEARER, GSSAPI)."""
+        return self.security is None or self.security.authenticates
 
     def config(self, **settings: Any) -> dict[str, Any]:
         """librdkafka settings: bootstrap servers, timeouts, quiet logging, then -X settings."""
@@ -448,6 +520,41 @@ def _protocol_logger(verbose: bool) -> None:
     handler.setLevel(logging.INFO if verbose else logging.CRITICAL + 1)
 
 
+def command_config_option() -> Any:
+    """``--command-config FILE``: Kafka's client properties file, as Kafka's tools take it."""
+    return click.option("--command-config", "command_config", metavar="FILE",
+                        help="Kafka's client properties file (security.protocol, ssl.truststore.*, ssl.keystore.*, "
+                             "sasl.mechanism, sasl.jaas.config...), as kafka-topics.sh takes it; -X settings win.")
+
+
+def client_settings(command_config: str | None, client_config: Iterable[str]) -> dict[str, str]:
+    """librdkafka settings from --command-config FILE (translated: pykbroker.ctl.security) and -X KEY=VALUE
+    (which win); a file or setting that cannot be used is a usage error."""
+    from pykbroker.ctl.security import CommandConfigError, load_command_config
+
+    settings: dict[str, str] = {}
+    if command_config:
+        try:
+            settings.update(load_command_config(command_config))
+        except CommandConfigError as exc:
+            raise click.UsageError(str(exc)) from None
+    settings.update(parse_pairs(client_config, "'-X'"))
+    return settings
+
+
+def checked_client_settings(command_config: str | None, client_config: Iterable[str]) -> dict[str, str]:
+    """client_settings, with their TLS and SASL checked as the protocol client will use them (a trust store
+    that does not load is a usage error before anything starts: the console checks it so)."""
+    from pykbroker.ctl.security import CommandConfigError, client_security
+
+    settings = client_settings(command_config, client_config)
+    try:
+        client_security(settings)
+    except CommandConfigError as exc:
+        raise click.UsageError(f"client configuration refused: {exc}") from None
+    return settings
+
+
 def parse_pairs(items: Iterable[str], what: str, *, allow_empty_value: bool = True) -> dict[str, str]:
     """KEY=VALUE items into a dict (a usage error names the bad one)."""
     parsed: dict[str, str] = {}
@@ -484,6 +591,7 @@ def global_options(group: Callable[..., Any]) -> Any:
                help="The client commands' --format (json: consume's -f json)."),
         option("-X", "--client-config", "client_config", multiple=True, metavar="KEY=VALUE",
                help="The client commands' -X (repeatable)."),
+        option("--command-config", "command_config", metavar="FILE", help="The client commands' --command-config."),
         option("-v", "--verbose", is_flag=True, help="The client commands' -v."),
     ]
     for decorate in reversed(options):
@@ -491,7 +599,8 @@ def global_options(group: Callable[..., Any]) -> Any:
     return group
 
 
-_GLOBAL_FLAGS = {"brokers": "-b", "timeout": "--timeout", "output": "--format", "client_config": "-X", "verbose": "-v"}
+_GLOBAL_FLAGS = {"brokers": "-b", "timeout": "--timeout", "output": "--format", "client_config": "-X",
+                 "command_config": "--command-config", "verbose": "-v"}
 
 
 def _protected_args(ctx: click.Context) -> list[str]:
@@ -544,7 +653,7 @@ def _with_global_options(values: dict[str, Any], fmt_param: str | None) -> dict[
     given = ctx.meta.get(_GLOBAL_KEY, {})
     explicit = click.core.ParameterSource.COMMANDLINE
     values = dict(values)
-    for name in ("brokers", "timeout", "verbose", "output"):
+    for name in ("brokers", "timeout", "verbose", "output", "command_config"):
         if given.get(name) is not None and name in values and ctx.get_parameter_source(name) != explicit:
             values[name] = given[name]
     if given.get("client_config"):
@@ -568,10 +677,11 @@ def connection_options(command: Callable[..., Any] | None = None, *, output_opti
         kwargs = _with_global_options(kwargs, record_format)
         brokers, timeout = kwargs.pop("brokers"), kwargs.pop("timeout")
         client_config, verbose = kwargs.pop("client_config"), kwargs.pop("verbose")
+        command_config = kwargs.pop("command_config")
         output = kwargs.pop("output") if output_option else "table"
         source = click.get_current_context().get_parameter_source("brokers")
         from_env = brokers == given["brokers"] and source == click.core.ParameterSource.ENVIRONMENT
-        conn = Connection(brokers, timeout, output, verbose, parse_pairs(client_config, "'-X'"),
+        conn = Connection(brokers, timeout, output, verbose, client_settings(command_config, client_config),
                           brokers_hint=_ENV_HINT if from_env else _BROKERS_HINT)
         _protocol_logger(verbose)
         conn.bootstrap  # noqa: B018 (a malformed address is a usage error before anything else is done)
@@ -588,6 +698,7 @@ def connection_options(command: Callable[..., Any] | None = None, *, output_opti
                      help="Seconds to wait for each answer; an unreachable cluster fails after it (exit 4)."),
         click.option("-X", "--client-config", "client_config", multiple=True, metavar="KEY=VALUE",
                      help="Any librdkafka client setting, e.g. -X security.protocol=SSL (repeatable)."),
+        command_config_option(),
         click.option("-v", "--verbose", is_flag=True, help="Show librdkafka's log on stderr."),
     ]
     if output_option:

@@ -14,8 +14,8 @@ COORDINATOR_NOT_AVAILABLE on a fresh healthy cluster too, while the topic is bei
 
 The problem is said only when the topic does not exist and fewer brokers are live than the factor asks for
 (a pykbroker cluster member reports Kafka's default 3, its single node 1: the factor each uses). Works against
-Apache Kafka as against pykbroker, in
-plaintext (pykbroker's own protocol client); when no broker answers, nothing is said.
+Apache Kafka as against pykbroker (pykbroker's own protocol client, with the TLS and SASL of ``security``, a
+protocol/client ClientSecurity: pykbroker.ctl.security); when no broker answers, nothing is said.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopi
 from kio.static.primitive import i8
 
 from pykbroker.cluster.metadata import internal_topic_shortfall
-from pykbroker.protocol.client import ClientError, request_once
+from pykbroker.protocol.client import ClientError, ClientSecurity, request_once
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +47,13 @@ def offsets_topic_shortfall(live_brokers: int, replication_factor: int) -> str |
     return internal_topic_shortfall(OFFSETS_TOPIC, live_brokers, replication_factor)
 
 
-async def _replication_factor(host: str, port: int, broker_id: int, client_id: str, timeout: float) -> int | None:
+async def _replication_factor(host: str, port: int, broker_id: int, client_id: str, timeout: float,
+                              security: ClientSecurity | None) -> int | None:
     request = DescribeConfigsRequest(
         resources=(DescribeConfigsResource(resource_type=i8(BROKER_RESOURCE), resource_name=str(broker_id),
                                            configuration_keys=(REPLICATION_KEY,)),),
         include_synonyms=False, include_documentation=False)
-    response = await request_once(host, port, request, client_id=client_id, timeout=timeout)
+    response = await request_once(host, port, request, client_id=client_id, timeout=timeout, security=security)
     result = response.results[0]
     if result.error_code != ErrorCode.none:
         return None
@@ -64,14 +65,16 @@ async def _replication_factor(host: str, port: int, broker_id: int, client_id: s
 
 
 async def offsets_topic_problem_async(bootstrap: Iterable[tuple[str, int]], timeout: float,
-                                      client_id: str = "pykbroker") -> str | None:
+                                      client_id: str = "pykbroker", *,
+                                      security: ClientSecurity | None = None) -> str | None:
     """Why groups cannot start (see the module), from the first of ``bootstrap`` (host, port) that answers;
     None when they can (or it cannot be told: no answer, an error, no such config)."""
     request = MetadataRequest(topics=(MetadataRequestTopic(topic_id=None, name=OFFSETS_TOPIC),),
                               allow_auto_topic_creation=False, include_topic_authorized_operations=False)
     for host, port in bootstrap:
         try:
-            metadata = await request_once(host, port, request, client_id=client_id, timeout=timeout)
+            metadata = await request_once(host, port, request, client_id=client_id, timeout=timeout,
+                                          security=security)
         except (ClientError, OSError, TimeoutError) as exc:
             log.debug("no Metadata from %s:%s: %s", host, port, exc)
             continue
@@ -80,7 +83,8 @@ async def offsets_topic_problem_async(bootstrap: Iterable[tuple[str, int]], time
         live = len(metadata.brokers)
         for broker in sorted(metadata.brokers, key=lambda b: b.node_id):
             try:
-                factor = await _replication_factor(broker.host, broker.port, int(broker.node_id), client_id, timeout)
+                factor = await _replication_factor(broker.host, broker.port, int(broker.node_id), client_id, timeout,
+                                                  security)
             except (ClientError, OSError, TimeoutError, ValueError) as exc:
                 log.debug("no %s from broker %s: %s", REPLICATION_KEY, broker.node_id, exc)
                 continue
@@ -90,6 +94,6 @@ async def offsets_topic_problem_async(bootstrap: Iterable[tuple[str, int]], time
 
 
 def offsets_topic_problem(bootstrap: Iterable[tuple[str, int]], timeout: float,
-                          client_id: str = "pykbroker") -> str | None:
+                          client_id: str = "pykbroker", *, security: ClientSecurity | None = None) -> str | None:
     """offsets_topic_problem_async, from synchronous code (no running event loop)."""
-    return asyncio.run(offsets_topic_problem_async(list(bootstrap), timeout, client_id))
+    return asyncio.run(offsets_topic_problem_async(list(bootstrap), timeout, client_id, security=security))

@@ -33,11 +33,11 @@ _RETRIABLE_COORDINATOR_ERRORS = {14, 15, 16}  # COORDINATOR_LOAD_IN_PROGRESS, CO
 
 def check_coordinator(conn: Connection, group_id: str) -> None:
     """A CtlError (exit 1) naming the error and the broker's error_message when the group's coordinator
-    cannot be found; nothing when it is found, or when the check cannot be made (TLS or SASL set with -X,
-    the raw request failing): the command's own requests then say what they find."""
+    cannot be found; nothing when it is found, or when the check cannot be made (a SASL mechanism the
+    protocol client does not speak, the raw request failing): the command's own requests then say what they find."""
     from pykbroker.protocol.client import ClientError
 
-    if not conn.plaintext:
+    if not conn.authenticates:
         return
     host, port = conn.reachable()
     try:
@@ -66,7 +66,7 @@ async def _coordinator_failure(conn: Connection, host: str, port: int,
     from pykbroker.protocol.errors import ErrorCode
 
     connection = await KafkaClientConnection.connect(host, port, client_id=CLIENT_ID, connect_timeout=conn.timeout,
-                                                     request_timeout=conn.timeout)
+                                                     request_timeout=conn.timeout, security=conn.security)
     try:
         version = connection.version_for(FIND_COORDINATOR_KEY, 4)
         schema = importlib.import_module(f"kio.schema.find_coordinator.v{version}.request").FindCoordinatorRequest
@@ -86,7 +86,8 @@ async def _coordinator_failure(conn: Connection, host: str, port: int,
                 return name, message, ""
             if now >= next_check:
                 next_check = now + COORDINATOR_CHECK_S
-                reason = await offsets_topic_problem_async([(host, port)], conn.timeout, CLIENT_ID)
+                reason = await offsets_topic_problem_async([(host, port)], conn.timeout, CLIENT_ID,
+                                                            security=conn.security)
                 if reason is not None:
                     return name, message, "" if reason in (message or "") else f" ({reason})"
             await asyncio.sleep(COORDINATOR_RETRY_S)

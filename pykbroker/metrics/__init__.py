@@ -1,6 +1,7 @@
 """Prometheus metrics and health/readiness endpoints of the broker (``metrics.port``, ``--metrics-port``).
 
-Off by default. When on, the broker serves on its own event loop (pykbroker/metrics/http.py):
+Off by default. When on, the broker serves plain HTTP (no TLS, no authentication: bound where ``metrics.host``
+says) on its own event loop (pykbroker/metrics/http.py):
 ``GET /metrics`` (Prometheus text format), ``GET /health`` (liveness) and ``GET /ready`` (readiness, 503 with
 the reason until the broker accepts clients; in a cluster until it is registered and has the controller's
 metadata). Names follow Kafka's JMX metrics as the Prometheus JMX exporter's usual Kafka rules name them
@@ -16,6 +17,10 @@ Per request (counted in the broker, pykbroker/metrics/stats.py):
   kafka_server_brokertopicmetrics_replicationbytesout_total       record bytes sent to followers
   kafka_server_replicamanager_isrshrinks_total                    committed ISR shrinks (partitions led here)
   kafka_server_replicamanager_isrexpands_total                    committed ISR expansions
+  kafka_server_socketservermetrics_successful_authentication_total{listener,mechanism}
+  kafka_server_socketservermetrics_successful_reauthentication_total{listener,mechanism}
+  kafka_server_socketservermetrics_failed_authentication_total{listener,mechanism}
+                                                                  SASL exchanges (Kafka's selector metrics)
 
 From the broker's state at scrape time (pykbroker/metrics/collector.py):
   kafka_server_replicamanager_partitioncount                      partitions hosted (led or followed)

@@ -211,6 +211,17 @@ class BrokerCollector(Collector):
         for listener in sorted({*counts, *(listener.name for listener in self.broker.config.listeners)}):
             family.add_metric([listener], counts.get(listener, 0))
         yield family
+        stats = self.broker.stats
+        for outcome, text in (("successful", "SASL authentications that succeeded"),
+                              ("reauthentication", "SASL re-authentications (KIP-368) that succeeded"),
+                              ("failed", "SASL authentications that failed (wrong password, unknown user or mechanism)")):
+            name = "successful_reauthentication" if outcome == "reauthentication" else f"{outcome}_authentication"
+            family = CounterMetricFamily(f"kafka_server_socketservermetrics_{name}", f"{text}.",
+                                         labels=["listener", "mechanism"])
+            for (listener, mechanism, counted), value in sorted(stats.authentications.items()):
+                if counted == outcome:
+                    family.add_metric([listener, mechanism], value)
+            yield family
 
 
     # -- client quotas ----------------------------------------------------------------------------

@@ -120,6 +120,8 @@ class BrokerStats:
         self.bytes_out: dict[str, int] = {}  # topic -> record bytes sent to consumers
         self.replication_bytes_out = 0  # record bytes sent to followers
         self.fetches_waiting = 0  # long polls parked now (the fetch purgatory)
+        # (listener, SASL mechanism, outcome) -> count; outcome "successful", "failed" or "reauthentication"
+        self.authentications: dict[tuple[str, str, str], int] = {}
 
     # -- hooks (hot path) -------------------------------------------------------------------------
     def request_done(self, api_key: int, version: int, response: Any, started: float) -> None:
@@ -149,6 +151,12 @@ class BrokerStats:
 
     def fetched(self, topic: str, size: int) -> None:
         self.bytes_out[topic] = self.bytes_out.get(topic, 0) + size
+
+    def authenticated(self, listener: str, mechanism: str | None, ok: bool, *, again: bool = False) -> None:
+        """A SASL exchange ended (Kafka's Selector sensors successful-authentication, successful-reauthentication
+        and failed-authentication); ``mechanism`` None when the handshake named none the listener enables."""
+        key = (listener, mechanism or "unknown", "failed" if not ok else "reauthentication" if again else "successful")
+        self.authentications[key] = self.authentications.get(key, 0) + 1
 
     def forget_topic(self, topic: str) -> None:
         """A deleted topic's counters go (Kafka's BrokerTopicStats.removeMetrics): a scrape no longer lists it,

@@ -599,15 +599,16 @@ def _api_versions_request(version: int) -> Any:
 
 
 async def request_once(host: str, port: int, request: Any, *, client_id: str | None, timeout: float,
-                       negotiate: tuple[int, int, int] | None = None) -> Any:
+                       negotiate: tuple[int, int, int] | None = None, security: ClientSecurity | None = None) -> Any:
     """One request to one broker on a new connection, closed after it: connecting, ApiVersions and the
     request all within ``timeout`` seconds. ``request`` is a request entity, sent in its own version without
     asking ApiVersions; or, with ``negotiate`` = (api key, min version, max version), a function building the
     request in a version, sent in the highest version of that range the broker supports. The response; or
-    ClientError (UnsupportedVersion when the broker supports no such version), OSError or TimeoutError."""
+    ClientError (UnsupportedVersion when the broker supports no such version), OSError or TimeoutError.
+    ``security``: TLS and SASL as KafkaClientConnection.connect takes them."""
     async with asyncio.timeout(timeout):
         connection = await KafkaClientConnection.connect(host, port, client_id=client_id, connect_timeout=timeout,
-                                                         request_timeout=timeout,
+                                                         request_timeout=timeout, security=security,
                                                          negotiate_versions=negotiate is not None)
         try:
             if negotiate is not None:

@@ -366,6 +366,8 @@ class KafkaConnection(asyncio.Protocol):
             self._authentication_failed(step)
         else:
             if step.principal is not None:
+                if self.stats is not None:
+                    self.stats.authenticated(self.listener, self.sasl.mechanism, True, again=self.principal is not None)
                 self.principal = step.principal
                 log.debug("SASL connection from %s on listener %s: principal %s", self.peer, self.listener,
                           self.principal)
@@ -377,6 +379,8 @@ class KafkaConnection(asyncio.Protocol):
         """Kafka's Selector: one log line, the channel muted, the answer (if any) sent after
         connection.failed.authentication.delay.ms, then closed. Other connections are served meanwhile."""
         log.info("failed authentication with %s on listener %s (%s)", self.peer, self.listener, step.failure)
+        if self.stats is not None:
+            self.stats.authenticated(self.listener, self.sasl.mechanism if self.sasl is not None else None, False)
         reply = step.reply
         if step.refused is not None:  # another request during the exchange: ILLEGAL_SASL_STATE, as Kafka
             request = step.refused

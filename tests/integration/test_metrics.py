@@ -330,3 +330,47 @@ def test_config_key_and_port_in_use(broker_factory):
     log = broker_factory.brokers[-1].log_path.read_text()
     assert f"cannot listen on METRICS://127.0.0.1:{port}: the port is in use by another process" in log
     assert broker.is_running()
+
+
+def test_sasl_authentications_are_counted_per_listener_and_mechanism(tmp_path):
+    """Kafka's selector metrics successful-authentication-total / failed-authentication-total, per listener and
+    SASL mechanism: a good and a wrong password over SASL_PLAINTEXT PLAIN, a good one over SCRAM-SHA-256."""
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+
+    plain, sasl = free_port(), free_port()
+    config = {
+        "listeners": f"PLAINTEXT://127.0.0.1:{plain},SASL_PLAINTEXT://127.0.0.1:{sasl}",
+        "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config":
+            'org.apache.kafka.common.security.plain.PlainLoginModule required user_ann="ann-pw";',
+        "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config":
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+        "connection.failed.authentication.delay.ms": 0,
+    }
+    with MetricsBroker(tmp_path / "broker", config=config, port=plain) as broker:
+        name = "kafka_server_socketservermetrics_{}_total"
+        before = scrape(broker.metrics_port)
+        assert total(before, name.format("successful_authentication")) == 0
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        upsert = UserScramCredentialUpsertion("sid", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), b"sid-pw")
+        for future in admin.alter_user_scram_credentials([upsert]).values():
+            future.result(timeout=TIMEOUT_S)
+
+        def metadata(mechanism: str, user: str, password: str) -> None:
+            client = AdminClient({"bootstrap.servers": f"127.0.0.1:{sasl}", "security.protocol": "SASL_PLAINTEXT",
+                                  "sasl.mechanism": mechanism, "sasl.username": user, "sasl.password": password})
+            try:
+                client.list_topics(timeout=10)
+            except confluent_kafka.KafkaException:
+                pass
+
+        metadata("PLAIN", "ann", "ann-pw")
+        metadata("PLAIN", "ann", "wrong-pw")
+        metadata("SCRAM-SHA-256", "sid", "sid-pw")
+        after = scrape(broker.metrics_port)
+        listener = "SASL_PLAINTEXT"
+        assert total(after, name.format("successful_authentication"), listener=listener, mechanism="PLAIN") >= 1
+        assert total(after, name.format("failed_authentication"), listener=listener, mechanism="PLAIN") >= 1
+        assert total(after, name.format("successful_authentication"), listener=listener, mechanism="SCRAM-SHA-256") >= 1
+        assert total(after, name.format("failed_authentication"), listener=listener, mechanism="SCRAM-SHA-256") == 0

@@ -484,3 +484,79 @@ def test_a_broker_whose_port_an_outgoing_connection_holds_starts_once_it_is_rele
         releaser.join(90)
         broker.close()
     assert released.is_set()
+
+
+SECURED_TEST = '''
+import pytest
+from record_helper import record
+
+SECURED = [{"security": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-256"}, {"security": "SSL"},
+           {"security": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN"}]
+
+
+@pytest.mark.parametrize("kafka_broker", SECURED, indirect=True)
+def test_confluent_kafka_and_kafka_python_with_the_handed_out_settings(kafka_broker, kafka_topic):
+    import confluent_kafka
+    import kafka
+
+    config = kafka_broker.client_config()
+    assert config["security.protocol"] == kafka_broker.security
+    producer = confluent_kafka.Producer(config)
+    producer.produce(kafka_topic, b"from-confluent")
+    assert producer.flush(30) == 0
+    python_producer = kafka.KafkaProducer(**kafka_broker.kafka_python_config())
+    python_producer.send(kafka_topic, b"from-kafka-python").get(timeout=30)
+    python_producer.close()
+    consumer = kafka.KafkaConsumer(kafka_topic, auto_offset_reset="earliest", consumer_timeout_ms=20000,
+                                   **kafka_broker.kafka_python_config())
+    values = []
+    for message in consumer:
+        values.append(message.value)
+        if len(values) == 2:
+            break
+    consumer.close()
+    assert values == [b"from-confluent", b"from-kafka-python"]
+    assert [m.value for m in kafka_broker.consume(kafka_topic)] == values  # the admin helpers work too
+    record(kafka_broker, security=kafka_broker.security, sasl_mechanism=kafka_broker.sasl_mechanism,
+           properties=kafka_broker.client_properties.read_text())
+
+
+def test_the_secured_listener_refuses_a_wrong_password(kafka_broker, kafka_topic):
+    import confluent_kafka
+
+    config = {**kafka_broker.client_config(), "sasl.password": "wrong-password"}
+    errors = []
+    producer = confluent_kafka.Producer({**config, "error_cb": errors.append})
+    producer.produce(kafka_topic, b"x")
+    assert producer.flush(10) == 1
+    assert any(e.code() == confluent_kafka.KafkaError._AUTHENTICATION for e in errors), errors
+'''
+
+
+def test_the_fixture_hands_out_a_secured_broker_and_its_client_settings(pytester, report):
+    """Indirect parametrization asks kafka_broker for SSL, SASL_SSL (SCRAM) or SASL_PLAINTEXT (PLAIN): certificates
+    made at start, a user created, and confluent-kafka's and kafka-python's settings handed out; the options
+    --pykbroker-security / --pykbroker-sasl-mechanism secure the session's broker."""
+    pytest.importorskip("confluent_kafka")
+    pytest.importorskip("kafka")
+    pytest.importorskip("cryptography")
+    pytester.makepyfile(test_secured=SECURED_TEST)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "handed_out", "-v")
+    result.assert_outcomes(passed=3)
+    entries = report()
+    assert [(e["security"], e["sasl_mechanism"]) for e in entries] == [
+        ("SASL_SSL", "SCRAM-SHA-256"), ("SSL", None), ("SASL_PLAINTEXT", "PLAIN")]
+    assert "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required" in entries[0]["properties"]
+    assert "ssl.truststore.location=" in entries[1]["properties"]
+    assert_cleaned(entries)
+
+    (pytester.path / "report.jsonl").unlink()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "wrong_password",
+                                           "--pykbroker-security", "sasl_ssl", "--pykbroker-sasl-mechanism",
+                                           "SCRAM-SHA-512")
+    result.assert_outcomes(passed=1)
+
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pykbroker-security", "TLS")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*security 'TLS': must be one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL*"])
+    assert report() == []
