@@ -31,7 +31,11 @@ controller. This module is the asyncio client all of them use; it knows nothing 
 * Security (``security``, a :class:`ClientSecurity`; None: plain text): with TLS the connection is wrapped in
   the context ``security.ssl_context()`` returns at that moment (so a reloaded certificate serves the next
   connection) and the server's certificate is checked against ``server_hostname`` (default: the host
-  connected to) when the context checks host names; the handshake counts towards the connect timeout. With
+  connected to) when the context checks host names; the handshake counts towards the connect timeout. Over
+  TLS connecting always includes one round trip (ApiVersions, kept only if negotiating): under TLS 1.3 a
+  server refuses the client's certificate after the client's side of the handshake finished, so a close
+  before that first answer is an :class:`AuthenticationFailed` saying the peer probably did not accept this
+  broker's certificate (and NodeClients' backoff grows instead of being reset by a "connected" link). With
   SASL, before anything else: ApiVersions, SaslHandshake and SaslAuthenticate exchanges driven by a client
   state machine (security/sasl/client.py). A TLS handshake or a SASL exchange that fails raises
   :class:`AuthenticationFailed` (a ConnectError) naming the peer and the reason, never a secret.
@@ -48,7 +52,8 @@ the follower fetchers (and the transaction marker sender): connect on first use,
 the pool's ``security``, and Kafka's reconnect backoff - after
 a failed attempt or a lost connection no new attempt is made before ``reconnect_backoff`` seconds, doubled
 after each consecutive failure up to ``reconnect_backoff_max``, with +-20 % jitter
-(``reconnect.backoff.ms`` / ``reconnect.backoff.max.ms``); a successful connection resets it.
+(``reconnect.backoff.ms`` / ``reconnect.backoff.max.ms``); a connection that is ready (over TLS: after the
+peer's first answer, as Kafka resets it once the connection is ready) resets it.
 """
 
 from __future__ import annotations
@@ -325,6 +330,25 @@ class KafkaClientConnection(asyncio.Protocol):
             raise ConnectError(f"cannot connect to {host}:{port}: {exc}") from exc
         except OSError as exc:
             raise ConnectError(f"cannot connect to {host}:{port}: {exc}") from exc
+        if tls:
+            # Under TLS 1.3 the server checks the client's certificate after the client's side of the handshake
+            # finished: a refused certificate shows only as a close before the first answer. So one round trip
+            # (ApiVersions) belongs to connecting over TLS, and such a close is an authentication failure.
+            try:
+                async with asyncio.timeout(connect_timeout):
+                    await connection.negotiate_api_versions()
+            except BaseException as exc:
+                connection.close()
+                if isinstance(exc, TimeoutError):
+                    raise ConnectError(f"ApiVersions with {host}:{port} over TLS got no answer within "
+                                       f"{connect_timeout} s") from None
+                if isinstance(exc, ConnectionLost):
+                    raise AuthenticationFailed(
+                        f"TLS connection to {host}:{port} closed by the peer before its first answer ({exc}): "
+                        "the peer probably did not accept this broker's certificate") from None
+                if isinstance(exc, ClientError):
+                    raise ConnectError(f"ApiVersions with {host}:{port} failed: {exc}") from exc
+                raise
         if security is not None and security.sasl is not None:
             try:
                 async with asyncio.timeout(connect_timeout):
@@ -337,7 +361,7 @@ class KafkaClientConnection(asyncio.Protocol):
                 if isinstance(exc, ClientError) and not isinstance(exc, AuthenticationFailed):
                     raise AuthenticationFailed(f"SASL authentication with {host}:{port} failed: {exc}") from None
                 raise
-        if negotiate_versions:
+        if negotiate_versions and connection.api_versions is None:
             try:
                 await connection.negotiate_api_versions()
             except BaseException as exc:
@@ -345,6 +369,8 @@ class KafkaClientConnection(asyncio.Protocol):
                 if isinstance(exc, ClientError) and not isinstance(exc, ConnectError):
                     raise ConnectError(f"ApiVersions with {host}:{port} failed: {exc}") from exc
                 raise
+        elif not negotiate_versions:
+            connection.api_versions = None  # the caller sends fixed versions; TLS's or SASL's round trip only
         return connection
 
     async def negotiate_api_versions(self, version: int = API_VERSIONS_CLIENT_MAX) -> dict[int, tuple[int, int]]:

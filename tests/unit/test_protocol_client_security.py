@@ -149,11 +149,57 @@ def tls_server_context(pki, *, client_auth: str = "none") -> ssl.SSLContext:
                            "ssl.client.auth": client_auth})
 
 
+def api_versions_frame(version: int, correlation_id: int) -> bytes:
+    keys = tuple(ApiVersion(api_key=i16(k), min_version=i16(0), max_version=i16(v)) for k, v in ((18, 3), (3, 1)))
+    return frame(18, 0 if version > 3 else version, correlation_id, ApiVersionsResponse(
+        error_code=ErrorCode.none, api_keys=keys, throttle_time=i32Timedelta.parse(datetime.timedelta(0))))
+
+
 async def answer_metadata(reader, writer):
     while True:
-        _, _, correlation_id, _, _ = await read_request(reader)
-        writer.write(metadata_response_frame(correlation_id))
+        api_key, version, correlation_id, _, _ = await read_request(reader)
+        writer.write(api_versions_frame(version, correlation_id) if api_key == 18
+                     else metadata_response_frame(correlation_id))
         await writer.drain()
+
+
+def test_a_server_that_refuses_the_client_certificate_after_the_handshake_is_an_authentication_failure(pki, tmp_path):
+    """Under TLS 1.3 the server checks the client's certificate after the client's side of the handshake
+    finished: the refusal shows only as a close before the first answer. Connecting includes that first
+    answer, so the refusal is an AuthenticationFailed saying what probably happened, and a pool's backoff
+    grows instead of being reset by a connection that seemed made."""
+    (tmp_path / "other").mkdir()
+    other = standard_pki(tmp_path / "other", name="Other CA")
+    # trusts the server's CA, presents a certificate of another CA
+    refused = client_context({"ssl.keystore.type": "PEM", "ssl.keystore.location": other.broker_pem_file,
+                              "ssl.truststore.type": "PEM", "ssl.truststore.location": pki.ca_file})
+    served: list[int] = []
+
+    async def counting(reader, writer):
+        served.append(1)
+        await answer_metadata(reader, writer)
+
+    async def scenario():
+        server, port = await serve(counting, tls_server_context(pki, client_auth="required"))
+        async with server:
+            security = ClientSecurity(ssl_context=lambda: refused, description="listener INTERNAL (SSL)")
+            for negotiate in (False, True):
+                with pytest.raises(AuthenticationFailed, match=rf"TLS connection to 127\.0\.0\.1:{port} closed by the "
+                                   r"peer before its first answer .*the peer probably did not accept this broker's "
+                                   r"certificate"):
+                    await KafkaClientConnection.connect(HOST, port, client_id="1", negotiate_versions=negotiate,
+                                                        security=security)
+            pool = NodeClients(1, {2: (HOST, port)}, reconnect_backoff=0.05, reconnect_backoff_max=1.0,
+                               security=security)
+            for _ in range(3):
+                with pytest.raises(AuthenticationFailed):
+                    await pool.get(2)
+            # three failures in a row: the backoff grew (0.05, 0.1, 0.2 s, +-20 %), it was not reset
+            assert pool.backoff_remaining(2) > 0.1
+            await pool.close()
+        assert not served  # no request ever reached the server
+
+    run(scenario())
 
 
 def test_tls_checks_the_servers_certificate_and_host_and_presents_the_key_store(pki, tmp_path):
