@@ -420,7 +420,8 @@ class KafkaClientConnection(asyncio.Protocol):
                                                f"{response.error_message or ErrorCode(response.error_code).name.upper()}")
                 if client.complete:
                     break
-                token = client.evaluate(response.auth_bytes)
+                # off the event loop: a SCRAM step derives a key (PBKDF2, up to 16384 iterations)
+                token = await asyncio.to_thread(client.evaluate, response.auth_bytes)
             if not client.complete:
                 raise SaslClientError("the exchange ended before it was complete")
         except SaslClientError as exc:

@@ -122,6 +122,36 @@ def test_a_scram_exchange_authenticates_the_connection_before_requests(mechanism
     run(scenario())
 
 
+def test_the_scram_key_derivation_runs_off_the_event_loop():
+    """A SCRAM step derives a key with PBKDF2 (up to 16384 iterations): the broker's event loop must not wait
+    for it (a peer could make it do so on every reconnect)."""
+    import threading
+
+    mechanism = "SCRAM-SHA-512"
+    cache = cred.ScramCredentialCache()
+    cache.put(mechanism, "broker", cred.generate_credential(mechanism, SECRET, 16384))
+    authenticated: list[str] = []
+    threads: list[int] = []
+
+    def client():
+        made = sasl_client(mechanism, "broker", SECRET)
+        evaluate = made.evaluate
+        made.evaluate = lambda data: (threads.append(threading.get_ident()), evaluate(data))[1]
+        return made
+
+    async def scenario():
+        server, port = await serve(sasl_broker({mechanism: ScramServerFactory(mechanism, cache)}, authenticated))
+        async with server:
+            connection = await KafkaClientConnection.connect(HOST, port, client_id="1", negotiate_versions=False,
+                                                             security=ClientSecurity(sasl=client))
+            await connection.aclose()
+        return threading.get_ident()
+
+    loop_thread = run(scenario())
+    assert authenticated == ["broker"] and len(threads) == 2
+    assert loop_thread not in threads
+
+
 def test_a_wrong_password_and_an_unknown_mechanism_fail_with_the_servers_words():
     cache = cred.ScramCredentialCache()
     cache.put("SCRAM-SHA-256", "broker", cred.generate_credential("SCRAM-SHA-256", SECRET))

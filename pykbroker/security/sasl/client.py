@@ -16,7 +16,8 @@ Interface (the wiring drives it over SaslHandshake / SaslAuthenticate, protocol/
   is only read to see that it accepted).
 * SCRAM-SHA-256 / SCRAM-SHA-512 (RFC 5802 / 7677): client-first ``n,,n=<saslname>,r=<nonce>``; on the
   server-first the nonce must begin with ours and the iteration count be at least the mechanism's minimum
-  (4096, as Kafka's ScramSaslClient checks); client-final with the proof; the server-final signature is
+  (4096, as Kafka's ScramSaslClient checks) and at most its maximum (16384, the most a credential can have:
+  Kafka's ScramMechanism; a check of our own, worded like Kafka's minimum); client-final with the proof; the server-final signature is
   checked in constant time before the exchange counts as complete (a server that does not know the
   password cannot pass). ``e=`` in the server-final is the server's refusal.
 
@@ -136,8 +137,11 @@ class ScramClient(SaslClient):
         if iterations < self._scram.min_iterations:
             raise self._fail(f"Requested iterations {iterations} is less than the minimum "
                              f"{self._scram.min_iterations} for {self.mechanism}")
-        if iterations > 10_000_000:
-            raise self._fail(f"Requested iterations {iterations} is unreasonably high")
+        if iterations > self._scram.max_iterations:
+            # Kafka's client checks only the minimum; a credential of more iterations cannot be stored
+            # (ScramMechanism's maximum), so a higher count is a rogue server's way to burn this broker's CPU.
+            raise self._fail(f"Requested iterations {iterations} is more than the maximum "
+                             f"{self._scram.max_iterations} for {self.mechanism}")
         try:
             salt = base64.b64decode(m.group("salt"), validate=True)
         except (binascii.Error, ValueError):
