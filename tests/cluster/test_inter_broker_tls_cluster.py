@@ -253,7 +253,13 @@ def test_a_new_certificate_on_the_inter_broker_listener_without_a_restart(cluste
                                      server_hostname="127.0.0.1") as sock:
                 return x509.load_der_x509_certificate(sock.getpeercert(binary_form=True)).serial_number
 
-        assert served_serial() == cert.serial_number
+        # applied once stored: when broker 1 is notified of the change
+        wait_until(lambda: served_serial() == cert.serial_number, "the new certificate served", 30)
+        # broker 1's own client took it too (same CA and DN as the old one: only the serial tells)
+        wait_until(lambda: f"Created new CLIENT SSL context with keystore SecurityStore(type=PEM, path={path}) "
+                           f"(certificate serial {cert.serial_number})"
+                           in cluster.brokers[1].log_path.read_text(errors="replace"),
+                   "broker 1's inter-broker client's new context", 30)
         cluster.restart(2)  # its connections to broker 1, and broker 1's to it, are made anew
         cluster.wait_ready()
         topic = f"ib-reload-{uuid.uuid4().hex[:8]}"
