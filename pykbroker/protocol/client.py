@@ -37,7 +37,11 @@ controller. This module is the asyncio client all of them use; it knows nothing 
   before that first answer is an :class:`AuthenticationFailed` saying the peer probably did not accept this
   broker's certificate (and NodeClients' backoff grows instead of being reset by a "connected" link). With
   SASL, before anything else: ApiVersions, SaslHandshake and SaslAuthenticate exchanges driven by a client
-  state machine (security/sasl/client.py). A TLS handshake or a SASL exchange that fails raises
+  state machine (security/sasl/client.py); a session lifetime in the answer (KIP-368, the listener's
+  ``connections.max.reauth.ms``) makes the connection due for re-authentication after 85-95 % of it, and
+  NodeClients then sends new requests on a new connection, the old one closing once its requests in flight
+  are answered (the server would close it at its first request after the lifetime). A TLS handshake or a
+  SASL exchange that fails raises
   :class:`AuthenticationFailed` (a ConnectError) naming the peer and the reason, never a secret.
 
 Requests are kio entities (any API kio has a schema for, AlterPartition included) or the generated
@@ -292,6 +296,8 @@ class KafkaClientConnection(asyncio.Protocol):
         self._lost = self._loop.create_future()  # done when the transport is gone
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future] = []
+        self.reauthenticate_at: float | None = None  # loop time, when the SASL session has a lifetime
+        self._retiring = False
 
     # -- opening --------------------------------------------------------------------------------------
     @classmethod
@@ -418,6 +424,7 @@ class KafkaClientConnection(asyncio.Protocol):
                 if response.error_code != ErrorCode.none:
                     raise AuthenticationFailed(f"SASL/{client.mechanism} authentication with {self.peer} failed: "
                                                f"{response.error_message or ErrorCode(response.error_code).name.upper()}")
+                self._session_lifetime(response)
                 if client.complete:
                     break
                 # off the event loop: a SCRAM step derives a key (PBKDF2, up to 16384 iterations)
@@ -426,6 +433,27 @@ class KafkaClientConnection(asyncio.Protocol):
                 raise SaslClientError("the exchange ended before it was complete")
         except SaslClientError as exc:
             raise AuthenticationFailed(f"SASL/{client.mechanism} authentication with {self.peer} failed: {exc}") from None
+
+    def _session_lifetime(self, response: Any) -> None:
+        """KIP-368: a SaslAuthenticate answer's session lifetime (v1+; 0: none). As Kafka's client, this
+        connection is due for re-authentication after 85 to 95 % of it (network latency, clock drift, jitter
+        against storms): NodeClients replaces it then (``reauthentication_due``), before the server closes it."""
+        lifetime = getattr(response, "session_lifetime", None)
+        seconds = lifetime.total_seconds() if hasattr(lifetime, "total_seconds") else (lifetime or 0) / 1000
+        self.reauthenticate_at = (self._loop.time() + seconds * (0.85 + 0.1 * random.random())
+                                  if seconds > 0 else None)
+
+    @property
+    def reauthentication_due(self) -> bool:
+        """The SASL session's lifetime (KIP-368) is nearly over: new requests belong on a new connection."""
+        return self.reauthenticate_at is not None and self._loop.time() >= self.reauthenticate_at
+
+    def retire(self) -> None:
+        """Close once the requests in flight are answered (at once if there are none); new requests are the
+        caller's to send elsewhere."""
+        self._retiring = True
+        if not self._in_flight:
+            self.close()
 
     def version_for(self, api_key: int, max_version: int, min_version: int = 0) -> int:
         """The highest version of api_key in [min_version, max_version] the peer supports. Without a
@@ -602,6 +630,8 @@ class KafkaClientConnection(asyncio.Protocol):
         pending = self._in_flight.pop(correlation_id)
         if pending.timer is not None:
             pending.timer.cancel()
+        if self._retiring and not self._in_flight:
+            self._loop.call_soon(self.close)  # after this response is delivered
         if pending.future.done():  # the caller gave up (cancelled): the response is read and dropped
             return
         try:
@@ -762,7 +792,16 @@ class NodeClients:
             if node is None or node.address is None:
                 raise UnknownNode(f"no address known for broker {node_id}")
             if node.connection is not None and not node.connection.closed:
-                return node.connection
+                if not node.connection.reauthentication_due:
+                    return node.connection
+                # KIP-368: the server closes a connection whose SASL session expired at its next request;
+                # a new connection (authenticated anew) takes the new requests, the old one closes once its
+                # requests in flight are answered. Not a failure: no backoff.
+                retired, node.connection = node.connection, None
+                retired.retire()
+                log.info("broker %s: connection to broker %s reconnecting before its SASL session ends (KIP-368 "
+                         "session lifetime)", self.broker_id, node_id)
+                node.next_attempt = 0.0
             if node.connecting is None:
                 delay = node.next_attempt - loop.time()
                 if delay > 0:

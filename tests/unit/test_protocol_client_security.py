@@ -50,7 +50,7 @@ def request_body(api_key: int, version: int, data: bytes):
     return codec.read_request_body(data, position)[0]
 
 
-def sasl_broker(factories: dict, authenticated: list):
+def sasl_broker(factories: dict, authenticated: list, lifetime_ms: int = 0):
     """A handler that serves ApiVersions, then the SASL exchange with the real server state machine of the
     requested mechanism (or UNSUPPORTED_SASL_MECHANISM), then Metadata once authenticated."""
 
@@ -77,7 +77,7 @@ def sasl_broker(factories: dict, authenticated: list):
                 except SaslAuthenticationFailed as exc:
                     reply, error, message = b"", ErrorCode.sasl_authentication_failed, exc.client_message()
                 writer.write(frame(36, version, correlation_id, SaslAuthenticateResponse(
-                    error_code=error, error_message=message, auth_bytes=reply, session_lifetime=i64Timedelta.parse(datetime.timedelta(0)))))
+                    error_code=error, error_message=message, auth_bytes=reply, session_lifetime=i64Timedelta.parse(datetime.timedelta(milliseconds=lifetime_ms if error == ErrorCode.none else 0)))))
                 if error != ErrorCode.none:
                     return
                 if server.complete:
@@ -150,6 +150,42 @@ def test_the_scram_key_derivation_runs_off_the_event_loop():
     loop_thread = run(scenario())
     assert authenticated == ["broker"] and len(threads) == 2
     assert loop_thread not in threads
+
+
+def test_a_session_lifetime_makes_the_pool_reconnect_before_it_expires_without_failing_a_request():
+    """KIP-368: the server answers SaslAuthenticate with a session lifetime and closes the connection at the
+    first request after it. NodeClients sends new requests on a new, newly authenticated connection once 85-95 %
+    of the lifetime passed; the old one closes when its requests in flight are answered; nothing fails and
+    no backoff is taken."""
+    mechanism = "SCRAM-SHA-256"
+    cache = cred.ScramCredentialCache()
+    cache.put(mechanism, "broker", cred.generate_credential(mechanism, SECRET))
+    authenticated: list[str] = []
+
+    async def scenario():
+        server, port = await serve(sasl_broker({mechanism: ScramServerFactory(mechanism, cache)}, authenticated,
+                                               lifetime_ms=1000))
+        async with server:
+            pool = NodeClients(1, {2: (HOST, port)}, negotiate_versions=False,
+                               security=ClientSecurity(sasl=lambda: sasl_client(mechanism, "broker", SECRET)))
+            first = await pool.get(2)
+            assert first.reauthenticate_at is not None
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+            while not first.reauthentication_due:  # 0.85-0.95 s after the exchange
+                assert loop.time() < deadline
+                await asyncio.sleep(0.05)
+            in_flight = first.send_nowait(metadata_request())  # sent before expiry: answered
+            second = await pool.get(2)
+            assert second is not first and not second.closed
+            await in_flight
+            await asyncio.wait_for(first.wait_closed(), 5)  # closed once its request was answered
+            await pool.send(2, metadata_request())
+            assert pool.connects(2) == 2 and pool.backoff_remaining(2) == 0
+            await pool.close()
+
+    run(scenario())
+    assert authenticated == ["broker", "broker"]
 
 
 def test_a_wrong_password_and_an_unknown_mechanism_fail_with_the_servers_words():
