@@ -115,6 +115,8 @@ def test_rfc7677_client_side_replayed_exactly():
     (b"r=cnonceSRV,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=16385", "more than the maximum 16384 for SCRAM-SHA-256"),
     (b"r=cnonceSRV,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=999999999", "more than the maximum 16384"),
     (b"r=cnonceSRV,s=!!!,i=4096", "invalid server first message"),
+    (b"r=cnonceSRV,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096,not an extension", "invalid server first message"),
+    (b"r=cnonceSRV,s=W22ZaJ0SNY7soEsUEjb6gQ,i=4096", "invalid server first message"),  # not base64
     (b"garbage", "invalid server first message"),
     (b"\xff\xfe", "invalid server first message"),
 ])

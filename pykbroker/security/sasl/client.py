@@ -30,23 +30,19 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-import re
 from typing import Any, Mapping
 
 from pykbroker.security import credentials as cred
 from pykbroker.security.jaas import (
     PLAIN_LOGIN_MODULE, SCRAM_LOGIN_MODULE, JaasConfigError, config_entry_option, server_jaas_entry,
 )
-from pykbroker.security.sasl.scram import saslname_from_username
+from pykbroker.security.sasl.scram import SERVER_FINAL, SERVER_FIRST, saslname_from_username
 
 __all__ = ("SaslClientError", "SaslClient", "PlainClient", "ScramClient", "sasl_client", "inter_broker_credentials",
            "CLIENT_MECHANISMS")
 
 CLIENT_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 _LOGIN_MODULES = {"PLAIN": PLAIN_LOGIN_MODULE, "SCRAM-SHA-256": SCRAM_LOGIN_MODULE, "SCRAM-SHA-512": SCRAM_LOGIN_MODULE}
-_SERVER_FIRST = re.compile(r"(?:m=[^,]+,)?r=(?P<nonce>[\x21-\x2b\x2d-\x7e]+),s=(?P<salt>[A-Za-z0-9+/=]+),"
-                           r"i=(?P<iterations>[0-9]+)(?:,.*)?", re.ASCII | re.DOTALL)
-_SERVER_FINAL = re.compile(r"(?:e=(?P<error>[^,]*)|v=(?P<signature>[A-Za-z0-9+/=]+))(?:,.*)?", re.ASCII | re.DOTALL)
 
 
 class SaslClientError(Exception):
@@ -127,7 +123,7 @@ class ScramClient(SaslClient):
 
     def _server_first(self, data: bytes) -> bytes:
         text = data.decode("utf-8", errors="replace")
-        m = _SERVER_FIRST.fullmatch(text)
+        m = SERVER_FIRST.fullmatch(text)
         if m is None:
             raise self._fail("invalid server first message")
         nonce = m.group("nonce")
@@ -151,15 +147,14 @@ class ScramClient(SaslClient):
         without_proof = f"c={base64.b64encode(b'n,,').decode('ascii')},r={nonce}"
         auth_message = ",".join((self._client_first_bare, text, without_proof)).encode("utf-8")
         client_key = cred.client_key(self._scram, salted)
-        signature = hmac.new(cred.stored_key(self._scram, client_key), auth_message, self._scram.hash_name).digest()
-        proof = bytes(a ^ b for a, b in zip(client_key, signature))
-        self._server_signature = hmac.new(cred.server_key(self._scram, salted), auth_message,
-                                          self._scram.hash_name).digest()
+        signature = cred.client_signature(self._scram, cred.stored_key(self._scram, client_key), auth_message)
+        proof = cred.xor(client_key, signature)
+        self._server_signature = cred.server_signature(self._scram, cred.server_key(self._scram, salted), auth_message)
         self._state = "RECEIVE_SERVER_FINAL"
         return f"{without_proof},p={base64.b64encode(proof).decode('ascii')}".encode("ascii")
 
     def _server_final(self, data: bytes) -> None:
-        m = _SERVER_FINAL.fullmatch(data.decode("utf-8", errors="replace"))
+        m = SERVER_FINAL.fullmatch(data.decode("utf-8", errors="replace"))
         if m is None:
             raise self._fail("invalid server final message")
         if m.group("error") is not None:
