@@ -400,10 +400,9 @@ class KafkaClientConnection(asyncio.Protocol):
     async def authenticate_sasl(self, client: Any) -> None:
         """The SASL exchange of Kafka's SaslClientAuthenticator: ApiVersions (to learn the SASL versions),
         SaslHandshake naming ``client.mechanism``, then SaslAuthenticate with each token of ``client`` (a
-        security/sasl/client.py state machine) until it is complete. AuthenticationFailed with the server's
-        error message, or the client's own refusal (a server that failed its proof)."""
-        from pykbroker.security.sasl.client import SaslClientError
-
+        security/sasl/client.py state machine: ``first()`` and ``evaluate()`` raise a ValueError - its
+        SaslClientError - for a server message it refuses) until it is complete. AuthenticationFailed with the
+        server's error message, or the client's own refusal (a server that failed its proof)."""
         if self.api_versions is None:
             await self.negotiate_api_versions()
         handshake_version = self.version_for(SASL_HANDSHAKE_KEY, 1)
@@ -417,22 +416,25 @@ class KafkaClientConnection(asyncio.Protocol):
                                        f"({ErrorCode(handshake.error_code).name.upper()}; enabled: "
                                        f"{', '.join(handshake.mechanisms) or 'none'})")
         request_type = load_request_schema(SASL_AUTHENTICATE_KEY, authenticate_version)
+        failed = f"SASL/{client.mechanism} authentication with {self.peer} failed"
         try:
             token = client.first()
-            while token is not None:
-                response = await self.send(request_type(auth_bytes=token))
-                if response.error_code != ErrorCode.none:
-                    raise AuthenticationFailed(f"SASL/{client.mechanism} authentication with {self.peer} failed: "
-                                               f"{response.error_message or ErrorCode(response.error_code).name.upper()}")
-                self._session_lifetime(response)
-                if client.complete:
-                    break
-                # off the event loop: a SCRAM step derives a key (PBKDF2, up to 16384 iterations)
+        except ValueError as exc:
+            raise AuthenticationFailed(f"{failed}: {exc}") from None
+        while token is not None:
+            response = await self.send(request_type(auth_bytes=token))
+            if response.error_code != ErrorCode.none:
+                raise AuthenticationFailed(f"{failed}: "
+                                           f"{response.error_message or ErrorCode(response.error_code).name.upper()}")
+            self._session_lifetime(response)
+            if client.complete:
+                break
+            try:  # off the event loop: a SCRAM step derives a key (PBKDF2, up to 16384 iterations)
                 token = await asyncio.to_thread(client.evaluate, response.auth_bytes)
-            if not client.complete:
-                raise SaslClientError("the exchange ended before it was complete")
-        except SaslClientError as exc:
-            raise AuthenticationFailed(f"SASL/{client.mechanism} authentication with {self.peer} failed: {exc}") from None
+            except ValueError as exc:
+                raise AuthenticationFailed(f"{failed}: {exc}") from None
+        if not client.complete:
+            raise AuthenticationFailed(f"{failed}: the exchange ended before it was complete")
 
     def _session_lifetime(self, response: Any) -> None:
         """KIP-368: a SaslAuthenticate answer's session lifetime (v1+; 0: none). As Kafka's client, this

@@ -188,6 +188,42 @@ def test_a_session_lifetime_makes_the_pool_reconnect_before_it_expires_without_f
     assert authenticated == ["broker", "broker"]
 
 
+def test_a_server_first_message_the_client_refuses_is_an_authentication_failure():
+    """A rogue peer asks for more PBKDF2 iterations than a credential can have (16384): the broker's client
+    refuses before deriving anything, as an AuthenticationFailed naming the reason."""
+
+    async def rogue(reader, writer):
+        while True:
+            api_key, version, correlation_id, _, data = await read_request(reader)
+            if api_key == 18:
+                keys = tuple(ApiVersion(api_key=i16(k), min_version=i16(0), max_version=i16(v))
+                             for k, v in ((18, 3), (17, 1), (36, 2)))
+                writer.write(frame(18, 0 if version > 3 else version, correlation_id, ApiVersionsResponse(
+                    error_code=ErrorCode.none, api_keys=keys, throttle_time=i32Timedelta.parse(datetime.timedelta(0)))))
+            elif api_key == 17:
+                writer.write(frame(17, version, correlation_id, SaslHandshakeResponse(
+                    error_code=ErrorCode.none, mechanisms=("SCRAM-SHA-512",))))
+            elif api_key == 36:
+                nonce = request_body(36, version, data).auth_bytes.decode().rsplit("r=", 1)[1]
+                writer.write(frame(36, version, correlation_id, SaslAuthenticateResponse(
+                    error_code=ErrorCode.none, error_message=None, session_lifetime=i64Timedelta.parse(datetime.timedelta(0)),
+                    auth_bytes=f"r={nonce}SRV,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=100000000".encode())))
+            else:
+                return
+
+    async def scenario():
+        server, port = await serve(rogue)
+        async with server:
+            security = ClientSecurity(sasl=lambda: sasl_client("SCRAM-SHA-512", "broker", SECRET))
+            with pytest.raises(AuthenticationFailed, match=r"SASL/SCRAM-SHA-512 authentication with 127\.0\.0\.1:\d+ "
+                               r"failed: SASL/SCRAM-SHA-512: Requested iterations 100000000 is more than the maximum "
+                               r"16384 for SCRAM-SHA-512") as raised:
+                await KafkaClientConnection.connect(HOST, port, client_id="1", security=security)
+            assert SECRET not in str(raised.value)
+
+    run(scenario())
+
+
 def test_a_wrong_password_and_an_unknown_mechanism_fail_with_the_servers_words():
     cache = cred.ScramCredentialCache()
     cache.put("SCRAM-SHA-256", "broker", cred.generate_credential("SCRAM-SHA-256", SECRET))

@@ -45,8 +45,9 @@ CLIENT_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 _LOGIN_MODULES = {"PLAIN": PLAIN_LOGIN_MODULE, "SCRAM-SHA-256": SCRAM_LOGIN_MODULE, "SCRAM-SHA-512": SCRAM_LOGIN_MODULE}
 
 
-class SaslClientError(Exception):
-    """The exchange cannot go on (a malformed or refused server message, a server that failed its proof)."""
+class SaslClientError(ValueError):
+    """The exchange cannot go on (a malformed or refused server message, a server that failed its proof). A
+    ValueError: what protocol/client.py, which drives the exchange without importing this package, catches."""
 
 
 class SaslClient:
