@@ -28,7 +28,9 @@ pytest.importorskip("confluent_kafka")
 from broker_cluster import BrokerCluster, wait_until  # noqa: E402
 from checker import check  # noqa: E402
 from pykbroker.devcluster import child_env, pykbroker_command  # noqa: E402
-from test_inter_broker_tls_cluster import with_internal_listeners  # noqa: E402
+from test_inter_broker_tls_cluster import (  # noqa: E402
+    REPLICATED, replicate_through_a_killed_leader, with_internal_listeners,
+)
 from workload import SeqProducer, read_log  # noqa: E402
 
 FAILOVER_S = 60.0
@@ -49,12 +51,7 @@ def sasl_overrides(mechanism: str, **extra) -> dict:
         "listener.name.internal.sasl.enabled.mechanisms": mechanism,
         f"listener.name.internal.{mechanism.lower()}.sasl.jaas.config":
             f'{LOGIN_MODULES[mechanism]} required username="broker" password="{SECRET}"{users};',
-        "zookeeper.session.timeout.ms": 6000,
-        "min.insync.replicas": 2, "default.replication.factor": 3,
-        "offsets.topic.replication.factor": 3, "offsets.topic.num.partitions": 3,
-        "transaction.state.log.num.partitions": 2, "transaction.state.log.replication.factor": 3,
-        "replica.lag.time.max.ms": 10000, "group.initial.rebalance.delay.ms": 0,
-        "auto.create.topics.enable": "false",
+        **REPLICATED,
         **extra,
     }
 
@@ -79,30 +76,7 @@ def test_replication_over_sasl_survives_a_killed_leader(zk_connect, tmp_path, me
     cluster = sasl_cluster(zk_connect, tmp_path, mechanism)
     try:
         with cluster:
-            for broker_id, port in cluster.internal.items():
-                registration = cluster.zk_json(f"/brokers/ids/{broker_id}")
-                assert f"INTERNAL://127.0.0.1:{port}" in registration["endpoints"]
-                assert registration["listener_security_protocol_map"]["INTERNAL"] == "SASL_PLAINTEXT"
-            topic = f"ib-sasl-{uuid.uuid4().hex[:8]}"
-            cluster.create_topic(topic, partitions=2, replication_factor=3)  # full ISR: fetchers authenticated
-            old_leader = cluster.wait_for_leader(topic, 0)
-            producer = SeqProducer(cluster.bootstrap, topic, [0, 1], "p0", rate=200)
-            producer.start()
-            try:
-                producer.wait_acked(300, 60)
-                cluster.kill(old_leader)  # SIGKILL
-                cluster.wait_for_leader(topic, 0, exclude={old_leader}, timeout=FAILOVER_S)
-                cluster.wait_for_isr(topic, 0, ALL - {old_leader}, timeout=FAILOVER_S)
-                producer.wait_acked(len(producer.acked) + 200, 60)
-            finally:
-                producer.stop()
-                producer.close()
-            assert producer.unflushed == 0
-            assert not producer.bad_errors(), producer.bad_errors()[:5]
-            result = check(producer.acked, read_log(cluster.bootstrap, topic, [0, 1]))
-            assert result.ok, result.summary()
-            cluster.start_broker(old_leader)  # back, authenticated again, caught up
-            cluster.wait_for_isr(topic, 0, ALL, timeout=FAILOVER_S)
+            replicate_through_a_killed_leader(cluster, "SASL_PLAINTEXT")
             # every broker authenticated its peers: no refused SASL exchange anywhere
             for broker_id in ALL:
                 assert "failed authentication" not in logs(cluster, broker_id)

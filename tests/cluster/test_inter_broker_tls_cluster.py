@@ -34,6 +34,17 @@ ALL = {1, 2, 3}
 pytestmark = pytest.mark.timeout(400)
 
 
+# what every inter-broker security cluster test runs with: RF3 everywhere, quick failure detection
+REPLICATED = {
+    "zookeeper.session.timeout.ms": 6000,
+    "min.insync.replicas": 2, "default.replication.factor": 3,
+    "offsets.topic.replication.factor": 3, "offsets.topic.num.partitions": 3,
+    "transaction.state.log.num.partitions": 2, "transaction.state.log.replication.factor": 3,
+    "replica.lag.time.max.ms": 10000, "group.initial.rebalance.delay.ms": 0,
+    "auto.create.topics.enable": "false",
+}
+
+
 def tls_overrides(pki) -> dict:
     return {
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,INTERNAL:SSL",
@@ -41,12 +52,7 @@ def tls_overrides(pki) -> dict:
         "listener.name.internal.ssl.client.auth": "required",
         "ssl.keystore.type": "PEM", "ssl.keystore.location": pki.broker_pem_file,
         "ssl.truststore.type": "PEM", "ssl.truststore.location": pki.ca_file,
-        "zookeeper.session.timeout.ms": 6000,
-        "min.insync.replicas": 2, "default.replication.factor": 3,
-        "offsets.topic.replication.factor": 3, "offsets.topic.num.partitions": 3,
-        "transaction.state.log.num.partitions": 2, "transaction.state.log.replication.factor": 3,
-        "replica.lag.time.max.ms": 10000, "group.initial.rebalance.delay.ms": 0,
-        "auto.create.topics.enable": "false",
+        **REPLICATED,
     }
 
 
@@ -60,6 +66,36 @@ def with_internal_listeners(cluster: BrokerCluster) -> dict[int, int]:
         broker.command = lambda command=command, listeners=listeners: [
             listeners if arg.startswith("PLAINTEXT://") else arg for arg in command()]
     return ports
+
+
+def replicate_through_a_killed_leader(cluster: BrokerCluster, protocol: str) -> None:
+    """The brokers registered INTERNAL with ``protocol`` and replicate through it: an RF3 topic reaches its
+    full ISR, an acks=all idempotent producer runs while partition 0's leader is SIGKILLed, nothing
+    acknowledged is lost, and the killed broker comes back and catches up."""
+    for broker_id, port in cluster.internal.items():
+        registration = cluster.zk_json(f"/brokers/ids/{broker_id}")
+        assert f"INTERNAL://127.0.0.1:{port}" in registration["endpoints"]
+        assert registration["listener_security_protocol_map"]["INTERNAL"] == protocol
+    topic = f"ib-{protocol.lower()}-{uuid.uuid4().hex[:8]}"
+    cluster.create_topic(topic, partitions=2, replication_factor=3)  # full ISR: the fetchers replicate
+    old_leader = cluster.wait_for_leader(topic, 0)
+    producer = SeqProducer(cluster.bootstrap, topic, [0, 1], "p0", rate=200)
+    producer.start()
+    try:
+        producer.wait_acked(300, 60)
+        cluster.kill(old_leader)  # SIGKILL
+        cluster.wait_for_leader(topic, 0, exclude={old_leader}, timeout=FAILOVER_S)
+        cluster.wait_for_isr(topic, 0, ALL - {old_leader}, timeout=FAILOVER_S)
+        producer.wait_acked(len(producer.acked) + 200, 60)
+    finally:
+        producer.stop()
+        producer.close()
+    assert producer.unflushed == 0
+    assert not producer.bad_errors(), producer.bad_errors()[:5]
+    result = check(producer.acked, read_log(cluster.bootstrap, topic, [0, 1]))
+    assert result.ok, result.summary()
+    cluster.start_broker(old_leader)
+    cluster.wait_for_isr(topic, 0, ALL, timeout=FAILOVER_S)
 
 
 @pytest.fixture
@@ -82,34 +118,8 @@ def cluster(zk_connect, tmp_path, pki):
 
 
 def test_replication_over_mutual_tls_survives_a_killed_leader(cluster):
-    internal = cluster.internal
     with cluster:
-        # the brokers registered INTERNAL (SSL) and the controller reaches them there
-        for broker_id, port in internal.items():
-            registration = cluster.zk_json(f"/brokers/ids/{broker_id}")
-            assert f"INTERNAL://127.0.0.1:{port}" in registration["endpoints"]
-            assert registration["listener_security_protocol_map"]["INTERNAL"] == "SSL"
-        topic = f"ib-tls-{uuid.uuid4().hex[:8]}"
-        cluster.create_topic(topic, partitions=2, replication_factor=3)  # full ISR: fetchers replicate over TLS
-        old_leader = cluster.wait_for_leader(topic, 0)
-        producer = SeqProducer(cluster.bootstrap, topic, [0, 1], "p0", rate=200)
-        producer.start()
-        try:
-            producer.wait_acked(300, 60)
-            cluster.kill(old_leader)  # SIGKILL
-            cluster.wait_for_leader(topic, 0, exclude={old_leader}, timeout=FAILOVER_S)
-            cluster.wait_for_isr(topic, 0, ALL - {old_leader}, timeout=FAILOVER_S)
-            producer.wait_acked(len(producer.acked) + 200, 60)
-        finally:
-            producer.stop()
-            producer.close()
-        assert producer.unflushed == 0
-        assert not producer.bad_errors(), producer.bad_errors()[:5]
-        result = check(producer.acked, read_log(cluster.bootstrap, topic, [0, 1]))
-        assert result.ok, result.summary()
-        # the killed broker comes back and catches up over TLS
-        cluster.start_broker(old_leader)
-        cluster.wait_for_isr(topic, 0, ALL, timeout=FAILOVER_S)
+        replicate_through_a_killed_leader(cluster, "SSL")
         # transaction markers go to the partitions' leaders over TLS too
         txn_topic = f"ib-txn-{uuid.uuid4().hex[:8]}"
         cluster.create_topic(txn_topic, partitions=1, replication_factor=3)
