@@ -63,7 +63,7 @@ from pykbroker.cluster.zookeeper import (
     uuid_to_kafka,
 )
 from pykbroker.config import BrokerConfig
-from pykbroker.protocol.client import ClientError, ClientSecurity, NodeClients
+from pykbroker.protocol.client import ClientError, ClientSecurity, ConnectError, NodeClients
 from pykbroker.protocol.interbroker.leader_and_isr.v7 import request as lai
 from pykbroker.protocol.interbroker.stop_replica.v4 import request as sr
 from pykbroker.protocol.interbroker.update_metadata.v8 import request as um
@@ -101,6 +101,7 @@ class ControllerChannel:
                                     request_timeout=request_timeout_s, security=security)
         self._queues: dict[int, asyncio.Queue] = {}
         self._senders: dict[int, asyncio.Task] = {}
+        self._connect_failures: dict[int, str] = {}  # broker -> the connection failure last logged as a warning
 
     def add_broker(self, broker_id: int, host: str, port: int) -> None:
         """Start sending to broker_id at host:port (a new address for a known broker replaces the old)."""
@@ -117,6 +118,7 @@ class ControllerChannel:
         self._queues.pop(broker_id, None)
         if task is not None:
             task.cancel()
+        self._connect_failures.pop(broker_id, None)
         self._clients.remove(broker_id)
 
     def send(self, broker_id: int, request: Any) -> None:
@@ -142,10 +144,17 @@ class ControllerChannel:
                 try:
                     response = await self._clients.send(broker_id, request, timeout=self.request_timeout_s)
                 except ClientError as exc:
-                    log.warning("controller %d: %s to broker %d failed (%s); resending", self.broker_id,
-                                type(request).__name__, broker_id, exc)
+                    # A peer that cannot be reached fails every retry the same way: one warning per peer and
+                    # reason (NodeClients logs the attempt itself), the repeats at INFO.
+                    repeated = isinstance(exc, ConnectError) and self._connect_failures.get(broker_id) == str(exc)
+                    if isinstance(exc, ConnectError):
+                        self._connect_failures[broker_id] = str(exc)
+                    log.log(logging.INFO if repeated else logging.WARNING,
+                            "controller %d: %s to broker %d failed (%s); resending", self.broker_id,
+                            type(request).__name__, broker_id, exc)
                     await asyncio.sleep(self.retry_backoff_s)
                     continue
+                self._connect_failures.pop(broker_id, None)
                 _log_response_errors(self.broker_id, broker_id, request, response)
                 break
 

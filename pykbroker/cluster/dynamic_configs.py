@@ -40,6 +40,7 @@ warning rather than refusing to start.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping
@@ -156,9 +157,10 @@ class DynamicConfigs:
         (``values``) after an update: ``validate(values)`` before anything is stored when a config it
         ``concerns`` changes, or on any update of this broker's own configs, which reloads files changed in
         place (ConfigError: the update is refused as Kafka refuses an invalid dynamic configuration);
-        ``reload(values)`` after such a per-broker update even when no value changed (Kafka's
-        reloadUpdatedFilesWithoutConfigChange: SSL key and trust stores). Apply changed values through
-        ``add_listener`` as usual."""
+        ``reload(values)`` before such a per-broker update is stored when none of the values it concerns
+        changes (Kafka's reloadUpdatedFilesWithoutConfigChange: SSL key and trust stores changed in place).
+        Both run in a worker thread (they may read files and build TLS contexts): they must be thread-safe.
+        Apply changed values through ``add_listener`` as usual (after they are stored)."""
         self._reconfigurables.append((concerns, validate, reload))
 
     # -- changes ----------------------------------------------------------------------------------
@@ -183,8 +185,8 @@ class DynamicConfigs:
                     check_listener_update(after, self.config)
                 for concerns, validate, _ in self._reconfigurables:
                     if entity == self.entity or any(concerns(name) and after[name] != now.get(name) for name in after):
-                        try:
-                            validate(after)
+                        try:  # a worker thread: validating may read files and build TLS contexts
+                            await asyncio.to_thread(validate, after)
                         except ConfigError as exc:
                             raise ReconfigurationError(exc.name, exc.message) from None
             except ReconfigurationError as exc:  # Kafka wraps a reconfigurable's refusal this way
@@ -203,9 +205,15 @@ class DynamicConfigs:
                       f"pykbroker does not store password configs ({listed_names(passwords)}): it would keep them unencrypted")
             raise KafkaError(ErrorCode.invalid_config,
                              f"Invalid config value for resource ConfigResource(type=BROKER, name='{resource}'): {reason}")
-        if entity == self.entity:  # a store file changed in place is reloaded even when no value changed
-            for _, _, reload in self._reconfigurables:
-                reload(self.static.with_dynamic(typed, self._typed[DEFAULT_BROKER_ENTITY]).values)
+        if entity == self.entity:
+            # Kafka's reloadUpdatedFilesWithoutConfigChange: a store file changed in place is reloaded now even
+            # when no value changed - only by a component none of whose values change. Changed values apply
+            # once stored (the change's notification), never before: a failed write must not leave the broker
+            # serving what its stored configs do not say.
+            after, now = self.static.with_dynamic(typed, self._typed[DEFAULT_BROKER_ENTITY]).values, self.config.values
+            for concerns, _, reload in self._reconfigurables:
+                if not any(concerns(name) and after.get(name) != now.get(name) for name in after.keys() | now.keys()):
+                    await asyncio.to_thread(reload, after)
         log.info("updating dynamic configs of broker %s: %s", entity, configs)
         await self.metadata.set_broker_configs_async(entity, dict(configs), version=version)
 

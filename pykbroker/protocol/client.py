@@ -31,9 +31,17 @@ controller. This module is the asyncio client all of them use; it knows nothing 
 * Security (``security``, a :class:`ClientSecurity`; None: plain text): with TLS the connection is wrapped in
   the context ``security.ssl_context()`` returns at that moment (so a reloaded certificate serves the next
   connection) and the server's certificate is checked against ``server_hostname`` (default: the host
-  connected to) when the context checks host names; the handshake counts towards the connect timeout. With
+  connected to) when the context checks host names; the handshake counts towards the connect timeout. Over
+  TLS connecting always includes one round trip (ApiVersions, kept only if negotiating): under TLS 1.3 a
+  server refuses the client's certificate after the client's side of the handshake finished, so a close
+  before that first answer is an :class:`AuthenticationFailed` saying the peer probably did not accept this
+  broker's certificate (and NodeClients' backoff grows instead of being reset by a "connected" link). With
   SASL, before anything else: ApiVersions, SaslHandshake and SaslAuthenticate exchanges driven by a client
-  state machine (security/sasl/client.py). A TLS handshake or a SASL exchange that fails raises
+  state machine (security/sasl/client.py); a session lifetime in the answer (KIP-368, the listener's
+  ``connections.max.reauth.ms``) makes the connection due for re-authentication after 85-95 % of it, and
+  NodeClients then sends new requests on a new connection, the old one closing once its requests in flight
+  are answered (the server would close it at its first request after the lifetime). A TLS handshake or a
+  SASL exchange that fails raises
   :class:`AuthenticationFailed` (a ConnectError) naming the peer and the reason, never a secret.
 
 Requests are kio entities (any API kio has a schema for, AlterPartition included) or the generated
@@ -48,7 +56,8 @@ the follower fetchers (and the transaction marker sender): connect on first use,
 the pool's ``security``, and Kafka's reconnect backoff - after
 a failed attempt or a lost connection no new attempt is made before ``reconnect_backoff`` seconds, doubled
 after each consecutive failure up to ``reconnect_backoff_max``, with +-20 % jitter
-(``reconnect.backoff.ms`` / ``reconnect.backoff.max.ms``); a successful connection resets it.
+(``reconnect.backoff.ms`` / ``reconnect.backoff.max.ms``); a connection that is ready (over TLS: after the
+peer's first answer, as Kafka resets it once the connection is ready) resets it.
 """
 
 from __future__ import annotations
@@ -287,6 +296,8 @@ class KafkaClientConnection(asyncio.Protocol):
         self._lost = self._loop.create_future()  # done when the transport is gone
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future] = []
+        self.reauthenticate_at: float | None = None  # loop time, when the SASL session has a lifetime
+        self._retiring = False
 
     # -- opening --------------------------------------------------------------------------------------
     @classmethod
@@ -325,6 +336,25 @@ class KafkaClientConnection(asyncio.Protocol):
             raise ConnectError(f"cannot connect to {host}:{port}: {exc}") from exc
         except OSError as exc:
             raise ConnectError(f"cannot connect to {host}:{port}: {exc}") from exc
+        if tls:
+            # Under TLS 1.3 the server checks the client's certificate after the client's side of the handshake
+            # finished: a refused certificate shows only as a close before the first answer. So one round trip
+            # (ApiVersions) belongs to connecting over TLS, and such a close is an authentication failure.
+            try:
+                async with asyncio.timeout(connect_timeout):
+                    await connection.negotiate_api_versions()
+            except BaseException as exc:
+                connection.close()
+                if isinstance(exc, TimeoutError):
+                    raise ConnectError(f"ApiVersions with {host}:{port} over TLS got no answer within "
+                                       f"{connect_timeout} s") from None
+                if isinstance(exc, ConnectionLost):
+                    raise AuthenticationFailed(
+                        f"TLS connection to {host}:{port} closed by the peer before its first answer ({exc}): "
+                        "the peer probably did not accept this broker's certificate") from None
+                if isinstance(exc, ClientError):
+                    raise ConnectError(f"ApiVersions with {host}:{port} failed: {exc}") from exc
+                raise
         if security is not None and security.sasl is not None:
             try:
                 async with asyncio.timeout(connect_timeout):
@@ -337,7 +367,7 @@ class KafkaClientConnection(asyncio.Protocol):
                 if isinstance(exc, ClientError) and not isinstance(exc, AuthenticationFailed):
                     raise AuthenticationFailed(f"SASL authentication with {host}:{port} failed: {exc}") from None
                 raise
-        if negotiate_versions:
+        if negotiate_versions and connection.api_versions is None:
             try:
                 await connection.negotiate_api_versions()
             except BaseException as exc:
@@ -345,6 +375,8 @@ class KafkaClientConnection(asyncio.Protocol):
                 if isinstance(exc, ClientError) and not isinstance(exc, ConnectError):
                     raise ConnectError(f"ApiVersions with {host}:{port} failed: {exc}") from exc
                 raise
+        elif not negotiate_versions:
+            connection.api_versions = None  # the caller sends fixed versions; TLS's or SASL's round trip only
         return connection
 
     async def negotiate_api_versions(self, version: int = API_VERSIONS_CLIENT_MAX) -> dict[int, tuple[int, int]]:
@@ -368,10 +400,9 @@ class KafkaClientConnection(asyncio.Protocol):
     async def authenticate_sasl(self, client: Any) -> None:
         """The SASL exchange of Kafka's SaslClientAuthenticator: ApiVersions (to learn the SASL versions),
         SaslHandshake naming ``client.mechanism``, then SaslAuthenticate with each token of ``client`` (a
-        security/sasl/client.py state machine) until it is complete. AuthenticationFailed with the server's
-        error message, or the client's own refusal (a server that failed its proof)."""
-        from pykbroker.security.sasl.client import SaslClientError
-
+        security/sasl/client.py state machine: ``first()`` and ``evaluate()`` raise a ValueError - its
+        SaslClientError - for a server message it refuses) until it is complete. AuthenticationFailed with the
+        server's error message, or the client's own refusal (a server that failed its proof)."""
         if self.api_versions is None:
             await self.negotiate_api_versions()
         handshake_version = self.version_for(SASL_HANDSHAKE_KEY, 1)
@@ -385,20 +416,46 @@ class KafkaClientConnection(asyncio.Protocol):
                                        f"({ErrorCode(handshake.error_code).name.upper()}; enabled: "
                                        f"{', '.join(handshake.mechanisms) or 'none'})")
         request_type = load_request_schema(SASL_AUTHENTICATE_KEY, authenticate_version)
+        failed = f"SASL/{client.mechanism} authentication with {self.peer} failed"
         try:
             token = client.first()
-            while token is not None:
-                response = await self.send(request_type(auth_bytes=token))
-                if response.error_code != ErrorCode.none:
-                    raise AuthenticationFailed(f"SASL/{client.mechanism} authentication with {self.peer} failed: "
-                                               f"{response.error_message or ErrorCode(response.error_code).name.upper()}")
-                if client.complete:
-                    break
-                token = client.evaluate(response.auth_bytes)
-            if not client.complete:
-                raise SaslClientError("the exchange ended before it was complete")
-        except SaslClientError as exc:
-            raise AuthenticationFailed(f"SASL/{client.mechanism} authentication with {self.peer} failed: {exc}") from None
+        except ValueError as exc:
+            raise AuthenticationFailed(f"{failed}: {exc}") from None
+        while token is not None:
+            response = await self.send(request_type(auth_bytes=token))
+            if response.error_code != ErrorCode.none:
+                raise AuthenticationFailed(f"{failed}: "
+                                           f"{response.error_message or ErrorCode(response.error_code).name.upper()}")
+            self._session_lifetime(response)
+            if client.complete:
+                break
+            try:  # off the event loop: a SCRAM step derives a key (PBKDF2, up to 16384 iterations)
+                token = await asyncio.to_thread(client.evaluate, response.auth_bytes)
+            except ValueError as exc:
+                raise AuthenticationFailed(f"{failed}: {exc}") from None
+        if not client.complete:
+            raise AuthenticationFailed(f"{failed}: the exchange ended before it was complete")
+
+    def _session_lifetime(self, response: Any) -> None:
+        """KIP-368: a SaslAuthenticate answer's session lifetime (v1+; 0: none). As Kafka's client, this
+        connection is due for re-authentication after 85 to 95 % of it (network latency, clock drift, jitter
+        against storms): NodeClients replaces it then (``reauthentication_due``), before the server closes it."""
+        lifetime = getattr(response, "session_lifetime", None)
+        seconds = lifetime.total_seconds() if hasattr(lifetime, "total_seconds") else (lifetime or 0) / 1000
+        self.reauthenticate_at = (self._loop.time() + seconds * (0.85 + 0.1 * random.random())
+                                  if seconds > 0 else None)
+
+    @property
+    def reauthentication_due(self) -> bool:
+        """The SASL session's lifetime (KIP-368) is nearly over: new requests belong on a new connection."""
+        return self.reauthenticate_at is not None and self._loop.time() >= self.reauthenticate_at
+
+    def retire(self) -> None:
+        """Close once the requests in flight are answered (at once if there are none); new requests are the
+        caller's to send elsewhere."""
+        self._retiring = True
+        if not self._in_flight:
+            self.close()
 
     def version_for(self, api_key: int, max_version: int, min_version: int = 0) -> int:
         """The highest version of api_key in [min_version, max_version] the peer supports. Without a
@@ -575,6 +632,8 @@ class KafkaClientConnection(asyncio.Protocol):
         pending = self._in_flight.pop(correlation_id)
         if pending.timer is not None:
             pending.timer.cancel()
+        if self._retiring and not self._in_flight:
+            self._loop.call_soon(self.close)  # after this response is delivered
         if pending.future.done():  # the caller gave up (cancelled): the response is read and dropped
             return
         try:
@@ -736,7 +795,16 @@ class NodeClients:
             if node is None or node.address is None:
                 raise UnknownNode(f"no address known for broker {node_id}")
             if node.connection is not None and not node.connection.closed:
-                return node.connection
+                if not node.connection.reauthentication_due:
+                    return node.connection
+                # KIP-368: the server closes a connection whose SASL session expired at its next request;
+                # a new connection (authenticated anew) takes the new requests, the old one closes once its
+                # requests in flight are answered. Not a failure: no backoff.
+                retired, node.connection = node.connection, None
+                retired.retire()
+                log.info("broker %s: connection to broker %s reconnecting before its SASL session ends (KIP-368 "
+                         "session lifetime)", self.broker_id, node_id)
+                node.next_attempt = 0.0
             if node.connecting is None:
                 delay = node.next_attempt - loop.time()
                 if delay > 0:

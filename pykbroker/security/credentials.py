@@ -117,6 +117,21 @@ def stored_key(mechanism: ScramMechanism, client_key_: bytes) -> bytes:
     return hashlib.new(mechanism.hash_name, client_key_).digest()
 
 
+def client_signature(mechanism: ScramMechanism, stored_key_: bytes, auth_message: bytes) -> bytes:
+    """RFC 5802 ClientSignature := HMAC(StoredKey, AuthMessage) (ScramFormatter.clientSignature)."""
+    return _hmac(mechanism, stored_key_, auth_message)
+
+
+def server_signature(mechanism: ScramMechanism, server_key_: bytes, auth_message: bytes) -> bytes:
+    """RFC 5802 ServerSignature := HMAC(ServerKey, AuthMessage) (ScramFormatter.serverSignature)."""
+    return _hmac(mechanism, server_key_, auth_message)
+
+
+def xor(first: bytes, second: bytes) -> bytes:
+    """ClientProof := ClientKey XOR ClientSignature, and back (ScramFormatter.xor)."""
+    return bytes(a ^ b for a, b in zip(first, second))
+
+
 def secure_random_string() -> str:
     """ScramFormatter.secureRandomString: a 130-bit random number in base 36 (server nonces, salts)."""
     n = secrets.randbits(130)

@@ -15,8 +15,10 @@ listener named after ``security.inter.broker.protocol``). Its security protocol 
   Kafka registers its inter-broker client channel builders as reconfigurable.
 * SASL_PLAINTEXT / SASL_SSL: ``sasl.mechanism.inter.broker.protocol`` (Kafka's default GSSAPI is not
   spoken; PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 are) with the ``username`` / ``password`` of the listener's JAAS
-  entry for it (sasl/client.py), where SASL listeners are served (checked against them, PLAIN and
-  SCRAM-SHA-512 over SASL_PLAINTEXT and SASL_SSL, on a 3-broker cluster).
+  entry for it (sasl/client.py; checked on a 3-broker cluster with PLAIN and SCRAM-SHA-512 over
+  SASL_PLAINTEXT, tests/cluster/test_inter_broker_sasl_cluster.py). A session lifetime the listener gives
+  (KIP-368, ``connections.max.reauth.ms``) is honoured by moving to a new connection before it ends
+  (protocol/client.py).
 
 A setting that cannot work (a key store that does not load, no credentials) raises a ConfigError at
 construction: the broker refuses to start, as Kafka does.

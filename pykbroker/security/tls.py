@@ -62,7 +62,8 @@ Reload without restart
     :class:`TlsConfigError` ("Validation of dynamic config update of SSLFactory failed: ...") and keeps the
     old context; as in Kafka, the text names the cause's Java class (``...failed: org.apache.kafka.common.config.
     ConfigException: Keystore DistinguishedName does not match: ...``; InvalidConfigurationException for a store that
-    does not load, SSLHandshakeException for the handshake check), measured against Kafka 3.7.1 in ZooKeeper mode.
+    does not load, SSLHandshakeException for the handshake check), measured against Kafka 3.7.1 in ZooKeeper mode
+    (for the handshake check only the class name is Kafka's: the words after it are pykbroker's).
     Connections already open keep the context they were accepted with; new ones get the new one.
 
 Principal
@@ -92,12 +93,15 @@ Wiring (for the session that wires listeners)
       broker): AlterConfigs of ``listener.name.<l>.ssl.keystore.*`` validates every holder against the new
       view first (a refusal is INVALID_REQUEST in Kafka's "Invalid dynamic configuration" wording, nothing is
       stored), reloads store files changed in place even when no value changed (Kafka's
-      reloadUpdatedFilesWithoutConfigChange), and applies the stored change. Building reads files and does RSA
-      work on the event loop (milliseconds; the holder is thread-safe should it move to an executor).
+      reloadUpdatedFilesWithoutConfigChange, with the current values), and applies the stored change once the
+      broker is notified of it (``reconfigure_soon``). Building reads files and does RSA work (and, on the
+      inter-broker listener, two in-memory handshakes): tenths of a second, so validation and reloads run in a
+      worker thread (the holder is thread-safe), and a reload reuses the context its validation built.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import ssl
@@ -578,6 +582,7 @@ class TlsContextHolder:
         self.mode = mode
         self.inter_broker = inter_broker
         self._lock = threading.Lock()
+        self._validated: tuple[_Built, dict[str, Any], _Built] | None = None  # (base, settings, candidate)
         built = _build(settings, mode)
         self.mapper = principal_mapper(built.settings)
         if inter_broker:
@@ -649,20 +654,32 @@ class TlsContextHolder:
         return candidate
 
     def validate_reconfiguration(self, new_settings: Mapping[str, Any]) -> None:
-        """Raise TlsConfigError if ``reconfigure(new_settings)`` would be refused; change nothing."""
-        self._candidate(new_settings)
+        """Raise TlsConfigError if ``reconfigure(new_settings)`` would be refused; change nothing. The
+        validated context is kept for a ``reconfigure`` with the same settings (built once, not twice)."""
+        base = self._built
+        candidate = self._candidate(new_settings)
+        self._validated = None if candidate is None else (base, candidate.settings, candidate)
 
     def reconfigure(self, new_settings: Mapping[str, Any] | None = None) -> bool:
         """Rebuild from ``new_settings`` (None: the current settings, to pick up changed store files); True
         when a new context was swapped in, False when nothing changed. Raises TlsConfigError and keeps the
-        old context when the update is refused."""
+        old context when the update is refused. The context ``validate_reconfiguration`` built for the same
+        settings is taken as it is, unless the holder or a store file changed since."""
         with self._lock:
-            candidate = self._candidate(new_settings)
+            validated, self._validated = self._validated, None
+            merged = dict(self._built.settings) if new_settings is None else self._next_settings(new_settings)
+            if (validated is not None and validated[0] is self._built and validated[1] == merged
+                    and not validated[2].modified()):
+                candidate = validated[2]
+            else:
+                candidate = self._candidate(new_settings)
             if candidate is None:
                 return False
             self._built = candidate
-        log.info("Created new %s SSL context with keystore %s truststore %s", self.mode.upper(),
-                 candidate.keystore, candidate.truststore)
+        entry = candidate.keystore.key_entry if candidate.keystore is not None else None
+        log.info("Created new %s SSL context with keystore %s%s truststore %s", self.mode.upper(), candidate.keystore,
+                 f" (certificate serial {entry.chain[0].serial_number})" if entry is not None else "",
+                 candidate.truststore)
         return True
 
 
@@ -679,6 +696,7 @@ class ListenerTlsReloader:
         if client is not None:
             self._targets.append(client)
         self._protocols = dict(protocols)
+        self._scheduled: asyncio.Task | None = None
 
     def _views(self, values: Mapping[str, Any]):
         for name, holder in self._targets:
@@ -690,9 +708,23 @@ class ListenerTlsReloader:
         for _, holder, view in self._views(values):
             holder.validate_reconfiguration(view)
 
+    def reconfigure_soon(self, values: Mapping[str, Any]) -> "asyncio.Task[list[str]]":
+        """``reconfigure(values)`` in a worker thread (files are read, keys checked, contexts built: tenths
+        of a second the event loop must not wait), after any reconfiguration scheduled before; the task."""
+        previous = self._scheduled
+
+        async def run() -> list[str]:
+            if previous is not None:
+                await asyncio.gather(previous, return_exceptions=True)
+            return await asyncio.to_thread(self.reconfigure, values)
+
+        self._scheduled = asyncio.get_running_loop().create_task(run(), name="tls-reconfigure")
+        return self._scheduled
+
     def reconfigure(self, values: Mapping[str, Any]) -> list[str]:
         """Swap in new contexts where a setting or a store file changed; a holder that refuses keeps its
-        context (logged). The listeners whose context changed ("<name> (client)" for the client's)."""
+        context (logged). The listeners whose context changed ("<name> (client)" for the client's).
+        Blocking (files, key checks): on the event loop use ``reconfigure_soon``."""
         changed = []
         for name, holder, view in self._views(values):
             try:

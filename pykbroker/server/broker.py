@@ -496,7 +496,7 @@ class Broker:
                                        (self.inter_broker.listener, client) if client is not None else None)
         concerns = lambda name: "ssl." in name  # noqa: E731 - ssl.* and listener.name.<l>.ssl.*
         self.dynamic_configs.add_reconfigurable(concerns, reloader.validate, reloader.reconfigure)
-        self.dynamic_configs.add_listener(lambda names: reloader.reconfigure(self.dynamic_configs.config.values)
+        self.dynamic_configs.add_listener(lambda names: reloader.reconfigure_soon(self.dynamic_configs.config.values)
                                           if any(map(concerns, names)) else None)
         reloader.reconfigure(self.dynamic_configs.config.values)  # dynamic ones stored before this start
 

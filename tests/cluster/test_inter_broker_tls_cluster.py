@@ -34,6 +34,17 @@ ALL = {1, 2, 3}
 pytestmark = pytest.mark.timeout(400)
 
 
+# what every inter-broker security cluster test runs with: RF3 everywhere, quick failure detection
+REPLICATED = {
+    "zookeeper.session.timeout.ms": 6000,
+    "min.insync.replicas": 2, "default.replication.factor": 3,
+    "offsets.topic.replication.factor": 3, "offsets.topic.num.partitions": 3,
+    "transaction.state.log.num.partitions": 2, "transaction.state.log.replication.factor": 3,
+    "replica.lag.time.max.ms": 10000, "group.initial.rebalance.delay.ms": 0,
+    "auto.create.topics.enable": "false",
+}
+
+
 def tls_overrides(pki) -> dict:
     return {
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,INTERNAL:SSL",
@@ -41,12 +52,7 @@ def tls_overrides(pki) -> dict:
         "listener.name.internal.ssl.client.auth": "required",
         "ssl.keystore.type": "PEM", "ssl.keystore.location": pki.broker_pem_file,
         "ssl.truststore.type": "PEM", "ssl.truststore.location": pki.ca_file,
-        "zookeeper.session.timeout.ms": 6000,
-        "min.insync.replicas": 2, "default.replication.factor": 3,
-        "offsets.topic.replication.factor": 3, "offsets.topic.num.partitions": 3,
-        "transaction.state.log.num.partitions": 2, "transaction.state.log.replication.factor": 3,
-        "replica.lag.time.max.ms": 10000, "group.initial.rebalance.delay.ms": 0,
-        "auto.create.topics.enable": "false",
+        **REPLICATED,
     }
 
 
@@ -62,6 +68,36 @@ def with_internal_listeners(cluster: BrokerCluster) -> dict[int, int]:
     return ports
 
 
+def replicate_through_a_killed_leader(cluster: BrokerCluster, protocol: str) -> None:
+    """The brokers registered INTERNAL with ``protocol`` and replicate through it: an RF3 topic reaches its
+    full ISR, an acks=all idempotent producer runs while partition 0's leader is SIGKILLed, nothing
+    acknowledged is lost, and the killed broker comes back and catches up."""
+    for broker_id, port in cluster.internal.items():
+        registration = cluster.zk_json(f"/brokers/ids/{broker_id}")
+        assert f"INTERNAL://127.0.0.1:{port}" in registration["endpoints"]
+        assert registration["listener_security_protocol_map"]["INTERNAL"] == protocol
+    topic = f"ib-{protocol.lower()}-{uuid.uuid4().hex[:8]}"
+    cluster.create_topic(topic, partitions=2, replication_factor=3)  # full ISR: the fetchers replicate
+    old_leader = cluster.wait_for_leader(topic, 0)
+    producer = SeqProducer(cluster.bootstrap, topic, [0, 1], "p0", rate=200)
+    producer.start()
+    try:
+        producer.wait_acked(300, 60)
+        cluster.kill(old_leader)  # SIGKILL
+        cluster.wait_for_leader(topic, 0, exclude={old_leader}, timeout=FAILOVER_S)
+        cluster.wait_for_isr(topic, 0, ALL - {old_leader}, timeout=FAILOVER_S)
+        producer.wait_acked(len(producer.acked) + 200, 60)
+    finally:
+        producer.stop()
+        producer.close()
+    assert producer.unflushed == 0
+    assert not producer.bad_errors(), producer.bad_errors()[:5]
+    result = check(producer.acked, read_log(cluster.bootstrap, topic, [0, 1]))
+    assert result.ok, result.summary()
+    cluster.start_broker(old_leader)
+    cluster.wait_for_isr(topic, 0, ALL, timeout=FAILOVER_S)
+
+
 @pytest.fixture
 def pki(tmp_path):
     (tmp_path / "pki").mkdir()
@@ -74,6 +110,7 @@ def cluster(zk_connect, tmp_path, pki):
     a failure report); closed at teardown."""
     brokers = BrokerCluster(zk_connect, tmp_path, n=3, overrides=tls_overrides(pki))
     brokers.internal = with_internal_listeners(brokers)
+    brokers.pki = pki
     try:
         yield brokers
     finally:
@@ -81,34 +118,8 @@ def cluster(zk_connect, tmp_path, pki):
 
 
 def test_replication_over_mutual_tls_survives_a_killed_leader(cluster):
-    internal = cluster.internal
     with cluster:
-        # the brokers registered INTERNAL (SSL) and the controller reaches them there
-        for broker_id, port in internal.items():
-            registration = cluster.zk_json(f"/brokers/ids/{broker_id}")
-            assert f"INTERNAL://127.0.0.1:{port}" in registration["endpoints"]
-            assert registration["listener_security_protocol_map"]["INTERNAL"] == "SSL"
-        topic = f"ib-tls-{uuid.uuid4().hex[:8]}"
-        cluster.create_topic(topic, partitions=2, replication_factor=3)  # full ISR: fetchers replicate over TLS
-        old_leader = cluster.wait_for_leader(topic, 0)
-        producer = SeqProducer(cluster.bootstrap, topic, [0, 1], "p0", rate=200)
-        producer.start()
-        try:
-            producer.wait_acked(300, 60)
-            cluster.kill(old_leader)  # SIGKILL
-            cluster.wait_for_leader(topic, 0, exclude={old_leader}, timeout=FAILOVER_S)
-            cluster.wait_for_isr(topic, 0, ALL - {old_leader}, timeout=FAILOVER_S)
-            producer.wait_acked(len(producer.acked) + 200, 60)
-        finally:
-            producer.stop()
-            producer.close()
-        assert producer.unflushed == 0
-        assert not producer.bad_errors(), producer.bad_errors()[:5]
-        result = check(producer.acked, read_log(cluster.bootstrap, topic, [0, 1]))
-        assert result.ok, result.summary()
-        # the killed broker comes back and catches up over TLS
-        cluster.start_broker(old_leader)
-        cluster.wait_for_isr(topic, 0, ALL, timeout=FAILOVER_S)
+        replicate_through_a_killed_leader(cluster, "SSL")
         # transaction markers go to the partitions' leaders over TLS too
         txn_topic = f"ib-txn-{uuid.uuid4().hex[:8]}"
         cluster.create_topic(txn_topic, partitions=1, replication_factor=3)
@@ -138,37 +149,91 @@ def test_a_broker_that_trusts_another_ca_fails_with_a_clear_log_line(cluster, tm
     # starts; but the others' certificates are not trusted by it, nor its by them.
     cluster.brokers[3].overrides.update({"ssl.keystore.location": other.broker_pem_file,
                                          "ssl.truststore.location": other.ca_file})
-    if True:
-        for broker in cluster.brokers.values():
-            broker.start(wait=False)
-        for broker in cluster.brokers.values():
-            broker.wait_ready(60)  # each answers its clients
+    for broker in cluster.brokers.values():
+        broker.start(wait=False)
+    for broker in cluster.brokers.values():
+        broker.wait_ready(60)  # each answers its clients
 
-        def logs(broker_id: int) -> str:
-            return cluster.brokers[broker_id].log_path.read_text(errors="replace")
+    def logs(broker_id: int) -> str:
+        return cluster.brokers[broker_id].log_path.read_text(errors="replace")
 
-        # whoever is controller, a connection between broker 3 and another fails its handshake, and the broker
-        # that tried says so in one line naming the peer, the listener and the reason
-        failure = re.compile(r"broker (\d): connection to broker (\d) at 127\.0\.0\.1:(\d+) failed authentication "
-                             r"\(client [^)]*, listener INTERNAL \(SSL\)\): TLS handshake with 127\.0\.0\.1:\d+ "
-                             r"failed: certificate verify failed")
+    # whoever is controller, a connection between broker 3 and another fails its handshake, and the broker
+    # that tried says so in one line naming the peer, the listener and the reason
+    failure = re.compile(r"broker (\d): connection to broker (\d) at 127\.0\.0\.1:(\d+) failed authentication "
+                         r"\(client [^)]*, listener INTERNAL \(SSL\)\): TLS handshake with 127\.0\.0\.1:\d+ "
+                         r"failed: certificate verify failed")
 
-        def failures() -> list[re.Match]:
-            return [m for i in ALL for m in failure.finditer(logs(i)) if "3" in (m.group(1), m.group(2))]
+    def failures() -> list[re.Match]:
+        return [m for i in ALL for m in failure.finditer(logs(i)) if "3" in (m.group(1), m.group(2))]
 
-        wait_until(failures, "a log line about the failed TLS handshake between broker 3 and another", 90)
-        for match in failures():
-            assert int(match.group(3)) == internal[int(match.group(2))]  # the peer's INTERNAL listener
-        # the broker that was tried refuses the handshake, or sees the peer give up, with a line of its own
-        refused = re.compile(r"closing connection from 127\.0\.0\.1:\d+: (TLS handshake failed|the peer closed it "
-                             r"during the TLS handshake)")
-        wait_until(lambda: any(refused.search(logs(int(m.group(2)))) for m in failures()),
-                   "the refusing broker's log line", 90)
-        # one line per pool, peer and reason, not one per retry (controller channel, fetchers, AlterPartition,
-        # markers, controlled shutdown: at most a handful per pair)
-        assert len(failures()) <= 10, [m.group(0) for m in failures()]
-        # nothing else broke: brokers 1 and 2 still serve, broker 3 is alive
-        assert all(cluster.brokers[i].is_running() for i in ALL)
+    wait_until(failures, "a log line about the failed TLS handshake between broker 3 and another", 90)
+    for match in failures():
+        assert int(match.group(3)) == internal[int(match.group(2))]  # the peer's INTERNAL listener
+    # the broker that was tried refuses the handshake, or sees the peer give up, with a line of its own
+    refused = re.compile(r"closing connection from 127\.0\.0\.1:\d+: (TLS handshake failed|the peer closed it "
+                         r"during the TLS handshake)")
+    wait_until(lambda: any(refused.search(logs(int(m.group(2)))) for m in failures()),
+               "the refusing broker's log line", 90)
+    # after at least 10 refused attempts: one line per pool, peer and reason, not one per retry (controller
+    # channel, fetchers, AlterPartition, markers, controlled shutdown: at most a handful per pair), and the
+    # controller channel's warning once per peer and reason (its repeats are at INFO)
+    refusals = lambda: sum(len(refused.findall(logs(i))) for i in ALL)  # noqa: E731
+    wait_until(lambda: refusals() >= 10, "10 refused handshakes", 90)
+    assert len(failures()) <= 10, [m.group(0) for m in failures()]
+    channel = re.compile(r"WARNING \S+: controller (\d): \w+ to broker (\d) failed \((.*)\); resending")
+    warned = [m.groups() for i in ALL for m in channel.finditer(logs(i))]
+    assert len(warned) == len(set(warned)), warned
+    # nothing else broke: brokers 1 and 2 still serve, broker 3 is alive
+    assert all(cluster.brokers[i].is_running() for i in ALL)
+
+
+def test_a_peer_that_refuses_this_brokers_certificate_is_reported_and_retried_with_backoff(cluster, tmp_path):
+    """Broker 3 trusts both CAs but presents a certificate of another CA, which brokers 1 and 2 refuse. Under
+    TLS 1.3 the server refuses a client certificate after the client's side of the handshake finished, so only
+    the first answer tells: broker 3 (the controller) must report the refusal as an authentication failure and
+    back off (reconnect.backoff.max.ms, 1 s), not reconnect every 50 ms with a bare "connection lost"."""
+    import time
+
+    (tmp_path / "other").mkdir()
+    other = standard_pki(tmp_path / "other", name="Other CA")
+    both = tmp_path / "both-cas.pem"
+    both.write_text(open(cluster.pki.ca_file).read() + open(other.ca_file).read())
+    cluster.brokers[3].overrides.update({"ssl.keystore.location": other.broker_pem_file,
+                                         "ssl.truststore.location": str(both)})
+    cluster.brokers[3].start()
+    assert cluster.wait_for_controller() == 3  # broker 3 is the one whose certificate is refused
+    for broker_id in (1, 2):
+        cluster.brokers[broker_id].start(wait=False)
+    for broker_id in (1, 2):
+        cluster.brokers[broker_id].wait_ready(60)
+
+    def logs(broker_id: int) -> str:
+        return cluster.brokers[broker_id].log_path.read_text(errors="replace")
+
+    refused = re.compile(r"closing connection from 127\.0\.0\.1:\d+: TLS handshake failed")
+
+    def refusals() -> int:  # brokers 1 and 2 refuse nobody else: broker 3's attempts
+        return sum(len(refused.findall(logs(i))) for i in (1, 2))
+
+    reported = re.compile(r"broker 3: connection to broker ([12]) at 127\.0\.0\.1:\d+ failed authentication "
+                          r"\(client [^)]*, listener INTERNAL \(SSL\)\): TLS connection to 127\.0\.0\.1:\d+ "
+                          r"closed by the peer before its first answer .*the peer probably did not accept this "
+                          r"broker's certificate")
+    wait_until(lambda: {m.group(1) for m in reported.finditer(logs(3))} == {"1", "2"},
+               "broker 3's line about each peer refusing its certificate", 90)
+    # the rate of attempts over a window of at least 8 s: with the backoff grown to 1 s (+-20 %), about one
+    # attempt per second per peer; a reset backoff would make about ten
+    start, first = time.monotonic(), refusals()
+    wait_until(lambda: time.monotonic() - start >= 8 and refusals() >= first, "the measuring window", 30)
+    rate = (refusals() - first) / (time.monotonic() - start)
+    assert rate <= 2 * 2.0, f"{rate:.1f} refused handshakes per second from broker 3"
+    # after at least 10 refused attempts, broker 3 said so once per pool, peer and reason, and the controller
+    # channel warned once per peer (its retries after are at INFO)
+    wait_until(lambda: refusals() >= first + 10, "10 refused attempts", 60)
+    assert len(reported.findall(logs(3))) <= 2 * 2, reported.findall(logs(3))
+    channel = re.compile(r"WARNING \S+: controller 3: \w+ to broker [12] failed")
+    assert 1 <= len(channel.findall(logs(3))) <= 2 * 2, channel.findall(logs(3))
+    assert all(cluster.brokers[i].is_running() for i in ALL)
 
 
 def test_a_new_certificate_on_the_inter_broker_listener_without_a_restart(cluster, pki, tmp_path):
@@ -198,7 +263,13 @@ def test_a_new_certificate_on_the_inter_broker_listener_without_a_restart(cluste
                                      server_hostname="127.0.0.1") as sock:
                 return x509.load_der_x509_certificate(sock.getpeercert(binary_form=True)).serial_number
 
-        assert served_serial() == cert.serial_number
+        # applied once stored: when broker 1 is notified of the change
+        wait_until(lambda: served_serial() == cert.serial_number, "the new certificate served", 30)
+        # broker 1's own client took it too (same CA and DN as the old one: only the serial tells)
+        wait_until(lambda: f"Created new CLIENT SSL context with keystore SecurityStore(type=PEM, path={path}) "
+                           f"(certificate serial {cert.serial_number})"
+                           in cluster.brokers[1].log_path.read_text(errors="replace"),
+                   "broker 1's inter-broker client's new context", 30)
         cluster.restart(2)  # its connections to broker 1, and broker 1's to it, are made anew
         cluster.wait_ready()
         topic = f"ib-reload-{uuid.uuid4().hex[:8]}"

@@ -161,3 +161,60 @@ def test_config_change_notifications_name_their_entity():
     assert _changed_entity(b'{"version":1,"entity_type":"brokers","entity_name":"2"}') == ("brokers", "2")
     assert _changed_entity(b"not json") is None
     assert _changed_entity(None) is None
+
+
+def test_a_new_key_store_applies_only_once_stored_and_is_validated_off_the_event_loop(tmp_path, monkeypatch):
+    """Kafka applies changed TLS values when the stored change is notified (reloadUpdatedFilesWithoutConfigChange
+    only reloads components none of whose values change): if the write fails, the broker keeps serving the
+    certificate its stored configs name. Validation and reloads read files and build contexts: a worker thread."""
+    import asyncio
+    import threading
+
+    pytest.importorskip("cryptography", reason="certificates for this test are built with cryptography")
+    from tls_helpers import chain_pem, key_pem, standard_pki
+    from pykbroker.security.tls import ListenerTlsReloader, TlsContextHolder
+
+    (tmp_path / "pki").mkdir()
+    pki = standard_pki(tmp_path / "pki")
+    settings = {"ssl.keystore.type": "PEM", "ssl.keystore.location": pki.broker_pem_file,
+                "ssl.truststore.type": "PEM", "ssl.truststore.location": pki.ca_file}
+    holder = TlsContextHolder(settings)
+    reloader = ListenerTlsReloader({"SSL": holder}, {"SSL": "SSL"})
+    store = open_store(tmp_path)
+    dynamic = DynamicConfigs(static_config(tmp_path, **{k.replace(".", "_"): v for k, v in settings.items()}), store)
+    threads: list[int] = []
+
+    def validate(values):
+        threads.append(threading.get_ident())
+        reloader.validate(values)
+
+    dynamic.add_reconfigurable(lambda name: "ssl." in name, validate, reloader.reconfigure)
+    applied: list[asyncio.Task] = []
+    dynamic.add_listener(lambda names: applied.append(reloader.reconfigure_soon(dynamic.config.values)))
+    key, cert = pki.issue("broker")
+    renewed = tmp_path / "renewed.pem"
+    renewed.write_text(key_pem(key) + chain_pem(cert, pki))
+    update = {"listener.name.ssl.ssl.keystore.location": str(renewed)}
+
+    def serial() -> int:
+        return holder.keystore.key_entry.chain[0].serial_number
+
+    async def scenario():
+        real_write = store.set_broker_configs_async
+
+        async def failing_write(*args, **kwargs):
+            raise ConnectionError("the metadata store cannot be written")
+
+        monkeypatch.setattr(store, "set_broker_configs_async", failing_write)
+        with pytest.raises(ConnectionError):
+            await dynamic.alter_async("1", update)
+        assert serial() == pki.broker.serial_number  # not stored: not applied
+        assert threads and threading.get_ident() not in threads
+        monkeypatch.setattr(store, "set_broker_configs_async", real_write)
+        await dynamic.alter_async("1", update)
+        assert len(applied) == 1
+        assert await applied[0] == ["SSL"]
+        assert serial() == cert.serial_number
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+    store.close()

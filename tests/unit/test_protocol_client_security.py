@@ -50,7 +50,7 @@ def request_body(api_key: int, version: int, data: bytes):
     return codec.read_request_body(data, position)[0]
 
 
-def sasl_broker(factories: dict, authenticated: list):
+def sasl_broker(factories: dict, authenticated: list, lifetime_ms: int = 0):
     """A handler that serves ApiVersions, then the SASL exchange with the real server state machine of the
     requested mechanism (or UNSUPPORTED_SASL_MECHANISM), then Metadata once authenticated."""
 
@@ -77,7 +77,7 @@ def sasl_broker(factories: dict, authenticated: list):
                 except SaslAuthenticationFailed as exc:
                     reply, error, message = b"", ErrorCode.sasl_authentication_failed, exc.client_message()
                 writer.write(frame(36, version, correlation_id, SaslAuthenticateResponse(
-                    error_code=error, error_message=message, auth_bytes=reply, session_lifetime=i64Timedelta.parse(datetime.timedelta(0)))))
+                    error_code=error, error_message=message, auth_bytes=reply, session_lifetime=i64Timedelta.parse(datetime.timedelta(milliseconds=lifetime_ms if error == ErrorCode.none else 0)))))
                 if error != ErrorCode.none:
                     return
                 if server.complete:
@@ -122,6 +122,108 @@ def test_a_scram_exchange_authenticates_the_connection_before_requests(mechanism
     run(scenario())
 
 
+def test_the_scram_key_derivation_runs_off_the_event_loop():
+    """A SCRAM step derives a key with PBKDF2 (up to 16384 iterations): the broker's event loop must not wait
+    for it (a peer could make it do so on every reconnect)."""
+    import threading
+
+    mechanism = "SCRAM-SHA-512"
+    cache = cred.ScramCredentialCache()
+    cache.put(mechanism, "broker", cred.generate_credential(mechanism, SECRET, 16384))
+    authenticated: list[str] = []
+    threads: list[int] = []
+
+    def client():
+        made = sasl_client(mechanism, "broker", SECRET)
+        evaluate = made.evaluate
+        made.evaluate = lambda data: (threads.append(threading.get_ident()), evaluate(data))[1]
+        return made
+
+    async def scenario():
+        server, port = await serve(sasl_broker({mechanism: ScramServerFactory(mechanism, cache)}, authenticated))
+        async with server:
+            connection = await KafkaClientConnection.connect(HOST, port, client_id="1", negotiate_versions=False,
+                                                             security=ClientSecurity(sasl=client))
+            await connection.aclose()
+        return threading.get_ident()
+
+    loop_thread = run(scenario())
+    assert authenticated == ["broker"] and len(threads) == 2
+    assert loop_thread not in threads
+
+
+def test_a_session_lifetime_makes_the_pool_reconnect_before_it_expires_without_failing_a_request():
+    """KIP-368: the server answers SaslAuthenticate with a session lifetime and closes the connection at the
+    first request after it. NodeClients sends new requests on a new, newly authenticated connection once 85-95 %
+    of the lifetime passed; the old one closes when its requests in flight are answered; nothing fails and
+    no backoff is taken."""
+    mechanism = "SCRAM-SHA-256"
+    cache = cred.ScramCredentialCache()
+    cache.put(mechanism, "broker", cred.generate_credential(mechanism, SECRET))
+    authenticated: list[str] = []
+
+    async def scenario():
+        server, port = await serve(sasl_broker({mechanism: ScramServerFactory(mechanism, cache)}, authenticated,
+                                               lifetime_ms=1000))
+        async with server:
+            pool = NodeClients(1, {2: (HOST, port)}, negotiate_versions=False,
+                               security=ClientSecurity(sasl=lambda: sasl_client(mechanism, "broker", SECRET)))
+            first = await pool.get(2)
+            assert first.reauthenticate_at is not None
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+            while not first.reauthentication_due:  # 0.85-0.95 s after the exchange
+                assert loop.time() < deadline
+                await asyncio.sleep(0.05)
+            in_flight = first.send_nowait(metadata_request())  # sent before expiry: answered
+            second = await pool.get(2)
+            assert second is not first and not second.closed
+            await in_flight
+            await asyncio.wait_for(first.wait_closed(), 5)  # closed once its request was answered
+            await pool.send(2, metadata_request())
+            assert pool.connects(2) == 2 and pool.backoff_remaining(2) == 0
+            await pool.close()
+
+    run(scenario())
+    assert authenticated == ["broker", "broker"]
+
+
+def test_a_server_first_message_the_client_refuses_is_an_authentication_failure():
+    """A rogue peer asks for more PBKDF2 iterations than a credential can have (16384): the broker's client
+    refuses before deriving anything, as an AuthenticationFailed naming the reason."""
+
+    async def rogue(reader, writer):
+        while True:
+            api_key, version, correlation_id, _, data = await read_request(reader)
+            if api_key == 18:
+                keys = tuple(ApiVersion(api_key=i16(k), min_version=i16(0), max_version=i16(v))
+                             for k, v in ((18, 3), (17, 1), (36, 2)))
+                writer.write(frame(18, 0 if version > 3 else version, correlation_id, ApiVersionsResponse(
+                    error_code=ErrorCode.none, api_keys=keys, throttle_time=i32Timedelta.parse(datetime.timedelta(0)))))
+            elif api_key == 17:
+                writer.write(frame(17, version, correlation_id, SaslHandshakeResponse(
+                    error_code=ErrorCode.none, mechanisms=("SCRAM-SHA-512",))))
+            elif api_key == 36:
+                nonce = request_body(36, version, data).auth_bytes.decode().rsplit("r=", 1)[1]
+                writer.write(frame(36, version, correlation_id, SaslAuthenticateResponse(
+                    error_code=ErrorCode.none, error_message=None, session_lifetime=i64Timedelta.parse(datetime.timedelta(0)),
+                    auth_bytes=f"r={nonce}SRV,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=100000000".encode())))
+            else:
+                return
+
+    async def scenario():
+        server, port = await serve(rogue)
+        async with server:
+            security = ClientSecurity(sasl=lambda: sasl_client("SCRAM-SHA-512", "broker", SECRET))
+            with pytest.raises(AuthenticationFailed, match=r"SASL/SCRAM-SHA-512 authentication with 127\.0\.0\.1:\d+ "
+                               r"failed: SASL/SCRAM-SHA-512: Requested iterations 100000000 is more than the maximum "
+                               r"16384 for SCRAM-SHA-512") as raised:
+                await KafkaClientConnection.connect(HOST, port, client_id="1", security=security)
+            assert SECRET not in str(raised.value)
+
+    run(scenario())
+
+
 def test_a_wrong_password_and_an_unknown_mechanism_fail_with_the_servers_words():
     cache = cred.ScramCredentialCache()
     cache.put("SCRAM-SHA-256", "broker", cred.generate_credential("SCRAM-SHA-256", SECRET))
@@ -149,11 +251,57 @@ def tls_server_context(pki, *, client_auth: str = "none") -> ssl.SSLContext:
                            "ssl.client.auth": client_auth})
 
 
+def api_versions_frame(version: int, correlation_id: int) -> bytes:
+    keys = tuple(ApiVersion(api_key=i16(k), min_version=i16(0), max_version=i16(v)) for k, v in ((18, 3), (3, 1)))
+    return frame(18, 0 if version > 3 else version, correlation_id, ApiVersionsResponse(
+        error_code=ErrorCode.none, api_keys=keys, throttle_time=i32Timedelta.parse(datetime.timedelta(0))))
+
+
 async def answer_metadata(reader, writer):
     while True:
-        _, _, correlation_id, _, _ = await read_request(reader)
-        writer.write(metadata_response_frame(correlation_id))
+        api_key, version, correlation_id, _, _ = await read_request(reader)
+        writer.write(api_versions_frame(version, correlation_id) if api_key == 18
+                     else metadata_response_frame(correlation_id))
         await writer.drain()
+
+
+def test_a_server_that_refuses_the_client_certificate_after_the_handshake_is_an_authentication_failure(pki, tmp_path):
+    """Under TLS 1.3 the server checks the client's certificate after the client's side of the handshake
+    finished: the refusal shows only as a close before the first answer. Connecting includes that first
+    answer, so the refusal is an AuthenticationFailed saying what probably happened, and a pool's backoff
+    grows instead of being reset by a connection that seemed made."""
+    (tmp_path / "other").mkdir()
+    other = standard_pki(tmp_path / "other", name="Other CA")
+    # trusts the server's CA, presents a certificate of another CA
+    refused = client_context({"ssl.keystore.type": "PEM", "ssl.keystore.location": other.broker_pem_file,
+                              "ssl.truststore.type": "PEM", "ssl.truststore.location": pki.ca_file})
+    served: list[int] = []
+
+    async def counting(reader, writer):
+        served.append(1)
+        await answer_metadata(reader, writer)
+
+    async def scenario():
+        server, port = await serve(counting, tls_server_context(pki, client_auth="required"))
+        async with server:
+            security = ClientSecurity(ssl_context=lambda: refused, description="listener INTERNAL (SSL)")
+            for negotiate in (False, True):
+                with pytest.raises(AuthenticationFailed, match=rf"TLS connection to 127\.0\.0\.1:{port} closed by the "
+                                   r"peer before its first answer .*the peer probably did not accept this broker's "
+                                   r"certificate"):
+                    await KafkaClientConnection.connect(HOST, port, client_id="1", negotiate_versions=negotiate,
+                                                        security=security)
+            pool = NodeClients(1, {2: (HOST, port)}, reconnect_backoff=0.05, reconnect_backoff_max=1.0,
+                               security=security)
+            for _ in range(3):
+                with pytest.raises(AuthenticationFailed):
+                    await pool.get(2)
+            # three failures in a row: the backoff grew (0.05, 0.1, 0.2 s, +-20 %), it was not reset
+            assert pool.backoff_remaining(2) > 0.1
+            await pool.close()
+        assert not served  # no request ever reached the server
+
+    run(scenario())
 
 
 def test_tls_checks_the_servers_certificate_and_host_and_presents_the_key_store(pki, tmp_path):

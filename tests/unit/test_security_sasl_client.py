@@ -112,8 +112,11 @@ def test_rfc7677_client_side_replayed_exactly():
     (b"r=someoneelsesnonce,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096", "does not start with client nonce"),
     (b"r=cnonce,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096", "does not start with client nonce"),  # no server part
     (b"r=cnonceSRV,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=1000", "less than the minimum 4096"),
-    (b"r=cnonceSRV,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=999999999", "unreasonably high"),
+    (b"r=cnonceSRV,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=16385", "more than the maximum 16384 for SCRAM-SHA-256"),
+    (b"r=cnonceSRV,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=999999999", "more than the maximum 16384"),
     (b"r=cnonceSRV,s=!!!,i=4096", "invalid server first message"),
+    (b"r=cnonceSRV,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096,not an extension", "invalid server first message"),
+    (b"r=cnonceSRV,s=W22ZaJ0SNY7soEsUEjb6gQ,i=4096", "invalid server first message"),  # not base64
     (b"garbage", "invalid server first message"),
     (b"\xff\xfe", "invalid server first message"),
 ])

@@ -83,6 +83,7 @@ class Server:
         self.context_of = context_of  # called per connection: a holder's current context
         self.failures: list[BaseException] = []
         self.principals: list = []
+        self.peer_certificates: list = []  # the client certificates (DER) of the connections accepted
         self.mapper = None
         self._tasks: set = set()
 
@@ -124,6 +125,7 @@ class Server:
                     transport.abort()
                     return
                 server.principals.append(principal)
+                server.peer_certificates.append(obj.getpeercert(binary_form=True))
                 transport.write(f"{principal}|{obj.version()}|{obj.cipher()[0]}\n".encode())
 
             def data_received(self, data):
@@ -532,6 +534,37 @@ def test_reload_serves_the_new_certificate_to_new_connections_only(pki):
     before, after = run(go())
     assert x509.load_der_x509_certificate(before).serial_number == pki.broker.serial_number
     assert x509.load_der_x509_certificate(after).serial_number == cert.serial_number
+
+
+def test_a_listener_reload_reaches_the_inter_broker_client_which_presents_the_new_certificate(pki, monkeypatch):
+    """ListenerTlsReloader: the inter-broker listener's server holder and the broker's own client holder both
+    take the new key store; a validated update is not built a second time when applied; the client's next
+    connection presents the new certificate to a server that requires one."""
+    settings = pem_settings(pki, **{"ssl.client.auth": "required"})
+    server = TlsContextHolder(settings, inter_broker=True)
+    client = TlsContextHolder(settings, mode="client", inter_broker=True)
+    reloader = tls.ListenerTlsReloader({"INTERNAL": server}, {"INTERNAL": "SSL"}, ("INTERNAL", client))
+    renewed, cert = _renewed(pki, "renewed-inter-broker.pem")
+    values = dict(settings, **{"listener.name.internal.ssl.keystore.location": renewed})
+    reloader.validate(values)
+    assert server.keystore.key_entry.chain[0].serial_number == pki.broker.serial_number  # nothing changed yet
+    builds = []
+    real_build = tls._build
+    monkeypatch.setattr(tls, "_build", lambda *a, **k: builds.append(a) or real_build(*a, **k))
+    assert reloader.reconfigure(values) == ["INTERNAL", "INTERNAL (client)"]
+    assert builds == []  # the contexts validate() built were swapped in
+    assert client.keystore.key_entry.chain[0].serial_number == cert.serial_number
+
+    async def go():
+        async with Server(lambda: server.context) as listener:
+            _, _, (_, writer) = await talk(listener.port, client.context)
+            writer.close()
+            return listener.peer_certificates
+
+    (presented,) = run(go())
+    assert x509.load_der_x509_certificate(presented).serial_number == cert.serial_number
+    # applied again: nothing changed, nothing built
+    assert reloader.reconfigure(values) == [] and builds == []
 
 
 def test_reload_of_unchanged_settings_is_a_no_op_but_a_rewritten_file_is_picked_up(pki):

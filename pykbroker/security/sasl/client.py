@@ -16,7 +16,8 @@ Interface (the wiring drives it over SaslHandshake / SaslAuthenticate, protocol/
   is only read to see that it accepted).
 * SCRAM-SHA-256 / SCRAM-SHA-512 (RFC 5802 / 7677): client-first ``n,,n=<saslname>,r=<nonce>``; on the
   server-first the nonce must begin with ours and the iteration count be at least the mechanism's minimum
-  (4096, as Kafka's ScramSaslClient checks); client-final with the proof; the server-final signature is
+  (4096, as Kafka's ScramSaslClient checks) and at most its maximum (16384, the most a credential can have:
+  Kafka's ScramMechanism; a check of our own, worded like Kafka's minimum); client-final with the proof; the server-final signature is
   checked in constant time before the exchange counts as complete (a server that does not know the
   password cannot pass). ``e=`` in the server-final is the server's refusal.
 
@@ -29,27 +30,24 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-import re
 from typing import Any, Mapping
 
 from pykbroker.security import credentials as cred
 from pykbroker.security.jaas import (
     PLAIN_LOGIN_MODULE, SCRAM_LOGIN_MODULE, JaasConfigError, config_entry_option, server_jaas_entry,
 )
-from pykbroker.security.sasl.scram import saslname_from_username
+from pykbroker.security.sasl.scram import SERVER_FINAL, SERVER_FIRST, saslname_from_username
 
 __all__ = ("SaslClientError", "SaslClient", "PlainClient", "ScramClient", "sasl_client", "inter_broker_credentials",
            "CLIENT_MECHANISMS")
 
 CLIENT_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 _LOGIN_MODULES = {"PLAIN": PLAIN_LOGIN_MODULE, "SCRAM-SHA-256": SCRAM_LOGIN_MODULE, "SCRAM-SHA-512": SCRAM_LOGIN_MODULE}
-_SERVER_FIRST = re.compile(r"(?:m=[^,]+,)?r=(?P<nonce>[\x21-\x2b\x2d-\x7e]+),s=(?P<salt>[A-Za-z0-9+/=]+),"
-                           r"i=(?P<iterations>[0-9]+)(?:,.*)?", re.ASCII | re.DOTALL)
-_SERVER_FINAL = re.compile(r"(?:e=(?P<error>[^,]*)|v=(?P<signature>[A-Za-z0-9+/=]+))(?:,.*)?", re.ASCII | re.DOTALL)
 
 
-class SaslClientError(Exception):
-    """The exchange cannot go on (a malformed or refused server message, a server that failed its proof)."""
+class SaslClientError(ValueError):
+    """The exchange cannot go on (a malformed or refused server message, a server that failed its proof). A
+    ValueError: what protocol/client.py, which drives the exchange without importing this package, catches."""
 
 
 class SaslClient:
@@ -126,7 +124,7 @@ class ScramClient(SaslClient):
 
     def _server_first(self, data: bytes) -> bytes:
         text = data.decode("utf-8", errors="replace")
-        m = _SERVER_FIRST.fullmatch(text)
+        m = SERVER_FIRST.fullmatch(text)
         if m is None:
             raise self._fail("invalid server first message")
         nonce = m.group("nonce")
@@ -136,8 +134,11 @@ class ScramClient(SaslClient):
         if iterations < self._scram.min_iterations:
             raise self._fail(f"Requested iterations {iterations} is less than the minimum "
                              f"{self._scram.min_iterations} for {self.mechanism}")
-        if iterations > 10_000_000:
-            raise self._fail(f"Requested iterations {iterations} is unreasonably high")
+        if iterations > self._scram.max_iterations:
+            # Kafka's client checks only the minimum; a credential of more iterations cannot be stored
+            # (ScramMechanism's maximum), so a higher count is a rogue server's way to burn this broker's CPU.
+            raise self._fail(f"Requested iterations {iterations} is more than the maximum "
+                             f"{self._scram.max_iterations} for {self.mechanism}")
         try:
             salt = base64.b64decode(m.group("salt"), validate=True)
         except (binascii.Error, ValueError):
@@ -147,15 +148,14 @@ class ScramClient(SaslClient):
         without_proof = f"c={base64.b64encode(b'n,,').decode('ascii')},r={nonce}"
         auth_message = ",".join((self._client_first_bare, text, without_proof)).encode("utf-8")
         client_key = cred.client_key(self._scram, salted)
-        signature = hmac.new(cred.stored_key(self._scram, client_key), auth_message, self._scram.hash_name).digest()
-        proof = bytes(a ^ b for a, b in zip(client_key, signature))
-        self._server_signature = hmac.new(cred.server_key(self._scram, salted), auth_message,
-                                          self._scram.hash_name).digest()
+        signature = cred.client_signature(self._scram, cred.stored_key(self._scram, client_key), auth_message)
+        proof = cred.xor(client_key, signature)
+        self._server_signature = cred.server_signature(self._scram, cred.server_key(self._scram, salted), auth_message)
         self._state = "RECEIVE_SERVER_FINAL"
         return f"{without_proof},p={base64.b64encode(proof).decode('ascii')}".encode("ascii")
 
     def _server_final(self, data: bytes) -> None:
-        m = _SERVER_FINAL.fullmatch(data.decode("utf-8", errors="replace"))
+        m = SERVER_FINAL.fullmatch(data.decode("utf-8", errors="replace"))
         if m is None:
             raise self._fail("invalid server final message")
         if m.group("error") is not None:

@@ -66,6 +66,10 @@ _CLIENT_FIRST = re.compile(
 _CLIENT_FINAL = re.compile(
     rf"(?P<without_proof>c=(?P<channel>{_BASE64}),r=(?P<nonce>{_PRINTABLE}){_EXTENSIONS}),p=(?P<proof>{_BASE64})",
     re.ASCII)
+# The server's messages, which the broker's own client reads (sasl/client.py), as ScramMessages parses them
+SERVER_FIRST = re.compile(
+    rf"{_RESERVED}r=(?P<nonce>{_PRINTABLE}),s=(?P<salt>{_BASE64}),i=(?P<iterations>[0-9]+){_EXTENSIONS}", re.ASCII)
+SERVER_FINAL = re.compile(rf"(?:e=(?P<error>{_VALUE_SAFE}+))|(?:v=(?P<signature>{_BASE64}){_EXTENSIONS})", re.ASCII)
 
 
 def username_from_saslname(saslname: str) -> str:
@@ -202,15 +206,14 @@ class ScramServer(SaslServer):
         credential = self._credential
         assert credential is not None
         auth_message = ",".join((self._client_first_bare, self._server_first, m.group("without_proof"))).encode("ascii")
-        digest = self._scram.hash_name
-        client_signature = hmac.new(credential.stored_key, auth_message, digest).digest()
+        client_signature = cred.client_signature(self._scram, credential.stored_key, auth_message)
         if len(proof) != len(client_signature):
             raise SaslAuthenticationFailed(None, "Invalid client credentials (proof of the wrong length)")
-        client_key = bytes(a ^ b for a, b in zip(client_signature, proof))
+        client_key = cred.xor(client_signature, proof)
         computed = cred.stored_key(self._scram, client_key)
         if not hmac.compare_digest(computed, credential.stored_key):
             raise SaslAuthenticationFailed(None, "Invalid client credentials")
-        server_signature = hmac.new(credential.server_key, auth_message, digest).digest()
+        server_signature = cred.server_signature(self._scram, credential.server_key, auth_message)
         self._clear()
         self._succeed(self._authorized_id or "")
         return b"v=" + base64.b64encode(server_signature)
