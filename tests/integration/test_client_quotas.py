@@ -442,3 +442,32 @@ def check_user_quota_over_mutual_tls(broker, pki, plain: int, mtls: int, topic_n
     assert with_certificate and max(with_certificate) > 0, with_certificate
     # the same client id on PLAINTEXT is User:ANONYMOUS: no quota
     assert not any(throttles_of(f"127.0.0.1:{plain}", {}))
+
+
+def test_a_quota_set_on_a_single_node_survives_a_crash(quota_broker):
+    """AlterClientQuotas answers only once the change is durable in the metadata journal (as AlterConfigs)."""
+    wire = Wire(quota_broker, "admin")
+    try:
+        assert alter(wire, {"user": "crash"}, {"producer_byte_rate": 4096}) == (ErrorCode.none, None)
+    finally:
+        wire.close()
+    quota_broker.restart(kill=True)
+    wire = Wire(quota_broker, "admin")
+    try:
+        assert described(describe(wire, [("user", 0, "crash")], strict=True)) == {
+            (("user", "crash"),): {"producer_byte_rate": 4096.0}}
+    finally:
+        wire.close()
+
+
+def test_without_cluster_acls_the_client_quota_apis_are_refused_as_kafka_refuses_them(broker_factory):
+    """Kafka's getErrorResponse: AlterClientQuotas answers each entry CLUSTER_AUTHORIZATION_FAILED (null
+    message, the entity echoed), DescribeClientQuotas the error with a null message and null entries."""
+    broker = broker_factory.make({"authorizer.class.name": "kafka.security.authorizer.AclAuthorizer"})
+    wire = Wire(broker, "nobody")  # User:ANONYMOUS, no ACL, not a super user
+    try:
+        assert alter(wire, {"user": "alice"}, {"producer_byte_rate": 1024}) == (31, None)
+        refused = describe(wire, [])
+        assert (refused.error_code, refused.error_message, refused.entries) == (31, None, None)
+    finally:
+        wire.close()
