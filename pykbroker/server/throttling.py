@@ -220,10 +220,12 @@ def mutation_quota(ctx: RequestContext, api: str) -> ControllerMutationQuota | N
 
 def record_mutation(quota: ControllerMutationQuota | None, partitions: int) -> None:
     """Take a topic's partitions from the quota (after the topic was validated, before it is changed, as
-    ZkAdminManager does); KafkaError THROTTLING_QUOTA_EXCEEDED when a strict quota refuses it."""
+    ZkAdminManager does); KafkaError THROTTLING_QUOTA_EXCEEDED when a strict quota refuses it, with a null
+    message as Kafka 3.7.1 answers it (ApiError.fromThrowable drops a message equal to the error's default one for
+    CreateTopics and CreatePartitions; DeleteTopics sets only the code)."""
     if quota is None:
         return
     try:
         quota.record(partitions, wall_ms())
-    except ThrottlingQuotaExceeded as exc:
-        raise KafkaError(ErrorCode.throttling_quota_exceeded, str(exc)) from None
+    except ThrottlingQuotaExceeded:
+        raise KafkaError(ErrorCode.throttling_quota_exceeded, None) from None

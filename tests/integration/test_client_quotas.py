@@ -296,18 +296,19 @@ def test_controller_mutation_rate_refuses_topic_changes_with_throttling_quota_ex
         # ... and then CreateTopics v7 (strict since v6) refuses the next topic with 89 and Kafka's message.
         refused = create_v7(names[1])
         (topic,) = refused.topics
-        assert (topic.error_code, topic.error_message) == (THROTTLING_QUOTA_EXCEEDED,
-                                                           "The throttling quota has been exceeded.")
+        # Kafka 3.7.1 (ZooKeeper mode) sends a null message: ApiError.fromThrowable drops the generic one
+        assert (topic.error_code, topic.error_message) == (THROTTLING_QUOTA_EXCEEDED, None)
         assert throttle_ms(refused) > 0
         # validate_only takes nothing from the quota and is not refused
         assert create_v7(names[1], validate_only=True).topics[0].error_code == ErrorCode.none
         # DeleteTopics v6 (strict since v5) and CreatePartitions v3 (strict since v3): refused too
         deleted = as_creator(DeleteTopicsRequest(topics=(DeleteTopicState(name=names[0], topic_id=None),),
                                                  timeout=ms(30_000)))
-        assert deleted.responses[0].error_code == THROTTLING_QUOTA_EXCEEDED
+        # (DeleteTopics: Kafka sets only the code)
+        assert (deleted.responses[0].error_code, deleted.responses[0].error_message) == (THROTTLING_QUOTA_EXCEEDED, None)
         grown = as_creator(CreatePartitionsRequest(topics=(CreatePartitionsTopic(
             name=names[0], count=i32(41), assignments=None),), timeout=ms(30_000), validate_only=False))
-        assert grown.results[0].error_code == THROTTLING_QUOTA_EXCEEDED
+        assert (grown.results[0].error_code, grown.results[0].error_message) == (THROTTLING_QUOTA_EXCEEDED, None)
         # CreateTopics v5 is permissive: accepted, and only throttled
         old = as_creator(CreateTopicsRequestV5(topics=(CreatableTopicV5(
             name=names[2], num_partitions=i32(1), replication_factor=i16(1), assignments=(), configs=()),),
