@@ -91,6 +91,7 @@ from pykbroker.security.sasl.authenticator import SaslAuthenticator, Step
 from pykbroker.server.dispatch import NO_RESPONSE, CloseConnection, Handler, RequestContext
 from pykbroker.server.error_answers import build, error_response
 from pykbroker.server.handlers.api_versions import unsupported_api_versions_response
+from pykbroker.server.throttling import pre_encoded
 
 if TYPE_CHECKING:
     from pykbroker.security.principal import KafkaPrincipal
@@ -336,7 +337,7 @@ class KafkaConnection(asyncio.Protocol):
             self._busy = True
             self._task = asyncio.ensure_future(self._complete_later(request, result, started, context))
         else:
-            self._complete(request, result, started)
+            self._complete(request, result, started, context)
             self._mute_if_throttled(context)
 
     async def _complete_later(self, request, awaitable, started: float, context: RequestContext) -> None:
@@ -349,7 +350,7 @@ class KafkaConnection(asyncio.Protocol):
                 result = self._failed(request, RuntimeError("the handler was cancelled"))
             except Exception as exc:
                 result = self._failed(request, exc)
-            self._complete(request, result, started)
+            self._complete(request, result, started, context)
             self._mute_if_throttled(context)
         finally:
             # Whatever became of the request, the connection goes on with the next one.
@@ -422,7 +423,7 @@ class KafkaConnection(asyncio.Protocol):
                     request.api_key, request.api_version, request.correlation_id, self.peer, code.name, exc)
         return answer
 
-    def _complete(self, request, result, started: float = 0.0) -> None:
+    def _complete(self, request, result, started: float = 0.0, context: RequestContext | None = None) -> None:
         if self.stats is not None:
             answered = not (result is NO_RESPONSE or isinstance(result, CloseConnection))
             self.stats.request_done(request.api_key, request.api_version, result if answered else None, started)
@@ -432,8 +433,9 @@ class KafkaConnection(asyncio.Protocol):
             self._abort(f"api {request.api_key} v{request.api_version} (correlation id {request.correlation_id}) "
                         f"{result.reason}")
             return
-        try:
-            pieces = encode_response(request.codec, request.correlation_id, result)
+        try:  # a consumer's fetch under a quota was encoded already, to measure it (server/throttling.py)
+            pieces = (pre_encoded(context, result) if context is not None else None) or \
+                encode_response(request.codec, request.correlation_id, result)
         except Exception:
             log.exception("cannot encode the answer to api %s v%s; closing %s", request.api_key, request.api_version, self.peer)
             self._abort("response encoding failure")

@@ -1,8 +1,9 @@
 """Client quotas on the request path (KIP-13, KIP-55, KIP-124, KIP-219, KIP-599), as Kafka 3.7.1's KafkaApis and
 RequestHandlerHelper apply them; the arithmetic is security/quotas.py's ``ClientQuotas`` (``broker.quotas``).
 
-:func:`with_client_quotas` wraps the broker's handler table once. While no quota entity was ever configured
-(Kafka's ``quotasEnabled``) a request goes straight to its handler; after that every request gets a
+:func:`with_client_quotas` wraps the broker's handler table once. While no quota value is set
+(``ClientQuotas.enabled``, a plain attribute; not Kafka's ``quotasEnabled``, which any entity config switches
+on for good, a SCRAM user's too: see security/quotas.py) a request goes straight to its handler; while one is, every request gets a
 :class:`RequestQuota` as ``ctx.quota``: the handler's own time is measured (the time spent in its steps, not
 in the waits of a long poll or an acks=all produce: Kafka's request thread time), and when the answer is ready
 the request is recorded against the client's quotas - the principal's name (``ctx.principal``, User:ANONYMOUS
@@ -59,7 +60,7 @@ class RequestQuota:
     """One request's quota state: the handler's time so far, and the throttle it was given (Kafka's
     RequestChannel.Request requestThreadTimeNanos and apiThrottleTimeMs)."""
 
-    __slots__ = ("handler_ns", "step_started_ns", "throttle_ms", "mutation", "recorded")
+    __slots__ = ("handler_ns", "step_started_ns", "throttle_ms", "mutation", "recorded", "encoded")
 
     def __init__(self) -> None:
         self.handler_ns = 0
@@ -67,6 +68,7 @@ class RequestQuota:
         self.throttle_ms = 0
         self.mutation: ControllerMutationQuota | None = None
         self.recorded = False  # the handler recorded the request itself (a consumer's fetch) or it is exempt
+        self.encoded: tuple[Any, list] | None = None  # (response, its wire pieces): a fetch measured by encoding
 
     def handler_nanos(self) -> int:
         """The handler's time up to now (the step running now included)."""
@@ -192,7 +194,9 @@ def fetch_throttle(ctx: RequestContext, response: Any) -> int:
     quotas = ctx.broker.quotas
     principal, client_id = ctx.principal, ctx.request.client_id or ""
     codec = ctx.request.codec
-    pieces = encode_response(codec, 0, response)  # record data stays unread: only its length is counted
+    # The response as it will be sent (record data stays unread: only its length is counted); kept for the
+    # connection to send (:func:`pre_encoded`), so the answer is encoded once.
+    pieces = encode_response(codec, ctx.request.correlation_id, response)
     size = sum(len(piece) for piece in pieces) - SIZE.size - (1 if codec.flexible_response_header else 0)
     now = wall_ms()
     request = quotas.record_request(principal, client_id, quota.handler_nanos(), now)
@@ -201,7 +205,15 @@ def fetch_throttle(ctx: RequestContext, response: Any) -> int:
     if throttle > 0:
         quotas.unrecord_fetch(principal, client_id, size, now)
         quota.throttle_ms = throttle
+    else:
+        quota.encoded = (response, pieces)
     return throttle
+
+
+def pre_encoded(ctx: RequestContext, result: Any) -> list | None:
+    """The wire pieces of ``result`` if :func:`fetch_throttle` encoded exactly this response, else None."""
+    encoded = ctx.quota.encoded if ctx.quota is not None else None
+    return encoded[1] if encoded is not None and encoded[0] is result else None
 
 
 # -- CreateTopics, CreatePartitions, DeleteTopics (KIP-599) --
@@ -209,10 +221,13 @@ def fetch_throttle(ctx: RequestContext, response: Any) -> int:
 
 def mutation_quota(ctx: RequestContext, api: str) -> ControllerMutationQuota | None:
     """The request's controller mutation quota ("CreateTopics", "CreatePartitions", "DeleteTopics"), None while
-    no quota is configured; strict from the versions Kafka makes strict."""
+    no controller_mutation_rate is set anywhere (nothing could be refused or throttled: the handler then skips the
+    validation it makes before taking from the quota); strict from the versions Kafka makes strict."""
     if ctx.quota is None:
         return None
     quotas = ctx.broker.quotas
+    if not quotas.controller_mutation.configured:
+        return None
     ctx.quota.mutation = quotas.controller_mutation.new_quota_for(
         api, ctx.version, ctx.principal, ctx.request.client_id or "", wall_ms())
     return ctx.quota.mutation
