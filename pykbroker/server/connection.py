@@ -42,8 +42,11 @@ the authentication.
 
 Client quotas (KIP-219, server/throttling.py): a request over its client's quota is answered at once with its
 throttle_time_ms, and then the connection is muted for that long, as Kafka's ThrottledChannel: nothing is read
-from the socket nor taken from the buffer until the throttle time has passed (a connection muted so is not
-idle), so a client that does not back off by itself is held to its quota; other connections are not affected.
+from the socket nor taken from the buffer until the throttle time has passed, so a client that does not back off
+by itself is held to its quota; other connections are not affected. A muted connection still expires as any
+other after connections.max.idle.ms without socket activity (Kafka's Selector ignores the mute for idleness, and
+a byte-rate throttle has no upper bound). A request whose handler raised is recorded and throttled too
+(Kafka's sendErrorResponseMaybeThrottle): its error answer carries the throttle.
 
 A SASL listener's connection (``sasl``) is "authenticating" before it serves: every frame goes to its
 SaslAuthenticator (security/sasl/authenticator.py, Kafka's SaslServerAuthenticator), which allows only
@@ -91,7 +94,7 @@ from pykbroker.security.sasl.authenticator import SaslAuthenticator, Step
 from pykbroker.server.dispatch import NO_RESPONSE, CloseConnection, Handler, RequestContext
 from pykbroker.server.error_answers import build, error_response
 from pykbroker.server.handlers.api_versions import unsupported_api_versions_response
-from pykbroker.server.throttling import pre_encoded
+from pykbroker.server.throttling import failure_throttled, pre_encoded
 
 if TYPE_CHECKING:
     from pykbroker.security.principal import KafkaPrincipal
@@ -249,8 +252,9 @@ class KafkaConnection(asyncio.Protocol):
 
     @property
     def idle_since(self) -> float | None:
-        """When this connection last made progress, or None while it waits on its own request."""
-        return None if self._busy or self.throttled else self.last_active
+        """When this connection last made progress, or None while it waits on its own request (muted for a
+        client quota it is idle as any other: Kafka's Selector ignores the mute state for idleness)."""
+        return None if self._busy else self.last_active
 
     # -- requests ---------------------------------------------------------------------------------
     def _process(self) -> None:
@@ -332,7 +336,7 @@ class KafkaConnection(asyncio.Protocol):
         try:
             result = self.handlers[request.api_key](context, request.body)
         except Exception as exc:
-            result = self._failed(request, exc)
+            result = failure_throttled(context, self._failed(request, exc))
         if asyncio.iscoroutine(result):
             self._busy = True
             self._task = asyncio.ensure_future(self._complete_later(request, result, started, context))
@@ -349,7 +353,7 @@ class KafkaConnection(asyncio.Protocol):
                     raise  # the connection is gone: connection_lost cancelled us
                 result = self._failed(request, RuntimeError("the handler was cancelled"))
             except Exception as exc:
-                result = self._failed(request, exc)
+                result = failure_throttled(context, self._failed(request, exc))
             self._complete(request, result, started, context)
             self._mute_if_throttled(context)
         finally:

@@ -25,8 +25,9 @@ on a PLAINTEXT listener; sanitized as Kafka's Sanitizer does for matching) and t
 
 A throttle above 0 goes into the response's throttle_time_ms (where its version has one) and into
 ``ctx.quota.throttle_ms``, from which the connection mutes the channel for that long after handing the answer
-over (KIP-219; server/connection.py), acks=0 produces included. Requests whose handler raises are answered by the
-connection's error answer and not recorded.
+over (KIP-219; server/connection.py), acks=0 produces included. A request whose handler raises is recorded against
+``request_percentage`` and its error answer (the connection's) throttled by it, as Kafka's
+sendErrorResponseMaybeThrottle.
 """
 
 from __future__ import annotations
@@ -121,8 +122,11 @@ def _metered(api_key: int, handler: Handler) -> Handler:
         quota = ctx.quota = RequestQuota()
         try:
             result = handler(ctx, body)
-        finally:
+        except Exception:
             quota.handler_ns += perf_counter_ns() - quota.step_started_ns
+            _record_failure(ctx)
+            raise
+        quota.handler_ns += perf_counter_ns() - quota.step_started_ns
         if asyncio.iscoroutine(result):
             return _finish_later(api_key, ctx, body, result)
         return _finish(api_key, ctx, body, result)
@@ -131,8 +135,33 @@ def _metered(api_key: int, handler: Handler) -> Handler:
 
 
 async def _finish_later(api_key: int, ctx: RequestContext, body, coro) -> Any:
-    result = await _Timed(coro, ctx.quota)
+    try:
+        result = await _Timed(coro, ctx.quota)
+    except Exception:
+        _record_failure(ctx)
+        raise
     return _finish(api_key, ctx, body, result)
+
+
+def _record_failure(ctx: RequestContext) -> None:
+    """A handler raised: Kafka's sendErrorResponseMaybeThrottle records the request time against the request
+    quota and throttles the error answer (:func:`failure_throttled`) and the connection by it."""
+    quota: RequestQuota = ctx.quota
+    if quota.recorded:  # a consumer's fetch recorded itself before failing
+        return
+    quota.recorded = True
+    throttle = ctx.broker.quotas.record_request(ctx.principal, ctx.request.client_id or "", quota.handler_ns,
+                                                wall_ms())
+    if throttle > 0:
+        quota.throttle_ms = throttle
+
+
+def failure_throttled(ctx: RequestContext, answer: Any) -> Any:
+    """The connection's error answer to a request whose handler raised, with the throttle it was given."""
+    quota = ctx.quota
+    if quota is None or quota.throttle_ms <= 0:
+        return answer
+    return throttled(ctx, answer, quota.throttle_ms)
 
 
 def _finish(api_key: int, ctx: RequestContext, body, result: Any) -> Any:

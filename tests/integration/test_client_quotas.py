@@ -9,6 +9,7 @@ integration/bench/quota_bench.py's. No sleeps: every wait is on a condition with
 from __future__ import annotations
 
 import contextlib
+import select
 import threading
 import time
 import urllib.request
@@ -149,27 +150,60 @@ def test_a_throttled_connection_is_answered_at_once_then_not_read_for_the_thrott
         # 11.6 kB: the rate over the 10 s minimum window is 1160 B/s... against 10 kB/s: no throttle yet
         first = wire.request(produce_request(topic_name, 11_500))
         assert throttle_ms(first) == 0
-        # ... the second brings it over: Kafka's throttle is (rate - quota) / quota * window, about 1.3 s here
-        wire.send(produce_request(topic_name, 100_000))
+        # ... the second brings it over: Kafka's throttle is (rate - quota) / quota * window, about 6 s here
+        sent = time.monotonic()
+        wire.send(produce_request(topic_name, 150_000))
         wire.send(MetadataRequest(topics=(), allow_auto_topic_creation=False,
                                   include_topic_authorized_operations=False))  # pipelined behind it
         second = wire.receive()
-        answered = time.monotonic()
         throttle = throttle_ms(second)
         assert second.responses[0].partition_responses[0].error_code == ErrorCode.none  # the produce was done
         assert 500 < throttle < 20_000, throttle
-        wire.receive()
-        waited = time.monotonic() - answered
-        # the metadata request was not read (nor answered) before the throttle time had passed
-        assert waited >= throttle / 1000 * 0.9, (waited, throttle)
-        # another client on the same broker is not muted meanwhile
+        # Another client on the same broker is not muted meanwhile: its produce, sent while the first connection
+        # is muted, is answered before the first connection's pipelined request.
         other = Wire(quota_broker, "unmuted")
         try:
-            started = time.monotonic()
-            assert throttle_ms(other.request(produce_request(topic_name, 100_000))) == 0
-            assert time.monotonic() - started < throttle / 1000, "an unthrottled client waited"
+            other.send(produce_request(topic_name, 10_000))
+            readable, _, _ = select.select([wire.sock, other.sock], [], [], 60)
+            assert readable == [other.sock], "the unthrottled client was answered after the muted one"
+            assert throttle_ms(other.receive()) == 0
         finally:
             other.close()
+        wire.receive()
+        waited = time.monotonic() - sent
+        # the metadata request was not read (nor answered) before the throttle time had passed since the answer,
+        # which left after ``sent``
+        assert waited >= throttle / 1000, (waited, throttle)
+
+
+def test_a_connection_closed_while_muted_leaves_the_broker_serving_its_client(quota_broker, topic_name):
+    with quota_client(quota_broker, topic_name, "closer", {"producer_byte_rate": 1000}) as wire:
+        # 100 kB against 1 kB/s: a throttle of about 90 s; a request is pipelined behind it, then the client leaves
+        wire.send(produce_request(topic_name, 100_000))
+        wire.send(MetadataRequest(topics=(), allow_auto_topic_creation=False,
+                                  include_topic_authorized_operations=False))
+        assert throttle_ms(wire.receive()) > 30_000
+    again = Wire(quota_broker, "closer")  # the same client id, a new connection: not muted
+    try:
+        started = time.monotonic()
+        answer = again.request(ApiVersionsRequest(client_software_name="t", client_software_version="1"))
+        assert answer.error_code == ErrorCode.none and time.monotonic() - started < 20
+    finally:
+        again.close()
+    log = quota_broker.log_tail(400)
+    assert "Traceback" not in log and " ERROR " not in log, log
+
+
+def test_a_connection_muted_longer_than_connections_max_idle_ms_is_closed(broker_factory, topic_name):
+    """Kafka's Selector expires idle connections whatever their mute state (a byte-rate throttle is unbounded)."""
+    broker = broker_factory.make({"connections.max.idle.ms": 2000})
+    with quota_client(broker, topic_name, "sleeper", {"producer_byte_rate": 1000}) as wire:
+        assert throttle_ms(wire.request(produce_request(topic_name, 100_000))) > 30_000  # muted for ~90 s
+        wire.sock.settimeout(30)
+        started = time.monotonic()
+        assert wire.sock.recv(1) == b""  # closed by the broker ...
+        assert time.monotonic() - started < 30  # ... after connections.max.idle.ms, not after the throttle
+    assert "idle for more than connections.max.idle.ms" in broker.log_tail(200)
 
 
 def test_an_acks_0_producer_over_its_byte_rate_gets_no_answer_but_its_connection_is_muted(quota_broker, topic_name):
