@@ -506,3 +506,44 @@ def test_without_cluster_acls_the_client_quota_apis_are_refused_as_kafka_refuses
         assert (refused.error_code, refused.error_message, refused.entries) == (31, None, None)
     finally:
         wire.close()
+
+
+def test_a_failed_journal_write_answers_kafka_storage_error_for_the_altered_entities(tmp_path, monkeypatch):
+    """As AlterConfigs: the commit's error replaces each changed entity's success; a refused entry keeps its own
+    error. The change is applied and made durable by the next commit (here the stop's)."""
+    import asyncio
+    import types
+
+    from kio.schema.alter_client_quotas.v1.request import AlterClientQuotasRequest, EntityData, EntryData, OpData
+    from kio.static.primitive import f64
+
+    from pykbroker.cluster import metadata_log
+    from pykbroker.protocol.apis import codec_for
+    from pykbroker.server.dispatch import RequestContext
+    from pykbroker.server.handlers.client_quotas import alter_client_quotas
+    from test_metadata_store import JournalDiskFull, in_process_broker
+
+    request = AlterClientQuotasRequest(entries=(
+        EntryData(entity=(EntityData(entity_type="user", entity_name="disk"),),
+                  ops=(OpData(key="producer_byte_rate", value=f64(1024.0), remove=False),)),
+        EntryData(entity=(EntityData(entity_type="user", entity_name="bad"),),
+                  ops=(OpData(key="foo", value=f64(1.0), remove=False),)),
+    ), validate_only=False)
+
+    async def scenario():
+        broker = in_process_broker(tmp_path)
+        monkeypatch.setattr(metadata_log, "os", JournalDiskFull())
+        envelope = types.SimpleNamespace(api_key=49, api_version=1, body=request, codec=codec_for(49, 1))
+        response = await alter_client_quotas(RequestContext(broker, envelope, "peer"), request)
+        monkeypatch.undo()
+        await broker.stop()
+        return [(e.entity[0].entity_name, e.error_code, e.error_message) for e in response.entries]
+
+    (disk, bad) = asyncio.run(scenario())
+    assert disk[:2] == ("disk", ErrorCode.kafka_storage_error) and "not durable" in disk[2]
+    assert bad == ("bad", ErrorCode.invalid_request, "Invalid configuration key foo")
+    broker = in_process_broker(tmp_path)
+    try:
+        assert broker.metadata.client_entity_configs().get("users/disk") == {"producer_byte_rate": "1024"}
+    finally:
+        asyncio.run(broker.stop())
