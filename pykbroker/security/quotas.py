@@ -59,6 +59,12 @@ Kafka 3.7.1's own ClientQuotaManager, ClientRequestQuotaManager, ControllerMutat
 * With no quota configured anywhere for a type the manager records nothing (``quotasEnabled``); once any
   entity has been configured (even with other keys: Kafka's config handler updates every quota type for each
   entity config), every client is recorded, against Long.MAX_VALUE when no quota applies to it.
+  The request path (server/throttling.py) differs on purpose: it records only while some quota value is set
+  (``ClientQuotas.enabled``), so a deployment whose only entity configs are SCRAM users pays nothing per request.
+  Kafka would record every client from the first user config on; pykbroker's /metrics therefore show no client
+  quota series (``kafka_server_produce_*``, ``kafka_server_fetch_*``, ``kafka_server_request_*``) while no quota is
+  set, and its sensors stop counting once the last quota is removed, where Kafka's count every client (against
+  Long.MAX_VALUE) from the first entity config on.
 
 Entities and precedence (``DefaultQuotaCallback``): a quota is set on user+client-id, user, or client-id, each
 either named or ``<default>`` (:data:`DEFAULT`). A connection of principal name ``user`` and ``client_id``
@@ -343,6 +349,11 @@ class ClientQuotaManager:
     @property
     def quotas_enabled(self) -> bool:
         return self.quota_types_enabled != NO_QUOTAS
+
+    @property
+    def configured(self) -> bool:
+        """Is a quota of this type set on some entity now (unlike quotas_enabled, which stays on)?"""
+        return bool(self._quotas)
 
     @staticmethod
     def _key(entity: QuotaEntity) -> tuple[Any, Any]:
@@ -678,6 +689,10 @@ class ClientQuotas:
                                                                   window_seconds=controller_window_seconds)
         self.exempt = Rate(samples, window_seconds * 1000)   # exempt-request-time, for the metrics only
         self._configs: dict[QuotaEntity, dict[str, str]] = {}
+        # Is some quota value set now (on any entity, of any type)? A plain attribute, read on every request:
+        # while False the request path records nothing. Not Kafka's quotasEnabled (set by any entity config,
+        # even a SCRAM user's without quotas, and never unset): see the module docstring.
+        self.enabled = False
 
     @classmethod
     def from_config(cls, get: Callable[[str], Any]) -> "ClientQuotas":
@@ -698,12 +713,6 @@ class ClientQuotas:
     def managers(self) -> tuple[ClientQuotaManager, ...]:
         return (self.produce, self.fetch, self.request, self.controller_mutation)
 
-    @property
-    def enabled(self) -> bool:
-        """Has any quota entity been configured (Kafka's quotasEnabled of any manager)? Until then requests
-        are not recorded at all."""
-        return any(manager.quotas_enabled for manager in self.managers())
-
     def apply_entity_config(self, entity: QuotaEntity, config: Mapping[str, Any] | None) -> None:
         """QuotaConfigHandler.updateQuotaConfig: the entity's whole config (None or {}: deleted). Each manager
         gets its key's value or a removal. Values are parsed first, so a bad value changes nothing (ValueError)."""
@@ -718,6 +727,7 @@ class ClientQuotas:
             self._configs[entity] = {k: str(v) for k, v in config.items()}
         else:
             self._configs.pop(entity, None)
+        self.enabled = any(manager.configured for manager in self.managers())
 
     def entity_config(self, entity: QuotaEntity) -> dict[str, str]:
         return dict(self._configs.get(entity, {}))

@@ -42,8 +42,11 @@ the authentication.
 
 Client quotas (KIP-219, server/throttling.py): a request over its client's quota is answered at once with its
 throttle_time_ms, and then the connection is muted for that long, as Kafka's ThrottledChannel: nothing is read
-from the socket nor taken from the buffer until the throttle time has passed (a connection muted so is not
-idle), so a client that does not back off by itself is held to its quota; other connections are not affected.
+from the socket nor taken from the buffer until the throttle time has passed, so a client that does not back off
+by itself is held to its quota; other connections are not affected. A muted connection still expires as any
+other after connections.max.idle.ms without socket activity (Kafka's Selector ignores the mute for idleness, and
+a byte-rate throttle has no upper bound). A request whose handler raised is recorded and throttled too
+(Kafka's sendErrorResponseMaybeThrottle): its error answer carries the throttle.
 
 A SASL listener's connection (``sasl``) is "authenticating" before it serves: every frame goes to its
 SaslAuthenticator (security/sasl/authenticator.py, Kafka's SaslServerAuthenticator), which allows only
@@ -91,6 +94,7 @@ from pykbroker.security.sasl.authenticator import SaslAuthenticator, Step
 from pykbroker.server.dispatch import NO_RESPONSE, CloseConnection, Handler, RequestContext
 from pykbroker.server.error_answers import build, error_response
 from pykbroker.server.handlers.api_versions import unsupported_api_versions_response
+from pykbroker.server.throttling import failure_throttled, pre_encoded
 
 if TYPE_CHECKING:
     from pykbroker.security.principal import KafkaPrincipal
@@ -248,8 +252,9 @@ class KafkaConnection(asyncio.Protocol):
 
     @property
     def idle_since(self) -> float | None:
-        """When this connection last made progress, or None while it waits on its own request."""
-        return None if self._busy or self.throttled else self.last_active
+        """When this connection last made progress, or None while it waits on its own request (muted for a
+        client quota it is idle as any other: Kafka's Selector ignores the mute state for idleness)."""
+        return None if self._busy else self.last_active
 
     # -- requests ---------------------------------------------------------------------------------
     def _process(self) -> None:
@@ -331,12 +336,12 @@ class KafkaConnection(asyncio.Protocol):
         try:
             result = self.handlers[request.api_key](context, request.body)
         except Exception as exc:
-            result = self._failed(request, exc)
+            result = failure_throttled(context, self._failed(request, exc))
         if asyncio.iscoroutine(result):
             self._busy = True
             self._task = asyncio.ensure_future(self._complete_later(request, result, started, context))
         else:
-            self._complete(request, result, started)
+            self._complete(request, result, started, context)
             self._mute_if_throttled(context)
 
     async def _complete_later(self, request, awaitable, started: float, context: RequestContext) -> None:
@@ -348,8 +353,8 @@ class KafkaConnection(asyncio.Protocol):
                     raise  # the connection is gone: connection_lost cancelled us
                 result = self._failed(request, RuntimeError("the handler was cancelled"))
             except Exception as exc:
-                result = self._failed(request, exc)
-            self._complete(request, result, started)
+                result = failure_throttled(context, self._failed(request, exc))
+            self._complete(request, result, started, context)
             self._mute_if_throttled(context)
         finally:
             # Whatever became of the request, the connection goes on with the next one.
@@ -426,7 +431,7 @@ class KafkaConnection(asyncio.Protocol):
                     request.api_key, request.api_version, request.correlation_id, self.peer, code.name, exc)
         return answer
 
-    def _complete(self, request, result, started: float = 0.0) -> None:
+    def _complete(self, request, result, started: float = 0.0, context: RequestContext | None = None) -> None:
         if self.stats is not None:
             answered = not (result is NO_RESPONSE or isinstance(result, CloseConnection))
             self.stats.request_done(request.api_key, request.api_version, result if answered else None, started)
@@ -436,8 +441,9 @@ class KafkaConnection(asyncio.Protocol):
             self._abort(f"api {request.api_key} v{request.api_version} (correlation id {request.correlation_id}) "
                         f"{result.reason}")
             return
-        try:
-            pieces = encode_response(request.codec, request.correlation_id, result)
+        try:  # a consumer's fetch under a quota was encoded already, to measure it (server/throttling.py)
+            pieces = (pre_encoded(context, result) if context is not None else None) or \
+                encode_response(request.codec, request.correlation_id, result)
         except Exception:
             log.exception("cannot encode the answer to api %s v%s; closing %s", request.api_key, request.api_version, self.peer)
             self._abort("response encoding failure")

@@ -1,8 +1,9 @@
 """Client quotas on the request path (KIP-13, KIP-55, KIP-124, KIP-219, KIP-599), as Kafka 3.7.1's KafkaApis and
 RequestHandlerHelper apply them; the arithmetic is security/quotas.py's ``ClientQuotas`` (``broker.quotas``).
 
-:func:`with_client_quotas` wraps the broker's handler table once. While no quota entity was ever configured
-(Kafka's ``quotasEnabled``) a request goes straight to its handler; after that every request gets a
+:func:`with_client_quotas` wraps the broker's handler table once. While no quota value is set
+(``ClientQuotas.enabled``, a plain attribute; not Kafka's ``quotasEnabled``, which any entity config switches
+on for good, a SCRAM user's too: see security/quotas.py) a request goes straight to its handler; while one is, every request gets a
 :class:`RequestQuota` as ``ctx.quota``: the handler's own time is measured (the time spent in its steps, not
 in the waits of a long poll or an acks=all produce: Kafka's request thread time), and when the answer is ready
 the request is recorded against the client's quotas - the principal's name (``ctx.principal``, User:ANONYMOUS
@@ -24,8 +25,9 @@ on a PLAINTEXT listener; sanitized as Kafka's Sanitizer does for matching) and t
 
 A throttle above 0 goes into the response's throttle_time_ms (where its version has one) and into
 ``ctx.quota.throttle_ms``, from which the connection mutes the channel for that long after handing the answer
-over (KIP-219; server/connection.py), acks=0 produces included. Requests whose handler raises are answered by the
-connection's error answer and not recorded.
+over (KIP-219; server/connection.py), acks=0 produces included. A request whose handler raises is recorded against
+``request_percentage`` and its error answer (the connection's) throttled by it, as Kafka's
+sendErrorResponseMaybeThrottle.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class RequestQuota:
     """One request's quota state: the handler's time so far, and the throttle it was given (Kafka's
     RequestChannel.Request requestThreadTimeNanos and apiThrottleTimeMs)."""
 
-    __slots__ = ("handler_ns", "step_started_ns", "throttle_ms", "mutation", "recorded")
+    __slots__ = ("handler_ns", "step_started_ns", "throttle_ms", "mutation", "recorded", "encoded")
 
     def __init__(self) -> None:
         self.handler_ns = 0
@@ -67,6 +69,7 @@ class RequestQuota:
         self.throttle_ms = 0
         self.mutation: ControllerMutationQuota | None = None
         self.recorded = False  # the handler recorded the request itself (a consumer's fetch) or it is exempt
+        self.encoded: tuple[Any, list] | None = None  # (response, its wire pieces): a fetch measured by encoding
 
     def handler_nanos(self) -> int:
         """The handler's time up to now (the step running now included)."""
@@ -119,8 +122,11 @@ def _metered(api_key: int, handler: Handler) -> Handler:
         quota = ctx.quota = RequestQuota()
         try:
             result = handler(ctx, body)
-        finally:
+        except Exception:
             quota.handler_ns += perf_counter_ns() - quota.step_started_ns
+            _record_failure(ctx)
+            raise
+        quota.handler_ns += perf_counter_ns() - quota.step_started_ns
         if asyncio.iscoroutine(result):
             return _finish_later(api_key, ctx, body, result)
         return _finish(api_key, ctx, body, result)
@@ -129,8 +135,33 @@ def _metered(api_key: int, handler: Handler) -> Handler:
 
 
 async def _finish_later(api_key: int, ctx: RequestContext, body, coro) -> Any:
-    result = await _Timed(coro, ctx.quota)
+    try:
+        result = await _Timed(coro, ctx.quota)
+    except Exception:
+        _record_failure(ctx)
+        raise
     return _finish(api_key, ctx, body, result)
+
+
+def _record_failure(ctx: RequestContext) -> None:
+    """A handler raised: Kafka's sendErrorResponseMaybeThrottle records the request time against the request
+    quota and throttles the error answer (:func:`failure_throttled`) and the connection by it."""
+    quota: RequestQuota = ctx.quota
+    if quota.recorded:  # a consumer's fetch recorded itself before failing
+        return
+    quota.recorded = True
+    throttle = ctx.broker.quotas.record_request(ctx.principal, ctx.request.client_id or "", quota.handler_ns,
+                                                wall_ms())
+    if throttle > 0:
+        quota.throttle_ms = throttle
+
+
+def failure_throttled(ctx: RequestContext, answer: Any) -> Any:
+    """The connection's error answer to a request whose handler raised, with the throttle it was given."""
+    quota = ctx.quota
+    if quota is None or quota.throttle_ms <= 0:
+        return answer
+    return throttled(ctx, answer, quota.throttle_ms)
 
 
 def _finish(api_key: int, ctx: RequestContext, body, result: Any) -> Any:
@@ -192,7 +223,9 @@ def fetch_throttle(ctx: RequestContext, response: Any) -> int:
     quotas = ctx.broker.quotas
     principal, client_id = ctx.principal, ctx.request.client_id or ""
     codec = ctx.request.codec
-    pieces = encode_response(codec, 0, response)  # record data stays unread: only its length is counted
+    # The response as it will be sent (record data stays unread: only its length is counted); kept for the
+    # connection to send (:func:`pre_encoded`), so the answer is encoded once.
+    pieces = encode_response(codec, ctx.request.correlation_id, response)
     size = sum(len(piece) for piece in pieces) - SIZE.size - (1 if codec.flexible_response_header else 0)
     now = wall_ms()
     request = quotas.record_request(principal, client_id, quota.handler_nanos(), now)
@@ -201,7 +234,15 @@ def fetch_throttle(ctx: RequestContext, response: Any) -> int:
     if throttle > 0:
         quotas.unrecord_fetch(principal, client_id, size, now)
         quota.throttle_ms = throttle
+    else:
+        quota.encoded = (response, pieces)
     return throttle
+
+
+def pre_encoded(ctx: RequestContext, result: Any) -> list | None:
+    """The wire pieces of ``result`` if :func:`fetch_throttle` encoded exactly this response, else None."""
+    encoded = ctx.quota.encoded if ctx.quota is not None else None
+    return encoded[1] if encoded is not None and encoded[0] is result else None
 
 
 # -- CreateTopics, CreatePartitions, DeleteTopics (KIP-599) --
@@ -209,10 +250,13 @@ def fetch_throttle(ctx: RequestContext, response: Any) -> int:
 
 def mutation_quota(ctx: RequestContext, api: str) -> ControllerMutationQuota | None:
     """The request's controller mutation quota ("CreateTopics", "CreatePartitions", "DeleteTopics"), None while
-    no quota is configured; strict from the versions Kafka makes strict."""
+    no controller_mutation_rate is set anywhere (nothing could be refused or throttled: the handler then skips the
+    validation it makes before taking from the quota); strict from the versions Kafka makes strict."""
     if ctx.quota is None:
         return None
     quotas = ctx.broker.quotas
+    if not quotas.controller_mutation.configured:
+        return None
     ctx.quota.mutation = quotas.controller_mutation.new_quota_for(
         api, ctx.version, ctx.principal, ctx.request.client_id or "", wall_ms())
     return ctx.quota.mutation
@@ -220,10 +264,12 @@ def mutation_quota(ctx: RequestContext, api: str) -> ControllerMutationQuota | N
 
 def record_mutation(quota: ControllerMutationQuota | None, partitions: int) -> None:
     """Take a topic's partitions from the quota (after the topic was validated, before it is changed, as
-    ZkAdminManager does); KafkaError THROTTLING_QUOTA_EXCEEDED when a strict quota refuses it."""
+    ZkAdminManager does); KafkaError THROTTLING_QUOTA_EXCEEDED when a strict quota refuses it, with a null
+    message as Kafka 3.7.1 answers it (ApiError.fromThrowable drops a message equal to the error's default one for
+    CreateTopics and CreatePartitions; DeleteTopics sets only the code)."""
     if quota is None:
         return
     try:
         quota.record(partitions, wall_ms())
-    except ThrottlingQuotaExceeded as exc:
-        raise KafkaError(ErrorCode.throttling_quota_exceeded, str(exc)) from None
+    except ThrottlingQuotaExceeded:
+        raise KafkaError(ErrorCode.throttling_quota_exceeded, None) from None

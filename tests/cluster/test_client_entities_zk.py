@@ -320,3 +320,53 @@ def test_describe_when_zookeeper_cannot_be_read_is_kafkas_error_answer(zk_connec
                 0, "", [("alice", -1, UNKNOWN_SERVER_ERROR_MESSAGE, 0), ("bob", 0, "", 1)])
 
     run_async(main(), timeout=60)
+
+
+def test_two_entries_for_one_entity_are_one_conditional_write_that_keeps_a_concurrent_credential(zk_connect, run_async):
+    """AlterClientQuotas with two entries for users/alice: one write of the final config, conditional on the
+    version read. A SCRAM credential written for alice by someone else right after that write is kept (a second,
+    unconditional write of the planned config would have dropped it)."""
+    import concurrent.futures
+    import types
+
+    from kio.schema.alter_client_quotas.v1 import request as alter_v1
+    from kio.static.primitive import f64
+
+    from pykbroker.protocol.apis import codec_for
+    from pykbroker.server.dispatch import RequestContext
+    from pykbroker.server.handlers.client_quotas import alter_client_quotas
+
+    def entry(key: str, value: float):
+        return alter_v1.EntryData(entity=(alter_v1.EntityData(entity_type="user", entity_name="alice"),),
+                                  ops=(alter_v1.OpData(key=key, value=f64(float(value)), remove=False),))
+
+    async def main():
+        async with Follower(zk_connect) as broker:
+            metadata = broker.metadata
+            real_write = metadata.set_client_entity_configs_async
+            writes = []
+
+            async def write_then_concurrent_credential(path, configs, *, version=None):
+                writes.append((path, dict(configs), version))
+                await real_write(path, configs, version=version)
+                if len(writes) == 1:  # another broker sets alice's credential now, over what is stored
+                    stored, stored_version = await metadata.read_entity_configs_async("users", "alice")
+                    await real_write("users/alice", scram_config(stored, "pw"), version=stored_version)
+
+            metadata.set_client_entity_configs_async = write_then_concurrent_credential
+            body = alter_v1.AlterClientQuotasRequest(
+                entries=(entry("producer_byte_rate", 1024), entry("consumer_byte_rate", 2048)), validate_only=False)
+            envelope = types.SimpleNamespace(api_key=49, api_version=1, body=body, codec=codec_for(49, 1))
+            committed = concurrent.futures.Future()
+            committed.set_result(None)  # ZooKeeper writes are durable when done
+            ctx = RequestContext(types.SimpleNamespace(metadata=metadata, authorizer=None, topics=types.SimpleNamespace(
+                commit=lambda: committed)), envelope, "peer")
+            answer = await alter_client_quotas(ctx, body)
+            assert [e.error_code for e in answer.entries] == [0]  # one result per entity, as Kafka
+            assert writes[0] == ("users/alice", {"producer_byte_rate": "1024", "consumer_byte_rate": "2048"}, -1)
+            assert len(writes) == 1  # no second, unconditional quota write
+            stored, _ = await metadata.read_entity_configs_async("users", "alice")
+            assert stored["producer_byte_rate"] == "1024" and stored["consumer_byte_rate"] == "2048"
+            assert "SCRAM-SHA-256" in stored
+
+    run_async(main(), timeout=60)

@@ -69,3 +69,49 @@ def test_a_quota_set_through_one_broker_is_stored_in_zookeeper_and_enforced_by_t
             assert throttle_ms(unlimited.request(produce_request(topic, 30_000, acks=1))) == 0
         finally:
             unlimited.close()
+
+
+def test_replication_is_exempt_from_client_quotas_acks_all_completes_and_the_isr_stays_full(zk_connect, tmp_path):
+    """clients/<default> with consumer_byte_rate=1 and request_percentage=0.01 holds every client id, the brokers'
+    own too: their follower fetches and inter-broker requests are exempt (Kafka's sendResponseExemptThrottle and
+    the follower fetch's replication quota), so acks=all produces complete and no follower falls out of the ISR
+    (replica.lag.time.max.ms is 2 s here)."""
+    import time
+
+    with BrokerCluster(zk_connect, tmp_path, n=3, overrides={"replica.lag.time.max.ms": 2000}) as cluster:
+        topic = "quota-exempt"
+        cluster.create_topic(topic, partitions=1, replication_factor=3)
+        leader = cluster.wait_for_leader(topic, 0)
+        cluster.wait_for_isr(topic, 0, {1, 2, 3})
+        brokers = cluster.brokers
+        admin = Wire(brokers[leader], "admin")
+        try:
+            assert alter(admin, {"client_id": None}, {"consumer_byte_rate": 1, "request_percentage": 0.01}) == (
+                ErrorCode.none, None)
+        finally:
+            admin.close()
+
+        def known_by(broker_id: int) -> bool:
+            wire = Wire(brokers[broker_id], "admin")
+            try:
+                return described(describe(wire, [("client-id", 1, None)])) == {
+                    (("client-id", None),): {"consumer_byte_rate": 1.0, "request_percentage": 0.01}}
+            finally:
+                wire.close()
+
+        for broker_id in (1, 2, 3):
+            wait_until(lambda: known_by(broker_id), f"broker {broker_id} knows the default client quota", TIMEOUT)
+        # Three times replica.lag.time.max.ms of acks=all produces (each on a new connection: the producer itself
+        # is throttled by request_percentage, and its connection muted), every one acknowledged by the full ISR.
+        end = time.monotonic() + 6.0
+        produced = 0
+        while time.monotonic() < end or produced < 3:
+            wire = Wire(brokers[leader], "producer")
+            try:
+                response = wire.request(produce_request(topic, 10_000, acks=-1))
+            finally:
+                wire.close()
+            assert response.responses[0].partition_responses[0].error_code == ErrorCode.none, response
+            produced += 1
+            info = cluster.partition(topic, 0, via=leader)
+            assert set(info.isr) == {1, 2, 3}, info

@@ -359,3 +359,37 @@ async def test_deferred_record_data_is_read_only_as_the_transport_drains_and_hol
     connection.resume_writing()
     assert b"".join(transport.written[:4]) == struct.pack(">ii", 14, 9) + b"xyabcdefgh"
     assert struct.unpack_from(">i", transport.written[-1], 4)[0] == 2 and len(transport.written) == 5
+
+
+def api_versions_v1_frame(correlation_id: int) -> bytes:
+    payload = struct.pack(">hhih", API_VERSIONS, 1, correlation_id, 1) + b"c"  # client id "c"
+    return struct.pack(">i", len(payload)) + payload
+
+
+@in_loop
+async def test_a_handler_that_raises_under_a_request_quota_is_recorded_and_throttled():
+    """Kafka's sendErrorResponseMaybeThrottle: the failed request's time counts against request_percentage, its
+    error answer carries the throttle and the connection is muted for it; the mute counts as idle time."""
+    from pykbroker.security.quotas import DEFAULT, ClientQuotas, QuotaEntity
+    from pykbroker.server.throttling import with_client_quotas
+
+    broker = FakeBroker()
+    broker.quotas = ClientQuotas()
+    broker.quotas.apply_entity_config(QuotaEntity(client_id=DEFAULT), {"request_percentage": "0.0000001"})
+
+    def raising(ctx, body):
+        raise RuntimeError("handler bug")
+
+    connection = KafkaConnection(broker, with_client_quotas({API_VERSIONS: raising}), 1 << 20, RequestMemory(-1))
+    transport = FakeTransport()
+    transport.protocol = connection
+    connection.connection_made(transport)
+    connection.data_received(api_versions_v1_frame(1) + api_versions_v1_frame(2))
+    assert transport.correlation_ids() == [1]  # the second waits for the throttle
+    # v1: error_code, api_keys (empty), throttle_time_ms
+    error, keys, throttle = struct.unpack_from(">hii", transport.written[0], 8)
+    assert error == -1 and keys == 0 and 0 < throttle <= 1000, (error, keys, throttle)
+    assert connection.throttled
+    assert connection.idle_since is not None  # muted, and idle as far as connections.max.idle.ms goes
+    connection.close()
+    await settle()

@@ -10,7 +10,9 @@ entry's ops, and writes the whole config back (a user's SCRAM credentials in the
 Kafka's change notification; a write that meets a concurrent change (zkVersion moved) is planned again from
 what is stored now. Errors are per entity: INVALID_REQUEST with Kafka's messages (unknown key, a byte rate
 that is not a whole number, an empty or bad entity), UNKNOWN_SERVER_ERROR for a SCRAM key, as Kafka.
-``validate_only`` checks and writes nothing. The change reaches this broker's quotas at once and every other
+Several entries for one entity are written once, the entity's final config, conditionally. On a single node the
+answer waits for the metadata journal's commit (as AlterConfigs); a failed commit turns each changed entity's
+success into its error. ``validate_only`` checks and writes nothing. The change reaches this broker's quotas at once and every other
 broker's through the change notification (security/client_entities.py).
 DescribeClientQuotas answers from the entity configs this broker follows (the journal; in a cluster, the
 configs read from ZooKeeper at start and on each change notification, so a change made through another broker
@@ -20,12 +22,12 @@ and message for the whole response, with null entries.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from pykbroker.cluster.metadata import StaleConfigVersion
 from pykbroker.protocol.errors import ErrorCode
-from pykbroker.security.acl import CLUSTER, AclOperation
-from pykbroker.security.authorizer import java_host_address
+from pykbroker.security.acl import AclOperation
 from pykbroker.security.quota_store import (
     QuotaRequestError,
     alterations_from_request,
@@ -35,20 +37,14 @@ from pykbroker.security.quota_store import (
     plan_alter,
 )
 from pykbroker.server.dispatch import RequestContext, handles
+from pykbroker.server.handlers._authorize import cluster_allowed, denied_answer
 from pykbroker.server.handlers._build import make, response_module
+from pykbroker.server.handlers.topics_admin import _commit
 
 log = logging.getLogger(__name__)
 
 CONFIG_PREFIX = "/config/"
 MAX_WRITE_ATTEMPTS = 5  # plans made again after a concurrent change of a znode (Kafka retries none: it races)
-
-
-def _authorized(ctx: RequestContext, operation: AclOperation, api: str) -> bool:
-    authorizer = ctx.broker.authorizer
-    if authorizer is None:
-        return True
-    host = java_host_address(ctx.peer.rsplit(":", 1)[0]) if ctx.peer and ctx.peer != "?" else "?"
-    return authorizer.authorize(ctx.principal, host, operation, CLUSTER, request=api)
 
 
 def _entity_data(cls, entity: dict) -> tuple:
@@ -58,10 +54,9 @@ def _entity_data(cls, entity: dict) -> tuple:
 @handles(48)
 def describe_client_quotas(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
-    if not _authorized(ctx, AclOperation.DESCRIBE_CONFIGS, "DESCRIBE_CLIENT_QUOTAS"):
-        return make(schema.DescribeClientQuotasResponse, throttle_time=0,
-                    error_code=ErrorCode.cluster_authorization_failed,
-                    error_message=None, entries=None)
+    if not cluster_allowed(ctx, AclOperation.DESCRIBE_CONFIGS):
+        # Kafka's getErrorResponse answers null entries (error_answers' build gives an empty array)
+        return dataclasses.replace(denied_answer(ctx, ErrorCode.cluster_authorization_failed), entries=None)
     table = ctx.broker.metadata.client_entity_configs()
     try:
         found = describe(components_from_request(request.components), request.strict, table)
@@ -81,14 +76,8 @@ def describe_client_quotas(ctx: RequestContext, request) -> object:
 @handles(49)
 async def alter_client_quotas(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
-    if not _authorized(ctx, AclOperation.ALTER_CONFIGS, "ALTER_CLIENT_QUOTAS"):
-        entries = tuple(
-            make(schema.EntryData, error_code=ErrorCode.cluster_authorization_failed, error_message=None,
-                 entity=tuple(make(schema.EntityData, entity_type=e.entity_type, entity_name=e.entity_name)
-                              for e in entry.entity))
-            for entry in request.entries
-        )
-        return make(schema.AlterClientQuotasResponse, throttle_time=0, entries=entries)
+    if not cluster_allowed(ctx, AclOperation.ALTER_CONFIGS):
+        return denied_answer(ctx, ErrorCode.cluster_authorization_failed)
     alterations = alterations_from_request(request.entries)
     metadata = ctx.broker.metadata
     for attempt in range(MAX_WRITE_ATTEMPTS):
@@ -108,9 +97,17 @@ async def alter_client_quotas(ctx: RequestContext, request) -> object:
             log.debug("AlterClientQuotas: an entity changed while it was altered; planning again")
             continue
         break
+    results = plan.results
+    if plan.writes:
+        # As AlterConfigs: answered once the change is durable (the single-node journal), else the changed
+        # entities get the commit's error.
+        not_durable = await _commit(ctx)
+        if not_durable is not None:
+            results = [(entity, int(not_durable.code), not_durable.message) if code == 0 else (entity, code, message)
+                       for entity, code, message in results]
     entries = tuple(
         make(schema.EntryData, error_code=ErrorCode(code), error_message=message, entity=_entity_data(schema.EntityData, entity))
-        for entity, code, message in plan.results
+        for entity, code, message in results
     )
     return make(schema.AlterClientQuotasResponse, throttle_time=0, entries=entries)
 
@@ -122,11 +119,12 @@ def _read_later(stored: dict, path: str) -> dict[str, str]:
 
 
 async def _write(metadata, writes, stored: dict) -> None:
-    """Each entity's whole new config, conditional on the version read (several entries for one entity: the
-    first write is conditional, the later ones follow it)."""
-    written: set[str] = set()
+    """Each entity's whole new config, conditional on the version read. Several entries for one entity: the
+    plan's last config for it holds them all, written once (a second, unconditional write after an await could
+    overwrite a concurrent change of the entity, e.g. a user's SCRAM credentials)."""
+    final: dict[str, dict[str, str]] = {}
     for entity, config in writes:
-        path = config_path(entity)
-        version = None if path in written else stored.get(path, ({}, None))[1]
-        await metadata.set_client_entity_configs_async(path[len(CONFIG_PREFIX):], config, version=version)
-        written.add(path)
+        final[config_path(entity)] = config
+    for path, config in final.items():
+        await metadata.set_client_entity_configs_async(path[len(CONFIG_PREFIX):], config,
+                                                       version=stored.get(path, ({}, None))[1])
