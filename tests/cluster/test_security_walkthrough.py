@@ -14,6 +14,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -88,3 +89,60 @@ def test_the_readme_walkthrough_runs_as_written(walkthrough):
     finally:
         for broker in brokers:
             broker.kill()
+
+
+def test_kafka_3_7_1_takes_the_walkthroughs_server_properties_unchanged(walkthrough):
+    """A real Kafka 3.7.1 broker in ZooKeeper mode, started with the walkthrough's broker-1 file (only its
+    ports and directory are the test's) after the walkthrough's `pykbroker scram add` of the broker and admin
+    users: it starts (so it reads the SCRAM credentials pykbroker wrote, and authenticates to itself on INTERNAL
+    as User:broker), Kafka's tools of step 4 work against it (one broker: the topic gets replication factor 1
+    and min.insync.replicas 1), alice's idempotent producer of step 5 writes, and bob producing gets the same
+    TOPIC_AUTHORIZATION_FAILED as from pykbroker."""
+    import os
+    import signal
+
+    bin_dir, reason = tools_dir_or_reason()
+    if bin_dir is None:
+        pytest.skip(reason)
+    for _, script in walkthrough.of_kind(""):
+        walkthrough.run_sh(script)
+    config_file = walkthrough.broker_configs()[0]
+    env = dict(os.environ, LOG_DIR=str(walkthrough.dir / "kafka-logs"), KAFKA_HEAP_OPTS="-Xmx512m",
+               KAFKA_JVM_PERFORMANCE_OPTS="-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto")
+    log_path = walkthrough.dir / "kafka.out"
+    with open(log_path, "wb") as log:
+        kafka = subprocess.Popen([str(bin_dir / "kafka-server-start.sh"), config_file], env=env,
+                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not sasl_ssl_ready(walkthrough.client_ports[1], str(walkthrough.dir / "ca.crt")):
+            assert kafka.poll() is None, f"Kafka exited {kafka.returncode}:\n{log_path.read_text()[-4000:]}"
+            assert time.monotonic() < deadline, f"Kafka not serving after 120 s:\n{log_path.read_text()[-4000:]}"
+            time.sleep(0.5)
+        (_, tools), = walkthrough.of_kind("tools")
+        single = "--replication-factor 1 --config min.insync.replicas=1"
+        assert "--replication-factor 3" in tools
+        walkthrough.run_sh(tools.replace("--replication-factor 3", single), path_dirs=[bin_dir])
+        (_, program), = walkthrough.of_kind("python")
+        imports, settings, produce, _consume, denied = program.split("\n\n")
+        bob_produces = denied.split("# alice may not read")[0]
+        program = "\n\n".join([imports, settings.replace(
+            ",".join(f"127.0.0.1:{walkthrough.client_ports[i]}" for i in (1, 2, 3)),
+            f"127.0.0.1:{walkthrough.client_ports[1]}"), produce, bob_produces])
+        done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
+        assert done.stdout.splitlines() == ["TOPIC_AUTHORIZATION_FAILED"]
+        consumer = confluent_kafka.Consumer({  # what alice wrote, read back as the admin (a super user)
+            "bootstrap.servers": f"127.0.0.1:{walkthrough.client_ports[1]}", "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "admin", "sasl.password": "admin-secret",
+            "ssl.ca.location": str(walkthrough.dir / "ca.crt"), "group.id": "unused", "enable.auto.commit": False})
+        try:
+            marks = [consumer.get_watermark_offsets(confluent_kafka.TopicPartition("orders", p), timeout=60)
+                     for p in range(3)]
+            assert all(low == 0 for low, _ in marks) and sum(high for _, high in marks) == 10, marks
+        finally:
+            consumer.close()
+    finally:
+        os.killpg(kafka.pid, signal.SIGKILL)
+        kafka.wait(30)
