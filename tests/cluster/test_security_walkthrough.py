@@ -21,7 +21,8 @@ import pytest
 confluent_kafka = pytest.importorskip("confluent_kafka")
 
 import broker_cluster  # noqa: E402,F401  (puts tests/integration on sys.path)
-from broker_process import free_port  # noqa: E402
+from broker_process import ProtocolError, free_port, probe_api_versions  # noqa: E402
+import confluent_kafka.admin  # noqa: E402
 from cluster_helpers import Walkthrough, config_file_broker, sasl_ssl_ready  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
@@ -62,6 +63,21 @@ def start_brokers(walkthrough: Walkthrough) -> list:
     return brokers
 
 
+def authentication_refused(settings: dict, timeout: float = 30.0) -> str:
+    """The client's error callback reports a failed SASL authentication (its text) within timeout s."""
+    errors = []
+    client = confluent_kafka.admin.AdminClient({**settings, "error_cb": errors.append})
+    deadline = time.monotonic() + timeout
+    while not any(error.code() == confluent_kafka.KafkaError._AUTHENTICATION for error in errors):
+        assert time.monotonic() < deadline, f"no authentication failure reported: {errors}"
+        try:
+            client.list_topics(timeout=2)
+        except confluent_kafka.KafkaException:
+            pass
+        client.poll(0.1)
+    return next(str(error) for error in errors if error.code() == confluent_kafka.KafkaError._AUTHENTICATION)
+
+
 def test_the_readme_walkthrough_runs_as_written(walkthrough):
     setup = walkthrough.of_kind("")
     assert [language for language, _ in setup] == ["sh", "sh", "sh"]
@@ -69,8 +85,16 @@ def test_the_readme_walkthrough_runs_as_written(walkthrough):
         walkthrough.run_sh(script)
     brokers = start_brokers(walkthrough)
     try:
-        # every listener is SASL_SSL: a client without TLS gets nowhere
-        assert all(sasl_ssl_ready(port, str(walkthrough.dir / "ca.crt")) for port in walkthrough.client_ports.values())
+        # "a client without TLS, without credentials or with a wrong password is turned away when it connects"
+        ca = str(walkthrough.dir / "ca.crt")
+        for port in walkthrough.client_ports.values():
+            assert sasl_ssl_ready(port, ca)
+            with pytest.raises((OSError, ProtocolError)):
+                probe_api_versions(("127.0.0.1", port), timeout=5.0)  # plaintext ApiVersions: no answer
+        for name, password in (("admin", "wrong-secret"), ("nobody", "admin-secret")):
+            assert authentication_refused({"bootstrap.servers": f"127.0.0.1:{walkthrough.client_ports[2]}",
+                                           "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+                                           "sasl.username": name, "sasl.password": password, "ssl.ca.location": ca})
         bin_dir, reason = tools_dir_or_reason()
         if bin_dir is None:
             pytest.skip(f"users, topic and ACLs are made with Kafka's tools: {reason}")
