@@ -34,7 +34,7 @@ from pykbroker.protocol.client import ClientSecurity
 
 log = logging.getLogger(__name__)
 
-__all__ = ("InterBrokerClient",)
+__all__ = ("InterBrokerClient", "inter_broker_principal")
 
 SASL_MECHANISM_INTER_BROKER = "sasl.mechanism.inter.broker.protocol"
 
@@ -75,15 +75,41 @@ class InterBrokerClient:
             except ConfigError as exc:
                 raise ConfigError(exc.name, f"the inter-broker client on listener {listener}: {exc.message}") from None
         if protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
-            from pykbroker.security.sasl.client import SaslClientError, inter_broker_credentials
-
-            mechanism = str(config.get(SASL_MECHANISM_INTER_BROKER) or "GSSAPI")
-            try:
-                username, password = inter_broker_credentials(listener, mechanism, config.values)
-            except SaslClientError as exc:
-                raise ConfigError(SASL_MECHANISM_INTER_BROKER, str(exc)) from None
-            sasl = (mechanism, username, password)
+            sasl = _sasl_login(config, listener)
         return cls(listener, protocol, tls=tls, sasl=sasl)
 
     def __repr__(self) -> str:
         return f"InterBrokerClient({self.listener}, {self.protocol})"
+
+
+def _sasl_login(config: BrokerConfig, listener: str) -> tuple[str, str, str]:
+    """(mechanism, username, password) the broker logs in with on its SASL inter-broker listener; ConfigError
+    naming the setting when they are missing."""
+    from pykbroker.security.sasl.client import SaslClientError, inter_broker_credentials
+
+    mechanism = str(config.get(SASL_MECHANISM_INTER_BROKER) or "GSSAPI")
+    try:
+        username, password = inter_broker_credentials(listener, mechanism, config.values)
+    except SaslClientError as exc:
+        raise ConfigError(SASL_MECHANISM_INTER_BROKER, str(exc)) from None
+    return mechanism, username, password
+
+
+def inter_broker_principal(config: BrokerConfig):
+    """(principal, listener, protocol): the principal the broker's own requests carry on the inter-broker listener,
+    as the other brokers' authorizers see it: User:ANONYMOUS on PLAINTEXT, User:<JAAS username> on SASL_PLAINTEXT
+    and SASL_SSL; None on SSL (the key store certificate's mapped name: not known before the key store is read)
+    and when the SASL login is missing (InterBrokerClient.from_config says what is wrong)."""
+    from pykbroker.config import inter_broker_listener_name
+    from pykbroker.security.principal import ANONYMOUS, USER_TYPE, KafkaPrincipal
+
+    listener, protocol = inter_broker_listener_name(config.values)
+    principal = None
+    if protocol == "PLAINTEXT":
+        principal = ANONYMOUS
+    elif protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+        try:
+            principal = KafkaPrincipal(USER_TYPE, _sasl_login(config, listener)[1])
+        except ConfigError:
+            principal = None
+    return principal, listener, protocol

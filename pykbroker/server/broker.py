@@ -72,7 +72,6 @@ from pykbroker.protocol.apis import apis_for
 from pykbroker.replication.replica_manager import ReplicaManager
 from pykbroker.security import client_entities
 from pykbroker.security.authorizer import AUTHORIZER_CLASS_NAMES, AclAuthorizer
-from pykbroker.security.principal import ANONYMOUS
 from pykbroker.security.credentials import ScramCredentialCache
 from pykbroker.security.quotas import ClientQuotas
 from pykbroker.security.sasl.authenticator import SaslListener
@@ -159,13 +158,16 @@ def make_authorizer(config: BrokerConfig) -> AclAuthorizer | None:
         authorizer = AclAuthorizer.from_config(config.values)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
-    if not authorizer.is_super_user(ANONYMOUS):
-        # Brokers reach each other (and a single broker itself: transaction markers) over PLAINTEXT, as
-        # User:ANONYMOUS; Kafka needs the brokers' principal in super.users (or CLUSTER_ACTION ACLs).
+    from pykbroker.security.inter_broker import inter_broker_principal
+
+    principal, listener, protocol = inter_broker_principal(config)
+    if principal is not None and not authorizer.is_super_user(principal):
+        # Brokers reach each other (and a single broker itself: transaction markers) on the inter-broker
+        # listener as this principal; Kafka needs the brokers' principal in super.users (or CLUSTER_ACTION ACLs).
         log.warning("authorizer on and %s is not in super.users: brokers' requests to each other (and a broker's "
-                    "transaction markers to itself) come from %s over PLAINTEXT and need CLUSTER_ACTION; add it to "
+                    "transaction markers to itself) come from %s over %s (%s) and need CLUSTER_ACTION; add it to "
                     "super.users (or allow it CLUSTER_ACTION), as Kafka requires of the brokers' principal",
-                    ANONYMOUS, ANONYMOUS)
+                    principal, principal, listener, protocol)
     return authorizer
 
 
