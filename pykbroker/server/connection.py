@@ -24,7 +24,9 @@ Memory is bounded:
   memory, so every frame that was started can finish (no deadlock between half-received frames). One
   difference from Kafka: a frame of at most ``RESERVED_BYTES`` is reserved even when the pool is exhausted,
   so ApiVersions, Metadata or a Heartbeat of a well-behaved client passes while stalled clients hold the
-  pool (the overshoot is at most one such frame per connection);
+  pool (the overshoot is at most one such frame per connection). The frames of a SASL connection that is
+  authenticating are not reserved (Kafka's authenticator reads them outside the pool): they are bounded by
+  ``sasl.server.max.receive.size`` instead, so unauthenticated peers stalling mid-frame cannot starve the others;
 * a connection with no socket activity (bytes received, response progress) for
   ``connections.max.idle.ms`` is closed by the broker's idle sweep (a connection stuck mid-frame is idle, a
   slow but progressing upload is not; one waiting on its own request in processing is not).
@@ -263,13 +265,16 @@ class KafkaConnection(asyncio.Protocol):
                 break
             (size,) = SIZE.unpack_from(buffer, start)
             sasl = self.sasl
-            if sasl is not None and sasl.authenticating and sasl.frame_too_large(size):
+            authenticating = sasl is not None and sasl.authenticating
+            if authenticating and sasl.frame_too_large(size):
                 self._authentication_failed(sasl.oversized(size))
                 return
             if size < 0 or size > self.max_request_bytes:
                 self._abort(f"frame of {size} bytes exceeds socket.request.max.bytes {self.max_request_bytes}")
                 return
-            if not self._reserved and not self._reserve(size):
+            # An authentication frame (at most sasl.server.max.receive.size) is not taken from the pool, as
+            # Kafka's SaslServerAuthenticator allocates it on the heap: unauthenticated peers cannot hold it.
+            if not authenticating and not self._reserved and not self._reserve(size):
                 break  # the pool is exhausted: not read until memory is released
             end = start + size_len + size
             if available < size_len + size:

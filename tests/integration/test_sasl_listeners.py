@@ -16,6 +16,7 @@ import socket
 import ssl
 import struct
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -453,31 +454,94 @@ def test_kip43_raw_tokens_after_a_v0_handshake(sasl_broker):
     wire.close()
 
 
-def test_a_flood_of_failed_logins_is_delayed_while_another_client_keeps_producing(sasl_broker):
-    attackers = [Wire(sasl_broker.sasl_port) for _ in range(20)]
+GUARD_DELAY_MS = 5000  # connection.failed.authentication.delay.ms of guarded_broker
+GUARD_QUEUED_BYTES = 4 * 1024 * 1024  # its queued.max.request.bytes
+
+
+@pytest.fixture(scope="module")
+def guarded_broker(tmp_path_factory):
+    """A SASL_PLAINTEXT listener (PLAIN) with a long failed-authentication delay and a small request memory pool:
+    what unauthenticated peers may cost the others."""
+    plain, sasl = free_port(), free_port()
+    config = {
+        "listeners": f"PLAINTEXT://127.0.0.1:{plain},SASL_PLAINTEXT://127.0.0.1:{sasl}",
+        "sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config": PLAIN_JAAS,
+        "connection.failed.authentication.delay.ms": GUARD_DELAY_MS,
+        "queued.max.request.bytes": GUARD_QUEUED_BYTES,
+        "socket.request.max.bytes": 1024 * 1024,
+        "num.partitions": 1,
+        "offsets.topic.num.partitions": 2,
+    }
+    broker = BrokerProcess(tmp_path_factory.mktemp("guarded-broker"), config=config, port=plain)
+    broker.sasl_port = sasl
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.close()
+
+
+def test_a_flood_of_failed_logins_is_delayed_while_another_client_keeps_producing(guarded_broker):
+    port = guarded_broker.sasl_port
+    producer = confluent_kafka.Producer({"bootstrap.servers": f"127.0.0.1:{port}", **_plain("bob"), "linger.ms": 0})
+    topic = _topic()
+    acked: list[float] = []
+
+    def produce(value: bytes) -> None:
+        producer.produce(topic, value, on_delivery=lambda err, msg: acked.append(time.monotonic())
+                         if err is None else None)
+        producer.flush(TIMEOUT_S)
+
+    produce(b"warm-up")  # connected, authenticated, the topic made: what follows only waits for acks
+    attackers = [Wire(port) for _ in range(20)]
     for wire in attackers:
         assert wire.ask(SaslHandshakeRequest(mechanism="PLAIN")).error_code == ErrorCode.none
+    answered: dict[int, tuple[float, int]] = {}  # attacker -> (arrival time of its answer, error code)
+
+    def read_answer(index: int, wire: Wire) -> None:
+        answer = wire.read(SaslAuthenticateRequest(auth_bytes=b""))
+        answered[index] = (time.monotonic(), answer.error_code)
+
+    readers = [threading.Thread(target=read_answer, args=(index, wire), daemon=True)
+               for index, wire in enumerate(attackers)]
     sent_at = time.monotonic()
     for index, wire in enumerate(attackers):
         wire.send(SaslAuthenticateRequest(auth_bytes=f"\0alice\0guess-{index}".encode()))
-    # Meanwhile an authenticated producer gets its acks at once (the delay blocks nobody else).
-    producer = confluent_kafka.Producer({"bootstrap.servers": f"127.0.0.1:{sasl_broker.sasl_port}", **_plain("bob"),
-                                         "linger.ms": 0})
-    topic = _topic()
-    acked: list[float] = []
-    for index in range(5):
-        producer.produce(topic, f"p{index}".encode(), on_delivery=lambda err, msg: acked.append(time.monotonic())
-                         if err is None else None)
-        producer.flush(TIMEOUT_S)
-    answered = []
-    for wire in attackers:
-        answer = wire.read(SaslAuthenticateRequest(auth_bytes=b""))
-        answered.append(time.monotonic())
-        assert answer.error_code == ErrorCode.sasl_authentication_failed
-        assert wire.closed()
-    assert len(acked) == 5
-    assert min(answered) - sent_at >= DELAY_MS / 1000 * 0.9
-    assert acked[0] < min(answered), "the producer waited for the failed logins' delay"
+    for reader in readers:
+        reader.start()
+    for index in range(5):  # meanwhile the authenticated producer gets its acks at once
+        produce(f"p{index}".encode())
+    last_ack = time.monotonic()
+    assert len(acked) == 6
+    assert last_ack - sent_at < GUARD_DELAY_MS / 1000 / 2, "the producer waited for the failed logins' delay"
+    assert not answered, "a failed login was answered before the delay"
+    for reader in readers:
+        reader.join(TIMEOUT_S)
+    assert sorted(answered) == list(range(len(attackers)))
+    for arrived, error_code in answered.values():
+        assert error_code == ErrorCode.sasl_authentication_failed
+        assert arrived - sent_at >= GUARD_DELAY_MS / 1000 * 0.9
+    assert all(wire.closed() for wire in attackers)
+
+
+def test_unauthenticated_frames_do_not_hold_the_request_memory(guarded_broker):
+    """Kafka's SaslServerAuthenticator takes authentication frames from the heap, never from the request memory
+    pool: peers that declare big frames before authenticating and stall cannot starve authenticated clients."""
+    port = guarded_broker.sasl_port
+    stalled = []
+    for _ in range(12):  # 12 x 500 KB declared (under sasl.server.max.receive.size), more than the 4 MB pool
+        wire = Wire(port)
+        wire.sock.sendall(struct.pack(">i", 500 * 1024) + b"\0" * 1024)
+        stalled.append(wire)
+    wire = Wire(port)
+    assert _login(wire).error_code == ErrorCode.none
+    wire.sock.settimeout(10)
+    big = ApiVersionsRequest(client_software_name="a" * 300_000, client_software_version="1")  # a 300 KB frame
+    assert wire.ask(big).error_code == ErrorCode.none
+    assert wire.ask(_metadata()).brokers
+    for each in [wire, *stalled]:
+        each.close()
 
 
 def test_kip368_reauthentication_and_session_expiry(sasl_broker):
