@@ -51,7 +51,8 @@ A SASL listener's connection (``sasl``) is "authenticating" before it serves: ev
 SaslAuthenticator (security/sasl/authenticator.py, Kafka's SaslServerAuthenticator), which allows only
 ApiVersions, SaslHandshake and SaslAuthenticate (or KIP-43 raw tokens) and bounds frames by
 ``sasl.server.max.receive.size``; any other request closes the connection with one log line. Success sets
-``principal`` (User:<authorized id>). A failure is logged in one line, the connection is muted, and its answer
+``principal`` (User:<authorized id>). A failure is logged in one INFO line (Kafka's exception message; the
+detail, a user name say, at DEBUG), the connection is muted, and its answer
 (if any) is sent only after ``connection.failed.authentication.delay.ms`` (a timer on the event loop: other
 connections are served meanwhile), then the connection is closed. Once authenticated, a SaslHandshake may begin
 KIP-368 re-authentication, and a request on an expired session closes the connection.
@@ -87,11 +88,10 @@ from pykbroker.protocol.framing import (
     encode_response,
     read_prefix,
 )
-from pykbroker.protocol.errors import ErrorCode
 from pykbroker.security.principal import ANONYMOUS
 from pykbroker.security.sasl.authenticator import SaslAuthenticator, Step
 from pykbroker.server.dispatch import NO_RESPONSE, CloseConnection, Handler, RequestContext
-from pykbroker.server.error_answers import build, error_response
+from pykbroker.server.error_answers import error_response
 from pykbroker.server.handlers.api_versions import unsupported_api_versions_response
 
 if TYPE_CHECKING:
@@ -379,18 +379,14 @@ class KafkaConnection(asyncio.Protocol):
                 self._pump()
 
     def _authentication_failed(self, step: Step) -> None:
-        """Kafka's Selector: one log line, the channel muted, the answer (if any) sent after
-        connection.failed.authentication.delay.ms, then closed. Other connections are served meanwhile."""
-        log.info("failed authentication with %s on listener %s (%s)", self.peer, self.listener, step.failure)
+        """Kafka's Selector: one INFO line with the exception message (the detail, a user name say, only at
+        DEBUG), the channel muted, the answer (if any) sent after connection.failed.authentication.delay.ms,
+        then closed. Other connections are served meanwhile."""
+        what = "re-authentication" if step.reauthentication else "authentication"
+        log.info("Failed %s with %s on listener %s (%s)", what, self.peer, self.listener, step.failure)
+        if step.detail:
+            log.debug("SASL %s failure of %s: %s", what, self.peer, step.detail)
         reply = step.reply
-        if step.refused is not None:  # another request during the exchange: ILLEGAL_SASL_STATE, as Kafka
-            request = step.refused
-            try:
-                answer = build(request.codec.response_type, request.body, ErrorCode.illegal_sasl_state)
-                pieces = encode_response(request.codec, request.correlation_id, answer)
-                reply = b"".join(bytes(piece) for piece in pieces)
-            except Exception:
-                reply = None
         self._busy = True  # muted: nothing more is read or processed on this connection
         self.update_reading()
         delay_s = self.sasl.listener.failed_delay_ms / 1000 if self.sasl is not None else 0

@@ -29,7 +29,7 @@ confluent_kafka = pytest.importorskip("confluent_kafka")
 from kio.index import load_response_from_request  # noqa: E402
 from kio.schema.api_versions.v3.request import ApiVersionsRequest  # noqa: E402
 from kio.schema.errors import ErrorCode  # noqa: E402
-from kio.schema.metadata.v12.request import MetadataRequest  # noqa: E402
+from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic  # noqa: E402
 from kio.schema.sasl_authenticate.v0.request import SaslAuthenticateRequest as SaslAuthenticateV0  # noqa: E402
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest  # noqa: E402
 from kio.schema.sasl_handshake.v0.request import SaslHandshakeRequest as SaslHandshakeV0  # noqa: E402
@@ -143,7 +143,7 @@ def test_confluent_kafka_wrong_password_fails_with_kafkas_message(sasl_broker):
     producer.produce(_topic(), b"x", on_delivery=lambda err, msg: errors.append(err))
     producer.flush(TIMEOUT_S)
     assert errors and errors[0] is not None
-    assert _log_lines(sasl_broker, "failed authentication with", "Authentication failed: Invalid username or password")
+    assert _log_lines(sasl_broker, "Failed authentication with", "Authentication failed: Invalid username or password")
 
 
 def test_kafka_python_plain_and_oauthbearer(sasl_broker, pki):
@@ -389,7 +389,7 @@ def test_unknown_mechanism_gets_unsupported_sasl_mechanism_with_the_enabled_list
     assert answer.error_code == ErrorCode.unsupported_sasl_mechanism
     assert list(answer.mechanisms) == HANDSHAKE_ORDER
     assert wire.closed()
-    assert _log_lines(sasl_broker, "failed authentication with", "Unsupported SASL mechanism GSSAPI")
+    assert _log_lines(sasl_broker, "Failed authentication with", "Unsupported SASL mechanism GSSAPI")
 
 
 def test_a_request_before_authentication_closes_the_connection_without_an_answer(sasl_broker):
@@ -397,14 +397,35 @@ def test_a_request_before_authentication_closes_the_connection_without_an_answer
     peer = "127.0.0.1:%d" % wire.sock.getsockname()[1]
     wire.send(_metadata())
     assert wire.closed()
-    wait_until(lambda: _log_lines(sasl_broker, f"failed authentication with {peer} ",
+    wait_until(lambda: _log_lines(sasl_broker, f"Failed authentication with {peer} ",
                                   "Unexpected Kafka request of type METADATA during SASL handshake."),
                "the broker's log line", TIMEOUT_S)
     # Between the handshake and the token, another request: ILLEGAL_SASL_STATE (after the delay), then closed.
     wire = Wire(sasl_broker.sasl_port)
     assert wire.ask(SaslHandshakeRequest(mechanism="PLAIN")).error_code == ErrorCode.none
-    assert wire.ask(_metadata()).brokers == ()
+    answer = wire.ask(MetadataRequest(topics=(MetadataRequestTopic(name="t", topic_id=None),),
+                                      allow_auto_topic_creation=False, include_topic_authorized_operations=False))
+    assert [topic.error_code for topic in answer.topics] == [ErrorCode.illegal_sasl_state]
     assert wire.closed()
+
+
+def test_a_newline_in_a_user_name_or_mechanism_cannot_forge_a_log_line(sasl_broker):
+    """Kafka logs the failure's exception message at INFO; a user name only reaches DEBUG, and whatever the
+    client sent is logged with its control characters escaped: one log line per failure, never a forged one."""
+    wire = Wire(sasl_broker.sasl_port)
+    answer = wire.ask(SaslHandshakeRequest(mechanism="BOGUS\nFORGED-MECH line"))
+    assert answer.error_code == ErrorCode.unsupported_sasl_mechanism
+    assert wire.closed()
+    wire = Wire(sasl_broker.sasl_port)
+    assert wire.ask(SaslHandshakeRequest(mechanism="PLAIN")).error_code == ErrorCode.none
+    answer = wire.ask(SaslAuthenticateRequest(auth_bytes=b"\0mallory\nFORGED-USER line\0wrong-pw"))
+    assert answer.error_code == ErrorCode.sasl_authentication_failed
+    assert wire.closed()
+    wait_until(lambda: _log_lines(sasl_broker, "mallory\\nFORGED-USER"), "the escaped user name at debug", TIMEOUT_S)
+    lines = sasl_broker.log_path.read_text(errors="replace").splitlines()
+    assert not [line for line in lines if line.startswith("FORGED")]
+    assert len(_log_lines(sasl_broker, " INFO ", "Unsupported SASL mechanism BOGUS\\nFORGED-MECH line")) == 1
+    assert not [line for line in lines if " INFO " in line and "mallory" in line]
 
 
 def test_an_oversized_token_fails_the_authentication_without_an_answer(sasl_broker):
@@ -412,7 +433,7 @@ def test_an_oversized_token_fails_the_authentication_without_an_answer(sasl_brok
     assert wire.ask(SaslHandshakeRequest(mechanism="PLAIN")).error_code == ErrorCode.none
     wire.send(SaslAuthenticateRequest(auth_bytes=b"\0alice\0" + b"x" * 9000))  # > sasl.server.max.receive.size 8192
     assert wire.closed()
-    assert _log_lines(sasl_broker, "failed authentication with", "invalid receive size")
+    assert _log_lines(sasl_broker, "Failed authentication with", "invalid receive size")
 
 
 def test_garbage_auth_bytes_fail_with_the_mechanisms_message(sasl_broker):
@@ -571,6 +592,7 @@ def test_reauthentication_may_not_change_principal_or_mechanism(sasl_broker):
     assert answer.error_code == ErrorCode.sasl_authentication_failed
     assert answer.error_message == "Cannot change principals during re-authentication from User.alice: User.bob"
     assert wire.closed()
+    assert _log_lines(sasl_broker, "INFO", "Failed re-authentication with", "Cannot change principals")
     wire = Wire(sasl_broker.reauth_port)
     assert _login(wire).error_code == ErrorCode.none
     assert wire.ask(SaslHandshakeRequest(mechanism="OAUTHBEARER")).error_code == ErrorCode.none

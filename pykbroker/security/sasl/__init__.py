@@ -44,6 +44,7 @@ after each JSON error).
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any, Callable, Mapping
 
 from pykbroker.config import listener_prefix
@@ -87,6 +88,15 @@ class SaslAuthenticationFailed(SaslError):
             return self.message
         what = "re-authentication" if reauthenticating else "authentication"
         return f"Authentication failed during {what} due to invalid credentials with SASL mechanism {self.mechanism}"
+
+
+_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def loggable(text: object) -> str:
+    """``text`` with its control characters escaped (a newline becomes ``\\n``), for anything a client sent
+    that reaches a log line: a user name, mechanism or claim holding a newline cannot forge another line."""
+    return _CONTROL_CHARACTERS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
 
 
 class IllegalSaslState(SaslError):
@@ -144,7 +154,7 @@ class SaslServer:
         except SaslAuthenticationFailed as e:
             self._fail()
             e.mechanism = self.mechanism
-            log.debug("SASL/%s authentication failed: %s", self.mechanism, e)
+            log.debug("SASL/%s authentication failed: %s", self.mechanism, loggable(e))
             raise
         except IllegalSaslState:
             self._fail()
