@@ -109,6 +109,8 @@ RESERVED_BYTES = 64 * 1024
 # segment files in chunks of CHUNK_BYTES.
 WRITE_HIGH_WATER = 1024 * 1024
 CHUNK_BYTES = 512 * 1024
+# After a failed authentication's answer, the unsent bytes a peer that does not read may hold the connection by.
+FAILED_CLOSE_GRACE_S = 1.0
 
 
 class RequestMemory:
@@ -396,13 +398,26 @@ class KafkaConnection(asyncio.Protocol):
             self._close_after_failure(reply)
 
     def _close_after_failure(self, reply: bytes | None) -> None:
+        """Kafka writes what it can of the answer and closes: a graceful close that flushes the answer, but a
+        peer that does not read (a failed re-authentication behind unread responses) cannot keep the connection:
+        what is still unsent after FAILED_CLOSE_GRACE_S is dropped (``abort``)."""
         self._failing = None
         if self._closed or self.transport is None:
             return
         if reply:
             self._send(reply)
         self._closed = True
-        self.transport.close()  # graceful: the answer is flushed first
+        transport = self.transport
+        transport.close()  # graceful: the answer is flushed first
+        if transport.get_write_buffer_size():
+            self._failing = asyncio.get_running_loop().call_later(FAILED_CLOSE_GRACE_S, self._drop_unsent)
+
+    def _drop_unsent(self) -> None:
+        self._failing = None
+        if self.transport is not None and self.transport.get_write_buffer_size():
+            log.warning("closing connection from %s: the answer to its failed authentication was not read within "
+                        "%s s", self.peer, FAILED_CLOSE_GRACE_S)
+            self.transport.abort()
 
     def _failed(self, request, exc: Exception) -> Any:
         """The answer to a request whose handler raised: Kafka's error response, one log line. If even that
