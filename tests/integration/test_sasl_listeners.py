@@ -693,6 +693,18 @@ def test_a_sasl_listener_kafka_would_refuse_stops_the_start(tmp_path, settings, 
     assert not data_dir.exists()
 
 
+def test_a_failed_authentication_delay_not_below_the_idle_timeout_stops_the_start(tmp_path):
+    """Kafka's KafkaConfig: connection.failed.authentication.delay.ms < connections.max.idle.ms (unless -1)."""
+    data_dir = tmp_path / "fresh"
+    result = serve("--listeners", f"PLAINTEXT://127.0.0.1:{free_port()}",
+                   "--override", "connection.failed.authentication.delay.ms=5000",
+                   "--override", "connections.max.idle.ms=5000", data_dir=data_dir)
+    assert_one_line_failure(result, "connection.failed.authentication.delay.ms=5000 should always be less than "
+                                    "connections.max.idle.ms=5000 to prevent failed authentication responses from "
+                                    "timing out", status=2)
+    assert not data_dir.exists()
+
+
 # -- SCRAM, with credentials stored through AlterUserScramCredentials ------------------------------------------------
 
 
