@@ -196,3 +196,15 @@ def test_another_request_after_the_handshake_is_answered_illegal_sasl_state_by_t
     assert step.failure == "Unexpected Kafka request of type METADATA during SASL authentication."
     answer = _answer(step, 3, 12)
     assert [topic.error_code for topic in answer.topics] == [ErrorCode.illegal_sasl_state]
+
+
+def test_sasl_server_max_receive_size_per_listener():
+    # Kafka's ChannelBuilders.channelBuilderConfigs: the listener-prefixed value wins over the broker-wide one.
+    clock = Clock()
+    sasl = _authenticator(clock, **{"sasl.server.max.receive.size": 100000,
+                                    "listener.name.sasl_plaintext.sasl.server.max.receive.size": 1000})
+    assert sasl.listener.max_receive_size == 1000
+    assert not sasl.frame_too_large(1000) and sasl.frame_too_large(1001)
+    assert _authenticator(clock, **{"sasl.server.max.receive.size": 2000}).listener.max_receive_size == 2000
+    assert _authenticator(clock, **{"listener.name.other.sasl.server.max.receive.size": 10}).listener.max_receive_size \
+        == 524288  # Kafka's default; another listener's value does not apply

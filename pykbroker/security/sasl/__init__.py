@@ -243,8 +243,12 @@ def enabled_mechanisms(listener: str, configs: Mapping[str, Any]) -> list[str]:
     return names if value is not None else list(DEFAULT_SASL_ENABLED_MECHANISMS)
 
 
-def max_receive_size(configs: Mapping[str, Any]) -> int:
-    value = configs.get(SASL_SERVER_MAX_RECEIVE_SIZE, DEFAULT_SASL_SERVER_MAX_RECEIVE_SIZE)
+def max_receive_size(configs: Mapping[str, Any], listener: str | None = None) -> int:
+    """``sasl.server.max.receive.size`` of a listener: ``listener.name.<l>.sasl.server.max.receive.size`` wins,
+    as Kafka's ChannelBuilders.channelBuilderConfigs applies the listener prefix."""
+    value = configs.get(f"{listener_prefix(listener)}{SASL_SERVER_MAX_RECEIVE_SIZE}") if listener else None
+    if value is None:
+        value = configs.get(SASL_SERVER_MAX_RECEIVE_SIZE, DEFAULT_SASL_SERVER_MAX_RECEIVE_SIZE)
     try:
         size = int(value)
     except (TypeError, ValueError):
@@ -266,7 +270,7 @@ def create_factory(listener: str, mechanism: str, configs: Mapping[str, Any], *,
     from pykbroker.security import jaas
     from pykbroker.security.sasl import oauthbearer, plain, scram
 
-    size = max_receive_size(configs)
+    size = max_receive_size(configs, listener)
     # SaslChannelBuilder reads only the listener- and mechanism-prefixed key; a bare one is ignored
     handler = configs.get(f"{listener_prefix(listener)}{mechanism.lower()}.{SASL_SERVER_CALLBACK_HANDLER_CLASS}")
     if mechanism == "PLAIN":

@@ -110,7 +110,7 @@ class SaslListener:
             value = listener_mechanism_config(configs, listener, mechanism, CONNECTIONS_MAX_REAUTH_MS, 0)
             reauth[mechanism] = int(value)
         delay = configs.get(FAILED_AUTHENTICATION_DELAY_MS)
-        return cls(listener, factories, max_receive_size(configs), reauth, int(100 if delay is None else delay))
+        return cls(listener, factories, max_receive_size(configs, listener), reauth, int(100 if delay is None else delay))
 
     @property
     def enabled(self) -> list[str]:
