@@ -335,8 +335,13 @@ class KafkaConnection(asyncio.Protocol):
         context = RequestContext(self.broker, request, self.peer, self.listener, self.principal or ANONYMOUS,
                                  size=len(frame))
         started = self.stats.clock() if self.stats is not None else 0.0
+        handler = self.handlers[request.api_key]
+        if sasl is not None and sasl.authenticating:
+            # ApiVersions before authentication: Kafka's authenticator answers it itself, never metered by the
+            # client quotas (server/throttling.py wraps the handlers with functools.wraps: the bare handler).
+            handler = getattr(handler, "__wrapped__", handler)
         try:
-            result = self.handlers[request.api_key](context, request.body)
+            result = handler(context, request.body)
         except Exception as exc:
             result = self._failed(request, exc)
         if asyncio.iscoroutine(result):

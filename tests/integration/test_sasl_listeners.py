@@ -503,6 +503,29 @@ def guarded_broker(tmp_path_factory):
         broker.close()
 
 
+def test_api_versions_before_authentication_is_never_metered_by_client_quotas(guarded_broker):
+    """Kafka's authenticator answers ApiVersions before authentication itself: not charged to User:ANONYMOUS,
+    never throttled (KIP-219's mute) however small ANONYMOUS's request quota."""
+    from quota_wire import Wire as QuotaWire, alter, throttle_ms
+
+    admin = QuotaWire(guarded_broker, "quota-admin")
+    assert alter(admin, {"user": "ANONYMOUS"}, {"request_percentage": 0.01}) == (ErrorCode.none, None)
+    versions = ApiVersionsRequest(client_software_name="t", client_software_version="1")
+    try:
+        throttles = []
+        for _ in range(20):
+            wire = Wire(guarded_broker.sasl_port)
+            throttles.append(int(wire.ask(versions).throttle_time.total_seconds() * 1000))
+            assert wire.ask(SaslHandshakeRequest(mechanism="PLAIN")).error_code == ErrorCode.none  # not muted
+            wire.close()
+        assert throttles == [0] * 20
+        # The same requests from ANONYMOUS on the PLAINTEXT listener are metered: the quota is in force.
+        wait_until(lambda: throttle_ms(admin.request(versions)) > 0, "an ANONYMOUS request throttled", TIMEOUT_S)
+    finally:
+        alter(admin, {"user": "ANONYMOUS"}, {"request_percentage": None})
+        admin.close()
+
+
 def test_a_flood_of_failed_logins_is_delayed_while_another_client_keeps_producing(guarded_broker):
     port = guarded_broker.sasl_port
     producer = confluent_kafka.Producer({"bootstrap.servers": f"127.0.0.1:{port}", **_plain("bob"), "linger.ms": 0})
