@@ -359,6 +359,22 @@ def test_plain_login_then_requests_are_served_as_the_principal(sasl_broker):
     wire.close()
 
 
+def test_an_invalid_api_versions_before_authentication_is_answered_invalid_request_and_may_be_retried(sasl_broker):
+    """Kafka's ApiVersionsRequest.isValid (v3+: the client software name and version match its pattern): an
+    invalid one is answered INVALID_REQUEST and, before authentication, the client may send another one."""
+    wire = Wire(sasl_broker.sasl_port)
+    answer = wire.ask(ApiVersionsRequest(client_software_name="bad name!", client_software_version="1"))
+    assert answer.error_code == ErrorCode.invalid_request and answer.api_keys == ()
+    answer = wire.ask(ApiVersionsRequest(client_software_name="t", client_software_version="1.0-a"))
+    assert answer.error_code == ErrorCode.none and answer.api_keys
+    assert _login(wire).error_code == ErrorCode.none
+    wire.close()
+    wire = Wire(sasl_broker.port)  # the same answer on a PLAINTEXT listener (Kafka's KafkaApis)
+    assert wire.ask(ApiVersionsRequest(client_software_name="t", client_software_version="")).error_code \
+        == ErrorCode.invalid_request
+    wire.close()
+
+
 def test_sasl_requests_on_a_plaintext_listener_get_illegal_sasl_state(sasl_broker):
     wire = Wire(sasl_broker.port)
     assert wire.ask(SaslHandshakeRequest(mechanism="PLAIN")).error_code == ErrorCode.illegal_sasl_state

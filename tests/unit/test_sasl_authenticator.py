@@ -208,3 +208,13 @@ def test_sasl_server_max_receive_size_per_listener():
     assert _authenticator(clock, **{"sasl.server.max.receive.size": 2000}).listener.max_receive_size == 2000
     assert _authenticator(clock, **{"listener.name.other.sasl.server.max.receive.size": 10}).listener.max_receive_size \
         == 524288  # Kafka's default; another listener's value does not apply
+
+
+def test_an_invalid_api_versions_request_keeps_the_state_for_another_one():
+    # Kafka's authenticator: an ApiVersions that is not isValid() is answered INVALID_REQUEST and the client may
+    # send another one (the state stays HANDSHAKE_OR_VERSIONS_REQUEST); a valid one then moves on.
+    sasl = _authenticator(Clock())
+    assert sasl.receive(_frame(ApiVersionsRequest(client_software_name="bad name!", client_software_version="1"))).serve
+    assert sasl.state == "HANDSHAKE_OR_VERSIONS_REQUEST"
+    assert sasl.receive(_frame(ApiVersionsRequest(client_software_name="t", client_software_version="1"))).serve
+    assert sasl.state == "HANDSHAKE_REQUEST"

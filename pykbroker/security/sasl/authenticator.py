@@ -48,6 +48,7 @@ from pykbroker.protocol.errors import ErrorCode
 from pykbroker.protocol.framing import SIZE, FrameError, Request, decode_request, encode_response, read_prefix
 from pykbroker.security.principal import USER_TYPE, KafkaPrincipal
 from pykbroker.server.error_answers import build
+from pykbroker.server.handlers.api_versions import valid_request as valid_api_versions_request
 from pykbroker.security.sasl import (
     IllegalSaslState,
     SaslAuthenticationFailed,
@@ -267,9 +268,16 @@ class SaslAuthenticator:
             if self.state != HANDSHAKE_OR_VERSIONS_REQUEST:
                 return self._close(f"Unexpected ApiVersions request received during SASL authentication state "
                                   f"{self.state}")
+            # Served by the handler; only a supported (else KIP-511's UNSUPPORTED_VERSION) and valid (else
+            # INVALID_REQUEST) ApiVersions moves on to HANDSHAKE_REQUEST, as Kafka's authenticator.
             support = self.apis.get(API_VERSIONS_KEY)
-            self.state = HANDSHAKE_REQUEST if support is not None and support.supports(prefix.api_version) \
-                else HANDSHAKE_OR_VERSIONS_REQUEST
+            if support is not None and support.supports(prefix.api_version):
+                try:
+                    request = decode_request(frame, prefix, self.apis)
+                except FrameError:
+                    return SERVE  # the connection refuses it as usual
+                if valid_api_versions_request(request.api_version, request.body):
+                    self.state = HANDSHAKE_REQUEST
             return SERVE
         try:
             request = decode_request(frame, prefix, self.apis)
