@@ -473,6 +473,38 @@ def test_garbage_auth_bytes_fail_with_the_mechanisms_message(sasl_broker):
     assert wire.closed()
 
 
+def _pipelined(wire: Wire, *requests) -> None:
+    """Send the requests in one write (numbered from the wire's next correlation id on)."""
+    wire.sock.sendall(b"".join(encode_request(request, wire.correlation_id + index, "sasl-tests")
+                               for index, request in enumerate(requests, start=1)))
+
+
+def test_frames_pipelined_behind_a_saslauthenticate(sasl_broker):
+    # Behind a successful one: served as the principal, in order.
+    wire = Wire(sasl_broker.sasl_port)
+    handshake, token = SaslHandshakeRequest(mechanism="PLAIN"), SaslAuthenticateRequest(auth_bytes=b"\0alice\0"
+                                                                                         + USERS["alice"].encode())
+    _pipelined(wire, handshake, token, _metadata(), _metadata())
+    for request in (handshake, token, _metadata(), _metadata()):
+        wire.correlation_id += 1
+        answer = wire.read(request)
+        assert answer.brokers if isinstance(request, MetadataRequest) else answer.error_code == ErrorCode.none
+    wire.close()
+    # Behind a failed one: only the failure's answer (after the delay), then the connection closes; the
+    # pipelined requests are never served.
+    wire = Wire(sasl_broker.sasl_port)
+    peer = "127.0.0.1:%d" % wire.sock.getsockname()[1]
+    wrong = SaslAuthenticateRequest(auth_bytes=b"\0alice\0wrong-pipelined-pw")
+    _pipelined(wire, handshake, wrong, _metadata(), SaslHandshakeRequest(mechanism="PLAIN"))
+    wire.correlation_id += 1
+    assert wire.read(handshake).error_code == ErrorCode.none
+    wire.correlation_id += 1
+    assert wire.read(wrong).error_code == ErrorCode.sasl_authentication_failed
+    assert wire.closed()
+    assert len(_log_lines(sasl_broker, f"Failed authentication with {peer} ")) == 1
+    assert not _log_lines(sasl_broker, peer, "principal User:")
+
+
 def test_kip43_raw_tokens_after_a_v0_handshake(sasl_broker):
     wire = Wire(sasl_broker.sasl_port)
     assert wire.ask(SaslHandshakeV0(mechanism="PLAIN")).error_code == ErrorCode.none
@@ -609,12 +641,20 @@ def test_kip368_reauthentication_and_session_expiry(sasl_broker):
     answer = _login(wire)
     assert answer.error_code == ErrorCode.none
     assert answer.session_lifetime.total_seconds() * 1000 == REAUTH_MS
-    # Re-authentication (same mechanism, same principal) gives a new session.
-    answer = _login(wire)
+    # Re-authentication (same mechanism, same principal) gives a new session; another handshake sent with it (in
+    # one write: well within a second of its start) is answered by KafkaApis (ILLEGAL_SASL_STATE).
+    handshake = SaslHandshakeRequest(mechanism="PLAIN")
+    token = SaslAuthenticateRequest(auth_bytes=b"\0alice\0" + USERS["alice"].encode())
+    wire.sock.sendall(b"".join(encode_request(request, wire.correlation_id + index, "sasl-tests")
+                               for index, request in enumerate((handshake, token, handshake), start=1)))
+    wire.correlation_id += 1
+    assert wire.read(handshake).error_code == ErrorCode.none
+    wire.correlation_id += 1
+    answer = wire.read(token)
     assert answer.error_code == ErrorCode.none and answer.session_lifetime.total_seconds() * 1000 == REAUTH_MS
+    wire.correlation_id += 1
+    assert wire.read(handshake).error_code == ErrorCode.illegal_sasl_state
     assert wire.ask(_metadata()).brokers
-    # Another one within a second of the last one's start: KafkaApis answers the handshake (ILLEGAL_SASL_STATE).
-    assert wire.ask(SaslHandshakeRequest(mechanism="PLAIN")).error_code == ErrorCode.illegal_sasl_state
     # Once the session is over, any request other than a SaslHandshake closes the connection.
     deadline = time.monotonic() + REAUTH_MS / 1000 + 0.5
     while time.monotonic() < deadline:
