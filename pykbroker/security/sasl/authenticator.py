@@ -45,7 +45,15 @@ from kio.index import api_key_map
 
 from pykbroker.protocol.apis import API_VERSIONS_KEY, SUPPORTED_APIS
 from pykbroker.protocol.errors import ErrorCode
-from pykbroker.protocol.framing import SIZE, FrameError, Request, decode_request, encode_response, read_prefix
+from pykbroker.protocol.framing import (
+    SIZE,
+    FrameError,
+    Request,
+    RequestPrefix,
+    decode_request,
+    encode_response,
+    read_prefix,
+)
 from pykbroker.security.principal import USER_TYPE, KafkaPrincipal
 from pykbroker.server.error_answers import build
 from pykbroker.server.handlers.api_versions import valid_request as valid_api_versions_request
@@ -217,11 +225,12 @@ class SaslAuthenticator:
         a request on an expired session closes the connection, anything else is served."""
         now = self.clock()
         try:
-            api_key = read_prefix(frame).api_key
+            prefix = read_prefix(frame)
         except FrameError:
             return SERVE  # the connection refuses it as usual
+        api_key = prefix.api_key
         if api_key == SASL_HANDSHAKE_KEY and self._begin_reauthentication(now):
-            return self.receive(frame)
+            return self._kafka_request(frame, prefix)
         if self.session_expires is not None and now > self.session_expires:
             return self._close(f"SASL session expired (connections.max.reauth.ms or credential lifetime) and the "
                               f"client sent {_api_name(api_key) or f'api key {api_key}'} instead of re-authenticating")
@@ -251,10 +260,10 @@ class SaslAuthenticator:
             return self._token(frame) if self._headers else self._raw_token(frame)
         return self._close(f"frame received in SASL state {state}")
 
-    def _kafka_request(self, frame: bytes) -> Step:
+    def _kafka_request(self, frame: bytes, prefix: RequestPrefix | None = None) -> Step:
         initial = self.state == INITIAL_REQUEST
         try:
-            prefix = read_prefix(frame)
+            prefix = prefix or read_prefix(frame)
             name = _api_name(prefix.api_key)
             if name is None:
                 raise FrameError(f"unknown api key {prefix.api_key}")
