@@ -949,6 +949,16 @@ def _answers(port: int) -> dict:
     wire = Wire(port)
     wire.ask(SaslHandshakeV0(mechanism="PLAIN"))
     found["raw token"] = wire.raw(b"\0alice\0" + USERS["alice"].encode())
+    wire = Wire(port)
+    answer = wire.ask(ApiVersionsRequest(client_software_name="bad name!", client_software_version="1"))
+    again = wire.ask(ApiVersionsRequest(client_software_name="t", client_software_version="1"))
+    found["invalid api versions, then a valid one"] = (answer.error_code, answer.api_keys, again.error_code,
+                                                      _login(wire).error_code)
+    wire = Wire(port)
+    wire.ask(SaslHandshakeRequest(mechanism="PLAIN"))
+    answer = wire.ask(MetadataRequest(topics=(MetadataRequestTopic(name="t", topic_id=None),),
+                                      allow_auto_topic_creation=False, include_topic_authorized_operations=False))
+    found["metadata after the handshake"] = ([topic.error_code for topic in answer.topics], wire.closed())
     return found
 
 
