@@ -50,11 +50,13 @@ idle), so a client that does not back off by itself is held to its quota; other 
 A SASL listener's connection (``sasl``) is "authenticating" before it serves: every frame goes to its
 SaslAuthenticator (security/sasl/authenticator.py, Kafka's SaslServerAuthenticator), which allows only
 ApiVersions, SaslHandshake and SaslAuthenticate (or KIP-43 raw tokens) and bounds frames by
-``sasl.server.max.receive.size``; any other request closes the connection with one log line. Success sets
-``principal`` (User:<authorized id>). A failure is logged in one INFO line (Kafka's exception message; the
+``sasl.server.max.receive.size``; any other request fails the authentication. Pre-authentication ApiVersions is
+served by the bare handler, never metered by the client quotas (Kafka's authenticator answers it itself). Success
+sets ``principal`` (User:<authorized id>). A failure is logged in one INFO line (Kafka's exception message; the
 detail, a user name say, at DEBUG), the connection is muted, and its answer
 (if any) is sent only after ``connection.failed.authentication.delay.ms`` (a timer on the event loop: other
-connections are served meanwhile), then the connection is closed. Once authenticated, a SaslHandshake may begin
+connections are served meanwhile), then the connection is closed (what a peer that does not read leaves unsent
+is dropped ``FAILED_CLOSE_GRACE_S`` later). Once authenticated, a SaslHandshake may begin
 KIP-368 re-authentication, and a request on an expired session closes the connection.
 
 The broker closes a connection (bad frame, idle, an acks=0 produce that failed, its own failure) with
