@@ -705,8 +705,7 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
 _UNUSED_REASONS = (
     (("sasl.kerberos.", "sasl.login.", "sasl.client.", "sasl.oauthbearer."),
      "pykbroker's SASL listeners serve PLAIN, SCRAM and OAUTHBEARER without Kerberos or broker-side logins"),
-    (("sasl.", "security.", "principal.builder.", "connections.max.reauth.", "connection.failed.authentication.",
-      "delegation.token.", "password.encoder."),
+    (("sasl.", "security.", "principal.builder.", "delegation.token.", "password.encoder."),
      "pykbroker has no delegation tokens, custom principal builders or password encoder"),
     (("remote.log.",), "pykbroker has no tiered storage"),
     (("zookeeper.ssl.", "zookeeper.set.acl", "zookeeper.clientCnxnSocket", "zookeeper.max.in.flight."),
@@ -780,7 +779,14 @@ _USED_KAFKA_DOCS.update({
                                  f"ends, a request on an expired session closes the connection; {_SASL_AT_START}.",
     "connection.failed.authentication.delay.ms": f"How long the answer to a failed SASL authentication is held "
                                                  f"before the connection closes (other clients are served "
-                                                 f"meanwhile); {_SASL_AT_START}.",
+                                                 f"meanwhile); must be less than connections.max.idle.ms (unless "
+                                                 f"-1), as in Kafka; {_SASL_AT_START}.",
+    "security.inter.broker.protocol": "The security protocol of the listener brokers use to reach each other when "
+                                      "inter.broker.listener.name is not set (the listener of that name; PLAINTEXT "
+                                      "by default), as in Kafka (security/inter_broker.py).",
+    "sasl.mechanism.inter.broker.protocol": "The SASL mechanism a broker's own client uses on a SASL inter-broker "
+                                            "listener (PLAIN, SCRAM-SHA-256/512; Kafka's default GSSAPI is refused "
+                                            "there), as in Kafka (security/inter_broker.py).",
     **{name: f"The signed-JWT validator of OAUTHBEARER (security/sasl/oauthbearer.py); {_SASL_AT_START}." for name in (
         "sasl.oauthbearer.jwks.endpoint.url", "sasl.oauthbearer.clock.skew.seconds",
         "sasl.oauthbearer.expected.audience", "sasl.oauthbearer.expected.issuer",
@@ -1032,6 +1038,18 @@ def _check_queued_max_request_bytes(values: Mapping[str, Any]) -> None:
                           f"or at least socket.request.max.bytes ({largest})")
 
 
+def _check_failed_authentication_delay(values: Mapping[str, Any]) -> None:
+    """Kafka's KafkaConfig rule: with idle connections closed (connections.max.idle.ms >= 0), a failed
+    authentication's delayed answer must come before the idle close."""
+    delay = int(values["connection.failed.authentication.delay.ms"])
+    idle = int(values["connections.max.idle.ms"])
+    if idle >= 0 and not delay < idle:
+        raise KafkaRequirement("connection.failed.authentication.delay.ms",
+                               f"connection.failed.authentication.delay.ms={delay} should always be less than "
+                               f"connections.max.idle.ms={idle} to prevent failed authentication responses from "
+                               f"timing out")
+
+
 MIN_DEDUPE_BUFFER_PER_THREAD = 1024 * 1024
 
 
@@ -1147,6 +1165,7 @@ class BrokerConfig:
         full.update(self.dynamic_broker)
         object.__setattr__(self, "values", MappingProxyType(full))
         _check_queued_max_request_bytes(full)
+        _check_failed_authentication_delay(full)
         object.__setattr__(self, "explicit", frozenset(self.explicit))
         object.__setattr__(self, "data_dir", Path(self.data_dir))
         if not self.listeners:

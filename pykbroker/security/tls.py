@@ -2,7 +2,7 @@
 ``DefaultSslEngineFactory``, ``SslConfigs``, ``BrokerSecurityConfigs``, ``ChannelBuilders``): server/broker.py
 serves SSL listeners with it as "Wiring" below describes, the inter-broker client (inter_broker.py) connects
 with a client-mode holder, and dynamic ``listener.name.<l>.ssl.*`` updates reload both (ListenerTlsReloader;
-not yet: SASL_SSL listeners).
+SASL_SSL listeners included).
 
 Settings
     Every function takes a mapping of Kafka property names to values, as ``BrokerConfig.values`` holds them

@@ -24,7 +24,9 @@ Memory is bounded:
   memory, so every frame that was started can finish (no deadlock between half-received frames). One
   difference from Kafka: a frame of at most ``RESERVED_BYTES`` is reserved even when the pool is exhausted,
   so ApiVersions, Metadata or a Heartbeat of a well-behaved client passes while stalled clients hold the
-  pool (the overshoot is at most one such frame per connection);
+  pool (the overshoot is at most one such frame per connection). The frames of a SASL connection that is
+  authenticating are not reserved (Kafka's authenticator reads them outside the pool): they are bounded by
+  ``sasl.server.max.receive.size`` instead, so unauthenticated peers stalling mid-frame cannot starve the others;
 * a connection with no socket activity (bytes received, response progress) for
   ``connections.max.idle.ms`` is closed by the broker's idle sweep (a connection stuck mid-frame is idle, a
   slow but progressing upload is not; one waiting on its own request in processing is not).
@@ -51,10 +53,13 @@ a byte-rate throttle has no upper bound). A request whose handler raised is reco
 A SASL listener's connection (``sasl``) is "authenticating" before it serves: every frame goes to its
 SaslAuthenticator (security/sasl/authenticator.py, Kafka's SaslServerAuthenticator), which allows only
 ApiVersions, SaslHandshake and SaslAuthenticate (or KIP-43 raw tokens) and bounds frames by
-``sasl.server.max.receive.size``; any other request closes the connection with one log line. Success sets
-``principal`` (User:<authorized id>). A failure is logged in one line, the connection is muted, and its answer
+``sasl.server.max.receive.size``; any other request fails the authentication. Pre-authentication ApiVersions is
+served by the bare handler, never metered by the client quotas (Kafka's authenticator answers it itself). Success
+sets ``principal`` (User:<authorized id>). A failure is logged in one INFO line (Kafka's exception message; the
+detail, a user name say, at DEBUG), the connection is muted, and its answer
 (if any) is sent only after ``connection.failed.authentication.delay.ms`` (a timer on the event loop: other
-connections are served meanwhile), then the connection is closed. Once authenticated, a SaslHandshake may begin
+connections are served meanwhile), then the connection is closed (what a peer that does not read leaves unsent
+is dropped ``FAILED_CLOSE_GRACE_S`` later). Once authenticated, a SaslHandshake may begin
 KIP-368 re-authentication, and a request on an expired session closes the connection.
 
 The broker closes a connection (bad frame, idle, an acks=0 produce that failed, its own failure) with
@@ -88,11 +93,10 @@ from pykbroker.protocol.framing import (
     encode_response,
     read_prefix,
 )
-from pykbroker.protocol.errors import ErrorCode
 from pykbroker.security.principal import ANONYMOUS
 from pykbroker.security.sasl.authenticator import SaslAuthenticator, Step
 from pykbroker.server.dispatch import NO_RESPONSE, CloseConnection, Handler, RequestContext
-from pykbroker.server.error_answers import build, error_response
+from pykbroker.server.error_answers import error_response
 from pykbroker.server.handlers.api_versions import unsupported_api_versions_response
 from pykbroker.server.throttling import failure_throttled, pre_encoded
 
@@ -111,6 +115,8 @@ RESERVED_BYTES = 64 * 1024
 # segment files in chunks of CHUNK_BYTES.
 WRITE_HIGH_WATER = 1024 * 1024
 CHUNK_BYTES = 512 * 1024
+# After a failed authentication's answer, the unsent bytes a peer that does not read may hold the connection by.
+FAILED_CLOSE_GRACE_S = 1.0
 
 
 class RequestMemory:
@@ -268,13 +274,16 @@ class KafkaConnection(asyncio.Protocol):
                 break
             (size,) = SIZE.unpack_from(buffer, start)
             sasl = self.sasl
-            if sasl is not None and sasl.authenticating and sasl.frame_too_large(size):
+            authenticating = sasl is not None and sasl.authenticating
+            if authenticating and sasl.frame_too_large(size):
                 self._authentication_failed(sasl.oversized(size))
                 return
             if size < 0 or size > self.max_request_bytes:
                 self._abort(f"frame of {size} bytes exceeds socket.request.max.bytes {self.max_request_bytes}")
                 return
-            if not self._reserved and not self._reserve(size):
+            # An authentication frame (at most sasl.server.max.receive.size) is not taken from the pool, as
+            # Kafka's SaslServerAuthenticator allocates it on the heap: unauthenticated peers cannot hold it.
+            if not authenticating and not self._reserved and not self._reserve(size):
                 break  # the pool is exhausted: not read until memory is released
             end = start + size_len + size
             if available < size_len + size:
@@ -333,8 +342,13 @@ class KafkaConnection(asyncio.Protocol):
         context = RequestContext(self.broker, request, self.peer, self.listener, self.principal or ANONYMOUS,
                                  size=len(frame))
         started = self.stats.clock() if self.stats is not None else 0.0
+        handler = self.handlers[request.api_key]
+        if sasl is not None and sasl.authenticating:
+            # ApiVersions before authentication: Kafka's authenticator answers it itself, never metered by the
+            # client quotas (server/throttling.py wraps the handlers with functools.wraps: the bare handler).
+            handler = getattr(handler, "__wrapped__", handler)
         try:
-            result = self.handlers[request.api_key](context, request.body)
+            result = handler(context, request.body)
         except Exception as exc:
             result = failure_throttled(context, self._failed(request, exc))
         if asyncio.iscoroutine(result):
@@ -381,20 +395,16 @@ class KafkaConnection(asyncio.Protocol):
                 self._pump()
 
     def _authentication_failed(self, step: Step) -> None:
-        """Kafka's Selector: one log line, the channel muted, the answer (if any) sent after
-        connection.failed.authentication.delay.ms, then closed. Other connections are served meanwhile."""
-        log.info("failed authentication with %s on listener %s (%s)", self.peer, self.listener, step.failure)
+        """Kafka's Selector: one INFO line with the exception message (the detail, a user name say, only at
+        DEBUG), the channel muted, the answer (if any) sent after connection.failed.authentication.delay.ms,
+        then closed. Other connections are served meanwhile."""
+        what = "re-authentication" if step.reauthentication else "authentication"
+        log.info("Failed %s with %s on listener %s (%s)", what, self.peer, self.listener, step.failure)
+        if step.detail:
+            log.debug("SASL %s failure of %s: %s", what, self.peer, step.detail)
         if self.stats is not None:
             self.stats.authenticated(self.listener, self.sasl.mechanism if self.sasl is not None else None, False)
         reply = step.reply
-        if step.refused is not None:  # another request during the exchange: ILLEGAL_SASL_STATE, as Kafka
-            request = step.refused
-            try:
-                answer = build(request.codec.response_type, request.body, ErrorCode.illegal_sasl_state)
-                pieces = encode_response(request.codec, request.correlation_id, answer)
-                reply = b"".join(bytes(piece) for piece in pieces)
-            except Exception:
-                reply = None
         self._busy = True  # muted: nothing more is read or processed on this connection
         self.update_reading()
         delay_s = self.sasl.listener.failed_delay_ms / 1000 if self.sasl is not None else 0
@@ -404,13 +414,26 @@ class KafkaConnection(asyncio.Protocol):
             self._close_after_failure(reply)
 
     def _close_after_failure(self, reply: bytes | None) -> None:
+        """Kafka writes what it can of the answer and closes: a graceful close that flushes the answer, but a
+        peer that does not read (a failed re-authentication behind unread responses) cannot keep the connection:
+        what is still unsent after FAILED_CLOSE_GRACE_S is dropped (``abort``)."""
         self._failing = None
         if self._closed or self.transport is None:
             return
         if reply:
             self._send(reply)
         self._closed = True
-        self.transport.close()  # graceful: the answer is flushed first
+        transport = self.transport
+        transport.close()  # graceful: the answer is flushed first
+        if transport.get_write_buffer_size():
+            self._failing = asyncio.get_running_loop().call_later(FAILED_CLOSE_GRACE_S, self._drop_unsent)
+
+    def _drop_unsent(self) -> None:
+        self._failing = None
+        if self.transport is not None and self.transport.get_write_buffer_size():
+            log.warning("closing connection from %s: the answer to its failed authentication was not read within "
+                        "%s s", self.peer, FAILED_CLOSE_GRACE_S)
+            self.transport.abort()
 
     def _failed(self, request, exc: Exception) -> Any:
         """The answer to a request whose handler raised: Kafka's error response, one log line. If even that

@@ -44,7 +44,15 @@ def test_clients_use_every_brokers_sasl_listener(zk_connect, tmp_path):
                                                  b"sue-pw")
         for future in admin.alter_user_scram_credentials([upsertion]).values():
             future.result(timeout=TIMEOUT_S)
-        wait_until(lambda: admin.describe_user_scram_credentials(["sue"])["sue"].result(timeout=TIMEOUT_S),
-                   "sue's credentials", TIMEOUT_S)
+
+        def sue_logs_in_on_broker_2() -> bool:  # broker 2 has seen the credentials in ZooKeeper
+            client = AdminClient({"bootstrap.servers": f"127.0.0.1:{sasl_ports[2]}", **scram})
+            try:
+                client.list_topics(timeout=5)
+                return True
+            except confluent_kafka.KafkaException:
+                return False
+
+        wait_until(sue_logs_in_on_broker_2, "sue's credentials on broker 2", TIMEOUT_S)
         values = consume_values(f"127.0.0.1:{sasl_ports[2]}", scram, topic, 10)
         assert values == [f"v{index}".encode() for index in range(10)]

@@ -16,6 +16,7 @@ import socket
 import ssl
 import struct
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -28,7 +29,7 @@ confluent_kafka = pytest.importorskip("confluent_kafka")
 from kio.index import load_response_from_request  # noqa: E402
 from kio.schema.api_versions.v3.request import ApiVersionsRequest  # noqa: E402
 from kio.schema.errors import ErrorCode  # noqa: E402
-from kio.schema.metadata.v12.request import MetadataRequest  # noqa: E402
+from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic  # noqa: E402
 from kio.schema.sasl_authenticate.v0.request import SaslAuthenticateRequest as SaslAuthenticateV0  # noqa: E402
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest  # noqa: E402
 from kio.schema.sasl_handshake.v0.request import SaslHandshakeRequest as SaslHandshakeV0  # noqa: E402
@@ -142,7 +143,7 @@ def test_confluent_kafka_wrong_password_fails_with_kafkas_message(sasl_broker):
     producer.produce(_topic(), b"x", on_delivery=lambda err, msg: errors.append(err))
     producer.flush(TIMEOUT_S)
     assert errors and errors[0] is not None
-    assert _log_lines(sasl_broker, "failed authentication with", "Authentication failed: Invalid username or password")
+    assert _log_lines(sasl_broker, "Failed authentication with", "Authentication failed: Invalid username or password")
 
 
 def test_kafka_python_plain_and_oauthbearer(sasl_broker, pki):
@@ -358,6 +359,22 @@ def test_plain_login_then_requests_are_served_as_the_principal(sasl_broker):
     wire.close()
 
 
+def test_an_invalid_api_versions_before_authentication_is_answered_invalid_request_and_may_be_retried(sasl_broker):
+    """Kafka's ApiVersionsRequest.isValid (v3+: the client software name and version match its pattern): an
+    invalid one is answered INVALID_REQUEST and, before authentication, the client may send another one."""
+    wire = Wire(sasl_broker.sasl_port)
+    answer = wire.ask(ApiVersionsRequest(client_software_name="bad name!", client_software_version="1"))
+    assert answer.error_code == ErrorCode.invalid_request and answer.api_keys == ()
+    answer = wire.ask(ApiVersionsRequest(client_software_name="t", client_software_version="1.0-a"))
+    assert answer.error_code == ErrorCode.none and answer.api_keys
+    assert _login(wire).error_code == ErrorCode.none
+    wire.close()
+    wire = Wire(sasl_broker.port)  # the same answer on a PLAINTEXT listener (Kafka's KafkaApis)
+    assert wire.ask(ApiVersionsRequest(client_software_name="t", client_software_version="")).error_code \
+        == ErrorCode.invalid_request
+    wire.close()
+
+
 def test_sasl_requests_on_a_plaintext_listener_get_illegal_sasl_state(sasl_broker):
     wire = Wire(sasl_broker.port)
     assert wire.ask(SaslHandshakeRequest(mechanism="PLAIN")).error_code == ErrorCode.illegal_sasl_state
@@ -388,7 +405,7 @@ def test_unknown_mechanism_gets_unsupported_sasl_mechanism_with_the_enabled_list
     assert answer.error_code == ErrorCode.unsupported_sasl_mechanism
     assert list(answer.mechanisms) == HANDSHAKE_ORDER
     assert wire.closed()
-    assert _log_lines(sasl_broker, "failed authentication with", "Unsupported SASL mechanism GSSAPI")
+    assert _log_lines(sasl_broker, "Failed authentication with", "Unsupported SASL mechanism GSSAPI")
 
 
 def test_a_request_before_authentication_closes_the_connection_without_an_answer(sasl_broker):
@@ -396,14 +413,35 @@ def test_a_request_before_authentication_closes_the_connection_without_an_answer
     peer = "127.0.0.1:%d" % wire.sock.getsockname()[1]
     wire.send(_metadata())
     assert wire.closed()
-    wait_until(lambda: _log_lines(sasl_broker, f"failed authentication with {peer} ",
+    wait_until(lambda: _log_lines(sasl_broker, f"Failed authentication with {peer} ",
                                   "Unexpected Kafka request of type METADATA during SASL handshake."),
                "the broker's log line", TIMEOUT_S)
     # Between the handshake and the token, another request: ILLEGAL_SASL_STATE (after the delay), then closed.
     wire = Wire(sasl_broker.sasl_port)
     assert wire.ask(SaslHandshakeRequest(mechanism="PLAIN")).error_code == ErrorCode.none
-    assert wire.ask(_metadata()).brokers == ()
+    answer = wire.ask(MetadataRequest(topics=(MetadataRequestTopic(name="t", topic_id=None),),
+                                      allow_auto_topic_creation=False, include_topic_authorized_operations=False))
+    assert [topic.error_code for topic in answer.topics] == [ErrorCode.illegal_sasl_state]
     assert wire.closed()
+
+
+def test_a_newline_in_a_user_name_or_mechanism_cannot_forge_a_log_line(sasl_broker):
+    """Kafka logs the failure's exception message at INFO; a user name only reaches DEBUG, and whatever the
+    client sent is logged with its control characters escaped: one log line per failure, never a forged one."""
+    wire = Wire(sasl_broker.sasl_port)
+    answer = wire.ask(SaslHandshakeRequest(mechanism="BOGUS\nFORGED-MECH line"))
+    assert answer.error_code == ErrorCode.unsupported_sasl_mechanism
+    assert wire.closed()
+    wire = Wire(sasl_broker.sasl_port)
+    assert wire.ask(SaslHandshakeRequest(mechanism="PLAIN")).error_code == ErrorCode.none
+    answer = wire.ask(SaslAuthenticateRequest(auth_bytes=b"\0mallory\nFORGED-USER line\0wrong-pw"))
+    assert answer.error_code == ErrorCode.sasl_authentication_failed
+    assert wire.closed()
+    wait_until(lambda: _log_lines(sasl_broker, "mallory\\nFORGED-USER"), "the escaped user name at debug", TIMEOUT_S)
+    lines = sasl_broker.log_path.read_text(errors="replace").splitlines()
+    assert not [line for line in lines if line.startswith("FORGED")]
+    assert len(_log_lines(sasl_broker, " INFO ", "Unsupported SASL mechanism BOGUS\\nFORGED-MECH line")) == 1
+    assert not [line for line in lines if " INFO " in line and "mallory" in line]
 
 
 def test_an_oversized_token_fails_the_authentication_without_an_answer(sasl_broker):
@@ -411,7 +449,7 @@ def test_an_oversized_token_fails_the_authentication_without_an_answer(sasl_brok
     assert wire.ask(SaslHandshakeRequest(mechanism="PLAIN")).error_code == ErrorCode.none
     wire.send(SaslAuthenticateRequest(auth_bytes=b"\0alice\0" + b"x" * 9000))  # > sasl.server.max.receive.size 8192
     assert wire.closed()
-    assert _log_lines(sasl_broker, "failed authentication with", "invalid receive size")
+    assert _log_lines(sasl_broker, "Failed authentication with", "invalid receive size")
 
 
 def test_garbage_auth_bytes_fail_with_the_mechanisms_message(sasl_broker):
@@ -435,6 +473,38 @@ def test_garbage_auth_bytes_fail_with_the_mechanisms_message(sasl_broker):
     assert wire.closed()
 
 
+def _pipelined(wire: Wire, *requests) -> None:
+    """Send the requests in one write (numbered from the wire's next correlation id on)."""
+    wire.sock.sendall(b"".join(encode_request(request, wire.correlation_id + index, "sasl-tests")
+                               for index, request in enumerate(requests, start=1)))
+
+
+def test_frames_pipelined_behind_a_saslauthenticate(sasl_broker):
+    # Behind a successful one: served as the principal, in order.
+    wire = Wire(sasl_broker.sasl_port)
+    handshake, token = SaslHandshakeRequest(mechanism="PLAIN"), SaslAuthenticateRequest(auth_bytes=b"\0alice\0"
+                                                                                         + USERS["alice"].encode())
+    _pipelined(wire, handshake, token, _metadata(), _metadata())
+    for request in (handshake, token, _metadata(), _metadata()):
+        wire.correlation_id += 1
+        answer = wire.read(request)
+        assert answer.brokers if isinstance(request, MetadataRequest) else answer.error_code == ErrorCode.none
+    wire.close()
+    # Behind a failed one: only the failure's answer (after the delay), then the connection closes; the
+    # pipelined requests are never served.
+    wire = Wire(sasl_broker.sasl_port)
+    peer = "127.0.0.1:%d" % wire.sock.getsockname()[1]
+    wrong = SaslAuthenticateRequest(auth_bytes=b"\0alice\0wrong-pipelined-pw")
+    _pipelined(wire, handshake, wrong, _metadata(), SaslHandshakeRequest(mechanism="PLAIN"))
+    wire.correlation_id += 1
+    assert wire.read(handshake).error_code == ErrorCode.none
+    wire.correlation_id += 1
+    assert wire.read(wrong).error_code == ErrorCode.sasl_authentication_failed
+    assert wire.closed()
+    assert len(_log_lines(sasl_broker, f"Failed authentication with {peer} ")) == 1
+    assert not _log_lines(sasl_broker, peer, "principal User:")
+
+
 def test_kip43_raw_tokens_after_a_v0_handshake(sasl_broker):
     wire = Wire(sasl_broker.sasl_port)
     assert wire.ask(SaslHandshakeV0(mechanism="PLAIN")).error_code == ErrorCode.none
@@ -453,31 +523,117 @@ def test_kip43_raw_tokens_after_a_v0_handshake(sasl_broker):
     wire.close()
 
 
-def test_a_flood_of_failed_logins_is_delayed_while_another_client_keeps_producing(sasl_broker):
-    attackers = [Wire(sasl_broker.sasl_port) for _ in range(20)]
+GUARD_DELAY_MS = 5000  # connection.failed.authentication.delay.ms of guarded_broker
+GUARD_QUEUED_BYTES = 4 * 1024 * 1024  # its queued.max.request.bytes
+
+
+@pytest.fixture(scope="module")
+def guarded_broker(tmp_path_factory):
+    """A SASL_PLAINTEXT listener (PLAIN) with a long failed-authentication delay and a small request memory pool:
+    what unauthenticated peers may cost the others."""
+    plain, sasl = free_port(), free_port()
+    config = {
+        "listeners": f"PLAINTEXT://127.0.0.1:{plain},SASL_PLAINTEXT://127.0.0.1:{sasl}",
+        "sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config": PLAIN_JAAS,
+        "connection.failed.authentication.delay.ms": GUARD_DELAY_MS,
+        "queued.max.request.bytes": GUARD_QUEUED_BYTES,
+        "socket.request.max.bytes": 1024 * 1024,
+        "num.partitions": 1,
+        "offsets.topic.num.partitions": 2,
+    }
+    broker = BrokerProcess(tmp_path_factory.mktemp("guarded-broker"), config=config, port=plain)
+    broker.sasl_port = sasl
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.close()
+
+
+def test_api_versions_before_authentication_is_never_metered_by_client_quotas(guarded_broker):
+    """Kafka's authenticator answers ApiVersions before authentication itself: not charged to User:ANONYMOUS,
+    never throttled (KIP-219's mute) however small ANONYMOUS's request quota."""
+    from quota_wire import Wire as QuotaWire, alter, throttle_ms
+
+    admin = QuotaWire(guarded_broker, "quota-admin")
+    assert alter(admin, {"user": "ANONYMOUS"}, {"request_percentage": 0.01}) == (ErrorCode.none, None)
+    versions = ApiVersionsRequest(client_software_name="t", client_software_version="1")
+    try:
+        throttles = []
+        for _ in range(20):
+            wire = Wire(guarded_broker.sasl_port)
+            throttles.append(int(wire.ask(versions).throttle_time.total_seconds() * 1000))
+            assert wire.ask(SaslHandshakeRequest(mechanism="PLAIN")).error_code == ErrorCode.none  # not muted
+            wire.close()
+        assert throttles == [0] * 20
+        # The same requests from ANONYMOUS on the PLAINTEXT listener are metered: the quota is in force.
+        wait_until(lambda: throttle_ms(admin.request(versions)) > 0, "an ANONYMOUS request throttled", TIMEOUT_S)
+    finally:
+        alter(admin, {"user": "ANONYMOUS"}, {"request_percentage": None})
+        admin.close()
+
+
+def test_a_flood_of_failed_logins_is_delayed_while_another_client_keeps_producing(guarded_broker):
+    port = guarded_broker.sasl_port
+    producer = confluent_kafka.Producer({"bootstrap.servers": f"127.0.0.1:{port}", **_plain("bob"), "linger.ms": 0})
+    topic = _topic()
+    acked: list[float] = []
+
+    def produce(value: bytes) -> None:
+        producer.produce(topic, value, on_delivery=lambda err, msg: acked.append(time.monotonic())
+                         if err is None else None)
+        producer.flush(TIMEOUT_S)
+
+    produce(b"warm-up")  # connected, authenticated, the topic made: what follows only waits for acks
+    attackers = [Wire(port) for _ in range(20)]
     for wire in attackers:
         assert wire.ask(SaslHandshakeRequest(mechanism="PLAIN")).error_code == ErrorCode.none
+    answered: dict[int, tuple[float, int]] = {}  # attacker -> (arrival time of its answer, error code)
+
+    def read_answer(index: int, wire: Wire) -> None:
+        answer = wire.read(SaslAuthenticateRequest(auth_bytes=b""))
+        answered[index] = (time.monotonic(), answer.error_code)
+
+    readers = [threading.Thread(target=read_answer, args=(index, wire), daemon=True)
+               for index, wire in enumerate(attackers)]
     sent_at = time.monotonic()
     for index, wire in enumerate(attackers):
         wire.send(SaslAuthenticateRequest(auth_bytes=f"\0alice\0guess-{index}".encode()))
-    # Meanwhile an authenticated producer gets its acks at once (the delay blocks nobody else).
-    producer = confluent_kafka.Producer({"bootstrap.servers": f"127.0.0.1:{sasl_broker.sasl_port}", **_plain("bob"),
-                                         "linger.ms": 0})
-    topic = _topic()
-    acked: list[float] = []
-    for index in range(5):
-        producer.produce(topic, f"p{index}".encode(), on_delivery=lambda err, msg: acked.append(time.monotonic())
-                         if err is None else None)
-        producer.flush(TIMEOUT_S)
-    answered = []
-    for wire in attackers:
-        answer = wire.read(SaslAuthenticateRequest(auth_bytes=b""))
-        answered.append(time.monotonic())
-        assert answer.error_code == ErrorCode.sasl_authentication_failed
-        assert wire.closed()
-    assert len(acked) == 5
-    assert min(answered) - sent_at >= DELAY_MS / 1000 * 0.9
-    assert acked[0] < min(answered), "the producer waited for the failed logins' delay"
+    for reader in readers:
+        reader.start()
+    for index in range(5):  # meanwhile the authenticated producer gets its acks at once
+        produce(f"p{index}".encode())
+    last_ack = time.monotonic()
+    assert len(acked) == 6
+    assert last_ack - sent_at < GUARD_DELAY_MS / 1000 / 2, "the producer waited for the failed logins' delay"
+    assert not answered, "a failed login was answered before the delay"
+    for reader in readers:
+        reader.join(TIMEOUT_S)
+    assert sorted(answered) == list(range(len(attackers)))
+    for arrived, error_code in answered.values():
+        assert error_code == ErrorCode.sasl_authentication_failed
+        assert arrived - sent_at >= GUARD_DELAY_MS / 1000 * 0.9
+    assert all(wire.closed() for wire in attackers)
+
+
+def test_unauthenticated_frames_do_not_hold_the_request_memory(guarded_broker):
+    """Kafka's SaslServerAuthenticator takes authentication frames from the heap, never from the request memory
+    pool: peers that declare big frames before authenticating and stall cannot starve authenticated clients."""
+    port = guarded_broker.sasl_port
+    stalled = []
+    for _ in range(12):  # 12 x 500 KB declared (under sasl.server.max.receive.size), more than the 4 MB pool
+        wire = Wire(port)
+        wire.sock.sendall(struct.pack(">i", 500 * 1024) + b"\0" * 1024)
+        stalled.append(wire)
+    wire = Wire(port)
+    assert _login(wire).error_code == ErrorCode.none
+    wire.sock.settimeout(10)
+    big = ApiVersionsRequest(client_software_name="a" * 300_000, client_software_version="1")  # a 300 KB frame
+    assert wire.ask(big).error_code == ErrorCode.none
+    assert wire.ask(_metadata()).brokers
+    for each in [wire, *stalled]:
+        each.close()
 
 
 def test_kip368_reauthentication_and_session_expiry(sasl_broker):
@@ -485,12 +641,20 @@ def test_kip368_reauthentication_and_session_expiry(sasl_broker):
     answer = _login(wire)
     assert answer.error_code == ErrorCode.none
     assert answer.session_lifetime.total_seconds() * 1000 == REAUTH_MS
-    # Re-authentication (same mechanism, same principal) gives a new session.
-    answer = _login(wire)
+    # Re-authentication (same mechanism, same principal) gives a new session; another handshake sent with it (in
+    # one write: well within a second of its start) is answered by KafkaApis (ILLEGAL_SASL_STATE).
+    handshake = SaslHandshakeRequest(mechanism="PLAIN")
+    token = SaslAuthenticateRequest(auth_bytes=b"\0alice\0" + USERS["alice"].encode())
+    wire.sock.sendall(b"".join(encode_request(request, wire.correlation_id + index, "sasl-tests")
+                               for index, request in enumerate((handshake, token, handshake), start=1)))
+    wire.correlation_id += 1
+    assert wire.read(handshake).error_code == ErrorCode.none
+    wire.correlation_id += 1
+    answer = wire.read(token)
     assert answer.error_code == ErrorCode.none and answer.session_lifetime.total_seconds() * 1000 == REAUTH_MS
+    wire.correlation_id += 1
+    assert wire.read(handshake).error_code == ErrorCode.illegal_sasl_state
     assert wire.ask(_metadata()).brokers
-    # Another one within a second of the last one's start: KafkaApis answers the handshake (ILLEGAL_SASL_STATE).
-    assert wire.ask(SaslHandshakeRequest(mechanism="PLAIN")).error_code == ErrorCode.illegal_sasl_state
     # Once the session is over, any request other than a SaslHandshake closes the connection.
     deadline = time.monotonic() + REAUTH_MS / 1000 + 0.5
     while time.monotonic() < deadline:
@@ -507,6 +671,7 @@ def test_reauthentication_may_not_change_principal_or_mechanism(sasl_broker):
     assert answer.error_code == ErrorCode.sasl_authentication_failed
     assert answer.error_message == "Cannot change principals during re-authentication from User.alice: User.bob"
     assert wire.closed()
+    assert _log_lines(sasl_broker, "INFO", "Failed re-authentication with", "Cannot change principals")
     wire = Wire(sasl_broker.reauth_port)
     assert _login(wire).error_code == ErrorCode.none
     assert wire.ask(SaslHandshakeRequest(mechanism="OAUTHBEARER")).error_code == ErrorCode.none
@@ -604,6 +769,18 @@ def test_a_sasl_listener_kafka_would_refuse_stops_the_start(tmp_path, settings, 
     result = serve("--listeners", f"PLAINTEXT://127.0.0.1:{free_port()},SASL_PLAINTEXT://127.0.0.1:{free_port()}",
                    *settings, data_dir=data_dir)
     assert_one_line_failure(result, "SASL_PLAINTEXT", *words)
+    assert not data_dir.exists()
+
+
+def test_a_failed_authentication_delay_not_below_the_idle_timeout_stops_the_start(tmp_path):
+    """Kafka's KafkaConfig: connection.failed.authentication.delay.ms < connections.max.idle.ms (unless -1)."""
+    data_dir = tmp_path / "fresh"
+    result = serve("--listeners", f"PLAINTEXT://127.0.0.1:{free_port()}",
+                   "--override", "connection.failed.authentication.delay.ms=5000",
+                   "--override", "connections.max.idle.ms=5000", data_dir=data_dir)
+    assert_one_line_failure(result, "connection.failed.authentication.delay.ms=5000 should always be less than "
+                                    "connections.max.idle.ms=5000 to prevent failed authentication responses from "
+                                    "timing out", status=2)
     assert not data_dir.exists()
 
 
@@ -772,6 +949,16 @@ def _answers(port: int) -> dict:
     wire = Wire(port)
     wire.ask(SaslHandshakeV0(mechanism="PLAIN"))
     found["raw token"] = wire.raw(b"\0alice\0" + USERS["alice"].encode())
+    wire = Wire(port)
+    answer = wire.ask(ApiVersionsRequest(client_software_name="bad name!", client_software_version="1"))
+    again = wire.ask(ApiVersionsRequest(client_software_name="t", client_software_version="1"))
+    found["invalid api versions, then a valid one"] = (answer.error_code, answer.api_keys, again.error_code,
+                                                      _login(wire).error_code)
+    wire = Wire(port)
+    wire.ask(SaslHandshakeRequest(mechanism="PLAIN"))
+    answer = wire.ask(MetadataRequest(topics=(MetadataRequestTopic(name="t", topic_id=None),),
+                                      allow_auto_topic_creation=False, include_topic_authorized_operations=False))
+    found["metadata after the handshake"] = ([topic.error_code for topic in answer.topics], wire.closed())
     return found
 
 

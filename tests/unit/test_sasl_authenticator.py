@@ -12,7 +12,7 @@ import struct
 
 import pytest
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
-from kio.schema.metadata.v12.request import MetadataRequest
+from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 
@@ -154,3 +154,67 @@ def test_what_is_not_a_handshake_before_authentication():
     # A second ApiVersions: Kafka's IllegalStateException, closed at once.
     assert "Unexpected ApiVersions request" in sasl.receive(_frame(ApiVersionsRequest(
         client_software_name="t", client_software_version="1"))).close
+
+
+def test_failure_texts_kafka_logs_at_info_hold_no_user_name_nor_a_control_character():
+    clock = Clock()
+    # A wrong password: Kafka's exception message only; the user name is the DEBUG detail, escaped.
+    sasl = _authenticator(clock)
+    assert _answer(sasl.receive(_frame(SaslHandshakeRequest(mechanism="PLAIN"))), 17, 1).error_code == ErrorCode.none
+    step = sasl.receive(_frame(SaslAuthenticateRequest(auth_bytes=b"\0mallory\nforged line\0pw")))
+    assert step.failure == "Authentication failed: Invalid username or password"
+    assert "mallory" in step.detail and "\n" not in step.detail and "\\n" in step.detail
+    assert not step.reauthentication
+    # A mechanism holding a newline: Kafka's message, the newline escaped.
+    step = _authenticator(clock).receive(_frame(SaslHandshakeRequest(mechanism="BOGUS\nforged line")))
+    assert step.failure == "Unsupported SASL mechanism BOGUS\\nforged line"
+    assert _answer(step, 17, 1).error_code == ErrorCode.unsupported_sasl_mechanism
+    # OAUTHBEARER: an authorization id (newline allowed by RFC 7628's saslname) other than the token's subject.
+    sasl = _authenticator(clock)
+    step, answer = _login(sasl, "OAUTHBEARER",
+                          f"n,a=eve\nforged,\x01auth=Bearer {_token(NOW_S + 30)}\x01\x01".encode())
+    assert answer.error_code == ErrorCode.sasl_authentication_failed
+    assert step.failure.startswith("Authentication failed: Client requested an authorization id (eve\\nforged)")
+    assert "\n" not in step.failure
+
+
+def test_a_failed_reauthentication_says_so():
+    clock = Clock()
+    sasl = _authenticator(clock, **{"connections.max.reauth.ms": 5000})
+    _login(sasl)
+    assert _answer(sasl.screen(_frame(SaslHandshakeRequest(mechanism="PLAIN"))), 17, 1).error_code == ErrorCode.none
+    step = sasl.receive(_frame(SaslAuthenticateRequest(auth_bytes=b"\0alice\0wrong")))
+    assert step.failure == "Authentication failed: Invalid username or password" and step.reauthentication
+
+
+def test_another_request_after_the_handshake_is_answered_illegal_sasl_state_by_the_authenticator():
+    sasl = _authenticator(Clock())
+    assert _answer(sasl.receive(_frame(SaslHandshakeRequest(mechanism="PLAIN"))), 17, 1).error_code == ErrorCode.none
+    step = sasl.receive(_frame(MetadataRequest(topics=(MetadataRequestTopic(name="t", topic_id=None),),
+                                               allow_auto_topic_creation=False,
+                                               include_topic_authorized_operations=False)))
+    assert step.failure == "Unexpected Kafka request of type METADATA during SASL authentication."
+    answer = _answer(step, 3, 12)
+    assert [topic.error_code for topic in answer.topics] == [ErrorCode.illegal_sasl_state]
+
+
+def test_sasl_server_max_receive_size_per_listener():
+    # Kafka's ChannelBuilders.channelBuilderConfigs: the listener-prefixed value wins over the broker-wide one.
+    clock = Clock()
+    sasl = _authenticator(clock, **{"sasl.server.max.receive.size": 100000,
+                                    "listener.name.sasl_plaintext.sasl.server.max.receive.size": 1000})
+    assert sasl.listener.max_receive_size == 1000
+    assert not sasl.frame_too_large(1000) and sasl.frame_too_large(1001)
+    assert _authenticator(clock, **{"sasl.server.max.receive.size": 2000}).listener.max_receive_size == 2000
+    assert _authenticator(clock, **{"listener.name.other.sasl.server.max.receive.size": 10}).listener.max_receive_size \
+        == 524288  # Kafka's default; another listener's value does not apply
+
+
+def test_an_invalid_api_versions_request_keeps_the_state_for_another_one():
+    # Kafka's authenticator: an ApiVersions that is not isValid() is answered INVALID_REQUEST and the client may
+    # send another one (the state stays HANDSHAKE_OR_VERSIONS_REQUEST); a valid one then moves on.
+    sasl = _authenticator(Clock())
+    assert sasl.receive(_frame(ApiVersionsRequest(client_software_name="bad name!", client_software_version="1"))).serve
+    assert sasl.state == "HANDSHAKE_OR_VERSIONS_REQUEST"
+    assert sasl.receive(_frame(ApiVersionsRequest(client_software_name="t", client_software_version="1"))).serve
+    assert sasl.state == "HANDSHAKE_REQUEST"

@@ -171,7 +171,7 @@ def test_token_auth_without_delegation_tokens_is_an_invalid_token_id(cache):
     server = ScramServerFactory("SCRAM-SHA-256", cache).new_server()
     e = failure(server, b"n,,n=token-id-1,r=abc,tokenauth=true")
     assert e.client_message() == GENERIC.format("SCRAM-SHA-256")
-    assert e.detail == "Token Authentication failed: Invalid tokenId : token-id-1"
+    assert e.detail == "Token Authentication failed: Invalid tokenId : 'token-id-1'"
 
 
 def test_token_auth_with_a_delegation_token():

@@ -44,6 +44,7 @@ after each JSON error).
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any, Callable, Mapping
 
 from pykbroker.config import listener_prefix
@@ -87,6 +88,15 @@ class SaslAuthenticationFailed(SaslError):
             return self.message
         what = "re-authentication" if reauthenticating else "authentication"
         return f"Authentication failed during {what} due to invalid credentials with SASL mechanism {self.mechanism}"
+
+
+_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def loggable(text: object) -> str:
+    """``text`` with its control characters escaped (a newline becomes ``\\n``), for anything a client sent
+    that reaches a log line: a user name, mechanism or claim holding a newline cannot forge another line."""
+    return _CONTROL_CHARACTERS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
 
 
 class IllegalSaslState(SaslError):
@@ -144,7 +154,7 @@ class SaslServer:
         except SaslAuthenticationFailed as e:
             self._fail()
             e.mechanism = self.mechanism
-            log.debug("SASL/%s authentication failed: %s", self.mechanism, e)
+            log.debug("SASL/%s authentication failed: %s", self.mechanism, loggable(e))
             raise
         except IllegalSaslState:
             self._fail()
@@ -233,8 +243,12 @@ def enabled_mechanisms(listener: str, configs: Mapping[str, Any]) -> list[str]:
     return names if value is not None else list(DEFAULT_SASL_ENABLED_MECHANISMS)
 
 
-def max_receive_size(configs: Mapping[str, Any]) -> int:
-    value = configs.get(SASL_SERVER_MAX_RECEIVE_SIZE, DEFAULT_SASL_SERVER_MAX_RECEIVE_SIZE)
+def max_receive_size(configs: Mapping[str, Any], listener: str | None = None) -> int:
+    """``sasl.server.max.receive.size`` of a listener: ``listener.name.<l>.sasl.server.max.receive.size`` wins,
+    as Kafka's ChannelBuilders.channelBuilderConfigs applies the listener prefix."""
+    value = configs.get(f"{listener_prefix(listener)}{SASL_SERVER_MAX_RECEIVE_SIZE}") if listener else None
+    if value is None:
+        value = configs.get(SASL_SERVER_MAX_RECEIVE_SIZE, DEFAULT_SASL_SERVER_MAX_RECEIVE_SIZE)
     try:
         size = int(value)
     except (TypeError, ValueError):
@@ -256,7 +270,7 @@ def create_factory(listener: str, mechanism: str, configs: Mapping[str, Any], *,
     from pykbroker.security import jaas
     from pykbroker.security.sasl import oauthbearer, plain, scram
 
-    size = max_receive_size(configs)
+    size = max_receive_size(configs, listener)
     # SaslChannelBuilder reads only the listener- and mechanism-prefixed key; a bare one is ignored
     handler = configs.get(f"{listener_prefix(listener)}{mechanism.lower()}.{SASL_SERVER_CALLBACK_HANDLER_CLASS}")
     if mechanism == "PLAIN":

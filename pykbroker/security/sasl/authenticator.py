@@ -27,7 +27,10 @@ re-authentication ..."). Without one, or within that second, the SaslHandshake i
 (handlers/sasl.py: ILLEGAL_SASL_STATE). Once the session expired, any other request closes the connection.
 
 Nothing here logs or returns a password, token or proof: messages come from ``SaslAuthenticationFailed``,
-whose texts never hold one.
+whose texts never hold one. A failure's INFO line (logged by the connection: "Failed authentication with ..." or
+"Failed re-authentication with ...") holds Kafka's exception message only; the detail (a user name) goes to
+DEBUG; every log text has the control characters of what the client sent escaped (``loggable``). Another
+request between the handshake and the token is answered ILLEGAL_SASL_STATE (built here) after the delay.
 """
 
 from __future__ import annotations
@@ -42,14 +45,25 @@ from kio.index import api_key_map
 
 from pykbroker.protocol.apis import API_VERSIONS_KEY, SUPPORTED_APIS
 from pykbroker.protocol.errors import ErrorCode
-from pykbroker.protocol.framing import SIZE, FrameError, Request, decode_request, encode_response, read_prefix
+from pykbroker.protocol.framing import (
+    SIZE,
+    FrameError,
+    Request,
+    RequestPrefix,
+    decode_request,
+    encode_response,
+    read_prefix,
+)
 from pykbroker.security.principal import USER_TYPE, KafkaPrincipal
+from pykbroker.server.error_answers import build
+from pykbroker.server.handlers.api_versions import valid_request as valid_api_versions_request
 from pykbroker.security.sasl import (
     IllegalSaslState,
     SaslAuthenticationFailed,
     SaslServer,
     SaslServerFactory,
     build_listener_mechanisms,
+    loggable,
     max_receive_size,
 )
 
@@ -105,7 +119,7 @@ class SaslListener:
             value = listener_mechanism_config(configs, listener, mechanism, CONNECTIONS_MAX_REAUTH_MS, 0)
             reauth[mechanism] = int(value)
         delay = configs.get(FAILED_AUTHENTICATION_DELAY_MS)
-        return cls(listener, factories, max_receive_size(configs), reauth, int(100 if delay is None else delay))
+        return cls(listener, factories, max_receive_size(configs, listener), reauth, int(100 if delay is None else delay))
 
     @property
     def enabled(self) -> list[str]:
@@ -140,8 +154,10 @@ class Step:
     reply:    a whole response frame to send (with ``failure``: only after the delay);
     serve:    handle the frame as an ordinary request (ApiVersions before the handshake);
     close:    close the connection now, without an answer; the text is for the log line;
-    failure:  the authentication failed (text for the log line, never a secret): after the delay send
-              ``reply`` (or ILLEGAL_SASL_STATE to ``refused``, built by the connection), then close;
+    failure:  the authentication failed: after the delay send ``reply`` (if any), then close. ``failure`` is
+              the exception message Kafka logs at INFO ("Failed authentication with ..."), ``detail`` what
+              only the DEBUG line shows (a user name, say); ``reauthentication`` words the line. Log texts
+              never hold a secret and have their control characters escaped (``loggable``);
     principal: set when the exchange just completed successfully.
     """
 
@@ -149,7 +165,8 @@ class Step:
     serve: bool = False
     close: str | None = None
     failure: str | None = None
-    refused: Request | None = None
+    detail: str = ""
+    reauthentication: bool = False
     principal: KafkaPrincipal | None = None
 
 
@@ -182,7 +199,6 @@ class SaslAuthenticator:
     _previous_principal: KafkaPrincipal | None = None
     _bad_mechanism_message: str = ""
     _last_reauth_start: float | None = None
-    supports_reauthentication: bool = False  # the client sent SaslAuthenticate v1+
 
     # -- what the connection asks -------------------------------------------------------------------
     @property
@@ -201,21 +217,22 @@ class SaslAuthenticator:
         return size < 0 or size > self.listener.max_receive_size
 
     def oversized(self, size: int) -> Step:
-        return Step(failure=f"Failing SASL authentication due to invalid receive size ({size} bytes, "
-                            f"sasl.server.max.receive.size {self.listener.max_receive_size})")
+        return self._fail("Failing SASL authentication due to invalid receive size",
+                          detail=f"{size} bytes, sasl.server.max.receive.size {self.listener.max_receive_size}")
 
     def screen(self, frame: bytes) -> Step:
         """An authenticated connection's frame: a SaslHandshake that begins re-authentication is taken here,
         a request on an expired session closes the connection, anything else is served."""
         now = self.clock()
         try:
-            api_key = read_prefix(frame).api_key
+            prefix = read_prefix(frame)
         except FrameError:
             return SERVE  # the connection refuses it as usual
+        api_key = prefix.api_key
         if api_key == SASL_HANDSHAKE_KEY and self._begin_reauthentication(now):
-            return self.receive(frame)
+            return self._kafka_request(frame, prefix)
         if self.session_expires is not None and now > self.session_expires:
-            return Step(close=f"SASL session expired (connections.max.reauth.ms or credential lifetime) and the "
+            return self._close(f"SASL session expired (connections.max.reauth.ms or credential lifetime) and the "
                               f"client sent {_api_name(api_key) or f'api key {api_key}'} instead of re-authenticating")
         return SERVE
 
@@ -241,12 +258,12 @@ class SaslAuthenticator:
             return self._fail(self._bad_mechanism_message)
         if state == AUTHENTICATE:
             return self._token(frame) if self._headers else self._raw_token(frame)
-        return Step(close=f"frame received in SASL state {state}")
+        return self._close(f"frame received in SASL state {state}")
 
-    def _kafka_request(self, frame: bytes) -> Step:
+    def _kafka_request(self, frame: bytes, prefix: RequestPrefix | None = None) -> Step:
         initial = self.state == INITIAL_REQUEST
         try:
-            prefix = read_prefix(frame)
+            prefix = prefix or read_prefix(frame)
             name = _api_name(prefix.api_key)
             if name is None:
                 raise FrameError(f"unknown api key {prefix.api_key}")
@@ -258,21 +275,28 @@ class SaslAuthenticator:
             return self._fail(f"Unexpected Kafka request of type {name} during SASL handshake.")
         if prefix.api_key == API_VERSIONS_KEY:
             if self.state != HANDSHAKE_OR_VERSIONS_REQUEST:
-                return Step(close=f"Unexpected ApiVersions request received during SASL authentication state "
+                return self._close(f"Unexpected ApiVersions request received during SASL authentication state "
                                   f"{self.state}")
+            # Served by the handler; only a supported (else KIP-511's UNSUPPORTED_VERSION) and valid (else
+            # INVALID_REQUEST) ApiVersions moves on to HANDSHAKE_REQUEST, as Kafka's authenticator.
             support = self.apis.get(API_VERSIONS_KEY)
-            self.state = HANDSHAKE_REQUEST if support is not None and support.supports(prefix.api_version) \
-                else HANDSHAKE_OR_VERSIONS_REQUEST
+            if support is not None and support.supports(prefix.api_version):
+                try:
+                    request = decode_request(frame, prefix, self.apis)
+                except FrameError:
+                    return SERVE  # the connection refuses it as usual
+                if valid_api_versions_request(request.api_version, request.body):
+                    self.state = HANDSHAKE_REQUEST
             return SERVE
         try:
             request = decode_request(frame, prefix, self.apis)
         except FrameError as exc:
-            return Step(close=f"cannot decode a SaslHandshake: {exc}")
+            return self._close(f"cannot decode a SaslHandshake: {exc}")
         mechanism = request.body.mechanism
         self._headers = request.api_version >= 1
         enabled = self.listener.enabled
         if mechanism not in self.listener.factories:
-            log.debug("SASL mechanism '%s' requested by client is not supported", mechanism)
+            log.debug("SASL mechanism '%s' requested by client is not supported", loggable(mechanism))
             reply = self._response(request, error_code=ErrorCode.unsupported_sasl_mechanism, mechanisms=tuple(enabled))
             return self._fail(f"Unsupported SASL mechanism {mechanism}", reply)
         reply = self._response(request, error_code=ErrorCode.none, mechanisms=tuple(enabled))
@@ -292,20 +316,22 @@ class SaslAuthenticator:
         if initial:
             return self._fail("Exception handling first SASL packet from client, GSSAPI is not supported by server",
                               detail=reason)
-        return Step(close=f"not a Kafka request during SASL {self._text()}: {reason}")
+        return self._close(f"not a Kafka request during SASL {self._text()}: {reason}")
 
     def _token(self, frame: bytes) -> Step:
         try:
             prefix = read_prefix(frame)
             request = decode_request(frame, prefix, self.apis)
         except FrameError as exc:
-            return Step(close=f"cannot decode a request during SASL {self._text()}: {exc}")
-        if request.api_key != SASL_AUTHENTICATE_KEY:
+            return self._close(f"cannot decode a request during SASL {self._text()}: {exc}")
+        if request.api_key != SASL_AUTHENTICATE_KEY:  # answered ILLEGAL_SASL_STATE (after the delay), as Kafka
             name = _api_name(request.api_key)
-            return Step(failure=f"Unexpected Kafka request of type {name} during SASL authentication.",
-                        refused=request)
-        if request.api_version > 0:
-            self.supports_reauthentication = True
+            try:
+                answer = build(request.codec.response_type, request.body, ErrorCode.illegal_sasl_state)
+                reply = _frame(encode_response(request.codec, request.correlation_id, answer))
+            except Exception:  # an answer the schema cannot hold: closed without one
+                reply = None
+            return self._fail(f"Unexpected Kafka request of type {name} during SASL authentication.", reply)
         server = self._server
         try:
             token = server.evaluate(request.body.auth_bytes)
@@ -372,10 +398,14 @@ class SaslAuthenticator:
         return lifetime_ms
 
     def _fail(self, message: str, reply: bytes | None = None, detail: str = "") -> Step:
+        reauthentication = self.reauthenticating
         self.state = FAILED
         self._server = None
-        text = f"{message} ({detail})" if detail else message
-        return Step(reply=reply, failure=text)
+        return Step(reply=reply, failure=loggable(message), detail=loggable(detail), reauthentication=reauthentication)
+
+    @staticmethod
+    def _close(reason: str) -> Step:
+        return Step(close=loggable(reason))
 
     def _response(self, request: Request, **values: Any) -> bytes:
         cls = request.codec.response_type

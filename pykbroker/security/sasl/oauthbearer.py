@@ -62,6 +62,7 @@ from pykbroker.security.sasl import (
     SaslConfigError,
     SaslServer,
     SaslServerFactory,
+    loggable,
 )
 
 log = logging.getLogger(__name__)
@@ -540,7 +541,7 @@ class JwksUrlKeyResolver:
     def maybe_expedite_refresh(self, kid: str) -> bool:
         """Ask the refresh thread for a refresh now, unless this kid asked less than a minute ago."""
         if len(kid) > MISSING_KEY_ID_MAX_KEY_LENGTH:
-            log.warning("Key ID %s... (%d characters) was too long to cache", kid[:100], len(kid))
+            log.warning("Key ID %s... (%d characters) was too long to cache", loggable(kid[:100]), len(kid))
             return False
         now = self._clock()
         with self._lock:
@@ -878,7 +879,7 @@ class OAuthBearerServer(SaslServer):
             token = self._validator.validate(response.token)
         except InvalidToken as e:
             self._error = e.json_error()
-            log.debug("OAUTHBEARER token refused: %s", e.reason)
+            log.debug("OAUTHBEARER token refused: %s", loggable(e.reason))
             return self._error.encode("utf-8")
         except Exception as e:  # a validator surprise is still only a refused token
             self._error = InvalidToken(type(e).__name__).json_error()
@@ -893,7 +894,7 @@ class OAuthBearerServer(SaslServer):
         self._extensions = dict(response.extensions)
         self._expiry_ms = token.lifetime_ms
         self._succeed(token.principal_name)
-        log.debug("Successfully authenticate User=%s", token.principal_name)
+        log.debug("Successfully authenticate User=%s", loggable(token.principal_name))
         return b""
 
     def _clear(self) -> None:

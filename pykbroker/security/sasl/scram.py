@@ -157,7 +157,7 @@ class ScramServer(SaslServer):
                     raise SaslAuthenticationFailed(None, "Authentication failed: Credentials could not be "
                                                          f"obtained ({type(e).__name__})") from None
             if not found or found[0] is None:
-                raise SaslAuthenticationFailed(None, f"Token Authentication failed: Invalid tokenId : {username}")
+                raise SaslAuthenticationFailed(None, f"Token Authentication failed: Invalid tokenId : {username!r}")
             owner, credential, expiry_ms = found
             self._authorized_id = owner
             self._expiry_ms = expiry_ms

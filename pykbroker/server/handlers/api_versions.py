@@ -10,6 +10,7 @@ UNSUPPORTED_VERSION and our ApiVersions range (KIP-511), so the client retries w
 from __future__ import annotations
 
 import io
+import re
 import struct
 
 from pykbroker.protocol.apis import API_VERSIONS_KEY, SUPPORTED_APIS
@@ -18,9 +19,21 @@ from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._build import make, response_module
 
 
+# Kafka's ApiVersionsRequest.SOFTWARE_NAME_VERSION_PATTERN (v3+: client_software_name and _version).
+_SOFTWARE_NAME_VERSION = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
+
+
+def valid_request(version: int, request) -> bool:
+    """Kafka's ApiVersionsRequest.isValid: from v3 the client's software name and version match the pattern."""
+    return version < 3 or all(_SOFTWARE_NAME_VERSION.fullmatch(value or "") for value in (
+        request.client_software_name, request.client_software_version))
+
+
 @handles(API_VERSIONS_KEY)
 def api_versions(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
+    if not valid_request(ctx.version, request):  # Kafka's KafkaApis: INVALID_REQUEST, nothing listed
+        return make(schema.ApiVersionsResponse, error_code=ErrorCode.invalid_request, api_keys=(), throttle_time=0)
     keys = tuple(
         make(schema.ApiVersion, api_key=api.key, min_version=api.min_version, max_version=api.max_version)
         for api in sorted(ctx.broker.apis.values(), key=lambda api: api.key)
