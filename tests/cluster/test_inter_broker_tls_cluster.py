@@ -23,7 +23,7 @@ pytest.importorskip("cryptography", reason="certificates for these tests are bui
 confluent_kafka = pytest.importorskip("confluent_kafka")
 
 from broker_cluster import BrokerCluster, wait_until  # noqa: E402
-from broker_process import free_port  # noqa: E402
+from cluster_helpers import add_client_listener  # noqa: E402
 from checker import check  # noqa: E402
 from tls_helpers import standard_pki  # noqa: E402
 from workload import SeqProducer, read_log  # noqa: E402
@@ -57,15 +57,9 @@ def tls_overrides(pki) -> dict:
 
 
 def with_internal_listeners(cluster: BrokerCluster) -> dict[int, int]:
-    """Give each broker an INTERNAL listener on a free port next to its PLAINTEXT one; the ports."""
-    ports = {}
-    for broker_id, broker in cluster.brokers.items():
-        ports[broker_id] = free_port()
-        listeners = f"PLAINTEXT://127.0.0.1:{broker.port},INTERNAL://127.0.0.1:{ports[broker_id]}"
-        command = broker.command
-        broker.command = lambda command=command, listeners=listeners: [
-            listeners if arg.startswith("PLAINTEXT://") else arg for arg in command()]
-    return ports
+    """Give each broker an INTERNAL listener on a free port next to its PLAINTEXT one; the ports (the tests map
+    INTERNAL to its security protocol in listener.security.protocol.map)."""
+    return add_client_listener(cluster, "INTERNAL")
 
 
 def replicate_through_a_killed_leader(cluster: BrokerCluster, protocol: str) -> None:
