@@ -126,6 +126,27 @@ def test_tampered_nonce_fails(cache, mechanism):
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_librdkafka_2_0s_repeated_client_nonce_is_accepted_as_kafka_3_accepts_it(cache, mechanism):
+    """librdkafka 2.0.2 (Debian's kcat 1.7.1) sends r=<client nonce><client nonce><server nonce> in its final
+    message, with the proof computed over that message: Kafka 3.x authenticates it (3.7.1 never looks at the nonce,
+    3.8/3.9 check endsWith), so pykbroker does; a final nonce not ending with the server's still fails."""
+    m = cred.scram_mechanism(mechanism)
+    server = ScramServerFactory(mechanism, cache).new_server()
+    client_nonce = "fyko+d2lbbFgONRv9qkxdawL"
+    first_bare = f"n=alice,r={client_nonce}"
+    server_first = server.evaluate(b"n,," + first_bare.encode()).decode()
+    fields = dict(part.split("=", 1) for part in server_first.split(","))
+    salted = cred.salted_password(m, "alice-secret", base64.b64decode(fields["s"]), int(fields["i"]))
+    without_proof = f"c=biws,r={client_nonce}{fields['r']}"  # the client nonce twice, as librdkafka 2.0.2
+    auth_message = f"{first_bare},{server_first},{without_proof}".encode()
+    key = cred.client_key(m, salted)
+    proof = cred.xor(key, cred.client_signature(m, cred.stored_key(m, key), auth_message))
+    final = f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+    server.evaluate(final)
+    assert server.complete and server.authorized_id == "alice"
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_replayed_final_message_fails_on_a_new_exchange(cache, mechanism):
     """A proof captured from one exchange is worthless on the next: the server nonce differs."""
     server, final = _first_two(mechanism, cache)

@@ -12,8 +12,10 @@ Rules (Kafka's message formats, ScramMessages; anything else fails):
 - gs2 header ``n`` only: a client asking for channel binding (``y``/``p=``) is refused, as Kafka's pattern
   refuses it; the final message's ``c=`` must be that same header (RFC 5802 section 5.1; Kafka 3.7.1 does
   not look at it, every real client sends it).
-- the final nonce must be exactly the server-first nonce (Kafka >= 3.8 checks it explicitly; in 3.7.1 a
-  changed nonce fails the proof instead: the client sees the same generic error either way).
+- the final nonce must end with the server-first nonce, as Kafka 3.8 and 3.9 check it (``endsWith``; 3.7.1 does
+  not look at it, and the proof, computed over the final message as sent, decides): older librdkafka (2.0.2,
+  Debian's kcat 1.7.1) sends its client nonce twice before the server's, and Kafka 3.x serves it. A final nonce
+  without the server's nonce at its end is refused, so a replayed exchange never passes.
 - the proof is checked in constant time: ``H(ClientSignature XOR proof) == StoredKey``.
 - a credential with fewer than 4096 iterations is refused (ScramMechanism.minIterations).
 - extension ``tokenauth=true`` asks for a delegation token: the user name is the token id, the principal
@@ -194,7 +196,10 @@ class ScramServer(SaslServer):
         if m is None:
             # never echo this message: it holds the proof
             raise SaslAuthenticationFailed(None, "Invalid SCRAM client final message format")
-        if not hmac.compare_digest(m.group("nonce").encode("ascii"), self._nonce.encode("ascii")):
+        # Kafka 3.8/3.9's rule (endsWith; see the module docstring): older librdkafka repeats its client nonce.
+        final_nonce = m.group("nonce").encode("ascii")
+        if len(final_nonce) < len(self._nonce) or not hmac.compare_digest(
+                final_nonce[len(final_nonce) - len(self._nonce):], self._nonce.encode("ascii")):
             raise SaslAuthenticationFailed(None, "Invalid client nonce in the final client message.")
         try:
             channel = base64.b64decode(m.group("channel"), validate=True)
