@@ -47,7 +47,7 @@ __all__ = (
     "AclStoreError", "DecodedAcls", "LITERAL_ACL_ROOT", "EXTENDED_ACL_ROOT", "LITERAL_CHANGES_ROOT",
     "EXTENDED_CHANGES_ROOT", "CHANGE_PREFIX", "NOTIFICATION_EXPIRATION_MS", "MAX_ZNODE_BYTES", "MAX_READ_BYTES",
     "store_root", "type_path", "acl_path", "pattern_from_path", "resource_type_from_znode", "paths_to_create",
-    "encode_acls", "decode_acls", "check_storable", "change_notification", "decode_change", "change_sequence",
+    "encode_acls", "decode_acls", "check_storable", "change_notification", "decode_change",
 )
 
 LITERAL_ACL_ROOT = "/kafka-acl"
@@ -272,9 +272,3 @@ def decode_change(root: str, data: bytes | None) -> ResourcePattern:
     raise AclStoreError(f"not an ACL change root: {root!r}")
 
 
-def change_sequence(child: str) -> int:
-    """The sequence number of a change notification's node name ("acl_changes_0000000042" -> 42)."""
-    digits = child[len(CHANGE_PREFIX):] if child.startswith(CHANGE_PREFIX) else ""
-    if not digits.isascii() or not digits.isdigit():
-        raise AclStoreError(f"not an ACL change notification node: {child!r}")
-    return int(digits)

@@ -8,15 +8,19 @@ from pathlib import Path
 
 import pytest
 
+from pykbroker.cluster.change_notifications import ChangeNotificationListener
 from pykbroker.security.acl import (
     AccessControlEntry, AclOperation, AclPermissionType, PatternType, Resource, ResourcePattern, ResourceType,
 )
 from pykbroker.security.acl_store import (
-    EXTENDED_CHANGES_ROOT, LITERAL_CHANGES_ROOT, MAX_READ_BYTES, MAX_ZNODE_BYTES, AclStoreError, acl_path,
-    change_notification, change_sequence, check_storable, decode_acls, decode_change, encode_acls, paths_to_create,
+    CHANGE_PREFIX, EXTENDED_CHANGES_ROOT, LITERAL_CHANGES_ROOT, MAX_READ_BYTES, MAX_ZNODE_BYTES, AclStoreError, acl_path,
+    change_notification, check_storable, decode_acls, decode_change, encode_acls, paths_to_create,
     pattern_from_path, resource_type_from_znode,
 )
 from pykbroker.security.authorizer import AclAuthorizer
+
+# How the brokers read a notification's sequence number (cluster/acls.py: one listener per ACL change root).
+ACL_CHANGES = ChangeNotificationListener(None, LITERAL_CHANGES_ROOT, CHANGE_PREFIX, process=None)  # type: ignore[arg-type]
 
 FIXTURE = json.loads((Path(__file__).parent / "data" / "kafka371_acl_znodes.json").read_text("utf-8"))
 ZNODES = FIXTURE["znodes"]
@@ -70,7 +74,7 @@ def test_change_notifications_as_kafka(path):
     prefix, data = change_notification(pattern)
     assert prefix == f"{root}/acl_changes_"
     assert data.decode() == CHANGE_ZNODES[path]
-    assert change_sequence(child) >= 0
+    assert ACL_CHANGES.sequence(child) >= 0
 
 
 def test_change_notification_spellings():
@@ -80,7 +84,7 @@ def test_change_notification_spellings():
     assert change_notification(ResourcePattern(ResourceType.TRANSACTIONAL_ID, "tx-", PRE))[1] == \
         b'{"version":1,"resourceType":"TRANSACTIONAL_ID","name":"tx-","patternType":"PREFIXED"}'
     assert decode_change(LITERAL_CHANGES_ROOT, b"topic:a:b") == ResourcePattern(ResourceType.TOPIC, "a:b", LIT)
-    assert change_sequence("acl_changes_0000000042") == 42
+    assert ACL_CHANGES.sequence("acl_changes_0000000042") == 42
 
 
 def test_fixture_acls_decide_as_kafka_would():
@@ -195,9 +199,9 @@ def test_bad_change_notifications_are_clear_errors(root, data, message):
 
 
 def test_bad_sequence_node_names():
+    """Nodes that are not notifications have no sequence number: the listener leaves them alone."""
     for child in ("acl_changes_", "acl_changes_x1", "other_0001", "acl_changes_\u0661"):
-        with pytest.raises(AclStoreError, match="not an ACL change notification node"):
-            change_sequence(child)
+        assert ACL_CHANGES.sequence(child) is None
 
 
 # ---------------------------------------------------------------------------------------------------
