@@ -28,7 +28,7 @@ import logging
 import random
 from typing import TYPE_CHECKING
 
-from pykbroker.cluster.change_notifications import ChangeNotificationListener
+from pykbroker.cluster.change_notifications import NOTIFICATION_EXPIRATION_MS, ChangeNotificationListener
 from pykbroker.security import acl_store
 from pykbroker.security.acl import AccessControlEntry, PatternType, ResourcePattern, ResourceType
 from pykbroker.security.authorizer import AclCache, AclChange
@@ -94,7 +94,7 @@ class ZkAclStore:
     ROOTS = (acl_store.LITERAL_CHANGES_ROOT, acl_store.EXTENDED_CHANGES_ROOT)
 
     def __init__(self, zk: "KafkaZkClient", cache: AclCache, *,
-                 expiration_ms: int = acl_store.NOTIFICATION_EXPIRATION_MS) -> None:
+                 expiration_ms: int = NOTIFICATION_EXPIRATION_MS) -> None:
         self.zk = zk
         self.cache = cache
         self.lock = asyncio.Lock()

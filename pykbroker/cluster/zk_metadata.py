@@ -81,7 +81,7 @@ from pykbroker.cluster.metadata import (
     client_entity_type,
     collision_key,
 )
-from pykbroker.cluster.change_notifications import ChangeNotificationListener
+from pykbroker.cluster.change_notifications import NOTIFICATION_EXPIRATION_MS, ChangeNotificationListener
 from pykbroker.cluster.zookeeper import (
     CONFIG_CHANGE_PREFIX,
     CONFIG_CHANGES_PATH,
@@ -103,7 +103,6 @@ NO_TOPIC_ID = uuid.UUID(int=0)
 # Kafka's SecurityProtocol ids, whose names are the listener names of UpdateMetadata before v3.
 SECURITY_PROTOCOLS = {0: "PLAINTEXT", 1: "SSL", 2: "SASL_PLAINTEXT", 3: "SASL_SSL"}
 _ASSIGNMENT_WRITE_ATTEMPTS = 5
-CHANGE_EXPIRATION_MS = 15 * 60 * 1000  # Kafka's ZkNodeChangeNotificationListener.changeExpirationMs
 START_CONFIG_READ_TIMEOUT_S = 60.0  # how long start retries reading the dynamic broker configs
 
 
@@ -165,7 +164,7 @@ class ZkMetadata(TopicIndex):
     local_leadership = False  # LeaderAndIsr from the controller hosts partitions, through the node
 
     def __init__(self, zk: KafkaZkClient, broker_id: int, cluster_id: str, *, inter_broker_listener: str,
-                 change_expiration_ms: int = CHANGE_EXPIRATION_MS, clock_ms: Callable[[], int] | None = None,
+                 change_expiration_ms: int = NOTIFICATION_EXPIRATION_MS, clock_ms: Callable[[], int] | None = None,
                  start_timeout_s: float = START_CONFIG_READ_TIMEOUT_S) -> None:
         self.zk = zk
         self.broker_id = broker_id

@@ -18,7 +18,7 @@ The layout, checked against a real Kafka 3.7.1 broker in ZooKeeper mode after ``
   case, a colon, the name), PREFIXED ``/kafka-acl-extended-changes/acl_changes_<10 digits>`` with data
   ``{"version":1,"resourceType":"TOPIC","name":"pay","patternType":"PREFIXED"}``. Brokers watch both and
   re-read the named pattern's znode; notifications older than 15 minutes are deleted
-  (:data:`NOTIFICATION_EXPIRATION_MS`, Kafka's ZkNodeChangeNotificationListener).
+  (cluster/change_notifications.py, Kafka's ZkNodeChangeNotificationListener).
 * Kafka creates ``/kafka-acl/<Type>`` and ``/kafka-acl-extended/prefixed/<Type>`` for every concrete type
   and both change roots when the authorizer starts: :func:`paths_to_create`.
 
@@ -45,7 +45,7 @@ from pykbroker.security.principal import KafkaPrincipal
 
 __all__ = (
     "AclStoreError", "DecodedAcls", "LITERAL_ACL_ROOT", "EXTENDED_ACL_ROOT", "LITERAL_CHANGES_ROOT",
-    "EXTENDED_CHANGES_ROOT", "CHANGE_PREFIX", "NOTIFICATION_EXPIRATION_MS", "MAX_ZNODE_BYTES", "MAX_READ_BYTES",
+    "EXTENDED_CHANGES_ROOT", "CHANGE_PREFIX", "MAX_ZNODE_BYTES", "MAX_READ_BYTES",
     "store_root", "type_path", "acl_path", "pattern_from_path", "resource_type_from_znode", "paths_to_create",
     "encode_acls", "decode_acls", "check_storable", "change_notification", "decode_change",
 )
@@ -55,7 +55,6 @@ EXTENDED_ACL_ROOT = "/kafka-acl-extended"
 LITERAL_CHANGES_ROOT = "/kafka-acl-changes"
 EXTENDED_CHANGES_ROOT = "/kafka-acl-extended-changes"
 CHANGE_PREFIX = "acl_changes_"
-NOTIFICATION_EXPIRATION_MS = 15 * 60 * 1000
 ACL_VERSION = 1
 # ZooKeeper's server refuses a znode over jute.maxbuffer (0xfffff bytes by default); Kafka's ZooKeeper
 # client reads up to 4 MiB.
