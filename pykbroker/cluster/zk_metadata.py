@@ -495,7 +495,7 @@ class ZkMetadata(TopicIndex):
             return
         if self._reread_task is None or self._reread_task.done():
             self._reread_task = asyncio.ensure_future(self._reread_client_entities())
-        self._on_config_changes([])
+        self._changes.changed()
 
     async def _reread_client_entities(self) -> None:
         backoff = 0.1

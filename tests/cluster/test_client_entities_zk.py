@@ -208,7 +208,7 @@ def test_a_change_whose_read_fails_is_read_again_not_skipped(zk_connect, run_asy
     run_async(main(), timeout=60)
 
 
-def test_after_a_new_zookeeper_session_every_client_entity_is_read_again(zk_connect, run_async):
+def test_after_a_new_zookeeper_session_every_client_entity_is_read_again(zk_connect, run_async, caplog):
     """While a broker's session is expired, a change may come and its notification be purged (15 minutes):
     on the new session every client entity is read again. Here the znode is written without notification and
     the session then expired (a second client with its session id closes it, ZooKeeper's way)."""
@@ -243,6 +243,7 @@ def test_after_a_new_zookeeper_session_every_client_entity_is_read_again(zk_conn
                                what="alice's credential read again")
                 await wait_for(lambda: "clients/app" not in broker.metadata.client_entity_configs(),
                                what="the deleted client entity forgotten")
+                assert "session listener failed" not in caplog.text  # the new session's round ran cleanly
         finally:
             await writer.close()
 
