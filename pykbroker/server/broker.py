@@ -60,7 +60,7 @@ from pykbroker.cluster.metadata import BrokerEndpoint, ClusterMetadata, Embedded
 from pykbroker.cluster.producer_ids import ProducerIdAllocator, ProducerRegistry, ZkProducerIdAllocator
 from pykbroker.cluster.topic_admin import TopicAdmin
 from pykbroker.config import BrokerConfig, ConfigError, Listener, controller_listener_names
-from pykbroker.groups.coordinator import GroupConfig, GroupCoordinator
+from pykbroker.groups.classic.coordinator import GroupConfig, GroupCoordinator
 from pykbroker.groups.offset_store import OffsetStore
 from pykbroker.log.cleaner import CleanerConfig
 from pykbroker.log.errors import LogDirectoryInUse

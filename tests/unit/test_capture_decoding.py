@@ -231,7 +231,7 @@ def test_log_dir_path_and_disk_space_are_ignored_and_only_setup_topic_sizes_are_
 
 
 def test_the_setup_group_member_speaks_kafkas_consumer_protocol():
-    from pykbroker.groups.group import subscription_topics
+    from pykbroker.groups.classic.group import subscription_topics
 
     assert subscription_topics(wr.consumer_protocol("warmup")) == ["warmup"]
     # Assignment v0: version, [topic, [partitions]], user data null

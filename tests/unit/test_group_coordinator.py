@@ -12,8 +12,8 @@ import struct
 
 import pytest
 
-from pykbroker.groups.coordinator import GroupConfig, GroupCoordinator, JoinRequest, LeavingMember
-from pykbroker.groups.group import GroupState
+from pykbroker.groups.classic.coordinator import GroupConfig, GroupCoordinator, JoinRequest, LeavingMember
+from pykbroker.groups.classic.group import GroupState
 from pykbroker.groups.offset_store import OFFSETS_TOPIC, OffsetStore
 from pykbroker.protocol.errors import ErrorCode
 from tests.unit.test_offset_store import OffsetsLogs

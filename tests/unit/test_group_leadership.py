@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from kio.schema.fetch.v12 import request as fr
 
-from pykbroker.groups.coordinator import GroupConfig, GroupCoordinator, JoinRequest
+from pykbroker.groups.classic.coordinator import GroupConfig, GroupCoordinator, JoinRequest
 from pykbroker.groups.offset_store import LOAD_BATCHES_PER_STEP, OFFSETS_TOPIC, OffsetStore, coordinator_error
 from pykbroker.log.config import LogConfig
 from pykbroker.log.manager import LogManager

@@ -32,8 +32,8 @@ import asyncio
 from datetime import timedelta
 from typing import Any, Callable
 
-from pykbroker.groups.coordinator import JoinRequest, LeavingMember
-from pykbroker.groups.group import JoinResult, SyncResult
+from pykbroker.groups.classic.coordinator import JoinRequest, LeavingMember
+from pykbroker.groups.classic.group import JoinResult, SyncResult
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._authorize import AclOperation, ResourceType, allowed, allowed_names, cluster_allowed

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pykbroker.groups.group import ClassicGroup, GroupState, Member, subscription_topics
-from pykbroker.groups.group_record import (
+from pykbroker.groups.classic.group import ClassicGroup, GroupState, Member, subscription_topics
+from pykbroker.groups.classic.records import (
     GroupRecord,
     MemberRecord,
     decode_group_record,

@@ -59,7 +59,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Protocol
 
-from pykbroker.groups.group import (
+from pykbroker.groups.classic.group import (
     DEAD_GROUP_SUMMARY,
     NO_GENERATION,
     UNKNOWN_MEMBER_ID,
@@ -74,7 +74,7 @@ from pykbroker.groups.group import (
     SyncCallback,
     SyncResult,
 )
-from pykbroker.groups.group_record import decode_group_record, encode_group_record, group_from_record, record_of
+from pykbroker.groups.classic.records import decode_group_record, encode_group_record, group_from_record, record_of
 from pykbroker.groups.offset_store import OFFSETS_TOPIC, CommittedOffset, OffsetStore
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.protocol.records import NO_PRODUCER_ID

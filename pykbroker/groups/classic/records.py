@@ -25,7 +25,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from pykbroker.groups.group import ClassicGroup, GroupState, Member
+from pykbroker.groups.classic.group import ClassicGroup, GroupState, Member
 from pykbroker.groups.offset_store import RecordReader, encode_string
 
 GROUP_METADATA_VALUE_VERSION = 3
