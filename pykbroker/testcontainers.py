@@ -6,11 +6,17 @@
         producer = Producer({"bootstrap.servers": kafka.get_bootstrap_server()})
 
 It runs the image built from this project's ``docker/Dockerfile`` (tag ``pykbroker:latest``; when the image is
-missing and this is a checkout, ``PykbrokerContainer.build_image()`` builds it, or pass ``image=``). The broker
-must advertise the address clients reach it at - the Docker host and the port Docker mapped - which is only
-known once the container runs: as KafkaContainer does, the container waits for a start script that is copied
-in after start, which runs ``pykbroker serve`` with that advertised address. Ready means the broker answers
-an ApiVersions request on the mapped port.
+missing and this is a checkout, ``PykbrokerContainer.build_image()`` builds it, or pass ``image=``).
+
+Networking: by default the container shares the host's network (``--network host``), as Docker engines without
+a bridge network (``dockerd --bridge=none``) and tests that must keep all traffic on the loopback need: the broker
+listens on 127.0.0.1 at a port that was free on the host (or the one passed as ``port=``) and advertises
+127.0.0.1:port, so no port mapping is involved. ``host_network=False`` instead publishes the port through
+Docker's bridge network: the advertised address (the Docker host and the port Docker mapped) is only known once
+the container runs, so, as KafkaContainer does, the container waits for a start script copied in after start.
+
+Ready means the broker answers an ApiVersions request. A broker that exits or is not ready in time fails
+``start()`` with the container's output in the error, and the container is removed; ``stop()`` removes it.
 
 Needs the ``testcontainers`` package (``pip install testcontainers``) and a Docker engine.
 """
@@ -26,6 +32,7 @@ from typing import Any
 
 try:
     from testcontainers.core.container import DockerContainer
+    from testcontainers.core.exceptions import ContainerStartException
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides testcontainers
     raise ImportError(
         "pykbroker.testcontainers needs the testcontainers package, which is not installed: "
@@ -34,26 +41,165 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 
 from pykbroker.testdefaults import TEST_BROKER_CONFIG
 
-__all__ = ("PykbrokerContainer", "DEFAULT_IMAGE")
+__all__ = ("PykbrokerContainer", "KafkaProtocolContainer", "ContainerStartException", "DEFAULT_IMAGE")
 
 DEFAULT_IMAGE = "pykbroker:latest"
-BROKER_PORT = 9093
+LOOPBACK = "127.0.0.1"
+BRIDGE_PORT = 9093  # the port inside the container on a bridge network (published to a random host port)
 START_SCRIPT = "/tc-start.sh"
+START_TIMEOUT_S = 60.0
+LOG_TAIL_CHARS = 4000
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-class PykbrokerContainer(DockerContainer):
-    """One pykbroker broker (embedded metadata) in a container, its port published on the Docker host."""
+class KafkaProtocolContainer(DockerContainer):
+    """A container serving the Kafka protocol on one port, which PykbrokerContainer (and a container of any
+    Kafka broker) refines by saying what the container runs (``serve_command``).
 
-    def __init__(self, image: str = DEFAULT_IMAGE, port: int = BROKER_PORT, **kwargs: Any) -> None:
+    Host networking (the default): the port is chosen here, free on the host's 127.0.0.1, unless given.
+    Bridge networking (``host_network=False``): ``port`` is the port inside the container, published by
+    Docker; the command, which must know the published address, runs from a script copied in after start.
+    """
+
+    def __init__(self, image: str, port: int | None = None, *, host_network: bool = True, **kwargs: Any) -> None:
         super().__init__(image, **kwargs)
-        self.port = port
+        self.host_network = host_network
+        if host_network:
+            from pykbroker.cluster.zk_server import free_port  # standard library only: cheap
+
+            self.port = port if port is not None else free_port(LOOPBACK)
+        else:
+            self.port = port if port is not None else BRIDGE_PORT
+            self.with_exposed_ports(self.port)
+        self.labels: dict[str, str] = {}
+        self.ready_seconds: float | None = None  # start() to the first ApiVersions answer
+
+    def with_label(self, key: str, value: str) -> "KafkaProtocolContainer":
+        """A Docker label on the container (e.g. for a test suite to find and remove its containers)."""
+        self.labels[key] = value
+        return self
+
+    # -- what a subclass says --------------------------------------------------------------------------
+
+    def serve_command(self, listen_host: str, advertised_host: str, advertised_port: int) -> list[str]:
+        """The command (argv) serving the protocol on ``listen_host:self.port``, advertising the address."""
+        raise NotImplementedError
+
+    # -- addresses ---------------------------------------------------------------------------------------
+
+    def get_bootstrap_server(self) -> str:
+        host, port = self.address()
+        return f"{host}:{port}"
+
+    def address(self) -> tuple[str, int]:
+        if self.host_network:
+            return LOOPBACK, self.port
+        return self.get_container_host_ip(), int(self.get_exposed_port(self.port))
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> "KafkaProtocolContainer":
+        """Start the container and wait until it answers ApiVersions. If that fails the container is removed
+        (also when ``start()`` is called outside a ``with``: nothing is left running) and the error raised:
+        ContainerStartException when the container exits or its image is missing, TimeoutError when it is
+        not ready in time; both carry the end of the container's output."""
+        self._check_image()
+        self._kwargs["labels"] = {**self._kwargs.get("labels", {}), **self.labels}
+        if self.host_network:
+            self._kwargs["network"] = "host"  # docker's SDK: network_mode host (no port is published)
+            command = self.serve_command(LOOPBACK, LOOPBACK, self.port)
+            self._kwargs["entrypoint"] = command[:1]
+            self.with_command(command[1:])
+        else:
+            # the image's entrypoint is not used: wait for the start script (see _write_start_script)
+            self._kwargs["entrypoint"] = ["sh", "-c"]
+            self.with_command(f"while [ ! -f {START_SCRIPT} ]; do sleep 0.1; done; exec sh {START_SCRIPT}")
+        started = time.monotonic()
+        try:
+            super().start()
+            if not self.host_network:
+                self._write_start_script()
+            self._wait_ready(started + timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.ready_seconds = time.monotonic() - started
+        return self
+
+    def stop(self, force: bool = True, delete_volume: bool = True) -> None:
+        """Remove the container and its anonymous volumes; a second call (``with`` after a failed start) does
+        nothing."""
+        if self._container is None:
+            return
+        try:
+            super().stop(force=force, delete_volume=delete_volume)
+        finally:
+            self._container = None
+
+    def logs_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
+        """The end of the container's output (stdout and stderr)."""
+        out, err = self.get_logs()
+        return (out + err).decode(errors="replace")[-chars:]
+
+    def _check_image(self) -> None:
+        import docker.errors
+
+        try:
+            self.get_docker_client().client.images.get(self.image)
+        except docker.errors.ImageNotFound:
+            raise ContainerStartException(f"no image {self.image} on the Docker engine: {self._missing_image_hint()}")
+
+    def _missing_image_hint(self) -> str:
+        return "build or pull it first"
+
+    def _container_status(self) -> str:
+        """The wrapped (docker SDK) container's status, refreshed: "running", "exited", ..."""
+        container = self.get_wrapped_container()
+        container.reload()
+        return container.status
+
+    def _write_start_script(self) -> None:
+        host, port = self.address()
+        content = ("#!/bin/sh\nexec " + shlex.join(self.serve_command("0.0.0.0", host, port)) + "\n").encode()
+        archive = io.BytesIO()
+        with tarfile.TarFile(fileobj=archive, mode="w") as tar:
+            info = tarfile.TarInfo(name=START_SCRIPT)
+            info.size = len(content)
+            info.mtime = int(time.time())
+            tar.addfile(info, io.BytesIO(content))
+        self.get_wrapped_container().put_archive(path="/", data=archive.getvalue())
+
+    def _wait_ready(self, deadline: float) -> None:
+        from kio.schema.api_versions.v0.request import ApiVersionsRequest
+
+        from pykbroker.testing import _request
+
+        address = self.address()
+        while True:
+            try:
+                if _request(address, ApiVersionsRequest(), timeout=1.0).error_code == 0:
+                    return
+            except (OSError, ValueError):
+                pass
+            status = self._container_status()
+            if status in ("exited", "dead"):
+                code = self.get_wrapped_container().attrs["State"].get("ExitCode")
+                raise ContainerStartException(
+                    f"{self.image} in container {self.get_container_id()[:12]} exited with code {code} before "
+                    f"answering on {address[0]}:{address[1]}; its output:\n{self.logs_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.image} in container {self.get_container_id()[:12]} not ready on "
+                                   f"{address[0]}:{address[1]} ({status}); its output:\n{self.logs_tail()}")
+            time.sleep(0.1)
+
+
+class PykbrokerContainer(KafkaProtocolContainer):
+    """One pykbroker broker (embedded metadata) in a container; see the module's docstring for networking."""
+
+    def __init__(self, image: str = DEFAULT_IMAGE, port: int | None = None, **kwargs: Any) -> None:
+        super().__init__(image, port, **kwargs)
         self.broker_config: dict[str, str] = {key: str(value) for key, value in TEST_BROKER_CONFIG.items()}
         self.log_level = "info"
-        self.with_exposed_ports(port)
-        # the image's entrypoint is `pykbroker serve`; wait for the start script instead (see tc_start)
-        self.with_kwargs(entrypoint=["sh", "-c"])
-        self.with_command(f"while [ ! -f {START_SCRIPT} ]; do sleep 0.1; done; exec sh {START_SCRIPT}")
 
     # -- options, in the with_... style of testcontainers ------------------------------------------
 
@@ -74,82 +220,26 @@ class PykbrokerContainer(DockerContainer):
         return self
 
     @staticmethod
-    def build_image(tag: str = DEFAULT_IMAGE, context: Path = REPO_ROOT) -> str:
-        """Build docker/Dockerfile of a pykbroker checkout; returns the tag."""
+    def build_image(tag: str = DEFAULT_IMAGE, context: Path = REPO_ROOT, base_image: str | None = None) -> str:
+        """Build docker/Dockerfile of a pykbroker checkout (on ``base_image``, the Dockerfile's BASE_IMAGE, when
+        given); returns the tag."""
         from testcontainers.core.image import DockerImage
 
         if not (context / "docker" / "Dockerfile").is_file():
             raise FileNotFoundError(f"no docker/Dockerfile under {context}: pass the checkout's path, or image=")
-        DockerImage(path=str(context), tag=tag, dockerfile_path="docker/Dockerfile", clean_up=False).build()
+        build_args = {"BASE_IMAGE": base_image} if base_image else None
+        DockerImage(path=str(context), tag=tag, dockerfile_path="docker/Dockerfile", clean_up=False,
+                    buildargs=build_args, network_mode="host").build()
         return tag
 
-    # -- lifecycle -----------------------------------------------------------------------------------
-
-    def serve_command(self, advertised_host: str, advertised_port: int) -> list[str]:
-        command = ["pykbroker", "serve", "--host", "0.0.0.0", "--port", str(self.port), "--data-dir", "/data",
+    def serve_command(self, listen_host: str, advertised_host: str, advertised_port: int) -> list[str]:
+        command = ["pykbroker", "serve", "--host", listen_host, "--port", str(self.port), "--data-dir", "/data",
                    "--advertised-host", advertised_host, "--advertised-port", str(advertised_port),
                    "--log-level", self.log_level]
         for key, value in self.broker_config.items():
             command += ["--override", f"{key}={value}"]
         return command
 
-    def get_bootstrap_server(self) -> str:
-        return f"{self.get_container_host_ip()}:{self.get_exposed_port(self.port)}"
-
-    def start(self, timeout: float = 60.0) -> "PykbrokerContainer":
-        """Start the container and wait for the broker. If that fails the container is removed (also when
-        ``start()`` is called outside a ``with``: nothing is left running) and the error raised."""
-        super().start()
-        try:
-            host, port = self.get_container_host_ip(), int(self.get_exposed_port(self.port))
-            script = "#!/bin/sh\nexec " + shlex.join(self.serve_command(host, port)) + "\n"
-            self._copy_file(script.encode(), START_SCRIPT)
-            self._wait_ready(host, port, timeout)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def stop(self, *args: Any, **kwargs: Any) -> None:
-        """Remove the container; a second call (``with`` after a failed start) does nothing."""
-        if self._container is None:
-            return
-        try:
-            super().stop(*args, **kwargs)
-        finally:
-            self._container = None
-
-    def _container_status(self) -> str:
-        """The wrapped (docker SDK) container's status, refreshed: "running", "exited", ... (testcontainers 4
-        made ``DockerContainer.status`` a property, 3 had none: the SDK's attribute works with both)."""
-        container = self.get_wrapped_container()
-        container.reload()
-        return container.status
-
-    def _copy_file(self, content: bytes, path: str) -> None:
-        archive = io.BytesIO()
-        with tarfile.TarFile(fileobj=archive, mode="w") as tar:
-            info = tarfile.TarInfo(name=path)
-            info.size = len(content)
-            info.mtime = int(time.time())
-            tar.addfile(info, io.BytesIO(content))
-        self.get_wrapped_container().put_archive(path="/", data=archive.getvalue())
-
-    def _wait_ready(self, host: str, port: int, timeout: float) -> None:
-        from kio.schema.api_versions.v0.request import ApiVersionsRequest
-
-        from pykbroker.testing import _request
-
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if _request((host, port), ApiVersionsRequest(), timeout=1.0).error_code == 0:
-                    return
-            except (OSError, ValueError):
-                pass
-            status = self._container_status()
-            if status in ("exited", "dead") or time.monotonic() > deadline:
-                logs = b"".join(self.get_logs()).decode(errors="replace")[-4000:]
-                raise TimeoutError(f"pykbroker in container {self.get_container_id()[:12]} not ready on "
-                                   f"{host}:{port} ({status}); its output:\n{logs}")
-            time.sleep(0.1)
+    def _missing_image_hint(self) -> str:
+        return ("build it from a pykbroker checkout with PykbrokerContainer.build_image() (docker build -f "
+                "docker/Dockerfile -t pykbroker .), or pass image=")

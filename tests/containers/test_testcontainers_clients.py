@@ -1,0 +1,186 @@
+"""PykbrokerContainer for real: the image of docker/Dockerfile in a container on host networking, used by
+kafka-python, confluent-kafka and the Java client (produce and consume, a consumer group, topic admin), and
+its lifecycle: the start error of a broker that cannot start carries the container's output, and no
+container is left behind."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from docker_helpers import SUITE_LABEL
+from kafka_reference import REPO_ROOT  # also puts tests/integration on sys.path
+from pykbroker.testcontainers import ContainerStartException, PykbrokerContainer
+
+JAVA_SOURCE = REPO_ROOT / "tests" / "integration" / "java" / "SaslClient.java"
+TIMEOUT_S = 60.0
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def suite_container(image: str, **kwargs) -> PykbrokerContainer:
+    return PykbrokerContainer(image, **kwargs).with_label(SUITE_LABEL, "testcontainers")
+
+
+@pytest.fixture(scope="module")
+def broker(pykbroker_image):
+    with suite_container(pykbroker_image).with_partitions(3) as container:
+        yield container
+
+
+# -- stock clients ---------------------------------------------------------------------------------------
+
+
+def test_confluent_kafka_admin_produce_and_a_consumer_group(broker):
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    bootstrap = broker.get_bootstrap_server()
+    assert bootstrap == f"127.0.0.1:{broker.port}"
+    topic, group = unique("tc-confluent"), unique("tc-confluent-group")
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic)])[topic].result(TIMEOUT_S)
+    metadata = admin.list_topics(timeout=TIMEOUT_S)
+    assert len(metadata.topics[topic].partitions) == 3  # with_partitions: the broker's num.partitions
+    assert [(b.host, b.port) for b in metadata.brokers.values()] == [("127.0.0.1", broker.port)]
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for partition in range(3):
+        producer.produce(topic, value=f"v{partition}".encode(), partition=partition)
+    assert producer.flush(TIMEOUT_S) == 0
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    read, deadline = [], time.monotonic() + TIMEOUT_S
+    while len(read) < 3 and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            read.append((message.partition(), message.value()))
+    consumer.commit(asynchronous=False)
+    committed = consumer.committed([TopicPartition(topic, p) for p in range(3)], timeout=TIMEOUT_S)
+    consumer.close()
+    assert sorted(read) == [(0, b"v0"), (1, b"v1"), (2, b"v2")]
+    assert [(tp.partition, tp.offset) for tp in committed] == [(0, 1), (1, 1), (2, 1)]
+    admin.delete_topics([topic])[topic].result(TIMEOUT_S)
+    deadline = time.monotonic() + TIMEOUT_S
+    while topic in admin.list_topics(timeout=TIMEOUT_S).topics:
+        assert time.monotonic() < deadline, f"{topic} still listed after its deletion"
+        time.sleep(0.1)
+
+
+def test_kafka_python_admin_produce_and_a_consumer_group(broker):
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka.admin import NewTopic
+
+    bootstrap = broker.get_bootstrap_server()
+    topic, group = unique("tc-kafka-python"), unique("tc-kafka-python-group")
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])
+        (described,) = admin.describe_topics([topic])
+        assert sorted(p["partition_index"] for p in described["partitions"]) == [0, 1]
+        producer = KafkaProducer(bootstrap_servers=bootstrap)
+        offsets = [producer.send(topic, value=f"kp-{i}".encode(), partition=i % 2).get(TIMEOUT_S).offset
+                   for i in range(4)]
+        producer.close()
+        assert offsets == [0, 0, 1, 1]
+        consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
+                                 enable_auto_commit=False, consumer_timeout_ms=int(TIMEOUT_S * 1000))
+        values = []
+        for record in consumer:
+            values.append(record.value)
+            if len(values) == 4:
+                break
+        consumer.commit()
+        consumer.close()
+        assert sorted(values) == [b"kp-0", b"kp-1", b"kp-2", b"kp-3"]
+        committed = admin.list_group_offsets(group)[group]
+        assert {tp: meta.offset for tp, meta in committed.items()} == {TopicPartition(topic, 0): 2,
+                                                                       TopicPartition(topic, 1): 2}
+    finally:
+        admin.close()
+
+
+def test_java_client_and_kafka_topics_tool(broker, tmp_path):
+    """Kafka's kafka-topics.sh (the Java AdminClient 3.7.1) creates and describes a topic; the Java client 3.9
+    (tests/integration/java/SaslClient.java, plain settings) produces 3 records and reads them in a new group."""
+    from kafka_tools import kafka_tools_or_skip
+    from test_transactions_clients import java_client_or_skip
+
+    java, lib = java_client_or_skip()
+    tools = kafka_tools_or_skip()
+    bootstrap, topic = broker.get_bootstrap_server(), unique("tc-java")
+    tools.run("kafka-topics.sh", "--bootstrap-server", bootstrap, "--create", "--topic", topic, "--partitions", "2")
+    described = tools.run("kafka-topics.sh", "--bootstrap-server", bootstrap, "--describe", "--topic", topic).stdout
+    assert "PartitionCount: 2" in described and "Leader: 1" in described, described
+    done = subprocess.run([java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", f"{lib}/*",
+                           str(JAVA_SOURCE), bootstrap, topic, "3"],
+                          capture_output=True, text=True, timeout=TIMEOUT_S * 4, cwd=tmp_path)
+    assert done.returncode == 0, f"SaslClient.java exited {done.returncode}\n{done.stdout}\n{done.stderr[-4000:]}"
+    read = [line.removeprefix("read ") for line in done.stdout.splitlines() if line.startswith("read ")]
+    assert sorted(read) == ["java-0", "java-1", "java-2"], done.stdout
+
+
+# -- lifecycle and bad input -------------------------------------------------------------------------------
+
+
+def containers_of(docker_client, container_id: str) -> list:
+    return docker_client.containers.list(all=True, filters={"id": container_id})
+
+
+def test_the_broker_listens_on_the_given_port_and_stop_removes_the_container_and_its_volume(pykbroker_image,
+                                                                                            docker_client):
+    from pykbroker.cluster.zk_server import free_port
+
+    port = free_port("127.0.0.1")
+    container = suite_container(pykbroker_image, port=port).start()
+    container_id = container.get_container_id()
+    inspected = docker_client.api.inspect_container(container_id)
+    volumes = [m["Name"] for m in inspected["Mounts"] if m["Type"] == "volume"]
+    assert inspected["HostConfig"]["NetworkMode"] == "host"
+    assert inspected["Config"]["Labels"][SUITE_LABEL] == "testcontainers"
+    assert container.get_bootstrap_server() == f"127.0.0.1:{port}"
+    with socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass
+    container.stop()
+    assert containers_of(docker_client, container_id) == []
+    assert [v for v in volumes if docker_client.volumes.list(filters={"name": v})] == []
+    container.stop()  # a second stop does nothing
+
+
+def test_an_invalid_broker_config_fails_start_with_the_brokers_message_and_nothing_is_left(pykbroker_image,
+                                                                                           docker_client):
+    before = {c.id for c in docker_client.containers.list(all=True, filters={"label": SUITE_LABEL})}
+    container = suite_container(pykbroker_image).with_broker_config("num.partitions", "zero")
+    with pytest.raises(ContainerStartException) as failure:
+        container.start()
+    message = str(failure.value)
+    assert "exited with code 2" in message, message
+    assert ("Invalid value 'zero' for configuration num.partitions: not a 32-bit integer" in message), message
+    after = {c.id for c in docker_client.containers.list(all=True, filters={"label": SUITE_LABEL})}
+    assert after <= before  # the failed container was removed
+    container.stop()  # harmless after a failed start
+
+
+def test_a_port_in_use_fails_start_in_a_with_block_once_with_the_brokers_message(pykbroker_image, docker_client):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        container = suite_container(pykbroker_image, port=port)
+        with pytest.raises(ContainerStartException, match="exited with code 1") as failure:
+            with container:
+                pass
+    assert f"{port}" in str(failure.value) and "in use" in str(failure.value), failure.value
+    assert container._container is None
+
+
+def test_a_missing_image_says_how_to_build_it():
+    with pytest.raises(ContainerStartException, match=r"no image pykbroker-absent:0 on the Docker engine: build it "
+                                                      r"from a pykbroker checkout with PykbrokerContainer\.build_image"):
+        PykbrokerContainer("pykbroker-absent:0").start()
