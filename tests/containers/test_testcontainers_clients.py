@@ -15,6 +15,7 @@ import pytest
 from docker_helpers import SUITE_LABEL
 from kafka_reference import REPO_ROOT  # also puts tests/integration on sys.path
 from pykbroker.testcontainers import ContainerStartException, PykbrokerContainer
+from test_transactions_clients import java_client_or_skip, poll_until  # tests/integration's client helpers
 
 JAVA_SOURCE = REPO_ROOT / "tests" / "integration" / "java" / "SaslClient.java"
 TIMEOUT_S = 60.0
@@ -56,15 +57,11 @@ def test_confluent_kafka_admin_produce_and_a_consumer_group(broker):
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
                          "enable.auto.commit": False})
     consumer.subscribe([topic])
-    read, deadline = [], time.monotonic() + TIMEOUT_S
-    while len(read) < 3 and time.monotonic() < deadline:
-        message = consumer.poll(0.5)
-        if message is not None and message.error() is None:
-            read.append((message.partition(), message.value()))
+    read = poll_until(consumer, 3, quiet=0.5)  # and nothing more
     consumer.commit(asynchronous=False)
     committed = consumer.committed([TopicPartition(topic, p) for p in range(3)], timeout=TIMEOUT_S)
     consumer.close()
-    assert sorted(read) == [(0, b"v0"), (1, b"v1"), (2, b"v2")]
+    assert sorted(read) == [(topic, p, 0, f"v{p}".encode()) for p in range(3)]
     assert [(tp.partition, tp.offset) for tp in committed] == [(0, 1), (1, 1), (2, 1)]
     admin.delete_topics([topic])[topic].result(TIMEOUT_S)
     deadline = time.monotonic() + TIMEOUT_S
@@ -110,7 +107,6 @@ def test_java_client_and_kafka_topics_tool(broker, tmp_path):
     """Kafka's kafka-topics.sh (the Java AdminClient 3.7.1) creates and describes a topic; the Java client 3.9
     (tests/integration/java/SaslClient.java, plain settings) produces 3 records and reads them in a new group."""
     from kafka_tools import kafka_tools_or_skip
-    from test_transactions_clients import java_client_or_skip
 
     java, lib = java_client_or_skip()
     tools = kafka_tools_or_skip()
