@@ -2,9 +2,10 @@
 
 No Kafka 4 binary is on this machine, so the fixtures are written out by hand from Kafka 4.0/4.1's
 message specs (group-coordinator/src/main/resources/common/message/ConsumerGroup*.json) and the way
-Kafka 4 prefixes them (the record type before the key, the value version before the value); where
-Kafka 3.7.1's generated classes (in ../shared/refkit) have the same schema as Kafka 4, the bytes they
-write are checked too (KAFKA_3_7_1_BYTES below).
+Kafka 4 prefixes them (the record type before the key, the value version before the value). Kafka's own
+serializer checked them once (KAFKA_SERIALIZED below): Kafka 3.7.1's generated classes (in
+../shared/refkit) for the keys and for the two values whose schema Kafka 4 kept unchanged, and Kafka
+3.7.1's generic Schema/Struct writer, given Kafka 4's schemas field by field, for the others.
 """
 
 from __future__ import annotations
@@ -190,6 +191,34 @@ VALUES = [
 def test_a_value_is_version_0_in_the_flexible_encoding(key, value, data):
     assert encode_value(value) == data
     assert decode_value(key, data) == value
+
+
+# What Kafka's serializer wrote for the same keys and values (MessageUtil.toVersionPrefixedBytes with the
+# record type as the key's prefix and 0 as the value's), see the module docstring. The classic member
+# metadata (a nullable struct in a tagged field) has no Kafka 3.7 counterpart and is not among them.
+KAFKA_SERIALIZED = {
+    KEYS[0][0]: "00030003677270",
+    KEYS[1][0]: "00040003677270",
+    KEYS[2][0]: "0005000367727000036d2d31",
+    KEYS[3][0]: "00060003677270",
+    KEYS[4][0]: "0007000367727000036d2d31",
+    KEYS[5][0]: "0008000367727000036d2d31",
+    VALUES[0][1]: "00000000002a00",
+    VALUES[1][1]: "00000000002a0100080102030405060708",
+    VALUES[3][1]: "000002f0e1d2c3b4a5968778695a4b3c2d1e0f0462617200000001020000000003037231037232000000",
+    VALUES[4][1]: "000000077261636b2d3104636c690a2f31302e302e302e31030462617204666f6f00000493e008756e69666f726d00",
+    VALUES[6][1]: "00000000000700",
+    VALUES[7][1]: "000003000102030405060708090a0b0c0d0e0f03000000000000000200f0e1d2c3b4a5968778695a4b3c2d1e0f010000",
+    VALUES[8][1]: "00000000000b0000000a0102000102030405060708090a0b0c0d0e0f0200000001000"
+                  "2f0e1d2c3b4a5968778695a4b3c2d1e0f0300000000000000050000",
+    VALUES[9][1]: "00000304666f6f0566757a7a00000000000004d20000018bcfe5680000",
+}
+
+
+def test_the_fixtures_are_what_kafkas_serializer_writes():
+    fixtures = {**{key: data for key, data in KEYS}, **{value: data for _, value, data in VALUES}}
+    for record, kafka in KAFKA_SERIALIZED.items():
+        assert fixtures[record].hex() == kafka, record
 
 
 def test_long_lengths_take_several_varint_bytes():

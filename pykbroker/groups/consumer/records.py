@@ -130,10 +130,6 @@ def _write_struct(out: io.BytesIO, item) -> None:
     item._write(out)
 
 
-def _write_int32(out: io.BytesIO, value: int) -> None:
-    write_int32(out, value)
-
-
 def _read_int32(reader: _Reader) -> int:
     return reader.int32()
 
@@ -411,7 +407,7 @@ class TopicPartitions:
 
     def _write(self, out: io.BytesIO) -> None:
         write_uuid(out, self.topic_id)
-        _write_array(out, self.partitions, _write_int32)
+        _write_array(out, self.partitions, write_int32)
         _write_tagged_fields(out, {})
 
     @classmethod
