@@ -11,7 +11,8 @@ missing and this is a checkout, ``PykbrokerContainer.build_image()`` builds it, 
 Networking: by default the container shares the host's network (``--network host``), as Docker engines without
 a bridge network (``dockerd --bridge=none``) and tests that must keep all traffic on the loopback need: the broker
 listens on 127.0.0.1 at a port that was free on the host (or the one passed as ``port=``) and advertises
-127.0.0.1:port, so no port mapping is involved. ``host_network=False`` instead publishes the port through
+127.0.0.1:port, so no port mapping is involved; its /health, /ready and /metrics (the image's HEALTHCHECK)
+are on another free port, ``metrics_port``. ``host_network=False`` instead publishes the port through
 Docker's bridge network: the advertised address (the Docker host and the port Docker mapped) is only known once
 the container runs, so, as KafkaContainer does, the container waits for a start script copied in after start.
 
@@ -74,9 +75,9 @@ class KafkaProtocolContainer(DockerContainer):
         self.labels: dict[str, str] = {}
         self.ready_seconds: float | None = None  # start() to the first ApiVersions answer
 
-    def with_label(self, key: str, value: str) -> "KafkaProtocolContainer":
-        """A Docker label on the container (e.g. for a test suite to find and remove its containers)."""
-        self.labels[key] = value
+    def with_labels(self, labels: dict[str, str]) -> "KafkaProtocolContainer":
+        """Docker labels on the container (e.g. for a test suite to find and remove its containers)."""
+        self.labels.update(labels)
         return self
 
     # -- what a subclass says --------------------------------------------------------------------------
@@ -200,6 +201,14 @@ class PykbrokerContainer(KafkaProtocolContainer):
         super().__init__(image, port, **kwargs)
         self.broker_config: dict[str, str] = {key: str(value) for key, value in TEST_BROKER_CONFIG.items()}
         self.log_level = "info"
+        self.metrics_port: int | None = None
+        if self.host_network:
+            # The image serves /health (its HEALTHCHECK) on PYKBROKER_METRICS_PORT, a fixed port: on the host's
+            # network two containers (or a container and any other broker) would both bind it.
+            from pykbroker.cluster.zk_server import free_port
+
+            self.metrics_port = free_port(LOOPBACK)
+            self.with_env("PYKBROKER_METRICS_PORT", str(self.metrics_port))
 
     # -- options, in the with_... style of testcontainers ------------------------------------------
 

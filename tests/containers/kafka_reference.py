@@ -50,12 +50,13 @@ def kafka_distribution_or_skip() -> Path:
     return kafka_home
 
 
-def kafka_reference_image(base_image: str, docker_client, tag: str = IMAGE_TAG) -> str:
+def kafka_reference_image(base_image: str, tag: str = IMAGE_TAG) -> str:
     """Build docker/kafka-reference/Dockerfile on ``base_image`` with the kit's Kafka as the build context
     (Docker's layer cache makes a rebuild of an unchanged recipe a few seconds); returns the tag."""
+    from docker_helpers import build_image
+
     kafka_home = kafka_distribution_or_skip()
-    docker_client.images.build(path=str(kafka_home), dockerfile=str(DOCKERFILE), tag=tag, rm=True,
-                               buildargs={"BASE_IMAGE": base_image}, network_mode="host")
+    build_image(tag, DOCKERFILE, kafka_home, {"BASE_IMAGE": base_image})
     return tag
 
 

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from docker_helpers import SUITE_LABEL
+from docker_helpers import SESSION_LABEL, SESSION_ID, SUITE_LABELS
 from kafka_reference import REPO_ROOT  # also puts tests/integration on sys.path
 from pykbroker.testcontainers import ContainerStartException, PykbrokerContainer
 from test_transactions_clients import java_client_or_skip, poll_until  # tests/integration's client helpers
@@ -26,7 +26,7 @@ def unique(prefix: str) -> str:
 
 
 def suite_container(image: str, **kwargs) -> PykbrokerContainer:
-    return PykbrokerContainer(image, **kwargs).with_label(SUITE_LABEL, "testcontainers")
+    return PykbrokerContainer(image, **kwargs).with_labels(SUITE_LABELS)
 
 
 @pytest.fixture(scope="module")
@@ -122,11 +122,38 @@ def test_java_client_and_kafka_topics_tool(broker, tmp_path):
     assert sorted(read) == ["java-0", "java-1", "java-2"], done.stdout
 
 
+def test_a_second_container_runs_beside_the_first_and_each_answers_its_health_check(broker, pykbroker_image,
+                                                                                   docker_client):
+    """Host networking: every port of a container is the host's, the image's fixed metrics port (HEALTHCHECK)
+    included; each PykbrokerContainer has its own, and Docker's health check passes on it."""
+    import urllib.request
+
+    from confluent_kafka.admin import AdminClient
+
+    with suite_container(pykbroker_image) as second:
+        assert {broker.port, broker.metrics_port}.isdisjoint({second.port, second.metrics_port})
+        for container in (broker, second):
+            bootstrap = container.get_bootstrap_server()
+            brokers = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=TIMEOUT_S).brokers
+            assert [f"{b.host}:{b.port}" for b in brokers.values()] == [bootstrap]
+            with urllib.request.urlopen(f"http://127.0.0.1:{container.metrics_port}/health", timeout=10) as answer:
+                assert answer.status == 200
+        sdk = second.get_wrapped_container()
+        deadline = time.monotonic() + TIMEOUT_S  # the image checks every 5 s
+        while (health := docker_client.api.inspect_container(sdk.id)["State"]["Health"]["Status"]) != "healthy":
+            assert health == "starting" and time.monotonic() < deadline, health
+            time.sleep(0.2)
+
+
 # -- lifecycle and bad input -------------------------------------------------------------------------------
 
 
 def containers_of(docker_client, container_id: str) -> list:
     return docker_client.containers.list(all=True, filters={"id": container_id})
+
+
+def session_containers(docker_client) -> set[str]:
+    return {c.id for c in docker_client.containers.list(all=True, filters={"label": f"{SESSION_LABEL}={SESSION_ID}"})}
 
 
 def test_the_broker_listens_on_the_given_port_and_stop_removes_the_container_and_its_volume(pykbroker_image,
@@ -139,7 +166,7 @@ def test_the_broker_listens_on_the_given_port_and_stop_removes_the_container_and
     inspected = docker_client.api.inspect_container(container_id)
     volumes = [m["Name"] for m in inspected["Mounts"] if m["Type"] == "volume"]
     assert inspected["HostConfig"]["NetworkMode"] == "host"
-    assert inspected["Config"]["Labels"][SUITE_LABEL] == "testcontainers"
+    assert inspected["Config"]["Labels"][SESSION_LABEL] == SESSION_ID
     assert container.get_bootstrap_server() == f"127.0.0.1:{port}"
     with socket.create_connection(("127.0.0.1", port), timeout=5):
         pass
@@ -151,15 +178,14 @@ def test_the_broker_listens_on_the_given_port_and_stop_removes_the_container_and
 
 def test_an_invalid_broker_config_fails_start_with_the_brokers_message_and_nothing_is_left(pykbroker_image,
                                                                                            docker_client):
-    before = {c.id for c in docker_client.containers.list(all=True, filters={"label": SUITE_LABEL})}
+    before = session_containers(docker_client)
     container = suite_container(pykbroker_image).with_broker_config("num.partitions", "zero")
     with pytest.raises(ContainerStartException) as failure:
         container.start()
     message = str(failure.value)
     assert "exited with code 2" in message, message
     assert ("Invalid value 'zero' for configuration num.partitions: not a 32-bit integer" in message), message
-    after = {c.id for c in docker_client.containers.list(all=True, filters={"label": SUITE_LABEL})}
-    assert after <= before  # the failed container was removed
+    assert session_containers(docker_client) <= before  # the failed container was removed
     container.stop()  # harmless after a failed start
 
 
@@ -176,7 +202,7 @@ def test_a_port_in_use_fails_start_in_a_with_block_once_with_the_brokers_message
     assert container._container is None
 
 
-def test_a_missing_image_says_how_to_build_it():
+def test_a_missing_image_says_how_to_build_it(docker_client):
     with pytest.raises(ContainerStartException, match=r"no image pykbroker-absent:0 on the Docker engine: build it "
                                                       r"from a pykbroker checkout with PykbrokerContainer\.build_image"):
         PykbrokerContainer("pykbroker-absent:0").start()

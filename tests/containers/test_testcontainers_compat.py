@@ -18,7 +18,7 @@ from kio.schema.list_offsets.v7 import request as lo
 from kio.schema.metadata.v12 import request as md
 from kio.static.primitive import i32, i64
 
-from docker_helpers import SUITE_LABEL
+from docker_helpers import SUITE_LABELS
 from kafka_reference import KafkaReferenceContainer, kafka_reference_image  # puts tests/integration on sys.path
 
 from broker_process import fetch_raw, produce_raw, send_request  # noqa: E402  (tests/integration)
@@ -30,15 +30,15 @@ BROKER_SETTINGS = {"auto.create.topics.enable": "false", "num.partitions": "1"}
 
 
 @pytest.fixture(scope="module")
-def kafka_image(debian_base_image, docker_client):
-    return kafka_reference_image(debian_base_image, docker_client)
+def kafka_image(docker_client, debian_base_image):
+    return kafka_reference_image(debian_base_image)
 
 
 @pytest.fixture(scope="module")
 def brokers(pykbroker_image, kafka_image):
     """{"pykbroker": container, "kafka": container}, both ready."""
-    pykbroker = PykbrokerContainer(pykbroker_image).with_label(SUITE_LABEL, "testcontainers")
-    kafka = KafkaReferenceContainer(kafka_image).with_label(SUITE_LABEL, "testcontainers")
+    pykbroker = PykbrokerContainer(pykbroker_image).with_labels(SUITE_LABELS)
+    kafka = KafkaReferenceContainer(kafka_image).with_labels(SUITE_LABELS)
     for key, value in BROKER_SETTINGS.items():
         pykbroker.with_broker_config(key, value)
         kafka.with_broker_config(key, value)
