@@ -6,7 +6,8 @@
         producer = Producer({"bootstrap.servers": kafka.get_bootstrap_server()})
 
 It runs the image built from this project's ``docker/Dockerfile`` (tag ``pykbroker:latest``; when the image is
-missing and this is a checkout, ``PykbrokerContainer.build_image()`` builds it, or pass ``image=``).
+missing and this is a checkout, ``PykbrokerContainer.build_image()`` builds it, ``base_image=`` choosing the base
+where no registry serves python:3.11-slim; or pass ``image=``).
 
 Networking: by default the container shares the host's network (``--network host``), as Docker engines without
 a bridge network (``dockerd --bridge=none``) and tests that must keep all traffic on the loopback need: the broker
@@ -18,6 +19,9 @@ the container runs, so, as KafkaContainer does, the container waits for a start 
 
 Ready means the broker answers an ApiVersions request. A broker that exits or is not ready in time fails
 ``start()`` with the container's output in the error, and the container is removed; ``stop()`` removes it.
+
+A cluster: ``PykbrokerCluster(brokers=3)`` runs ZooKeeper (this project's docker/zookeeper image,
+``ZooKeeperContainer``) and the brokers, each in its container on the host's network, and is used the same way.
 
 Needs the ``testcontainers`` package (``pip install testcontainers``) and a Docker engine.
 """
@@ -42,9 +46,11 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 
 from pykbroker.testdefaults import TEST_BROKER_CONFIG
 
-__all__ = ("PykbrokerContainer", "KafkaProtocolContainer", "ContainerStartException", "DEFAULT_IMAGE")
+__all__ = ("PykbrokerContainer", "PykbrokerCluster", "ZooKeeperContainer", "KafkaProtocolContainer", "ServerContainer",
+           "ContainerStartException", "DEFAULT_IMAGE", "DEFAULT_ZOOKEEPER_IMAGE")
 
 DEFAULT_IMAGE = "pykbroker:latest"
+DEFAULT_ZOOKEEPER_IMAGE = "pykbroker-zookeeper:latest"
 LOOPBACK = "127.0.0.1"
 BRIDGE_PORT = 9093  # the port inside the container on a bridge network (published to a random host port)
 START_SCRIPT = "/tc-start.sh"
@@ -53,9 +59,9 @@ LOG_TAIL_CHARS = 4000
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-class KafkaProtocolContainer(DockerContainer):
-    """A container serving the Kafka protocol on one port, which PykbrokerContainer (and a container of any
-    Kafka broker) refines by saying what the container runs (``serve_command``).
+class ServerContainer(DockerContainer):
+    """A container serving on one port, ready once ``_answers`` says so; KafkaProtocolContainer (pykbroker or any
+    Kafka broker) and ZooKeeperContainer refine it by saying what the container runs (``serve_command``).
 
     Host networking (the default): the port is chosen here, free on the host's 127.0.0.1, unless given.
     Bridge networking (``host_network=False``): ``port`` is the port inside the container, published by
@@ -73,9 +79,9 @@ class KafkaProtocolContainer(DockerContainer):
             self.port = port if port is not None else BRIDGE_PORT
             self.with_exposed_ports(self.port)
         self.labels: dict[str, str] = {}
-        self.ready_seconds: float | None = None  # start() to the first ApiVersions answer
+        self.ready_seconds: float | None = None  # start() to the first answer
 
-    def with_labels(self, labels: dict[str, str]) -> "KafkaProtocolContainer":
+    def with_labels(self, labels: dict[str, str]) -> "ServerContainer":
         """Docker labels on the container (e.g. for a test suite to find and remove its containers)."""
         self.labels.update(labels)
         return self
@@ -83,14 +89,14 @@ class KafkaProtocolContainer(DockerContainer):
     # -- what a subclass says --------------------------------------------------------------------------
 
     def serve_command(self, listen_host: str, advertised_host: str, advertised_port: int) -> list[str]:
-        """The command (argv) serving the protocol on ``listen_host:self.port``, advertising the address."""
+        """The command (argv) serving on ``listen_host:self.port``, telling clients the advertised address."""
+        raise NotImplementedError
+
+    def _answers(self, address: tuple[str, int]) -> bool:
+        """Whether the server at ``address`` answers as a ready one (OSError and ValueError: not yet)."""
         raise NotImplementedError
 
     # -- addresses ---------------------------------------------------------------------------------------
-
-    def get_bootstrap_server(self) -> str:
-        host, port = self.address()
-        return f"{host}:{port}"
 
     def address(self) -> tuple[str, int]:
         if self.host_network:
@@ -99,8 +105,8 @@ class KafkaProtocolContainer(DockerContainer):
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
-    def start(self, timeout: float = START_TIMEOUT_S) -> "KafkaProtocolContainer":
-        """Start the container and wait until it answers ApiVersions. If that fails the container is removed
+    def start(self, timeout: float = START_TIMEOUT_S) -> "ServerContainer":
+        """Start the container and wait until it answers (``_answers``). If that fails the container is removed
         (also when ``start()`` is called outside a ``with``: nothing is left running) and the error raised:
         ContainerStartException when the container exits or its image is missing, TimeoutError when it is
         not ready in time; both carry the end of the container's output."""
@@ -171,14 +177,10 @@ class KafkaProtocolContainer(DockerContainer):
         self.get_wrapped_container().put_archive(path="/", data=archive.getvalue())
 
     def _wait_ready(self, deadline: float) -> None:
-        from kio.schema.api_versions.v0.request import ApiVersionsRequest
-
-        from pykbroker.testing import _request
-
         address = self.address()
         while True:
             try:
-                if _request(address, ApiVersionsRequest(), timeout=1.0).error_code == 0:
+                if self._answers(address):
                     return
             except (OSError, ValueError):
                 pass
@@ -194,6 +196,21 @@ class KafkaProtocolContainer(DockerContainer):
             time.sleep(0.1)
 
 
+class KafkaProtocolContainer(ServerContainer):
+    """A Kafka broker in a container (pykbroker or Kafka itself): ready when it answers ApiVersions."""
+
+    def get_bootstrap_server(self) -> str:
+        host, port = self.address()
+        return f"{host}:{port}"
+
+    def _answers(self, address: tuple[str, int]) -> bool:
+        from kio.schema.api_versions.v0.request import ApiVersionsRequest
+
+        from pykbroker.testing import _request
+
+        return _request(address, ApiVersionsRequest(), timeout=1.0).error_code == 0
+
+
 class PykbrokerContainer(KafkaProtocolContainer):
     """One pykbroker broker (embedded metadata) in a container; see the module's docstring for networking."""
 
@@ -201,6 +218,8 @@ class PykbrokerContainer(KafkaProtocolContainer):
         super().__init__(image, port, **kwargs)
         self.broker_config: dict[str, str] = {key: str(value) for key, value in TEST_BROKER_CONFIG.items()}
         self.log_level = "info"
+        self.zookeeper_connect: str | None = None
+        self.broker_id = 1
         self.metrics_port: int | None = None
         if self.host_network:
             # The image serves /health (its HEALTHCHECK) on PYKBROKER_METRICS_PORT, a fixed port: on the host's
@@ -228,23 +247,42 @@ class PykbrokerContainer(KafkaProtocolContainer):
         self.log_level = level
         return self
 
+    def with_zookeeper(self, connect: str, broker_id: int) -> "PykbrokerContainer":
+        """A member of a cluster coordinated by ZooKeeper at ``connect`` (``--zookeeper``, ``--broker-id``)."""
+        self.zookeeper_connect, self.broker_id = connect, broker_id
+        return self
+
     @staticmethod
-    def build_image(tag: str = DEFAULT_IMAGE, context: Path = REPO_ROOT, base_image: str | None = None) -> str:
-        """Build docker/Dockerfile of a pykbroker checkout (on ``base_image``, the Dockerfile's BASE_IMAGE, when
-        given); returns the tag."""
-        from testcontainers.core.image import DockerImage
+    def build_image(tag: str = DEFAULT_IMAGE, context: Path = REPO_ROOT, base_image: str | None = None,
+                    ca_bundle: Path | None = None, docker: str = "docker", timeout: float = 1800) -> str:
+        """Build docker/Dockerfile of a pykbroker checkout with the docker CLI (BuildKit, which the Dockerfile
+        needs; the host's network, which engines without a bridge need) and return the tag. ``base_image``:
+        the Dockerfile's BASE_IMAGE (python:3.11-slim unless given; any Debian bookworm image works);
+        ``ca_bundle``: a CA bundle for pip inside the build (a BuildKit secret, not kept in the image);
+        ``docker``: the docker client to run (one whose ``docker build`` has BuildKit)."""
+        import os
+        import subprocess
 
         if not (context / "docker" / "Dockerfile").is_file():
             raise FileNotFoundError(f"no docker/Dockerfile under {context}: pass the checkout's path, or image=")
-        build_args = {"BASE_IMAGE": base_image} if base_image else None
-        DockerImage(path=str(context), tag=tag, dockerfile_path="docker/Dockerfile", clean_up=False,
-                    buildargs=build_args, network_mode="host").build()
+        command = [docker, "build", "--network", "host", "-f", str(context / "docker" / "Dockerfile"), "-t", tag]
+        if base_image:
+            command += ["--build-arg", f"BASE_IMAGE={base_image}"]
+        if ca_bundle:
+            command += ["--secret", f"id=ca_bundle,src={ca_bundle}"]
+        done = subprocess.run([*command, str(context)], capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "DOCKER_BUILDKIT": "1"})
+        if done.returncode != 0:
+            raise ContainerStartException(f"{shlex.join(command)} failed (exit {done.returncode}):\n"
+                                          + "\n".join((done.stdout + done.stderr).splitlines()[-30:]))
         return tag
 
     def serve_command(self, listen_host: str, advertised_host: str, advertised_port: int) -> list[str]:
         command = ["pykbroker", "serve", "--host", listen_host, "--port", str(self.port), "--data-dir", "/data",
                    "--advertised-host", advertised_host, "--advertised-port", str(advertised_port),
                    "--log-level", self.log_level]
+        if self.zookeeper_connect is not None:
+            command += ["--zookeeper", self.zookeeper_connect, "--broker-id", str(self.broker_id)]
         for key, value in self.broker_config.items():
             command += ["--override", f"{key}={value}"]
         return command
@@ -252,3 +290,101 @@ class PykbrokerContainer(KafkaProtocolContainer):
     def _missing_image_hint(self) -> str:
         return ("build it from a pykbroker checkout with PykbrokerContainer.build_image() (docker build -f "
                 "docker/Dockerfile -t pykbroker .), or pass image=")
+
+
+class ZooKeeperContainer(ServerContainer):
+    """A standalone ZooKeeper server from this project's docker/zookeeper image (its entry point reads ZOO_HOST
+    and ZOO_PORT), on the host's network at a free 127.0.0.1 port; ready when it answers ``ruok``."""
+
+    def __init__(self, image: str = DEFAULT_ZOOKEEPER_IMAGE, port: int | None = None, **kwargs: Any) -> None:
+        super().__init__(image, port, host_network=True, **kwargs)
+        self.with_env("ZOO_HOST", LOOPBACK).with_env("ZOO_PORT", str(self.port))
+
+    def get_connect_string(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    def serve_command(self, listen_host: str, advertised_host: str, advertised_port: int) -> list[str]:
+        return ["zookeeper-entrypoint"]
+
+    def _answers(self, address: tuple[str, int]) -> bool:
+        from pykbroker.cluster.zk_server import four_letter_word
+
+        return four_letter_word(*address, "ruok") == "imok"
+
+    def _missing_image_hint(self) -> str:
+        return ("build it from a pykbroker checkout: docker build -t pykbroker-zookeeper docker/zookeeper, or pass "
+                "zookeeper_image=")
+
+
+class PykbrokerCluster:
+    """``brokers`` PykbrokerContainers (broker ids 1..n) coordinated by a ZooKeeperContainer, every container on
+    the host's network with its own free 127.0.0.1 ports; used like a container:
+
+        with PykbrokerCluster(brokers=3) as cluster:
+            Producer({"bootstrap.servers": cluster.get_bootstrap_server(), "acks": "all"})
+
+    Ready when every broker's Metadata lists all brokers. A cluster of fewer than 3 brokers gets as many
+    replicas of the internal topics as it has brokers (as ``pykbroker cluster`` does); ``stop()`` removes every
+    container, ``broker(n)`` is broker n's PykbrokerContainer."""
+
+    def __init__(self, image: str = DEFAULT_IMAGE, zookeeper_image: str = DEFAULT_ZOOKEEPER_IMAGE,
+                 brokers: int = 3) -> None:
+        if brokers < 1:
+            raise ValueError("a cluster needs at least one broker")
+        self.zookeeper = ZooKeeperContainer(zookeeper_image)
+        self.brokers = [PykbrokerContainer(image).with_zookeeper(self.zookeeper.get_connect_string(), broker_id)
+                        for broker_id in range(1, brokers + 1)]
+        if brokers < 3:
+            for key in ("offsets.topic.replication.factor", "transaction.state.log.replication.factor"):
+                self.with_broker_config(key, brokers)
+        self.ready_seconds: float | None = None
+
+    def with_broker_config(self, key: str, value: Any) -> "PykbrokerCluster":
+        for broker in self.brokers:
+            broker.with_broker_config(key, value)
+        return self
+
+    def with_labels(self, labels: dict[str, str]) -> "PykbrokerCluster":
+        for container in (self.zookeeper, *self.brokers):
+            container.with_labels(labels)
+        return self
+
+    def broker(self, broker_id: int) -> PykbrokerContainer:
+        return self.brokers[broker_id - 1]
+
+    def get_bootstrap_server(self) -> str:
+        return ",".join(broker.get_bootstrap_server() for broker in self.brokers)
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> "PykbrokerCluster":
+        """Start ZooKeeper, then the brokers, and wait until each lists them all; on failure every container is
+        removed and the error (with the failing container's output) raised."""
+        from pykbroker.devcluster import live_broker_ids
+
+        started = time.monotonic()
+        deadline = started + timeout
+        try:
+            self.zookeeper.start(timeout)
+            for broker in self.brokers:
+                broker.start(max(deadline - time.monotonic(), 1.0))
+            expected = {broker.broker_id for broker in self.brokers}
+            for broker in self.brokers:
+                while (listed := live_broker_ids(*broker.address())) != expected:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"broker {broker.broker_id} lists brokers {sorted(listed or [])}, not "
+                                           f"{sorted(expected)}; its output:\n{broker.logs_tail()}")
+                    time.sleep(0.1)
+        except BaseException:
+            self.stop()
+            raise
+        self.ready_seconds = time.monotonic() - started
+        return self
+
+    def stop(self) -> None:
+        for container in (*self.brokers, self.zookeeper):
+            container.stop()
+
+    def __enter__(self) -> "PykbrokerCluster":
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()

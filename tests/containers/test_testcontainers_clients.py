@@ -14,7 +14,7 @@ import pytest
 
 from docker_helpers import SESSION_LABEL, SESSION_ID, SUITE_LABELS
 from kafka_reference import REPO_ROOT  # also puts tests/integration on sys.path
-from pykbroker.testcontainers import ContainerStartException, PykbrokerContainer
+from pykbroker.testcontainers import ContainerStartException, PykbrokerCluster, PykbrokerContainer
 from test_transactions_clients import java_client_or_skip, poll_until  # tests/integration's client helpers
 
 JAVA_SOURCE = REPO_ROOT / "tests" / "integration" / "java" / "SaslClient.java"
@@ -206,3 +206,62 @@ def test_a_missing_image_says_how_to_build_it(docker_client):
     with pytest.raises(ContainerStartException, match=r"no image pykbroker-absent:0 on the Docker engine: build it "
                                                       r"from a pykbroker checkout with PykbrokerContainer\.build_image"):
         PykbrokerContainer("pykbroker-absent:0").start()
+
+
+# -- a cluster: 3 brokers and ZooKeeper, each in its container ---------------------------------------------
+
+
+def test_a_cluster_of_three_brokers_and_zookeeper_serves_a_replicated_topic(pykbroker_image, zookeeper_image,
+                                                                           docker_client):
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    cluster = PykbrokerCluster(pykbroker_image, zookeeper_image, brokers=3).with_labels(SUITE_LABELS)
+    with cluster:
+        ids = [c.get_container_id() for c in (cluster.zookeeper, *cluster.brokers)]
+        bootstrap = cluster.get_bootstrap_server()
+        assert bootstrap == ",".join(f"127.0.0.1:{cluster.broker(n).port}" for n in (1, 2, 3))
+        topic, group = unique("tc-cluster"), unique("tc-cluster-group")
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=3)])[topic].result(TIMEOUT_S)
+        partitions = admin.list_topics(topic, timeout=TIMEOUT_S).topics[topic].partitions.values()
+        assert sorted(sorted(p.replicas) for p in partitions) == [[1, 2, 3]] * 3
+        assert sorted(p.leader for p in partitions) == [1, 2, 3]  # leaders spread over the brokers
+        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+        for partition in range(3):
+            producer.produce(topic, value=f"c{partition}".encode(), partition=partition)
+        assert producer.flush(TIMEOUT_S) == 0
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"})
+        consumer.subscribe([topic])
+        read = poll_until(consumer, 3, quiet=0.5)
+        consumer.close()
+        del producer, admin  # librdkafka handles: gone before their brokers are
+        assert sorted(read) == [(topic, p, 0, f"c{p}".encode()) for p in range(3)]
+    assert [i for i in ids if containers_of(docker_client, i)] == []
+
+
+def test_a_cluster_whose_broker_cannot_start_fails_with_its_output_and_removes_zookeeper_too(pykbroker_image,
+                                                                                              zookeeper_image,
+                                                                                              docker_client):
+    before = session_containers(docker_client)
+    cluster = PykbrokerCluster(pykbroker_image, zookeeper_image, brokers=2).with_labels(SUITE_LABELS)
+    cluster.broker(2).with_broker_config("min.insync.replicas", "-1")
+    with pytest.raises(ContainerStartException) as failure:
+        cluster.start()
+    assert "exited with code 2" in str(failure.value) and "min.insync.replicas" in str(failure.value), failure.value
+    assert session_containers(docker_client) <= before
+
+
+def test_build_image_builds_the_checkout_on_the_given_base(debian_base_image, docker_client):
+    """PykbrokerContainer.build_image (the docker CLI with BuildKit, as docker/Dockerfile needs) on the local
+    base; the layers are those of pykbroker_image's build, so this takes seconds once that one ran."""
+    from docker_helpers import CA_BUNDLE, SESSION_ID, docker_cli
+
+    tag = f"pykbroker-build-test:{SESSION_ID}"
+    assert PykbrokerContainer.build_image(tag, base_image=debian_base_image, ca_bundle=CA_BUNDLE,
+                                          docker=docker_cli()) == tag
+    try:
+        with suite_container(tag) as container:
+            assert container.ready_seconds is not None
+    finally:
+        docker_client.images.remove(tag)

@@ -47,7 +47,8 @@ def test_the_serve_command_runs_a_broker_advertising_the_given_address(tmp_path)
     from pykbroker.testing import KafkaBroker, _Admin
 
     port = KafkaBroker().port  # a free port
-    fake = SimpleNamespace(port=port, log_level="warning", broker_config={"num.partitions": "4"})
+    fake = SimpleNamespace(port=port, log_level="warning", broker_config={"num.partitions": "4"},
+                           zookeeper_connect=None, broker_id=1)
     command = PykbrokerContainer.serve_command(fake, "127.0.0.1", "127.0.0.1", port)
     command[command.index("/data")] = str(tmp_path / "data")
     assert command[0] == "pykbroker"
@@ -70,3 +71,11 @@ def test_the_serve_command_runs_a_broker_advertising_the_given_address(tmp_path)
     finally:
         proc.terminate()
         proc.wait(15)
+
+
+def test_build_image_outside_a_checkout_says_so(tmp_path):
+    pytest.importorskip("testcontainers")
+    from pykbroker.testcontainers import PykbrokerContainer
+
+    with pytest.raises(FileNotFoundError, match=f"no docker/Dockerfile under {tmp_path}: pass the checkout's path"):
+        PykbrokerContainer.build_image("pykbroker-never-built:0", context=tmp_path)
