@@ -265,3 +265,18 @@ def test_build_image_builds_the_checkout_on_the_given_base(debian_base_image, do
             assert container.ready_seconds is not None
     finally:
         docker_client.images.remove(tag)
+
+
+def test_a_container_that_never_answers_times_out_with_its_output_and_is_removed(debian_base_image, docker_client):
+    """The generic lifecycle (ServerContainer, which PykbrokerContainer and the Kafka container share): a
+    server that runs but never listens fails start() with TimeoutError once its time is up."""
+    from pykbroker.testcontainers import KafkaProtocolContainer
+
+    class Silent(KafkaProtocolContainer):
+        def serve_command(self, listen_host, advertised_host, advertised_port):
+            return ["sh", "-c", "echo listening nowhere; exec sleep 600"]
+
+    before = session_containers(docker_client)
+    with pytest.raises(TimeoutError, match=r"not ready on 127\.0\.0\.1:\d+ \(running\); its output:\nlistening nowhere"):
+        Silent(debian_base_image).with_labels(SUITE_LABELS).start(timeout=2)
+    assert session_containers(docker_client) <= before
