@@ -210,3 +210,43 @@ def test_list_offsets_by_timestamp_and_fetch_out_of_range_answer_the_same(broker
     assert answers["kafka"] == ([0, 1, 2], [(none, 0), (none, 3), (none, 2), (none, 0), (none, 1), (none, 2),
                                             (none, -1)],
                                 f"Fetch {topic}-0 at 10: {ErrorCode.offset_out_of_range!r}")
+
+
+def test_admin_offset_commits_of_a_memberless_group_answer_the_same(brokers):
+    """The admin API commits offsets for a group without members (AlterConsumerGroupOffsets), also for a
+    partition of an unknown topic; the group's offsets, an unknown group's, and how the group is described."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    topic, group = unique("compat-finished"), unique("compat-finished-group")
+    no_topic, no_group = unique("compat-no-topic"), unique("compat-no-group")
+
+    def outcome(future):
+        try:
+            result = future.result(TIMEOUT_S)
+        except Exception as exc:  # KafkaException: the error code is what is compared
+            return exc.args[0].name()
+        return [(tp.topic, tp.partition, tp.offset, tp.error.name() if tp.error else None)
+                for tp in result.topic_partitions]
+
+    def scenario(container):
+        bootstrap, address = container.get_bootstrap_server(), container.address()
+        assert create_topic(address, topic, 2).error_code == ErrorCode.none
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        committed = outcome(admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(
+            group, [TopicPartition(topic, 0, 5), TopicPartition(topic, 1, 0)])])[group])
+        unknown_topic = outcome(admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(
+            group, [TopicPartition(no_topic, 0, 1)])])[group])
+        listed = outcome(admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group])
+        unknown_group = outcome(admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(
+            no_group, [TopicPartition(topic, 0)])])[no_group])
+        (description,) = admin.describe_consumer_groups([group]).values()
+        description = description.result(TIMEOUT_S)
+        return (committed, unknown_topic, sorted(listed), unknown_group,
+                (description.state.name, len(description.members), description.is_simple_consumer_group))
+
+    answers = on_both(brokers, scenario)
+    assert answers["pykbroker"] == answers["kafka"]
+    offsets = [(topic, 0, 5, None), (topic, 1, 0, None)]
+    assert answers["kafka"] == (offsets, [(no_topic, 0, 1, "UNKNOWN_TOPIC_OR_PART")], offsets,
+                                [(topic, 0, -1001, None)], ("EMPTY", 0, True))  # -1001: no committed offset
