@@ -1,7 +1,7 @@
 """PykbrokerContainer for real: the image of docker/Dockerfile in a container on host networking, used by
 kafka-python, confluent-kafka and the Java client (produce and consume, a consumer group, topic admin), and
 its lifecycle: the start error of a broker that cannot start carries the container's output, and no
-container is left behind."""
+container is left behind. PykbrokerCluster: ZooKeeper and 3 brokers in containers. build_image."""
 
 from __future__ import annotations
 
@@ -158,13 +158,14 @@ def session_containers(docker_client) -> set[str]:
 
 def test_the_broker_listens_on_the_given_port_and_stop_removes_the_container_and_its_volume(pykbroker_image,
                                                                                             docker_client):
-    from pykbroker.cluster.zk_server import free_port
+    from docker_helpers import free_port
 
     port = free_port("127.0.0.1")
     container = suite_container(pykbroker_image, port=port).start()
     container_id = container.get_container_id()
     inspected = docker_client.api.inspect_container(container_id)
     volumes = [m["Name"] for m in inspected["Mounts"] if m["Type"] == "volume"]
+    assert volumes  # the image's VOLUME /data
     assert inspected["HostConfig"]["NetworkMode"] == "host"
     assert inspected["Config"]["Labels"][SESSION_LABEL] == SESSION_ID
     assert container.get_bootstrap_server() == f"127.0.0.1:{port}"
