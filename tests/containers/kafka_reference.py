@@ -19,11 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from docker_helpers import _CHECKOUT
 from pykbroker.testcontainers import LOOPBACK, KafkaProtocolContainer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO_ROOT / "docker" / "kafka-reference" / "Dockerfile"
-IMAGE_TAG = "pykbroker-kafka-reference:3.7.1"
+# Tagged per checkout, as docker_helpers tags the suite's other images: worktrees on one machine never race
+# for one tag (the layer cache is shared, so each builds in seconds once one did).
+IMAGE_TAG = f"pykbroker-kafka-reference:3.7.1-test-{_CHECKOUT}"
 START_TIMEOUT_S = 120.0  # format + JVM start: 10-20 s on a loaded 2-core machine
 DATA_DIR = "/var/lib/kafka/data"
 
