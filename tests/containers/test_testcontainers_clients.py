@@ -1,5 +1,6 @@
 """PykbrokerContainer for real: the image of docker/Dockerfile in a container on host networking, used by
-kafka-python, confluent-kafka and the Java client (produce and consume, a consumer group, topic admin), and
+kafka-python, confluent-kafka and the Java client (produce and consume, a consumer group, topic admin), kcat,
+and tests/integration's group scenario with confluent-kafka, kafka-python, aiokafka and KafkaJS; and
 its lifecycle: the start error of a broker that cannot start carries the container's output, and no
 container is left behind. PykbrokerCluster: ZooKeeper and 3 brokers in containers. build_image."""
 
@@ -17,6 +18,10 @@ from kafka_reference import REPO_ROOT  # also puts tests/integration on sys.path
 from pykbroker.testcontainers import ContainerStartException, PykbrokerCluster, PykbrokerContainer
 from test_transactions_clients import java_client_or_skip, poll_until  # tests/integration's client helpers
 
+import test_groups_common as group_scenarios  # noqa: E402  (tests/integration, as the two imports above)
+from test_groups_common import BROKER_CONFIG as GROUP_BROKER_CONFIG  # noqa: E402
+from test_groups_scenarios import CLIENTS as GROUP_CLIENTS  # noqa: E402
+
 JAVA_SOURCE = REPO_ROOT / "tests" / "integration" / "java" / "SaslClient.java"
 TIMEOUT_S = 60.0
 
@@ -31,7 +36,10 @@ def suite_container(image: str, **kwargs) -> PykbrokerContainer:
 
 @pytest.fixture(scope="module")
 def broker(pykbroker_image):
-    with suite_container(pykbroker_image).with_partitions(3) as container:
+    container = suite_container(pykbroker_image).with_partitions(3)
+    for key, value in GROUP_BROKER_CONFIG.items():  # the group scenarios' members use 3 s sessions
+        container.with_broker_config(key, value)
+    with container:
         yield container
 
 
@@ -120,6 +128,39 @@ def test_java_client_and_kafka_topics_tool(broker, tmp_path):
     assert done.returncode == 0, f"SaslClient.java exited {done.returncode}\n{done.stdout}\n{done.stderr[-4000:]}"
     read = [line.removeprefix("read ") for line in done.stdout.splitlines() if line.startswith("read ")]
     assert sorted(read) == ["java-0", "java-1", "java-2"], done.stdout
+
+
+def test_kcat_produces_and_consumes(broker):
+    """kcat (librdkafka's CLI, no admin commands): its produce auto-creates the topic with the broker's 3
+    partitions; the records read back from partition 0 with their keys and offsets."""
+    import json
+    import shutil
+
+    if shutil.which("kcat") is None:
+        pytest.skip("kcat not installed (scripts/install-test-deps.sh)")
+    bootstrap, topic = broker.get_bootstrap_server(), unique("tc-kcat")
+
+    def kcat(*args: str, stdin: bytes | None = None) -> bytes:
+        done = subprocess.run(["kcat", "-b", bootstrap, *args], input=stdin, capture_output=True, timeout=TIMEOUT_S)
+        assert done.returncode == 0, done.stderr.decode(errors="replace")
+        return done.stdout
+
+    kcat("-P", "-t", topic, "-p", "0", "-K", ":", stdin=b"k1:v1\nk2:v2\n")
+    read = [json.loads(line) for line in kcat("-C", "-t", topic, "-p", "0", "-o", "beginning", "-e", "-J").splitlines()]
+    assert [(r["key"], r["payload"], r["offset"]) for r in read] == [("k1", "v1", 0), ("k2", "v2", 1)]
+    listing = json.loads(kcat("-L", "-t", topic, "-J"))
+    assert [len(t["partitions"]) for t in listing["topics"]] == [3]
+
+
+@pytest.mark.parametrize("client", GROUP_CLIENTS)
+def test_every_stock_client_splits_a_group_and_one_member_takes_over_after_the_other_leaves(broker, client):
+    """tests/integration's group scenario (confluent-kafka, kafka-python, aiokafka, KafkaJS): two members split a
+    4-partition topic, read a first batch once; one closes (commit, LeaveGroup), the other gets every partition,
+    resumes at the commits and reads the second batch."""
+    from types import SimpleNamespace
+
+    group_scenarios.split_then_leave(client, SimpleNamespace(bootstrap=broker.get_bootstrap_server()),
+                                     unique("tc-group"))
 
 
 def test_a_second_container_runs_beside_the_first_and_each_answers_its_health_check(broker, pykbroker_image,
