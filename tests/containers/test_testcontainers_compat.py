@@ -21,7 +21,7 @@ from kio.static.primitive import i32, i64
 from docker_helpers import SUITE_LABELS
 from kafka_reference import KafkaReferenceContainer, kafka_reference_image  # puts tests/integration on sys.path
 
-from broker_process import fetch_raw, produce_raw, send_request  # noqa: E402  (tests/integration)
+from broker_process import ProtocolError, fetch_raw, init_producer_id, produce_raw, send_request  # noqa: E402  (tests/integration)
 from pykbroker.protocol.records import build_batch
 from pykbroker.testcontainers import PykbrokerContainer
 
@@ -250,3 +250,44 @@ def test_admin_offset_commits_of_a_memberless_group_answer_the_same(brokers):
     offsets = [(topic, 0, 5, None), (topic, 1, 0, None)]
     assert answers["kafka"] == (offsets, [(no_topic, 0, 1, "UNKNOWN_TOPIC_OR_PART")], offsets,
                                 [(topic, 0, -1001, None)], ("EMPTY", 0, True))  # -1001: no committed offset
+
+
+def test_idempotent_produce_sequences_answer_the_same(brokers):
+    """Raw Produce of an idempotent producer (InitProducerId, then batches with sequences): in order, a retry of
+    an acknowledged batch (a duplicate: its first offset again, nothing appended), a gap in the sequence, a
+    bumped epoch then the old one, and batches of producer ids the broker never gave out."""
+    topic = unique("compat-idempotent")
+
+    def batch(producer_id, epoch, sequence, value):
+        return build_batch([(None, value)], producer_id=producer_id, producer_epoch=epoch, base_sequence=sequence)
+
+    def scenario(container):
+        address = container.address()
+        assert create_topic(address, topic).error_code == ErrorCode.none
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:  # Kafka answers COORDINATOR_LOAD_IN_PROGRESS (retriable) until its first producer id block
+            try:
+                producer_id, epoch = init_producer_id(address)
+                break
+            except ProtocolError as exc:
+                assert "coordinator_load_in_progress" in str(exc) and time.monotonic() < deadline, exc
+                time.sleep(0.1)
+        answers = []
+        for label, produced in [("first", batch(producer_id, epoch, 0, b"a")),
+                                ("second", batch(producer_id, epoch, 1, b"b")),
+                                ("retry of first", batch(producer_id, epoch, 0, b"a")),
+                                ("gap", batch(producer_id, epoch, 5, b"c")),
+                                ("next epoch, sequence 0", batch(producer_id, epoch + 1, 0, b"d")),
+                                ("the old epoch again", batch(producer_id, epoch, 2, b"d")),
+                                ("unknown producer, sequence 0", batch(producer_id + 1000, 0, 0, b"e")),
+                                ("unknown producer, sequence 3", batch(producer_id + 2000, 0, 3, b"f"))]:
+            answer = produce_raw(address, topic, 0, produced)
+            answers.append((label, answer.error_code, answer.base_offset if answer.error_code == 0 else None))
+        return answers, list_offsets(address, topic, 0, -1)
+
+    answers = on_both(brokers, scenario)
+    assert answers["pykbroker"] == answers["kafka"]
+    found = dict((label, (code, offset)) for label, code, offset in answers["kafka"][0])
+    assert found["retry of first"] == (ErrorCode.none, 0)  # the duplicate is acknowledged, not appended again
+    assert found["gap"] == (ErrorCode.out_of_order_sequence_number, None)
+    assert found["the old epoch again"] == (ErrorCode.invalid_producer_epoch, None)
