@@ -167,3 +167,13 @@ def test_current_assignment_is_not_read():
 def test_bad_partition_count_is_a_partition_assignor_error():
     with pytest.raises(PartitionAssignorError, match="invalid partition count"):
         assign({"A": member([T1])}, {T1: TopicMetadata("t1", -3)})
+
+
+def test_large_group_is_co_partitioned():
+    metadata = {uuid.UUID(int=i + 1): TopicMetadata(f"topic-{i}", 100) for i in range(100)}
+    members = {f"member-{i:03d}": member(metadata) for i in range(500)}
+    result = assign(members, metadata)
+    owners = [m for m in sorted(members) if result[m]]
+    assert len(owners) == 100  # 100 partitions per topic: the first 100 members in order get one of each topic
+    for i, m in enumerate(owners):
+        assert result[m] == {t: frozenset([i]) for t in metadata}

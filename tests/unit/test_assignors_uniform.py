@@ -320,3 +320,42 @@ def test_equal_inputs_give_equal_outputs_whatever_the_mapping_order():
     forward = {m: member([T1, T2] if m < "D" else [T2, T3], {T1: [i]} if m < "D" else {}) for i, m in enumerate("ABCDEF")}
     backward = dict(reversed(list(forward.items())))
     assert assign(forward, metadata) == assign(backward, dict(reversed(list(metadata.items()))))
+
+
+# --- a large group: 500 members, 10,000 partitions --------------------------------------------------------------
+
+
+def large_group(subscription_of):
+    metadata = {uuid.UUID(int=(i + 1) * 0x9E3779B97F4A7C15): TopicMetadata(f"topic-{i}", 100) for i in range(100)}
+    topic_ids = sorted(metadata, key=str)
+    members = {f"member-{i:03d}": member(subscription_of(i, topic_ids)) for i in range(500)}
+    return members, metadata
+
+
+def test_large_homogeneous_group_join_and_leave():
+    members, metadata = large_group(lambda i, topic_ids: topic_ids)
+    first = assign(members, metadata)
+    check_valid(members, metadata, first)
+    assert set(sizes(first).values()) == {20}
+    settled = {m: member(s.subscribed_topic_ids, first[m]) for m, s in members.items()}
+    settled["member-new"] = member(next(iter(members.values())).subscribed_topic_ids)
+    joined = assign(settled, metadata)
+    check_valid(settled, metadata, joined)
+    assert sorted(set(sizes(joined).values())) == [19, 20]
+    taken = sum(len(first[m][t] - joined[m].get(t, frozenset())) for m in first for t in first[m])
+    assert taken == sizes(joined)["member-new"] == 10_000 // 501
+    settled = {m: member(s.subscribed_topic_ids, joined[m]) for m, s in settled.items() if m != "member-000"}
+    left = assign(settled, metadata)
+    check_valid(settled, metadata, left)
+    assert all(left[m][t] >= ps for m in settled for t, ps in joined[m].items())
+
+
+def test_large_heterogeneous_group_is_balanced_topic_by_topic():
+    members, metadata = large_group(lambda i, topic_ids: [t for j, t in enumerate(topic_ids) if (i + j) % 3])
+    result = assign(members, metadata)
+    check_valid(members, metadata, result)
+    load = sizes(result)
+    for topic_id in metadata:
+        subscribers = [m for m, s in members.items() if topic_id in s.subscribed_topic_ids]
+        least = min(load[m] for m in subscribers)
+        assert all(load[m] - least <= 1 for m in subscribers if result[m].get(topic_id))

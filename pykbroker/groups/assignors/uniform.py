@@ -94,11 +94,11 @@ def _assign_homogeneous(
     next_free = 0
     for member_id, kept, quota, mine in zip(member_ids, kept_lists, quotas, held):
         missing = quota - len(kept)
-        if missing <= 0 and len(kept) == len(mine):
+        if missing == 0 and len(kept) == len(mine):
             result[member_id] = _unchanged(group.members[member_id].assigned, kept)
             continue
         partitions = kept + free[next_free:next_free + missing]
-        next_free += max(missing, 0)
+        next_free += missing
         result[member_id] = _group_by_topic(partitions)
     if next_free < len(free):
         raise _api.PartitionAssignorError("partitions were left unassigned")
