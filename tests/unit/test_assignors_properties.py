@@ -16,7 +16,9 @@ MEMBER_POOL = [f"member-{c}" for c in "abcdefghij"]
 
 uniform = assignor_for("uniform")
 range_assignor = assignor_for("range")
-PROPERTY_SETTINGS = settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY_SETTINGS = settings(
+    max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @st.composite
@@ -50,7 +52,10 @@ def groups(draw, homogeneous=False, with_assignments=True):
 def with_current(members, result):
     """The group with each member's current assignment replaced by ``result`` (what the coordinator does
     once it has installed a target assignment)."""
-    return {m: MemberSubscription(s.subscribed_topic_ids, result[m], s.rack_id, s.instance_id) for m, s in members.items()}
+    return {
+        m: MemberSubscription(s.subscribed_topic_ids, result[m], s.rack_id, s.instance_id)
+        for m, s in members.items()
+    }
 
 
 def loads(result):

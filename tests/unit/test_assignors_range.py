@@ -5,7 +5,13 @@ import uuid
 
 import pytest
 
-from pykbroker.groups.assignors import GroupSpec, MemberSubscription, PartitionAssignorError, TopicMetadata, assignor_for
+from pykbroker.groups.assignors import (
+    GroupSpec,
+    MemberSubscription,
+    PartitionAssignorError,
+    TopicMetadata,
+    assignor_for,
+)
 
 # Kafka's RangeAssignorTest uses random topic ids: its expectations hold whatever their order.
 T1, T2, T3 = (uuid.uuid4() for _ in range(3))

@@ -28,29 +28,24 @@ def _member_order_key(member_id: str, member: _api.MemberSubscription) -> tuple:
 class RangeAssignor(_api.CheckedAssignor):
     name = "range"
 
-    def assign_partitions(self, group: _api.GroupSpec, counts: Mapping[_api.TopicId, int]) -> dict[str, _api.Assignment]:
+    def assign_partitions(
+        self, group: _api.GroupSpec, counts: Mapping[_api.TopicId, int]
+    ) -> dict[str, _api.Assignment]:
         order = sorted(group.members, key=lambda m: _member_order_key(m, group.members[m]))
-        subscriptions = {m: _api.effective_subscription(group.members[m], counts) for m in order}
-
-        subscribers: dict[_api.TopicId, int] = {}
-        for subscribed in subscriptions.values():
-            for topic_id in subscribed:
-                subscribers[topic_id] = subscribers.get(topic_id, 0) + 1
-        # topic id -> [next range start, min quota, members still to get an extra partition]
-        cursors = {t: [0, *divmod(counts[t], n)] for t, n in subscribers.items()}
-
-        result: dict[str, _api.Assignment] = {}
+        subscribers: dict[_api.TopicId, list[str]] = {}
         for member_id in order:
-            assignment: _api.Assignment = {}
-            for topic_id in subscriptions[member_id]:
-                cursor = cursors[topic_id]
-                start, quota = cursor[0], cursor[1]
-                if cursor[2] > 0:
-                    quota += 1
-                    cursor[2] -= 1
-                end = min(start + quota, counts[topic_id])
-                cursor[0] = end
-                if start < end:
-                    assignment[topic_id] = frozenset(range(start, end))
-            result[member_id] = assignment
+            for topic_id in _api.effective_subscription(group.members[member_id], counts):
+                subscribers.setdefault(topic_id, []).append(member_id)
+
+        result: dict[str, _api.Assignment] = {m: {} for m in order}
+        for topic_id, members in subscribers.items():
+            num_partitions = counts[topic_id]
+            quota, extra = divmod(num_partitions, len(members))
+            start = 0
+            for i, member_id in enumerate(members):
+                if start >= num_partitions:
+                    break  # the members after get nothing of this topic
+                end = start + quota + (1 if i < extra else 0)
+                result[member_id][topic_id] = frozenset(range(start, end))
+                start = end
         return result

@@ -37,7 +37,9 @@ MAX_BALANCE_ROUNDS = 16
 class UniformAssignor(_api.CheckedAssignor):
     name = "uniform"
 
-    def assign_partitions(self, group: _api.GroupSpec, counts: Mapping[_api.TopicId, int]) -> dict[str, _api.Assignment]:
+    def assign_partitions(
+        self, group: _api.GroupSpec, counts: Mapping[_api.TopicId, int]
+    ) -> dict[str, _api.Assignment]:
         member_ids = _api.sorted_member_ids(group)
         if not member_ids:
             return {}
