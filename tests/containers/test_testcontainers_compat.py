@@ -23,7 +23,7 @@ from kafka_reference import KafkaReferenceContainer, kafka_reference_image  # pu
 
 from broker_process import ProtocolError, fetch_raw, init_producer_id, produce_raw, send_request  # noqa: E402  (tests/integration)
 from pykbroker.protocol.records import build_batch
-from pykbroker.testcontainers import PykbrokerContainer
+from pykbroker.testcontainers import ContainerStartException, PykbrokerContainer
 
 TIMEOUT_S = 60.0
 BROKER_SETTINGS = {"auto.create.topics.enable": "false", "num.partitions": "1"}
@@ -291,3 +291,27 @@ def test_idempotent_produce_sequences_answer_the_same(brokers):
     assert found["retry of first"] == (ErrorCode.none, 0)  # the duplicate is acknowledged, not appended again
     assert found["gap"] == (ErrorCode.out_of_order_sequence_number, None)
     assert found["the old epoch again"] == (ErrorCode.invalid_producer_epoch, None)
+
+
+# -- the Kafka container itself ------------------------------------------------------------------------------
+
+
+def test_the_kafka_container_with_an_invalid_config_fails_start_with_kafkas_message(kafka_image, docker_client):
+    from test_testcontainers_clients import session_containers
+
+    before = session_containers(docker_client)
+    container = KafkaReferenceContainer(kafka_image, overrides={"num.partitions": "zero"}).with_labels(SUITE_LABELS)
+    with pytest.raises(ContainerStartException) as failure:
+        container.start()
+    assert "exited with code 1" in str(failure.value), failure.value
+    assert "Invalid value zero for configuration num.partitions" in str(failure.value), failure.value
+    assert session_containers(docker_client) <= before
+
+
+def test_without_the_reference_kit_the_kafka_tests_skip_saying_where_it_was_looked_for(monkeypatch, tmp_path):
+    import kafka_reference
+
+    monkeypatch.setattr(kafka_reference, "default_refkit", lambda: tmp_path / "refkit")
+    with pytest.raises(pytest.skip.Exception, match=f"no Apache Kafka at {tmp_path}/refkit/kafka_2.13-3.7.1 "
+                                                    r"\(the reference kit is not on this machine\)"):
+        kafka_reference.kafka_reference_image("pykbroker-debian:bookworm")
