@@ -245,8 +245,9 @@ def test_a_port_in_use_fails_start_in_a_with_block_once_with_the_brokers_message
 
 
 def test_a_missing_image_says_how_to_build_it(docker_client):
-    with pytest.raises(ContainerStartException, match=r"no image pykbroker-absent:0 on the Docker engine: build it "
-                                                      r"from a pykbroker checkout with PykbrokerContainer\.build_image"):
+    expected = (r"no image pykbroker-absent:0 on the Docker engine: build it from a pykbroker checkout with "
+                r"PykbrokerContainer\.build_image")
+    with pytest.raises(ContainerStartException, match=expected):
         PykbrokerContainer("pykbroker-absent:0").start()
 
 
@@ -319,6 +320,7 @@ def test_a_container_that_never_answers_times_out_with_its_output_and_is_removed
             return ["sh", "-c", "echo listening nowhere; exec sleep 600"]
 
     before = session_containers(docker_client)
-    with pytest.raises(TimeoutError, match=r"not ready on 127\.0\.0\.1:\d+ \(running\); its output:\nlistening nowhere"):
+    expected = r"not ready on 127\.0\.0\.1:\d+ \(running\); its output:\nlistening nowhere"
+    with pytest.raises(TimeoutError, match=expected):
         Silent(debian_base_image).with_labels(SUITE_LABELS).start(timeout=2)
     assert session_containers(docker_client) <= before

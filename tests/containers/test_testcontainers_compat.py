@@ -21,7 +21,13 @@ from kio.static.primitive import i32, i64
 from docker_helpers import SUITE_LABELS
 from kafka_reference import KafkaReferenceContainer, kafka_reference_image  # puts tests/integration on sys.path
 
-from broker_process import ProtocolError, fetch_raw, init_producer_id, produce_raw, send_request  # noqa: E402  (tests/integration)
+from broker_process import (  # noqa: E402  (tests/integration)
+    ProtocolError,
+    fetch_raw,
+    init_producer_id,
+    produce_raw,
+    send_request,
+)
 from pykbroker.protocol.records import build_batch
 from pykbroker.testcontainers import ContainerStartException, PykbrokerContainer
 
