@@ -146,6 +146,14 @@ def terminate_tree(process: subprocess.Popen, timeout: float = STOP_TIMEOUT_S) -
     return process.returncode
 
 
+def kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL `process` and every process below it (recorded by PID first): a driver that dies at once."""
+    below = descendants(process.pid)
+    process.kill()
+    _signal(below, signal.SIGKILL)
+    process.wait(10)
+
+
 def _tail(path: Path, lines: int) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
