@@ -59,6 +59,7 @@ WATERMARK_MS = 2 * MINUTE_MS
 PORTIONS = (400, 500, 500, 400)  # before the job starts; during the leader kill; the executor kill; the driver kill
 RATE = 45.0  # events per second while a fault happens: each portion spans 9-11 s of the run
 PROGRESS_TIMEOUT_S = 180.0
+TASK_CATCH_S = 30.0
 FAILOVER_TIMEOUT_S = 60.0
 # How often one window may reach the counts topic: once, plus one rewrite per fault that can make Spark run a
 # sink task again for output it already wrote (a task of the SIGKILLed executor retried elsewhere; the batch
@@ -72,16 +73,30 @@ def batch_ids(checkpoint: Path, log: str) -> list[int]:
     return sorted(int(p.name) for p in (checkpoint / log).glob("*") if p.name.isdigit())
 
 
-def committed_offsets(checkpoint: Path, topic: str) -> dict[int, int]:
-    """The source offsets (partition -> next offset) of the query's last committed micro-batch: the offset
-    log entry offsets/N whose commits/N exists. {} before the first commit."""
-    commits = batch_ids(checkpoint, "commits")
-    if not commits:
-        return {}
-    for line in reversed((checkpoint / "offsets" / str(max(commits))).read_text().splitlines()):
+def batch_offsets(checkpoint: Path, topic: str, batch: int) -> dict[int, int]:
+    """The source offsets (partition -> next offset) the query's offset log holds for micro-batch `batch`."""
+    for line in reversed((checkpoint / "offsets" / str(batch)).read_text().splitlines()):
         if line.startswith("{") and f'"{topic}"' in line:
             return {int(p): int(o) for p, o in json.loads(line)[topic].items()}
     return {}
+
+
+def committed_offsets(checkpoint: Path, topic: str) -> dict[int, int]:
+    """The source offsets of the query's last committed micro-batch (offsets/N whose commits/N exists);
+    {} before the first commit."""
+    commits = batch_ids(checkpoint, "commits")
+    return batch_offsets(checkpoint, topic, max(commits)) if commits else {}
+
+
+def offsets_going_back(checkpoint: Path, topic: str) -> list[str]:
+    """Where the query's offset log, batch after batch, moved a partition's end offset backwards."""
+    problems, previous = [], {}
+    for batch in batch_ids(checkpoint, "offsets"):
+        offsets = batch_offsets(checkpoint, topic, batch)
+        problems += [f"batch {batch}: partition {p} {previous[p]} -> {o}" for p, o in offsets.items()
+                     if o < previous.get(p, 0)]
+        previous = offsets
+    return problems
 
 
 def covers(offsets: dict[int, int], target: dict[int, int]) -> bool:
@@ -225,12 +240,19 @@ def test_stream_job_on_the_cluster_is_exactly_once_across_leader_executor_and_dr
         # (2) an executor SIGKILLed while the producer writes and Spark reads; the worker starts another
         producer = BackgroundProducer(bootstrap, topic, portions[2])
         wait_producing(producer)
-        killed_executor = executors[0]
+        # the executor is killed while it runs a task, when one is caught within TASK_CATCH_S
+        killed_executor, running = executors[0], set()
+        deadline = time.monotonic() + TASK_CATCH_S
+        while not running and time.monotonic() < deadline:
+            running = spark_standalone.running_tasks(killed_executor)
+            time.sleep(0.01)
         os.kill(killed_executor, signal.SIGKILL)
         replacement = spark_standalone.wait_executors(1, exclude=executors, driver=driver)
         deliveries += producer.result()
         wait_processed(end_offsets(deliveries), "after the executor kill")
-        phase(f"executor {killed_executor} SIGKILLed, replaced by {replacement}; processed")
+        lost_tasks = (tmp_path / "stream-1.log").read_text(errors="replace").count("Lost task")
+        phase(f"executor {killed_executor} SIGKILLed running tasks {sorted(running)}, replaced by {replacement}; "
+              f"the driver logged {lost_tasks} lost tasks (run again); processed")
 
         # (3) the driver SIGKILLed mid-stream; the job started again from its checkpoint
         producer = BackgroundProducer(bootstrap, topic, portions[3])
@@ -290,3 +312,5 @@ def test_stream_job_on_the_cluster_is_exactly_once_across_leader_executor_and_dr
     assert set(copies) == set(closed), "a closed window missing from the counts topic"
     assert max(copies.values()) <= MAX_COPIES_PER_WINDOW, copies.most_common(3)
     assert watch.samples > 0 and not watch.drops, f"high watermark went down: {watch.drops}"
+    for q in ("kafka", "parquet"):
+        assert not offsets_going_back(checkpoint / q, topic), offsets_going_back(checkpoint / q, topic)
