@@ -40,7 +40,7 @@ SESSION_ID = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 SUITE_LABELS = {SUITE_LABEL: "1", SESSION_LABEL: SESSION_ID}
 
 # The local base (scripts/docker-engine.sh base-image) and the images the suite builds on it.
-DEBIAN_BASE_IMAGE = os.environ.get("PYKBROKER_BASE_IMAGE", "pykbroker-debian:bookworm")
+DEBIAN_BASE_IMAGE = os.environ.get("DEBIAN_BASE_IMAGE", "pykbroker-debian:bookworm")
 # Tagged per checkout: worktrees of the same machine build their own tree into their own tag (the layer
 # cache is shared, so a rebuild of unchanged layers is instant).
 _CHECKOUT = hashlib.sha1(str(REPO_ROOT).encode()).hexdigest()[:8]
