@@ -1,7 +1,168 @@
-"""The pykbroker image (docker/Dockerfile) built on the local Debian base and run with host networking."""
+"""The pykbroker image (docker/Dockerfile) built on the local Debian base and run with host networking:
+its command line, its user, its health check, its shutdown on `docker stop`, its data volume, stock clients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import uuid
+
+import pytest
+from docker_helpers import (
+    SUITE_LABELS,
+    broker_environment,
+    consume_confluent,
+    create_topic,
+    docker_cli,
+    free_port,
+    produce_confluent,
+    wait_healthy,
+)
+
+import pykbroker
+
+docker_errors = pytest.importorskip("docker.errors")
+
+# The image on top of its base: the Python runtime and the venv (pykbroker and its dependencies). A compiler
+# or the build stage's caches left in it would add well over 100 MB.
+MAX_ADDED_SIZE_MB = 300
+
+
+def docker_run(image: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`docker run --rm --network host IMAGE ARGS...` (the suite's labels), its exit status and output."""
+    labels = [f"--label={key}={value}" for key, value in SUITE_LABELS.items()]
+    return subprocess.run([docker_cli(), "run", "--rm", "--network", "host", *labels, image, *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def run_broker(docker_client, pykbroker_image):
+    """Start a broker container (default command: `pykbroker serve`) on free 127.0.0.1 ports; returns it
+    with .port and .bootstrap. Removed at teardown."""
+    started = []
+
+    def start(volume: str | None = None, command: list[str] | None = None):
+        port, metrics_port = free_port(), free_port()
+        container = docker_client.containers.run(
+            pykbroker_image, command, detach=True, network_mode="host", labels=SUITE_LABELS,
+            environment=broker_environment(port, metrics_port),
+            volumes={volume: {"bind": "/data", "mode": "rw"}} if volume else None)
+        started.append(container)
+        container.port, container.bootstrap = port, f"127.0.0.1:{port}"
+        return container
+
+    yield start
+    for container in started:
+        with contextlib.suppress(docker_errors.NotFound):  # (data_volume's teardown may have removed it)
+            container.remove(force=True, v=True)   # v: with its anonymous /data volume
+
+
+@pytest.fixture
+def data_volume(docker_client):
+    volume = docker_client.volumes.create(f"pykbroker-test-{uuid.uuid4().hex[:10]}", labels=SUITE_LABELS)
+    yield volume.name
+    for container in docker_client.containers.list(all=True, filters={"volume": volume.name}):
+        container.remove(force=True, v=True)
+    volume.remove(force=True)
 
 
 def test_engine_and_base_image(docker_client, debian_base_image):
     assert docker_client.ping()
     image = docker_client.images.get(debian_base_image)
     assert image.attrs["Os"] == "linux"
+    # docker import of a debootstrap tree: a plain Debian without Python, as the Dockerfile must expect.
+    assert docker_run(debian_base_image, "sh", "-c", "command -v python3").returncode != 0
+
+
+def test_image_is_small_without_compiler_and_with_the_c_accelerator(docker_client, pykbroker_image,
+                                                                     debian_base_image):
+    image = docker_client.images.get(pykbroker_image)
+    base = docker_client.images.get(debian_base_image)
+    added_mb = (image.attrs["Size"] - base.attrs["Size"]) / 1e6
+    print(f"\n{pykbroker_image}: {image.attrs['Size'] / 1e6:.0f} MB, {added_mb:.0f} MB over {debian_base_image}")
+    assert added_mb < MAX_ADDED_SIZE_MB
+    # The build stage's compiler is not in the final image; the accelerator it built is.
+    done = docker_run(pykbroker_image, "sh", "-c", "command -v gcc || command -v cc || command -v x86_64-linux-gnu-gcc-12")
+    assert (done.returncode != 0, done.stdout) == (True, ""), done
+    done = docker_run(pykbroker_image, "python3", "-c", "import pykbroker._speedups as s; print(s.__file__)")
+    assert done.returncode == 0, done.stderr
+    assert "/opt/pykbroker/" in done.stdout
+
+
+def test_pykbroker_commands_pass_through(pykbroker_image):
+    done = docker_run(pykbroker_image, "pykbroker", "--version")
+    assert (done.returncode, done.stdout.strip()) == (0, f"pykbroker {pykbroker.__version__}")
+    # Options alone are `pykbroker serve`'s.
+    done = docker_run(pykbroker_image, "--help")
+    assert done.returncode == 0 and "Run a broker until SIGTERM or SIGINT" in done.stdout
+    # A non-root user, uid 10001.
+    done = docker_run(pykbroker_image, "id", "-u")
+    assert done.stdout.strip() == "10001"
+
+
+def test_unknown_option_is_a_clear_error(pykbroker_image):
+    for args in (["pykbroker", "serve", "--no-such-option"], ["--no-such-option"]):
+        done = docker_run(pykbroker_image, *args)
+        assert done.returncode == 2, (args, done)
+        assert "Error: No such option '--no-such-option'" in done.stderr
+    done = docker_run(pykbroker_image, "pykbroker", "no-such-command")
+    assert done.returncode == 2 and "No such command 'no-such-command'" in done.stderr
+
+
+def test_serves_stock_clients_healthy_and_stops_cleanly(run_broker):
+    from kafka import KafkaConsumer, KafkaProducer
+
+    broker = run_broker()
+    wait_healthy(broker, timeout=120)
+    # The broker is PID 1 (the entry point exec'd it), running as the image's user.
+    top = broker.exec_run(["sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline; echo; id -u"]).output.decode()
+    assert "pykbroker serve" in top and top.split()[-1] == "10001", top
+
+    create_topic(broker.bootstrap, "docker-image", partitions=2)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
+    for i in range(20):
+        producer.send("docker-image", f"kafka-python {i}".encode(), partition=i % 2)
+    producer.flush(30)
+    producer.close()
+    acked = produce_confluent(broker.bootstrap, "docker-image", [f"confluent {i}".encode() for i in range(20)])
+    assert len(acked) == 20
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest",
+                             consumer_timeout_ms=10000, group_id=None)
+    consumer.subscribe(["docker-image"])
+    values = set()
+    for message in consumer:
+        values.add(message.value)
+        if len(values) == 40:
+            break
+    consumer.close()
+    assert values == {f"{client} {i}".encode() for client in ("kafka-python", "confluent") for i in range(20)}
+
+    broker.stop(timeout=60)   # SIGTERM, SIGKILL after 60 s
+    broker.reload()
+    logs = broker.logs().decode(errors="replace")
+    assert broker.attrs["State"]["ExitCode"] == 0, logs[-2000:]
+    assert "shutting down" in logs and "pykbroker broker 1 stopped cleanly" in logs
+
+
+def test_a_new_container_serves_the_volume_unchanged(run_broker, data_volume):
+    first = run_broker(volume=data_volume)
+    wait_healthy(first)
+    create_topic(first.bootstrap, "kept", partitions=3)
+    acked = produce_confluent(first.bootstrap, "kept", [f"record {i}".encode() for i in range(60)])
+    assert len(acked) == 60
+    first.stop(timeout=60)
+    first.reload()
+    assert first.attrs["State"]["ExitCode"] == 0
+    # The data the non-root broker wrote belongs to its user.
+    owner = run_broker(volume=data_volume, command=["stat", "-c", "%u", "/data/meta.properties"])
+    assert owner.wait(timeout=60)["StatusCode"] == 0
+    assert owner.logs().decode().strip() == "10001"
+
+    second = run_broker(volume=data_volume)
+    wait_healthy(second)
+    logs = second.logs().decode(errors="replace")
+    consumed = consume_confluent(second.bootstrap, "kept", partitions=3, expected=60)
+    assert sorted(consumed) == sorted(acked)
+    # The first stopped cleanly, so the second finds its clean-shutdown marker (no log recovery).
+    assert "after an unclean shutdown" not in logs, logs
