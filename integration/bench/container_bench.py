@@ -3,7 +3,7 @@
 `pykbroker serve` process of the same checkout, side by side, with the same confluent-kafka load generator.
 
     python integration/bench/container_bench.py [--rounds 2] [--messages 200000] [--samples 3]
-                                                [--image TAG] [--json out.json]
+                                                [--image TAG] [--bare-python PYTHON] [--json out.json]
 
 Figures, per target (bare, container), rounds interleaved (bare, container, bare, ...) so that the machine's
 drift hits both alike:
@@ -19,6 +19,9 @@ path) with --log-level warning and the default fsync; the container's data dir i
 volume (overlay-free, as a named volume), the bare one a temporary directory on the same disk.
 The image is built first (BuildKit, cached layers) from this checkout on the local Debian base, as the
 tests build it (tests/containers/docker_helpers.py); --image TAG uses an image built beforehand.
+--bare-python PYTHON adds a third target, the bare process under another interpreter (e.g. a venv of Debian's
+/usr/bin/python3 with pykbroker's dependencies, the interpreter the image runs): the container's cost apart
+from the interpreter's build (a pyenv build without PGO/LTO is slower than Debian's).
 It is not a test: nothing asserts a time; exit status 1 only when a workload or broker failed.
 """
 
@@ -72,6 +75,18 @@ class ContainerBroker(BrokerProcess):
         super().stop()
 
 
+def bare_with(python: str) -> type[BrokerProcess]:
+    """The bare broker of this checkout under another interpreter."""
+
+    class OtherPython(BrokerProcess):
+        name = "bare-other-python"
+
+        def command(self, workdir: Path) -> list[str]:
+            return [python, *super().command(workdir)[1:]]
+
+    return OtherPython
+
+
 def start_to_ready(kind: type[BrokerProcess]) -> float:
     with kind() as broker:
         return broker.start_to_ready_s
@@ -102,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--samples", type=int, default=3, help="start-to-ready samples per round and target")
     parser.add_argument("--image", help="an image built beforehand (default: build this checkout's)")
+    parser.add_argument("--bare-python", help="also run the bare broker under this interpreter (a third target)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
 
@@ -138,11 +154,14 @@ def run(args: argparse.Namespace) -> int:
     # PYTHONDONTWRITEBYTECODE set, every bare start would otherwise compile the package again.
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO_ROOT / "pykbroker")], check=True)
     targets: dict[str, type[BrokerProcess]] = {"bare": BrokerProcess, "container": ContainerBroker}
+    if args.bare_python:
+        targets = {"bare": BrokerProcess, "bare, --bare-python": bare_with(args.bare_python),
+                   "container": ContainerBroker}
     results: dict[str, object] = {
         "cpus": os.cpu_count(), "load_average_at_start": os.getloadavg(),
         "image": ContainerBroker.image, "image_mb": image_size_mb(ContainerBroker.image),
         "base_image": DEBIAN_BASE_IMAGE, "base_image_mb": image_size_mb(DEBIAN_BASE_IMAGE),
-        "messages": args.messages, "rounds": [],
+        "messages": args.messages, "bare_python": [sys.executable, args.bare_python], "rounds": [],
     }
     ready: dict[str, list[float]] = {name: [] for name in targets}
     rounds: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
@@ -171,11 +190,14 @@ def run(args: argparse.Namespace) -> int:
             ("(a) produce 100 B acks=1 (msgs/s)", "a_msgs_per_s", "{:,.0f}"),
             ("(b) produce 1 KiB acks=all (MB/s)", "b_mb_per_s", "{:.1f}"),
             ("(c) consume (b) (MB/s)", "c_mb_per_s", "{:.1f}")]
-    print("| figure | bare process | container | container / bare |")
-    print("| --- | ---: | ---: | ---: |")
+    names = list(targets)
+    print("| figure | " + " | ".join(names) + " | container / bare |")
+    print("| --- |" + " ---: |" * (len(names) + 1))
     for label, key, fmt in rows:
-        bare, container = medians["bare"][key], medians["container"][key]
-        print(f"| {label} | {fmt.format(bare)} | {fmt.format(container)} | {container / bare:.2f} |")
+        cells = " | ".join(fmt.format(medians[name][key]) for name in names)
+        print(f"| {label} | {cells} | {medians['container'][key] / medians['bare'][key]:.2f} |")
+    if args.bare_python:
+        print(f"(bare: {sys.executable}; bare, --bare-python: {args.bare_python})")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0
