@@ -5,11 +5,15 @@ its command line, its user, its health check, its shutdown on `docker stop`, its
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
+import tempfile
 import uuid
+from pathlib import Path
 
 import pytest
 from docker_helpers import (
+    ENGINE_SCRIPT,
     SUITE_LABELS,
     broker_environment,
     consume_confluent,
@@ -166,3 +170,55 @@ def test_a_new_container_serves_the_volume_unchanged(run_broker, data_volume):
     assert sorted(consumed) == sorted(acked)
     # The first stopped cleanly, so the second finds its clean-shutdown marker (no log recovery).
     assert "after an unclean shutdown" not in logs, logs
+
+
+# --- scripts/docker-engine.sh ---------------------------------------------------------------------------
+
+def engine_script_env(state_dir, **more) -> dict:
+    return {**os.environ, "DOCKER_ENGINE_STATE_DIR": str(state_dir), **more}
+
+
+def run_engine_script(command: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ENGINE_SCRIPT), command], capture_output=True, text=True, env=env,
+                          timeout=180)
+
+
+def test_engine_script_bad_input_and_a_running_engine(docker_client, tmp_path):
+    env = engine_script_env(tmp_path)
+    done = run_engine_script("frobnicate", env)
+    assert done.returncode == 2 and "usage:" in done.stderr
+    # An engine runs (this session's fixture saw to it): start uses it, stop leaves it alone.
+    assert (run_engine_script("start", env).stdout, run_engine_script("status", env).returncode) == ("running\n", 0)
+    assert run_engine_script("stop", env).stdout == "not started here\n"
+    assert docker_client.ping()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starting a dockerd needs root")
+def test_engine_script_starts_and_stops_only_its_own_dockerd(docker_client):
+    """A second engine beside the suite's (its own socket, data and exec roots): started, recorded, stopped."""
+    root = Path(tempfile.mkdtemp(prefix="dke-", dir="/tmp"))   # short: containerd's socket path lies inside
+    socket_path = root / "d.sock"
+    env = engine_script_env(root / "state", DOCKER_HOST=f"unix://{socket_path}", DOCKERD_EXTRA_ARGS=(
+        f"-H unix://{socket_path} --data-root {root / 'data'} --exec-root {root / 'exec'}"))
+    try:
+        assert run_engine_script("status", env).returncode == 1
+        done = run_engine_script("start", env)
+        assert (done.returncode, done.stdout) == (0, "started\n"), done.stderr
+        pid = int((root / "state" / "started-by-script").read_text())
+        assert Path(f"/proc/{pid}/comm").read_text().strip() == "dockerd"
+        assert run_engine_script("start", env).stdout == "running\n"   # started once, used after
+        done = run_engine_script("stop", env)
+        assert (done.returncode, done.stdout) == (0, "stopped\n"), done.stderr
+        assert not Path(f"/proc/{pid}").exists()
+        assert run_engine_script("status", env).returncode == 1
+        assert docker_client.ping()   # the suite's engine is untouched
+
+        # A dockerd that cannot start: exit 1 and the end of its log, no record of a start.
+        env["DOCKERD_EXTRA_ARGS"] += " --no-such-dockerd-flag"
+        done = run_engine_script("start", env)
+        assert done.returncode == 1
+        assert "dockerd exited during start-up" in done.stderr and "unknown flag" in done.stderr
+        assert not (root / "state" / "started-by-script").exists()
+    finally:
+        run_engine_script("stop", env)   # (stops the one recorded, if the test failed before its own stop)
+        subprocess.run(["rm", "-rf", str(root)], check=False)
