@@ -22,6 +22,7 @@ from docker_helpers import (
     free_port,
     produce_confluent,
     wait_healthy,
+    wait_until,
 )
 
 import pykbroker
@@ -170,6 +171,41 @@ def test_a_new_container_serves_the_volume_unchanged(run_broker, data_volume):
     assert sorted(consumed) == sorted(acked)
     # The first stopped cleanly, so the second finds its clean-shutdown marker (no log recovery).
     assert "after an unclean shutdown" not in logs, logs
+
+
+def test_pykbroker_cluster_runs_in_the_image(docker_client, pykbroker_image, zookeeper_image):
+    """`pykbroker cluster` (3 brokers in one container) gets none of serve's defaults: no shared metrics port
+    or data dir among its brokers."""
+    zk_port = free_port()
+    zookeeper = docker_client.containers.run(zookeeper_image, detach=True, network_mode="host",
+                                             labels=SUITE_LABELS, environment={"ZOO_PORT": str(zk_port)})
+    cluster = None
+    try:
+        wait_healthy(zookeeper)
+        cluster = docker_client.containers.run(
+            pykbroker_image, ["pykbroker", "cluster", "--brokers", "3", "--zookeeper", f"127.0.0.1:{zk_port}/c",
+                              "--data-dir", "/data/cluster", "--no-restart"],
+            detach=True, network_mode="host", labels=SUITE_LABELS)
+
+        def said(text):
+            cluster.reload()
+            return text in cluster.logs().decode(errors="replace") or cluster.status == "exited"
+
+        wait_until(lambda: said("bootstrap servers: "), "the cluster's bootstrap servers", timeout=120)
+        logs = cluster.logs().decode(errors="replace")
+        assert "cluster ready: 3 broker(s)" in logs, logs[-3000:]
+        bootstrap = logs.split("bootstrap servers: ", 1)[1].split()[0]
+        create_topic(bootstrap, "in-cluster", partitions=3, replication_factor=3)
+        acked = produce_confluent(bootstrap, "in-cluster", [b"x%d" % i for i in range(30)])
+        assert sorted(consume_confluent(bootstrap, "in-cluster", 3, expected=30)) == sorted(acked)
+        cluster.stop(timeout=90)
+        cluster.reload()
+        logs = cluster.logs().decode(errors="replace")
+        assert cluster.attrs["State"]["ExitCode"] == 0 and "cluster stopped" in logs, logs[-3000:]
+    finally:
+        for container in (cluster, zookeeper):
+            if container is not None:
+                container.remove(force=True, v=True)
 
 
 # --- scripts/docker-engine.sh ---------------------------------------------------------------------------
