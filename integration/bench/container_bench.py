@@ -44,7 +44,7 @@ from workloads import WorkloadFailed, check_stored, consume_throughput, create_t
 sys.path.insert(0, str(REPO_ROOT / "tests" / "containers"))
 from docker_helpers import (  # noqa: E402  (the tests' image build and labels; tests/containers is no package)
     DEBIAN_BASE_IMAGE,
-    PYKBROKER_TEST_IMAGE,
+    BROKER_TEST_IMAGE,
     SUITE_LABELS,
     build_image,
     docker_cli,
@@ -59,7 +59,7 @@ class ContainerBroker(BrokerProcess):
     is the docker client, which forwards signals); stop() is `docker stop` (SIGTERM to the broker, PID 1)."""
 
     name = "container"
-    image = PYKBROKER_TEST_IMAGE
+    image = BROKER_TEST_IMAGE
 
     def command(self, workdir: Path) -> list[str]:
         self.container_name = f"pykbroker-bench-{os.getpid()}-{self.port}"
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"no base image: {base.stderr.strip()}", file=sys.stderr)
                 return 1
             build_started = time.monotonic()
-            build_image(PYKBROKER_TEST_IMAGE, REPO_ROOT / "docker" / "Dockerfile", REPO_ROOT,
+            build_image(BROKER_TEST_IMAGE, REPO_ROOT / "docker" / "Dockerfile", REPO_ROOT,
                         {"BASE_IMAGE": base.stdout.strip()})
             print(f"image built (or found in the layer cache) in {time.monotonic() - build_started:.1f} s")
         return run(args)

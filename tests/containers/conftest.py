@@ -28,7 +28,7 @@ os.environ["TESTCONTAINERS_RYUK_DISABLED"] = "true"
 
 from docker_helpers import (  # noqa: E402  (tests/containers is not a package)
     DEBIAN_BASE_IMAGE,
-    PYKBROKER_TEST_IMAGE,
+    BROKER_TEST_IMAGE,
     REPO_ROOT,
     ZOOKEEPER_TEST_IMAGE,
     build_image,
@@ -81,9 +81,9 @@ def debian_base_image(docker_client) -> str:
 
 @pytest.fixture(scope="session")
 def pykbroker_image(debian_base_image) -> str:
-    build_image(PYKBROKER_TEST_IMAGE, REPO_ROOT / "docker" / "Dockerfile", REPO_ROOT,
+    build_image(BROKER_TEST_IMAGE, REPO_ROOT / "docker" / "Dockerfile", REPO_ROOT,
                 {"BASE_IMAGE": debian_base_image})
-    return PYKBROKER_TEST_IMAGE
+    return BROKER_TEST_IMAGE
 
 
 @pytest.fixture(scope="session")

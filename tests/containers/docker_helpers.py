@@ -44,7 +44,7 @@ DEBIAN_BASE_IMAGE = os.environ.get("DEBIAN_BASE_IMAGE", "pykbroker-debian:bookwo
 # Tagged per checkout: worktrees of the same machine build their own tree into their own tag (the layer
 # cache is shared, so a rebuild of unchanged layers is instant).
 _CHECKOUT = hashlib.sha1(str(REPO_ROOT).encode()).hexdigest()[:8]
-PYKBROKER_TEST_IMAGE = f"pykbroker:test-{_CHECKOUT}"
+BROKER_TEST_IMAGE = f"pykbroker:test-{_CHECKOUT}"
 ZOOKEEPER_TEST_IMAGE = f"pykbroker-zookeeper:test-{_CHECKOUT}"
 # The host's CA bundle, handed to pip inside `docker build` as a BuildKit secret (never stored in a layer).
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
