@@ -203,6 +203,15 @@ def test_a_restarted_static_member_keeps_its_partitions(h):
     assert h.beat("s1", 2, {}, instance="i1").error == ErrorCode.fenced_instance_id
 
 
+def test_a_bad_regex_of_a_returning_static_member_changes_nothing(h):
+    h.join("s1", instance="i1")
+    h.beat("s1", -2, instance="i1")
+    refused = h.join("s2", instance="i1", topics=None, regex="(?<=x)y")
+    assert refused.error == ErrorCode.invalid_regular_expression
+    assert refused.message.startswith("SubscribedTopicRegex `(?<=x)y` is not a valid regular expression: ")
+    assert set(h.group().members) == {"s1"} and h.group().members["s1"].member_epoch == -2
+
+
 def test_a_static_member_that_never_comes_back_is_removed_after_its_session_timeout(h):
     h.join("s1", instance="i1")
     h.beat("s1", -2, instance="i1")

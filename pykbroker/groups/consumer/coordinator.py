@@ -360,6 +360,13 @@ class ConsumerGroupCoordinator:
                 and len(group.members) >= self.config.max_size):
             raise HeartbeatError(ErrorCode.group_max_size_reached,
                                  f"The consumer group has reached its maximum capacity of {self.config.max_size} members.")
+        if request.subscribed_topic_regex:  # checked before anything changes (a static member's takeover)
+            try:
+                compile_topic_regex(request.subscribed_topic_regex)
+            except ValueError as exc:
+                raise HeartbeatError(ErrorCode.invalid_regular_expression,
+                                     f"SubscribedTopicRegex `{request.subscribed_topic_regex}` is not a valid regular "
+                                     f"expression: {exc}.") from None
         member = self._member(group, request)
         updated = replace(
             member,
@@ -377,13 +384,6 @@ class ConsumerGroupCoordinator:
         )
         bump = (updated.subscribed_topic_names != member.subscribed_topic_names
                 or updated.subscribed_topic_regex != member.subscribed_topic_regex)
-        if updated.subscribed_topic_regex and updated.subscribed_topic_regex != member.subscribed_topic_regex:
-            try:
-                compile_topic_regex(updated.subscribed_topic_regex)
-            except ValueError as exc:
-                raise HeartbeatError(ErrorCode.invalid_regular_expression,
-                                     f"SubscribedTopicRegex `{updated.subscribed_topic_regex}` is not a valid regular "
-                                     f"expression: {exc}.") from None
         # From here on the heartbeat succeeds: the group and member change.
         self._groups[group_id] = group
         group.update_member(updated)
