@@ -32,17 +32,22 @@ def topic(name: str, partitions: int) -> TopicInfo:
 
 class Harness:
     def __init__(self, logs: OffsetsLogs, **config) -> None:
+        self.logs = logs
+        self.config = config
         self.clock = ManualClock()
         self.topics: dict[str, TopicInfo] = {"orders": topic("orders", 4)}
-        store = OffsetStore(logs.replicas, PARTITIONS)
+        self._start()
+
+    def _start(self) -> None:
+        store = OffsetStore(self.logs.replicas, PARTITIONS)
         self.classic = GroupCoordinator(store, lambda t, p: t in self.topics and p < len(self.topics[t].partitions),
                                         GroupConfig(initial_rebalance_delay_ms=0, min_session_timeout_ms=1000),
                                         scheduler=self.clock)
         self.coordinator = ConsumerGroupCoordinator(self.classic, lambda: list(self.topics.values()),
-                                                    ConsumerGroupConfig(**config), scheduler=self.clock)
+                                                    ConsumerGroupConfig(**self.config), scheduler=self.clock)
         self.classic.consumer_groups = self.coordinator
 
-        async def lead() -> None:
+        async def lead() -> None:  # what a single broker does at start
             for partition in range(PARTITIONS):
                 self.classic.on_leadership_change(OFFSETS_TOPIC, partition, True)
             while self.classic.loading_partitions:
@@ -50,18 +55,29 @@ class Harness:
 
         asyncio.run(lead())
 
+    def restart(self) -> None:
+        self.classic.close()
+        self.logs.reopen()
+        self._start()
+
     def id_of(self, name: str = "orders") -> uuid.UUID:
         return self.topics[name].topic_id
 
+    def heartbeat(self, request: HeartbeatRequest):
+        answers = []
+        self.coordinator.heartbeat(request, answers.append)
+        (answer,) = answers  # on one broker the records are stored at once: answered now
+        return answer
+
     def join(self, member: str, *, group: str = "g", topics=("orders",), regex=None, instance=None,
              assignor=None, version: int = 1):
-        return self.coordinator.heartbeat(HeartbeatRequest(
+        return self.heartbeat(HeartbeatRequest(
             group, member, 0, instance_id=instance, rebalance_timeout_ms=REBALANCE_MS,
             subscribed_topic_names=tuple(topics) if topics is not None else None, subscribed_topic_regex=regex,
             server_assignor=assignor, owned={}, version=version))
 
     def beat(self, member: str, epoch: int, owned=None, *, group: str = "g", instance=None, **fields):
-        return self.coordinator.heartbeat(HeartbeatRequest(group, member, epoch, instance_id=instance, owned=owned,
+        return self.heartbeat(HeartbeatRequest(group, member, epoch, instance_id=instance, owned=owned,
                                                            **fields))
 
     def group(self, group: str = "g"):
@@ -248,7 +264,7 @@ def test_bad_requests_get_kafkas_errors(h):
     def join(**fields):
         base = dict(rebalance_timeout_ms=REBALANCE_MS, subscribed_topic_names=("orders",), owned={})
         base.update(fields)
-        return h.coordinator.heartbeat(HeartbeatRequest(base.pop("group", "g"), base.pop("member", "m1"), 0, **base))
+        return h.heartbeat(HeartbeatRequest(base.pop("group", "g"), base.pop("member", "m1"), 0, **base))
 
     cases = [
         (join(member=""), ErrorCode.invalid_request, "MemberId can't be empty."),
@@ -272,7 +288,7 @@ def test_bad_requests_get_kafkas_errors(h):
             assert result.message == message
     assert h.group() is None  # nothing was created by any of them
     # v0 lets the coordinator choose the id: an empty one is no error there.
-    assert h.coordinator.heartbeat(HeartbeatRequest("g", "x", 0, rebalance_timeout_ms=1, subscribed_topic_names=(),
+    assert h.heartbeat(HeartbeatRequest("g", "x", 0, rebalance_timeout_ms=1, subscribed_topic_names=(),
                                                     owned={}, version=0)).error == ErrorCode.none
 
 
@@ -297,6 +313,8 @@ def test_config_names_and_bounds():
     assert assignor_name("range") == "range"
     with pytest.raises(ValueError):
         ConsumerGroupConfig(session_timeout_ms=1000)
+    with pytest.raises(ValueError, match="unknown assignor"):
+        ConsumerGroupConfig(assignors=("uniform", "sticky"))
     with pytest.raises(ValueError, match="unsupported construct"):
         compile_topic_regex(r"(a)\1")
     assert compile_topic_regex("orders-.*").fullmatch("orders-eu")
@@ -356,3 +374,51 @@ def test_offset_commits_of_a_consumer_group_check_the_member_epoch(h):
     h.beat("m1", -1)
     assert commit("", -1) == ErrorCode.none
     del tid
+
+
+# -- persistence ------------------------------------------------------------------------------------------
+
+
+def test_a_restart_resumes_every_group_where_it_was(h):
+    tid = h.id_of()
+    h.join("m1")
+    h.join("s1", instance="i1")
+    h.beat("m1", 1, {tid: (0, 1, 2, 3)})  # m1 revoking: UNREVOKED_PARTITIONS at epoch 1
+    h.join("gone", group="other")
+    h.beat("gone", -1, group="other")
+    before = h.group()
+    members = dict(before.members)
+    targets = {m: dict(t) for m, t in before.target_assignment.items()}
+    epochs = (before.group_epoch, before.assignment_epoch)
+    h.restart()
+    after = h.group()
+    assert (after.group_epoch, after.assignment_epoch) == epochs
+    assert after.members == members
+    assert {m: dict(t) for m, t in after.target_assignment.items()} == targets
+    assert after.members["s1"].instance_id == "i1" and after.static_member("i1") is after.members["s1"]
+    assert after.subscription_metadata == before.subscription_metadata
+    # The member that left stays gone; its empty group is still there (its offsets could be).
+    assert h.group("other").is_empty() and h.group("other").group_epoch == 2
+    # The members carry on at their epochs: m1 finishes its revocation, s1 then gets its partitions.
+    kept = tuple(sorted(after.members["m1"].assigned[tid]))
+    assert h.beat("m1", 1, {tid: kept}).member_epoch == 2
+    got = h.beat("s1", 2, {})
+    assert got.error == ErrorCode.none and parts(got, tid) == set(after.target_of("s1")[tid])
+
+
+def test_members_restored_by_a_load_must_heartbeat_within_their_session(h):
+    h.join("m1")
+    h.restart()
+    h.clock.advance(SESSION_MS + 1)
+    assert h.group().is_empty()
+    h.restart()
+    assert h.group().is_empty() and h.group().group_epoch == 2  # the removal was stored too
+
+
+def test_an_empty_group_without_offsets_is_removed_with_its_records(h):
+    h.join("m1")
+    h.beat("m1", -1)
+    h.classic.expire_offsets()
+    assert h.group() is None
+    h.restart()
+    assert h.group() is None and h.classic.group("g") is None

@@ -275,10 +275,14 @@ class GroupCoordinator:
                 group = ClassicGroup(group_id, GroupState.EMPTY, now)
             self._groups[group_id] = group
             self._on_group_loaded(group)
+        modern = self.consumer_groups
+        stored = self.store.take_group_records(index)
+        if modern is not None:
+            modern.load(index, stored)
         groups = self.store.groups(index)
         for group_id in groups:
-            if group_id not in self._groups:  # offsets only: a "simple" group
-                self._groups[group_id] = ClassicGroup(group_id, GroupState.EMPTY, now)
+            if group_id not in self._groups and (modern is None or not modern.has_group(group_id)):
+                self._groups[group_id] = ClassicGroup(group_id, GroupState.EMPTY, now)  # offsets only: "simple"
         return len(groups)
 
     def _unload_group(self, group: ClassicGroup) -> None:
@@ -1134,6 +1138,8 @@ class GroupCoordinator:
         retention = self.config.offsets_retention_ms
 
         def is_empty(group_id: str) -> bool:
+            if self.consumer_groups is not None and self.consumer_groups.has_group(group_id):
+                return self.consumer_groups.group(group_id).is_empty()
             group = self._groups.get(group_id)
             return group is None or group.is_state(GroupState.EMPTY)
 
@@ -1156,6 +1162,9 @@ class GroupCoordinator:
                     store.delete(group.group_id, stale, now)
                     removed += len(stale)
             self._remove_if_finished(group)
+        if self.consumer_groups is not None:
+            for group in self.consumer_groups.groups():
+                self.consumer_groups.remove_if_finished(group.group_id)
         return removed
 
     def _remove_if_finished(self, group: ClassicGroup) -> None:
