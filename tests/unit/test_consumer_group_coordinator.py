@@ -422,3 +422,17 @@ def test_an_empty_group_without_offsets_is_removed_with_its_records(h):
     assert h.group() is None
     h.restart()
     assert h.group() is None and h.classic.group("g") is None
+
+
+def test_offsets_of_a_consumer_group_with_members_do_not_expire(h):
+    h.join("m1")
+    answers = []
+    h.classic.commit_offsets("g", 1, "m1", {("orders", 0): (9, -1, "")}, answers.append)
+    assert answers == [{("orders", 0): ErrorCode.none}]
+    h.clock.now += h.classic.config.offsets_retention_ms + 1
+    h.beat("m1", 1, {h.id_of(): (0, 1, 2, 3)})  # (its session timer is not due: the manual clock jumped)
+    assert h.classic.expire_offsets() == 0
+    assert h.classic.fetch_offsets("g", [("orders", 0)])[1][("orders", 0)].offset == 9
+    h.beat("m1", -1)
+    assert h.classic.expire_offsets(h.clock.now + h.classic.config.offsets_retention_ms + 1) == 1
+    assert h.group() is None  # empty and without offsets: removed
