@@ -436,3 +436,23 @@ def test_offsets_of_a_consumer_group_with_members_do_not_expire(h):
     h.beat("m1", -1)
     assert h.classic.expire_offsets(h.clock.now + h.classic.config.offsets_retention_ms + 1) == 1
     assert h.group() is None  # empty and without offsets: removed
+
+
+def test_a_coordinator_that_loses_the_partition_forgets_its_groups_and_a_new_one_loads_them(h):
+    tid = h.id_of()
+    h.join("m1")
+    partition = h.classic.store.partition_for("g")
+    for coordinator in (h.classic, h.coordinator):  # what a LeaderAndIsr making this broker a follower does
+        coordinator.on_leadership_change(OFFSETS_TOPIC, partition, False)
+    assert h.group() is None
+    assert h.beat("m1", 1, {tid: (0, 1, 2, 3)}).error == ErrorCode.not_coordinator
+    h.clock.advance(SESSION_MS + 1)  # no timer of the unloaded group fires here
+
+    async def lead_again() -> None:
+        h.classic.on_leadership_change(OFFSETS_TOPIC, partition, True)
+        while h.classic.loading_partitions:
+            await asyncio.sleep(0)
+
+    asyncio.run(lead_again())
+    back = h.beat("m1", 1, {tid: (0, 1, 2, 3)})
+    assert (back.error, back.member_epoch) == (ErrorCode.none, 1)
