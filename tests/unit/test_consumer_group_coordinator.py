@@ -456,3 +456,20 @@ def test_a_coordinator_that_loses_the_partition_forgets_its_groups_and_a_new_one
     asyncio.run(lead_again())
     back = h.beat("m1", 1, {tid: (0, 1, 2, 3)})
     assert (back.error, back.member_epoch) == (ErrorCode.none, 1)
+
+
+def test_transactional_offset_commits_of_a_consumer_group_check_the_member_epoch(h):
+    h.join("m1")
+
+    def txn_commit(member, epoch):
+        answers = []
+        h.classic.commit_transactional_offsets("g", 5000, 0, epoch, member, {("orders", 0): (7, -1, "")},
+                                               answers.append)
+        return answers[0][("orders", 0)]
+
+    assert txn_commit("m1", 0) == ErrorCode.stale_member_epoch
+    assert txn_commit("m9", 1) == ErrorCode.unknown_member_id
+    assert txn_commit("", -1) == ErrorCode.unknown_member_id  # TxnOffsetCommit v0-2 names no member
+    assert txn_commit("m1", 1) == ErrorCode.none
+    assert h.classic.group("g") is None  # no classic group was made up for the consumer group's id
+    assert h.classic.store.pending_producers("g") == [5000]

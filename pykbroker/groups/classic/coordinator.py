@@ -994,8 +994,11 @@ class GroupCoordinator:
         if admitted is None:
             return
         results, known = admitted
-        group = self._groups.get(group_id) or self._add_group(group_id)
-        error = self._validate_offset_commit(group, generation, member_id, group_instance_id, transactional=True)
+        if self.consumer_groups is not None and self.consumer_groups.has_group(group_id):
+            error = self.consumer_groups.validate_offset_commit(group_id, member_id, generation, None)
+        else:
+            group = self._groups.get(group_id) or self._add_group(group_id)
+            error = self._validate_offset_commit(group, generation, member_id, group_instance_id, transactional=True)
         if error is not None:
             results.update({tp: error for tp in known})
             respond(results)

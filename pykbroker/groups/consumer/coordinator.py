@@ -612,15 +612,17 @@ class ConsumerGroupCoordinator:
 
     # -- OffsetCommit / OffsetFetch v9 --------------------------------------------------------------------
 
-    def validate_offset_commit(self, group_id: str, member_id: str, member_epoch: int, api_version: int) -> ErrorCode | None:
+    def validate_offset_commit(self, group_id: str, member_id: str, member_epoch: int,
+                               api_version: int | None) -> ErrorCode | None:
         """Kafka 4's ConsumerGroup.validateOffsetCommit: a commit without member epoch (-1) only while the group
-        is empty; a member of the consumer protocol commits with OffsetCommit v9+ and its current epoch."""
+        is empty; a member of the consumer protocol commits with OffsetCommit v9+ (``api_version``; None for
+        a TxnOffsetCommit, which any version may send) and its current epoch."""
         group = self._groups[group_id]
         if member_epoch < 0 and group.is_empty():
             return None
         if member_id not in group.members:
             return ErrorCode.unknown_member_id
-        if api_version < OFFSET_COMMIT_MIN_VERSION_FOR_CONSUMER_MEMBERS:
+        if api_version is not None and api_version < OFFSET_COMMIT_MIN_VERSION_FOR_CONSUMER_MEMBERS:
             return ErrorCode.unsupported_version
         if member_epoch != group.members[member_id].member_epoch:
             return ErrorCode.stale_member_epoch
