@@ -473,3 +473,18 @@ def test_transactional_offset_commits_of_a_consumer_group_check_the_member_epoch
     assert txn_commit("m1", 1) == ErrorCode.none
     assert h.classic.group("g") is None  # no classic group was made up for the consumer group's id
     assert h.classic.store.pending_producers("g") == [5000]
+
+
+def test_delete_groups_and_offset_delete_on_a_consumer_group(h):
+    h.topics["other"] = topic("other", 1)
+    h.join("m1")
+    answers = []
+    h.classic.commit_offsets("g", 1, "m1", {("orders", 0): (1, -1, ""), ("other", 0): (2, -1, "")}, answers.append)
+    assert h.classic.delete_groups(["g"]) == {"g": ErrorCode.non_empty_group}
+    assert h.classic.delete_offsets("g", [("orders", 0), ("other", 0)]) == (
+        ErrorCode.none, {("orders", 0): ErrorCode.group_subscribed_to_topic, ("other", 0): ErrorCode.none})
+    h.beat("m1", -1)
+    assert h.classic.delete_groups(["g"]) == {"g": ErrorCode.none}
+    assert h.group() is None and h.classic.fetch_offsets("g", None)[1] == {}
+    h.restart()
+    assert h.group() is None and h.classic.group("g") is None

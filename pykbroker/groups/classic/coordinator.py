@@ -1117,10 +1117,18 @@ class GroupCoordinator:
         error = self._invalid_group_id(group_id, "offset_delete") or self._coordinator_error(group_id)
         if error is not None:
             return error, {}
+        results: dict[TopicPartition, ErrorCode] = {}
+        if self.consumer_groups is not None and self.consumer_groups.has_group(group_id):
+            subscribed = self.consumer_groups.subscribed_topics(group_id)
+            results.update({tp: ErrorCode.group_subscribed_to_topic for tp in partitions if tp[0] in subscribed})
+            eligible = [tp for tp in partitions if tp[0] not in subscribed]
+            if eligible:
+                self.store.delete(group_id, eligible, self._now())
+                results.update({tp: ErrorCode.none for tp in eligible})
+            return ErrorCode.none, results
         group = self._groups.get(group_id)
         if group is None or group.is_state(GroupState.DEAD):
             return ErrorCode.group_id_not_found, {}
-        results: dict[TopicPartition, ErrorCode] = {}
         if group.is_state(GroupState.EMPTY):
             eligible = partitions
         elif group.is_consumer_group():
@@ -1206,6 +1214,8 @@ class GroupCoordinator:
             group = self._groups.get(group_id) if error is None else None
             if error is not None:
                 results[group_id] = error
+            elif self.consumer_groups is not None and self.consumer_groups.has_group(group_id):
+                results[group_id] = self.consumer_groups.delete_group(group_id)
             elif group is None or group.is_state(GroupState.DEAD):
                 results[group_id] = ErrorCode.group_id_not_found
             elif not group.is_state(GroupState.EMPTY):

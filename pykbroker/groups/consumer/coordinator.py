@@ -515,6 +515,24 @@ class ConsumerGroupCoordinator:
         self._fence(group, member_id)
         self._persist(group, changes(before, group), None)
 
+    def delete_group(self, group_id: str) -> ErrorCode:
+        """DeleteGroups (Kafka's ConsumerGroup.validateDeleteGroup): only an empty group goes, with its offsets
+        and records; NON_EMPTY_GROUP otherwise."""
+        group = self._groups[group_id]
+        if not group.is_empty():
+            return ErrorCode.non_empty_group
+        self.classic.store.delete(group_id, None, self._scheduler.now_ms())
+        del self._groups[group_id]
+        self._persist(group, tombstones(group), None)
+        log.info("group %s: deleted", group_id)
+        return ErrorCode.none
+
+    def subscribed_topics(self, group_id: str) -> set[str]:
+        """The topics some member of the group subscribes to, by name or regex (OffsetDelete refuses them)."""
+        group = self._groups[group_id]
+        names = {name for member in group.members.values() for name in member.subscribed_topic_names}
+        return names | set(group.subscription_metadata)
+
     def remove_if_finished(self, group_id: str) -> bool:
         """An empty group without offsets left is removed, its records tombstoned (Kafka's cleanup after
         offsets expiration); returns whether it was."""
