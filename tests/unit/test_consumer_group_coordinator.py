@@ -488,3 +488,13 @@ def test_delete_groups_and_offset_delete_on_a_consumer_group(h):
     assert h.group() is None and h.classic.fetch_offsets("g", None)[1] == {}
     h.restart()
     assert h.group() is None and h.classic.group("g") is None
+
+
+def test_list_groups_shows_consumer_groups_beside_classic_ones(h):
+    h.join("m1")
+    classic_join(h, "cg")
+    error, overviews = h.classic.list_groups()
+    assert error == ErrorCode.none
+    assert {(o.group_id, o.protocol_type, o.state, o.group_type) for o in overviews} == {
+        ("g", "consumer", "Stable", "consumer"), ("cg", "consumer", "CompletingRebalance", "classic")}
+    assert [o.group_id for o in h.classic.list_groups(["stable"])[1]] == ["g"]

@@ -1196,8 +1196,11 @@ class GroupCoordinator:
         does); COORDINATOR_LOAD_IN_PROGRESS while a partition is loading (with the groups known so far)."""
         wanted = {state.lower() for state in states}
         error = ErrorCode.coordinator_load_in_progress if self._loading else ErrorCode.none
-        return error, [group.overview() for group in self._groups.values()
-                if not wanted or group.state.value.lower() in wanted]
+        overviews = [group.overview() for group in self._groups.values()]
+        if self.consumer_groups is not None:  # the consumer groups of the new protocol are listed too (Kafka 4)
+            overviews += [GroupOverview(group.group_id, "consumer", group.state.value, "consumer")
+                          for group in self.consumer_groups.groups()]
+        return error, [overview for overview in overviews if not wanted or overview.state.lower() in wanted]
 
     def describe_group(self, group_id: str) -> tuple[ErrorCode, GroupSummary]:
         error = self._invalid_group_id(group_id, "describe_groups") or self._coordinator_error(group_id)
