@@ -498,3 +498,60 @@ def test_list_groups_shows_consumer_groups_beside_classic_ones(h):
     assert {(o.group_id, o.protocol_type, o.state, o.group_type) for o in overviews} == {
         ("g", "consumer", "Stable", "consumer"), ("cg", "consumer", "CompletingRebalance", "classic")}
     assert [o.group_id for o in h.classic.list_groups(["stable"])[1]] == ["g"]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_churn_never_gives_a_partition_to_two_members_and_settles(h, seed):
+    """Members join, leave, lag behind and heartbeat in random order while a topic grows: at every step each
+    partition is held (assigned or being revoked) by at most one member, and once everyone heartbeats the
+    group is Stable with every partition assigned exactly once."""
+    import random
+
+    rng = random.Random(seed)
+    tid = h.id_of()
+    owned: dict[str, set[int]] = {}  # what each client believes it owns
+    epochs: dict[str, int] = {}
+
+    latest: dict[str, set[int]] = {}  # the last assignment a client was given, applied with a delay
+
+    def beat(member: str, *, lag: bool = True) -> None:
+        if member in latest and not (lag and rng.random() < 0.4):  # a slow on_revoke: still owned a while
+            owned[member] = latest.pop(member)
+        result = h.beat(member, epochs[member], {tid: tuple(sorted(owned[member]))})
+        assert result.error == ErrorCode.none, result
+        epochs[member] = result.member_epoch
+        if result.assignment is not None:
+            latest[member] = set(result.assignment.get(tid, ()))
+
+    def check_exclusive() -> None:
+        holders: dict[int, str] = {}
+        for member in (h.group().members.values() if h.group() is not None else ()):
+            for p in set(member.assigned.get(tid, ())) | set(member.pending_revocation.get(tid, ())):
+                assert p not in holders, (p, holders[p], member.member_id)
+                holders[p] = member.member_id
+
+    for step in range(200):
+        action = rng.random()
+        if action < 0.15 and len(owned) < 6:
+            name = f"m{step}"
+            joined = h.join(name)
+            epochs[name], owned[name] = joined.member_epoch, set(joined.assignment.get(tid, ()))
+        elif action < 0.22 and owned:
+            name = rng.choice(sorted(owned))
+            h.beat(name, -1)
+            del owned[name], epochs[name]
+            latest.pop(name, None)
+        elif action < 0.25:
+            h.topics["orders"].partitions.append(PartitionState(0, 0, [0], [0]))
+        elif owned:
+            beat(rng.choice(sorted(owned)))
+        check_exclusive()
+    if not owned:
+        joined = h.join("last")
+        epochs["last"], owned["last"] = joined.member_epoch, set(joined.assignment.get(tid, ()))
+    for _ in range(4):
+        for name in sorted(owned):
+            beat(name, lag=False)
+    assert h.group().state is GroupState.STABLE
+    everything = sorted(p for name in owned for p in latest.get(name, owned[name]))
+    assert everything == list(range(len(h.topics["orders"].partitions)))
