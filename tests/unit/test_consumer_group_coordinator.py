@@ -161,7 +161,7 @@ def test_leave_removes_the_member_and_bumps_the_epoch(h):
     h.join("m1")
     h.join("m2")
     left = h.beat("m2", -1)
-    assert (left.error, left.member_id, left.member_epoch) == (ErrorCode.none, "m2", -1)
+    assert (left.error, left.member_id, left.member_epoch, left.heartbeat_interval_ms) == (ErrorCode.none, "m2", -1, 0)
     assert set(h.group().members) == {"m1"} and h.group().group_epoch == 3
     assert h.beat("m2", 2, {}).error == ErrorCode.unknown_member_id
     assert h.beat("m2", -1).error == ErrorCode.unknown_member_id

@@ -488,12 +488,12 @@ class ConsumerGroupCoordinator:
                 group.update_member(replace(member, member_epoch=LEAVE_GROUP_STATIC_MEMBER_EPOCH,
                                             previous_member_epoch=member.member_epoch, pending_revocation={}))
                 self._cancel(self._rebalance_timers, (group.group_id, member.member_id))
-                return HeartbeatResult(ErrorCode.none, None, member.member_id, LEAVE_GROUP_STATIC_MEMBER_EPOCH,
-                                       self.config.heartbeat_interval_ms), group, before
+                return HeartbeatResult(ErrorCode.none, None, member.member_id, LEAVE_GROUP_STATIC_MEMBER_EPOCH), \
+                    group, before
         log.info("group %s: member %s left", group.group_id, member.member_id)
         self._fence(group, member.member_id)
-        return HeartbeatResult(ErrorCode.none, None, request.member_id, request.member_epoch,
-                               self.config.heartbeat_interval_ms), group, before
+        # Kafka's leave answer: the member id and the epoch it sent, no heartbeat interval
+        return HeartbeatResult(ErrorCode.none, None, request.member_id, request.member_epoch), group, before
 
     # -- membership changes and timers ----------------------------------------------------------------
 
