@@ -5,15 +5,13 @@ member, at its epoch, commits there and nothing is read twice or lost."""
 
 from __future__ import annotations
 
+import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from broker_cluster import wait_until
 from test_replication_faults import (  # noqa: F401 (cluster, rng, topic: fixtures)
-    FAILOVER_S, _consume_and_commit, cluster, rng, topic,
+    _consume_and_commit, cluster, kill_coordinator, rng, topic,
 )
 from workload import consumer_config, produce_batch
-
-import pytest
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -29,16 +27,7 @@ def test_a_consumer_group_goes_on_after_its_coordinator_dies(cluster, topic, rng
     member.subscribe([topic], on_assign=lambda _c, parts: assigned.append(len(parts)),
                      on_lost=lambda _c, parts: lost.append(len(parts)))
     seen = _consume_and_commit(member, rng.randint(60, 140), 90)
-    coordinator = cluster.find_coordinator(group)
-    cluster.kill(coordinator)
-
-    def moved():
-        try:
-            return cluster.find_coordinator(group) != coordinator
-        except AssertionError:  # COORDINATOR_NOT_AVAILABLE while the offsets partition elects a leader
-            return False
-
-    wait_until(moved, f"group {group} to get a coordinator other than broker {coordinator}", FAILOVER_S)
+    kill_coordinator(cluster, group)
     remaining = len({(r.partition, r.offset) for r in produced} - {(r.partition, r.offset) for r in seen})
     seen += _consume_and_commit(member, remaining, 120)  # the same member, its commits accepted at its epoch
     partitions = [TopicPartition(topic, p) for p in range(3)]
