@@ -22,6 +22,7 @@ import uuid
 from typing import Any, Mapping
 
 from pykbroker.groups.consumer.coordinator import HeartbeatRequest
+from pykbroker.log.manager import kafka_uuid
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._authorize import AclOperation, ResourceType, allowed, allowed_names
@@ -60,7 +61,7 @@ def consumer_group_heartbeat(ctx: RequestContext, request) -> Any:
         return error_answer(ErrorCode.topic_authorization_failed)
     member_id = request.member_id
     if ctx.version == 0 and not member_id and request.member_epoch == 0:
-        member_id = str(uuid.uuid4())  # v0: the coordinator makes the id (Kafka 3.7-3.9)
+        member_id = kafka_uuid(uuid.uuid4())  # v0: the coordinator makes the id (Kafka 3.7-3.9's Uuid.toString)
     heartbeat = HeartbeatRequest(
         group_id=request.group_id,
         member_id=member_id,
