@@ -555,3 +555,21 @@ def test_random_churn_never_gives_a_partition_to_two_members_and_settles(h, seed
     assert h.group().state is GroupState.STABLE
     everything = sorted(p for name in owned for p in latest.get(name, owned[name]))
     assert everything == list(range(len(h.topics["orders"].partitions)))
+
+
+def test_heartbeats_wait_while_the_groups_partition_loads(h):
+    h.join("m1")
+    partition = h.classic.store.partition_for("g")
+    h.classic.on_leadership_change(OFFSETS_TOPIC, partition, False)
+    h.coordinator.on_leadership_change(OFFSETS_TOPIC, partition, False)
+
+    async def lead_again() -> tuple:
+        h.classic.on_leadership_change(OFFSETS_TOPIC, partition, True)  # the load runs in a task
+        during = h.beat("m1", 1, {h.id_of(): (0, 1, 2, 3)})
+        while h.classic.loading_partitions:
+            await asyncio.sleep(0)
+        return during, h.beat("m1", 1, {h.id_of(): (0, 1, 2, 3)})
+
+    during, after = asyncio.run(lead_again())
+    assert during.error == ErrorCode.coordinator_load_in_progress
+    assert (after.error, after.member_epoch) == (ErrorCode.none, 1)
