@@ -197,6 +197,17 @@ def compile_topic_regex(pattern: str) -> re.Pattern:
         raise ValueError(str(exc)) from None
 
 
+@lru_cache(maxsize=1024)
+def _matching_topics(regex: str, topic_names: frozenset[str]) -> frozenset[str]:
+    """The topics a regex matches, remembered per (regex, topic set): heartbeats of a group whose topics did not
+    change match nothing again."""
+    try:
+        pattern = compile_topic_regex(regex)
+    except ValueError:
+        return frozenset()
+    return frozenset(name for name in topic_names if pattern.fullmatch(name))
+
+
 # --------------------------------------------------------------------------------------------------------
 
 
@@ -585,34 +596,35 @@ class ConsumerGroupCoordinator:
 
     # -- subscriptions and the target assignment ------------------------------------------------------
 
-    def _subscribed_names(self, member: ConsumerGroupMember, topic_names: Iterable[str]) -> set[str]:
+    @staticmethod
+    def _subscribed_names(member: ConsumerGroupMember, resolved: Mapping[str, frozenset[str]]) -> set[str]:
+        """The member's topics: its names and what its regex matched (``resolved``: regex -> topic names)."""
         names = set(member.subscribed_topic_names)
         if member.subscribed_topic_regex:
-            try:
-                pattern = compile_topic_regex(member.subscribed_topic_regex)
-            except ValueError:
-                return names
-            names.update(name for name in topic_names if pattern.fullmatch(name))
+            names |= resolved.get(member.subscribed_topic_regex, frozenset())
         return names
 
     def _subscription_metadata(self, group: ConsumerGroup) -> dict[str, TopicMetadata]:
         """The metadata of every existing topic some member subscribes to, by name or by regex (internal
-        topics are never matched by a regex, as the Java client's pattern subscriptions never did)."""
+        topics are never matched by a regex, as the Java client's pattern subscriptions never did); the
+        group's regexes are resolved again (``group.resolved_regexes``)."""
         topics = {info.name: info for info in self._topics()}
-        regex_candidates = [name for name, info in topics.items() if not info.internal]
+        candidates = frozenset(name for name, info in topics.items() if not info.internal)
+        group.resolved_regexes = {regex: _matching_topics(regex, candidates)
+                                  for regex in {m.subscribed_topic_regex for m in group.members.values()} if regex}
         wanted: set[str] = set()
         for member in group.members.values():
-            wanted |= self._subscribed_names(member, regex_candidates)
+            wanted |= self._subscribed_names(member, group.resolved_regexes)
         return {name: TopicMetadata(topics[name].topic_id, name, len(topics[name].partitions))
                 for name in sorted(wanted) if name in topics}
 
     def _compute_target_assignment(self, group: ConsumerGroup) -> None:
         """Kafka's TargetAssignmentBuilder: every member's target for the group epoch, by the group's assignor."""
         metadata = group.subscription_metadata
-        candidates = [name for name in metadata]
         members = {}
         for member_id, member in group.members.items():
-            subscribed = frozenset(metadata[name].topic_id for name in self._subscribed_names(member, candidates)
+            subscribed = frozenset(metadata[name].topic_id
+                                   for name in self._subscribed_names(member, group.resolved_regexes)
                                    if name in metadata)
             members[member_id] = MemberSubscription(subscribed_topic_ids=subscribed,
                                                     assigned=dict(group.target_of(member_id)),
