@@ -363,8 +363,8 @@ class ConsumerGroupCoordinator:
                                  f"The consumer group member has a greater member epoch ({received}) than the one known "
                                  f"by the group coordinator ({member.member_epoch}). The member must abandon all its "
                                  "partitions and rejoin.")
-        if received < member.member_epoch and (received != member.previous_member_epoch
-                                               or not is_subset(owned or {}, member.assigned)):
+        if received < member.member_epoch and (received != member.previous_member_epoch or owned is None
+                                               or not is_subset(owned, member.assigned)):
             raise HeartbeatError(ErrorCode.fenced_member_epoch,
                                  f"The consumer group member has a smaller member epoch ({received}) than the one known "
                                  f"by the group coordinator ({member.member_epoch}). The member must abandon all its "
