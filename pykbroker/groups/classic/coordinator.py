@@ -215,6 +215,9 @@ class GroupCoordinator:
         self._timers: dict[str, _GroupTimers] = {}
         self._owned: set[int] = set()  # offsets partitions led here and loaded
         self._loading: dict[int, asyncio.Task] = {}  # offsets partitions led here, being loaded
+        # The consumer groups of the new protocol (groups/consumer), which share the group ids and offsets:
+        # a group id belongs to one protocol at a time. None: no such groups (tests of the classic side).
+        self.consumer_groups = None
 
     # ==================================================================================================
     # Leadership of __consumer_offsets partitions: loading and unloading groups
@@ -272,10 +275,14 @@ class GroupCoordinator:
                 group = ClassicGroup(group_id, GroupState.EMPTY, now)
             self._groups[group_id] = group
             self._on_group_loaded(group)
+        modern = self.consumer_groups
+        stored = self.store.take_group_records(index)
+        if modern is not None:
+            modern.load(index, stored)
         groups = self.store.groups(index)
         for group_id in groups:
-            if group_id not in self._groups:  # offsets only: a "simple" group
-                self._groups[group_id] = ClassicGroup(group_id, GroupState.EMPTY, now)
+            if group_id not in self._groups and (modern is None or not modern.has_group(group_id)):
+                self._groups[group_id] = ClassicGroup(group_id, GroupState.EMPTY, now)  # offsets only: "simple"
         return len(groups)
 
     def _unload_group(self, group: ClassicGroup) -> None:
@@ -301,6 +308,22 @@ class GroupCoordinator:
         if partition in self._loading:
             return ErrorCode.coordinator_load_in_progress
         return ErrorCode.not_coordinator
+
+    coordinator_error = _coordinator_error  # for the consumer group coordinator, which shares the ownership
+
+    def release_empty_group(self, group_id: str) -> bool:
+        """A consumer-protocol member wants this group id (Kafka's maybeDeleteEmptyClassicGroup): an Empty
+        classic group gives it up (its group metadata tombstoned, its offsets kept for the consumer group);
+        returns False while it has members."""
+        group = self._groups.get(group_id)
+        if group is None:
+            return True
+        if not group.is_state(GroupState.EMPTY, GroupState.DEAD):
+            return False
+        self.store.delete_group_metadata(group_id, self._now())
+        group.transition_to(GroupState.DEAD, self._now())
+        self._drop_group(group)
+        return True
 
     @property
     def loading_partitions(self) -> frozenset[int]:
@@ -329,6 +352,8 @@ class GroupCoordinator:
 
     def close(self) -> None:
         """Cancel every timer and load (broker shutdown)."""
+        if self.consumer_groups is not None:
+            self.consumer_groups.close()
         for loading in self._loading.values():
             loading.cancel()
         self._loading.clear()
@@ -416,6 +441,10 @@ class GroupCoordinator:
             return
         if not self.config.min_session_timeout_ms <= request.session_timeout_ms <= self.config.max_session_timeout_ms:
             respond(JoinResult(ErrorCode.invalid_session_timeout, member_id))
+            return
+        if self.consumer_groups is not None and not self.consumer_groups.release_empty_group(request.group_id):
+            # A consumer group with members (Kafka 4 answers this while no online migration applies).
+            respond(JoinResult(ErrorCode.inconsistent_group_protocol, member_id))
             return
         is_unknown_member = member_id == UNKNOWN_MEMBER_ID
         group = self._groups.get(request.group_id)
@@ -894,13 +923,23 @@ class GroupCoordinator:
         *,
         group_instance_id: str | None = None,
         expire_timestamp_ms: int = -1,
+        api_version: int = 9,
     ) -> None:
         """offsets: (topic, partition) -> (offset, leader epoch, metadata). ``respond`` gets an error per
-        partition, once the commit is stored (at once when nothing is written or nothing must wait)."""
+        partition, once the commit is stored (at once when nothing is written or nothing must wait). For a
+        consumer group of the new protocol, ``generation`` is the member epoch, checked by that protocol."""
         admitted = self._admit_commit(group_id, "offset_commit", offsets, respond)
         if admitted is None:
             return
         results, known = admitted
+        if self.consumer_groups is not None and self.consumer_groups.has_group(group_id):
+            error = self.consumer_groups.validate_offset_commit(group_id, member_id, generation, api_version)
+            if error is not None:
+                results.update({tp: error for tp in known})
+                respond(results)
+                return
+            self._store_commit(group_id, known, expire_timestamp_ms, results, respond)
+            return
         group = self._groups.get(group_id)
         if group is None:
             if generation >= 0:  # a generation of a group that does not exist: stale, reject
@@ -919,6 +958,11 @@ class GroupCoordinator:
         if group.is_state(GroupState.STABLE, GroupState.PREPARING_REBALANCE):
             # Commits are allowed while preparing: the next heartbeat tells the member to rejoin.
             self._complete_and_schedule_next_heartbeat(group, group.get(member_id))
+        self._store_commit(group_id, known, expire_timestamp_ms, results, respond)
+
+    def _store_commit(self, group_id: str, known: TopicPartitionOffsets, expire_timestamp_ms: int,
+                      results: dict[TopicPartition, ErrorCode],
+                      respond: Callable[[dict[TopicPartition, ErrorCode]], None]) -> None:
         now = self._now()
         accepted = self._accepted_offsets(known, now, expire_timestamp_ms, results)
         if accepted:
@@ -950,8 +994,11 @@ class GroupCoordinator:
         if admitted is None:
             return
         results, known = admitted
-        group = self._groups.get(group_id) or self._add_group(group_id)
-        error = self._validate_offset_commit(group, generation, member_id, group_instance_id, transactional=True)
+        if self.consumer_groups is not None and self.consumer_groups.has_group(group_id):
+            error = self.consumer_groups.validate_offset_commit(group_id, member_id, generation, None)
+        else:
+            group = self._groups.get(group_id) or self._add_group(group_id)
+            error = self._validate_offset_commit(group, generation, member_id, group_instance_id, transactional=True)
         if error is not None:
             results.update({tp: error for tp in known})
             respond(results)
@@ -1070,10 +1117,18 @@ class GroupCoordinator:
         error = self._invalid_group_id(group_id, "offset_delete") or self._coordinator_error(group_id)
         if error is not None:
             return error, {}
+        results: dict[TopicPartition, ErrorCode] = {}
+        if self.consumer_groups is not None and self.consumer_groups.has_group(group_id):
+            subscribed = self.consumer_groups.subscribed_topics(group_id)
+            results.update({tp: ErrorCode.group_subscribed_to_topic for tp in partitions if tp[0] in subscribed})
+            eligible = [tp for tp in partitions if tp[0] not in subscribed]
+            if eligible:
+                self.store.delete(group_id, eligible, self._now())
+                results.update({tp: ErrorCode.none for tp in eligible})
+            return ErrorCode.none, results
         group = self._groups.get(group_id)
         if group is None or group.is_state(GroupState.DEAD):
             return ErrorCode.group_id_not_found, {}
-        results: dict[TopicPartition, ErrorCode] = {}
         if group.is_state(GroupState.EMPTY):
             eligible = partitions
         elif group.is_consumer_group():
@@ -1094,6 +1149,8 @@ class GroupCoordinator:
         retention = self.config.offsets_retention_ms
 
         def is_empty(group_id: str) -> bool:
+            if self.consumer_groups is not None and self.consumer_groups.has_group(group_id):
+                return self.consumer_groups.group(group_id).is_empty()
             group = self._groups.get(group_id)
             return group is None or group.is_state(GroupState.EMPTY)
 
@@ -1116,6 +1173,9 @@ class GroupCoordinator:
                     store.delete(group.group_id, stale, now)
                     removed += len(stale)
             self._remove_if_finished(group)
+        if self.consumer_groups is not None:
+            for group in self.consumer_groups.groups():
+                self.consumer_groups.remove_if_finished(group.group_id)
         return removed
 
     def _remove_if_finished(self, group: ClassicGroup) -> None:
@@ -1136,8 +1196,11 @@ class GroupCoordinator:
         does); COORDINATOR_LOAD_IN_PROGRESS while a partition is loading (with the groups known so far)."""
         wanted = {state.lower() for state in states}
         error = ErrorCode.coordinator_load_in_progress if self._loading else ErrorCode.none
-        return error, [group.overview() for group in self._groups.values()
-                if not wanted or group.state.value.lower() in wanted]
+        overviews = [group.overview() for group in self._groups.values()]
+        if self.consumer_groups is not None:  # the consumer groups of the new protocol are listed too (Kafka 4)
+            overviews += [GroupOverview(group.group_id, "consumer", group.state.value, "consumer")
+                          for group in self.consumer_groups.groups()]
+        return error, [overview for overview in overviews if not wanted or overview.state.lower() in wanted]
 
     def describe_group(self, group_id: str) -> tuple[ErrorCode, GroupSummary]:
         error = self._invalid_group_id(group_id, "describe_groups") or self._coordinator_error(group_id)
@@ -1154,6 +1217,8 @@ class GroupCoordinator:
             group = self._groups.get(group_id) if error is None else None
             if error is not None:
                 results[group_id] = error
+            elif self.consumer_groups is not None and self.consumer_groups.has_group(group_id):
+                results[group_id] = self.consumer_groups.delete_group(group_id)
             elif group is None or group.is_state(GroupState.DEAD):
                 results[group_id] = ErrorCode.group_id_not_found
             elif not group.is_state(GroupState.EMPTY):
