@@ -18,8 +18,9 @@ them as not measured on Kafka.
 One broker per target for the whole run, one topic of ``--partitions`` partitions (default 100). Per protocol and
 N: a new group of N members (confluent-kafka consumers, ``--per-process`` of them per worker process, each on its
 own thread calling ``poll(0.1)``, so that the client side is not the bottleneck), settled; then ``--repeats``
-times: one more member joins from a worker process of its own, the group settles, the clock is read, and the
-newcomer closes (the group settles again, unmeasured).
+times: a random wait of up to one heartbeat interval (after a settle the members' heartbeats are in step, and the
+join must not always fall at the same phase of them), one more member joins from a worker process of its own,
+the group settles, the clock is read, and the newcomer closes (the group settles again, unmeasured).
 
 Settled, the same definition for every protocol: the members' assignments as their rebalance callbacks give them
 (``on_assign`` adds its partitions, ``on_revoke`` / ``on_lost`` remove theirs: eager callbacks carry the whole
@@ -37,6 +38,9 @@ Broker settings, the same on both: ``group.initial.rebalance.delay.ms=3000`` (Ka
 first join of an empty group, i.e. the set-up, never the measured join). The consumer protocol's heartbeat
 interval and session timeout are the broker's (pykbroker's defaults are Kafka 4's: 5 s and 45 s); the classic
 ones the client's (librdkafka: ``heartbeat.interval.ms=3000``, ``session.timeout.ms=45000``). Nothing else is set.
+``--heartbeat-ms MS`` sets both protocols' heartbeat interval to MS (the classic members' ``heartbeat.interval.ms``,
+pykbroker's ``group.consumer.heartbeat.interval.ms`` and its minimum): every protocol here waits for heartbeats, so
+this separates the protocols' own cost from their heartbeat intervals.
 
 Prints a Markdown table (median and range over the repeats) and one JSON line; ``--json PATH`` writes the JSON.
 Not a test: nothing asserts a time; exit 1 only when a broker failed or a group never settled. Run it on a quiet
@@ -50,6 +54,8 @@ import json
 import multiprocessing
 import os
 import queue
+import random
+import signal
 import statistics
 import sys
 import threading
@@ -67,6 +73,9 @@ from report import KAFKA, PYKBROKER, format_number  # noqa: E402
 TOPIC = "rebalance-bench"
 # The same on both brokers (Kafka's default, explicit): it only delays the first join of an empty group.
 BROKER_SETTINGS = {"group.initial.rebalance.delay.ms": "3000"}
+# The heartbeat intervals when --heartbeat-ms is not given: librdkafka's heartbeat.interval.ms (classic) and the
+# broker's group.consumer.heartbeat.interval.ms (consumer; pykbroker's default, Kafka 4's).
+CLASSIC_HEARTBEAT_MS, CONSUMER_HEARTBEAT_MS = 3000, 5000
 NO_KAFKA_4 = ("Kafka 4 is not in ../shared/refkit (3.7.1 has KIP-848 only as an early-access preview): the "
               "consumer protocol is measured on pykbroker only")
 
@@ -245,6 +254,8 @@ def measure(bootstrap: str, protocol: Protocol, n: int, args, admin) -> dict:
     events = ctx.Queue()
     group = Group(f"rebalance-bench-{uuid.uuid4().hex[:8]}", args.partitions, events)
     config = {"group.id": group.group_id, **protocol.config}
+    if args.heartbeat_ms and protocol.config.get("group.protocol") != "consumer":
+        config["heartbeat.interval.ms"] = args.heartbeat_ms  # the consumer protocol's is the broker's
     workers, commands = [], []
     for _ in range(-(-n // args.per_process) + 1):  # the last one hosts the newcomers
         command_queue = ctx.Queue()
@@ -259,7 +270,16 @@ def measure(bootstrap: str, protocol: Protocol, n: int, args, admin) -> dict:
         for i, name in enumerate(sorted(members)):
             commands[i // args.per_process].put(("add", name, config))
         group.wait_settled(admin, members, args.quiet, args.timeout)
+        consumer = protocol.config.get("group.protocol") == "consumer"
+        heartbeat_s = (args.heartbeat_ms or (CONSUMER_HEARTBEAT_MS if consumer else CLASSIC_HEARTBEAT_MS)) / 1000
         for repeat in range(args.repeats):
+            # The members' heartbeats are in step after a settle (they all got their assignment at once), and a
+            # join right after the quiet window would always fall at the same phase of them: wait a random part
+            # of one heartbeat interval first, so that the join falls anywhere in it, as it would in real life.
+            jitter = random.uniform(0, heartbeat_s)
+            end = time.monotonic() + jitter
+            while time.monotonic() < end:
+                group.drain(min(0.1, max(0.0, end - time.monotonic())))
             before = group.owners()
             group.revoked = group.lost = 0
             group.first_change = None
@@ -271,7 +291,7 @@ def measure(bootstrap: str, protocol: Protocol, n: int, args, admin) -> dict:
             runs.append({"settle_s": round(settled_at - joined_at, 4),
                          "first_change_s": round(group.first_change - joined_at, 4),
                          "moved": sum(1 for p, owner in after.items() if before.get(p) != owner),
-                         "revoked": group.revoked, "lost": group.lost})
+                         "revoked": group.revoked, "lost": group.lost, "jitter_s": round(jitter, 3)})
             print(f"  {protocol.label}, N={n}, join {repeat + 1}: settled in {runs[-1]['settle_s']:.2f} s, "
                   f"{runs[-1]['moved']} moved, {runs[-1]['revoked']} revoked", flush=True)
             commands[-1].put(("close", newcomer))
@@ -322,17 +342,27 @@ def table(rows: list[dict], repeats: int) -> str:
     return "\n".join(lines)
 
 
-def make_broker(target: str) -> BrokerProcess:
+def broker_settings(target: str, heartbeat_ms: int | None) -> dict[str, str]:
+    """BROKER_SETTINGS, and with --heartbeat-ms pykbroker's consumer-protocol heartbeat interval (its minimum,
+    5000 by default, lowered with it; Kafka 3.7.1 runs no consumer protocol here)."""
+    settings = dict(BROKER_SETTINGS)
+    if heartbeat_ms and target == PYKBROKER:
+        settings["group.consumer.min.heartbeat.interval.ms"] = str(min(heartbeat_ms, 5000))
+        settings["group.consumer.heartbeat.interval.ms"] = str(heartbeat_ms)
+    return settings
+
+
+def make_broker(target: str, settings: dict[str, str]) -> BrokerProcess:
     if target == KAFKA:
-        return KafkaBroker(extra_args=[f"{k}={v}" for k, v in BROKER_SETTINGS.items()])
-    return BrokerProcess(extra_args=[a for k, v in BROKER_SETTINGS.items() for a in ("--override", f"{k}={v}")])
+        return KafkaBroker(extra_args=[f"{k}={v}" for k, v in settings.items()])
+    return BrokerProcess(extra_args=[a for k, v in settings.items() for a in ("--override", f"{k}={v}")])
 
 
 def run_target(target: str, protocols: list[str], args) -> list[dict]:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     rows = []
-    with make_broker(target) as broker:
+    with make_broker(target, broker_settings(target, args.heartbeat_ms)) as broker:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
         admin.create_topics([NewTopic(TOPIC, args.partitions, 1)])[TOPIC].result(60)
         try:
@@ -366,6 +396,9 @@ def main() -> int:
     parser.add_argument("--per-process", type=int, default=10, help="members per worker process")
     parser.add_argument("--quiet", type=float, default=6.0, help="seconds without an assignment change (settled)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a group may take to settle")
+    parser.add_argument("--heartbeat-ms", type=int, help="heartbeat interval of both protocols (classic: the "
+                        "client's heartbeat.interval.ms; consumer: pykbroker's group.consumer.heartbeat.interval.ms)"
+                        "; default: each one's own (3000 and 5000)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     args.members = [int(n) for n in args.members.split(",")]
@@ -376,6 +409,8 @@ def main() -> int:
     if max(args.members) + 1 > args.partitions:
         parser.error("--partitions must be more than the largest N")
     targets = [PYKBROKER, KAFKA] if args.target == "both" else [args.target]
+    # A SIGTERM unwinds like Ctrl-C: the worker processes and the broker are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     load = os.getloadavg()[0]
     rows, skipped, broken = [], {}, False
@@ -396,13 +431,18 @@ def main() -> int:
     print()
     print(f"{NO_KAFKA_4}. Started {started}, load average {load:.2f} on {os.cpu_count()} cores; topic of "
           f"{args.partitions} partitions; broker: " + ", ".join(f"{k}={v}" for k, v in BROKER_SETTINGS.items())
-          + "; classic heartbeat.interval.ms=3000 / session.timeout.ms=45000 (librdkafka's defaults), consumer "
-          "protocol: the broker's group.consumer.heartbeat.interval.ms=5000 / session.timeout.ms=45000 "
-          f"(pykbroker's defaults, Kafka 4's); settled = {args.quiet:g} s without an assignment change and the "
+          + (f"; heartbeat interval {args.heartbeat_ms} ms for both protocols (classic: the client's "
+             "heartbeat.interval.ms; consumer: pykbroker's group.consumer.heartbeat.interval.ms and its min)"
+             if args.heartbeat_ms else
+             "; classic heartbeat.interval.ms=3000 / session.timeout.ms=45000 (librdkafka's defaults), consumer "
+             "protocol: the broker's group.consumer.heartbeat.interval.ms=5000 / session.timeout.ms=45000 "
+             "(pykbroker's defaults, Kafka 4's)")
+          + f"; settled = {args.quiet:g} s without an assignment change and the "
           "broker describing the group Stable with the same assignments (not counted in the time).")
     result = {"started": started, "load_average": load, "cpus": os.cpu_count(), "partitions": args.partitions,
               "repeats": args.repeats, "quiet_s": args.quiet, "per_process": args.per_process,
-              "broker_settings": BROKER_SETTINGS, "skipped": skipped, "note": NO_KAFKA_4, "rows": rows,
+              "broker_settings": {t: broker_settings(t, args.heartbeat_ms) for t in targets},
+              "heartbeat_ms": args.heartbeat_ms, "skipped": skipped, "note": NO_KAFKA_4, "rows": rows,
               "command": " ".join(sys.argv)}
     print(json.dumps(result))
     if args.json:
