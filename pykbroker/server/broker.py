@@ -227,8 +227,11 @@ class Broker:
             lead_offsets_topic=self._lead_offsets_topic_now if self.cluster is None else None,
         )
         # The consumer groups of the new protocol (KIP-848) beside the classic ones: same partitions, same offsets.
-        self.consumer_groups = ConsumerGroupCoordinator(self.groups, self.metadata.topics,
-                                                        ConsumerGroupConfig.from_broker_config(config))
+        try:
+            consumer_group_config = ConsumerGroupConfig.from_broker_config(config)
+        except ValueError as exc:  # Kafka's GroupCoordinatorConfig checks: refused at start
+            raise StartupError(str(exc)) from None
+        self.consumer_groups = ConsumerGroupCoordinator(self.groups, self.metadata.topics, consumer_group_config)
         self.groups.consumer_groups = self.consumer_groups
         if self.cluster is not None:  # the coordinator follows the offsets partitions' leadership
             self.cluster.on_leadership_change.append(self.groups.on_leadership_change)
