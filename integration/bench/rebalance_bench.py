@@ -37,7 +37,8 @@ callback between the join and the settle (eager revokes everything, also what it
 Broker settings, the same on both: ``group.initial.rebalance.delay.ms=3000`` (Kafka's default; it delays only the
 first join of an empty group, i.e. the set-up, never the measured join). The consumer protocol's heartbeat
 interval and session timeout are the broker's (pykbroker's defaults are Kafka 4's: 5 s and 45 s); the classic
-ones the client's (librdkafka: ``heartbeat.interval.ms=3000``, ``session.timeout.ms=45000``). Nothing else is set.
+ones the client's (librdkafka: ``heartbeat.interval.ms=3000``, ``session.timeout.ms=45000``). Auto-commit is off (the topic
+is empty); nothing else is set.
 ``--heartbeat-ms MS`` sets both protocols' heartbeat interval to MS (the classic members' ``heartbeat.interval.ms``,
 pykbroker's ``group.consumer.heartbeat.interval.ms`` and its minimum): every protocol here waits for heartbeats, so
 this separates the protocols' own cost from their heartbeat intervals.
@@ -116,9 +117,7 @@ def _run_member(name: str, config: dict, bootstrap: str, events, stop: threading
         events.put(("error", name, str(err), None, time.monotonic()))
 
     try:
-        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": config["group.id"],
-                             "enable.auto.commit": False, "error_cb": error,
-                             **{k: v for k, v in config.items() if k != "group.id"}})
+        consumer = Consumer({"bootstrap.servers": bootstrap, "enable.auto.commit": False, "error_cb": error, **config})
         events.put(("joining", name, None, None, time.monotonic()))
         consumer.subscribe([TOPIC], on_assign=callback("assign"), on_revoke=callback("revoke"),
                            on_lost=callback("lost"))
