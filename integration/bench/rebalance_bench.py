@@ -1,7 +1,7 @@
 """How fast a consumer group settles after one member joins, and how many partitions the join moves: the classic
 protocol (eager and cooperative) against the consumer group protocol of KIP-848, side by side.
 
-    python3 integration/bench/rebalance_bench.py                                  # both brokers, N = 10 and 50, 3 repeats
+    python3 integration/bench/rebalance_bench.py            # both brokers, N = 10 and 50, 3 joins each
     python3 integration/bench/rebalance_bench.py --target pykbroker --members 10 --repeats 2
     python3 integration/bench/rebalance_bench.py --protocols eager-range,consumer-uniform
 
@@ -37,8 +37,8 @@ callback between the join and the settle (eager revokes everything, also what it
 Broker settings, the same on both: ``group.initial.rebalance.delay.ms=3000`` (Kafka's default; it delays only the
 first join of an empty group, i.e. the set-up, never the measured join). The consumer protocol's heartbeat
 interval and session timeout are the broker's (pykbroker's defaults are Kafka 4's: 5 s and 45 s); the classic
-ones the client's (librdkafka: ``heartbeat.interval.ms=3000``, ``session.timeout.ms=45000``). Auto-commit is off (the topic
-is empty); nothing else is set.
+ones the client's (librdkafka: ``heartbeat.interval.ms=3000``, ``session.timeout.ms=45000``). Auto-commit is off
+(the topic is empty); nothing else is set.
 ``--heartbeat-ms MS`` sets both protocols' heartbeat interval to MS (the classic members' ``heartbeat.interval.ms``,
 pykbroker's ``group.consumer.heartbeat.interval.ms`` and its minimum): every protocol here waits for heartbeats, so
 this separates the protocols' own cost from their heartbeat intervals.
@@ -334,7 +334,8 @@ def table(rows: list[dict], repeats: int) -> str:
                          f"{row['skipped']} | | | | |")
             continue
         lines.append(f"| {row['protocol']} | {row['broker']} | {row['members']} "
-                     f"| {summary([r['settle_s'] for r in runs], 2)} | {summary([r['first_change_s'] for r in runs], 2)} "
+                     f"| {summary([r['settle_s'] for r in runs], 2)} "
+                     f"| {summary([r['first_change_s'] for r in runs], 2)} "
                      f"| {summary([r['moved'] for r in runs], 0)} "
                      f"| {summary([r['revoked'] for r in runs], 0)} | {len(runs)}/{repeats}"
                      f"{' (' + row['failure'][:60] + ')' if row['failure'] else ''} |")
