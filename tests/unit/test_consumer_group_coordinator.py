@@ -482,6 +482,63 @@ def test_a_restart_resumes_every_group_where_it_was(h):
     assert got.error == ErrorCode.none and parts(got, tid) == set(after.target_of("s1")[tid])
 
 
+def stored_view(group):
+    return (group.group_epoch, group.assignment_epoch, dict(group.members),
+            {m: dict(t) for m, t in group.target_assignment.items()}, dict(group.subscription_metadata))
+
+
+@pytest.mark.parametrize("error", [ErrorCode.not_coordinator, ErrorCode.not_enough_replicas])
+def test_after_a_failed_write_the_next_one_stores_the_whole_group(h, error):
+    """A write that failed leaves the log behind memory: the group's next write is all of it, so a restart
+    resumes the group memory has (the changes alone would miss what the failed write held)."""
+    tid = h.id_of()
+    h.join("m1")
+    store = h.classic.store
+    real = store.append_group_records
+
+    def failing(group_id, records, now_ms, done=None):
+        if done is not None:
+            done(error)
+
+    store.append_group_records = failing
+    assert h.join("m2").error == error  # m2's join, its new target and the group epoch: not stored
+    assert h.beat("m1", 1, {tid: (0, 1, 2, 3)}).error == error
+    store.append_group_records = real
+    retried = h.join("m2")  # the client retries; memory already has m2, so this changes nothing more
+    assert retried.error == ErrorCode.none
+    memory = stored_view(h.group())
+    h.restart()
+    assert stored_view(h.group()) == memory and set(h.group().members) == {"m1", "m2"}
+
+
+def test_a_member_removed_by_a_failed_write_is_tombstoned_by_the_next(h):
+    h.join("m1")
+    h.join("m2")
+    store = h.classic.store
+    real = store.append_group_records
+    store.append_group_records = lambda group_id, records, now_ms, done=None: done(ErrorCode.not_enough_replicas)
+    assert h.beat("m1", -1).error == ErrorCode.not_enough_replicas
+    store.append_group_records = real
+    assert h.beat("m2", 2, None).error == ErrorCode.none
+    memory = stored_view(h.group())
+    h.restart()
+    assert stored_view(h.group()) == memory and set(h.group().members) == {"m2"}
+
+
+def test_a_partition_another_member_holds_is_refused():
+    from pykbroker.groups.consumer.group import ConsumerGroup, ConsumerGroupMember, PartitionOwnedError
+
+    tid = uuid.uuid4()
+    group = ConsumerGroup("g")
+    group.update_member(ConsumerGroupMember("a", member_epoch=3, assigned={tid: frozenset({0, 1})}))
+    b = ConsumerGroupMember("b", member_epoch=4, assigned={tid: frozenset({1, 2})})
+    with pytest.raises(PartitionOwnedError, match="still owned at epoch 3"):
+        group.update_member(b)
+    assert "b" not in group.members and group.partition_epoch(tid, 1) == 3 and group.partition_epoch(tid, 2) == -1
+    group.update_member(ConsumerGroupMember("a", member_epoch=4, assigned={tid: frozenset({1, 2})}))  # its own
+    assert group.partition_epoch(tid, 0) == -1 and group.partition_epoch(tid, 2) == 4
+
+
 def test_members_restored_by_a_load_must_heartbeat_within_their_session(h):
     h.join("m1")
     h.restart()

@@ -66,7 +66,7 @@ from pykbroker.groups.consumer.group import (
     is_subset,
     reconcile,
 )
-from pykbroker.groups.consumer.persistence import changes, replay, snapshot, tombstones
+from pykbroker.groups.consumer.persistence import changes, replay, rewrite, snapshot, tombstones
 from pykbroker.groups.offset_store import OFFSETS_TOPIC
 from pykbroker.protocol.errors import ErrorCode
 
@@ -246,6 +246,7 @@ class ConsumerGroupCoordinator:
         self._groups: dict[str, ConsumerGroup] = {}
         self._session_timers: dict[tuple[str, str], object] = {}
         self._rebalance_timers: dict[tuple[str, str], object] = {}
+        self._unsynced: dict[str, set[str]] = {}  # group id -> the member ids the log may hold after a failed write
 
     # -- lookups ----------------------------------------------------------------------------------------
 
@@ -264,7 +265,7 @@ class ConsumerGroupCoordinator:
         if not group.is_empty():
             return False
         del self._groups[group_id]
-        self._persist(group, tombstones(group), None)
+        self._persist(group, tombstones(group, self._unsynced.pop(group_id, ())), None)
         log.info("group %s: the empty consumer group is removed for a classic member", group_id)
         return True
 
@@ -291,6 +292,7 @@ class ConsumerGroupCoordinator:
             if group is None:
                 continue
             self._groups[group_id] = group
+            self._unsynced.pop(group_id, None)
             count += 1
             for member in group.members.values():
                 self._schedule_session_timeout(group_id, member.member_id)
@@ -306,6 +308,26 @@ class ConsumerGroupCoordinator:
                 done(ErrorCode.none)
             return
         self.classic.store.append_group_records(group.group_id, records, self._scheduler.now_ms(), done)
+
+    def _store_changes(self, group: ConsumerGroup, before, done: Callable[[ErrorCode], None] | None) -> None:
+        """Write what changed since ``before``; once a write of the group failed (its records may or may not be
+        in the log), the next one writes the whole group instead, until one succeeds."""
+        group_id = group.group_id
+        stale = self._unsynced.get(group_id)
+        records = changes(before, group) if stale is None else rewrite(group, stale)
+        written = set(before.members) | set(group.members) | (stale or set())
+
+        def stored(error: ErrorCode) -> None:
+            if error != ErrorCode.none:
+                log.warning("group %s: writing its records failed (%s): its next write stores the whole group",
+                            group_id, error.name)
+                self._unsynced[group_id] = self._unsynced.get(group_id, set()) | written
+            elif stale is not None and self._unsynced.get(group_id) is stale:
+                del self._unsynced[group_id]
+            if done is not None:
+                done(error)
+
+        self._persist(group, records, stored)
 
     # -- ConsumerGroupHeartbeat -------------------------------------------------------------------------
 
@@ -328,7 +350,7 @@ class ConsumerGroupCoordinator:
         def stored(error: ErrorCode) -> None:
             respond(result if error == ErrorCode.none else HeartbeatResult(error))
 
-        self._persist(group, changes(before, group), stored)
+        self._store_changes(group, before, stored)
 
     def _validate(self, request: HeartbeatRequest) -> None:
         """Kafka 4's GroupCoordinatorService.throwIfConsumerGroupHeartbeatRequestIsInvalid, in its order."""
@@ -557,7 +579,7 @@ class ConsumerGroupCoordinator:
         """A timer fences a member: its records go (nobody waits for the write)."""
         before = snapshot(group)
         self._fence(group, member_id)
-        self._persist(group, changes(before, group), None)
+        self._store_changes(group, before, None)
 
     def delete_group(self, group_id: str) -> ErrorCode:
         """DeleteGroups (Kafka's ConsumerGroup.validateDeleteGroup): only an empty group goes, with its offsets
@@ -567,7 +589,7 @@ class ConsumerGroupCoordinator:
             return ErrorCode.non_empty_group
         self.classic.store.delete(group_id, None, self._scheduler.now_ms())
         del self._groups[group_id]
-        self._persist(group, tombstones(group), None)
+        self._persist(group, tombstones(group, self._unsynced.pop(group_id, ())), None)
         log.info("group %s: deleted", group_id)
         return ErrorCode.none
 
@@ -584,7 +606,7 @@ class ConsumerGroupCoordinator:
         if group is None or not group.is_empty() or self.classic.store.has_offsets(group_id):
             return False
         del self._groups[group_id]
-        self._persist(group, tombstones(group), None)
+        self._persist(group, tombstones(group, self._unsynced.pop(group_id, ())), None)
         log.info("group %s: no members and no offsets left, removed", group_id)
         return True
 
@@ -623,6 +645,7 @@ class ConsumerGroupCoordinator:
             timer.cancel()
 
     def _forget(self, group: ConsumerGroup) -> None:
+        self._unsynced.pop(group.group_id, None)
         for member_id in group.members:
             self._cancel(self._session_timers, (group.group_id, member_id))
             self._cancel(self._rebalance_timers, (group.group_id, member_id))

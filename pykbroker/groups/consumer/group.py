@@ -32,6 +32,11 @@ LEAVE_GROUP_STATIC_MEMBER_EPOCH = -2
 NO_PARTITION_EPOCH = -1
 
 
+class PartitionOwnedError(Exception):
+    """A member given a partition another member still holds (Kafka's IllegalStateException of
+    addPartitionEpochs): a bug, refused rather than overwriting who holds the partition."""
+
+
 class MemberState(enum.IntEnum):
     """Kafka's modern MemberState (the byte stored in ConsumerGroupCurrentMemberAssignmentValue.State)."""
 
@@ -181,8 +186,10 @@ class ConsumerGroup:
         return self.partition_epochs.get((topic_id, partition), NO_PARTITION_EPOCH)
 
     def update_member(self, new: ConsumerGroupMember) -> None:
-        """Add or replace a member (Kafka's updateMember), keeping who-holds-what current."""
+        """Add or replace a member (Kafka's updateMember), keeping who-holds-what current; a partition another
+        member still holds is refused (PartitionOwnedError, nothing changed), as Kafka's addPartitionEpochs."""
         old = self.members.get(new.member_id)
+        self._check_unowned(old, new)
         if old is not None:
             self._drop_partition_epochs(old)
         self.members[new.member_id] = new
@@ -202,6 +209,20 @@ class ConsumerGroup:
             del self.static_members[old.instance_id]
         self.target_assignment.pop(member_id, None)
         return old
+
+    def _check_unowned(self, old: ConsumerGroupMember | None, new: ConsumerGroupMember) -> None:
+        """Every partition ``new`` holds is free once ``old`` (the member's previous state) gave its own up."""
+        for assignment in (new.assigned, new.pending_revocation):
+            for topic_id, parts in assignment.items():
+                for p in parts:
+                    epoch = self.partition_epochs.get((topic_id, p))
+                    if epoch is None or (old is not None and epoch == old.member_epoch
+                                         and (p in old.assigned.get(topic_id, ())
+                                              or p in old.pending_revocation.get(topic_id, ()))):
+                        continue
+                    raise PartitionOwnedError(f"Cannot set the epoch of {topic_id}-{p} to {new.member_epoch} for "
+                                              f"member {new.member_id} because the partition is still owned at "
+                                              f"epoch {epoch}.")
 
     def _drop_partition_epochs(self, member: ConsumerGroupMember) -> None:
         for assignment in (member.assigned, member.pending_revocation):

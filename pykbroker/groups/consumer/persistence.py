@@ -14,18 +14,21 @@ one thing, so compaction keeps a group small):
 * a member that leaves: tombstones of its 8, 7 and 5 records.
 
 ``changes`` compares the group with a ``snapshot`` taken before the change, so every path that changes a
-group (heartbeat, leave, timeouts) writes exactly what changed.
+group (heartbeat, leave, timeouts) writes exactly what changed. After a write that failed the log's state is
+not known: the next write of the group is a ``rewrite``, the whole group.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
-from typing import Mapping
+from dataclasses import dataclass, replace
+from typing import Iterable, Mapping
 
 from pykbroker.groups.consumer import records as r
-from pykbroker.groups.consumer.group import ConsumerGroup, ConsumerGroupMember, MemberState, TopicMetadata, freeze
+from pykbroker.groups.consumer.group import (
+    ConsumerGroup, ConsumerGroupMember, MemberState, PartitionOwnedError, TopicMetadata, freeze,
+)
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +117,13 @@ def changes(before: Snapshot, group: ConsumerGroup) -> list[Record]:
     return out
 
 
+def rewrite(group: ConsumerGroup, stored_member_ids: Iterable[str]) -> list[Record]:
+    """Every record of the group as it is now, and tombstones for the other members the log may hold
+    (``stored_member_ids``): what follows a failed write, after which the log's state is not known."""
+    gone = {member_id: None for member_id in stored_member_ids if member_id not in group.members}
+    return changes(Snapshot(-1, -1, gone, {}, None), group)  # type: ignore[arg-type]  (every field differs)
+
+
 def _assignment(topic_partitions) -> dict[uuid.UUID, frozenset[int]]:
     return freeze({tp.topic_id: tp.partitions for tp in topic_partitions})
 
@@ -157,7 +167,7 @@ def replay(group_id: str, stored: Mapping[bytes, bytes]) -> ConsumerGroup | None
             state = MemberState(assignment.state) if assignment is not None else MemberState.STABLE
         except ValueError:
             state = MemberState.UNKNOWN
-        group.update_member(ConsumerGroupMember(
+        member = ConsumerGroupMember(
             member_id, instance_id=meta.instance_id, rack_id=meta.rack_id,
             rebalance_timeout_ms=meta.rebalance_timeout_ms, client_id=meta.client_id, client_host=meta.client_host,
             subscribed_topic_names=tuple(meta.subscribed_topic_names), subscribed_topic_regex=meta.subscribed_topic_regex,
@@ -166,16 +176,21 @@ def replay(group_id: str, stored: Mapping[bytes, bytes]) -> ConsumerGroup | None
             previous_member_epoch=assignment.previous_member_epoch if assignment is not None else 0,
             state=state,
             assigned=_assignment(assignment.assigned_partitions) if assignment is not None else {},
-            pending_revocation=_assignment(assignment.partitions_pending_revocation) if assignment is not None else {}))
+            pending_revocation=_assignment(assignment.partitions_pending_revocation) if assignment is not None else {})
+        try:
+            group.update_member(member)
+        except PartitionOwnedError as exc:  # records of two members holding one partition: the first keeps it
+            log.warning("group %s: member %s loaded without its partitions: %s", group_id, member_id, exc)
+            group.update_member(replace(member, assigned={}, pending_revocation={}))
     group.target_assignment = {m: t for m, t in group.target_assignment.items() if m in group.members}
     return group
 
 
-def tombstones(group: ConsumerGroup) -> list[Record]:
-    """Every record of a group, deleted (a group removed)."""
+def tombstones(group: ConsumerGroup, stored_member_ids: Iterable[str] = ()) -> list[Record]:
+    """Every record of a group, deleted (a group removed), with those of other members the log may hold."""
     gid = group.group_id
     out: list[Record] = []
-    for member_id in group.members:
+    for member_id in dict.fromkeys([*group.members, *stored_member_ids]):
         out.append(_record(r.ConsumerGroupCurrentMemberAssignmentKey(gid, member_id), None))
         out.append(_record(r.ConsumerGroupTargetAssignmentMemberKey(gid, member_id), None))
         out.append(_record(r.ConsumerGroupMemberMetadataKey(gid, member_id), None))
