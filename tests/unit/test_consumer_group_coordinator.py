@@ -156,6 +156,21 @@ def test_unknown_members_and_groups(h):
     assert unknown.error == ErrorCode.unknown_member_id and unknown.message == "Member m9 is not a member of group g."
 
 
+def test_partitions_pending_revocation_by_the_member_itself_are_not_unreleased(h):
+    """Kafka's computeNextAssignment: what only this member holds, pending its own revocation, is free for it."""
+    tid = h.id_of()
+    h.join("a")
+    h.join("b")
+    revoking = h.beat("a", 1, {tid: (0, 1, 2, 3)})
+    a = h.group().members["a"]
+    assert a.state is MemberState.UNREVOKED_PARTITIONS and revoking.member_epoch == 1
+    kept = tuple(sorted(a.assigned[tid]))
+    h.beat("b", -1)  # before a revoked: a's target is all four again, two of them pending its own revocation
+    back = h.beat("a", 1, {tid: kept})
+    assert (back.member_epoch, parts(back, tid)) == (3, {0, 1, 2, 3})
+    assert h.group().members["a"].state is MemberState.STABLE
+
+
 # -- leaving and timeouts ----------------------------------------------------------------------------------
 
 

@@ -113,7 +113,8 @@ def reconcile(member: ConsumerGroupMember, target_epoch: int, target: Assignment
             have = current.get(topic_id, frozenset())
             keep = have & wanted
             pending = wanted - keep
-            free = frozenset(p for p in pending if partition_epoch(topic_id, p) == NO_PARTITION_EPOCH)
+            free = frozenset(p for p in pending if partition_epoch(topic_id, p) == NO_PARTITION_EPOCH
+                             or p in member.pending_revocation.get(topic_id, ()))  # only it holds them: released
             unreleased = unreleased or free != pending
             if keep:
                 assigned[topic_id] = keep
