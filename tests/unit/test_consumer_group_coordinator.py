@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import replace
 
 import pytest
 
@@ -16,7 +17,7 @@ from pykbroker.groups.classic.coordinator import GroupConfig, GroupCoordinator, 
 from pykbroker.groups.consumer.coordinator import (
     ConsumerGroupConfig, ConsumerGroupCoordinator, HeartbeatRequest, assignor_name, compile_topic_regex,
 )
-from pykbroker.groups.consumer.group import GroupState, MemberState
+from pykbroker.groups.consumer.group import ConsumerGroupMember, GroupState, MemberState, reconcile
 from pykbroker.groups.offset_store import OFFSETS_TOPIC, OffsetStore
 from pykbroker.protocol.errors import ErrorCode
 from tests.unit.test_group_coordinator import PARTITIONS, ManualClock, logs, subscription  # noqa: F401 (logs: fixture)
@@ -169,6 +170,31 @@ def test_partitions_pending_revocation_by_the_member_itself_are_not_unreleased(h
     back = h.beat("a", 1, {tid: kept})
     assert (back.member_epoch, parts(back, tid)) == (3, {0, 1, 2, 3})
     assert h.group().members["a"].state is MemberState.STABLE
+
+
+def test_a_member_in_an_unknown_state_is_fenced_unless_it_owns_nothing(h):
+    """Kafka's CurrentAssignmentBuilder: the UNKNOWN state (a newer Kafka's) starts again from no partitions."""
+    tid = h.id_of()
+    h.join("m1")
+    group = h.group()
+    group.update_member(replace(group.members["m1"], state=MemberState.UNKNOWN))
+    assert h.beat("m1", 1, {tid: (0, 1, 2, 3)}).error == ErrorCode.fenced_member_epoch
+    assert h.beat("m1", 1, None).error == ErrorCode.fenced_member_epoch
+    fresh = h.beat("m1", 1, {})
+    assert (fresh.error, fresh.member_epoch) == (ErrorCode.none, 1)
+    assert h.group().members["m1"].state is MemberState.STABLE and h.group().members["m1"].assigned[tid] == {0, 1, 2, 3}
+
+
+def test_a_member_done_revoking_moves_one_epoch_at_most_to_its_target_epoch():
+    tid = uuid.uuid4()
+    member = ConsumerGroupMember("m", member_epoch=3, previous_member_epoch=2, state=MemberState.UNREVOKED_PARTITIONS,
+                                 assigned={tid: frozenset({0})}, pending_revocation={tid: frozenset({1})})
+    # The target moved on twice (epoch 5) and now takes partition 0 away too: revoke it at epoch 4, not 5.
+    nxt = reconcile(member, 5, {tid: frozenset({2})}, lambda t, p: -1, {tid: (0,)})
+    assert (nxt.state, nxt.member_epoch, dict(nxt.pending_revocation)) == (
+        MemberState.UNREVOKED_PARTITIONS, 4, {tid: frozenset({0})})
+    # A target epoch not above the member's: it stays there (min(epoch + 1, target)).
+    assert reconcile(member, 3, {tid: frozenset({2})}, lambda t, p: -1, {tid: (0,)}).member_epoch == 3
 
 
 # -- leaving and timeouts ----------------------------------------------------------------------------------

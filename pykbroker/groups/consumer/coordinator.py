@@ -60,6 +60,7 @@ from pykbroker.groups.consumer.group import (
     ConsumerGroup,
     ConsumerGroupMember,
     GroupState,
+    MemberFencedError,
     MemberState,
     TopicMetadata,
     freeze,
@@ -514,8 +515,11 @@ class ConsumerGroupCoordinator:
             self._compute_target_assignment(group)
         reconciled = updated
         if not updated.is_reconciled_to(group.assignment_epoch):
-            reconciled = reconcile(updated, group.assignment_epoch, group.target_of(updated.member_id),
-                                   group.partition_epoch, request.owned)
+            try:
+                reconciled = reconcile(updated, group.assignment_epoch, group.target_of(updated.member_id),
+                                       group.partition_epoch, request.owned)
+            except MemberFencedError as exc:
+                raise HeartbeatError(ErrorCode.fenced_member_epoch, str(exc)) from None
             if reconciled != updated:
                 group.update_member(reconciled)
                 if reconciled.state is MemberState.UNREVOKED_PARTITIONS:

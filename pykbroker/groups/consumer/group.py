@@ -37,6 +37,10 @@ class PartitionOwnedError(Exception):
     addPartitionEpochs): a bug, refused rather than overwriting who holds the partition."""
 
 
+class MemberFencedError(Exception):
+    """Kafka's FencedMemberEpochException out of reconciliation: the member must rejoin."""
+
+
 class MemberState(enum.IntEnum):
     """Kafka's modern MemberState (the byte stored in ConsumerGroupCurrentMemberAssignmentValue.State)."""
 
@@ -96,7 +100,8 @@ def reconcile(member: ConsumerGroupMember, target_epoch: int, target: Assignment
               partition_epoch: Callable[[uuid.UUID, int], int],
               owned: Mapping[uuid.UUID, Iterable[int]] | None) -> ConsumerGroupMember:
     """Kafka's CurrentAssignmentBuilder.build: the member's next step towards its target assignment.
-    ``owned``: the partitions the heartbeat says the member owns (None: it did not say)."""
+    ``owned``: the partitions the heartbeat says the member owns (None: it did not say). A member in the
+    UNKNOWN state that still owns partitions (or did not say) is fenced: MemberFencedError."""
 
     def owns_any(revocation: Assignment) -> bool:
         if owned is None:
@@ -137,9 +142,12 @@ def reconcile(member: ConsumerGroupMember, target_epoch: int, target: Assignment
     if member.state is MemberState.UNREVOKED_PARTITIONS:
         if owns_any(member.pending_revocation):
             return member
-        return next_assignment(member.member_epoch + 1, member.assigned)
+        return next_assignment(min(member.member_epoch + 1, target_epoch), member.assigned)
     if member.state is MemberState.UNRELEASED_PARTITIONS:
         return next_assignment(member.member_epoch, member.assigned)
+    if owned is None or owned:  # UNKNOWN (a state of a newer Kafka): it starts again from no partitions
+        raise MemberFencedError("The consumer group member is in a unknown state. The member must abandon all its "
+                                "partitions and rejoin.")
     return next_assignment(target_epoch, member.assigned)
 
 
