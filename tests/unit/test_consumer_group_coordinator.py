@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 
 from pykbroker.cluster.metadata import PartitionState, TopicInfo
+from pykbroker.groups.assignors import PartitionAssignorError
 from pykbroker.groups.classic.coordinator import GroupConfig, GroupCoordinator, JoinRequest, LeavingMember
 from pykbroker.groups.consumer.coordinator import (
     ConsumerGroupConfig, ConsumerGroupCoordinator, HeartbeatRequest, assignor_name, compile_topic_regex,
@@ -240,6 +241,34 @@ def test_a_member_that_does_not_revoke_within_its_rebalance_timeout_is_fenced(h)
     assert got.error == ErrorCode.none and parts(got, tid) == {0, 1, 2, 3} and got.member_epoch == 3
 
 
+class FailingAssignor:
+    def assign(self, *args, **kwargs):
+        raise PartitionAssignorError("boom")
+
+
+def test_a_heartbeat_failing_midway_leaves_the_group_and_its_timers_as_they_were(h, monkeypatch):
+    """Kafka applies a heartbeat's records only once it succeeded: an assignor's error changes nothing."""
+    import pykbroker.groups.consumer.coordinator as coordinator
+
+    h.join("m1")
+    h.join("s1", instance="i1")
+    h.beat("s1", -2, instance="i1")
+    before = stored_view(h.group())
+    monkeypatch.setattr(coordinator, "assignor_for", lambda name: FailingAssignor())
+    failed = h.join("m2")
+    assert (failed.error, failed.message) == (
+        ErrorCode.unknown_server_error, f"Failed to compute a new target assignment for epoch {before[0] + 1}: boom.")
+    # The static member's return under a new id, with a new subscription: it took s1's place, then failed.
+    h.topics["other"] = topic("other", 1)
+    assert h.join("s2", instance="i1", topics=("other",)).error == ErrorCode.unknown_server_error
+    assert stored_view(h.group()) == before and h.group().static_member("i1").member_id == "s1"
+    assert sorted(k for k in h.coordinator._session_timers if k[0] == "g") == [("g", "m1"), ("g", "s1")]
+    monkeypatch.undo()
+    assert h.join("m3", group="new").error == ErrorCode.none  # (other groups carry on)
+    h.clock.advance(SESSION_MS + 1)  # m1 and the parked s1 still have their session timers: both go
+    assert h.group().is_empty()
+
+
 # -- static members ---------------------------------------------------------------------------------------
 
 
@@ -450,6 +479,13 @@ def test_empty_groups_change_protocol_whatever_the_migration_policy(logs, policy
     assert h.join("m1").error == ErrorCode.none and h.classic.group("g") is None
     assert h.beat("m1", -1).error == ErrorCode.none
     assert classic_join(h, "g").error == ErrorCode.none and not h.coordinator.has_group("g")
+
+
+def test_a_join_with_a_bad_regex_leaves_an_empty_classic_group_alone(h):
+    assert classic_join(h, "g").error == ErrorCode.none
+    h.classic.leave_group("g", [LeavingMember(h.classic.group("g").leader_id)])
+    assert h.join("m1", topics=None, regex="(?=x)").error == ErrorCode.invalid_regular_expression
+    assert h.classic.group("g") is not None and not h.coordinator.has_group("g")
 
 
 def test_the_migration_policy_is_checked_at_start():

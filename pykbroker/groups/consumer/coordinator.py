@@ -62,6 +62,7 @@ from pykbroker.groups.consumer.group import (
     GroupState,
     MemberFencedError,
     MemberState,
+    PartitionOwnedError,
     TopicMetadata,
     freeze,
     is_subset,
@@ -341,17 +342,50 @@ class ConsumerGroupCoordinator:
                 respond(HeartbeatResult(error))
                 return
             if request.member_epoch in (LEAVE_GROUP_MEMBER_EPOCH, LEAVE_GROUP_STATIC_MEMBER_EPOCH):
-                result, group, before = self._leave(request)
+                result, group, before = self._undone_on_failure(self._leave, request)
             else:
-                result, group, before = self._heartbeat(request)
+                result, group, before = self._undone_on_failure(self._heartbeat, request)
         except HeartbeatError as exc:
             respond(HeartbeatResult(exc.code, exc.message))
+            return
+        except PartitionOwnedError as exc:  # Kafka's IllegalStateException: a bug, answered as one
+            log.error("group %s: heartbeat of member %s refused: %s", request.group_id, request.member_id, exc)
+            respond(HeartbeatResult(ErrorCode.unknown_server_error, str(exc)))
             return
 
         def stored(error: ErrorCode) -> None:
             respond(result if error == ErrorCode.none else HeartbeatResult(error))
 
         self._store_changes(group, before, stored)
+
+    def _undone_on_failure(self, step, request: HeartbeatRequest):
+        """Run a heartbeat's step; one that fails midway (an assignor's error, a member fenced while reconciling)
+        leaves the group as it was and every member with its timers, as Kafka applies a heartbeat's records only
+        once it succeeded."""
+        group_id = request.group_id
+        group = self._groups.get(group_id)
+        saved = group.checkpoint() if group is not None else None
+        try:
+            return step(request)
+        except Exception:
+            created = self._groups.get(group_id) if group is None else None
+            if created is not None:  # the group this heartbeat created goes again
+                del self._groups[group_id]
+                self._forget(created)
+            if group is not None:
+                added = set(group.members)
+                group.restore(saved)
+                self._groups[group_id] = group
+                for member_id in added - set(group.members):
+                    self._cancel(self._session_timers, (group_id, member_id))
+                    self._cancel(self._rebalance_timers, (group_id, member_id))
+                for member_id, member in group.members.items():
+                    if (group_id, member_id) not in self._session_timers:
+                        self._schedule_session_timeout(group_id, member_id)
+                    if (member.state is MemberState.UNREVOKED_PARTITIONS
+                            and (group_id, member_id) not in self._rebalance_timers):
+                        self._schedule_rebalance_timeout(group_id, member)
+            raise
 
     def _validate(self, request: HeartbeatRequest) -> None:
         """Kafka 4's GroupCoordinatorService.throwIfConsumerGroupHeartbeatRequestIsInvalid, in its order."""
@@ -469,21 +503,27 @@ class ConsumerGroupCoordinator:
         self._check_epoch(existing, request.member_epoch, request.owned)
         return existing
 
-    def _heartbeat(self, request: HeartbeatRequest):
-        group_id = request.group_id
-        group = self._get_or_create_group(group_id, request.member_epoch == JOIN_GROUP_MEMBER_EPOCH)
-        before = snapshot(group)
-        if (request.member_id not in group.members and group.static_member(request.instance_id) is None
-                and len(group.members) >= self.config.max_size):
-            raise HeartbeatError(ErrorCode.group_max_size_reached,
-                                 f"The consumer group has reached its maximum capacity of {self.config.max_size} members.")
-        if request.subscribed_topic_regex:  # checked before anything changes (a static member's takeover)
+    @staticmethod
+    def _check_regex(request: HeartbeatRequest) -> None:
+        if request.subscribed_topic_regex:
             try:
                 compile_topic_regex(request.subscribed_topic_regex)
             except ValueError as exc:
                 raise HeartbeatError(ErrorCode.invalid_regular_expression,
                                      f"SubscribedTopicRegex `{request.subscribed_topic_regex}` is not a valid regular "
                                      f"expression: {exc}.") from None
+
+    def _heartbeat(self, request: HeartbeatRequest):
+        group_id = request.group_id
+        if group_id not in self._groups and request.member_epoch == JOIN_GROUP_MEMBER_EPOCH:
+            self._check_regex(request)  # before an empty classic group of this id is released
+        group = self._get_or_create_group(group_id, request.member_epoch == JOIN_GROUP_MEMBER_EPOCH)
+        before = snapshot(group)
+        if (request.member_id not in group.members and group.static_member(request.instance_id) is None
+                and len(group.members) >= self.config.max_size):
+            raise HeartbeatError(ErrorCode.group_max_size_reached,
+                                 f"The consumer group has reached its maximum capacity of {self.config.max_size} members.")
+        self._check_regex(request)  # before anything changes (a static member's takeover)
         member = self._member(group, request)
         updated = replace(
             member,

@@ -19,6 +19,7 @@ currentPartitionEpoch: who holds each partition (assigned or pending revocation)
 
 from __future__ import annotations
 
+import copy
 import enum
 import uuid
 from dataclasses import dataclass, field, replace
@@ -186,6 +187,14 @@ class ConsumerGroup:
 
     def is_empty(self) -> bool:
         return not self.members
+
+    def checkpoint(self) -> dict:
+        """The group's state, for ``restore`` if a change fails midway."""
+        return {name: copy.copy(value) for name, value in vars(self).items()}
+
+    def restore(self, saved: dict) -> None:
+        vars(self).clear()
+        vars(self).update(saved)
 
     def static_member(self, instance_id: str | None) -> ConsumerGroupMember | None:
         member_id = self.static_members.get(instance_id) if instance_id is not None else None
