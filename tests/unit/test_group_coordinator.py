@@ -140,10 +140,10 @@ class Harness:
         return self.coordinator.heartbeat(group, member_id, instance, generation)
 
     def commit(self, group: str, generation: int, member_id: str, offset: int = 5, instance=None,
-               partition: int = 0) -> ErrorCode:
+               partition: int = 0, api_version: int = 9) -> ErrorCode:
         answers = []
         self.coordinator.commit_offsets(group, generation, member_id, {(TOPIC, partition): (offset, -1, "")}, answers.append,
-                                        group_instance_id=instance)
+                                        group_instance_id=instance, api_version=api_version)
         ((error,),) = [list(answer.values()) for answer in answers]  # answered at once: nothing waits here
         return error
 
@@ -459,7 +459,11 @@ def test_commits_name_the_current_member_and_generation(h):
     a, b, generation = two_stable_members(h)
     assert h.commit("g", generation - 1, a) == ErrorCode.illegal_generation
     assert h.commit("g", generation, "someone-else") == ErrorCode.unknown_member_id
-    assert h.commit("never-joined", 3, a) == ErrorCode.illegal_generation
+    # A generation of a group that does not exist: GROUP_ID_NOT_FOUND from OffsetCommit v9 (Kafka 4's
+    # validateOffsetCommit), ILLEGAL_GENERATION below.
+    assert h.commit("never-joined", 3, a) == ErrorCode.group_id_not_found
+    assert h.commit("never-joined", 3, a, api_version=8) == ErrorCode.illegal_generation
+    assert h.coordinator.group("never-joined") is None
     h.join_new(client="c")  # PreparingRebalance: commits of the current generation are still accepted
     assert h.commit("g", generation, b) == ErrorCode.none
     a_join = h.join("g", a)

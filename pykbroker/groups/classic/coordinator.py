@@ -942,8 +942,9 @@ class GroupCoordinator:
             return
         group = self._groups.get(group_id)
         if group is None:
-            if generation >= 0:  # a generation of a group that does not exist: stale, reject
-                results.update({tp: ErrorCode.illegal_generation for tp in known})
+            if generation >= 0:  # a generation of a group that does not exist: stale, reject (Kafka 4: v9+ says so)
+                error = ErrorCode.group_id_not_found if api_version >= 9 else ErrorCode.illegal_generation
+                results.update({tp: error for tp in known})
                 respond(results)
                 return
             group = self._add_group(group_id)  # a "simple" group: Kafka only for offset storage
