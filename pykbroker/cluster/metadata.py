@@ -162,6 +162,7 @@ class ClusterMetadata(Protocol):
     cluster_id: str
     controller_id: int
     local_leadership: bool
+    topics_version: int  # goes up whenever a topic is created, deleted or changed
 
     def brokers(self) -> list[BrokerEndpoint]: ...
     def topics(self) -> list[TopicInfo]: ...
@@ -212,10 +213,12 @@ class TopicIndex:
         self._by_id: dict[uuid.UUID, TopicInfo] = {}
         self._by_collision_key: dict[str, set[str]] = {}
         self._partitions = 0
+        self.topics_version = 0  # goes up on every change of the topics (consumer groups recompute on it)
 
     def _index(self, info: TopicInfo) -> None:
         """Add or replace a topic (a topic id of all zeros, not known yet, is not indexed by id)."""
         self._unindex(info.name)
+        self.topics_version += 1
         self._topics[info.name] = info
         if info.topic_id.int != 0:
             self._by_id[info.topic_id] = info
@@ -226,6 +229,7 @@ class TopicIndex:
         info = self._topics.pop(name, None)
         if info is None:
             return None
+        self.topics_version += 1
         if self._by_id.get(info.topic_id) is info:
             del self._by_id[info.topic_id]
         names = self._by_collision_key[collision_key(name)]
@@ -366,6 +370,7 @@ class EmbeddedMetadata(TopicIndex):
         added = total - len(info.partitions)
         info.partitions.extend(self._new_partition() for _ in range(added))
         self._partitions += added
+        self.topics_version += 1
         self._journal(info)
         return info
 

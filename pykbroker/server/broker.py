@@ -231,7 +231,8 @@ class Broker:
             consumer_group_config = ConsumerGroupConfig.from_broker_config(config)
         except ValueError as exc:  # Kafka's GroupCoordinatorConfig checks: refused at start
             raise StartupError(str(exc)) from None
-        self.consumer_groups = ConsumerGroupCoordinator(self.groups, self.metadata.topics, consumer_group_config)
+        self.consumer_groups = ConsumerGroupCoordinator(self.groups, self.metadata.topics, consumer_group_config,
+                                                        topics_version=lambda: self.metadata.topics_version)
         self.groups.consumer_groups = self.consumer_groups
         if self.cluster is not None:  # the coordinator follows the offsets partitions' leadership
             self.cluster.on_leadership_change.append(self.groups.on_leadership_change)

@@ -341,6 +341,45 @@ def test_what_re2_refuses_is_an_invalid_regular_expression(h, capfd):
     assert "Error parsing" not in capfd.readouterr().err  # RE2 logs nothing itself: the answer says why
 
 
+def test_heartbeats_read_the_topics_only_when_they_or_a_subscription_changed(h):
+    """The subscription metadata is computed again only on a new topics version (the broker's metadata counts
+    its changes) or a changed subscription, so one member's huge subscription does not slow every heartbeat;
+    a regex keeps one resolution, the latest."""
+    reads = []
+    version = [0]
+
+    def topics():
+        reads.append(version[0])
+        return list(h.topics.values())
+
+    h.coordinator._topics, h.coordinator._topics_version = topics, lambda: version[0]
+    tid = h.id_of()
+    h.join("m1")
+    h.join("big", topics=("orders", *(f"nope{i}" for i in range(1000))))
+    h.join("rx", topics=None, regex="ord.*")
+    group = h.group()
+    assert group.subscribers["orders"] == 2 and group.subscribers["nope999"] == 1 and group.regex_subscribers == {
+        "ord.*": 1}
+    reads.clear()
+    for _ in range(3):
+        for member in ("m1", "big", "rx"):
+            assert h.beat(member, group.members[member].member_epoch, None).error == ErrorCode.none
+    assert reads == []
+    for i in range(5):  # topics come and go: one new read each time, one regex resolution kept
+        h.topics[f"ordinal{i}"] = topic(f"ordinal{i}", 1)
+        version[0] += 1
+        h.beat("m1", group.members["m1"].member_epoch, None)
+    assert reads == [1, 2, 3, 4, 5] and set(h.coordinator._resolved) == {"ord.*"}
+    assert "ordinal4" in group.subscription_metadata and group.group_epoch == 3 + 5
+    h.topics["nope7"] = topic("nope7", 2)
+    version[0] += 1
+    h.beat("big", group.members["big"].member_epoch, None)
+    assert "nope7" in group.subscription_metadata
+    h.beat("big", -1)  # its names go with it
+    assert "nope7" not in group.subscription_metadata and "nope7" not in group.subscribers
+    assert set(group.subscription_metadata) >= {"orders", "ordinal0"} and tid in group.target_of("m1")
+
+
 def test_partitions_added_and_a_topic_deleted_bump_the_group_epoch(h):
     tid = h.id_of()
     h.join("m1")

@@ -215,10 +215,8 @@ def compile_topic_regex(pattern: str):
         raise ValueError(reason.decode(errors="replace") if isinstance(reason, bytes) else str(reason)) from None
 
 
-@lru_cache(maxsize=1024)
-def _matching_topics(regex: str, topic_names: frozenset[str]) -> frozenset[str]:
-    """The topics a regex matches, remembered per (regex, topic set): heartbeats of a group whose topics did not
-    change match nothing again."""
+def _matching_topics(regex: str, topic_names: Iterable[str]) -> frozenset[str]:
+    """The topics a regex matches."""
     try:
         pattern = compile_topic_regex(regex)
     except ValueError:
@@ -238,7 +236,7 @@ class ConsumerGroupCoordinator:
     classic coordinator's Scheduler protocol)."""
 
     def __init__(self, classic, topics: Callable[[], Iterable], config: ConsumerGroupConfig | None = None,
-                 *, scheduler=None) -> None:
+                 *, scheduler=None, topics_version: Callable[[], int] | None = None) -> None:
         from pykbroker.groups.classic.coordinator import LoopScheduler
 
         self.classic = classic
@@ -248,6 +246,8 @@ class ConsumerGroupCoordinator:
         self._groups: dict[str, ConsumerGroup] = {}
         self._session_timers: dict[tuple[str, str], object] = {}
         self._rebalance_timers: dict[tuple[str, str], object] = {}
+        self._topics_version = topics_version  # None: unknown, the topics are read at every heartbeat
+        self._resolved: dict[str, tuple[object, frozenset[str]]] = {}  # regex -> (topics version, matches)
         self._unsynced: dict[str, set[str]] = {}  # group id -> the member ids the log may hold after a failed write
 
     # -- lookups ----------------------------------------------------------------------------------------
@@ -707,16 +707,29 @@ class ConsumerGroupCoordinator:
     def _subscription_metadata(self, group: ConsumerGroup) -> dict[str, TopicMetadata]:
         """The metadata of every existing topic some member subscribes to, by name or by regex (internal
         topics are never matched by a regex, as the Java client's pattern subscriptions never did); the
-        group's regexes are resolved again (``group.resolved_regexes``)."""
+        group's regexes are resolved again (``group.resolved_regexes``). Computed again only when the topics
+        (``topics_version``) or a subscription of the group changed: a heartbeat otherwise costs nothing here."""
+        version = self._topics_version() if self._topics_version is not None else None
+        key = (version, group.subscriptions_version)
+        if version is not None and group.subscription_key == key:
+            return group.subscription_metadata
         topics = {info.name: info for info in self._topics()}
         candidates = frozenset(name for name, info in topics.items() if not info.internal)
-        group.resolved_regexes = {regex: _matching_topics(regex, candidates)
-                                  for regex in {m.subscribed_topic_regex for m in group.members.values()} if regex}
-        wanted: set[str] = set()
-        for member in group.members.values():
-            wanted |= self._subscribed_names(member, group.resolved_regexes)
+        group.resolved_regexes = {regex: self._resolve(regex, candidates, version) for regex in group.regex_subscribers}
+        wanted = set(group.subscribers).union(*group.resolved_regexes.values())
+        group.subscription_key = key
         return {name: TopicMetadata(topics[name].topic_id, name, len(topics[name].partitions))
                 for name in sorted(wanted) if name in topics}
+
+    def _resolve(self, regex: str, candidates: frozenset[str], version: int | None) -> frozenset[str]:
+        """The topics a regex matches, remembered once per regex for the latest topics version (or topic set)."""
+        key = version if version is not None else candidates
+        cached = self._resolved.get(regex)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        matched = _matching_topics(regex, candidates)
+        self._resolved[regex] = (key, matched)
+        return matched
 
     def _compute_target_assignment(self, group: ConsumerGroup) -> None:
         """Kafka's TargetAssignmentBuilder: every member's target for the group epoch, by the group's assignor."""

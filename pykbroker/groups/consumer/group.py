@@ -174,6 +174,10 @@ class ConsumerGroup:
         self.partition_epochs: dict[tuple[uuid.UUID, int], int] = {}
         self.subscription_metadata: dict[str, TopicMetadata] = {}  # topic name -> metadata
         self.resolved_regexes: dict[str, frozenset[str]] = {}  # regex -> the topic names it matched
+        self.subscribers: dict[str, int] = {}  # topic name -> how many members subscribe to it by name
+        self.regex_subscribers: dict[str, int] = {}  # regex -> how many members subscribe with it
+        self.subscriptions_version = 0  # goes up whenever a member's subscription changes
+        self.subscription_key: tuple | None = None  # (topics version, subscriptions version) of the metadata
 
     @property
     def state(self) -> GroupState:
@@ -208,6 +212,11 @@ class ConsumerGroup:
         member still holds is refused (PartitionOwnedError, nothing changed), as Kafka's addPartitionEpochs."""
         old = self.members.get(new.member_id)
         self._check_unowned(old, new)
+        if old is None or (old.subscribed_topic_names, old.subscribed_topic_regex) != (
+                new.subscribed_topic_names, new.subscribed_topic_regex):
+            if old is not None:
+                self._count_subscription(old, -1)
+            self._count_subscription(new, 1)
         if old is not None:
             self._drop_partition_epochs(old)
         self.members[new.member_id] = new
@@ -222,6 +231,7 @@ class ConsumerGroup:
         old = self.members.pop(member_id, None)
         if old is None:
             return None
+        self._count_subscription(old, -1)
         self._drop_partition_epochs(old)
         if old.instance_id is not None and self.static_members.get(old.instance_id) == member_id:
             del self.static_members[old.instance_id]
@@ -241,6 +251,19 @@ class ConsumerGroup:
                     raise PartitionOwnedError(f"Cannot set the epoch of {topic_id}-{p} to {new.member_epoch} for "
                                               f"member {new.member_id} because the partition is still owned at "
                                               f"epoch {epoch}.")
+
+    def _count_subscription(self, member: ConsumerGroupMember, delta: int) -> None:
+        """Keep the per-topic and per-regex subscriber counts of the group as ``member`` comes (1) or goes (-1)."""
+        counts = [(self.subscribers, name) for name in member.subscribed_topic_names]
+        if member.subscribed_topic_regex:
+            counts.append((self.regex_subscribers, member.subscribed_topic_regex))
+        for table, key in counts:
+            left = table.get(key, 0) + delta
+            if left > 0:
+                table[key] = left
+            else:
+                table.pop(key, None)
+        self.subscriptions_version += 1
 
     def _drop_partition_epochs(self, member: ConsumerGroupMember) -> None:
         for assignment in (member.assigned, member.pending_revocation):
