@@ -6,6 +6,7 @@ real broker in this process, the handlers called with a principal of their own."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 
 import pytest
@@ -39,21 +40,32 @@ def join(group: str, topics: tuple[str, ...]):
         subscribed_topic_names=topics, topic_partitions=())
 
 
+@contextlib.asynccontextmanager
+async def acl_broker(tmp_path):
+    """A broker with an authorizer, topics "visible" and "hidden"; MALLORY may READ group "g" and DESCRIBE
+    "visible"."""
+    config = BrokerConfig(data_dir=tmp_path, port=0, values={
+        "authorizer.class.name": "kafka.security.authorizer.AclAuthorizer", "super.users": "User:ANONYMOUS",
+        "offsets.topic.num.partitions": 1})
+    listening = [(listener, bind_listener(listener)) for listener in config.listeners]
+    broker = Broker(config)
+    try:
+        await broker.start(listening)
+        for topic in ("visible", "hidden"):
+            await broker.topics.auto_create_async(topic)
+        await broker.create_internal_topic(OFFSETS_TOPIC)
+        allow(broker, ResourceType.GROUP, "g", AclOperation.READ)
+        allow(broker, ResourceType.TOPIC, "visible", AclOperation.DESCRIBE)
+        yield broker
+    finally:
+        await broker.stop()
+        for _, sock in listening:
+            sock.close()
+
+
 def test_heartbeat_and_describe_need_their_acls(tmp_path):
     async def scenario():
-        config = BrokerConfig(data_dir=tmp_path, port=0, values={
-            "authorizer.class.name": "kafka.security.authorizer.AclAuthorizer", "super.users": "User:ANONYMOUS",
-            "offsets.topic.num.partitions": 1})
-        listening = [(listener, bind_listener(listener)) for listener in config.listeners]
-        broker = Broker(config)
-        try:
-            await broker.start(listening)
-            for topic in ("visible", "hidden"):
-                await broker.topics.auto_create_async(topic)
-            await broker.create_internal_topic(OFFSETS_TOPIC)
-            allow(broker, ResourceType.GROUP, "g", AclOperation.READ)
-            allow(broker, ResourceType.TOPIC, "visible", AclOperation.DESCRIBE)
-
+        async with acl_broker(tmp_path) as broker:
             refused = await call(broker, consumer_group_heartbeat, 68, 1, join("other", ("visible",)))
             assert refused.error_code == ErrorCode.group_authorization_failed
             refused = await call(broker, consumer_group_heartbeat, 68, 1, join("g", ("visible", "hidden")))
@@ -68,9 +80,21 @@ def test_heartbeat_and_describe_need_their_acls(tmp_path):
             assert mine.error_code == ErrorCode.none and mine.members[0].member_id == "m1"  # READ implies DESCRIBE
             assert mine.members[0].client_id == "mallory-client"
             assert (others.group_id, others.error_code) == ("other", ErrorCode.group_authorization_failed)
-        finally:
-            await broker.stop()
-            for _, sock in listening:
-                sock.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_regex_resolves_to_the_topics_the_principal_may_describe(tmp_path):
+    """Kafka 4's filterTopicDescribeAuthorizedTopics: a regex subscription gets no topic its member's principal
+    may not DESCRIBE (the regex itself needs no topic ACL)."""
+    async def scenario():
+        async with acl_broker(tmp_path) as broker:
+            joined = await call(broker, consumer_group_heartbeat, 68, 1, heartbeat_v1.ConsumerGroupHeartbeatRequest(
+                group_id="g", member_id="m1", member_epoch=0, rebalance_timeout=datetime.timedelta(seconds=30),
+                subscribed_topic_regex=".*i.*", topic_partitions=()))
+            assert (joined.error_code, joined.member_epoch) == (ErrorCode.none, 1)
+            visible = broker.metadata.topic("visible").topic_id
+            assert [t.topic_id for t in joined.assignment.topic_partitions] == [visible]
+            assert set(broker.consumer_groups.group("g").subscription_metadata) == {"visible"}
 
     asyncio.run(asyncio.wait_for(scenario(), 60))

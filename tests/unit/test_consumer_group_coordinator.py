@@ -380,6 +380,25 @@ def test_heartbeats_read_the_topics_only_when_they_or_a_subscription_changed(h):
     assert set(group.subscription_metadata) >= {"orders", "ordinal0"} and tid in group.target_of("m1")
 
 
+def test_a_regex_keeps_only_the_topics_its_heartbeats_principal_may_describe(h):
+    """Kafka 4's filterTopicDescribeAuthorizedTopics, with the principal of the heartbeat resolving the regex."""
+    h.topics["ordinals"] = topic("ordinals", 2)
+    asked = []
+
+    def describable(names):
+        asked.append(sorted(names))
+        return {name for name in names if name != "ordinals"}
+
+    joined = h.heartbeat(HeartbeatRequest("g", "m1", 0, rebalance_timeout_ms=REBALANCE_MS, subscribed_topic_regex="ord.*",
+                                          owned={}, describable=describable))
+    assert set(joined.assignment) == {h.id_of()} and asked == [["orders", "ordinals"]]
+    assert set(h.group().subscription_metadata) == {"orders"}
+    # A heartbeat of a principal that may describe everything (no authorizer) resolves it next time.
+    h.topics["ordnance"] = topic("ordnance", 1)
+    grown = h.beat("m1", 1, {h.id_of(): (0, 1, 2, 3)})
+    assert set(grown.assignment) == {h.id_of(), h.id_of("ordinals"), h.id_of("ordnance")}
+
+
 def test_partitions_added_and_a_topic_deleted_bump_the_group_epoch(h):
     tid = h.id_of()
     h.join("m1")

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+import weakref
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Callable, Iterable, Mapping
@@ -164,6 +165,8 @@ class HeartbeatRequest:
     client_id: str = ""
     client_host: str = ""
     version: int = 1
+    # the topics among these the heartbeat's principal may DESCRIBE (None: all): what a regex resolved keeps
+    describable: Callable[[Iterable[str]], set[str]] | None = None
 
 
 @dataclass(frozen=True)
@@ -248,7 +251,9 @@ class ConsumerGroupCoordinator:
         self._rebalance_timers: dict[tuple[str, str], object] = {}
         self._topics_version = topics_version  # None: unknown, the topics are read at every heartbeat
         self._resolved: dict[str, tuple[object, frozenset[str]]] = {}  # regex -> (topics version, matches)
-        self._unsynced: dict[str, set[str]] = {}  # group id -> the member ids the log may hold after a failed write
+        self._unsynced: dict[str, set[str]] = {}
+        # group -> the DESCRIBE filter of its latest heartbeat, which resolves its regexes (as Kafka 4's refresh)
+        self._describable: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group id -> the member ids the log may hold after a failed write
 
     # -- lookups ----------------------------------------------------------------------------------------
 
@@ -519,6 +524,7 @@ class ConsumerGroupCoordinator:
             self._check_regex(request)  # before an empty classic group of this id is released
         group = self._get_or_create_group(group_id, request.member_epoch == JOIN_GROUP_MEMBER_EPOCH)
         before = snapshot(group)
+        self._describable[group] = request.describable
         if (request.member_id not in group.members and group.static_member(request.instance_id) is None
                 and len(group.members) >= self.config.max_size):
             raise HeartbeatError(ErrorCode.group_max_size_reached,
@@ -716,6 +722,10 @@ class ConsumerGroupCoordinator:
         topics = {info.name: info for info in self._topics()}
         candidates = frozenset(name for name, info in topics.items() if not info.internal)
         group.resolved_regexes = {regex: self._resolve(regex, candidates, version) for regex in group.regex_subscribers}
+        describable = self._describable.get(group)
+        if describable is not None:  # Kafka 4 drops the matched topics the principal may not DESCRIBE
+            group.resolved_regexes = {regex: frozenset(describable(names)) if names else names
+                                      for regex, names in group.resolved_regexes.items()}
         wanted = set(group.subscribers).union(*group.resolved_regexes.values())
         group.subscription_key = key
         return {name: TopicMetadata(topics[name].topic_id, name, len(topics[name].partitions))

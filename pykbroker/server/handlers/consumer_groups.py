@@ -9,7 +9,8 @@ lets the coordinator make one for an empty id. Errors carry Kafka 4's messages (
 UNSUPPORTED_ASSIGNOR, GROUP_ID_NOT_FOUND, UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH, UNRELEASED_INSTANCE_ID,
 FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED, INVALID_REGULAR_EXPRESSION, NOT_COORDINATOR,
 COORDINATOR_LOAD_IN_PROGRESS). Authorization as Kafka 4's KafkaApis: READ on the group
-(GROUP_AUTHORIZATION_FAILED), DESCRIBE on every subscribed topic name (TOPIC_AUTHORIZATION_FAILED).
+(GROUP_AUTHORIZATION_FAILED), DESCRIBE on every subscribed topic name (TOPIC_AUTHORIZATION_FAILED); a regex
+matches only the topics the principal of the heartbeat that resolved it may DESCRIBE.
 
 ConsumerGroupDescribe answers each group with its state, epochs, assignor and members (current and target
 assignment, topic ids with names); GROUP_ID_NOT_FOUND for an unknown group or a classic one; DESCRIBE on the
@@ -25,7 +26,7 @@ from pykbroker.groups.consumer.coordinator import HeartbeatRequest
 from pykbroker.log.manager import kafka_uuid
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
-from pykbroker.server.handlers._authorize import AclOperation, ResourceType, allowed, allowed_names
+from pykbroker.server.handlers._authorize import AclOperation, ResourceType, allowed, allowed_names, enabled
 from pykbroker.server.handlers._build import make, response_module
 from pykbroker.server.handlers._operations import GROUP_OPERATIONS, authorized_if
 from pykbroker.server.handlers.groups import _client_host, _ms, answer_later
@@ -44,6 +45,14 @@ def _topic_partitions(cls, assignment: Mapping[uuid.UUID, frozenset[int]], names
     return tuple(make(cls, topic_id=topic_id, topic_name=(names or {}).get(topic_id, ""),
                       partitions=tuple(sorted(parts)))
                  for topic_id, parts in sorted(assignment.items(), key=lambda item: str(item[0])))
+
+
+def _describable(ctx: RequestContext):
+    """What a regex resolved for this heartbeat may keep: the topics its principal may DESCRIBE (Kafka 4's
+    filterTopicDescribeAuthorizedTopics); None without an authorizer."""
+    if not enabled(ctx):
+        return None
+    return lambda names: allowed_names(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, names, log_if_denied=False)
 
 
 @handles(68)
@@ -76,6 +85,7 @@ def consumer_group_heartbeat(ctx: RequestContext, request) -> Any:
         client_id=ctx.request.client_id or "",
         client_host=_client_host(ctx),
         version=ctx.version,
+        describable=_describable(ctx),
     )
 
     def build(result) -> Any:
