@@ -451,6 +451,15 @@ def test_the_group_size_is_bounded(logs):
     assert full.message == "The consumer group has reached its maximum capacity of 1 members."
 
 
+def test_a_static_member_rejoining_under_a_new_member_id_into_a_full_group_is_refused(logs):
+    """Kafka 4's throwIfConsumerGroupIsFull counts by member id: a static member's new id is a new member."""
+    h = Harness(logs, max_size=1)
+    h.join("s1", instance="i1")
+    h.beat("s1", -2, instance="i1")
+    assert h.join("s2", instance="i1").error == ErrorCode.group_max_size_reached
+    assert set(h.group().members) == {"s1"}
+
+
 def test_the_assignor_is_the_one_most_members_name(h):
     tid = h.id_of()
     h.join("a", assignor="range")

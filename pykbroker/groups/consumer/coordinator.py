@@ -525,8 +525,7 @@ class ConsumerGroupCoordinator:
         group = self._get_or_create_group(group_id, request.member_epoch == JOIN_GROUP_MEMBER_EPOCH)
         before = snapshot(group)
         self._describable[group] = request.describable
-        if (request.member_id not in group.members and group.static_member(request.instance_id) is None
-                and len(group.members) >= self.config.max_size):
+        if request.member_id not in group.members and len(group.members) >= self.config.max_size:  # by member id
             raise HeartbeatError(ErrorCode.group_max_size_reached,
                                  f"The consumer group has reached its maximum capacity of {self.config.max_size} members.")
         self._check_regex(request)  # before anything changes (a static member's takeover)
