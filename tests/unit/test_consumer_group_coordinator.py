@@ -424,6 +424,7 @@ def test_bad_requests_get_kafkas_errors(h):
         (join(rebalance_timeout_ms=-1), ErrorCode.invalid_request, "RebalanceTimeoutMs must be provided in first request."),
         (join(owned={h.id_of(): (0,)}), ErrorCode.invalid_request, "TopicPartitions must be empty when (re-)joining."),
         (join(owned=None), ErrorCode.invalid_request, "TopicPartitions must be empty when (re-)joining."),
+        (join(owned={h.id_of(): ()}), ErrorCode.invalid_request, "TopicPartitions must be empty when (re-)joining."),
         (join(subscribed_topic_names=None), ErrorCode.invalid_request,
          "Either SubscribedTopicNames or SubscribedTopicRegex must be non-null when (re-)joining."),
         (h.beat("m1", -2), ErrorCode.invalid_request, "InstanceId can't be null."),

@@ -409,7 +409,7 @@ class ConsumerGroupCoordinator:
         if request.member_epoch == JOIN_GROUP_MEMBER_EPOCH:
             if request.rebalance_timeout_ms == -1:
                 raise invalid("RebalanceTimeoutMs must be provided in first request.")
-            if request.owned is None or any(request.owned.values()):
+            if request.owned is None or request.owned:  # (a topic without partitions is not empty either)
                 raise invalid("TopicPartitions must be empty when (re-)joining.")
             if request.subscribed_topic_names is None and request.subscribed_topic_regex is None:
                 raise invalid("Either SubscribedTopicNames or SubscribedTopicRegex must be non-null when (re-)joining.")
