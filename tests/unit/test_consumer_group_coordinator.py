@@ -262,6 +262,7 @@ def test_a_heartbeat_failing_midway_leaves_the_group_and_its_timers_as_they_were
     h.topics["other"] = topic("other", 1)
     assert h.join("s2", instance="i1", topics=("other",)).error == ErrorCode.unknown_server_error
     assert stored_view(h.group()) == before and h.group().static_member("i1").member_id == "s1"
+    assert h.group().subscribers == {"orders": 2}
     assert sorted(k for k in h.coordinator._session_timers if k[0] == "g") == [("g", "m1"), ("g", "s1")]
     monkeypatch.undo()
     assert h.join("m3", group="new").error == ErrorCode.none  # (other groups carry on)

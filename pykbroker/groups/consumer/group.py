@@ -193,12 +193,17 @@ class ConsumerGroup:
         return not self.members
 
     def checkpoint(self) -> dict:
-        """The group's state, for ``restore`` if a change fails midway."""
-        return {name: copy.copy(value) for name, value in vars(self).items()}
+        """The group's state, for ``restore`` if a change fails midway (without the subscriber counts, which can
+        be large and are counted again from the members)."""
+        return {name: copy.copy(value) for name, value in vars(self).items()
+                if name not in ("subscribers", "regex_subscribers")}
 
     def restore(self, saved: dict) -> None:
         vars(self).clear()
         vars(self).update(saved)
+        self.subscribers, self.regex_subscribers = {}, {}
+        for member in self.members.values():
+            self._count_subscription(member, 1)
 
     def static_member(self, instance_id: str | None) -> ConsumerGroupMember | None:
         member_id = self.static_members.get(instance_id) if instance_id is not None else None
