@@ -100,6 +100,7 @@ def test_describe_answers_unknown_and_classic_groups(shared_broker, topic_name):
     assert [(t.topic_name, t.partitions) for t in member.assignment.topic_partitions] == [(topic_name, (0,))]
     assert described.authorized_operations > 0
     assert (unknown.error_code, unknown.error_message) == (ErrorCode.group_id_not_found, "Group nobody not found.")
+    assert (unknown.group_state, unknown.group_epoch, unknown.assignment_epoch) == ("", 0, 0)  # Kafka's defaults
     assert (not_consumer.error_code, not_consumer.error_message) == (
         ErrorCode.group_id_not_found, f"Group {classic} is not a consumer group.")
 

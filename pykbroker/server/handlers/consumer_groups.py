@@ -116,8 +116,8 @@ def consumer_group_describe(ctx: RequestContext, request) -> Any:
         if d is None or d.error != ErrorCode.none:
             groups.append(make(schema.DescribedGroup, group_id=group_id,
                                error_code=ErrorCode.group_authorization_failed if d is None else d.error,
-                               error_message=None if d is None else d.message, group_state="", group_epoch=-1,
-                               assignment_epoch=-1, assignor_name="", members=()))
+                               error_message=None if d is None else d.message, group_state="", group_epoch=0,
+                               assignment_epoch=0, assignor_name="", members=()))  # Kafka's defaults
             continue
         group = d.group
         members = tuple(
