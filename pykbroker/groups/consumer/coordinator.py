@@ -251,9 +251,9 @@ class ConsumerGroupCoordinator:
         self._rebalance_timers: dict[tuple[str, str], object] = {}
         self._topics_version = topics_version  # None: unknown, the topics are read at every heartbeat
         self._resolved: dict[str, tuple[object, frozenset[str]]] = {}  # regex -> (topics version, matches)
-        self._unsynced: dict[str, set[str]] = {}
+        self._unsynced: dict[str, set[str]] = {}  # group id -> the member ids the log may hold after a failed write
         # group -> the DESCRIBE filter of its latest heartbeat, which resolves its regexes (as Kafka 4's refresh)
-        self._describable: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group id -> the member ids the log may hold after a failed write
+        self._describable: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     # -- lookups ----------------------------------------------------------------------------------------
 
