@@ -7,6 +7,7 @@ The offset store and the classic coordinator are the real ones, on real logs."""
 from __future__ import annotations
 
 import asyncio
+import struct
 import uuid
 
 import pytest
@@ -17,6 +18,7 @@ from pykbroker.groups.consumer.coordinator import (
     ConsumerGroupConfig, ConsumerGroupCoordinator, HeartbeatRequest, assignor_name, compile_topic_regex,
 )
 from pykbroker.groups.consumer.group import GroupState, MemberState
+from pykbroker.groups.consumer_protocol import decode_assignment, subscription_version
 from pykbroker.groups.offset_store import OFFSETS_TOPIC, OffsetStore
 from pykbroker.protocol.errors import ErrorCode
 from tests.unit.test_group_coordinator import PARTITIONS, ManualClock, logs, subscription  # noqa: F401 (logs: fixture)
@@ -338,9 +340,8 @@ def test_a_group_id_belongs_to_one_protocol_at_a_time(h):
     assert classic.error == ErrorCode.none
     refused = h.join("m1", group="cg")
     assert (refused.error, refused.message) == (ErrorCode.group_id_not_found, "Group cg is not a consumer group.")
-    h.join("m1", group="ng")
-    assert classic_join(h, "ng").error == ErrorCode.inconsistent_group_protocol
     # An empty group of either kind gives its id up.
+    h.join("m1", group="ng")
     h.beat("m1", -1, group="ng")
     assert classic_join(h, "ng").error == ErrorCode.none and not h.coordinator.has_group("ng")
 
@@ -628,3 +629,180 @@ def test_heartbeats_wait_while_the_groups_partition_loads(h):
     during, after = asyncio.run(lead_again())
     assert during.error == ErrorCode.coordinator_load_in_progress
     assert (after.error, after.member_epoch) == (ErrorCode.none, 1)
+
+
+# -- classic members inside a consumer group (Kafka 4's classicGroup*ToConsumerGroup) ---------------------
+
+
+def cooperative_subscription(topics=("orders",), owned=()) -> bytes:
+    """A consumer protocol Subscription v1 (cooperative clients): topics, null user data, owned partitions."""
+    data = struct.pack(">hi", 1, len(topics))
+    for name in topics:
+        data += struct.pack(">h", len(name)) + name.encode()
+    data += struct.pack(">i", -1) + struct.pack(">i", 1 if owned else 0)
+    if owned:
+        data += struct.pack(">h", len(topics[0])) + topics[0].encode()
+        data += struct.pack(f">i{len(owned)}i", len(owned), *owned)
+    return data
+
+
+def classic_member_join(h: Harness, member_id: str = "", *, owned=(), group: str = "g", protocols=None,
+                        protocol_type: str = "consumer", session_ms: int = 10_000, known_id: bool = True):
+    answers = []
+    protocols = protocols or [("cooperative-sticky", cooperative_subscription(owned=owned)), ("range", subscription("orders"))]
+    h.classic.join_group(JoinRequest(group, member_id, protocol_type, protocols, session_ms, REBALANCE_MS, None, "c",
+                                     "/127.0.0.1", known_id), answers.append)
+    (answer,) = answers
+    return answer
+
+
+def classic_member_sync(h: Harness, member_id: str, generation: int, *, group: str = "g",
+                        protocol: str | None = "cooperative-sticky"):
+    answers = []
+    h.classic.sync_group(group, generation, member_id, "consumer", protocol, None, {}, answers.append)
+    (answer,) = answers
+    return answer
+
+
+def test_a_classic_consumer_joins_a_consumer_group_and_gets_partitions_once_released(h):
+    tid = h.id_of()
+    h.join("m1")
+    required = classic_member_join(h)
+    assert required.error == ErrorCode.member_id_required and uuid.UUID(required.member_id)
+    joined = classic_member_join(h, required.member_id)
+    c1 = joined.member_id
+    # Generation = member epoch, protocol = its first one, no leader: the server assigns.
+    assert (joined.error, joined.generation_id, joined.protocol_type, joined.protocol_name, joined.leader,
+            joined.members) == (ErrorCode.none, 2, "consumer", "cooperative-sticky", "", ())
+    member = h.group().members[c1]
+    assert member.uses_classic_protocol and member.classic_session_timeout_ms == 10_000
+    assert member.state is MemberState.UNRELEASED_PARTITIONS
+    synced = classic_member_sync(h, c1, 2)
+    assert synced.error == ErrorCode.none and decode_assignment(synced.assignment) == {}
+    assert subscription_version(synced.assignment) == 1  # the version of its first protocol's Subscription
+    assert h.classic.heartbeat("g", c1, None, 2) == ErrorCode.none  # still waiting on m1
+    # m1 revokes what the classic member is to get; then the classic member is told to rejoin.
+    revoking = h.beat("m1", 1, {tid: (0, 1, 2, 3)})
+    kept = parts(revoking, tid)
+    h.beat("m1", 1, {tid: tuple(kept)})
+    assert h.classic.heartbeat("g", c1, None, 2) == ErrorCode.rebalance_in_progress
+    rejoined = classic_member_join(h, c1)
+    assert (rejoined.error, rejoined.generation_id) == (ErrorCode.none, 2)
+    got = decode_assignment(classic_member_sync(h, c1, 2).assignment)
+    assert set(got["orders"]) == {0, 1, 2, 3} - kept and len(got["orders"]) == 2
+    assert h.classic.heartbeat("g", c1, None, 2) == ErrorCode.none
+    assert h.group().state is GroupState.STABLE
+
+
+def test_a_classic_member_revokes_by_rejoining_without_the_partitions(h):
+    tid = h.id_of()
+    h.join("m1")
+    c1 = classic_member_join(h, known_id=False).member_id
+    h.beat("m1", 1, {tid: (0, 1, 2, 3)})
+    h.beat("m1", 1, {tid: tuple(h.group().members["m1"].assigned[tid])})
+    classic_member_join(h, c1)
+    owned = tuple(decode_assignment(classic_member_sync(h, c1, 2).assignment)["orders"])
+    h.beat("m1", 2, {tid: tuple(h.group().members["m1"].assigned[tid])})
+    # Two more members: the classic member must give one partition up. Its heartbeat says rejoin.
+    h.join("m3")
+    h.join("m4")
+    assert h.classic.heartbeat("g", c1, None, 2) == ErrorCode.rebalance_in_progress
+    still = classic_member_join(h, c1, owned=owned)
+    assert h.group().members[c1].state is MemberState.UNREVOKED_PARTITIONS
+    kept = decode_assignment(classic_member_sync(h, c1, still.generation_id).assignment)["orders"]
+    assert len(kept) < len(owned)
+    assert h.classic.heartbeat("g", c1, None, still.generation_id) == ErrorCode.rebalance_in_progress
+    done = classic_member_join(h, c1, owned=kept)
+    assert done.generation_id == 4 and h.group().members[c1].state is not MemberState.UNREVOKED_PARTITIONS
+
+
+def test_classic_requests_to_a_consumer_group_get_kafkas_errors(h):
+    h.join("m1")
+    c1 = classic_member_join(h, known_id=False).member_id
+    assert classic_member_sync(h, c1, 7).error == ErrorCode.illegal_generation
+    assert classic_member_sync(h, c1, 2, protocol="range").error == ErrorCode.inconsistent_group_protocol
+    assert classic_member_sync(h, "nobody", 2).error == ErrorCode.unknown_member_id
+    assert classic_member_sync(h, "m1", 1).error == ErrorCode.unknown_member_id  # not a classic member
+    assert h.classic.heartbeat("g", c1, None, 1) == ErrorCode.illegal_generation
+    assert h.classic.heartbeat("g", "nobody", None, 2) == ErrorCode.unknown_member_id
+    assert classic_member_join(h, "m1").error == ErrorCode.unknown_member_id  # a consumer-protocol member
+    # Not the consumer protocol type, no protocol shared with the classic members, or unreadable metadata.
+    assert classic_member_join(h, protocol_type="connect", known_id=False).error == \
+        ErrorCode.inconsistent_group_protocol
+    assert classic_member_join(h, protocols=[("roundrobin", subscription("orders"))], known_id=False).error == \
+        ErrorCode.inconsistent_group_protocol
+    assert classic_member_join(h, protocols=[("range", b"\x00")], known_id=False).error == \
+        ErrorCode.inconsistent_group_protocol
+    assert set(h.group().members) == {"m1", c1}
+
+
+def test_a_classic_member_commits_offsets_with_its_member_epoch_as_generation(h):
+    h.join("m1")
+    c1 = classic_member_join(h, known_id=False).member_id
+
+    def commit(generation, member=c1):
+        answers = []
+        h.classic.commit_offsets("g", generation, member, {("orders", 0): (5, -1, "")}, answers.append, api_version=8)
+        return set(answers[0].values())
+
+    assert commit(2) == {ErrorCode.none}
+    assert commit(1) == {ErrorCode.illegal_generation}
+    assert commit(2, "nobody") == {ErrorCode.unknown_member_id}
+    assert commit(1, "m1") == {ErrorCode.unsupported_version}  # a consumer-protocol member still needs v9
+
+
+def test_a_classic_member_leaves_and_its_partitions_go_to_the_others(h):
+    tid = h.id_of()
+    h.join("m1")
+    c1 = classic_member_join(h, known_id=False).member_id
+    epoch = h.group().group_epoch
+    error, results = h.classic.leave_group("g", [LeavingMember(c1), LeavingMember("m1"), LeavingMember("x")])
+    assert error == ErrorCode.none
+    assert [e for _, e in results] == [ErrorCode.none, ErrorCode.unknown_member_id, ErrorCode.unknown_member_id]
+    assert c1 not in h.group().members and h.group().group_epoch == epoch + 1
+    assert h.beat("m1", 1, {tid: (0, 1, 2, 3)}).member_epoch == epoch + 1
+    assert h.group().target_of("m1") == {tid: frozenset({0, 1, 2, 3})}
+
+
+def test_a_classic_member_is_fenced_after_its_own_session_timeout_or_without_sync_or_rejoin(h):
+    h.join("m1")
+    c1 = classic_member_join(h, known_id=False, session_ms=45_000).member_id
+    h.clock.advance(REBALANCE_MS - 1)  # no SyncGroup within the rebalance timeout
+    h.beat("m1", 2, {})
+    assert c1 in h.group().members
+    h.clock.advance(1)
+    assert c1 not in h.group().members
+    c2 = classic_member_join(h, known_id=False, session_ms=10_000).member_id
+    classic_member_sync(h, c2, h.group().members[c2].member_epoch)
+    h.clock.advance(9_999)
+    h.beat("m1", h.group().members["m1"].member_epoch, {})
+    assert c2 in h.group().members
+    h.clock.advance(1)  # its classic session timeout, not group.consumer.session.timeout.ms
+    assert c2 not in h.group().members
+
+
+def test_a_classic_member_told_to_rejoin_is_fenced_if_it_does_not(h):
+    h.join("m1")
+    c1 = classic_member_join(h, known_id=False).member_id
+    classic_member_sync(h, c1, 2)
+    h.join("m3")
+    assert h.classic.heartbeat("g", c1, None, 2) == ErrorCode.rebalance_in_progress
+    for _ in range(3):
+        h.clock.advance(9_000)
+        assert h.classic.heartbeat("g", c1, None, 2) == ErrorCode.rebalance_in_progress
+        h.beat("m1", h.group().members["m1"].member_epoch, {})
+        h.beat("m3", h.group().members["m3"].member_epoch, {})
+    h.clock.advance(REBALANCE_MS - 27_000)
+    assert c1 not in h.group().members
+
+
+def test_a_classic_member_is_stored_and_back_after_a_restart(h):
+    h.join("m1")
+    c1 = classic_member_join(h, known_id=False, session_ms=12_000).member_id
+    before = h.group().members[c1]
+    h.restart()
+    after = h.group().members[c1]
+    assert after == before and after.classic_protocols[0][0] == "cooperative-sticky"
+    assert classic_member_sync(h, c1, 2).error == ErrorCode.none
+    h.clock.advance(12_000)
+    assert c1 not in h.group().members

@@ -443,8 +443,8 @@ class GroupCoordinator:
             respond(JoinResult(ErrorCode.invalid_session_timeout, member_id))
             return
         if self.consumer_groups is not None and not self.consumer_groups.release_empty_group(request.group_id):
-            # A consumer group with members (Kafka 4 answers this while no online migration applies).
-            respond(JoinResult(ErrorCode.inconsistent_group_protocol, member_id))
+            # A consumer group with members: the member joins it with the classic protocol (Kafka 4).
+            self.consumer_groups.classic_join(request, respond)
             return
         is_unknown_member = member_id == UNKNOWN_MEMBER_ID
         group = self._groups.get(request.group_id)
@@ -686,6 +686,10 @@ class GroupCoordinator:
         if error is not None:
             respond(SyncResult(error))
             return
+        if self.consumer_groups is not None and self.consumer_groups.has_members(group_id):
+            self.consumer_groups.classic_sync(group_id, generation_id, member_id, protocol_type, protocol_name,
+                                              group_instance_id, respond)
+            return
         group = self._groups.get(group_id)
         if group is None:
             respond(SyncResult(ErrorCode.unknown_member_id))
@@ -797,6 +801,8 @@ class GroupCoordinator:
         error = self._invalid_group_id(group_id, "heartbeat") or self._coordinator_error(group_id)
         if error is not None:
             return error
+        if self.consumer_groups is not None and self.consumer_groups.has_members(group_id):
+            return self.consumer_groups.classic_heartbeat(group_id, member_id, group_instance_id, generation_id)
         group = self._groups.get(group_id)
         if group is None:
             return ErrorCode.unknown_member_id
@@ -882,6 +888,8 @@ class GroupCoordinator:
         error = self._invalid_group_id(group_id, "leave_group") or self._coordinator_error(group_id)
         if error is not None:
             return error, []
+        if self.consumer_groups is not None and self.consumer_groups.has_members(group_id):
+            return ErrorCode.none, list(zip(members, self.consumer_groups.classic_leave(group_id, members)))
         group = self._groups.get(group_id)
         if group is None:
             return ErrorCode.none, [(m, ErrorCode.unknown_member_id) for m in members]

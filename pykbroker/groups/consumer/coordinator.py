@@ -66,6 +66,7 @@ from pykbroker.groups.consumer.group import (
     reconcile,
 )
 from pykbroker.groups.consumer.persistence import changes, replay, snapshot, tombstones
+from pykbroker.groups.consumer_protocol import decode_subscription, encode_assignment, subscription_version
 from pykbroker.groups.offset_store import OFFSETS_TOPIC
 from pykbroker.protocol.errors import ErrorCode
 
@@ -245,6 +246,8 @@ class ConsumerGroupCoordinator:
         self._groups: dict[str, ConsumerGroup] = {}
         self._session_timers: dict[tuple[str, str], object] = {}
         self._rebalance_timers: dict[tuple[str, str], object] = {}
+        self._join_timers: dict[tuple[str, str], object] = {}  # classic members told to rejoin
+        self._sync_timers: dict[tuple[str, str], object] = {}  # classic members that joined, until their SyncGroup
 
     # -- lookups ----------------------------------------------------------------------------------------
 
@@ -275,10 +278,10 @@ class ConsumerGroupCoordinator:
             self._forget(self._groups.pop(group_id))
 
     def close(self) -> None:
-        for timer in [*self._session_timers.values(), *self._rebalance_timers.values()]:
-            timer.cancel()
-        self._session_timers.clear()
-        self._rebalance_timers.clear()
+        for timers in self._all_timers():
+            for timer in timers.values():
+                timer.cancel()
+            timers.clear()
 
     def load(self, index: int, stored: dict[str, dict[bytes, bytes]]) -> int:
         """The groups of a freshly loaded offsets partition, from their records (the classic coordinator
@@ -422,20 +425,11 @@ class ConsumerGroupCoordinator:
             if existing is None:
                 log.info("group %s: static member %s (instance %s) joins", group.group_id, member_id, instance_id)
                 return ConsumerGroupMember(member_id, instance_id=instance_id)
-            if existing.member_epoch != LEAVE_GROUP_STATIC_MEMBER_EPOCH:
+            if existing.member_epoch != LEAVE_GROUP_STATIC_MEMBER_EPOCH and not existing.uses_classic_protocol:
                 raise HeartbeatError(ErrorCode.unreleased_instance_id,
                                      f"Static member {member_id} with instance id {instance_id} cannot join the group "
                                      f"because the instance id is owned by {existing.member_id} member.")
-            # The static member is back under a new member id: it takes over the old one's place and partitions.
-            replacement = replace(existing, member_id=member_id, member_epoch=0, previous_member_epoch=0)
-            target = group.target_assignment.get(existing.member_id)
-            self._remove(group, existing.member_id)
-            if target is not None:
-                group.target_assignment[member_id] = target
-            group.update_member(replacement)
-            log.info("group %s: static member %s rejoins as %s, replacing %s", group.group_id, instance_id,
-                     member_id, existing.member_id)
-            return replacement
+            return self._replace_static_member(group, existing, member_id)
         if existing is None:
             raise HeartbeatError(ErrorCode.unknown_member_id, f"Instance id {instance_id} is unknown.")
         if existing.member_id != member_id:
@@ -444,6 +438,20 @@ class ConsumerGroupCoordinator:
                                  f"{existing.member_id}.")
         self._check_epoch(existing, request.member_epoch, request.owned)
         return existing
+
+    def _replace_static_member(self, group: ConsumerGroup, existing: ConsumerGroupMember,
+                               member_id: str) -> ConsumerGroupMember:
+        """A static member back under a new member id (either protocol) takes over the old one's place and
+        partitions, at epoch 0 (Kafka's replaceMember)."""
+        replacement = replace(existing, member_id=member_id, member_epoch=0, previous_member_epoch=0)
+        target = group.target_assignment.get(existing.member_id)
+        self._remove(group, existing.member_id)
+        if target is not None:
+            group.target_assignment[member_id] = target
+        group.update_member(replacement)
+        log.info("group %s: static member %s rejoins as %s, replacing %s", group.group_id, existing.instance_id,
+                 member_id, existing.member_id)
+        return replacement
 
     def _heartbeat(self, request: HeartbeatRequest):
         group_id = request.group_id
@@ -474,31 +482,15 @@ class ConsumerGroupCoordinator:
                                     else member.subscribed_topic_regex),
             client_id=request.client_id,
             client_host=request.client_host,
+            classic_session_timeout_ms=None, classic_protocols=None,  # a static classic member now on this protocol
         )
-        bump = (updated.subscribed_topic_names != member.subscribed_topic_names
-                or updated.subscribed_topic_regex != member.subscribed_topic_regex)
         # From here on the heartbeat succeeds: the group and member change.
-        self._groups[group_id] = group
-        group.update_member(updated)
-        metadata = self._subscription_metadata(group)
-        if metadata != group.subscription_metadata:
-            group.subscription_metadata = metadata
-            bump = True
-        if bump:
-            group.group_epoch += 1
-            log.info("group %s: group epoch bumped to %d", group_id, group.group_epoch)
-        if group.group_epoch > group.assignment_epoch:
-            self._compute_target_assignment(group)
-        reconciled = updated
-        if not updated.is_reconciled_to(group.assignment_epoch):
-            reconciled = reconcile(updated, group.assignment_epoch, group.target_of(updated.member_id),
-                                   group.partition_epoch, request.owned)
+        reconciled = self._apply(group, member, updated, request.owned)
+        if reconciled.state is MemberState.UNREVOKED_PARTITIONS:
             if reconciled != updated:
-                group.update_member(reconciled)
-                if reconciled.state is MemberState.UNREVOKED_PARTITIONS:
-                    self._schedule_rebalance_timeout(group_id, reconciled)
-                else:
-                    self._cancel(self._rebalance_timers, (group_id, reconciled.member_id))
+                self._schedule_rebalance_timeout(group_id, reconciled)
+        else:
+            self._cancel(self._rebalance_timers, (group_id, reconciled.member_id))
         self._schedule_session_timeout(group_id, reconciled.member_id)
         full = request.member_epoch == JOIN_GROUP_MEMBER_EPOCH or (
             request.rebalance_timeout_ms != -1 and request.owned is not None
@@ -538,12 +530,216 @@ class ConsumerGroupCoordinator:
         # Kafka's leave answer: the member id and the epoch it sent, no heartbeat interval
         return HeartbeatResult(ErrorCode.none, None, request.member_id, request.member_epoch), group, before
 
+    # -- classic members of a consumer group (KIP-848's online migration) --------------------------------
+    #
+    # A consumer group may hold members that still speak the classic protocol (an upgraded group, or a classic
+    # consumer joining a consumer group): Kafka 4's classicGroupJoinToConsumerGroup / SyncToConsumerGroup /
+    # HeartbeatToConsumerGroup / LeaveToConsumerGroup. The server assigns for them as for the others; such a
+    # member's generation is its member epoch, it learns a new epoch by rejoining (its heartbeat answers
+    # REBALANCE_IN_PROGRESS), and it gives partitions up by rejoining without them in its Subscription's owned
+    # partitions (cooperative) or without any (eager).
+
+    def has_members(self, group_id: str) -> bool:
+        group = self._groups.get(group_id)
+        return group is not None and not group.is_empty()
+
+    def _classic_member(self, group: ConsumerGroup, member_id: str, instance_id: str | None) -> ConsumerGroupMember:
+        """Kafka's checks of a classic request's member: known (by instance id for a static one), not fenced by
+        another member id, and speaking the classic protocol."""
+        if instance_id is not None:
+            member = group.static_member(instance_id)
+            if member is None:
+                raise HeartbeatError(ErrorCode.unknown_member_id, f"Instance id {instance_id} is unknown.")
+            if member_id and member.member_id != member_id:
+                raise HeartbeatError(ErrorCode.fenced_instance_id,
+                                     f"Static member {member_id} with instance id {instance_id} was fenced by member "
+                                     f"{member.member_id}.")
+        else:
+            member = group.members.get(member_id)
+            if member is None:
+                raise HeartbeatError(ErrorCode.unknown_member_id,
+                                     f"Member {member_id} is not a member of group {group.group_id}.")
+        if not member.uses_classic_protocol:
+            raise HeartbeatError(ErrorCode.unknown_member_id,
+                                 f"Member {member.member_id} does not use the classic protocol.")
+        return member
+
+    @staticmethod
+    def _supports_classic_protocols(group: ConsumerGroup, protocol_type: str, names: set[str]) -> bool:
+        """Kafka's ConsumerGroup.supportsClassicProtocols: the consumer protocol type, and a protocol every
+        classic member supports."""
+        if protocol_type != "consumer" or not names:
+            return False
+        for member in group.members.values():
+            if member.uses_classic_protocol:
+                names = names & {name for name, _ in member.classic_protocols}
+        return bool(names)
+
+    def classic_join(self, request, respond) -> None:
+        """A JoinGroup to a consumer group with members (Kafka's classicGroupJoinToConsumerGroup); ``request`` is
+        the classic coordinator's JoinRequest, ``respond`` gets its JoinResult once the records are stored."""
+        from pykbroker.groups.classic.group import JoinResult
+
+        group = self._groups[request.group_id]
+        member_id, instance_id = request.member_id, request.group_instance_id
+        if not member_id and instance_id is None and request.require_known_member_id:
+            respond(JoinResult(ErrorCode.member_id_required, str(uuid.uuid4())))
+            return
+        try:
+            before = snapshot(group)
+            existing = group.static_member(instance_id) if instance_id is not None else None
+            known = member_id in group.members or existing is not None
+            if not known and len(group.members) >= self.config.max_size:
+                raise HeartbeatError(ErrorCode.group_max_size_reached)
+            names = [name for name, _ in request.protocols]
+            if not self._supports_classic_protocols(group, request.protocol_type, set(names)):
+                raise HeartbeatError(ErrorCode.inconsistent_group_protocol)
+            try:
+                subscription = decode_subscription(request.protocols[0][1])
+            except ValueError as exc:
+                log.info("group %s: JoinGroup of %s refused: %s", group.group_id, member_id or "a new member", exc)
+                raise HeartbeatError(ErrorCode.inconsistent_group_protocol) from None
+            member_id = member_id or str(uuid.uuid4())
+            member = group.members.get(member_id)
+            if existing is not None and existing.member_id != member_id:
+                member = self._replace_static_member(group, existing, member_id)
+            elif member is None:  # Kafka creates the member under the id it is given
+                member = ConsumerGroupMember(member_id, instance_id=instance_id)
+                log.info("group %s: member %s joins with the classic protocol", group.group_id, member_id)
+            elif not member.uses_classic_protocol:
+                raise HeartbeatError(ErrorCode.unknown_member_id)
+        except HeartbeatError as exc:
+            respond(JoinResult(exc.code, member_id))
+            return
+        topic_ids = {info.name: info.topic_id for info in self._topics()}
+        owned = freeze({topic_ids[name]: parts for name, parts in subscription.owned_partitions.items()
+                        if name in topic_ids})
+        updated = replace(
+            member, instance_id=instance_id, rack_id=subscription.rack_id,
+            rebalance_timeout_ms=request.rebalance_timeout_ms, server_assignor=None,
+            subscribed_topic_names=tuple(sorted(set(subscription.topics))), subscribed_topic_regex=None,
+            client_id=request.client_id, client_host=request.client_host,
+            classic_session_timeout_ms=request.session_timeout_ms, classic_protocols=tuple(request.protocols))
+        reconciled = self._apply(group, member, updated, owned)
+        gid, mid = group.group_id, reconciled.member_id
+        self._cancel(self._join_timers, (gid, mid))
+        self._cancel(self._rebalance_timers, (gid, mid))  # a classic member revokes by rejoining
+        self._schedule_session_timeout(gid, mid)
+        self._schedule_classic_timeout(self._sync_timers, "SyncGroup", gid, mid, request.rebalance_timeout_ms)
+        result = JoinResult(ErrorCode.none, mid, reconciled.member_epoch, "consumer", names[0])
+
+        def stored(error: ErrorCode) -> None:
+            respond(result if error == ErrorCode.none else JoinResult(error, mid))
+
+        self._persist(group, changes(before, group), stored)
+
+    def classic_sync(self, group_id: str, generation_id: int, member_id: str, protocol_type: str | None,
+                     protocol_name: str | None, instance_id: str | None, respond) -> None:
+        """A SyncGroup of a classic member (Kafka's classicGroupSyncToConsumerGroup): its current assignment as a
+        consumer protocol Assignment, in the version of its first protocol's Subscription."""
+        from pykbroker.groups.classic.group import SyncResult
+
+        group = self._groups[group_id]
+        try:
+            member = self._classic_member(group, member_id, instance_id)
+            if generation_id != member.member_epoch:
+                raise HeartbeatError(ErrorCode.illegal_generation)
+            first = member.classic_protocols[0]
+            if (protocol_type is not None and protocol_type != "consumer") or (
+                    protocol_name is not None and protocol_name != first[0]):
+                raise HeartbeatError(ErrorCode.inconsistent_group_protocol)
+            if group.group_epoch > member.member_epoch and member.state is not MemberState.UNREVOKED_PARTITIONS:
+                raise HeartbeatError(ErrorCode.rebalance_in_progress)
+        except HeartbeatError as exc:
+            respond(SyncResult(exc.code))
+            return
+        self._cancel(self._sync_timers, (group_id, member.member_id))
+        self._schedule_session_timeout(group_id, member.member_id)
+        names = {info.topic_id: info.name for info in self._topics()}
+        assignment = {names[tid]: parts for tid, parts in member.assigned.items() if tid in names}
+        respond(SyncResult(ErrorCode.none, "consumer", first[0],
+                           encode_assignment(assignment, subscription_version(first[1]))))
+
+    def classic_heartbeat(self, group_id: str, member_id: str, instance_id: str | None,
+                          generation_id: int) -> ErrorCode:
+        """A Heartbeat of a classic member (Kafka's classicGroupHeartbeatToConsumerGroup): REBALANCE_IN_PROGRESS
+        when it must rejoin (a newer group epoch, partitions to revoke, or the partitions it waited for now free),
+        and then it has one rebalance timeout to do so."""
+        group = self._groups[group_id]
+        try:
+            member = self._classic_member(group, member_id, instance_id)
+        except HeartbeatError as exc:
+            return exc.code
+        if generation_id != member.member_epoch:
+            return ErrorCode.illegal_generation
+        self._schedule_session_timeout(group_id, member.member_id)
+        if (member.member_epoch < group.group_epoch or member.state is MemberState.UNREVOKED_PARTITIONS
+                or (member.state is MemberState.UNRELEASED_PARTITIONS
+                    and not group.waiting_on_unreleased_partition(member))):
+            if (group_id, member.member_id) not in self._join_timers:
+                self._schedule_classic_timeout(self._join_timers, "JoinGroup", group_id, member.member_id,
+                                               member.rebalance_timeout_ms)
+            return ErrorCode.rebalance_in_progress
+        return ErrorCode.none
+
+    def classic_leave(self, group_id: str, leaving: Iterable) -> list[ErrorCode]:
+        """A LeaveGroup to a consumer group (Kafka's classicGroupLeaveToConsumerGroup): each member (member id, or
+        instance id alone) gets its error; the group epoch goes up once for those that left."""
+        group = self._groups[group_id]
+        before = snapshot(group)
+        errors, removed = [], False
+        for entry in leaving:
+            try:
+                member = self._classic_member(group, entry.member_id, entry.group_instance_id)
+            except HeartbeatError as exc:
+                errors.append(exc.code)
+                continue
+            log.info("group %s: classic member %s leaves (%s)", group_id, member.member_id,
+                     entry.reason or "no reason given")
+            self._remove(group, member.member_id)
+            removed = True
+            errors.append(ErrorCode.none)
+        if removed:
+            group.subscription_metadata = self._subscription_metadata(group)
+            group.group_epoch += 1
+            self._persist(group, changes(before, group), None)
+        return errors
+
+    def _apply(self, group: ConsumerGroup, member: ConsumerGroupMember, updated: ConsumerGroupMember,
+               owned) -> ConsumerGroupMember:
+        """A member's new fields go into the group: the group epoch bumped if its subscription (or the subscribed
+        topics) changed, the target computed if needed, and the member reconciled towards it with what it
+        says it owns (None: it did not say). Returns the member as it now is."""
+        bump = (updated.subscribed_topic_names != member.subscribed_topic_names
+                or updated.subscribed_topic_regex != member.subscribed_topic_regex)
+        self._groups[group.group_id] = group
+        group.update_member(updated)
+        metadata = self._subscription_metadata(group)
+        if metadata != group.subscription_metadata:
+            group.subscription_metadata = metadata
+            bump = True
+        if bump:
+            group.group_epoch += 1
+            log.info("group %s: group epoch bumped to %d", group.group_id, group.group_epoch)
+        if group.group_epoch > group.assignment_epoch:
+            self._compute_target_assignment(group)
+        if updated.is_reconciled_to(group.assignment_epoch):
+            return updated
+        reconciled = reconcile(updated, group.assignment_epoch, group.target_of(updated.member_id),
+                               group.partition_epoch, owned)
+        if reconciled != updated:
+            group.update_member(reconciled)
+        return reconciled
+
     # -- membership changes and timers ----------------------------------------------------------------
+
+    def _all_timers(self) -> tuple[dict, ...]:
+        return self._session_timers, self._rebalance_timers, self._join_timers, self._sync_timers
 
     def _remove(self, group: ConsumerGroup, member_id: str) -> None:
         group.remove_member(member_id)
-        self._cancel(self._session_timers, (group.group_id, member_id))
-        self._cancel(self._rebalance_timers, (group.group_id, member_id))
+        for timers in self._all_timers():
+            self._cancel(timers, (group.group_id, member_id))
 
     def _fence(self, group: ConsumerGroup, member_id: str) -> None:
         """Kafka's consumerGroupFenceMember: the member is gone and the group epoch goes up."""
@@ -595,7 +791,25 @@ class ConsumerGroupCoordinator:
                 log.info("group %s: member %s fenced: its session expired", group_id, member_id)
                 self._fence_and_store(group, member_id)
 
-        self._arm(self._session_timers, (group_id, member_id), self.config.session_timeout_ms, expire)
+        group = self._groups.get(group_id)
+        member = group.members.get(member_id) if group is not None else None
+        timeout_ms = (member.classic_session_timeout_ms if member is not None and member.uses_classic_protocol
+                      else self.config.session_timeout_ms)  # a classic member's own session timeout
+        self._arm(self._session_timers, (group_id, member_id), timeout_ms, expire)
+
+    def _schedule_classic_timeout(self, timers: dict, what: str, group_id: str, member_id: str,
+                                  timeout_ms: int) -> None:
+        """Kafka's consumer group join / sync timeouts of a classic member: one that does not rejoin (or send its
+        SyncGroup) within its rebalance timeout is fenced."""
+        def expire() -> None:
+            timers.pop((group_id, member_id), None)
+            group = self._groups.get(group_id)
+            if group is not None and member_id in group.members:
+                log.info("group %s: classic member %s fenced: no %s within %d ms", group_id, member_id, what,
+                         timeout_ms)
+                self._fence_and_store(group, member_id)
+
+        self._arm(timers, (group_id, member_id), timeout_ms, expire)
 
     def _schedule_rebalance_timeout(self, group_id: str, member: ConsumerGroupMember) -> None:
         epoch = member.member_epoch
@@ -623,8 +837,8 @@ class ConsumerGroupCoordinator:
 
     def _forget(self, group: ConsumerGroup) -> None:
         for member_id in group.members:
-            self._cancel(self._session_timers, (group.group_id, member_id))
-            self._cancel(self._rebalance_timers, (group.group_id, member_id))
+            for timers in self._all_timers():
+                self._cancel(timers, (group.group_id, member_id))
 
     # -- subscriptions and the target assignment ------------------------------------------------------
 
@@ -678,12 +892,15 @@ class ConsumerGroupCoordinator:
                                api_version: int | None) -> ErrorCode | None:
         """Kafka 4's ConsumerGroup.validateOffsetCommit: a commit without member epoch (-1) only while the group
         is empty; a member of the consumer protocol commits with OffsetCommit v9+ (``api_version``; None for
-        a TxnOffsetCommit, which any version may send) and its current epoch."""
+        a TxnOffsetCommit, which any version may send) and its current epoch; a classic member with any version
+        and its member epoch as generation (ILLEGAL_GENERATION otherwise)."""
         group = self._groups[group_id]
         if member_epoch < 0 and group.is_empty():
             return None
         if member_id not in group.members:
             return ErrorCode.unknown_member_id
+        if group.members[member_id].uses_classic_protocol:  # a classic member commits with its generation
+            return None if member_epoch == group.members[member_id].member_epoch else ErrorCode.illegal_generation
         if api_version is not None and api_version < OFFSET_COMMIT_MIN_VERSION_FOR_CONSUMER_MEMBERS:
             return ErrorCode.unsupported_version
         if member_epoch != group.members[member_id].member_epoch:
