@@ -18,7 +18,7 @@ from pykbroker.groups.consumer.coordinator import (
     ConsumerGroupConfig, ConsumerGroupCoordinator, HeartbeatRequest, assignor_name, compile_topic_regex,
 )
 from pykbroker.groups.consumer.group import GroupState, MemberState
-from pykbroker.groups.consumer_protocol import decode_assignment, subscription_version
+from pykbroker.groups.consumer_protocol import decode_assignment, encode_assignment, subscription_version
 from pykbroker.groups.offset_store import OFFSETS_TOPIC, OffsetStore
 from pykbroker.protocol.errors import ErrorCode
 from tests.unit.test_group_coordinator import PARTITIONS, ManualClock, logs, subscription  # noqa: F401 (logs: fixture)
@@ -327,19 +327,22 @@ def test_config_names_and_bounds():
 # -- the classic protocol beside it ----------------------------------------------------------------------
 
 
-def classic_join(h: Harness, group: str = "g", member_id: str = ""):
+def classic_join(h: Harness, group: str = "g", member_id: str = "", protocol_type: str = "consumer"):
     answers = []
-    h.classic.join_group(JoinRequest(group, member_id, "consumer", [("range", subscription("orders"))], 10_000,
+    h.classic.join_group(JoinRequest(group, member_id, protocol_type, [("range", subscription("orders"))], 10_000,
                                      30_000, None, "c", "/127.0.0.1", False), answers.append)
     h.clock.advance(0)
     return answers[0] if answers else None
 
 
 def test_a_group_id_belongs_to_one_protocol_at_a_time(h):
-    classic = classic_join(h, "cg")
+    classic = classic_join(h, "cg", protocol_type="connect")
     assert classic.error == ErrorCode.none
     refused = h.join("m1", group="cg")
-    assert (refused.error, refused.message) == (ErrorCode.group_id_not_found, "Group cg is not a consumer group.")
+    assert (refused.error, refused.message) == (
+        ErrorCode.group_id_not_found,
+        "Cannot upgrade classic group cg to consumer group because the group does not use the consumer embedded "
+        "protocol.")
     # An empty group of either kind gives its id up.
     h.join("m1", group="ng")
     h.beat("m1", -1, group="ng")
@@ -806,3 +809,46 @@ def test_a_classic_member_is_stored_and_back_after_a_restart(h):
     assert classic_member_sync(h, c1, 2).error == ErrorCode.none
     h.clock.advance(12_000)
     assert c1 not in h.group().members
+
+
+# -- online upgrade: a running classic group becomes a consumer group ---------------------------------------
+
+
+def test_a_running_classic_group_becomes_a_consumer_group_and_its_members_stay(h):
+    tid = h.id_of()
+    first = classic_join(h, "g")
+    c1 = first.member_id
+    synced = []
+    h.classic.sync_group("g", first.generation_id, c1, "consumer", "range", None,
+                         {c1: encode_assignment({"orders": (0, 1, 2, 3)}, 0)}, synced.append)
+    assert synced[0].error == ErrorCode.none
+    generation = first.generation_id
+    # A second classic member is waiting in its JoinGroup when the consumer-protocol member arrives.
+    waiting = []
+    h.classic.join_group(JoinRequest("g", "", "consumer", [("range", subscription("orders"))], 10_000, 30_000, None,
+                                     "c", "/127.0.0.1", False), waiting.append)
+    joined = h.join("m1")
+    assert h.classic.group("g") is None and h.coordinator.has_group("g")
+    assert [w.error for w in waiting] == [ErrorCode.rebalance_in_progress]
+    group = h.group()
+    c2 = waiting[0].member_id
+    assert set(group.members) == {c1, c2, "m1"}
+    member = group.members[c1]
+    assert (member.uses_classic_protocol, member.member_epoch, dict(member.assigned),
+            member.classic_session_timeout_ms) == (True, generation, {tid: frozenset({0, 1, 2, 3})}, 10_000)
+    # m1 joined at the next epoch and waits for partitions c1 still holds.
+    assert joined.member_epoch == group.group_epoch > generation and parts(joined, tid) == set()
+    assert h.classic.heartbeat("g", c1, None, generation) == ErrorCode.rebalance_in_progress
+    # c1 (an eager client: it revoked everything before rejoining) rejoins, c2 too; everyone gets its share.
+    rejoined = classic_join(h, "g", c1)
+    assert (rejoined.error, rejoined.generation_id, rejoined.leader) == (ErrorCode.none, group.group_epoch, "")
+    assert classic_join(h, "g", c2).error == ErrorCode.none
+    got1 = set(decode_assignment(classic_member_sync(h, c1, rejoined.generation_id, protocol="range").assignment)
+               .get("orders", ()))
+    beat = h.beat("m1", joined.member_epoch, {})
+    got_m1 = parts(beat, tid)
+    assert got1 and got_m1 and not got1 & got_m1
+    # The conversion is stored: after a restart the group is back, its classic members too.
+    h.restart()
+    assert h.group().members[c1].uses_classic_protocol and h.classic.group("g") is None
+

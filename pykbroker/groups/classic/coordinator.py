@@ -325,6 +325,21 @@ class GroupCoordinator:
         self._drop_group(group)
         return True
 
+    def release_group_for_upgrade(self, group_id: str) -> ClassicGroup:
+        """A running classic group becomes a consumer group (Kafka 4's convertToConsumerGroup, the classic half):
+        members waiting in JoinGroup or SyncGroup are answered REBALANCE_IN_PROGRESS (they rejoin, now into the
+        consumer group), the group's timers stop, its metadata record is tombstoned (offsets stay) and it
+        leaves this coordinator. Returns it, for its members and assignments."""
+        group = self._groups[group_id]
+        for member in list(group.members.values()):
+            group.invoke_join_callback(member, JoinResult(ErrorCode.rebalance_in_progress, member.member_id))
+            group.invoke_sync_callback(member, SyncResult(ErrorCode.rebalance_in_progress))
+            self._cancel_heartbeat(member)
+        self.store.delete_group_metadata(group_id, self._now())
+        group.transition_to(GroupState.DEAD, self._now())
+        self._drop_group(group)
+        return group
+
     @property
     def loading_partitions(self) -> frozenset[int]:
         """The offsets partitions whose groups are being loaded."""

@@ -66,7 +66,9 @@ from pykbroker.groups.consumer.group import (
     reconcile,
 )
 from pykbroker.groups.consumer.persistence import changes, replay, snapshot, tombstones
-from pykbroker.groups.consumer_protocol import decode_subscription, encode_assignment, subscription_version
+from pykbroker.groups.consumer_protocol import (
+    decode_assignment, decode_subscription, encode_assignment, subscription_version,
+)
 from pykbroker.groups.offset_store import OFFSETS_TOPIC
 from pykbroker.protocol.errors import ErrorCode
 
@@ -369,26 +371,65 @@ class ConsumerGroupCoordinator:
             return group
         if not create:
             raise HeartbeatError(ErrorCode.group_id_not_found, f"Consumer group {group_id} not found.")
-        if not self.classic.release_empty_group(group_id):
-            raise HeartbeatError(ErrorCode.group_id_not_found, self._upgrade_refusal(group_id))
-        return ConsumerGroup(group_id)
+        if self.classic.release_empty_group(group_id):
+            return ConsumerGroup(group_id)
+        refusal = self._upgrade_refusal(group_id)
+        if refusal is not None:
+            raise HeartbeatError(ErrorCode.group_id_not_found, refusal)
+        return self._upgrade(group_id)
 
-    def _upgrade_refusal(self, group_id: str) -> str:
+    def _upgrade_refusal(self, group_id: str) -> str | None:
         """Why a classic group with members does not become a consumer group: Kafka 4's validateOnlineUpgrade, in
-        its order (the policy, the classic group's protocol type, its size). Where Kafka would convert the group,
-        pykbroker (which has no online upgrade yet) refuses it as Kafka 3.7 did."""
+        its order (the policy, the classic group's protocol type, its size); None when it does."""
         classic = self.classic.group(group_id)
-        reason = None
         if not self.config.upgrade_enabled:
             reason = "online upgrade is disabled"
-        elif classic is not None and not classic.is_consumer_group():
+        elif classic is None or not classic.is_consumer_group():
             reason = "the group does not use the consumer embedded protocol"
-        elif classic is not None and classic.size() > self.config.max_size:
+        elif classic.size() > self.config.max_size:
             reason = "the group size exceeds the consumer group maximum size"
-        if reason is None:
-            return f"Group {group_id} is not a consumer group."
+        else:
+            return None
         log.info("group %s: cannot upgrade the classic group to a consumer group because %s", group_id, reason)
         return f"Cannot upgrade classic group {group_id} to consumer group because {reason}."
+
+    def _upgrade(self, group_id: str) -> ConsumerGroup:
+        """A running classic group becomes a consumer group (Kafka 4's convertToConsumerGroup and
+        ConsumerGroup.fromClassicGroup): its members stay, as classic members at the classic generation as
+        member epoch, each with the partitions of its last assignment as current and target assignment; the
+        classic record is tombstoned and the consumer group's records written; each member's session timer
+        runs on its classic session timeout. The heartbeat that asked then joins as usual."""
+        classic = self.classic.release_group_for_upgrade(group_id)
+        group = ConsumerGroup(group_id)
+        topics = {info.name: info.topic_id for info in self._topics()}
+        epoch = classic.generation_id
+        for old in classic.members.values():
+            try:
+                subscription = decode_subscription(old.metadata(classic.protocol_name) if classic.protocol_name
+                                                   else old.protocols[0][1])
+                assigned = decode_assignment(old.assignment) if old.assignment else {}
+            except ValueError as exc:
+                log.warning("group %s: member %s's classic metadata is unreadable (%s): it starts empty", group_id,
+                            old.member_id, exc)
+                subscription, assigned = None, {}
+            assignment = freeze({topics[name]: parts for name, parts in assigned.items() if name in topics})
+            group.update_member(ConsumerGroupMember(
+                old.member_id, instance_id=old.group_instance_id,
+                rack_id=subscription.rack_id if subscription is not None else None,
+                rebalance_timeout_ms=old.rebalance_timeout_ms, client_id=old.client_id, client_host=old.client_host,
+                subscribed_topic_names=tuple(sorted(set(subscription.topics))) if subscription is not None else (),
+                member_epoch=epoch, previous_member_epoch=epoch, assigned=assignment,
+                classic_session_timeout_ms=old.session_timeout_ms, classic_protocols=tuple(old.protocols)))
+            group.target_assignment[old.member_id] = dict(assignment)
+        group.group_epoch = group.assignment_epoch = epoch
+        group.subscription_metadata = self._subscription_metadata(group)
+        self._groups[group_id] = group
+        self._persist(group, changes(snapshot(None), group), None)
+        for member_id in group.members:
+            self._schedule_session_timeout(group_id, member_id)
+        log.info("group %s: the classic group of generation %d with %d members is now a consumer group", group_id,
+                 epoch, len(group.members))
+        return group
 
     @staticmethod
     def _check_epoch(member: ConsumerGroupMember, received: int, owned) -> None:
