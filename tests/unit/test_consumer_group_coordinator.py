@@ -699,12 +699,8 @@ def test_a_classic_consumer_joins_a_consumer_group_and_gets_partitions_once_rele
 
 def test_a_classic_member_revokes_by_rejoining_without_the_partitions(h):
     tid = h.id_of()
-    h.join("m1")
-    c1 = classic_member_join(h, known_id=False).member_id
-    h.beat("m1", 1, {tid: (0, 1, 2, 3)})
-    h.beat("m1", 1, {tid: tuple(h.group().members["m1"].assigned[tid])})
-    classic_member_join(h, c1)
-    owned = tuple(decode_assignment(classic_member_sync(h, c1, 2).assignment)["orders"])
+    c1 = mixed_group(h)
+    owned = tuple(sorted(h.group().members[c1].assigned[tid]))
     h.beat("m1", 2, {tid: tuple(h.group().members["m1"].assigned[tid])})
     # Two more members: the classic member must give one partition up. Its heartbeat says rejoin.
     h.join("m3")
@@ -852,3 +848,55 @@ def test_a_running_classic_group_becomes_a_consumer_group_and_its_members_stay(h
     h.restart()
     assert h.group().members[c1].uses_classic_protocol and h.classic.group("g") is None
 
+
+
+# -- online downgrade: the last consumer-protocol member leaves ---------------------------------------------
+
+
+def mixed_group(h: Harness) -> str:
+    """m1 (consumer protocol) and a classic member c1, both with their partitions; returns c1's id."""
+    tid = h.id_of()
+    h.join("m1")
+    c1 = classic_member_join(h, known_id=False).member_id
+    h.beat("m1", 1, {tid: (0, 1, 2, 3)})
+    h.beat("m1", 1, {tid: tuple(h.group().members["m1"].assigned[tid])})
+    classic_member_join(h, c1)
+    classic_member_sync(h, c1, 2)
+    assert h.group().state is GroupState.STABLE
+    return c1
+
+
+def test_the_last_consumer_member_leaving_makes_the_group_classic_again(h):
+    c1 = mixed_group(h)
+    epoch = h.group().group_epoch
+    owned = tuple(sorted(h.group().members[c1].assigned[h.id_of()]))
+    assert h.beat("m1", -1).error == ErrorCode.none
+    assert not h.coordinator.has_group("g")
+    classic = h.classic.group("g")
+    assert (classic.generation_id, classic.protocol_name, set(classic.members)) == (epoch, "cooperative-sticky", {c1})
+    assert decode_assignment(classic.members[c1].assignment) == {"orders": owned}
+    # The group rebalances: c1 is told so and rejoins as the only member (and leader) of the classic group.
+    assert h.classic.heartbeat("g", c1, None, epoch) == ErrorCode.rebalance_in_progress
+    rejoined = classic_member_join(h, c1)
+    h.clock.advance(0)
+    assert (rejoined.error, rejoined.generation_id, rejoined.leader) == (ErrorCode.none, epoch + 1, c1)
+    # Stored: a restart finds the classic group, not the consumer group.
+    h.restart()
+    assert h.classic.group("g") is not None and not h.coordinator.has_group("g")
+
+
+def test_a_fenced_last_consumer_member_makes_the_group_classic_again(h):
+    c1 = mixed_group(h)
+    for _ in range(4):  # m1 stops heartbeating; c1 keeps its session
+        h.clock.advance(9_000)
+        assert h.classic.heartbeat("g", c1, None, 2) == ErrorCode.none
+    h.clock.advance(SESSION_MS - 36_000)  # m1's session expires
+    assert h.classic.group("g") is not None and not h.coordinator.has_group("g")
+    assert h.classic.heartbeat("g", c1, None, 2) == ErrorCode.rebalance_in_progress
+
+
+def test_no_downgrade_when_the_policy_forbids_it(logs):
+    h = Harness(logs, migration_policy="upgrade")
+    c1 = mixed_group(h)
+    h.beat("m1", -1)
+    assert h.classic.group("g") is None and set(h.group().members) == {c1}

@@ -340,6 +340,26 @@ class GroupCoordinator:
         self._drop_group(group)
         return group
 
+    def adopt_downgraded_group(self, group_id: str, generation: int, members: Iterable[Member]) -> None:
+        """A consumer group whose last consumer-protocol member left becomes a classic group again (Kafka 4's
+        convertToClassicGroup and ClassicGroup.fromConsumerGroup, the classic half): Stable at the consumer
+        group's epoch as generation, its classic members with their current assignments, the protocol they
+        all support; its record is stored, every member's session timer armed, and a rebalance prepared so
+        that they rejoin under a leader of their own."""
+        group = ClassicGroup(group_id, GroupState.STABLE, self._now())
+        for member in members:
+            group.add(member)
+        group.generation_id = generation
+        group.protocol_name = group.select_protocol()
+        group.subscribed_topics = group.compute_subscribed_topics()
+        self._groups[group_id] = group
+        self._store_group(group, {m.member_id: m.assignment for m in group.members.values()}, lambda error: None)
+        for member in group.members.values():
+            self._complete_and_schedule_next_heartbeat(group, member)
+        log.info("group %s: the consumer group is a classic group again, generation %d with %d members", group_id,
+                 generation, group.size())
+        self._prepare_rebalance(group, "the group was downgraded to a classic group")
+
     @property
     def loading_partitions(self) -> frozenset[int]:
         """The offsets partitions whose groups are being loaded."""

@@ -567,7 +567,8 @@ class ConsumerGroupCoordinator:
                 return HeartbeatResult(ErrorCode.none, None, member.member_id, LEAVE_GROUP_STATIC_MEMBER_EPOCH), \
                     group, before
         log.info("group %s: member %s left", group.group_id, member.member_id)
-        self._fence(group, member.member_id)
+        if self._fence(group, member.member_id):
+            before = snapshot(group)  # the group is classic now: its records are written
         # Kafka's leave answer: the member id and the epoch it sent, no heartbeat interval
         return HeartbeatResult(ErrorCode.none, None, request.member_id, request.member_epoch), group, before
 
@@ -782,18 +783,60 @@ class ConsumerGroupCoordinator:
         for timers in self._all_timers():
             self._cancel(timers, (group.group_id, member_id))
 
-    def _fence(self, group: ConsumerGroup, member_id: str) -> None:
-        """Kafka's consumerGroupFenceMember: the member is gone and the group epoch goes up."""
+    def _fence(self, group: ConsumerGroup, member_id: str) -> bool:
+        """Kafka's consumerGroupFenceMember: the member is gone and the group epoch goes up; or, if it was the
+        last member of the consumer protocol and the policy allows, the group becomes a classic group
+        (returns True: its records are already written)."""
+        if self._downgrade_allowed(group, member_id):
+            self._downgrade(group, member_id)
+            return True
         self._remove(group, member_id)
         group.subscription_metadata = self._subscription_metadata(group)
         group.group_epoch += 1
         log.info("group %s: member %s removed, group epoch bumped to %d", group.group_id, member_id, group.group_epoch)
+        return False
+
+    def _downgrade_allowed(self, group: ConsumerGroup, leaving: str) -> bool:
+        """Kafka 4's validateOnlineDowngrade: the policy allows it, every other member speaks the classic
+        protocol, some remain, and no more than the classic group.max.size."""
+        others = [m for m in group.members.values() if m.member_id != leaving]
+        if not self.config.downgrade_enabled or not others or not all(m.uses_classic_protocol for m in others):
+            return False
+        if len(others) > self.classic.config.max_size:
+            log.info("group %s: cannot downgrade the consumer group to a classic group because its %d members "
+                     "exceed group.max.size", group.group_id, len(others))
+            return False
+        return True
+
+    def _downgrade(self, group: ConsumerGroup, leaving: str) -> None:
+        """Kafka 4's convertToClassicGroup: the consumer group's records are tombstoned first, then the classic
+        group (its members with their current partitions as assignments) is stored and rebalances."""
+        from pykbroker.groups.classic.group import Member
+
+        gid = group.group_id
+        self._persist(group, tombstones(group), None)
+        self._forget(group)
+        del self._groups[gid]
+        names = {info.topic_id: info.name for info in self._topics()}
+        members = []
+        for member in group.members.values():
+            if member.member_id == leaving:
+                continue
+            assignment = {names[tid]: parts for tid, parts in member.assigned.items() if tid in names}
+            members.append(Member(
+                member.member_id, member.instance_id, member.client_id, member.client_host,
+                member.rebalance_timeout_ms, member.classic_session_timeout_ms, "consumer",
+                list(member.classic_protocols),
+                assignment=encode_assignment(assignment, subscription_version(member.classic_protocols[0][1]))))
+        log.info("group %s: member %s was the last of the consumer protocol: the group becomes a classic group",
+                 gid, leaving)
+        self.classic.adopt_downgraded_group(gid, group.group_epoch, members)
 
     def _fence_and_store(self, group: ConsumerGroup, member_id: str) -> None:
         """A timer fences a member: its records go (nobody waits for the write)."""
         before = snapshot(group)
-        self._fence(group, member_id)
-        self._persist(group, changes(before, group), None)
+        if not self._fence(group, member_id):
+            self._persist(group, changes(before, group), None)
 
     def delete_group(self, group_id: str) -> ErrorCode:
         """DeleteGroups (Kafka's ConsumerGroup.validateDeleteGroup): only an empty group goes, with its offsets
