@@ -61,6 +61,7 @@ from pykbroker.cluster.producer_ids import ProducerIdAllocator, ProducerRegistry
 from pykbroker.cluster.topic_admin import TopicAdmin
 from pykbroker.config import BrokerConfig, ConfigError, Listener, controller_listener_names
 from pykbroker.groups.classic.coordinator import GroupConfig, GroupCoordinator
+from pykbroker.groups.consumer.coordinator import ConsumerGroupConfig, ConsumerGroupCoordinator
 from pykbroker.groups.offset_store import OffsetStore
 from pykbroker.log.cleaner import CleanerConfig
 from pykbroker.log.errors import LogDirectoryInUse
@@ -225,8 +226,13 @@ class Broker:
             GroupConfig.from_broker_config(config),
             lead_offsets_topic=self._lead_offsets_topic_now if self.cluster is None else None,
         )
+        # The consumer groups of the new protocol (KIP-848) beside the classic ones: same partitions, same offsets.
+        self.consumer_groups = ConsumerGroupCoordinator(self.groups, self.metadata.topics,
+                                                        ConsumerGroupConfig.from_broker_config(config))
+        self.groups.consumer_groups = self.consumer_groups
         if self.cluster is not None:  # the coordinator follows the offsets partitions' leadership
             self.cluster.on_leadership_change.append(self.groups.on_leadership_change)
+            self.cluster.on_leadership_change.append(self.consumer_groups.on_leadership_change)
         # The transaction coordinator (pykbroker/txn): the __transaction_state partitions led here.
         self.transaction_partitions = int(config.get("transaction.state.log.num.partitions"))
         txn_info = self.metadata.topic(TRANSACTION_STATE_TOPIC)

@@ -33,7 +33,8 @@ def test_matrix_matches_the_issue_ranges():
                 24: (0, 4), 25: (0, 3), 26: (0, 3), 65: (0, 0), 66: (0, 0),  # the transaction coordinator
                 29: (1, 3), 30: (1, 3), 31: (1, 3),  # ACLs (Kafka 3.7.1 also has v0; kio's codecs start at v1)
                 48: (0, 1), 49: (0, 1),  # client quotas (KIP-546)
-                17: (0, 1), 36: (0, 2)}  # SASL (Kafka 3.7.1's ranges)
+                17: (0, 1), 36: (0, 2),  # SASL (Kafka 3.7.1's ranges)
+                68: (0, 1), 69: (0, 1)}  # the consumer group protocol (KIP-848, Kafka 4's ranges)
     assert {k: (a.min_version, a.max_version) for k, a in apis_for(cluster=False).items()} == expected
     # A cluster member also serves the controller's requests (the versions Kafka 3.7's controller sends),
     # ControlledShutdown and AlterPartition (brokers to the controller).

@@ -215,6 +215,9 @@ class GroupCoordinator:
         self._timers: dict[str, _GroupTimers] = {}
         self._owned: set[int] = set()  # offsets partitions led here and loaded
         self._loading: dict[int, asyncio.Task] = {}  # offsets partitions led here, being loaded
+        # The consumer groups of the new protocol (groups/consumer), which share the group ids and offsets:
+        # a group id belongs to one protocol at a time. None: no such groups (tests of the classic side).
+        self.consumer_groups = None
 
     # ==================================================================================================
     # Leadership of __consumer_offsets partitions: loading and unloading groups
@@ -302,6 +305,22 @@ class GroupCoordinator:
             return ErrorCode.coordinator_load_in_progress
         return ErrorCode.not_coordinator
 
+    coordinator_error = _coordinator_error  # for the consumer group coordinator, which shares the ownership
+
+    def release_empty_group(self, group_id: str) -> bool:
+        """A consumer-protocol member wants this group id (Kafka's maybeDeleteEmptyClassicGroup): an Empty
+        classic group gives it up (its group metadata tombstoned, its offsets kept for the consumer group);
+        returns False while it has members."""
+        group = self._groups.get(group_id)
+        if group is None:
+            return True
+        if not group.is_state(GroupState.EMPTY, GroupState.DEAD):
+            return False
+        self.store.delete_group_metadata(group_id, self._now())
+        group.transition_to(GroupState.DEAD, self._now())
+        self._drop_group(group)
+        return True
+
     @property
     def loading_partitions(self) -> frozenset[int]:
         """The offsets partitions whose groups are being loaded."""
@@ -329,6 +348,8 @@ class GroupCoordinator:
 
     def close(self) -> None:
         """Cancel every timer and load (broker shutdown)."""
+        if self.consumer_groups is not None:
+            self.consumer_groups.close()
         for loading in self._loading.values():
             loading.cancel()
         self._loading.clear()
@@ -416,6 +437,10 @@ class GroupCoordinator:
             return
         if not self.config.min_session_timeout_ms <= request.session_timeout_ms <= self.config.max_session_timeout_ms:
             respond(JoinResult(ErrorCode.invalid_session_timeout, member_id))
+            return
+        if self.consumer_groups is not None and not self.consumer_groups.release_empty_group(request.group_id):
+            # A consumer group with members (Kafka 4 answers this while no online migration applies).
+            respond(JoinResult(ErrorCode.inconsistent_group_protocol, member_id))
             return
         is_unknown_member = member_id == UNKNOWN_MEMBER_ID
         group = self._groups.get(request.group_id)
@@ -894,13 +919,23 @@ class GroupCoordinator:
         *,
         group_instance_id: str | None = None,
         expire_timestamp_ms: int = -1,
+        api_version: int = 9,
     ) -> None:
         """offsets: (topic, partition) -> (offset, leader epoch, metadata). ``respond`` gets an error per
-        partition, once the commit is stored (at once when nothing is written or nothing must wait)."""
+        partition, once the commit is stored (at once when nothing is written or nothing must wait). For a
+        consumer group of the new protocol, ``generation`` is the member epoch, checked by that protocol."""
         admitted = self._admit_commit(group_id, "offset_commit", offsets, respond)
         if admitted is None:
             return
         results, known = admitted
+        if self.consumer_groups is not None and self.consumer_groups.has_group(group_id):
+            error = self.consumer_groups.validate_offset_commit(group_id, member_id, generation, api_version)
+            if error is not None:
+                results.update({tp: error for tp in known})
+                respond(results)
+                return
+            self._store_commit(group_id, known, expire_timestamp_ms, results, respond)
+            return
         group = self._groups.get(group_id)
         if group is None:
             if generation >= 0:  # a generation of a group that does not exist: stale, reject
@@ -919,6 +954,11 @@ class GroupCoordinator:
         if group.is_state(GroupState.STABLE, GroupState.PREPARING_REBALANCE):
             # Commits are allowed while preparing: the next heartbeat tells the member to rejoin.
             self._complete_and_schedule_next_heartbeat(group, group.get(member_id))
+        self._store_commit(group_id, known, expire_timestamp_ms, results, respond)
+
+    def _store_commit(self, group_id: str, known: TopicPartitionOffsets, expire_timestamp_ms: int,
+                      results: dict[TopicPartition, ErrorCode],
+                      respond: Callable[[dict[TopicPartition, ErrorCode]], None]) -> None:
         now = self._now()
         accepted = self._accepted_offsets(known, now, expire_timestamp_ms, results)
         if accepted:

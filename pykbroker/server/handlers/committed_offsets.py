@@ -12,7 +12,11 @@ cannot store it (see groups/coordinator.py). OffsetFetch answers offset -1 and e
 (v2+) returns everything the group committed; v8 batches several groups in one request. v7+ with require_stable
 answers UNSTABLE_OFFSET_COMMIT (offset -1) for a partition with transactional offsets (TxnOffsetCommit)
 still awaiting their transaction's marker, as Kafka does. v9's member id
-and epoch belong to the new consumer protocol (KIP-848) and are not checked for classic groups, as in Kafka.
+and epoch belong to the new consumer protocol (KIP-848): for a consumer group, OffsetCommit's
+generation is the member epoch and both APIs answer UNKNOWN_MEMBER_ID / STALE_MEMBER_EPOCH for a member that
+is not in the group or not at its current epoch (a commit without a member only while the group is empty, and
+a consumer-protocol member commits with v9+: UNSUPPORTED_VERSION before), as Kafka 4; classic groups are not
+checked on them, as in Kafka.
 A coordinator error (NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS) is the top-level error from v2 (the
 group's error in v8+), and each requested partition's error in v1, which has no top-level error.
 Authorization (Kafka's KafkaApis): OffsetCommit needs READ on the group (else every partition answers
@@ -94,11 +98,12 @@ def offset_commit(ctx: RequestContext, request) -> object:
     expire_timestamp = -1 if retention_ms == DEFAULT_RETENTION_TIME else int(time.time() * 1000) + retention_ms
     return answer_commit(ctx, request, "OffsetCommit", lambda respond, offsets: ctx.broker.groups.commit_offsets(
         request.group_id, request.generation_id_or_member_epoch, request.member_id, offsets,
-        respond, group_instance_id=getattr(request, "group_instance_id", None), expire_timestamp_ms=expire_timestamp))
+        respond, group_instance_id=getattr(request, "group_instance_id", None), expire_timestamp_ms=expire_timestamp,
+        api_version=ctx.version))
 
 
 def _group_topics(ctx: RequestContext, group_id: str, requested, partition_cls, topic_cls,
-                  require_stable: bool = False) -> tuple[ErrorCode, tuple]:
+                  require_stable: bool = False, member: tuple[str | None, int] = (None, -1)) -> tuple[ErrorCode, tuple]:
     """(the coordinator's error, the topics to answer); with an error, the requested partitions carry it
     (what OffsetFetch v1, without a top-level error, shows). With ``require_stable`` (v7+) a partition with
     transactional offsets awaiting their marker answers UNSTABLE_OFFSET_COMMIT, offset -1."""
@@ -112,7 +117,12 @@ def _group_topics(ctx: RequestContext, group_id: str, requested, partition_cls, 
             visible = allowed_names(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, (t.name for t in requested))
             denied = [tp for tp in wanted if tp[0] not in visible]
             wanted = [tp for tp in wanted if tp[0] in visible]
-        error, committed = ctx.broker.groups.fetch_offsets(group_id, wanted)
+        # v9: a member of a consumer group (KIP-848) fetches at its current epoch (Kafka 4's validateOffsetFetch)
+        member_error = ctx.broker.consumer_groups.validate_offset_fetch(group_id, *member)
+        if member_error is not None:
+            error, committed = member_error, {}
+        else:
+            error, committed = ctx.broker.groups.fetch_offsets(group_id, wanted)
         if error == ErrorCode.none and wanted is None:  # every topic: those it may not DESCRIBE left out
             visible = allowed_names(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, (tp[0] for tp in committed),
                                     log_if_denied=False)
@@ -149,7 +159,8 @@ def offset_fetch(ctx: RequestContext, request) -> object:
         groups = []
         for group in request.groups:
             error, topics = _group_topics(ctx, group.group_id, group.topics, schema.OffsetFetchResponsePartitions,
-                                          schema.OffsetFetchResponseTopics, request.require_stable)
+                                          schema.OffsetFetchResponseTopics, request.require_stable,
+                                          (getattr(group, "member_id", None), getattr(group, "member_epoch", -1)))
             groups.append(make(schema.OffsetFetchResponseGroup, group_id=group.group_id,
                                topics=() if error != ErrorCode.none else topics, error_code=error))
         return make(schema.OffsetFetchResponse, throttle_time=0, groups=tuple(groups))

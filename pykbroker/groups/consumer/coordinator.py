@@ -1,0 +1,599 @@
+"""The consumer group coordinator (KIP-848, ``group.protocol=consumer``): ConsumerGroupHeartbeat,
+ConsumerGroupDescribe and the member-epoch checks of OffsetCommit / OffsetFetch v9, as Kafka 4's
+GroupMetadataManager runs them (group-coordinator/.../GroupMetadataManager.consumerGroupHeartbeat).
+
+A heartbeat, in Kafka's order:
+
+1. The request is checked (GroupCoordinatorService.throwIfConsumerGroupHeartbeatRequestIsInvalid): v1 needs a
+   member id (the client makes it up, Kafka 4); epoch 0 (join) needs a rebalance timeout, an empty owned
+   list and a subscription (names or regex, possibly empty); epoch -2 needs an instance id; an epoch below -2
+   and empty strings are INVALID_REQUEST; an assignor not in ``group.consumer.assignors`` UNSUPPORTED_ASSIGNOR.
+   Then this broker must coordinate the group (NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS, the classic
+   coordinator's ownership of the ``__consumer_offsets`` partitions).
+2. Epoch -1 leaves (the member is removed, the group epoch bumped); epoch -2 is a static member's temporary
+   leave: it keeps its partitions (nobody else gets them) until it comes back under a new member id or its
+   session times out.
+3. Otherwise the member is found or, with epoch 0, created: GROUP_ID_NOT_FOUND for a group that does not
+   exist or is a classic group with members, GROUP_MAX_SIZE_REACHED past ``group.consumer.max.size``,
+   UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH for an epoch other than the member's (its previous epoch is accepted
+   with a subset of its partitions: the answer that bumped it may have been lost), UNRELEASED_INSTANCE_ID
+   for a static member's instance id still held, FENCED_INSTANCE_ID for an instance id held under another
+   member id. Epoch 0 from a known member is a rejoin, accepted (Kafka 4).
+4. The member's fields change only where the heartbeat sets them (null means "unchanged"). A changed
+   subscription (names or regex: INVALID_REGULAR_EXPRESSION if it does not compile) bumps the group epoch,
+   and so does any change of the subscribed topics' metadata (a topic created that a name or regex names,
+   deleted, or given more partitions), which every heartbeat recomputes.
+5. A group epoch above the assignment epoch: the target assignment is computed by the group's assignor
+   (the one most members name, else the first of ``group.consumer.assignors``), sticky to the previous target.
+6. The member reconciles towards its target (group.py's ``reconcile``: revoke first, then take what others
+   released). A member waiting for a revocation has its rebalance timeout to heartbeat it: else it is fenced.
+7. Every heartbeat re-arms the member's session timeout (``group.consumer.session.timeout.ms``): a member
+   that stops heartbeating is removed. The answer carries the member's assignment only when it changed or
+   the heartbeat was a full one (a join, or every field set).
+
+Nothing is persisted yet: a restart of the broker empties the consumer groups (their committed offsets are
+kept, as for any group).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Callable, Iterable, Mapping
+
+from pykbroker.groups.consumer.group import (
+    JOIN_GROUP_MEMBER_EPOCH,
+    LEAVE_GROUP_MEMBER_EPOCH,
+    LEAVE_GROUP_STATIC_MEMBER_EPOCH,
+    ConsumerGroup,
+    ConsumerGroupMember,
+    GroupState,
+    MemberState,
+    TopicMetadata,
+    freeze,
+    is_subset,
+    reconcile,
+)
+from pykbroker.groups.offset_store import OFFSETS_TOPIC
+from pykbroker.protocol.errors import ErrorCode
+
+log = logging.getLogger(__name__)
+
+CONSUMER_GENERATED_MEMBER_ID_REQUIRED_VERSION = 1  # ConsumerGroupHeartbeat v1: the client makes the member id
+OFFSET_COMMIT_MIN_VERSION_FOR_CONSUMER_MEMBERS = 9
+
+
+def assignor_name(configured: str) -> str:
+    """A ``group.consumer.assignors`` entry as its assignor's name: Kafka's class names
+    (``org.apache.kafka.coordinator.group.assignor.UniformAssignor``) map to ``uniform``; names stay."""
+    simple = configured.strip().rsplit(".", 1)[-1]
+    if simple.endswith("Assignor") and simple != "Assignor":
+        simple = simple[: -len("Assignor")]
+    return simple.lower() if "." in configured or configured.strip().endswith("Assignor") else configured.strip()
+
+
+@dataclass(frozen=True)
+class ConsumerGroupConfig:
+    """Kafka's group.consumer.* broker configs (names, defaults and checks of Kafka 4's GroupCoordinatorConfig)."""
+
+    session_timeout_ms: int = 45000
+    min_session_timeout_ms: int = 45000
+    max_session_timeout_ms: int = 60000
+    heartbeat_interval_ms: int = 5000
+    min_heartbeat_interval_ms: int = 5000
+    max_heartbeat_interval_ms: int = 15000
+    max_size: int = 2**31 - 1
+    assignors: tuple[str, ...] = ("uniform", "range")
+
+    def __post_init__(self) -> None:
+        # Kafka's GroupCoordinatorConfig checks, refused at start.
+        if not self.min_session_timeout_ms <= self.session_timeout_ms <= self.max_session_timeout_ms:
+            raise ValueError("group.consumer.session.timeout.ms must be within group.consumer.min.session.timeout.ms"
+                             " and group.consumer.max.session.timeout.ms")
+        if not self.min_heartbeat_interval_ms <= self.heartbeat_interval_ms <= self.max_heartbeat_interval_ms:
+            raise ValueError("group.consumer.heartbeat.interval.ms must be within group.consumer.min.heartbeat."
+                             "interval.ms and group.consumer.max.heartbeat.interval.ms")
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError("group.consumer.heartbeat.interval.ms must be less than group.consumer.session.timeout.ms")
+        if not self.assignors:
+            raise ValueError("group.consumer.assignors must name at least one assignor")
+
+    @classmethod
+    def from_broker_config(cls, config) -> "ConsumerGroupConfig":
+        assignors = config.get("group.consumer.assignors")
+        if isinstance(assignors, str):
+            assignors = [a for a in assignors.split(",") if a.strip()]
+        return cls(
+            session_timeout_ms=int(config.get("group.consumer.session.timeout.ms")),
+            min_session_timeout_ms=int(config.get("group.consumer.min.session.timeout.ms")),
+            max_session_timeout_ms=int(config.get("group.consumer.max.session.timeout.ms")),
+            heartbeat_interval_ms=int(config.get("group.consumer.heartbeat.interval.ms")),
+            min_heartbeat_interval_ms=int(config.get("group.consumer.min.heartbeat.interval.ms")),
+            max_heartbeat_interval_ms=int(config.get("group.consumer.max.heartbeat.interval.ms")),
+            max_size=int(config.get("group.consumer.max.size")),
+            assignors=tuple(dict.fromkeys(assignor_name(a) for a in assignors)),
+        )
+
+
+@dataclass(frozen=True)
+class HeartbeatRequest:
+    group_id: str
+    member_id: str
+    member_epoch: int
+    instance_id: str | None = None
+    rack_id: str | None = None
+    rebalance_timeout_ms: int = -1
+    subscribed_topic_names: tuple[str, ...] | None = None
+    subscribed_topic_regex: str | None = None
+    server_assignor: str | None = None
+    owned: Mapping[uuid.UUID, tuple[int, ...]] | None = None  # None: not sent (unchanged)
+    client_id: str = ""
+    client_host: str = ""
+    version: int = 1
+
+
+@dataclass(frozen=True)
+class HeartbeatResult:
+    error: ErrorCode
+    message: str | None = None
+    member_id: str | None = None
+    member_epoch: int = 0
+    heartbeat_interval_ms: int = 0
+    assignment: Mapping[uuid.UUID, frozenset[int]] | None = None
+
+
+class HeartbeatError(Exception):
+    def __init__(self, code: ErrorCode, message: str | None = None) -> None:
+        super().__init__(message or code.name)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class DescribedGroup:
+    group_id: str
+    error: ErrorCode
+    message: str | None = None
+    group: ConsumerGroup | None = None
+
+
+# --------------------------------------------------------------------------------------------------------
+# Regular expressions: Kafka compiles them with RE2/J and matches whole topic names.
+
+_RE2_UNSUPPORTED = re.compile(
+    r"\(\?[=!]|\(\?<[=!]|\(\?>|\(\?\(|\(\?P=|\\[1-9]|[*+?}][+]"  # lookaround, atomic, conditional, backrefs, possessive
+)
+
+
+@lru_cache(maxsize=1024)
+def compile_topic_regex(pattern: str) -> re.Pattern:
+    """The pattern as RE2/J would accept it (ValueError with the reason otherwise). Python's ``re`` stands in
+    for RE2/J: the constructs RE2 refuses that ``re`` has (lookaround, backreferences, atomic groups,
+    conditionals, possessive quantifiers) are refused here too; RE2/J's ``\\Q...\\E`` quoting and ``\\p{..}``
+    classes are refused here though RE2/J has them. A topic matches when the whole name matches (RE2/J's
+    ``matches()``)."""
+    found = _RE2_UNSUPPORTED.search(pattern)
+    if found is not None:
+        raise ValueError(f"unsupported construct {found.group(0)!r} near index {found.start()}")
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(str(exc)) from None
+
+
+# --------------------------------------------------------------------------------------------------------
+
+
+class ConsumerGroupCoordinator:
+    """The consumer groups of the ``__consumer_offsets`` partitions this broker coordinates.
+
+    ``classic`` is the classic GroupCoordinator: it owns the partitions' loading (``coordinator_error``) and
+    the classic groups a group id may already name. ``topics()`` lists the cluster's topics (objects with
+    ``name``, ``topic_id``, ``partitions`` and ``internal``). ``scheduler`` is the coordinator's clock (the
+    classic coordinator's Scheduler protocol)."""
+
+    def __init__(self, classic, topics: Callable[[], Iterable], config: ConsumerGroupConfig | None = None,
+                 *, scheduler=None) -> None:
+        from pykbroker.groups.classic.coordinator import LoopScheduler
+
+        self.classic = classic
+        self._topics = topics
+        self.config = config or ConsumerGroupConfig()
+        self._scheduler = scheduler or LoopScheduler()
+        self._groups: dict[str, ConsumerGroup] = {}
+        self._session_timers: dict[tuple[str, str], object] = {}
+        self._rebalance_timers: dict[tuple[str, str], object] = {}
+
+    # -- lookups ----------------------------------------------------------------------------------------
+
+    def group(self, group_id: str) -> ConsumerGroup | None:
+        return self._groups.get(group_id)
+
+    def has_group(self, group_id: str) -> bool:
+        return group_id in self._groups
+
+    def release_empty_group(self, group_id: str) -> bool:
+        """A classic JoinGroup wants this group id: an empty consumer group gives it up (Kafka's
+        maybeDeleteEmptyConsumerGroup); returns False while it has members."""
+        group = self._groups.get(group_id)
+        if group is None:
+            return True
+        if not group.is_empty():
+            return False
+        del self._groups[group_id]
+        log.info("group %s: the empty consumer group is removed for a classic member", group_id)
+        return True
+
+    def on_leadership_change(self, topic: str, index: int, is_leader: bool) -> None:
+        """An offsets partition led elsewhere now: its consumer groups are forgotten here (Kafka's onResignation)."""
+        if topic != OFFSETS_TOPIC or is_leader:
+            return
+        for group_id in [g for g in self._groups if self.classic.store.partition_for(g) == index]:
+            self._forget(self._groups.pop(group_id))
+
+    def close(self) -> None:
+        for timer in [*self._session_timers.values(), *self._rebalance_timers.values()]:
+            timer.cancel()
+        self._session_timers.clear()
+        self._rebalance_timers.clear()
+
+    # -- ConsumerGroupHeartbeat -------------------------------------------------------------------------
+
+    def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResult:
+        try:
+            self._validate(request)
+            error = self.classic.coordinator_error(request.group_id)
+            if error is not None:
+                return HeartbeatResult(error)
+            if request.member_epoch in (LEAVE_GROUP_MEMBER_EPOCH, LEAVE_GROUP_STATIC_MEMBER_EPOCH):
+                return self._leave(request)
+            return self._heartbeat(request)
+        except HeartbeatError as exc:
+            return HeartbeatResult(exc.code, exc.message)
+
+    def _validate(self, request: HeartbeatRequest) -> None:
+        """Kafka 4's GroupCoordinatorService.throwIfConsumerGroupHeartbeatRequestIsInvalid, in its order."""
+        def invalid(message: str) -> HeartbeatError:
+            return HeartbeatError(ErrorCode.invalid_request, message)
+
+        if (request.version >= CONSUMER_GENERATED_MEMBER_ID_REQUIRED_VERSION or request.member_epoch > 0
+                or request.member_epoch == LEAVE_GROUP_MEMBER_EPOCH) and not (request.member_id or "").strip():
+            raise invalid("MemberId can't be empty.")
+        if not (request.group_id or "").strip():
+            raise invalid("GroupId can't be empty.")
+        if request.instance_id is not None and not request.instance_id.strip():
+            raise invalid("InstanceId can't be empty.")
+        if request.rack_id is not None and not request.rack_id.strip():
+            raise invalid("RackId can't be empty.")
+        if request.member_epoch == JOIN_GROUP_MEMBER_EPOCH:
+            if request.rebalance_timeout_ms == -1:
+                raise invalid("RebalanceTimeoutMs must be provided in first request.")
+            if request.owned is None or any(request.owned.values()):
+                raise invalid("TopicPartitions must be empty when (re-)joining.")
+            if request.subscribed_topic_names is None and request.subscribed_topic_regex is None:
+                raise invalid("Either SubscribedTopicNames or SubscribedTopicRegex must be non-null when (re-)joining.")
+        elif request.member_epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH:
+            if request.instance_id is None:
+                raise invalid("InstanceId can't be null.")
+        elif request.member_epoch < LEAVE_GROUP_STATIC_MEMBER_EPOCH:
+            raise invalid("MemberEpoch is invalid.")
+        if request.server_assignor is not None and request.server_assignor not in self.config.assignors:
+            raise HeartbeatError(ErrorCode.unsupported_assignor,
+                                 f"ServerAssignor {request.server_assignor} is not supported. Supported assignors: "
+                                 f"{', '.join(self.config.assignors)}.")
+
+    def _get_or_create_group(self, group_id: str, create: bool) -> ConsumerGroup:
+        group = self._groups.get(group_id)
+        if group is not None:
+            return group
+        if not create:
+            raise HeartbeatError(ErrorCode.group_id_not_found, f"Consumer group {group_id} not found.")
+        if not self.classic.release_empty_group(group_id):
+            raise HeartbeatError(ErrorCode.group_id_not_found, f"Group {group_id} is not a consumer group.")
+        return ConsumerGroup(group_id)
+
+    @staticmethod
+    def _check_epoch(member: ConsumerGroupMember, received: int, owned) -> None:
+        """Kafka's throwIfConsumerGroupMemberEpochIsInvalid."""
+        if received > member.member_epoch:
+            raise HeartbeatError(ErrorCode.fenced_member_epoch,
+                                 f"The consumer group member has a greater member epoch ({received}) than the one known "
+                                 f"by the group coordinator ({member.member_epoch}). The member must abandon all its "
+                                 "partitions and rejoin.")
+        if received < member.member_epoch and (received != member.previous_member_epoch
+                                               or not is_subset(owned or {}, member.assigned)):
+            raise HeartbeatError(ErrorCode.fenced_member_epoch,
+                                 f"The consumer group member has a smaller member epoch ({received}) than the one known "
+                                 f"by the group coordinator ({member.member_epoch}). The member must abandon all its "
+                                 "partitions and rejoin.")
+
+    def _member(self, group: ConsumerGroup, request: HeartbeatRequest) -> ConsumerGroupMember:
+        joining = request.member_epoch == JOIN_GROUP_MEMBER_EPOCH
+        member_id, instance_id = request.member_id, request.instance_id
+        if instance_id is None or (joining and (existing := group.members.get(member_id)) is not None
+                                   and existing.instance_id == instance_id):
+            member = group.members.get(member_id)
+            if member is None:
+                if not joining:
+                    raise HeartbeatError(ErrorCode.unknown_member_id,
+                                         f"Member {member_id} is not a member of group {group.group_id}.")
+                log.info("group %s: member %s joins with the consumer protocol", group.group_id, member_id)
+                return ConsumerGroupMember(member_id)
+            if not joining:
+                self._check_epoch(member, request.member_epoch, request.owned)
+            return member
+        existing = group.static_member(instance_id)
+        if joining:
+            if existing is None:
+                log.info("group %s: static member %s (instance %s) joins", group.group_id, member_id, instance_id)
+                return ConsumerGroupMember(member_id, instance_id=instance_id)
+            if existing.member_epoch != LEAVE_GROUP_STATIC_MEMBER_EPOCH:
+                raise HeartbeatError(ErrorCode.unreleased_instance_id,
+                                     f"Static member {member_id} with instance id {instance_id} cannot join the group "
+                                     f"because the instance id is owned by {existing.member_id} member.")
+            # The static member is back under a new member id: it takes over the old one's place and partitions.
+            replacement = replace(existing, member_id=member_id, member_epoch=0, previous_member_epoch=0)
+            target = group.target_assignment.get(existing.member_id)
+            self._remove(group, existing.member_id)
+            if target is not None:
+                group.target_assignment[member_id] = target
+            group.update_member(replacement)
+            log.info("group %s: static member %s rejoins as %s, replacing %s", group.group_id, instance_id,
+                     member_id, existing.member_id)
+            return replacement
+        if existing is None:
+            raise HeartbeatError(ErrorCode.unknown_member_id, f"Instance id {instance_id} is unknown.")
+        if existing.member_id != member_id:
+            raise HeartbeatError(ErrorCode.fenced_instance_id,
+                                 f"Static member {member_id} with instance id {instance_id} was fenced by member "
+                                 f"{existing.member_id}.")
+        self._check_epoch(existing, request.member_epoch, request.owned)
+        return existing
+
+    def _heartbeat(self, request: HeartbeatRequest) -> HeartbeatResult:
+        group_id = request.group_id
+        group = self._get_or_create_group(group_id, request.member_epoch == JOIN_GROUP_MEMBER_EPOCH)
+        if (request.member_id not in group.members and group.static_member(request.instance_id) is None
+                and len(group.members) >= self.config.max_size):
+            raise HeartbeatError(ErrorCode.group_max_size_reached,
+                                 f"The consumer group has reached its maximum capacity of {self.config.max_size} members.")
+        if request.subscribed_topic_regex:  # checked before anything changes (a static member's takeover)
+            try:
+                compile_topic_regex(request.subscribed_topic_regex)
+            except ValueError as exc:
+                raise HeartbeatError(ErrorCode.invalid_regular_expression,
+                                     f"SubscribedTopicRegex `{request.subscribed_topic_regex}` is not a valid regular "
+                                     f"expression: {exc}.") from None
+        member = self._member(group, request)
+        updated = replace(
+            member,
+            instance_id=request.instance_id if request.instance_id is not None else member.instance_id,
+            rack_id=request.rack_id if request.rack_id is not None else member.rack_id,
+            rebalance_timeout_ms=(request.rebalance_timeout_ms if request.rebalance_timeout_ms != -1
+                                  else member.rebalance_timeout_ms),
+            server_assignor=request.server_assignor if request.server_assignor is not None else member.server_assignor,
+            subscribed_topic_names=(tuple(request.subscribed_topic_names) if request.subscribed_topic_names is not None
+                                    else member.subscribed_topic_names),
+            subscribed_topic_regex=(request.subscribed_topic_regex if request.subscribed_topic_regex is not None
+                                    else member.subscribed_topic_regex),
+            client_id=request.client_id,
+            client_host=request.client_host,
+        )
+        bump = (updated.subscribed_topic_names != member.subscribed_topic_names
+                or updated.subscribed_topic_regex != member.subscribed_topic_regex)
+        # From here on the heartbeat succeeds: the group and member change.
+        self._groups[group_id] = group
+        group.update_member(updated)
+        metadata = self._subscription_metadata(group)
+        if metadata != group.subscription_metadata:
+            group.subscription_metadata = metadata
+            bump = True
+        if bump:
+            group.group_epoch += 1
+            log.info("group %s: group epoch bumped to %d", group_id, group.group_epoch)
+        if group.group_epoch > group.assignment_epoch:
+            self._compute_target_assignment(group)
+        reconciled = updated
+        if not updated.is_reconciled_to(group.assignment_epoch):
+            reconciled = reconcile(updated, group.assignment_epoch, group.target_of(updated.member_id),
+                                   group.partition_epoch, request.owned)
+            if reconciled != updated:
+                group.update_member(reconciled)
+                if reconciled.state is MemberState.UNREVOKED_PARTITIONS:
+                    self._schedule_rebalance_timeout(group_id, reconciled)
+                else:
+                    self._cancel(self._rebalance_timers, (group_id, reconciled.member_id))
+        self._schedule_session_timeout(group_id, reconciled.member_id)
+        full = request.member_epoch == JOIN_GROUP_MEMBER_EPOCH or (
+            request.rebalance_timeout_ms != -1 and request.owned is not None
+            and (request.subscribed_topic_names is not None or request.subscribed_topic_regex is not None))
+        changed = dict(reconciled.assigned) != dict(member.assigned)
+        return HeartbeatResult(ErrorCode.none, None, reconciled.member_id, reconciled.member_epoch,
+                               self.config.heartbeat_interval_ms,
+                               dict(reconciled.assigned) if full or changed else None)
+
+    def _leave(self, request: HeartbeatRequest) -> HeartbeatResult:
+        """Kafka's consumerGroupLeave: epoch -1 removes the member, -2 parks a static member."""
+        group = self._get_or_create_group(request.group_id, False)
+        if request.instance_id is None:
+            member = group.members.get(request.member_id)
+            if member is None:
+                raise HeartbeatError(ErrorCode.unknown_member_id,
+                                     f"Member {request.member_id} is not a member of group {group.group_id}.")
+        else:
+            member = group.static_member(request.instance_id)
+            if member is None:
+                raise HeartbeatError(ErrorCode.unknown_member_id, f"Instance id {request.instance_id} is unknown.")
+            if member.member_id != request.member_id:
+                raise HeartbeatError(ErrorCode.fenced_instance_id,
+                                     f"Static member {request.member_id} with instance id {request.instance_id} was "
+                                     f"fenced by member {member.member_id}.")
+            if request.member_epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH:
+                log.info("group %s: static member %s (instance %s) left for now", group.group_id, member.member_id,
+                         request.instance_id)
+                group.update_member(replace(member, member_epoch=LEAVE_GROUP_STATIC_MEMBER_EPOCH,
+                                            previous_member_epoch=member.member_epoch, pending_revocation={}))
+                self._cancel(self._rebalance_timers, (group.group_id, member.member_id))
+                return HeartbeatResult(ErrorCode.none, None, member.member_id, LEAVE_GROUP_STATIC_MEMBER_EPOCH,
+                                       self.config.heartbeat_interval_ms)
+        log.info("group %s: member %s left", group.group_id, member.member_id)
+        self._fence(group, member.member_id)
+        return HeartbeatResult(ErrorCode.none, None, request.member_id, request.member_epoch,
+                               self.config.heartbeat_interval_ms)
+
+    # -- membership changes and timers ----------------------------------------------------------------
+
+    def _remove(self, group: ConsumerGroup, member_id: str) -> None:
+        group.remove_member(member_id)
+        self._cancel(self._session_timers, (group.group_id, member_id))
+        self._cancel(self._rebalance_timers, (group.group_id, member_id))
+
+    def _fence(self, group: ConsumerGroup, member_id: str) -> None:
+        """Kafka's consumerGroupFenceMember: the member is gone and the group epoch goes up."""
+        self._remove(group, member_id)
+        group.subscription_metadata = self._subscription_metadata(group)
+        group.group_epoch += 1
+        log.info("group %s: member %s removed, group epoch bumped to %d", group.group_id, member_id, group.group_epoch)
+
+    def _schedule_session_timeout(self, group_id: str, member_id: str) -> None:
+        def expire() -> None:
+            self._session_timers.pop((group_id, member_id), None)
+            group = self._groups.get(group_id)
+            if group is not None and member_id in group.members:
+                log.info("group %s: member %s fenced: its session expired", group_id, member_id)
+                self._fence(group, member_id)
+
+        self._arm(self._session_timers, (group_id, member_id), self.config.session_timeout_ms, expire)
+
+    def _schedule_rebalance_timeout(self, group_id: str, member: ConsumerGroupMember) -> None:
+        epoch = member.member_epoch
+
+        def expire() -> None:
+            self._rebalance_timers.pop((group_id, member.member_id), None)
+            group = self._groups.get(group_id)
+            current = group.members.get(member.member_id) if group is not None else None
+            if current is not None and current.member_epoch == epoch:
+                log.info("group %s: member %s fenced: it did not revoke its partitions of epoch %d within %d ms",
+                         group_id, member.member_id, epoch, member.rebalance_timeout_ms)
+                self._fence(group, member.member_id)
+
+        self._arm(self._rebalance_timers, (group_id, member.member_id), member.rebalance_timeout_ms, expire)
+
+    def _arm(self, timers: dict, key: tuple[str, str], delay_ms: int, callback) -> None:
+        self._cancel(timers, key)
+        timers[key] = self._scheduler.call_later(delay_ms, callback)
+
+    @staticmethod
+    def _cancel(timers: dict, key: tuple[str, str]) -> None:
+        timer = timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _forget(self, group: ConsumerGroup) -> None:
+        for member_id in group.members:
+            self._cancel(self._session_timers, (group.group_id, member_id))
+            self._cancel(self._rebalance_timers, (group.group_id, member_id))
+
+    # -- subscriptions and the target assignment ------------------------------------------------------
+
+    def _subscribed_names(self, member: ConsumerGroupMember, topic_names: Iterable[str]) -> set[str]:
+        names = set(member.subscribed_topic_names)
+        if member.subscribed_topic_regex:
+            try:
+                pattern = compile_topic_regex(member.subscribed_topic_regex)
+            except ValueError:
+                return names
+            names.update(name for name in topic_names if pattern.fullmatch(name))
+        return names
+
+    def _subscription_metadata(self, group: ConsumerGroup) -> dict[str, TopicMetadata]:
+        """The metadata of every existing topic some member subscribes to, by name or by regex (internal
+        topics are never matched by a regex, as the Java client's pattern subscriptions never did)."""
+        topics = {info.name: info for info in self._topics()}
+        regex_candidates = [name for name, info in topics.items() if not info.internal]
+        wanted: set[str] = set()
+        for member in group.members.values():
+            wanted |= self._subscribed_names(member, regex_candidates)
+        return {name: TopicMetadata(topics[name].topic_id, name, len(topics[name].partitions))
+                for name in sorted(wanted) if name in topics}
+
+    def _compute_target_assignment(self, group: ConsumerGroup) -> None:
+        """Kafka's TargetAssignmentBuilder: every member's target for the group epoch, by the group's assignor."""
+        from pykbroker.groups.assignors import GroupSpec, MemberSubscription, PartitionAssignorError, assignor_for
+        from pykbroker.groups.assignors import TopicMetadata as AssignorTopic
+
+        metadata = group.subscription_metadata
+        candidates = [name for name in metadata]
+        members = {}
+        for member_id, member in group.members.items():
+            subscribed = frozenset(metadata[name].topic_id for name in self._subscribed_names(member, candidates)
+                                   if name in metadata)
+            members[member_id] = MemberSubscription(subscribed_topic_ids=subscribed,
+                                                    assigned=dict(group.target_of(member_id)),
+                                                    rack_id=member.rack_id, instance_id=member.instance_id)
+        topics = {t.topic_id: AssignorTopic(t.name, t.num_partitions) for t in metadata.values()}
+        name = group.preferred_assignor(self.config.assignors[0])
+        try:
+            result = assignor_for(name).assign(GroupSpec(members=members), topics=topics)
+        except PartitionAssignorError as exc:
+            raise HeartbeatError(ErrorCode.unknown_server_error,
+                                 f"Failed to compute a new target assignment for epoch {group.group_epoch}: {exc}.")
+        group.target_assignment = {member_id: freeze(result.get(member_id, {})) for member_id in group.members}
+        group.assignment_epoch = group.group_epoch
+        log.info("group %s: target assignment of epoch %d computed by %s", group.group_id, group.group_epoch, name)
+
+    # -- OffsetCommit / OffsetFetch v9 --------------------------------------------------------------------
+
+    def validate_offset_commit(self, group_id: str, member_id: str, member_epoch: int, api_version: int) -> ErrorCode | None:
+        """Kafka 4's ConsumerGroup.validateOffsetCommit: a commit without member epoch (-1) only while the group
+        is empty; a member of the consumer protocol commits with OffsetCommit v9+ and its current epoch."""
+        group = self._groups[group_id]
+        if member_epoch < 0 and group.is_empty():
+            return None
+        if member_id not in group.members:
+            return ErrorCode.unknown_member_id
+        if api_version < OFFSET_COMMIT_MIN_VERSION_FOR_CONSUMER_MEMBERS:
+            return ErrorCode.unsupported_version
+        if member_epoch != group.members[member_id].member_epoch:
+            return ErrorCode.stale_member_epoch
+        return None
+
+    def validate_offset_fetch(self, group_id: str, member_id: str | None, member_epoch: int) -> ErrorCode | None:
+        """Kafka 4's ConsumerGroup.validateOffsetFetch (OffsetFetch v9): an admin fetch names no member;
+        otherwise the member must be known and at its current epoch."""
+        group = self._groups.get(group_id)
+        if group is None or (member_epoch < 0 and member_id is None):
+            return None
+        member = group.members.get(member_id or "")
+        if member is None:
+            return ErrorCode.unknown_member_id
+        if member_epoch != member.member_epoch:
+            return ErrorCode.stale_member_epoch
+        return None
+
+    # -- ConsumerGroupDescribe ------------------------------------------------------------------------------
+
+    def describe(self, group_ids: Iterable[str]) -> list[DescribedGroup]:
+        described = []
+        for group_id in group_ids:
+            error = self.classic.coordinator_error(group_id) if group_id else ErrorCode.invalid_group_id
+            group = self._groups.get(group_id) if error is None else None
+            if error is not None:
+                described.append(DescribedGroup(group_id, error))
+            elif group is None:
+                message = (f"Group {group_id} is not a consumer group." if self.classic.group(group_id) is not None
+                           else f"Group {group_id} not found.")
+                described.append(DescribedGroup(group_id, ErrorCode.group_id_not_found, message))
+            else:
+                described.append(DescribedGroup(group_id, ErrorCode.none, None, group))
+        return described
+
+    def groups(self) -> list[ConsumerGroup]:
+        return list(self._groups.values())
+
+
+__all__ = ["ConsumerGroupConfig", "ConsumerGroupCoordinator", "HeartbeatRequest", "HeartbeatResult",
+           "DescribedGroup", "GroupState", "compile_topic_regex", "assignor_name"]

@@ -1,0 +1,358 @@
+"""The consumer group coordinator (KIP-848), driven heartbeat by heartbeat on a manual clock, as Kafka's
+GroupMetadataManagerTest drives it: joins, epochs, the target assignment, reconciliation (revoke before
+reassign), session and rebalance timeouts, leaving, static members, subscriptions by name and regex, topic
+changes, the shared group ids with the classic protocol and the member-epoch checks of OffsetCommit v9.
+The offset store and the classic coordinator are the real ones, on real logs."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from pykbroker.cluster.metadata import PartitionState, TopicInfo
+from pykbroker.groups.classic.coordinator import GroupConfig, GroupCoordinator, JoinRequest
+from pykbroker.groups.consumer.coordinator import (
+    ConsumerGroupConfig, ConsumerGroupCoordinator, HeartbeatRequest, assignor_name, compile_topic_regex,
+)
+from pykbroker.groups.consumer.group import GroupState, MemberState
+from pykbroker.groups.offset_store import OFFSETS_TOPIC, OffsetStore
+from pykbroker.protocol.errors import ErrorCode
+from tests.unit.test_group_coordinator import PARTITIONS, ManualClock, logs, subscription  # noqa: F401 (logs: fixture)
+from tests.unit.test_offset_store import OffsetsLogs
+
+REBALANCE_MS = 30_000
+SESSION_MS = 45_000
+
+
+def topic(name: str, partitions: int) -> TopicInfo:
+    return TopicInfo(name, uuid.uuid4(), [PartitionState(0, 0, [0], [0]) for _ in range(partitions)])
+
+
+class Harness:
+    def __init__(self, logs: OffsetsLogs, **config) -> None:
+        self.clock = ManualClock()
+        self.topics: dict[str, TopicInfo] = {"orders": topic("orders", 4)}
+        store = OffsetStore(logs.replicas, PARTITIONS)
+        self.classic = GroupCoordinator(store, lambda t, p: t in self.topics and p < len(self.topics[t].partitions),
+                                        GroupConfig(initial_rebalance_delay_ms=0, min_session_timeout_ms=1000),
+                                        scheduler=self.clock)
+        self.coordinator = ConsumerGroupCoordinator(self.classic, lambda: list(self.topics.values()),
+                                                    ConsumerGroupConfig(**config), scheduler=self.clock)
+        self.classic.consumer_groups = self.coordinator
+
+        async def lead() -> None:
+            for partition in range(PARTITIONS):
+                self.classic.on_leadership_change(OFFSETS_TOPIC, partition, True)
+            while self.classic.loading_partitions:
+                await asyncio.sleep(0)
+
+        asyncio.run(lead())
+
+    def id_of(self, name: str = "orders") -> uuid.UUID:
+        return self.topics[name].topic_id
+
+    def join(self, member: str, *, group: str = "g", topics=("orders",), regex=None, instance=None,
+             assignor=None, version: int = 1):
+        return self.coordinator.heartbeat(HeartbeatRequest(
+            group, member, 0, instance_id=instance, rebalance_timeout_ms=REBALANCE_MS,
+            subscribed_topic_names=tuple(topics) if topics is not None else None, subscribed_topic_regex=regex,
+            server_assignor=assignor, owned={}, version=version))
+
+    def beat(self, member: str, epoch: int, owned=None, *, group: str = "g", instance=None, **fields):
+        return self.coordinator.heartbeat(HeartbeatRequest(group, member, epoch, instance_id=instance, owned=owned,
+                                                           **fields))
+
+    def group(self, group: str = "g"):
+        return self.coordinator.group(group)
+
+
+@pytest.fixture
+def h(logs) -> Harness:
+    return Harness(logs)
+
+
+def parts(result, topic_id) -> set[int]:
+    return set(result.assignment.get(topic_id, ())) if result.assignment is not None else None
+
+
+# -- joining and the first assignment ---------------------------------------------------------------------
+
+
+def test_a_first_member_gets_every_partition_at_epoch_one(h):
+    joined = h.join("m1")
+    assert (joined.error, joined.member_id, joined.member_epoch, joined.heartbeat_interval_ms) == (
+        ErrorCode.none, "m1", 1, 5000)
+    assert parts(joined, h.id_of()) == {0, 1, 2, 3}
+    # A heartbeat carrying only what changed: nothing changed, so no assignment in the answer.
+    again = h.beat("m1", 1, {h.id_of(): (0, 1, 2, 3)})
+    assert (again.error, again.member_epoch, again.assignment) == (ErrorCode.none, 1, None)
+    assert h.group().state is GroupState.STABLE
+    assert (h.group().group_epoch, h.group().assignment_epoch) == (1, 1)
+
+
+def test_partitions_move_only_after_their_owner_revoked_them(h):
+    tid = h.id_of()
+    h.join("m1")
+    second = h.join("m2")
+    # m2 is at the new epoch but its target partitions are still m1's: it gets none of them yet.
+    assert second.member_epoch == 2 and parts(second, tid) == set()
+    assert h.group().members["m2"].state is MemberState.UNRELEASED_PARTITIONS
+    target_m2 = set(h.group().target_of("m2")[tid])
+    assert len(target_m2) == 2
+    # m1 is asked to give them up and stays at epoch 1 until it has.
+    revoke = h.beat("m1", 1, {tid: (0, 1, 2, 3)})
+    assert revoke.member_epoch == 1 and parts(revoke, tid) == {0, 1, 2, 3} - target_m2
+    assert h.group().members["m1"].state is MemberState.UNREVOKED_PARTITIONS
+    assert parts(h.beat("m2", 2, {}), tid) is None  # still held by m1: nothing new
+    done = h.beat("m1", 1, {tid: tuple(sorted({0, 1, 2, 3} - target_m2))})
+    assert done.member_epoch == 2 and done.assignment is None
+    got = h.beat("m2", 2, {})
+    assert got.member_epoch == 2 and parts(got, tid) == target_m2
+    assert h.group().state is GroupState.STABLE
+
+
+def test_a_wrong_epoch_is_fenced_but_the_previous_one_with_a_subset_is_accepted(h):
+    tid = h.id_of()
+    h.join("m1")
+    assert h.beat("m1", 2, {}).error == ErrorCode.fenced_member_epoch
+    h.join("m2")
+    h.beat("m1", 1, {tid: (0, 1, 2, 3)})
+    kept = sorted(h.group().members["m1"].assigned[tid])
+    assert h.beat("m1", 1, {tid: tuple(kept)}).member_epoch == 2
+    # The answer that moved m1 to epoch 2 may be lost: epoch 1 with a subset of its partitions is fine...
+    assert h.beat("m1", 1, {tid: tuple(kept)}).error == ErrorCode.none
+    # ...but not with partitions it does not have.
+    fenced = h.beat("m1", 1, {tid: (0, 1, 2, 3)})
+    assert fenced.error == ErrorCode.fenced_member_epoch and "smaller member epoch (1)" in fenced.message
+    # A fenced member rejoins with epoch 0 under its id and gets its partitions again.
+    rejoined = h.join("m1")
+    assert rejoined.error == ErrorCode.none and parts(rejoined, tid) == set(kept)
+
+
+def test_unknown_members_and_groups(h):
+    assert h.beat("m1", 1, {}).error == ErrorCode.group_id_not_found
+    h.join("m1")
+    unknown = h.beat("m9", 1, {})
+    assert unknown.error == ErrorCode.unknown_member_id and unknown.message == "Member m9 is not a member of group g."
+
+
+# -- leaving and timeouts ----------------------------------------------------------------------------------
+
+
+def test_leave_removes_the_member_and_bumps_the_epoch(h):
+    h.join("m1")
+    h.join("m2")
+    left = h.beat("m2", -1)
+    assert (left.error, left.member_id, left.member_epoch) == (ErrorCode.none, "m2", -1)
+    assert set(h.group().members) == {"m1"} and h.group().group_epoch == 3
+    assert h.beat("m2", 2, {}).error == ErrorCode.unknown_member_id
+    assert h.beat("m2", -1).error == ErrorCode.unknown_member_id
+
+
+def test_a_silent_member_is_removed_after_its_session_timeout(h):
+    tid = h.id_of()
+    h.join("m1")
+    h.join("m2")
+    for _ in range(2):  # m1 keeps heartbeating, m2 does not
+        h.clock.advance(SESSION_MS // 3)
+        owned = {tid: tuple(sorted(h.group().members["m1"].assigned.get(tid, ())))}
+        h.beat("m1", h.group().members["m1"].member_epoch, owned)
+    h.clock.advance(SESSION_MS // 3 - 1)
+    assert set(h.group().members) == {"m1", "m2"}
+    h.clock.advance(1)
+    assert set(h.group().members) == {"m1"}
+    back = h.beat("m1", h.group().members["m1"].member_epoch, {tid: tuple(h.group().members["m1"].assigned[tid])})
+    assert back.member_epoch == 3 and parts(back, tid) == {0, 1, 2, 3}
+
+
+def test_a_member_that_does_not_revoke_within_its_rebalance_timeout_is_fenced(h):
+    tid = h.id_of()
+    h.join("m1")
+    h.join("m2")
+    h.beat("m1", 1, {tid: (0, 1, 2, 3)})  # asked to revoke
+    h.clock.advance(REBALANCE_MS // 2)
+    h.beat("m1", 1, {tid: (0, 1, 2, 3)})  # still owns them
+    h.beat("m2", 2, {})
+    h.clock.advance(REBALANCE_MS // 2 + 1)
+    assert "m1" not in h.group().members
+    got = h.beat("m2", 2, {})
+    assert got.error == ErrorCode.none and parts(got, tid) == {0, 1, 2, 3} and got.member_epoch == 3
+
+
+# -- static members ---------------------------------------------------------------------------------------
+
+
+def test_a_restarted_static_member_keeps_its_partitions(h):
+    tid = h.id_of()
+    h.join("s1", instance="i1")
+    h.join("m2")
+    h.beat("s1", 1, {tid: (0, 1, 2, 3)}, instance="i1")
+    kept = set(h.group().members["s1"].assigned[tid])
+    h.beat("s1", 1, {tid: tuple(kept)}, instance="i1")
+    # Another process cannot take the instance id while it is held.
+    taken = h.join("s2", instance="i1")
+    assert taken.error == ErrorCode.unreleased_instance_id
+    left = h.beat("s1", -2, instance="i1")
+    assert (left.error, left.member_epoch) == (ErrorCode.none, -2)
+    epoch = h.group().group_epoch
+    back = h.join("s2", instance="i1")
+    assert back.error == ErrorCode.none and parts(back, tid) == kept
+    assert set(h.group().members) == {"s2", "m2"} and h.group().group_epoch == epoch  # no rebalance
+    assert h.beat("s1", 2, {}, instance="i1").error == ErrorCode.fenced_instance_id
+
+
+def test_a_bad_regex_of_a_returning_static_member_changes_nothing(h):
+    h.join("s1", instance="i1")
+    h.beat("s1", -2, instance="i1")
+    refused = h.join("s2", instance="i1", topics=None, regex="(?<=x)y")
+    assert refused.error == ErrorCode.invalid_regular_expression
+    assert refused.message.startswith("SubscribedTopicRegex `(?<=x)y` is not a valid regular expression: ")
+    assert set(h.group().members) == {"s1"} and h.group().members["s1"].member_epoch == -2
+
+
+def test_a_static_member_that_never_comes_back_is_removed_after_its_session_timeout(h):
+    h.join("s1", instance="i1")
+    h.beat("s1", -2, instance="i1")
+    h.clock.advance(SESSION_MS + 1)
+    assert h.group().is_empty() and h.group().state is GroupState.EMPTY
+
+
+# -- subscriptions and topic changes ---------------------------------------------------------------------
+
+
+def test_a_regex_subscription_follows_topics_as_they_are_created(h):
+    joined = h.join("m1", topics=None, regex="ord.*")
+    assert parts(joined, h.id_of()) == {0, 1, 2, 3}
+    h.topics["ordinals"] = topic("ordinals", 2)
+    h.topics["other"] = topic("other", 2)
+    grown = h.beat("m1", 1, {h.id_of(): (0, 1, 2, 3)})
+    assert grown.member_epoch == 2 and parts(grown, h.id_of("ordinals")) == {0, 1}
+    assert h.id_of("other") not in grown.assignment
+
+
+def test_partitions_added_and_a_topic_deleted_bump_the_group_epoch(h):
+    tid = h.id_of()
+    h.join("m1")
+    h.topics["orders"].partitions.append(PartitionState(0, 0, [0], [0]))
+    grown = h.beat("m1", 1, {tid: (0, 1, 2, 3)})
+    assert grown.member_epoch == 2 and parts(grown, tid) == {0, 1, 2, 3, 4}
+    del h.topics["orders"]
+    gone = h.beat("m1", 2, {tid: (0, 1, 2, 3, 4)})
+    assert (gone.member_epoch, gone.assignment) == (2, {})  # asked to revoke everything first
+    assert h.beat("m1", 2, {}).member_epoch == 3
+
+
+def test_bad_requests_get_kafkas_errors(h):
+    def join(**fields):
+        base = dict(rebalance_timeout_ms=REBALANCE_MS, subscribed_topic_names=("orders",), owned={})
+        base.update(fields)
+        return h.coordinator.heartbeat(HeartbeatRequest(base.pop("group", "g"), base.pop("member", "m1"), 0, **base))
+
+    cases = [
+        (join(member=""), ErrorCode.invalid_request, "MemberId can't be empty."),
+        (join(group=""), ErrorCode.invalid_request, "GroupId can't be empty."),
+        (join(instance_id=""), ErrorCode.invalid_request, "InstanceId can't be empty."),
+        (join(rebalance_timeout_ms=-1), ErrorCode.invalid_request, "RebalanceTimeoutMs must be provided in first request."),
+        (join(owned={h.id_of(): (0,)}), ErrorCode.invalid_request, "TopicPartitions must be empty when (re-)joining."),
+        (join(owned=None), ErrorCode.invalid_request, "TopicPartitions must be empty when (re-)joining."),
+        (join(subscribed_topic_names=None), ErrorCode.invalid_request,
+         "Either SubscribedTopicNames or SubscribedTopicRegex must be non-null when (re-)joining."),
+        (h.beat("m1", -2), ErrorCode.invalid_request, "InstanceId can't be null."),
+        (h.beat("m1", -3), ErrorCode.invalid_request, "MemberEpoch is invalid."),
+        (join(server_assignor="sticky"), ErrorCode.unsupported_assignor,
+         "ServerAssignor sticky is not supported. Supported assignors: uniform, range."),
+        (join(subscribed_topic_regex="(unclosed"), ErrorCode.invalid_regular_expression, None),
+        (join(subscribed_topic_regex="(?=lookahead)x"), ErrorCode.invalid_regular_expression, None),
+    ]
+    for result, error, message in cases:
+        assert result.error == error, (result, error)
+        if message is not None:
+            assert result.message == message
+    assert h.group() is None  # nothing was created by any of them
+    # v0 lets the coordinator choose the id: an empty one is no error there.
+    assert h.coordinator.heartbeat(HeartbeatRequest("g", "x", 0, rebalance_timeout_ms=1, subscribed_topic_names=(),
+                                                    owned={}, version=0)).error == ErrorCode.none
+
+
+def test_the_group_size_is_bounded(logs):
+    h = Harness(logs, max_size=1)
+    h.join("m1")
+    full = h.join("m2")
+    assert full.error == ErrorCode.group_max_size_reached
+    assert full.message == "The consumer group has reached its maximum capacity of 1 members."
+
+
+def test_the_assignor_is_the_one_most_members_name(h):
+    tid = h.id_of()
+    h.join("a", assignor="range")
+    h.join("b", assignor="range")
+    assert h.group().preferred_assignor("uniform") == "range"
+    assert sorted(h.group().target_of("a")[tid]) == [0, 1]  # range: contiguous, in member order
+
+
+def test_config_names_and_bounds():
+    assert assignor_name("org.apache.kafka.coordinator.group.assignor.UniformAssignor") == "uniform"
+    assert assignor_name("range") == "range"
+    with pytest.raises(ValueError):
+        ConsumerGroupConfig(session_timeout_ms=1000)
+    with pytest.raises(ValueError, match="unsupported construct"):
+        compile_topic_regex(r"(a)\1")
+    assert compile_topic_regex("orders-.*").fullmatch("orders-eu")
+
+
+# -- the classic protocol beside it ----------------------------------------------------------------------
+
+
+def classic_join(h: Harness, group: str = "g", member_id: str = ""):
+    answers = []
+    h.classic.join_group(JoinRequest(group, member_id, "consumer", [("range", subscription("orders"))], 10_000,
+                                     30_000, None, "c", "/127.0.0.1", False), answers.append)
+    h.clock.advance(0)
+    return answers[0] if answers else None
+
+
+def test_a_group_id_belongs_to_one_protocol_at_a_time(h):
+    classic = classic_join(h, "cg")
+    assert classic.error == ErrorCode.none
+    refused = h.join("m1", group="cg")
+    assert (refused.error, refused.message) == (ErrorCode.group_id_not_found, "Group cg is not a consumer group.")
+    h.join("m1", group="ng")
+    assert classic_join(h, "ng").error == ErrorCode.inconsistent_group_protocol
+    # An empty group of either kind gives its id up.
+    h.beat("m1", -1, group="ng")
+    assert classic_join(h, "ng").error == ErrorCode.none and not h.coordinator.has_group("ng")
+
+
+def test_an_empty_classic_group_becomes_a_consumer_group_and_keeps_its_offsets(h):
+    answers = []
+    h.classic.commit_offsets("g", -1, "", {("orders", 0): (42, -1, "")}, answers.append)
+    assert answers == [{("orders", 0): ErrorCode.none}]
+    assert h.join("m1").error == ErrorCode.none
+    assert h.classic.group("g") is None
+    assert h.classic.fetch_offsets("g", [("orders", 0)])[1][("orders", 0)].offset == 42
+
+
+def test_offset_commits_of_a_consumer_group_check_the_member_epoch(h):
+    tid = h.id_of()
+    h.join("m1")
+
+    def commit(member, epoch, version=9):
+        answers = []
+        h.classic.commit_offsets("g", epoch, member, {("orders", 0): (7, -1, "")}, answers.append, api_version=version)
+        return answers[0][("orders", 0)]
+
+    assert commit("m1", 1) == ErrorCode.none
+    assert commit("m1", 0) == ErrorCode.stale_member_epoch
+    assert commit("m1", 2) == ErrorCode.stale_member_epoch
+    assert commit("m9", 1) == ErrorCode.unknown_member_id
+    assert commit("", -1) == ErrorCode.unknown_member_id  # no "simple" commits while it has members
+    assert commit("m1", 1, version=8) == ErrorCode.unsupported_version
+    assert h.coordinator.validate_offset_fetch("g", "m1", 1) is None
+    assert h.coordinator.validate_offset_fetch("g", "m1", 0) == ErrorCode.stale_member_epoch
+    assert h.coordinator.validate_offset_fetch("g", "m9", 1) == ErrorCode.unknown_member_id
+    assert h.coordinator.validate_offset_fetch("g", None, -1) is None
+    h.beat("m1", -1)
+    assert commit("", -1) == ErrorCode.none
+    del tid
