@@ -1,7 +1,8 @@
 """Both kinds of group through the admin APIs, as raw kio messages: ListGroups v5's type and state filters and
 its GroupType, ListGroups v4 listing consumer groups too, DescribeGroups of a consumer group (Dead, as Kafka 4
 answers before v6), DeleteGroups (NON_EMPTY_GROUP, then deleted with its offsets) and OffsetDelete
-(GROUP_SUBSCRIBED_TO_TOPIC for a subscribed topic) of a consumer group (groups/admin.py)."""
+(GROUP_SUBSCRIBED_TO_TOPIC for a subscribed topic) of a consumer group (groups/admin.py); the group counts
+by type and state in the metrics."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from kio.schema.offset_commit.v9 import request as commit_v9
 from kio.schema.offset_delete.v0 import request as offset_delete_v0
 from kio.schema.offset_fetch.v9 import request as fetch_v9
 
-from broker_process import send_request
+from broker_process import BrokerProcess, free_port, send_request
+from test_metrics import scrape
 from test_confluent_kafka import create_topic
 
 from pykbroker.protocol.errors import ErrorCode
@@ -114,3 +116,28 @@ def test_list_describe_delete_both_kinds(shared_broker, topic_name):
     # The group id is free again: a heartbeat of an unknown member of a group that is gone.
     gone = _heartbeat(address, consumer, "m1", 1)
     assert gone.error_code == ErrorCode.group_id_not_found
+
+
+def test_group_counts_by_type_and_state_in_the_metrics(tmp_path):
+    """Kafka 4's group-coordinator-metrics (group-count by protocol, consumer-group-count by state) and the
+    classic GroupMetadataManager gauges, scraped from /metrics."""
+    port = free_port()
+    with BrokerProcess(tmp_path / "broker", config={"metrics.port": port}) as broker:
+        address = broker.address
+        topic = f"metrics-{uuid.uuid4().hex[:8]}"
+        create_topic(broker.bootstrap, topic, 1)
+        assert _heartbeat(address, "cg-metrics", "m1", 0, (topic,)).error_code == ErrorCode.none
+        send_request(address, commit_v9.OffsetCommitRequest(
+            group_id="classic-metrics", generation_id_or_member_epoch=-1, member_id="",
+            topics=(commit_v9.OffsetCommitRequestTopic(name=topic, partitions=(
+                commit_v9.OffsetCommitRequestPartition(partition_index=0, committed_offset=1, committed_metadata=""),)),)))
+        samples = scrape(port)
+        prefix = "kafka_server_group_coordinator_metrics"
+        assert samples[(f"{prefix}_group_count", frozenset({("protocol", "consumer")}))] == 1
+        assert samples[(f"{prefix}_group_count", frozenset({("protocol", "classic")}))] == 1
+        assert {state: samples[(f"{prefix}_consumer_group_count", frozenset({("state", state)}))]
+                for state in ("Empty", "Assigning", "Reconciling", "Stable", "Dead")} == {
+            "Empty": 0, "Assigning": 0, "Reconciling": 0, "Stable": 1, "Dead": 0}
+        assert samples[("kafka_coordinator_group_groupmetadatamanager_numgroups", frozenset())] == 1
+        assert samples[("kafka_coordinator_group_groupmetadatamanager_numgroupsempty", frozenset())] == 1
+        assert samples[("kafka_coordinator_group_groupmetadatamanager_numgroupsstable", frozenset())] == 0
