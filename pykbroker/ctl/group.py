@@ -1,6 +1,13 @@
 """``pykbroker group list|describe|seek|delete``: consumer groups through the AdminClient (ListGroups,
 DescribeGroups, OffsetFetch, ListOffsets, OffsetCommit, DeleteGroups).
 
+Both kinds of group are shown with their type ("classic", or "consumer" for the KIP-848 protocol). librdkafka
+knows only the classic groups' states (a consumer group Assigning or Reconciling is its "Unknown"), so the
+states come from ListGroups v5 asked of every broker with pykbroker's protocol client, and ``describe`` asks
+a consumer group's coordinator ConsumerGroupDescribe for its group and assignment epochs and each member's
+epoch; where those raw requests cannot be made (a SASL mechanism the protocol client does not speak), what
+the admin client says is shown.
+
 A command about one group (describe, seek, delete, and ``consume -g``) first asks a bootstrap broker for the
 group's coordinator itself, with a raw FindCoordinator (pykbroker's protocol client): librdkafka retries
 COORDINATOR_NOT_AVAILABLE until its timeout and then says only _TIMED_OUT, so a coordinator that cannot be
@@ -23,6 +30,7 @@ from pykbroker.ctl.common import (
 )
 
 FIND_COORDINATOR_KEY = 10
+LIST_GROUPS_KEY, CONSUMER_GROUP_DESCRIBE_KEY = 16, 69
 # How long a coordinator that is not available is asked for before the command works out why (Kafka answers
 # COORDINATOR_NOT_AVAILABLE while the first FindCoordinator creates __consumer_offsets); see _coordinator_failure.
 COORDINATOR_GRACE_S = 1.5
@@ -104,16 +112,91 @@ def _state(value: Any) -> str:
     return getattr(value, "name", str(value)).replace("_", "").title() if value is not None else "Unknown"
 
 
+def _type(value: Any) -> str:
+    """The admin client's ConsumerGroupType as Kafka names group types ("classic", "consumer", "unknown")."""
+    return getattr(value, "name", str(value)).lower() if value is not None else "unknown"
+
+
+async def _raw(conn: Connection, host: str, port: int, build: Any) -> Any:
+    """One request made by ``build(connection)`` (None: the broker cannot answer it) to host:port."""
+    from pykbroker.protocol.client import KafkaClientConnection
+
+    connection = await KafkaClientConnection.connect(host, port, client_id=CLIENT_ID, connect_timeout=conn.timeout,
+                                                     request_timeout=conn.timeout, security=conn.security)
+    try:
+        request = build(connection)
+        return await connection.send(request) if request is not None else None
+    finally:
+        await connection.aclose()
+
+
+def _list_groups_request(connection: Any) -> Any:
+    version = connection.version_for(LIST_GROUPS_KEY, 5)
+    module = importlib.import_module(f"kio.schema.list_groups.v{version}.request")
+    return module.ListGroupsRequest(states_filter=(), types_filter=()) if version >= 5 else None
+
+
+def listed_types_and_states(conn: Connection) -> dict[str, tuple[str, str]]:
+    """group id -> (type, state) as every broker's ListGroups v5 answers; {} where that cannot be asked."""
+    from pykbroker.protocol.client import ClientError
+
+    if not conn.authenticates:
+        return {}
+    try:
+        brokers = [(b.host, b.port) for b in conn.admin.list_topics(timeout=conn.timeout).brokers.values()]
+    except Exception:  # noqa: BLE001 - the admin client's listing says what is wrong
+        return {}
+
+    async def ask_all() -> list[Any]:
+        return await asyncio.gather(*(_raw(conn, host, port, _list_groups_request) for host, port in brokers),
+                                    return_exceptions=True)
+
+    found: dict[str, tuple[str, str]] = {}
+    try:
+        answers = asyncio.run(ask_all())
+    except (ClientError, OSError, TimeoutError):
+        return {}
+    for answer in answers:
+        if answer is not None and not isinstance(answer, BaseException):
+            found.update({g.group_id: (g.group_type, g.group_state) for g in answer.groups})
+    return found
+
+
+def consumer_group_epochs(conn: Connection, coordinator: Any, group_id: str) -> dict[str, Any] | None:
+    """A consumer group's state, group and assignment epochs, assignor and member epochs, asked of its
+    coordinator with ConsumerGroupDescribe; None if that cannot be asked or is refused."""
+    from pykbroker.protocol.client import ClientError
+
+    if not conn.authenticates or coordinator is None:
+        return None
+
+    def request(connection: Any) -> Any:
+        version = connection.version_for(CONSUMER_GROUP_DESCRIBE_KEY, 0)
+        module = importlib.import_module(f"kio.schema.consumer_group_describe.v{version}.request")
+        return module.ConsumerGroupDescribeRequest(group_ids=(group_id,), include_authorized_operations=False)
+
+    try:
+        (group,) = asyncio.run(_raw(conn, coordinator.host, coordinator.port, request)).groups
+    except (ClientError, OSError, TimeoutError, ValueError, AttributeError):
+        return None
+    if group.error_code != 0:
+        return None
+    return {"state": group.group_state, "group_epoch": group.group_epoch, "assignment_epoch": group.assignment_epoch,
+            "assignor": group.assignor_name, "member_epochs": {m.member_id: m.member_epoch for m in group.members}}
+
+
 @group.command("list", epilog=EXIT_CODES_HELP)
 @connection_options
 def list_(conn: Connection) -> None:
-    """Every consumer group the brokers know, with its state."""
+    """Every consumer group the brokers know, with its type (classic or consumer) and state."""
     result = conn.call(conn.admin.list_consumer_groups(request_timeout=conn.timeout), "listing groups")
-    rows = sorted(({"group": g.group_id, "state": _state(g.state), "simple": g.is_simple_consumer_group}
+    listed = listed_types_and_states(conn) if result.valid else {}
+    rows = sorted(({"group": g.group_id, "type": listed.get(g.group_id, (_type(g.type), None))[0],
+                    "state": listed.get(g.group_id, (None, _state(g.state)))[1], "simple": g.is_simple_consumer_group}
                    for g in result.valid), key=lambda row: row["group"])
     if result.errors and not rows:
         raise _list_error(result.errors[0])
-    conn.emit(rows, lambda rows: table(["group", "state"], [[r["group"], r["state"]] for r in rows]))
+    conn.emit(rows, lambda rows: table(["group", "type", "state"], [[r["group"], r["type"], r["state"]] for r in rows]))
     if result.errors:  # some brokers did not answer: the list may miss their groups
         for error in result.errors:
             click.echo(f"Error: a broker could not list its groups: {_list_error(error).message}", err=True)
@@ -181,8 +264,16 @@ def describe_group(conn: Connection, group_id: str) -> dict[str, Any]:
             "member_id": member.member_id if member else None, "client_id": member.client_id if member else None,
             "host": member.host if member else None,
         })
+    kind = _type(getattr(description, "type", None))
+    epochs = consumer_group_epochs(conn, description.coordinator, group_id) if kind == "consumer" else None
+    member_epochs = (epochs or {}).get("member_epochs", {})
+    for row in rows:
+        row["member_epoch"] = member_epochs.get(row["member_id"])
     return {
-        "group": group_id, "state": _state(description.state), "assignor": description.partition_assignor or None,
+        "group": group_id, "type": kind, "state": epochs["state"] if epochs else _state(description.state),
+        "group_epoch": epochs["group_epoch"] if epochs else None,
+        "assignment_epoch": epochs["assignment_epoch"] if epochs else None,
+        "assignor": description.partition_assignor or (epochs or {}).get("assignor") or None,
         "coordinator": node_json(description.coordinator), "members": len(description.members),
         "total_lag": sum(row["lag"] or 0 for row in rows), "partitions": rows,
     }
@@ -191,14 +282,18 @@ def describe_group(conn: Connection, group_id: str) -> dict[str, Any]:
 def _render_group(data: dict[str, Any]) -> None:
     section(f"Group {data['group']}")
     coordinator = data["coordinator"]
-    table(["name", "value"], [["state", data["state"]], ["assignor", data["assignor"]],
+    epochs = [["group epoch", data["group_epoch"]], ["assignment epoch", data["assignment_epoch"]]] \
+        if data["type"] == "consumer" else []
+    table(["name", "value"], [["type", data["type"]], ["state", data["state"]], *epochs, ["assignor", data["assignor"]],
                               ["coordinator", f"{coordinator['id']} ({coordinator['host']}:{coordinator['port']})"
                                if coordinator else None],
                               ["members", data["members"]], ["total lag", data["total_lag"]]])
     click.echo()
-    table(["topic", "partition", "current-offset", "log-end-offset", "lag", "member-id", "client-id", "host"],
+    member_epoch = data["type"] == "consumer"
+    table(["topic", "partition", "current-offset", "log-end-offset", "lag", "member-id",
+           *(["member-epoch"] if member_epoch else []), "client-id", "host"],
           [[r["topic"], r["partition"], r["current_offset"], r["log_end_offset"], r["lag"], r["member_id"],
-            r["client_id"], r["host"]] for r in data["partitions"]])
+            *([r["member_epoch"]] if member_epoch else []), r["client_id"], r["host"]] for r in data["partitions"]])
 
 
 @group.command("describe", epilog=EXIT_CODES_HELP)
