@@ -3,10 +3,9 @@ DescribeGroups, OffsetFetch, ListOffsets, OffsetCommit, DeleteGroups).
 
 Both kinds of group are shown with their type ("classic", or "consumer" for the KIP-848 protocol). librdkafka
 knows only the classic groups' states (a consumer group Assigning or Reconciling is its "Unknown"), so the
-states come from ListGroups v5 asked of every broker with pykbroker's protocol client, and ``describe`` asks
-a consumer group's coordinator ConsumerGroupDescribe for its group and assignment epochs and each member's
-epoch; where those raw requests cannot be made (a SASL mechanism the protocol client does not speak), what
-the admin client says is shown.
+states come from ListGroups v5 asked of every broker, and ``describe`` asks a consumer group's coordinator for
+its group and assignment epochs and each member's epoch (pykbroker.ctl.group_kinds); where those requests
+cannot be made (a SASL mechanism the protocol client does not speak), what the admin client says is shown.
 
 A command about one group (describe, seek, delete, and ``consume -g``) first asks a bootstrap broker for the
 group's coordinator itself, with a raw FindCoordinator (pykbroker's protocol client): librdkafka retries
@@ -30,7 +29,6 @@ from pykbroker.ctl.common import (
 )
 
 FIND_COORDINATOR_KEY = 10
-LIST_GROUPS_KEY, CONSUMER_GROUP_DESCRIBE_KEY = 16, 69
 # How long a coordinator that is not available is asked for before the command works out why (Kafka answers
 # COORDINATOR_NOT_AVAILABLE while the first FindCoordinator creates __consumer_offsets); see _coordinator_failure.
 COORDINATOR_GRACE_S = 1.5
@@ -117,72 +115,26 @@ def _type(value: Any) -> str:
     return getattr(value, "name", str(value)).lower() if value is not None else "unknown"
 
 
-async def _raw(conn: Connection, host: str, port: int, build: Any) -> Any:
-    """One request made by ``build(connection)`` (None: the broker cannot answer it) to host:port."""
-    from pykbroker.protocol.client import KafkaClientConnection
-
-    connection = await KafkaClientConnection.connect(host, port, client_id=CLIENT_ID, connect_timeout=conn.timeout,
-                                                     request_timeout=conn.timeout, security=conn.security)
-    try:
-        request = build(connection)
-        return await connection.send(request) if request is not None else None
-    finally:
-        await connection.aclose()
-
-
-def _list_groups_request(connection: Any) -> Any:
-    version = connection.version_for(LIST_GROUPS_KEY, 5)
-    module = importlib.import_module(f"kio.schema.list_groups.v{version}.request")
-    return module.ListGroupsRequest(states_filter=(), types_filter=()) if version >= 5 else None
-
-
 def listed_types_and_states(conn: Connection) -> dict[str, tuple[str, str]]:
-    """group id -> (type, state) as every broker's ListGroups v5 answers; {} where that cannot be asked."""
-    from pykbroker.protocol.client import ClientError
+    """group id -> (type, state) as every broker's ListGroups v5 answers (pykbroker.ctl.group_kinds)."""
+    from pykbroker.ctl.group_kinds import listed_types_and_states as listed
 
     if not conn.authenticates:
         return {}
     try:
         brokers = [(b.host, b.port) for b in conn.admin.list_topics(timeout=conn.timeout).brokers.values()]
-    except Exception:  # noqa: BLE001 - the admin client's listing says what is wrong
+        return listed(brokers, conn.timeout, security=conn.security, client_id=CLIENT_ID)
+    except Exception:  # noqa: BLE001 - the admin client's listing is shown as it is
         return {}
-
-    async def ask_all() -> list[Any]:
-        return await asyncio.gather(*(_raw(conn, host, port, _list_groups_request) for host, port in brokers),
-                                    return_exceptions=True)
-
-    found: dict[str, tuple[str, str]] = {}
-    try:
-        answers = asyncio.run(ask_all())
-    except (ClientError, OSError, TimeoutError):
-        return {}
-    for answer in answers:
-        if answer is not None and not isinstance(answer, BaseException):
-            found.update({g.group_id: (g.group_type, g.group_state) for g in answer.groups})
-    return found
 
 
 def consumer_group_epochs(conn: Connection, coordinator: Any, group_id: str) -> dict[str, Any] | None:
-    """A consumer group's state, group and assignment epochs, assignor and member epochs, asked of its
-    coordinator with ConsumerGroupDescribe; None if that cannot be asked or is refused."""
-    from pykbroker.protocol.client import ClientError
+    from pykbroker.ctl.group_kinds import consumer_group_epochs as epochs
 
     if not conn.authenticates or coordinator is None:
         return None
-
-    def request(connection: Any) -> Any:
-        version = connection.version_for(CONSUMER_GROUP_DESCRIBE_KEY, 0)
-        module = importlib.import_module(f"kio.schema.consumer_group_describe.v{version}.request")
-        return module.ConsumerGroupDescribeRequest(group_ids=(group_id,), include_authorized_operations=False)
-
-    try:
-        (group,) = asyncio.run(_raw(conn, coordinator.host, coordinator.port, request)).groups
-    except (ClientError, OSError, TimeoutError, ValueError, AttributeError):
-        return None
-    if group.error_code != 0:
-        return None
-    return {"state": group.group_state, "group_epoch": group.group_epoch, "assignment_epoch": group.assignment_epoch,
-            "assignor": group.assignor_name, "member_epochs": {m.member_id: m.member_epoch for m in group.members}}
+    return epochs(coordinator.host, coordinator.port, group_id, conn.timeout, security=conn.security,
+                  client_id=CLIENT_ID)
 
 
 @group.command("list", epilog=EXIT_CODES_HELP)
