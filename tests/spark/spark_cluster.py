@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -42,6 +43,7 @@ STATUS_TIMEOUT_S = 5.0
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+_TASK_LINE = re.compile(r"Executor: (Running|Finished) task .*\(TID (\d+)\)")
 
 # What every driver submitted to the cluster sets, beside the caller's conf (tests/spark/conftest.py passes its
 # SPARK_TEST_CONF): small executors (Spark's minimum is 450 MiB, 1.5 times the 300 MiB it reserves), one
@@ -144,6 +146,14 @@ def terminate_tree(process: subprocess.Popen, timeout: float = STOP_TIMEOUT_S) -
         time.sleep(0.1)  # the JVMs' shutdown hooks end their own children (a worker's executors) first
     _signal([pid for pid in below if _alive(pid)], signal.SIGKILL)
     return process.returncode
+
+
+def kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL `process` and every process below it (recorded by PID first): a driver that dies at once."""
+    below = descendants(process.pid)
+    process.kill()
+    _signal(below, signal.SIGKILL)
+    process.wait(10)
 
 
 def _tail(path: Path, lines: int) -> str:
@@ -280,6 +290,23 @@ class SparkStandaloneCluster:
             pids += [pid for pid in descendants(worker.pid, table)
                      if EXECUTOR_CLASS in table[pid][1] and _alive(pid)]
         return sorted(pids)
+
+    def executor_log(self, pid: int) -> Path:
+        """The stderr file the worker gives executor `pid` (work-dir/<app id>/<executor id>/stderr)."""
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        app, executor = args[args.index("--app-id") + 1], args[args.index("--executor-id") + 1]
+        (log,) = self.root.glob(f"worker-*/{app}/{executor}/stderr")
+        return log
+
+    def running_tasks(self, pid: int) -> set[int]:
+        """Task ids executor `pid` started and has not finished, from its log (Spark's INFO lines
+        "Running task ... (TID n)" and "Finished task ... (TID n)")."""
+        started, finished = set(), set()
+        for line in self.executor_log(pid).read_text(errors="replace").splitlines():
+            match = _TASK_LINE.search(line)
+            if match:
+                (started if match.group(1) == "Running" else finished).add(int(match.group(2)))
+        return started - finished
 
     def wait_executors(self, count: int, *, exclude: Iterable[int] = (), timeout: float = READY_TIMEOUT_S,
                        driver: subprocess.Popen | None = None) -> list[int]:
