@@ -6,11 +6,22 @@
         producer = Producer({"bootstrap.servers": kafka.get_bootstrap_server()})
 
 It runs the image built from this project's ``docker/Dockerfile`` (tag ``pykbroker:latest``; when the image is
-missing and this is a checkout, ``PykbrokerContainer.build_image()`` builds it, or pass ``image=``). The broker
-must advertise the address clients reach it at - the Docker host and the port Docker mapped - which is only
-known once the container runs: as KafkaContainer does, the container waits for a start script that is copied
-in after start, which runs ``pykbroker serve`` with that advertised address. Ready means the broker answers
-an ApiVersions request on the mapped port.
+missing and this is a checkout, ``PykbrokerContainer.build_image()`` builds it, ``base_image=`` choosing the base
+where no registry serves python:3.11-slim; or pass ``image=``).
+
+Networking: by default the container shares the host's network (``--network host``), as Docker engines without
+a bridge network (``dockerd --bridge=none``) and tests that must keep all traffic on the loopback need: the broker
+listens on 127.0.0.1 at a port that was free on the host (or the one passed as ``port=``) and advertises
+127.0.0.1:port, so no port mapping is involved; its /health, /ready and /metrics (the image's HEALTHCHECK)
+are on another free port, ``metrics_port``. ``host_network=False`` instead publishes the port through
+Docker's bridge network: the advertised address (the Docker host and the port Docker mapped) is only known once
+the container runs, so, as KafkaContainer does, the container waits for a start script copied in after start.
+
+Ready means the broker answers an ApiVersions request. A broker that exits or is not ready in time fails
+``start()`` with the container's output in the error, and the container is removed; ``stop()`` removes it.
+
+A cluster: ``PykbrokerCluster(brokers=3)`` runs ZooKeeper (this project's docker/zookeeper image,
+``ZooKeeperContainer``) and the brokers, each in its container on the host's network, and is used the same way.
 
 Needs the ``testcontainers`` package (``pip install testcontainers``) and a Docker engine.
 """
@@ -26,6 +37,7 @@ from typing import Any
 
 try:
     from testcontainers.core.container import DockerContainer
+    from testcontainers.core.exceptions import ContainerStartException
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides testcontainers
     raise ImportError(
         "pykbroker.testcontainers needs the testcontainers package, which is not installed: "
@@ -34,26 +46,188 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 
 from pykbroker.testdefaults import TEST_BROKER_CONFIG
 
-__all__ = ("PykbrokerContainer", "DEFAULT_IMAGE")
+__all__ = ("PykbrokerContainer", "PykbrokerCluster", "ZooKeeperContainer", "KafkaProtocolContainer", "ServerContainer",
+           "ContainerStartException", "DEFAULT_IMAGE", "DEFAULT_ZOOKEEPER_IMAGE")
 
 DEFAULT_IMAGE = "pykbroker:latest"
-BROKER_PORT = 9093
+DEFAULT_ZOOKEEPER_IMAGE = "pykbroker-zookeeper:latest"
+LOOPBACK = "127.0.0.1"
+BRIDGE_PORT = 9093  # the port inside the container on a bridge network (published to a random host port)
 START_SCRIPT = "/tc-start.sh"
+START_TIMEOUT_S = 60.0
+LOG_TAIL_CHARS = 4000
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-class PykbrokerContainer(DockerContainer):
-    """One pykbroker broker (embedded metadata) in a container, its port published on the Docker host."""
+class ServerContainer(DockerContainer):
+    """A container serving on one port, ready once ``_answers`` says so; KafkaProtocolContainer (pykbroker or any
+    Kafka broker) and ZooKeeperContainer refine it by saying what the container runs (``serve_command``).
 
-    def __init__(self, image: str = DEFAULT_IMAGE, port: int = BROKER_PORT, **kwargs: Any) -> None:
+    Host networking (the default): the port is chosen here, free on the host's 127.0.0.1, unless given.
+    Bridge networking (``host_network=False``): ``port`` is the port inside the container, published by
+    Docker; the command, which must know the published address, runs from a script copied in after start.
+    """
+
+    def __init__(self, image: str, port: int | None = None, *, host_network: bool = True, **kwargs: Any) -> None:
         super().__init__(image, **kwargs)
-        self.port = port
+        self.host_network = host_network
+        if host_network:
+            from pykbroker.cluster.zk_server import free_port  # standard library only: cheap
+
+            self.port = port if port is not None else free_port(LOOPBACK)
+        else:
+            self.port = port if port is not None else BRIDGE_PORT
+            self.with_exposed_ports(self.port)
+        self.labels: dict[str, str] = {}
+        self.ready_seconds: float | None = None  # start() to the first answer
+
+    def with_labels(self, labels: dict[str, str]) -> "ServerContainer":
+        """Docker labels on the container (e.g. for a test suite to find and remove its containers)."""
+        self.labels.update(labels)
+        return self
+
+    # -- what a subclass says --------------------------------------------------------------------------
+
+    def serve_command(self, listen_host: str, advertised_host: str, advertised_port: int) -> list[str]:
+        """The command (argv) serving on ``listen_host:self.port``, telling clients the advertised address."""
+        raise NotImplementedError
+
+    def _answers(self, address: tuple[str, int]) -> bool:
+        """Whether the server at ``address`` answers as a ready one (OSError and ValueError: not yet)."""
+        raise NotImplementedError
+
+    # -- addresses ---------------------------------------------------------------------------------------
+
+    def address(self) -> tuple[str, int]:
+        if self.host_network:
+            return LOOPBACK, self.port
+        return self.get_container_host_ip(), int(self.get_exposed_port(self.port))
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> "ServerContainer":
+        """Start the container and wait until it answers (``_answers``). If that fails the container is removed
+        (also when ``start()`` is called outside a ``with``: nothing is left running) and the error raised:
+        ContainerStartException when the container exits or its image is missing, TimeoutError when it is
+        not ready in time; both carry the end of the container's output."""
+        self._check_image()
+        self._kwargs["labels"] = {**self._kwargs.get("labels", {}), **self.labels}
+        if self.host_network:
+            self._kwargs["network"] = "host"  # docker's SDK: network_mode host (no port is published)
+            command = self.serve_command(LOOPBACK, LOOPBACK, self.port)
+            self._kwargs["entrypoint"] = command[:1]
+            self.with_command(command[1:])
+        else:
+            # the image's entrypoint is not used: wait for the start script (see _write_start_script)
+            self._kwargs["entrypoint"] = ["sh", "-c"]
+            self.with_command(f"while [ ! -f {START_SCRIPT} ]; do sleep 0.1; done; exec sh {START_SCRIPT}")
+        started = time.monotonic()
+        try:
+            super().start()
+            if not self.host_network:
+                self._write_start_script()
+            self._wait_ready(started + timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.ready_seconds = time.monotonic() - started
+        return self
+
+    def stop(self, force: bool = True, delete_volume: bool = True) -> None:
+        """Remove the container and its anonymous volumes; a second call (``with`` after a failed start) does
+        nothing."""
+        if self._container is None:
+            return
+        try:
+            super().stop(force=force, delete_volume=delete_volume)
+        finally:
+            self._container = None
+
+    def logs_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
+        """The end of the container's output (stdout and stderr)."""
+        out, err = self.get_logs()
+        return (out + err).decode(errors="replace")[-chars:]
+
+    def _check_image(self) -> None:
+        import docker.errors
+
+        try:
+            self.get_docker_client().client.images.get(self.image)
+        except docker.errors.ImageNotFound:
+            raise ContainerStartException(f"no image {self.image} on the Docker engine: {self._missing_image_hint()}")
+
+    def _missing_image_hint(self) -> str:
+        return "build or pull it first"
+
+    def _container_status(self) -> str:
+        """The wrapped (docker SDK) container's status, refreshed: "running", "exited", ..."""
+        container = self.get_wrapped_container()
+        container.reload()
+        return container.status
+
+    def _write_start_script(self) -> None:
+        host, port = self.address()
+        content = ("#!/bin/sh\nexec " + shlex.join(self.serve_command("0.0.0.0", host, port)) + "\n").encode()
+        archive = io.BytesIO()
+        with tarfile.TarFile(fileobj=archive, mode="w") as tar:
+            info = tarfile.TarInfo(name=START_SCRIPT)
+            info.size = len(content)
+            info.mtime = int(time.time())
+            tar.addfile(info, io.BytesIO(content))
+        self.get_wrapped_container().put_archive(path="/", data=archive.getvalue())
+
+    def _wait_ready(self, deadline: float) -> None:
+        address = self.address()
+        while True:
+            try:
+                if self._answers(address):
+                    return
+            except (OSError, ValueError):
+                pass
+            status = self._container_status()
+            if status in ("exited", "dead"):
+                code = self.get_wrapped_container().attrs["State"].get("ExitCode")
+                raise ContainerStartException(
+                    f"{self.image} in container {self.get_container_id()[:12]} exited with code {code} before "
+                    f"answering on {address[0]}:{address[1]}; its output:\n{self.logs_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.image} in container {self.get_container_id()[:12]} not ready on "
+                                   f"{address[0]}:{address[1]} ({status}); its output:\n{self.logs_tail()}")
+            time.sleep(0.1)
+
+
+class KafkaProtocolContainer(ServerContainer):
+    """A Kafka broker in a container (pykbroker or Kafka itself): ready when it answers ApiVersions."""
+
+    def get_bootstrap_server(self) -> str:
+        host, port = self.address()
+        return f"{host}:{port}"
+
+    def _answers(self, address: tuple[str, int]) -> bool:
+        from kio.schema.api_versions.v0.request import ApiVersionsRequest
+
+        from pykbroker.testing import _request
+
+        return _request(address, ApiVersionsRequest(), timeout=1.0).error_code == 0
+
+
+class PykbrokerContainer(KafkaProtocolContainer):
+    """One pykbroker broker (embedded metadata) in a container; see the module's docstring for networking."""
+
+    def __init__(self, image: str = DEFAULT_IMAGE, port: int | None = None, **kwargs: Any) -> None:
+        super().__init__(image, port, **kwargs)
         self.broker_config: dict[str, str] = {key: str(value) for key, value in TEST_BROKER_CONFIG.items()}
         self.log_level = "info"
-        self.with_exposed_ports(port)
-        # the image's entrypoint is `pykbroker serve`; wait for the start script instead (see tc_start)
-        self.with_kwargs(entrypoint=["sh", "-c"])
-        self.with_command(f"while [ ! -f {START_SCRIPT} ]; do sleep 0.1; done; exec sh {START_SCRIPT}")
+        self.zookeeper_connect: str | None = None
+        self.broker_id = 1
+        self.metrics_port: int | None = None
+        if self.host_network:
+            # The image serves /health (its HEALTHCHECK) on PYKBROKER_METRICS_PORT, a fixed port: on the host's
+            # network two containers (or a container and any other broker) would both bind it.
+            from pykbroker.cluster.zk_server import free_port
+
+            self.metrics_port = free_port(LOOPBACK)
+            self.with_env("PYKBROKER_METRICS_PORT", str(self.metrics_port))
 
     # -- options, in the with_... style of testcontainers ------------------------------------------
 
@@ -73,83 +247,144 @@ class PykbrokerContainer(DockerContainer):
         self.log_level = level
         return self
 
+    def with_zookeeper(self, connect: str, broker_id: int) -> "PykbrokerContainer":
+        """A member of a cluster coordinated by ZooKeeper at ``connect`` (``--zookeeper``, ``--broker-id``)."""
+        self.zookeeper_connect, self.broker_id = connect, broker_id
+        return self
+
     @staticmethod
-    def build_image(tag: str = DEFAULT_IMAGE, context: Path = REPO_ROOT) -> str:
-        """Build docker/Dockerfile of a pykbroker checkout; returns the tag."""
-        from testcontainers.core.image import DockerImage
+    def build_image(tag: str = DEFAULT_IMAGE, context: Path = REPO_ROOT, base_image: str | None = None,
+                    ca_bundle: Path | None = None, docker: str = "docker", timeout: float = 1800) -> str:
+        """Build docker/Dockerfile of a pykbroker checkout with the docker CLI (BuildKit, which the Dockerfile
+        needs; the host's network, which engines without a bridge need) and return the tag. ``base_image``:
+        the Dockerfile's BASE_IMAGE (python:3.11-slim unless given; any Debian bookworm image works);
+        ``ca_bundle``: a CA bundle for pip inside the build (a BuildKit secret, not kept in the image);
+        ``docker``: the docker client to run (one whose ``docker build`` has BuildKit)."""
+        import os
+        import subprocess
 
         if not (context / "docker" / "Dockerfile").is_file():
             raise FileNotFoundError(f"no docker/Dockerfile under {context}: pass the checkout's path, or image=")
-        DockerImage(path=str(context), tag=tag, dockerfile_path="docker/Dockerfile", clean_up=False).build()
+        command = [docker, "build", "--network", "host", "-f", str(context / "docker" / "Dockerfile"), "-t", tag]
+        if base_image:
+            command += ["--build-arg", f"BASE_IMAGE={base_image}"]
+        if ca_bundle:
+            command += ["--secret", f"id=ca_bundle,src={ca_bundle}"]
+        done = subprocess.run([*command, str(context)], capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "DOCKER_BUILDKIT": "1"})
+        if done.returncode != 0:
+            raise ContainerStartException(f"{shlex.join(command)} failed (exit {done.returncode}):\n"
+                                          + "\n".join((done.stdout + done.stderr).splitlines()[-30:]))
         return tag
 
-    # -- lifecycle -----------------------------------------------------------------------------------
-
-    def serve_command(self, advertised_host: str, advertised_port: int) -> list[str]:
-        command = ["pykbroker", "serve", "--host", "0.0.0.0", "--port", str(self.port), "--data-dir", "/data",
+    def serve_command(self, listen_host: str, advertised_host: str, advertised_port: int) -> list[str]:
+        command = ["pykbroker", "serve", "--host", listen_host, "--port", str(self.port), "--data-dir", "/data",
                    "--advertised-host", advertised_host, "--advertised-port", str(advertised_port),
                    "--log-level", self.log_level]
+        if self.zookeeper_connect is not None:
+            command += ["--zookeeper", self.zookeeper_connect, "--broker-id", str(self.broker_id)]
         for key, value in self.broker_config.items():
             command += ["--override", f"{key}={value}"]
         return command
 
-    def get_bootstrap_server(self) -> str:
-        return f"{self.get_container_host_ip()}:{self.get_exposed_port(self.port)}"
+    def _missing_image_hint(self) -> str:
+        return ("build it from a pykbroker checkout with PykbrokerContainer.build_image() (docker build -f "
+                "docker/Dockerfile -t pykbroker .), or pass image=")
 
-    def start(self, timeout: float = 60.0) -> "PykbrokerContainer":
-        """Start the container and wait for the broker. If that fails the container is removed (also when
-        ``start()`` is called outside a ``with``: nothing is left running) and the error raised."""
-        super().start()
+
+class ZooKeeperContainer(ServerContainer):
+    """A standalone ZooKeeper server from this project's docker/zookeeper image (its entry point reads ZOO_HOST
+    and ZOO_PORT), on the host's network at a free 127.0.0.1 port; ready when it answers ``ruok``."""
+
+    def __init__(self, image: str = DEFAULT_ZOOKEEPER_IMAGE, port: int | None = None, **kwargs: Any) -> None:
+        super().__init__(image, port, host_network=True, **kwargs)
+        self.with_env("ZOO_HOST", LOOPBACK).with_env("ZOO_PORT", str(self.port))
+
+    def get_connect_string(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    def serve_command(self, listen_host: str, advertised_host: str, advertised_port: int) -> list[str]:
+        return ["zookeeper-entrypoint"]
+
+    def _answers(self, address: tuple[str, int]) -> bool:
+        from pykbroker.cluster.zk_server import four_letter_word
+
+        return four_letter_word(*address, "ruok") == "imok"
+
+    def _missing_image_hint(self) -> str:
+        return ("build it from a pykbroker checkout: docker build -t pykbroker-zookeeper docker/zookeeper, or pass "
+                "zookeeper_image=")
+
+
+class PykbrokerCluster:
+    """``brokers`` PykbrokerContainers (broker ids 1..n) coordinated by a ZooKeeperContainer, every container on
+    the host's network with its own free 127.0.0.1 ports; used like a container:
+
+        with PykbrokerCluster(brokers=3) as cluster:
+            Producer({"bootstrap.servers": cluster.get_bootstrap_server(), "acks": "all"})
+
+    Ready when every broker's Metadata lists all brokers. A cluster of fewer than 3 brokers gets as many
+    replicas of the internal topics as it has brokers (as ``pykbroker cluster`` does); ``stop()`` removes every
+    container, ``broker(n)`` is broker n's PykbrokerContainer."""
+
+    def __init__(self, image: str = DEFAULT_IMAGE, zookeeper_image: str = DEFAULT_ZOOKEEPER_IMAGE,
+                 brokers: int = 3) -> None:
+        if brokers < 1:
+            raise ValueError("a cluster needs at least one broker")
+        self.zookeeper = ZooKeeperContainer(zookeeper_image)
+        self.brokers = [PykbrokerContainer(image).with_zookeeper(self.zookeeper.get_connect_string(), broker_id)
+                        for broker_id in range(1, brokers + 1)]
+        if brokers < 3:
+            for key in ("offsets.topic.replication.factor", "transaction.state.log.replication.factor"):
+                self.with_broker_config(key, brokers)
+        self.ready_seconds: float | None = None
+
+    def with_broker_config(self, key: str, value: Any) -> "PykbrokerCluster":
+        for broker in self.brokers:
+            broker.with_broker_config(key, value)
+        return self
+
+    def with_labels(self, labels: dict[str, str]) -> "PykbrokerCluster":
+        for container in (self.zookeeper, *self.brokers):
+            container.with_labels(labels)
+        return self
+
+    def broker(self, broker_id: int) -> PykbrokerContainer:
+        return self.brokers[broker_id - 1]
+
+    def get_bootstrap_server(self) -> str:
+        return ",".join(broker.get_bootstrap_server() for broker in self.brokers)
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> "PykbrokerCluster":
+        """Start ZooKeeper, then the brokers, and wait until each lists them all; on failure every container is
+        removed and the error (with the failing container's output) raised."""
+        from pykbroker.devcluster import live_broker_ids
+
+        started = time.monotonic()
+        deadline = started + timeout
         try:
-            host, port = self.get_container_host_ip(), int(self.get_exposed_port(self.port))
-            script = "#!/bin/sh\nexec " + shlex.join(self.serve_command(host, port)) + "\n"
-            self._copy_file(script.encode(), START_SCRIPT)
-            self._wait_ready(host, port, timeout)
+            self.zookeeper.start(timeout)
+            for broker in self.brokers:
+                broker.start(max(deadline - time.monotonic(), 1.0))
+            expected = {broker.broker_id for broker in self.brokers}
+            for broker in self.brokers:
+                while (listed := live_broker_ids(*broker.address())) != expected:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"broker {broker.broker_id} lists brokers {sorted(listed or [])}, not "
+                                           f"{sorted(expected)}; its output:\n{broker.logs_tail()}")
+                    time.sleep(0.1)
         except BaseException:
             self.stop()
             raise
+        self.ready_seconds = time.monotonic() - started
         return self
 
-    def stop(self, *args: Any, **kwargs: Any) -> None:
-        """Remove the container; a second call (``with`` after a failed start) does nothing."""
-        if self._container is None:
-            return
-        try:
-            super().stop(*args, **kwargs)
-        finally:
-            self._container = None
+    def stop(self) -> None:
+        for container in (*self.brokers, self.zookeeper):
+            container.stop()
 
-    def _container_status(self) -> str:
-        """The wrapped (docker SDK) container's status, refreshed: "running", "exited", ... (testcontainers 4
-        made ``DockerContainer.status`` a property, 3 had none: the SDK's attribute works with both)."""
-        container = self.get_wrapped_container()
-        container.reload()
-        return container.status
+    def __enter__(self) -> "PykbrokerCluster":
+        return self.start()
 
-    def _copy_file(self, content: bytes, path: str) -> None:
-        archive = io.BytesIO()
-        with tarfile.TarFile(fileobj=archive, mode="w") as tar:
-            info = tarfile.TarInfo(name=path)
-            info.size = len(content)
-            info.mtime = int(time.time())
-            tar.addfile(info, io.BytesIO(content))
-        self.get_wrapped_container().put_archive(path="/", data=archive.getvalue())
-
-    def _wait_ready(self, host: str, port: int, timeout: float) -> None:
-        from kio.schema.api_versions.v0.request import ApiVersionsRequest
-
-        from pykbroker.testing import _request
-
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if _request((host, port), ApiVersionsRequest(), timeout=1.0).error_code == 0:
-                    return
-            except (OSError, ValueError):
-                pass
-            status = self._container_status()
-            if status in ("exited", "dead") or time.monotonic() > deadline:
-                logs = b"".join(self.get_logs()).decode(errors="replace")[-4000:]
-                raise TimeoutError(f"pykbroker in container {self.get_container_id()[:12]} not ready on "
-                                   f"{host}:{port} ({status}); its output:\n{logs}")
-            time.sleep(0.1)
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()

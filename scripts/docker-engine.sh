@@ -17,7 +17,7 @@
 # (--bridge=none): run containers with --network host.
 #
 # Environment: DOCKER_ENGINE_STATE_DIR (default /run/pykbroker-dockerd: pidfile, log, the "started" record),
-# DOCKER_ENGINE_START_TIMEOUT (s, default 60), PYKBROKER_BASE_IMAGE (default pykbroker-debian:bookworm),
+# DOCKER_ENGINE_START_TIMEOUT (s, default 60), DEBIAN_BASE_IMAGE (default pykbroker-debian:bookworm),
 # DEBIAN_MIRROR (default: the first Debian URI in apt's sources, else http://deb.debian.org/debian),
 # DOCKERD_EXTRA_ARGS (more dockerd options, e.g. -H/--data-root/--exec-root for a second engine beside the
 # default one; then set DOCKER_HOST to its socket).
@@ -28,7 +28,7 @@ PIDFILE="$STATE_DIR/dockerd.pid"
 LOGFILE="$STATE_DIR/dockerd.log"
 STARTED="$STATE_DIR/started-by-script"     # holds the pid of the dockerd this script started
 START_TIMEOUT="${DOCKER_ENGINE_START_TIMEOUT:-60}"
-BASE_IMAGE="${PYKBROKER_BASE_IMAGE:-pykbroker-debian:bookworm}"
+BASE_IMAGE="${DEBIAN_BASE_IMAGE:-pykbroker-debian:bookworm}"
 SUITE=bookworm
 
 say() { printf 'docker-engine: %s\n' "$*" >&2; }

@@ -2,7 +2,8 @@
 # Install everything the test suite needs beyond a Python interpreter, on Debian (as root, or with
 # passwordless sudo):
 #   - Debian packages: kcat (integration tests), zookeeper (cluster tests; pulls in a Java runtime),
-#     chromium (the web console's browser tests)
+#     chromium (the web console's browser tests), docker.io, debootstrap and docker-compose (the container
+#     tests: tests/containers starts dockerd through scripts/docker-engine.sh and builds its base image)
 #   - this project in editable mode with its `test` extra (pytest, the Kafka clients, codecs, kazoo)
 #   - KafkaJS for the node tests in tests/js
 #   - pyspark for tests/spark, pinned to the Kafka connector's minor version (Java from default-jre-headless)
@@ -22,6 +23,9 @@ command -v kcat >/dev/null 2>&1 || missing+=(kcat)
 command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
 command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
+[ -x /usr/sbin/dockerd ] || missing+=(docker.io)
+[ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 
 if ((${#missing[@]})); then
     if [ "$(id -u)" -eq 0 ]; then

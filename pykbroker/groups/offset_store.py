@@ -11,6 +11,8 @@ OffsetsMessageFormatter, kafka-dump-log --offsets-decoder) can read our partitio
            int64 commit timestamp, int64 expire timestamp; versions 0-4 are read)
     key    int16 version 2, string group                                                  GroupMetadataKey
     value  opaque bytes owned by the group coordinator                                    (GroupMetadataValue)
+    key    int16 record type 3-8 or 16, string group, ...     the consumer groups' records (KIP-848)
+    value  opaque bytes owned by the consumer group coordinator                          (groups/consumer/records.py)
 
 Strings are int16 length + UTF-8. A record with a null value (tombstone) deletes its key. All records of a
 group live in partition ``abs(groupId.hashCode()) % partitions``, so a group's history is totally ordered.
@@ -321,6 +323,9 @@ class OffsetStore:
         # pendingOffsetCommits): unstable for require_stable, like pending transactional offsets.
         self._inflight: dict[str, Counter[TopicPartition]] = {}
         self._group_metadata: dict[str, bytes] = {}
+        # The consumer groups' records (key types 3+) a load found, per partition, until their coordinator
+        # takes them (``take_group_records``): group -> key bytes -> value bytes, in log order.
+        self._loaded_group_records: dict[int, dict[str, dict[bytes, bytes]]] = {}
         self._epochs = [0] * num_partitions  # bumped by every load and unload of a partition
         self._waiting: set[asyncio.Task] = set()  # appends waiting for the ISR
 
@@ -376,6 +381,7 @@ class OffsetStore:
         self._forget_partition(partition)
         self._offsets.update(replay.offsets)
         self._group_metadata.update(replay.metadata)
+        self._loaded_group_records[partition] = replay.group_records
         for producer_id, groups in replay.pending.items():
             for group, offsets in groups.items():
                 if offsets:
@@ -389,6 +395,7 @@ class OffsetStore:
         return self._forget_partition(partition)
 
     def _forget_partition(self, partition: int) -> list[str]:
+        self._loaded_group_records.pop(partition, None)
         groups = self.groups(partition)
         for group in groups:
             self._offsets.pop(group, None)
@@ -598,6 +605,23 @@ class OffsetStore:
             self._tombstone(self.partition_for(group_id), [(encode_group_metadata_key(group_id), None)],
                             _now_ms() if now_ms is None else now_ms)
 
+    def take_group_records(self, partition: int) -> dict[str, dict[bytes, bytes]]:
+        """The consumer groups' records (record types 3 and up) the last load of ``partition`` replayed, for
+        their coordinator to rebuild its groups from (once: the store keeps no copy)."""
+        return self._loaded_group_records.pop(partition, {})
+
+    def append_group_records(self, group_id: str, records: list[tuple[bytes, bytes | None]], now_ms: int,
+                             done: Done | None = None) -> None:
+        """Persist a consumer group's records (KIP-848; tombstones as None) as one batch in its partition,
+        through the replica manager with acks=all as commits are; ``done`` gets the outcome once acknowledged
+        (Kafka's storeGroup error mapping), or failures are logged when nobody waits."""
+        def logged(error: ErrorCode) -> None:
+            if error != ErrorCode.none:
+                log.warning("group %s: writing %d records failed: %s", group_id, len(records), error.name)
+
+        self._write(self.partition_for(group_id), build_batch(records, timestamp_ms=now_ms), lambda _offset: None,
+                    done or logged, offsets=False)
+
     def get_group_metadata(self, group_id: str) -> bytes | None:
         return self._group_metadata.get(group_id)
 
@@ -722,6 +746,7 @@ class _Replay:
         self.offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
         self.metadata: dict[str, bytes] = {}
         self.pending: dict[int, dict[str, dict[TopicPartition, CommittedOffset]]] = {}
+        self.group_records: dict[str, dict[bytes, bytes]] = {}  # record types 3+: group -> key -> value
 
     def batch(self, header, data) -> None:
         """One batch, as ``PartitionLog.batches`` yields it (alone, at position 0)."""
@@ -763,6 +788,14 @@ class _Replay:
                     self.metadata.pop(key.group, None)
                 else:
                     self.metadata[key.group] = value
+            else:  # a consumer group's record (types 3 and up): the group id comes first in every such key
+                reader = RecordReader(key_bytes)
+                reader.int16()
+                records = self.group_records.setdefault(reader.string(), {})
+                if value is None:
+                    records.pop(bytes(key_bytes), None)
+                else:
+                    records[bytes(key_bytes)] = bytes(value)
         except (ValueError, UnicodeDecodeError) as exc:
             # One bad record must not keep every group of this partition from loading.
             log.warning("skipping unreadable record at %s-%d offset %d: %s", OFFSETS_TOPIC, self.partition, offset,

@@ -23,7 +23,6 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from pykbroker import __version__
-from pykbroker.groups.admin import CLASSIC, CONSUMER, GROUP_TYPES, GroupAdmin
 from pykbroker.protocol.apis import SUPPORTED_APIS
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.protocol.records import ACCELERATED
@@ -201,8 +200,7 @@ class BrokerCollector(Collector):
                     lag.add_metric(labels, max(partition.high_watermark - committed.offset, 0))
         yield offset
         yield lag
-        yield from group_count_metrics(GroupAdmin(broker.groups, getattr(broker, "consumer_groups", None))
-                                       .list_groups()[1])
+        yield from group_count_metrics(broker.groups.list_groups()[1])
 
     # -- network ----------------------------------------------------------------------------------
     def _network(self) -> Iterator[Metric]:
@@ -234,12 +232,13 @@ class BrokerCollector(Collector):
 
 # Kafka 4's group coordinator counts: group-coordinator-metrics (group-count by protocol, consumer-group-count by
 # state) and the classic groups' GroupMetadataManager gauges (NumGroups, NumGroups<State>).
+CLASSIC, CONSUMER = "classic", "consumer"  # Kafka's group types (the ListGroups v5 names)
 CONSUMER_GROUP_STATES = ("Empty", "Assigning", "Reconciling", "Stable", "Dead")
 CLASSIC_GROUP_STATES = ("PreparingRebalance", "CompletingRebalance", "Stable", "Dead", "Empty")
 
 
 def group_count_metrics(groups) -> Iterator[Metric]:
-    """The counts of ``groups`` (ListGroups overviews of both kinds, groups/admin.py) by type and state."""
+    """The counts of ``groups`` (ListGroups overviews of both kinds) by type and state."""
     by_type: dict[str, int] = {}
     by_state: dict[tuple[str, str], int] = {}
     for group in groups:
@@ -248,7 +247,7 @@ def group_count_metrics(groups) -> Iterator[Metric]:
     prefix = "kafka_server_group_coordinator_metrics"
     family = GaugeMetricFamily(f"{prefix}_group_count", "Groups coordinated here, by protocol (group type).",
                                labels=["protocol"])
-    for kind in GROUP_TYPES:
+    for kind in (CLASSIC, CONSUMER):
         family.add_metric([kind], by_type.get(kind, 0))
     yield family
     family = GaugeMetricFamily(f"{prefix}_consumer_group_count", "Consumer groups coordinated here, by state.",

@@ -228,8 +228,11 @@ class Broker:
             lead_offsets_topic=self._lead_offsets_topic_now if self.cluster is None else None,
         )
         # The consumer groups of the new protocol (KIP-848) beside the classic ones: same partitions, same offsets.
-        self.consumer_groups = ConsumerGroupCoordinator(self.groups, self.metadata.topics,
-                                                        ConsumerGroupConfig.from_broker_config(config))
+        try:
+            consumer_group_config = ConsumerGroupConfig.from_broker_config(config)
+        except ValueError as exc:  # Kafka's GroupCoordinatorConfig checks: refused at start
+            raise StartupError(str(exc)) from None
+        self.consumer_groups = ConsumerGroupCoordinator(self.groups, self.metadata.topics, consumer_group_config)
         self.groups.consumer_groups = self.consumer_groups
         # Per-group overrides of the consumer group configs (the GROUP config resource), followed from the metadata.
         self.group_configs = GroupConfigs(self.consumer_groups.config, self.metadata)

@@ -316,16 +316,8 @@ def _commit(consumer, deadline: float) -> None:
             time.sleep(0.2)
 
 
-def test_group_resumes_from_committed_offsets_after_its_coordinator_dies(cluster, topic, rng):
-    cluster.create_topic(topic, partitions=3, replication_factor=3)
-    produced, refused = produce_batch(cluster.bootstrap, topic, [0, 1, 2], "g", 300)
-    assert not refused
-    group = f"group-{topic}"
-    settings = {"group.id": group, "auto.offset.reset": "earliest", "session.timeout.ms": 30000}
-
-    first = Consumer(consumer_config(cluster.bootstrap, **settings))
-    first.subscribe([topic])
-    seen = _consume_and_commit(first, rng.randint(60, 140), 90)
+def kill_coordinator(cluster, group: str) -> None:
+    """Kill the group's coordinator and wait until another broker coordinates the group."""
     coordinator = cluster.find_coordinator(group)
     cluster.kill(coordinator)
 
@@ -336,6 +328,19 @@ def test_group_resumes_from_committed_offsets_after_its_coordinator_dies(cluster
             return False
 
     wait_until(moved, f"group {group} to get a coordinator other than broker {coordinator}", FAILOVER_S)
+
+
+def test_group_resumes_from_committed_offsets_after_its_coordinator_dies(cluster, topic, rng):
+    cluster.create_topic(topic, partitions=3, replication_factor=3)
+    produced, refused = produce_batch(cluster.bootstrap, topic, [0, 1, 2], "g", 300)
+    assert not refused
+    group = f"group-{topic}"
+    settings = {"group.id": group, "auto.offset.reset": "earliest", "session.timeout.ms": 30000}
+
+    first = Consumer(consumer_config(cluster.bootstrap, **settings))
+    first.subscribe([topic])
+    seen = _consume_and_commit(first, rng.randint(60, 140), 90)
+    kill_coordinator(cluster, group)
     seen += _consume_and_commit(first, rng.randint(30, 60), 90)  # the same member commits to the new coordinator
     partitions = [TopicPartition(topic, p) for p in range(3)]
     committed = {tp.partition: tp.offset for tp in first.committed(partitions, timeout=30)}

@@ -28,7 +28,7 @@ os.environ["TESTCONTAINERS_RYUK_DISABLED"] = "true"
 
 from docker_helpers import (  # noqa: E402  (tests/containers is not a package)
     DEBIAN_BASE_IMAGE,
-    PYKBROKER_TEST_IMAGE,
+    BROKER_TEST_IMAGE,
     REPO_ROOT,
     ZOOKEEPER_TEST_IMAGE,
     build_image,
@@ -48,6 +48,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.timeout(CONTAINER_TEST_TIMEOUT_S))
 
 
+def engine_failure(stderr: str) -> str:
+    """The script's reason and the last line of dockerd's log it quotes (not the whole tail)."""
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    reasons = [line for line in lines if line.startswith("docker-engine:") and " starting " not in line]
+    reason = reasons[-1] if reasons else "scripts/docker-engine.sh start failed"
+    return reason if not lines or lines[-1] == reason else f"{reason} {lines[-1].strip()}"
+
+
 @pytest.fixture(scope="session")
 def docker_client():
     try:
@@ -56,7 +64,7 @@ def docker_client():
         pytest.skip("the docker SDK is not installed (pip install -e .[test] brings it with testcontainers)")
     done = engine_script("start", timeout=180)
     if done.returncode != 0:
-        pytest.skip(f"no Docker engine can start here: {done.stderr.strip() or done.stdout.strip()}")
+        pytest.skip(f"no Docker engine can start here: {engine_failure(done.stderr)}")
     started_here = done.stdout.strip() == "started"
     client = docker.from_env(timeout=120)
     try:
@@ -81,9 +89,9 @@ def debian_base_image(docker_client) -> str:
 
 @pytest.fixture(scope="session")
 def pykbroker_image(debian_base_image) -> str:
-    build_image(PYKBROKER_TEST_IMAGE, REPO_ROOT / "docker" / "Dockerfile", REPO_ROOT,
+    build_image(BROKER_TEST_IMAGE, REPO_ROOT / "docker" / "Dockerfile", REPO_ROOT,
                 {"BASE_IMAGE": debian_base_image})
-    return PYKBROKER_TEST_IMAGE
+    return BROKER_TEST_IMAGE
 
 
 @pytest.fixture(scope="session")

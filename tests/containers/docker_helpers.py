@@ -40,11 +40,11 @@ SESSION_ID = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 SUITE_LABELS = {SUITE_LABEL: "1", SESSION_LABEL: SESSION_ID}
 
 # The local base (scripts/docker-engine.sh base-image) and the images the suite builds on it.
-DEBIAN_BASE_IMAGE = os.environ.get("PYKBROKER_BASE_IMAGE", "pykbroker-debian:bookworm")
+DEBIAN_BASE_IMAGE = os.environ.get("DEBIAN_BASE_IMAGE", "pykbroker-debian:bookworm")
 # Tagged per checkout: worktrees of the same machine build their own tree into their own tag (the layer
 # cache is shared, so a rebuild of unchanged layers is instant).
 _CHECKOUT = hashlib.sha1(str(REPO_ROOT).encode()).hexdigest()[:8]
-PYKBROKER_TEST_IMAGE = f"pykbroker:test-{_CHECKOUT}"
+BROKER_TEST_IMAGE = f"pykbroker:test-{_CHECKOUT}"
 ZOOKEEPER_TEST_IMAGE = f"pykbroker-zookeeper:test-{_CHECKOUT}"
 # The host's CA bundle, handed to pip inside `docker build` as a BuildKit secret (never stored in a layer).
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -109,3 +109,85 @@ def remove_suite_containers(client) -> list[str]:
             pass
     return removed
 
+
+
+def health_status(container) -> str:
+    """The container's HEALTHCHECK state now: starting, healthy, unhealthy (or its state when it stopped)."""
+    container.reload()
+    state = container.attrs["State"]
+    if state["Status"] != "running":
+        return state["Status"]
+    return state.get("Health", {}).get("Status", "none")
+
+
+def wait_healthy(container, timeout: float = 120) -> None:
+    """Until the container's HEALTHCHECK says healthy; AssertionError with its log tail when it stopped,
+    turned unhealthy or took longer than timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = health_status(container)
+        if status == "healthy":
+            return
+        if status in ("exited", "dead", "unhealthy") or time.monotonic() > deadline:
+            logs = container.logs(tail=30).decode(errors="replace")
+            raise AssertionError(f"container {container.name} is {status} (waited up to {timeout} s), "
+                                 f"log tail:\n{logs}")
+        time.sleep(0.5)
+
+
+def broker_environment(port: int, metrics_port: int, **more: str) -> dict:
+    """A broker container's settings on the host's network: Kafka and /health on 127.0.0.1."""
+    return {"PYKBROKER_HOST": "127.0.0.1", "PYKBROKER_PORT": str(port),
+            "PYKBROKER_METRICS_PORT": str(metrics_port), **more}
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int = 1, replication_factor: int = 1,
+                 timeout: float = 60) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(topic, partitions, replication_factor)], request_timeout=timeout)
+    futures[topic].result(timeout)
+
+
+def produce_confluent(bootstrap: str, topic: str, values: list[bytes], timeout: float = 60,
+                      **settings) -> list[tuple[int, int, bytes]]:
+    """Produce values with acks=all; the (partition, offset, value) of each acknowledged record. Records not
+    acknowledged within timeout (or failed) are left out: the caller compares what was acknowledged."""
+    from confluent_kafka import Producer
+
+    acked: list[tuple[int, int, bytes]] = []
+
+    def on_delivery(error, message):
+        if error is None:
+            acked.append((message.partition(), message.offset(), message.value()))
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                         "message.timeout.ms": int(timeout * 1000), **settings})
+    for value in values:
+        producer.produce(topic, value, on_delivery=on_delivery)
+        producer.poll(0)
+    remaining = producer.flush(timeout + 10)
+    assert remaining == 0, f"{remaining} records still undelivered after {timeout + 10} s"
+    return acked
+
+
+def consume_confluent(bootstrap: str, topic: str, partitions: int, expected: int,
+                      timeout: float = 60) -> list[tuple[int, int, bytes]]:
+    """Read every partition from its beginning until `expected` records arrived; (partition, offset, value)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"container-tests-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        records: list[tuple[int, int, bytes]] = []
+        deadline = time.monotonic() + timeout
+        while len(records) < expected and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None or message.error():
+                continue
+            records.append((message.partition(), message.offset(), message.value()))
+        return records
+    finally:
+        consumer.close()

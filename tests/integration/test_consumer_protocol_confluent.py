@@ -248,3 +248,31 @@ def test_an_unknown_assignor_is_refused(consumer_broker, topic_name):
         assert "ConsumerGroupHeartbeat fatal error" in errors[0].str() and "assignor" in errors[0].str()
     finally:
         consumer.close()
+
+
+def test_a_broker_restart_resumes_the_group_without_a_rebalance(broker_factory, topic_name):
+    broker = broker_factory(BROKER_CONFIG)
+    bootstrap = broker.bootstrap
+    create_topic(bootstrap, topic_name, PARTITIONS)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    a = Member(bootstrap, group, [topic_name], "resume-a")
+    b = Member(bootstrap, group, [topic_name], "resume-b")
+    a.start()
+    b.start()
+    try:
+        wait_until(lambda: split_evenly([a, b], topic_name), "two members split the topic", TIMEOUT_S)
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        before = admin.describe_consumer_groups([group])[group].result(timeout=TIMEOUT_S)
+        owned = (a.owns(), b.owns())
+        events = (len(a.revoked_events), len(b.revoked_events))
+        broker.restart()  # the group's records are replayed from __consumer_offsets
+        values = produce(bootstrap, topic_name, 8)
+        wait_until(lambda: set(values) <= set(a.read) | set(b.read), "the members read on after the restart",
+                   TIMEOUT_S)
+        after = admin.describe_consumer_groups([group])[group].result(timeout=TIMEOUT_S)
+        assert sorted(m.member_id for m in after.members) == sorted(m.member_id for m in before.members)
+        assert (a.owns(), b.owns()) == owned
+        assert (len(a.revoked_events), len(b.revoked_events)) == events  # nothing was revoked or lost
+    finally:
+        a.stop()
+        b.stop()

@@ -57,7 +57,7 @@ def test_heartbeats_member_ids_and_errors(shared_broker, topic_name):
     assert sorted(assigned.partitions) == [0, 1]
     # v0: the coordinator makes one up.
     other = join(address, heartbeat_v0, f"{group}-v0", "", topic_name)
-    assert other.error_code == ErrorCode.none and len(other.member_id) > 10
+    assert other.error_code == ErrorCode.none and len(other.member_id) == 22  # Kafka's Uuid.toString
     fenced = send_request(address, heartbeat_v1.ConsumerGroupHeartbeatRequest(
         group_id=group, member_id="member-one", member_epoch=7, topic_partitions=None))
     assert fenced.error_code == ErrorCode.fenced_member_epoch and "greater member epoch (7)" in fenced.error_message
@@ -101,3 +101,12 @@ def test_describe_answers_unknown_and_classic_groups(shared_broker, topic_name):
     assert (unknown.error_code, unknown.error_message) == (ErrorCode.group_id_not_found, "Group nobody not found.")
     assert (not_consumer.error_code, not_consumer.error_message) == (
         ErrorCode.group_id_not_found, f"Group {classic} is not a consumer group.")
+
+
+def test_consumer_group_settings_out_of_their_bounds_stop_the_start(tmp_path):
+    from test_startup import assert_one_line_failure, serve
+
+    config = tmp_path / "broker.toml"
+    config.write_text('"group.consumer.session.timeout.ms" = 1000\n')
+    result = serve("--host", "127.0.0.1", "--port", "0", "--config", str(config), data_dir=tmp_path / "data")
+    assert_one_line_failure(result, "group.consumer.session.timeout.ms must be within")

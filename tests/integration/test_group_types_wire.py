@@ -1,7 +1,7 @@
 """Both kinds of group through the admin APIs, as raw kio messages: ListGroups v5's type and state filters and
 its GroupType, ListGroups v4 listing consumer groups too, DescribeGroups of a consumer group (Dead, as Kafka 4
 answers before v6), DeleteGroups (NON_EMPTY_GROUP, then deleted with its offsets) and OffsetDelete
-(GROUP_SUBSCRIBED_TO_TOPIC for a subscribed topic) of a consumer group (groups/admin.py); the group counts
+(GROUP_SUBSCRIBED_TO_TOPIC for a subscribed topic) of a consumer group; the group counts
 by type and state in the metrics."""
 
 from __future__ import annotations

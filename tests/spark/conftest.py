@@ -138,7 +138,7 @@ from spark_cluster import SparkStandaloneCluster, cluster_missing_reason  # noqa
 # The replicated cluster the Spark cluster tests read: RF 3 and min ISR 2 for every topic (acks=all writes
 # survive one broker down), 6 s ZooKeeper sessions (a SIGKILLed leader is replaced within seconds), small
 # internal topics (the transaction and offset logs' 50 partitions would cost minutes of elections here).
-PYKBROKER_CLUSTER_OVERRIDES = {
+SPARK_BROKER_CLUSTER_OVERRIDES = {
     "zookeeper.session.timeout.ms": 6000,
     "default.replication.factor": 3,
     "min.insync.replicas": 2,
@@ -190,6 +190,6 @@ def pykbroker_cluster(spark_zookeeper, tmp_path_factory, request):
     `.bootstrap` lists all three. Faults: .kill(id), .restart(id), .wait_for_leader(topic, p, exclude=...)."""
     chroot = f"/spark-{request.module.__name__.rsplit('.', 1)[-1][:40]}-{uuid.uuid4().hex[:8]}"
     cluster = BrokerCluster(spark_zookeeper.connect_string + chroot, tmp_path_factory.mktemp("pykbroker-cluster"),
-                            n=3, overrides=PYKBROKER_CLUSTER_OVERRIDES)
+                            n=3, overrides=SPARK_BROKER_CLUSTER_OVERRIDES)
     with cluster:
         yield cluster

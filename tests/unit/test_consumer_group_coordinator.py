@@ -32,17 +32,22 @@ def topic(name: str, partitions: int) -> TopicInfo:
 
 class Harness:
     def __init__(self, logs: OffsetsLogs, **config) -> None:
+        self.logs = logs
+        self.config = config
         self.clock = ManualClock()
         self.topics: dict[str, TopicInfo] = {"orders": topic("orders", 4)}
-        store = OffsetStore(logs.replicas, PARTITIONS)
+        self._start()
+
+    def _start(self) -> None:
+        store = OffsetStore(self.logs.replicas, PARTITIONS)
         self.classic = GroupCoordinator(store, lambda t, p: t in self.topics and p < len(self.topics[t].partitions),
                                         GroupConfig(initial_rebalance_delay_ms=0, min_session_timeout_ms=1000),
                                         scheduler=self.clock)
         self.coordinator = ConsumerGroupCoordinator(self.classic, lambda: list(self.topics.values()),
-                                                    ConsumerGroupConfig(**config), scheduler=self.clock)
+                                                    ConsumerGroupConfig(**self.config), scheduler=self.clock)
         self.classic.consumer_groups = self.coordinator
 
-        async def lead() -> None:
+        async def lead() -> None:  # what a single broker does at start
             for partition in range(PARTITIONS):
                 self.classic.on_leadership_change(OFFSETS_TOPIC, partition, True)
             while self.classic.loading_partitions:
@@ -50,18 +55,29 @@ class Harness:
 
         asyncio.run(lead())
 
+    def restart(self) -> None:
+        self.classic.close()
+        self.logs.reopen()
+        self._start()
+
     def id_of(self, name: str = "orders") -> uuid.UUID:
         return self.topics[name].topic_id
 
+    def heartbeat(self, request: HeartbeatRequest):
+        answers = []
+        self.coordinator.heartbeat(request, answers.append)
+        (answer,) = answers  # on one broker the records are stored at once: answered now
+        return answer
+
     def join(self, member: str, *, group: str = "g", topics=("orders",), regex=None, instance=None,
              assignor=None, version: int = 1):
-        return self.coordinator.heartbeat(HeartbeatRequest(
+        return self.heartbeat(HeartbeatRequest(
             group, member, 0, instance_id=instance, rebalance_timeout_ms=REBALANCE_MS,
             subscribed_topic_names=tuple(topics) if topics is not None else None, subscribed_topic_regex=regex,
             server_assignor=assignor, owned={}, version=version))
 
     def beat(self, member: str, epoch: int, owned=None, *, group: str = "g", instance=None, **fields):
-        return self.coordinator.heartbeat(HeartbeatRequest(group, member, epoch, instance_id=instance, owned=owned,
+        return self.heartbeat(HeartbeatRequest(group, member, epoch, instance_id=instance, owned=owned,
                                                            **fields))
 
     def group(self, group: str = "g"):
@@ -123,7 +139,9 @@ def test_a_wrong_epoch_is_fenced_but_the_previous_one_with_a_subset_is_accepted(
     assert h.beat("m1", 1, {tid: tuple(kept)}).member_epoch == 2
     # The answer that moved m1 to epoch 2 may be lost: epoch 1 with a subset of its partitions is fine...
     assert h.beat("m1", 1, {tid: tuple(kept)}).error == ErrorCode.none
-    # ...but not with partitions it does not have.
+    # ...but not without saying what it owns (Kafka's isSubset of null is false), nor with partitions it does
+    # not have.
+    assert h.beat("m1", 1, None).error == ErrorCode.fenced_member_epoch
     fenced = h.beat("m1", 1, {tid: (0, 1, 2, 3)})
     assert fenced.error == ErrorCode.fenced_member_epoch and "smaller member epoch (1)" in fenced.message
     # A fenced member rejoins with epoch 0 under its id and gets its partitions again.
@@ -145,7 +163,7 @@ def test_leave_removes_the_member_and_bumps_the_epoch(h):
     h.join("m1")
     h.join("m2")
     left = h.beat("m2", -1)
-    assert (left.error, left.member_id, left.member_epoch) == (ErrorCode.none, "m2", -1)
+    assert (left.error, left.member_id, left.member_epoch, left.heartbeat_interval_ms) == (ErrorCode.none, "m2", -1, 0)
     assert set(h.group().members) == {"m1"} and h.group().group_epoch == 3
     assert h.beat("m2", 2, {}).error == ErrorCode.unknown_member_id
     assert h.beat("m2", -1).error == ErrorCode.unknown_member_id
@@ -248,7 +266,7 @@ def test_bad_requests_get_kafkas_errors(h):
     def join(**fields):
         base = dict(rebalance_timeout_ms=REBALANCE_MS, subscribed_topic_names=("orders",), owned={})
         base.update(fields)
-        return h.coordinator.heartbeat(HeartbeatRequest(base.pop("group", "g"), base.pop("member", "m1"), 0, **base))
+        return h.heartbeat(HeartbeatRequest(base.pop("group", "g"), base.pop("member", "m1"), 0, **base))
 
     cases = [
         (join(member=""), ErrorCode.invalid_request, "MemberId can't be empty."),
@@ -272,7 +290,7 @@ def test_bad_requests_get_kafkas_errors(h):
             assert result.message == message
     assert h.group() is None  # nothing was created by any of them
     # v0 lets the coordinator choose the id: an empty one is no error there.
-    assert h.coordinator.heartbeat(HeartbeatRequest("g", "x", 0, rebalance_timeout_ms=1, subscribed_topic_names=(),
+    assert h.heartbeat(HeartbeatRequest("g", "x", 0, rebalance_timeout_ms=1, subscribed_topic_names=(),
                                                     owned={}, version=0)).error == ErrorCode.none
 
 
@@ -297,6 +315,8 @@ def test_config_names_and_bounds():
     assert assignor_name("range") == "range"
     with pytest.raises(ValueError):
         ConsumerGroupConfig(session_timeout_ms=1000)
+    with pytest.raises(ValueError, match="unknown assignor"):
+        ConsumerGroupConfig(assignors=("uniform", "sticky"))
     with pytest.raises(ValueError, match="unsupported construct"):
         compile_topic_regex(r"(a)\1")
     assert compile_topic_regex("orders-.*").fullmatch("orders-eu")
@@ -356,3 +376,202 @@ def test_offset_commits_of_a_consumer_group_check_the_member_epoch(h):
     h.beat("m1", -1)
     assert commit("", -1) == ErrorCode.none
     del tid
+
+
+# -- persistence ------------------------------------------------------------------------------------------
+
+
+def test_a_restart_resumes_every_group_where_it_was(h):
+    tid = h.id_of()
+    h.join("m1")
+    h.join("s1", instance="i1")
+    h.beat("m1", 1, {tid: (0, 1, 2, 3)})  # m1 revoking: UNREVOKED_PARTITIONS at epoch 1
+    h.join("gone", group="other")
+    h.beat("gone", -1, group="other")
+    before = h.group()
+    members = dict(before.members)
+    targets = {m: dict(t) for m, t in before.target_assignment.items()}
+    epochs = (before.group_epoch, before.assignment_epoch)
+    h.restart()
+    after = h.group()
+    assert (after.group_epoch, after.assignment_epoch) == epochs
+    assert after.members == members
+    assert {m: dict(t) for m, t in after.target_assignment.items()} == targets
+    assert after.members["s1"].instance_id == "i1" and after.static_member("i1") is after.members["s1"]
+    assert after.subscription_metadata == before.subscription_metadata
+    # The member that left stays gone; its empty group is still there (its offsets could be).
+    assert h.group("other").is_empty() and h.group("other").group_epoch == 2
+    # The members carry on at their epochs: m1 finishes its revocation, s1 then gets its partitions.
+    kept = tuple(sorted(after.members["m1"].assigned[tid]))
+    assert h.beat("m1", 1, {tid: kept}).member_epoch == 2
+    got = h.beat("s1", 2, {})
+    assert got.error == ErrorCode.none and parts(got, tid) == set(after.target_of("s1")[tid])
+
+
+def test_members_restored_by_a_load_must_heartbeat_within_their_session(h):
+    h.join("m1")
+    h.restart()
+    h.clock.advance(SESSION_MS + 1)
+    assert h.group().is_empty()
+    h.restart()
+    assert h.group().is_empty() and h.group().group_epoch == 2  # the removal was stored too
+
+
+def test_an_empty_group_without_offsets_is_removed_with_its_records(h):
+    h.join("m1")
+    h.beat("m1", -1)
+    h.classic.expire_offsets()
+    assert h.group() is None
+    h.restart()
+    assert h.group() is None and h.classic.group("g") is None
+
+
+def test_offsets_of_a_consumer_group_with_members_do_not_expire(h):
+    h.join("m1")
+    answers = []
+    h.classic.commit_offsets("g", 1, "m1", {("orders", 0): (9, -1, "")}, answers.append)
+    assert answers == [{("orders", 0): ErrorCode.none}]
+    h.clock.now += h.classic.config.offsets_retention_ms + 1
+    h.beat("m1", 1, {h.id_of(): (0, 1, 2, 3)})  # (its session timer is not due: the manual clock jumped)
+    assert h.classic.expire_offsets() == 0
+    assert h.classic.fetch_offsets("g", [("orders", 0)])[1][("orders", 0)].offset == 9
+    h.beat("m1", -1)
+    assert h.classic.expire_offsets(h.clock.now + h.classic.config.offsets_retention_ms + 1) == 1
+    assert h.group() is None  # empty and without offsets: removed
+
+
+def test_a_coordinator_that_loses_the_partition_forgets_its_groups_and_a_new_one_loads_them(h):
+    tid = h.id_of()
+    h.join("m1")
+    partition = h.classic.store.partition_for("g")
+    for coordinator in (h.classic, h.coordinator):  # what a LeaderAndIsr making this broker a follower does
+        coordinator.on_leadership_change(OFFSETS_TOPIC, partition, False)
+    assert h.group() is None
+    assert h.beat("m1", 1, {tid: (0, 1, 2, 3)}).error == ErrorCode.not_coordinator
+    h.clock.advance(SESSION_MS + 1)  # no timer of the unloaded group fires here
+
+    async def lead_again() -> None:
+        h.classic.on_leadership_change(OFFSETS_TOPIC, partition, True)
+        while h.classic.loading_partitions:
+            await asyncio.sleep(0)
+
+    asyncio.run(lead_again())
+    back = h.beat("m1", 1, {tid: (0, 1, 2, 3)})
+    assert (back.error, back.member_epoch) == (ErrorCode.none, 1)
+
+
+def test_transactional_offset_commits_of_a_consumer_group_check_the_member_epoch(h):
+    h.join("m1")
+
+    def txn_commit(member, epoch):
+        answers = []
+        h.classic.commit_transactional_offsets("g", 5000, 0, epoch, member, {("orders", 0): (7, -1, "")},
+                                               answers.append)
+        return answers[0][("orders", 0)]
+
+    assert txn_commit("m1", 0) == ErrorCode.stale_member_epoch
+    assert txn_commit("m9", 1) == ErrorCode.unknown_member_id
+    assert txn_commit("", -1) == ErrorCode.unknown_member_id  # TxnOffsetCommit v0-2 names no member
+    assert txn_commit("m1", 1) == ErrorCode.none
+    assert h.classic.group("g") is None  # no classic group was made up for the consumer group's id
+    assert h.classic.store.pending_producers("g") == [5000]
+
+
+def test_delete_groups_and_offset_delete_on_a_consumer_group(h):
+    h.topics["other"] = topic("other", 1)
+    h.join("m1")
+    answers = []
+    h.classic.commit_offsets("g", 1, "m1", {("orders", 0): (1, -1, ""), ("other", 0): (2, -1, "")}, answers.append)
+    assert h.classic.delete_groups(["g"]) == {"g": ErrorCode.non_empty_group}
+    assert h.classic.delete_offsets("g", [("orders", 0), ("other", 0)]) == (
+        ErrorCode.none, {("orders", 0): ErrorCode.group_subscribed_to_topic, ("other", 0): ErrorCode.none})
+    h.beat("m1", -1)
+    assert h.classic.delete_groups(["g"]) == {"g": ErrorCode.none}
+    assert h.group() is None and h.classic.fetch_offsets("g", None)[1] == {}
+    h.restart()
+    assert h.group() is None and h.classic.group("g") is None
+
+
+def test_list_groups_shows_consumer_groups_beside_classic_ones(h):
+    h.join("m1")
+    classic_join(h, "cg")
+    error, overviews = h.classic.list_groups()
+    assert error == ErrorCode.none
+    assert {(o.group_id, o.protocol_type, o.state, o.group_type) for o in overviews} == {
+        ("g", "consumer", "Stable", "consumer"), ("cg", "consumer", "CompletingRebalance", "classic")}
+    assert [o.group_id for o in h.classic.list_groups(["stable"])[1]] == ["g"]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_churn_never_gives_a_partition_to_two_members_and_settles(h, seed):
+    """Members join, leave, lag behind and heartbeat in random order while a topic grows: at every step each
+    partition is held (assigned or being revoked) by at most one member, and once everyone heartbeats the
+    group is Stable with every partition assigned exactly once."""
+    import random
+
+    rng = random.Random(seed)
+    tid = h.id_of()
+    owned: dict[str, set[int]] = {}  # what each client believes it owns
+    epochs: dict[str, int] = {}
+
+    latest: dict[str, set[int]] = {}  # the last assignment a client was given, applied with a delay
+
+    def beat(member: str, *, lag: bool = True) -> None:
+        if member in latest and not (lag and rng.random() < 0.4):  # a slow on_revoke: still owned a while
+            owned[member] = latest.pop(member)
+        result = h.beat(member, epochs[member], {tid: tuple(sorted(owned[member]))})
+        assert result.error == ErrorCode.none, result
+        epochs[member] = result.member_epoch
+        if result.assignment is not None:
+            latest[member] = set(result.assignment.get(tid, ()))
+
+    def check_exclusive() -> None:
+        holders: dict[int, str] = {}
+        for member in (h.group().members.values() if h.group() is not None else ()):
+            for p in set(member.assigned.get(tid, ())) | set(member.pending_revocation.get(tid, ())):
+                assert p not in holders, (p, holders[p], member.member_id)
+                holders[p] = member.member_id
+
+    for step in range(200):
+        action = rng.random()
+        if action < 0.15 and len(owned) < 6:
+            name = f"m{step}"
+            joined = h.join(name)
+            epochs[name], owned[name] = joined.member_epoch, set(joined.assignment.get(tid, ()))
+        elif action < 0.22 and owned:
+            name = rng.choice(sorted(owned))
+            h.beat(name, -1)
+            del owned[name], epochs[name]
+            latest.pop(name, None)
+        elif action < 0.25:
+            h.topics["orders"].partitions.append(PartitionState(0, 0, [0], [0]))
+        elif owned:
+            beat(rng.choice(sorted(owned)))
+        check_exclusive()
+    if not owned:
+        joined = h.join("last")
+        epochs["last"], owned["last"] = joined.member_epoch, set(joined.assignment.get(tid, ()))
+    for _ in range(4):
+        for name in sorted(owned):
+            beat(name, lag=False)
+    assert h.group().state is GroupState.STABLE
+    everything = sorted(p for name in owned for p in latest.get(name, owned[name]))
+    assert everything == list(range(len(h.topics["orders"].partitions)))
+
+
+def test_heartbeats_wait_while_the_groups_partition_loads(h):
+    h.join("m1")
+    partition = h.classic.store.partition_for("g")
+    h.classic.on_leadership_change(OFFSETS_TOPIC, partition, False)
+    h.coordinator.on_leadership_change(OFFSETS_TOPIC, partition, False)
+
+    async def lead_again() -> tuple:
+        h.classic.on_leadership_change(OFFSETS_TOPIC, partition, True)  # the load runs in a task
+        during = h.beat("m1", 1, {h.id_of(): (0, 1, 2, 3)})
+        while h.classic.loading_partitions:
+            await asyncio.sleep(0)
+        return during, h.beat("m1", 1, {h.id_of(): (0, 1, 2, 3)})
+
+    during, after = asyncio.run(lead_again())
+    assert during.error == ErrorCode.coordinator_load_in_progress
+    assert (after.error, after.member_epoch) == (ErrorCode.none, 1)

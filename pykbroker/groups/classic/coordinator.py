@@ -275,10 +275,14 @@ class GroupCoordinator:
                 group = ClassicGroup(group_id, GroupState.EMPTY, now)
             self._groups[group_id] = group
             self._on_group_loaded(group)
+        modern = self.consumer_groups
+        stored = self.store.take_group_records(index)
+        if modern is not None:
+            modern.load(index, stored)
         groups = self.store.groups(index)
         for group_id in groups:
-            if group_id not in self._groups:  # offsets only: a "simple" group
-                self._groups[group_id] = ClassicGroup(group_id, GroupState.EMPTY, now)
+            if group_id not in self._groups and (modern is None or not modern.has_group(group_id)):
+                self._groups[group_id] = ClassicGroup(group_id, GroupState.EMPTY, now)  # offsets only: "simple"
         return len(groups)
 
     def _unload_group(self, group: ClassicGroup) -> None:
@@ -990,8 +994,11 @@ class GroupCoordinator:
         if admitted is None:
             return
         results, known = admitted
-        group = self._groups.get(group_id) or self._add_group(group_id)
-        error = self._validate_offset_commit(group, generation, member_id, group_instance_id, transactional=True)
+        if self.consumer_groups is not None and self.consumer_groups.has_group(group_id):
+            error = self.consumer_groups.validate_offset_commit(group_id, member_id, generation, None)
+        else:
+            group = self._groups.get(group_id) or self._add_group(group_id)
+            error = self._validate_offset_commit(group, generation, member_id, group_instance_id, transactional=True)
         if error is not None:
             results.update({tp: error for tp in known})
             respond(results)
@@ -1110,10 +1117,18 @@ class GroupCoordinator:
         error = self._invalid_group_id(group_id, "offset_delete") or self._coordinator_error(group_id)
         if error is not None:
             return error, {}
+        results: dict[TopicPartition, ErrorCode] = {}
+        if self.consumer_groups is not None and self.consumer_groups.has_group(group_id):
+            subscribed = self.consumer_groups.subscribed_topics(group_id)
+            results.update({tp: ErrorCode.group_subscribed_to_topic for tp in partitions if tp[0] in subscribed})
+            eligible = [tp for tp in partitions if tp[0] not in subscribed]
+            if eligible:
+                self.store.delete(group_id, eligible, self._now())
+                results.update({tp: ErrorCode.none for tp in eligible})
+            return ErrorCode.none, results
         group = self._groups.get(group_id)
         if group is None or group.is_state(GroupState.DEAD):
             return ErrorCode.group_id_not_found, {}
-        results: dict[TopicPartition, ErrorCode] = {}
         if group.is_state(GroupState.EMPTY):
             eligible = partitions
         elif group.is_consumer_group():
@@ -1134,6 +1149,8 @@ class GroupCoordinator:
         retention = self.config.offsets_retention_ms
 
         def is_empty(group_id: str) -> bool:
+            if self.consumer_groups is not None and self.consumer_groups.has_group(group_id):
+                return self.consumer_groups.group(group_id).is_empty()
             group = self._groups.get(group_id)
             return group is None or group.is_state(GroupState.EMPTY)
 
@@ -1156,6 +1173,9 @@ class GroupCoordinator:
                     store.delete(group.group_id, stale, now)
                     removed += len(stale)
             self._remove_if_finished(group)
+        if self.consumer_groups is not None:
+            for group in self.consumer_groups.groups():
+                self.consumer_groups.remove_if_finished(group.group_id)
         return removed
 
     def _remove_if_finished(self, group: ClassicGroup) -> None:
@@ -1176,8 +1196,11 @@ class GroupCoordinator:
         does); COORDINATOR_LOAD_IN_PROGRESS while a partition is loading (with the groups known so far)."""
         wanted = {state.lower() for state in states}
         error = ErrorCode.coordinator_load_in_progress if self._loading else ErrorCode.none
-        return error, [group.overview() for group in self._groups.values()
-                if not wanted or group.state.value.lower() in wanted]
+        overviews = [group.overview() for group in self._groups.values()]
+        if self.consumer_groups is not None:  # the consumer groups of the new protocol are listed too (Kafka 4)
+            overviews += [GroupOverview(group.group_id, "consumer", group.state.value, "consumer")
+                          for group in self.consumer_groups.groups()]
+        return error, [overview for overview in overviews if not wanted or overview.state.lower() in wanted]
 
     def describe_group(self, group_id: str) -> tuple[ErrorCode, GroupSummary]:
         error = self._invalid_group_id(group_id, "describe_groups") or self._coordinator_error(group_id)
@@ -1194,6 +1217,8 @@ class GroupCoordinator:
             group = self._groups.get(group_id) if error is None else None
             if error is not None:
                 results[group_id] = error
+            elif self.consumer_groups is not None and self.consumer_groups.has_group(group_id):
+                results[group_id] = self.consumer_groups.delete_group(group_id)
             elif group is None or group.is_state(GroupState.DEAD):
                 results[group_id] = ErrorCode.group_id_not_found
             elif not group.is_state(GroupState.EMPTY):

@@ -31,8 +31,12 @@ A heartbeat, in Kafka's order:
    that stops heartbeating is removed. The answer carries the member's assignment only when it changed or
    the heartbeat was a full one (a join, or every field set).
 
-Nothing is persisted yet: a restart of the broker empties the consumer groups (their committed offsets are
-kept, as for any group).
+Every change is written to the group's ``__consumer_offsets`` partition as Kafka 4's records (persistence.py),
+through the replica manager as commits are, and the heartbeat is answered once they are acknowledged (the
+mapped error otherwise: COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR). The memory is changed first and not
+rolled back if the write fails (Kafka reverts its timeline snapshot): the member is told to retry, and the
+next change writes the state again. A load of the partition (a restart, a new coordinator) replays the
+records: every member is back at its epoch and assignment and must heartbeat within its session timeout.
 """
 
 from __future__ import annotations
@@ -44,6 +48,10 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Callable, Iterable, Mapping
 
+from pykbroker.groups.assignors import (
+    ASSIGNORS, DEFAULT_ASSIGNORS, GroupSpec, MemberSubscription, PartitionAssignorError, assignor_for,
+)
+from pykbroker.groups.assignors import TopicMetadata as AssignorTopic
 from pykbroker.groups.consumer.group import (
     JOIN_GROUP_MEMBER_EPOCH,
     LEAVE_GROUP_MEMBER_EPOCH,
@@ -57,6 +65,7 @@ from pykbroker.groups.consumer.group import (
     is_subset,
     reconcile,
 )
+from pykbroker.groups.consumer.persistence import changes, replay, snapshot, tombstones
 from pykbroker.groups.offset_store import OFFSETS_TOPIC
 from pykbroker.protocol.errors import ErrorCode
 
@@ -86,7 +95,7 @@ class ConsumerGroupConfig:
     min_heartbeat_interval_ms: int = 5000
     max_heartbeat_interval_ms: int = 15000
     max_size: int = 2**31 - 1
-    assignors: tuple[str, ...] = ("uniform", "range")
+    assignors: tuple[str, ...] = DEFAULT_ASSIGNORS
 
     def __post_init__(self) -> None:
         # Kafka's GroupCoordinatorConfig checks, refused at start.
@@ -100,6 +109,10 @@ class ConsumerGroupConfig:
             raise ValueError("group.consumer.heartbeat.interval.ms must be less than group.consumer.session.timeout.ms")
         if not self.assignors:
             raise ValueError("group.consumer.assignors must name at least one assignor")
+        unknown = [name for name in self.assignors if name not in ASSIGNORS]
+        if unknown:
+            raise ValueError(f"group.consumer.assignors: unknown assignor(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(ASSIGNORS)}")
 
     @classmethod
     def from_broker_config(cls, config) -> "ConsumerGroupConfig":
@@ -184,6 +197,17 @@ def compile_topic_regex(pattern: str) -> re.Pattern:
         raise ValueError(str(exc)) from None
 
 
+@lru_cache(maxsize=1024)
+def _matching_topics(regex: str, topic_names: frozenset[str]) -> frozenset[str]:
+    """The topics a regex matches, remembered per (regex, topic set): heartbeats of a group whose topics did not
+    change match nothing again."""
+    try:
+        pattern = compile_topic_regex(regex)
+    except ValueError:
+        return frozenset()
+    return frozenset(name for name in topic_names if pattern.fullmatch(name))
+
+
 # --------------------------------------------------------------------------------------------------------
 
 
@@ -224,6 +248,7 @@ class ConsumerGroupCoordinator:
         if not group.is_empty():
             return False
         del self._groups[group_id]
+        self._persist(group, tombstones(group), None)
         log.info("group %s: the empty consumer group is removed for a classic member", group_id)
         return True
 
@@ -240,19 +265,54 @@ class ConsumerGroupCoordinator:
         self._session_timers.clear()
         self._rebalance_timers.clear()
 
+    def load(self, index: int, stored: dict[str, dict[bytes, bytes]]) -> int:
+        """The groups of a freshly loaded offsets partition, from their records (the classic coordinator
+        calls this once the store has replayed the partition). Members get a fresh session timeout; one
+        waiting for a revocation its rebalance timeout. Returns how many groups were rebuilt."""
+        count = 0
+        for group_id, records in stored.items():
+            group = replay(group_id, records)
+            if group is None:
+                continue
+            self._groups[group_id] = group
+            count += 1
+            for member in group.members.values():
+                self._schedule_session_timeout(group_id, member.member_id)
+                if member.state is MemberState.UNREVOKED_PARTITIONS:
+                    self._schedule_rebalance_timeout(group_id, member)
+        if count:
+            log.info("consumer group coordinator loaded %d groups of %s-%d", count, OFFSETS_TOPIC, index)
+        return count
+
+    def _persist(self, group: ConsumerGroup, records: list, done: Callable[[ErrorCode], None] | None) -> None:
+        if not records:
+            if done is not None:
+                done(ErrorCode.none)
+            return
+        self.classic.store.append_group_records(group.group_id, records, self._scheduler.now_ms(), done)
+
     # -- ConsumerGroupHeartbeat -------------------------------------------------------------------------
 
-    def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResult:
+    def heartbeat(self, request: HeartbeatRequest, respond: Callable[[HeartbeatResult], None]) -> None:
+        """Handle a heartbeat; ``respond`` is called once its changes are stored (at once on a single broker)."""
         try:
             self._validate(request)
             error = self.classic.coordinator_error(request.group_id)
             if error is not None:
-                return HeartbeatResult(error)
+                respond(HeartbeatResult(error))
+                return
             if request.member_epoch in (LEAVE_GROUP_MEMBER_EPOCH, LEAVE_GROUP_STATIC_MEMBER_EPOCH):
-                return self._leave(request)
-            return self._heartbeat(request)
+                result, group, before = self._leave(request)
+            else:
+                result, group, before = self._heartbeat(request)
         except HeartbeatError as exc:
-            return HeartbeatResult(exc.code, exc.message)
+            respond(HeartbeatResult(exc.code, exc.message))
+            return
+
+        def stored(error: ErrorCode) -> None:
+            respond(result if error == ErrorCode.none else HeartbeatResult(error))
+
+        self._persist(group, changes(before, group), stored)
 
     def _validate(self, request: HeartbeatRequest) -> None:
         """Kafka 4's GroupCoordinatorService.throwIfConsumerGroupHeartbeatRequestIsInvalid, in its order."""
@@ -303,8 +363,8 @@ class ConsumerGroupCoordinator:
                                  f"The consumer group member has a greater member epoch ({received}) than the one known "
                                  f"by the group coordinator ({member.member_epoch}). The member must abandon all its "
                                  "partitions and rejoin.")
-        if received < member.member_epoch and (received != member.previous_member_epoch
-                                               or not is_subset(owned or {}, member.assigned)):
+        if received < member.member_epoch and (received != member.previous_member_epoch or owned is None
+                                               or not is_subset(owned, member.assigned)):
             raise HeartbeatError(ErrorCode.fenced_member_epoch,
                                  f"The consumer group member has a smaller member epoch ({received}) than the one known "
                                  f"by the group coordinator ({member.member_epoch}). The member must abandon all its "
@@ -353,9 +413,10 @@ class ConsumerGroupCoordinator:
         self._check_epoch(existing, request.member_epoch, request.owned)
         return existing
 
-    def _heartbeat(self, request: HeartbeatRequest) -> HeartbeatResult:
+    def _heartbeat(self, request: HeartbeatRequest):
         group_id = request.group_id
         group = self._get_or_create_group(group_id, request.member_epoch == JOIN_GROUP_MEMBER_EPOCH)
+        before = snapshot(group)
         if (request.member_id not in group.members and group.static_member(request.instance_id) is None
                 and len(group.members) >= self.config.max_size):
             raise HeartbeatError(ErrorCode.group_max_size_reached,
@@ -375,8 +436,8 @@ class ConsumerGroupCoordinator:
             rebalance_timeout_ms=(request.rebalance_timeout_ms if request.rebalance_timeout_ms != -1
                                   else member.rebalance_timeout_ms),
             server_assignor=request.server_assignor if request.server_assignor is not None else member.server_assignor,
-            subscribed_topic_names=(tuple(request.subscribed_topic_names) if request.subscribed_topic_names is not None
-                                    else member.subscribed_topic_names),
+            subscribed_topic_names=(tuple(sorted(set(request.subscribed_topic_names)))
+                                    if request.subscribed_topic_names is not None else member.subscribed_topic_names),
             subscribed_topic_regex=(request.subscribed_topic_regex if request.subscribed_topic_regex is not None
                                     else member.subscribed_topic_regex),
             client_id=request.client_id,
@@ -413,11 +474,12 @@ class ConsumerGroupCoordinator:
         changed = dict(reconciled.assigned) != dict(member.assigned)
         return HeartbeatResult(ErrorCode.none, None, reconciled.member_id, reconciled.member_epoch,
                                self.config.heartbeat_interval_ms,
-                               dict(reconciled.assigned) if full or changed else None)
+                               dict(reconciled.assigned) if full or changed else None), group, before
 
-    def _leave(self, request: HeartbeatRequest) -> HeartbeatResult:
+    def _leave(self, request: HeartbeatRequest):
         """Kafka's consumerGroupLeave: epoch -1 removes the member, -2 parks a static member."""
         group = self._get_or_create_group(request.group_id, False)
+        before = snapshot(group)
         if request.instance_id is None:
             member = group.members.get(request.member_id)
             if member is None:
@@ -437,12 +499,12 @@ class ConsumerGroupCoordinator:
                 group.update_member(replace(member, member_epoch=LEAVE_GROUP_STATIC_MEMBER_EPOCH,
                                             previous_member_epoch=member.member_epoch, pending_revocation={}))
                 self._cancel(self._rebalance_timers, (group.group_id, member.member_id))
-                return HeartbeatResult(ErrorCode.none, None, member.member_id, LEAVE_GROUP_STATIC_MEMBER_EPOCH,
-                                       self.config.heartbeat_interval_ms)
+                return HeartbeatResult(ErrorCode.none, None, member.member_id, LEAVE_GROUP_STATIC_MEMBER_EPOCH), \
+                    group, before
         log.info("group %s: member %s left", group.group_id, member.member_id)
         self._fence(group, member.member_id)
-        return HeartbeatResult(ErrorCode.none, None, request.member_id, request.member_epoch,
-                               self.config.heartbeat_interval_ms)
+        # Kafka's leave answer: the member id and the epoch it sent, no heartbeat interval
+        return HeartbeatResult(ErrorCode.none, None, request.member_id, request.member_epoch), group, before
 
     # -- membership changes and timers ----------------------------------------------------------------
 
@@ -458,13 +520,48 @@ class ConsumerGroupCoordinator:
         group.group_epoch += 1
         log.info("group %s: member %s removed, group epoch bumped to %d", group.group_id, member_id, group.group_epoch)
 
+    def _fence_and_store(self, group: ConsumerGroup, member_id: str) -> None:
+        """A timer fences a member: its records go (nobody waits for the write)."""
+        before = snapshot(group)
+        self._fence(group, member_id)
+        self._persist(group, changes(before, group), None)
+
+    def delete_group(self, group_id: str) -> ErrorCode:
+        """DeleteGroups (Kafka's ConsumerGroup.validateDeleteGroup): only an empty group goes, with its offsets
+        and records; NON_EMPTY_GROUP otherwise."""
+        group = self._groups[group_id]
+        if not group.is_empty():
+            return ErrorCode.non_empty_group
+        self.classic.store.delete(group_id, None, self._scheduler.now_ms())
+        del self._groups[group_id]
+        self._persist(group, tombstones(group), None)
+        log.info("group %s: deleted", group_id)
+        return ErrorCode.none
+
+    def subscribed_topics(self, group_id: str) -> set[str]:
+        """The topics some member of the group subscribes to, by name or regex (OffsetDelete refuses them)."""
+        group = self._groups[group_id]
+        names = {name for member in group.members.values() for name in member.subscribed_topic_names}
+        return names | set(group.subscription_metadata)
+
+    def remove_if_finished(self, group_id: str) -> bool:
+        """An empty group without offsets left is removed, its records tombstoned (Kafka's cleanup after
+        offsets expiration); returns whether it was."""
+        group = self._groups.get(group_id)
+        if group is None or not group.is_empty() or self.classic.store.has_offsets(group_id):
+            return False
+        del self._groups[group_id]
+        self._persist(group, tombstones(group), None)
+        log.info("group %s: no members and no offsets left, removed", group_id)
+        return True
+
     def _schedule_session_timeout(self, group_id: str, member_id: str) -> None:
         def expire() -> None:
             self._session_timers.pop((group_id, member_id), None)
             group = self._groups.get(group_id)
             if group is not None and member_id in group.members:
                 log.info("group %s: member %s fenced: its session expired", group_id, member_id)
-                self._fence(group, member_id)
+                self._fence_and_store(group, member_id)
 
         self._arm(self._session_timers, (group_id, member_id), self.config.session_timeout_ms, expire)
 
@@ -478,7 +575,7 @@ class ConsumerGroupCoordinator:
             if current is not None and current.member_epoch == epoch:
                 log.info("group %s: member %s fenced: it did not revoke its partitions of epoch %d within %d ms",
                          group_id, member.member_id, epoch, member.rebalance_timeout_ms)
-                self._fence(group, member.member_id)
+                self._fence_and_store(group, member.member_id)
 
         self._arm(self._rebalance_timers, (group_id, member.member_id), member.rebalance_timeout_ms, expire)
 
@@ -499,37 +596,35 @@ class ConsumerGroupCoordinator:
 
     # -- subscriptions and the target assignment ------------------------------------------------------
 
-    def _subscribed_names(self, member: ConsumerGroupMember, topic_names: Iterable[str]) -> set[str]:
+    @staticmethod
+    def _subscribed_names(member: ConsumerGroupMember, resolved: Mapping[str, frozenset[str]]) -> set[str]:
+        """The member's topics: its names and what its regex matched (``resolved``: regex -> topic names)."""
         names = set(member.subscribed_topic_names)
         if member.subscribed_topic_regex:
-            try:
-                pattern = compile_topic_regex(member.subscribed_topic_regex)
-            except ValueError:
-                return names
-            names.update(name for name in topic_names if pattern.fullmatch(name))
+            names |= resolved.get(member.subscribed_topic_regex, frozenset())
         return names
 
     def _subscription_metadata(self, group: ConsumerGroup) -> dict[str, TopicMetadata]:
         """The metadata of every existing topic some member subscribes to, by name or by regex (internal
-        topics are never matched by a regex, as the Java client's pattern subscriptions never did)."""
+        topics are never matched by a regex, as the Java client's pattern subscriptions never did); the
+        group's regexes are resolved again (``group.resolved_regexes``)."""
         topics = {info.name: info for info in self._topics()}
-        regex_candidates = [name for name, info in topics.items() if not info.internal]
+        candidates = frozenset(name for name, info in topics.items() if not info.internal)
+        group.resolved_regexes = {regex: _matching_topics(regex, candidates)
+                                  for regex in {m.subscribed_topic_regex for m in group.members.values()} if regex}
         wanted: set[str] = set()
         for member in group.members.values():
-            wanted |= self._subscribed_names(member, regex_candidates)
+            wanted |= self._subscribed_names(member, group.resolved_regexes)
         return {name: TopicMetadata(topics[name].topic_id, name, len(topics[name].partitions))
                 for name in sorted(wanted) if name in topics}
 
     def _compute_target_assignment(self, group: ConsumerGroup) -> None:
         """Kafka's TargetAssignmentBuilder: every member's target for the group epoch, by the group's assignor."""
-        from pykbroker.groups.assignors import GroupSpec, MemberSubscription, PartitionAssignorError, assignor_for
-        from pykbroker.groups.assignors import TopicMetadata as AssignorTopic
-
         metadata = group.subscription_metadata
-        candidates = [name for name in metadata]
         members = {}
         for member_id, member in group.members.items():
-            subscribed = frozenset(metadata[name].topic_id for name in self._subscribed_names(member, candidates)
+            subscribed = frozenset(metadata[name].topic_id
+                                   for name in self._subscribed_names(member, group.resolved_regexes)
                                    if name in metadata)
             members[member_id] = MemberSubscription(subscribed_topic_ids=subscribed,
                                                     assigned=dict(group.target_of(member_id)),
@@ -547,15 +642,17 @@ class ConsumerGroupCoordinator:
 
     # -- OffsetCommit / OffsetFetch v9 --------------------------------------------------------------------
 
-    def validate_offset_commit(self, group_id: str, member_id: str, member_epoch: int, api_version: int) -> ErrorCode | None:
+    def validate_offset_commit(self, group_id: str, member_id: str, member_epoch: int,
+                               api_version: int | None) -> ErrorCode | None:
         """Kafka 4's ConsumerGroup.validateOffsetCommit: a commit without member epoch (-1) only while the group
-        is empty; a member of the consumer protocol commits with OffsetCommit v9+ and its current epoch."""
+        is empty; a member of the consumer protocol commits with OffsetCommit v9+ (``api_version``; None for
+        a TxnOffsetCommit, which any version may send) and its current epoch."""
         group = self._groups[group_id]
         if member_epoch < 0 and group.is_empty():
             return None
         if member_id not in group.members:
             return ErrorCode.unknown_member_id
-        if api_version < OFFSET_COMMIT_MIN_VERSION_FOR_CONSUMER_MEMBERS:
+        if api_version is not None and api_version < OFFSET_COMMIT_MIN_VERSION_FOR_CONSUMER_MEMBERS:
             return ErrorCode.unsupported_version
         if member_epoch != group.members[member_id].member_epoch:
             return ErrorCode.stale_member_epoch

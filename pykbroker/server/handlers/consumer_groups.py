@@ -19,16 +19,16 @@ group is needed (GROUP_AUTHORIZATION_FAILED), and the authorized operations when
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
 from typing import Any, Mapping
 
 from pykbroker.groups.consumer.coordinator import HeartbeatRequest
+from pykbroker.log.manager import kafka_uuid
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._authorize import AclOperation, ResourceType, allowed, allowed_names
 from pykbroker.server.handlers._build import make, response_module
 from pykbroker.server.handlers._operations import GROUP_OPERATIONS, authorized_if
-from pykbroker.server.handlers.groups import _client_host, _ms
+from pykbroker.server.handlers.groups import _client_host, _ms, answer_later
 
 
 def _owned(topic_partitions) -> dict[uuid.UUID, tuple[int, ...]] | None:
@@ -61,16 +61,14 @@ def consumer_group_heartbeat(ctx: RequestContext, request) -> Any:
         return error_answer(ErrorCode.topic_authorization_failed)
     member_id = request.member_id
     if ctx.version == 0 and not member_id and request.member_epoch == 0:
-        member_id = str(uuid.uuid4())  # v0: the coordinator makes the id (Kafka 3.7-3.9)
-    rebalance_timeout = request.rebalance_timeout
-    result = ctx.broker.consumer_groups.heartbeat(HeartbeatRequest(
+        member_id = kafka_uuid(uuid.uuid4())  # v0: the coordinator makes the id (Kafka 3.7-3.9's Uuid.toString)
+    heartbeat = HeartbeatRequest(
         group_id=request.group_id,
         member_id=member_id,
         member_epoch=request.member_epoch,
         instance_id=request.instance_id,
         rack_id=request.rack_id,
-        rebalance_timeout_ms=rebalance_timeout // timedelta(milliseconds=1)
-        if isinstance(rebalance_timeout, timedelta) else int(rebalance_timeout),
+        rebalance_timeout_ms=_ms(request.rebalance_timeout),
         subscribed_topic_names=tuple(names) if names is not None else None,
         subscribed_topic_regex=getattr(request, "subscribed_topic_regex", None),
         server_assignor=request.server_assignor,
@@ -78,16 +76,21 @@ def consumer_group_heartbeat(ctx: RequestContext, request) -> Any:
         client_id=ctx.request.client_id or "",
         client_host=_client_host(ctx),
         version=ctx.version,
-    ))
-    if result.error != ErrorCode.none:
-        return error_answer(result.error, result.message)
-    assignment = None
-    if result.assignment is not None:
-        assignment = make(schema.Assignment,
-                          topic_partitions=_topic_partitions(schema.TopicPartitions, result.assignment))
-    return make(schema.ConsumerGroupHeartbeatResponse, throttle_time=0, error_code=ErrorCode.none,
-                error_message=None, member_id=result.member_id, member_epoch=result.member_epoch,
-                heartbeat_interval=result.heartbeat_interval_ms, assignment=assignment)
+    )
+
+    def build(result) -> Any:
+        if result.error != ErrorCode.none:
+            return error_answer(result.error, result.message)
+        assignment = None
+        if result.assignment is not None:
+            assignment = make(schema.Assignment,
+                              topic_partitions=_topic_partitions(schema.TopicPartitions, result.assignment))
+        return make(schema.ConsumerGroupHeartbeatResponse, throttle_time=0, error_code=ErrorCode.none,
+                    error_message=None, member_id=result.member_id, member_epoch=result.member_epoch,
+                    heartbeat_interval=result.heartbeat_interval_ms, assignment=assignment)
+
+    # answered once the group's records are stored (with followers: replicated to the ISR)
+    return answer_later(lambda respond: ctx.broker.consumer_groups.heartbeat(heartbeat, respond), build)
 
 
 @handles(69)

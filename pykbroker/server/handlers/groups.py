@@ -1,6 +1,6 @@
 """Classic consumer groups: JoinGroup (11) v0-9, SyncGroup (14) v0-5, Heartbeat (12) v0-4, LeaveGroup (13)
-v0-5; both kinds of group (classic and consumer, groups/admin.py): ListGroups (16) v0-5, DescribeGroups (15)
-v0-5, DeleteGroups (42) v0-2, OffsetDelete (47) v0.
+v0-5; both kinds of group (classic and consumer): ListGroups (16) v0-5, DescribeGroups (15) v0-5, DeleteGroups
+(42) v0-2, OffsetDelete (47) v0.
 
 Behaviour lives in pykbroker/groups/coordinator.py (a port of Kafka's classic group coordinator); these
 handlers translate versions, as Kafka's request/response classes do. Every group request for a group whose
@@ -16,7 +16,8 @@ known so far).
   and may be named by group instance id alone.
 * ListGroups v4 filters by state (case-insensitive), v5 also by type ("classic", "consumer"; case-insensitive,
   an unknown type matches nothing) and answers each group's type; every version lists both kinds, as Kafka 4
-  (a consumer group's protocol type is "consumer"). DescribeGroups reports a group it does not know
+  (a consumer group's protocol type is "consumer"). DescribeGroups (v0-5) answers a consumer group "Dead" with
+  no error, as Kafka 4 does before v6 (v6: GROUP_ID_NOT_FOUND "Group <id> is not a classic group."). DescribeGroups reports a group it does not know
   as "Dead" with no error, and from v3 ``authorized_operations`` when asked (no authorizer: READ,
   DESCRIBE and DELETE; otherwise Kafka's "not requested" INT32_MIN).
 * Authorization (Kafka's KafkaApis): JoinGroup, SyncGroup (after its protocol check), Heartbeat and
@@ -35,7 +36,6 @@ import asyncio
 from datetime import timedelta
 from typing import Any, Callable
 
-from pykbroker.groups.admin import GroupAdmin
 from pykbroker.groups.classic.coordinator import JoinRequest, LeavingMember
 from pykbroker.groups.classic.group import JoinResult, SyncResult
 from pykbroker.protocol.errors import ErrorCode
@@ -51,11 +51,6 @@ _DENIED = ErrorCode.group_authorization_failed
 
 def _group_allowed(ctx: RequestContext, operation: AclOperation, group_id: str) -> bool:
     return allowed(ctx, operation, ResourceType.GROUP, group_id)
-
-
-def _admin(ctx: RequestContext) -> GroupAdmin:
-    """ListGroups, DeleteGroups and OffsetDelete over both kinds of group (groups/admin.py)."""
-    return GroupAdmin(ctx.broker.groups, getattr(ctx.broker, "consumer_groups", None))
 
 
 def _ms(value: Any) -> int:
@@ -212,8 +207,10 @@ def leave_group(ctx: RequestContext, request) -> Any:
 @handles(16)
 def list_groups(ctx: RequestContext, request) -> Any:
     schema = response_module(ctx)
-    error, groups = _admin(ctx).list_groups(getattr(request, "states_filter", None) or (),
-                                            getattr(request, "types_filter", None) or ())
+    error, groups = ctx.broker.groups.list_groups(getattr(request, "states_filter", None) or ())
+    types = {kind.lower() for kind in getattr(request, "types_filter", None) or ()}
+    if types:  # Kafka's Group.GroupType.parse: case-insensitive, an unknown name matches no group
+        groups = [g for g in groups if g.group_type in types]
     if not cluster_allowed(ctx, AclOperation.DESCRIBE, log_if_denied=False):
         visible = allowed_names(ctx, AclOperation.DESCRIBE, ResourceType.GROUP, (g.group_id for g in groups),
                                 log_if_denied=False)
@@ -266,7 +263,7 @@ def delete_groups(ctx: RequestContext, request) -> Any:
     schema = response_module(ctx)
     names = list(dict.fromkeys(request.groups_names))
     permitted = allowed_names(ctx, AclOperation.DELETE, ResourceType.GROUP, names)
-    results = _admin(ctx).delete_groups([g for g in names if g in permitted])
+    results = ctx.broker.groups.delete_groups([g for g in names if g in permitted])
     results.update({g: _DENIED for g in names if g not in permitted})
     return make(
         schema.DeleteGroupsResponse,
@@ -296,7 +293,7 @@ def offset_delete(ctx: RequestContext, request) -> Any:
                 valid.append(tp)
             else:
                 errors[tp] = ErrorCode.unknown_topic_or_partition
-    error, deleted = _admin(ctx).delete_offsets(request.group_id, valid)
+    error, deleted = ctx.broker.groups.delete_offsets(request.group_id, valid)
     if error != ErrorCode.none:
         return make(schema.OffsetDeleteResponse, throttle_time=0, error_code=error, topics=())
     errors.update(deleted)

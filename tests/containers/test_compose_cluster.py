@@ -1,0 +1,131 @@
+"""docker/compose.yaml: ZooKeeper and 3 brokers started with docker-compose on the host's network (free
+127.0.0.1 ports chosen through the file's environment variables), reached by stock clients, surviving
+`docker kill` of a partition leader, stopping with controlled shutdown, keeping their data across down/up.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+
+import pytest
+from docker_helpers import (
+    REPO_ROOT,
+    compose_cli,
+    consume_confluent,
+    create_topic,
+    free_port,
+    produce_confluent,
+    wait_healthy,
+    wait_until,
+)
+
+COMPOSE_FILE = REPO_ROOT / "docker" / "compose.yaml"
+BROKER_IDS = (1, 2, 3)
+
+
+class ComposeCluster:
+    def __init__(self, client, broker_image: str, zookeeper_image: str):
+        self.client = client
+        self.project = f"pykbroker-test-{uuid.uuid4().hex[:8]}"
+        self.ports = {broker_id: free_port() for broker_id in BROKER_IDS}
+        self.env = {
+            "BROKER_IMAGE": broker_image, "ZOOKEEPER_IMAGE": zookeeper_image, "ZOOKEEPER_PORT": str(free_port()),
+            **{f"BROKER_{i}_PORT": str(port) for i, port in self.ports.items()},
+            **{f"BROKER_{i}_METRICS_PORT": str(free_port()) for i in BROKER_IDS},
+        }
+        self.bootstrap = ",".join(f"127.0.0.1:{port}" for port in self.ports.values())
+
+    def compose(self, *args: str, timeout: float = 180) -> str:
+        done = subprocess.run([*compose_cli(), "-p", self.project, "-f", str(COMPOSE_FILE), *args],
+                              capture_output=True, text=True, timeout=timeout, env={**os.environ, **self.env})
+        assert done.returncode == 0, f"docker-compose {' '.join(args)}: exit {done.returncode}\n{done.stderr[-3000:]}"
+        return done.stdout
+
+    def container(self, service: str):
+        found = self.client.containers.list(all=True, filters={
+            "label": [f"com.docker.compose.project={self.project}", f"com.docker.compose.service={service}"]})
+        assert len(found) == 1, (service, found)
+        return found[0]
+
+    def broker(self, broker_id: int):
+        return self.container(f"broker-{broker_id}")
+
+    def up(self) -> None:
+        self.compose("up", "-d", "--no-build")
+        for service in ("zookeeper", *(f"broker-{i}" for i in BROKER_IDS)):
+            wait_healthy(self.container(service), timeout=180)
+        wait_until(lambda: len(self.metadata().brokers) == 3, "3 brokers in Metadata", timeout=60)
+
+    def metadata(self, topic: str | None = None):
+        from confluent_kafka.admin import AdminClient
+
+        return AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(topic, timeout=20)
+
+    def leader(self, topic: str, partition: int) -> int:
+        return self.metadata(topic).topics[topic].partitions[partition].leader
+
+
+@pytest.fixture(scope="module")
+def compose_cluster(docker_client, pykbroker_image, zookeeper_image):
+    cluster = ComposeCluster(docker_client, pykbroker_image, zookeeper_image)
+    try:
+        cluster.up()
+        yield cluster
+    finally:
+        cluster.compose("down", "-v", "--timeout", "60")
+
+
+def test_stock_clients_and_leader_killed(compose_cluster):
+    topic = "compose-failover"
+    create_topic(compose_cluster.bootstrap, topic, partitions=3, replication_factor=3)
+    acked = produce_confluent(compose_cluster.bootstrap, topic, [f"before {i}".encode() for i in range(300)])
+    assert len(acked) == 300
+
+    old_leader = compose_cluster.leader(topic, 0)
+    victim = compose_cluster.broker(old_leader)
+    victim.kill()   # SIGKILL: no controlled shutdown, the controller finds out through ZooKeeper
+    victim.reload()
+    assert victim.attrs["State"]["Status"] == "exited"
+
+    # Writes with acks=all go on once a new leader is elected (min.insync.replicas=2 of 3 replicas).
+    acked += produce_confluent(compose_cluster.bootstrap, topic, [f"after {i}".encode() for i in range(300)],
+                               timeout=90)
+    new_leader = compose_cluster.leader(topic, 0)
+    assert new_leader in BROKER_IDS and new_leader != old_leader
+    consumed = consume_confluent(compose_cluster.bootstrap, topic, partitions=3, expected=len(acked), timeout=90)
+    assert sorted(consumed) == sorted(acked)
+
+    # The killed broker comes back and rejoins (docker kill is a manual stop: no restart policy applies).
+    victim.start()
+    wait_healthy(victim, timeout=120)
+    wait_until(lambda: len(compose_cluster.metadata().brokers) == 3, "the killed broker back in Metadata",
+               timeout=60)
+
+
+def test_controlled_shutdown_and_data_kept_across_down_up(compose_cluster):
+    topic = "compose-kept"
+    create_topic(compose_cluster.bootstrap, topic, partitions=3, replication_factor=3)
+    acked = produce_confluent(compose_cluster.bootstrap, topic, [f"kept {i}".encode() for i in range(300)])
+    assert len(acked) == 300
+
+    compose_cluster.compose("stop", "--timeout", "60")
+    for broker_id in BROKER_IDS:
+        broker = compose_cluster.broker(broker_id)
+        broker.reload()
+        logs = broker.logs(since=int(time.time()) - 300).decode(errors="replace")
+        assert broker.attrs["State"]["ExitCode"] == 0, logs[-3000:]
+        assert f"pykbroker broker {broker_id} stopped cleanly" in logs
+    # Every broker but the last one stopping hands its leaderships over before it leaves.
+    controlled = [i for i in BROKER_IDS
+                  if f"controlled shutdown of broker {i} succeeded" in compose_cluster.broker(i).logs().decode()]
+    assert len(controlled) >= 2, controlled
+
+    compose_cluster.compose("down")   # containers gone, named volumes kept
+    assert not compose_cluster.client.containers.list(
+        all=True, filters={"label": f"com.docker.compose.project={compose_cluster.project}"})
+    compose_cluster.up()
+    consumed = consume_confluent(compose_cluster.bootstrap, topic, partitions=3, expected=300, timeout=90)
+    assert sorted(consumed) == sorted(acked)
