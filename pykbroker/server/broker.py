@@ -236,6 +236,7 @@ class Broker:
         self.groups.consumer_groups = self.consumer_groups
         # Per-group overrides of the consumer group configs (the GROUP config resource), followed from the metadata.
         self.group_configs = GroupConfigs(self.consumer_groups.config, self.metadata)
+        self.consumer_groups.group_configs = self.group_configs
         if self.cluster is not None:  # the coordinator follows the offsets partitions' leadership
             self.cluster.on_leadership_change.append(self.groups.on_leadership_change)
             self.cluster.on_leadership_change.append(self.consumer_groups.on_leadership_change)

@@ -1,11 +1,14 @@
 """The GROUP config resource (type 32, Kafka 4's per-group configs, groups/configs.py) on one broker: the
 confluent-kafka 2.16 admin client (ResourceType.GROUP) describes and changes a group's
 consumer.session.timeout.ms / consumer.heartbeat.interval.ms, raw AlterConfigs / IncrementalAlterConfigs /
-DescribeConfigs show Kafka's errors for bad input, and the overrides survive a restart. (The Java admin client 3.9 has no ConfigResource.Type.GROUP and
+DescribeConfigs show Kafka's errors for bad input, the overrides survive a restart, and the group's coordinator
+uses them for the group's heartbeat interval and session timeout. (The Java admin client 3.9 has no ConfigResource.Type.GROUP and
 Kafka 3.7.1's kafka-configs.sh no ``--entity-type groups``: they cannot reach this resource.)"""
 
 from __future__ import annotations
 
+import datetime
+import time
 import uuid
 
 import pytest
@@ -13,10 +16,13 @@ from confluent_kafka.admin import (
     AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, ResourceType,
 )
 from kio.schema.alter_configs.v2 import request as alter_v2
+from kio.schema.consumer_group_heartbeat.v1 import request as heartbeat_v1
 from kio.schema.describe_configs.v4 import request as describe_v4
 from kio.schema.incremental_alter_configs.v1 import request as incremental_v1
+from kio.schema.list_groups.v5 import request as list_v5
 
-from broker_process import BrokerProcess, send_request
+from broker_process import BrokerProcess, send_request, wait_until
+from test_confluent_kafka import create_topic
 
 from pykbroker.protocol.errors import ErrorCode
 
@@ -110,3 +116,32 @@ def test_group_configs_admin_client_wire_and_restart(group_broker):
     assert {c.name: (c.value, c.config_source) for c in _describe(address, group).configs} == {
         SESSION: ("45000", 5), HEARTBEAT: ("2000", 8)}
     assert {c.name: c.value for c in _describe(address, other).configs}[HEARTBEAT] == "3000"
+
+
+def test_a_groups_configs_set_its_heartbeat_interval_and_session_timeout(group_broker, topic_name):
+    """The group's coordinator uses the group's own values (Kafka's consumerGroupHeartbeatIntervalMs /
+    consumerGroupSessionTimeoutMs); another group keeps the broker's."""
+    address = group_broker.address
+    group, other = f"hb-{uuid.uuid4().hex[:8]}", f"hb-other-{uuid.uuid4().hex[:8]}"
+    assert _incremental(address, group, (SESSION, 0, "10000"), (HEARTBEAT, 0, "1500")) == (ErrorCode.none, None)
+    create_topic(group_broker.bootstrap, topic_name, 1)
+
+    def join(group_id):
+        answer = send_request(address, heartbeat_v1.ConsumerGroupHeartbeatRequest(
+            group_id=group_id, member_id="m1", member_epoch=0, rebalance_timeout=datetime.timedelta(seconds=30),
+            subscribed_topic_names=(topic_name,), topic_partitions=()))
+        assert answer.error_code == ErrorCode.none
+        return answer
+
+    assert join(group).heartbeat_interval == datetime.timedelta(milliseconds=1500)
+    assert join(other).heartbeat_interval == datetime.timedelta(milliseconds=5000)
+    started = time.monotonic()
+
+    def states():
+        return {g.group_id: g.group_state for g in send_request(address, list_v5.ListGroupsRequest(
+            states_filter=(), types_filter=("consumer",))).groups}
+
+    # No more heartbeats: the member of the group goes after its 10 s session, long before the broker's 45 s.
+    wait_until(lambda: states().get(group) == "Empty", "the member's 10 s session expires", 40)
+    assert 9 <= time.monotonic() - started < 40
+    assert states()[other] != "Empty"

@@ -226,6 +226,9 @@ class ConsumerGroupCoordinator:
         self.classic = classic
         self._topics = topics
         self.config = config or ConsumerGroupConfig()
+        # Per-group overrides (groups/configs.py GroupConfigs: session_timeout_ms / heartbeat_interval_ms of a
+        # group id, the broker's values when it has none), as Kafka's groupConfigManager; None: the broker's.
+        self.group_configs = None
         self._scheduler = scheduler or LoopScheduler()
         self._groups: dict[str, ConsumerGroup] = {}
         self._session_timers: dict[tuple[str, str], object] = {}
@@ -473,7 +476,7 @@ class ConsumerGroupCoordinator:
             and (request.subscribed_topic_names is not None or request.subscribed_topic_regex is not None))
         changed = dict(reconciled.assigned) != dict(member.assigned)
         return HeartbeatResult(ErrorCode.none, None, reconciled.member_id, reconciled.member_epoch,
-                               self.config.heartbeat_interval_ms,
+                               self._heartbeat_interval_ms(group_id),
                                dict(reconciled.assigned) if full or changed else None), group, before
 
     def _leave(self, request: HeartbeatRequest):
@@ -555,6 +558,16 @@ class ConsumerGroupCoordinator:
         log.info("group %s: no members and no offsets left, removed", group_id)
         return True
 
+    def _session_timeout_ms(self, group_id: str) -> int:
+        """Kafka's consumerGroupSessionTimeoutMs: the group's consumer.session.timeout.ms, else the broker's."""
+        overrides = self.group_configs
+        return overrides.session_timeout_ms(group_id) if overrides is not None else self.config.session_timeout_ms
+
+    def _heartbeat_interval_ms(self, group_id: str) -> int:
+        """Kafka's consumerGroupHeartbeatIntervalMs: the group's consumer.heartbeat.interval.ms, else the broker's."""
+        overrides = self.group_configs
+        return overrides.heartbeat_interval_ms(group_id) if overrides is not None else self.config.heartbeat_interval_ms
+
     def _schedule_session_timeout(self, group_id: str, member_id: str) -> None:
         def expire() -> None:
             self._session_timers.pop((group_id, member_id), None)
@@ -563,7 +576,7 @@ class ConsumerGroupCoordinator:
                 log.info("group %s: member %s fenced: its session expired", group_id, member_id)
                 self._fence_and_store(group, member_id)
 
-        self._arm(self._session_timers, (group_id, member_id), self.config.session_timeout_ms, expire)
+        self._arm(self._session_timers, (group_id, member_id), self._session_timeout_ms(group_id), expire)
 
     def _schedule_rebalance_timeout(self, group_id: str, member: ConsumerGroupMember) -> None:
         epoch = member.member_epoch
