@@ -187,8 +187,8 @@ def group(g: data.Group, *, reset_form: bool, **chrome) -> Markup:
                  url("/groups", g.group_id, "reset"), options)
     body = h('<h1>Consumer group <span id="group-id">{}</span></h1>{}<h2>Members</h2>{}<h2>Offsets</h2>{}{}',
              g.group_id, facts,
-             _table(["Client id", "Host", "Member id", *(["Member epoch"] if consumer else []), "Assignment"], member_rows,
-                    {3} if consumer else set()),
+             _table(["Client id", "Host", "Member id", *(["Member epoch"] if consumer else []), "Assignment"],
+                    member_rows, {3} if consumer else set()),
              _table(["Topic", "Partition", "Committed offset", "End offset", "Lag", "Member"], offset_rows,
                     {1, 2, 3, 4}), form)
     return layout(f"Group {g.group_id}", body, **chrome)

@@ -439,7 +439,8 @@ def _expect(view: dict[str, int], expected: dict[str, int] | None, row: str) -> 
 # DESCRIBE_CONFIGS, by ControllerApis (KRaft) only for topics it creates. pykbroker follows ZooKeeper mode.
 KRAFT_DIFFERS = {"create-topics": {"new-topic:topic_config_error_code"},
                  # Kafka 3.7.1 has no GROUP config resource (Kafka 4's): it fails the request (INVALID_REQUEST)
-                 "describe-configs-group": {"g-read:error_code"}, "incremental-alter-configs-group": {"g-read:error_code"}}
+                 "describe-configs-group": {"g-read:error_code"},
+                 "incremental-alter-configs-group": {"g-read:error_code"}}
 
 
 @pytest.mark.parametrize("row", [r[0] for r in ROWS])

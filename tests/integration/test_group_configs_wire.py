@@ -2,8 +2,9 @@
 confluent-kafka 2.16 admin client (ResourceType.GROUP) describes and changes a group's
 consumer.session.timeout.ms / consumer.heartbeat.interval.ms, raw AlterConfigs / IncrementalAlterConfigs /
 DescribeConfigs show Kafka's errors for bad input, the overrides survive a restart, and the group's coordinator
-uses them for the group's heartbeat interval and session timeout. (The Java admin client 3.9 has no ConfigResource.Type.GROUP and
-Kafka 3.7.1's kafka-configs.sh no ``--entity-type groups``: they cannot reach this resource.)"""
+uses them for the group's heartbeat interval and session timeout. (The Java admin client 3.9 has no
+ConfigResource.Type.GROUP and Kafka 3.7.1's kafka-configs.sh no ``--entity-type groups``: they cannot reach this
+resource.)"""
 
 from __future__ import annotations
 
@@ -79,8 +80,10 @@ def test_group_configs_admin_client_wire_and_restart(group_broker):
 
     # Bad input: Kafka 4's errors and words (GroupConfig.validate, ControllerConfigurationValidator).
     refused = [
-        ((HEARTBEAT, 0, "500"), f"{HEARTBEAT} must be greater than or equal to group.consumer.min.heartbeat.interval.ms"),
-        ((HEARTBEAT, 0, "25000"), f"{HEARTBEAT} must be less than or equal to group.consumer.max.heartbeat.interval.ms"),
+        ((HEARTBEAT, 0, "500"),
+         f"{HEARTBEAT} must be greater than or equal to group.consumer.min.heartbeat.interval.ms"),
+        ((HEARTBEAT, 0, "25000"),
+         f"{HEARTBEAT} must be less than or equal to group.consumer.max.heartbeat.interval.ms"),
         ((SESSION, 0, "9000"), f"{SESSION} must be greater than or equal to group.consumer.min.session.timeout.ms"),
         ((SESSION, 0, "95000"), f"{SESSION} must be less than or equal to group.consumer.max.session.timeout.ms"),
         ((HEARTBEAT, 0, "20000"), f"{SESSION} must be greater than {HEARTBEAT}"),

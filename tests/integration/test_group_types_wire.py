@@ -130,7 +130,8 @@ def test_group_counts_by_type_and_state_in_the_metrics(tmp_path):
         send_request(address, commit_v9.OffsetCommitRequest(
             group_id="classic-metrics", generation_id_or_member_epoch=-1, member_id="",
             topics=(commit_v9.OffsetCommitRequestTopic(name=topic, partitions=(
-                commit_v9.OffsetCommitRequestPartition(partition_index=0, committed_offset=1, committed_metadata=""),)),)))
+                commit_v9.OffsetCommitRequestPartition(partition_index=0, committed_offset=1,
+                                                       committed_metadata=""),)),)))
         samples = scrape(port)
         prefix = "kafka_server_group_coordinator_metrics"
         assert samples[(f"{prefix}_group_count", frozenset({("protocol", "consumer")}))] == 1

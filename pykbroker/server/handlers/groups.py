@@ -17,7 +17,8 @@ known so far).
 * ListGroups v4 filters by state (case-insensitive), v5 also by type ("classic", "consumer"; case-insensitive,
   an unknown type matches nothing) and answers each group's type; every version lists both kinds, as Kafka 4
   (a consumer group's protocol type is "consumer"). DescribeGroups (v0-5) answers a consumer group "Dead" with
-  no error, as Kafka 4 does before v6 (v6: GROUP_ID_NOT_FOUND "Group <id> is not a classic group."). DescribeGroups reports a group it does not know
+  no error, as Kafka 4 does before v6 (v6: GROUP_ID_NOT_FOUND "Group <id> is not a classic group.").
+  DescribeGroups reports a group it does not know
   as "Dead" with no error, and from v3 ``authorized_operations`` when asked (no authorizer: READ,
   DESCRIBE and DELETE; otherwise Kafka's "not requested" INT32_MIN).
 * Authorization (Kafka's KafkaApis): JoinGroup, SyncGroup (after its protocol check), Heartbeat and
