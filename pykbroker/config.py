@@ -174,10 +174,12 @@ class AboveZeroAtMost:
 @dataclass(frozen=True)
 class OneOf:
     choices: tuple[str, ...]
+    ignore_case: bool = False  # Kafka's CaseInsensitiveValidString
 
     def check(self, value: Any) -> None:
-        if value not in self.choices:
-            raise ValueError(f"String must be one of: {', '.join(self.choices)}")
+        if (value.lower() if self.ignore_case and isinstance(value, str) else value) not in self.choices:
+            raise ValueError(f"String must be one of{' (case insensitive)' if self.ignore_case else ''}: "
+                             f"{', '.join(self.choices)}")
 
     def describe(self) -> str:
         return "[" + ", ".join(self.choices) + "]"
@@ -639,6 +641,13 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _table(
     _broker("group.min.session.timeout.ms", "int", 6000, "Smallest session timeout a group member may ask for."),
     _broker("group.max.session.timeout.ms", "int", 1800000, "Largest session timeout a group member may ask for."),
     _broker("group.max.size", "int", INT_MAX, "Maximum members in one group.", _AT_LEAST_1),
+    _broker("group.consumer.migration.policy", "string", "bidirectional",
+            "Kafka 4's online migration of a non-empty group between the classic and the consumer protocol: "
+            "upgrade (a classic group becomes a consumer group when a consumer-protocol member joins), downgrade "
+            "(back when its last consumer-protocol member leaves), bidirectional or disabled. Empty groups change "
+            "protocol whatever it says. pykbroker does not convert a non-empty group yet: the policy picks Kafka's "
+            "reason for refusing one (groups/consumer/coordinator.py).",
+            OneOf(("disabled", "upgrade", "downgrade", "bidirectional"), ignore_case=True)),
     # producers and transactions
     _broker("producer.id.expiration.ms", "int", 86400000, "Forget an idle producer id's state after this long.", _AT_LEAST_1),
     _broker(

@@ -1,6 +1,7 @@
 """The consumer group protocol's requests as raw kio messages (what no stock client sends on purpose): the v0/v1
 member id rules, bad heartbeats, ConsumerGroupDescribe of unknown and classic groups, and the member-epoch
-checks of OffsetCommit / OffsetFetch v9 for a consumer group."""
+checks of OffsetCommit / OffsetFetch v9 for a consumer group, and a running classic group refusing the consumer
+protocol under group.consumer.migration.policy=disabled."""
 
 from __future__ import annotations
 
@@ -110,3 +111,33 @@ def test_consumer_group_settings_out_of_their_bounds_stop_the_start(tmp_path):
     config.write_text('"group.consumer.session.timeout.ms" = 1000\n')
     result = serve("--host", "127.0.0.1", "--port", "0", "--config", str(config), data_dir=tmp_path / "data")
     assert_one_line_failure(result, "group.consumer.session.timeout.ms must be within")
+
+
+def test_a_running_classic_group_refuses_the_consumer_protocol_under_the_disabled_policy(broker_factory, topic_name):
+    """``group.consumer.migration.policy=disabled``: a consumer-protocol member cannot take over a group that a
+    kafka-python consumer (classic protocol) runs; once that consumer has left, the empty group changes sides."""
+    from kafka import KafkaConsumer
+
+    from broker_process import wait_until
+
+    broker = broker_factory({"group.consumer.migration.policy": "disabled", "group.initial.rebalance.delay.ms": 0})
+    create_topic(broker.bootstrap, topic_name, 2)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    consumer = KafkaConsumer(topic_name, bootstrap_servers=broker.bootstrap, group_id=group, consumer_timeout_ms=200)
+    try:
+        def assigned() -> bool:
+            consumer.poll(timeout_ms=200)
+            return len(consumer.assignment()) == 2
+
+        wait_until(assigned, "the classic consumer's assignment", 60)
+        refused = join(broker.address, heartbeat_v1, group, "member-one", topic_name)
+        assert (refused.error_code, refused.error_message) == (
+            ErrorCode.group_id_not_found,
+            f"Cannot upgrade classic group {group} to consumer group because online upgrade is disabled.")
+        consumer.poll(timeout_ms=200)
+        assert len(consumer.assignment()) == 2  # the classic group goes on
+    finally:
+        consumer.close()  # LeaveGroup: the group is empty now
+    joined = join(broker.address, heartbeat_v1, group, "member-one", topic_name)
+    assert (joined.error_code, joined.member_epoch) == (ErrorCode.none, 1)
+    assert sorted(joined.assignment.topic_partitions[0].partitions) == [0, 1]

@@ -774,3 +774,15 @@ def test_the_sasl_settings_sasl_listeners_read_are_documented_as_used(name):
 
     assert "no effect here" not in BROKER_CONFIGS[name].doc
     assert "SASL" in BROKER_CONFIGS[name].doc
+
+
+def test_the_consumer_group_migration_policy_is_kafkas_case_insensitive_choice(tmp_path, monkeypatch):
+    from pykbroker.groups.consumer.coordinator import ConsumerGroupConfig
+
+    monkeypatch.chdir(tmp_path)
+    assert ConsumerGroupConfig.from_broker_config(load()).migration_policy == "bidirectional"
+    config = load(cli={"group.consumer.migration.policy": "UPGRADE"})
+    assert ConsumerGroupConfig.from_broker_config(config).migration_policy == "upgrade"
+    with pytest.raises(ConfigError, match="group.consumer.migration.policy") as caught:
+        load(cli={"group.consumer.migration.policy": "sideways"})
+    assert "disabled, upgrade, downgrade, bidirectional" in str(caught.value)

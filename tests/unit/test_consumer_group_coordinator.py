@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from pykbroker.cluster.metadata import PartitionState, TopicInfo
-from pykbroker.groups.classic.coordinator import GroupConfig, GroupCoordinator, JoinRequest
+from pykbroker.groups.classic.coordinator import GroupConfig, GroupCoordinator, JoinRequest, LeavingMember
 from pykbroker.groups.consumer.coordinator import (
     ConsumerGroupConfig, ConsumerGroupCoordinator, HeartbeatRequest, assignor_name, compile_topic_regex,
 )
@@ -343,6 +343,59 @@ def test_a_group_id_belongs_to_one_protocol_at_a_time(h):
     # An empty group of either kind gives its id up.
     h.beat("m1", -1, group="ng")
     assert classic_join(h, "ng").error == ErrorCode.none and not h.coordinator.has_group("ng")
+
+
+def running_classic_group(h: Harness, group: str = "cg", members: int = 1, protocol_type: str = "consumer") -> None:
+    """A classic group with ``members`` members (joined, some still rebalancing: members all the same)."""
+    for _ in range(members):
+        h.classic.join_group(JoinRequest(group, "", protocol_type, [("range", subscription("orders"))], 10_000,
+                                         30_000, None, "c", "/127.0.0.1", False), lambda answer: None)
+        h.clock.advance(0)
+    assert h.classic.group(group).size() == members
+
+
+@pytest.mark.parametrize("policy", ["disabled", "downgrade"])
+def test_a_running_classic_group_is_not_upgraded_when_the_policy_forbids_it(logs, policy):
+    h = Harness(logs, migration_policy=policy)
+    running_classic_group(h)
+    refused = h.join("m1", group="cg")
+    # Kafka 4's validateOnlineUpgrade: GROUP_ID_NOT_FOUND, the reason in the message; the classic group stays.
+    assert (refused.error, refused.message) == (
+        ErrorCode.group_id_not_found,
+        "Cannot upgrade classic group cg to consumer group because online upgrade is disabled.")
+    assert h.classic.group("cg").size() == 1 and not h.coordinator.has_group("cg")
+
+
+def test_a_running_classic_group_of_another_protocol_type_or_too_large_is_not_upgraded(logs):
+    h = Harness(logs, migration_policy="upgrade", max_size=1)
+    running_classic_group(h, "connect-group", protocol_type="connect")
+    refused = h.join("m1", group="connect-group")
+    assert (refused.error, refused.message) == (
+        ErrorCode.group_id_not_found, "Cannot upgrade classic group connect-group to consumer group because the "
+                                      "group does not use the consumer embedded protocol.")
+    running_classic_group(h, "big", members=2)
+    refused = h.join("m1", group="big")
+    assert (refused.error, refused.message) == (
+        ErrorCode.group_id_not_found, "Cannot upgrade classic group big to consumer group because the group size "
+                                      "exceeds the consumer group maximum size.")
+
+
+@pytest.mark.parametrize("policy", ["disabled", "upgrade", "downgrade", "bidirectional"])
+def test_empty_groups_change_protocol_whatever_the_migration_policy(logs, policy):
+    h = Harness(logs, migration_policy=policy)
+    assert classic_join(h, "g").error == ErrorCode.none
+    h.classic.leave_group("g", [LeavingMember(h.classic.group("g").leader_id)])
+    assert h.join("m1").error == ErrorCode.none and h.classic.group("g") is None
+    assert h.beat("m1", -1).error == ErrorCode.none
+    assert classic_join(h, "g").error == ErrorCode.none and not h.coordinator.has_group("g")
+
+
+def test_the_migration_policy_is_checked_at_start():
+    assert ConsumerGroupConfig().migration_policy == "bidirectional"  # Kafka 4.0's default
+    assert (ConsumerGroupConfig(migration_policy="upgrade").upgrade_enabled,
+            ConsumerGroupConfig(migration_policy="upgrade").downgrade_enabled) == (True, False)
+    with pytest.raises(ValueError, match="group.consumer.migration.policy"):
+        ConsumerGroupConfig(migration_policy="sideways")
 
 
 def test_an_empty_classic_group_becomes_a_consumer_group_and_keeps_its_offsets(h):

@@ -73,6 +73,7 @@ log = logging.getLogger(__name__)
 
 CONSUMER_GENERATED_MEMBER_ID_REQUIRED_VERSION = 1  # ConsumerGroupHeartbeat v1: the client makes the member id
 OFFSET_COMMIT_MIN_VERSION_FOR_CONSUMER_MEMBERS = 9
+MIGRATION_POLICIES = ("disabled", "upgrade", "downgrade", "bidirectional")  # Kafka's ConsumerGroupMigrationPolicy
 
 
 def assignor_name(configured: str) -> str:
@@ -96,6 +97,7 @@ class ConsumerGroupConfig:
     max_heartbeat_interval_ms: int = 15000
     max_size: int = 2**31 - 1
     assignors: tuple[str, ...] = DEFAULT_ASSIGNORS
+    migration_policy: str = "bidirectional"  # group.consumer.migration.policy (Kafka 4.0's default)
 
     def __post_init__(self) -> None:
         # Kafka's GroupCoordinatorConfig checks, refused at start.
@@ -113,6 +115,18 @@ class ConsumerGroupConfig:
         if unknown:
             raise ValueError(f"group.consumer.assignors: unknown assignor(s) {', '.join(unknown)}; "
                              f"known: {', '.join(ASSIGNORS)}")
+        if self.migration_policy not in MIGRATION_POLICIES:
+            raise ValueError(f"group.consumer.migration.policy must be one of {', '.join(MIGRATION_POLICIES)}")
+
+    @property
+    def upgrade_enabled(self) -> bool:
+        """Kafka's ConsumerGroupMigrationPolicy.isUpgradeEnabled: a non-empty classic group may become a consumer
+        group."""
+        return self.migration_policy in ("upgrade", "bidirectional")
+
+    @property
+    def downgrade_enabled(self) -> bool:
+        return self.migration_policy in ("downgrade", "bidirectional")
 
     @classmethod
     def from_broker_config(cls, config) -> "ConsumerGroupConfig":
@@ -128,6 +142,7 @@ class ConsumerGroupConfig:
             max_heartbeat_interval_ms=int(config.get("group.consumer.max.heartbeat.interval.ms")),
             max_size=int(config.get("group.consumer.max.size")),
             assignors=tuple(dict.fromkeys(assignor_name(a) for a in assignors)),
+            migration_policy=str(config.get("group.consumer.migration.policy")).lower(),
         )
 
 
@@ -355,8 +370,25 @@ class ConsumerGroupCoordinator:
         if not create:
             raise HeartbeatError(ErrorCode.group_id_not_found, f"Consumer group {group_id} not found.")
         if not self.classic.release_empty_group(group_id):
-            raise HeartbeatError(ErrorCode.group_id_not_found, f"Group {group_id} is not a consumer group.")
+            raise HeartbeatError(ErrorCode.group_id_not_found, self._upgrade_refusal(group_id))
         return ConsumerGroup(group_id)
+
+    def _upgrade_refusal(self, group_id: str) -> str:
+        """Why a classic group with members does not become a consumer group: Kafka 4's validateOnlineUpgrade, in
+        its order (the policy, the classic group's protocol type, its size). Where Kafka would convert the group,
+        pykbroker (which has no online upgrade yet) refuses it as Kafka 3.7 did."""
+        classic = self.classic.group(group_id)
+        reason = None
+        if not self.config.upgrade_enabled:
+            reason = "online upgrade is disabled"
+        elif classic is not None and not classic.is_consumer_group():
+            reason = "the group does not use the consumer embedded protocol"
+        elif classic is not None and classic.size() > self.config.max_size:
+            reason = "the group size exceeds the consumer group maximum size"
+        if reason is None:
+            return f"Group {group_id} is not a consumer group."
+        log.info("group %s: cannot upgrade the classic group to a consumer group because %s", group_id, reason)
+        return f"Cannot upgrade classic group {group_id} to consumer group because {reason}."
 
     @staticmethod
     def _check_epoch(member: ConsumerGroupMember, received: int, owned) -> None:
