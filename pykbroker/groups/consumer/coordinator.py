@@ -244,6 +244,9 @@ class ConsumerGroupCoordinator:
         self.classic = classic
         self._topics = topics
         self.config = config or ConsumerGroupConfig()
+        # Per-group overrides (groups/configs.py GroupConfigs: session_timeout_ms / heartbeat_interval_ms of a
+        # group id, the broker's values when it has none), as Kafka's groupConfigManager; None: the broker's.
+        self.group_configs = None
         self._scheduler = scheduler or LoopScheduler()
         self._groups: dict[str, ConsumerGroup] = {}
         self._session_timers: dict[tuple[str, str], object] = {}
@@ -538,7 +541,7 @@ class ConsumerGroupCoordinator:
             and (request.subscribed_topic_names is not None or request.subscribed_topic_regex is not None))
         changed = dict(reconciled.assigned) != dict(member.assigned)
         return HeartbeatResult(ErrorCode.none, None, reconciled.member_id, reconciled.member_epoch,
-                               self.config.heartbeat_interval_ms,
+                               self._heartbeat_interval_ms(group_id),
                                dict(reconciled.assigned) if full or changed else None), group, before
 
     def _leave(self, request: HeartbeatRequest):
@@ -867,6 +870,16 @@ class ConsumerGroupCoordinator:
         log.info("group %s: no members and no offsets left, removed", group_id)
         return True
 
+    def _session_timeout_ms(self, group_id: str) -> int:
+        """Kafka's consumerGroupSessionTimeoutMs: the group's consumer.session.timeout.ms, else the broker's."""
+        overrides = self.group_configs
+        return overrides.session_timeout_ms(group_id) if overrides is not None else self.config.session_timeout_ms
+
+    def _heartbeat_interval_ms(self, group_id: str) -> int:
+        """Kafka's consumerGroupHeartbeatIntervalMs: the group's consumer.heartbeat.interval.ms, else the broker's."""
+        overrides = self.group_configs
+        return overrides.heartbeat_interval_ms(group_id) if overrides is not None else self.config.heartbeat_interval_ms
+
     def _schedule_session_timeout(self, group_id: str, member_id: str) -> None:
         def expire() -> None:
             self._session_timers.pop((group_id, member_id), None)
@@ -878,7 +891,7 @@ class ConsumerGroupCoordinator:
         group = self._groups.get(group_id)
         member = group.members.get(member_id) if group is not None else None
         timeout_ms = (member.classic_session_timeout_ms if member is not None and member.uses_classic_protocol
-                      else self.config.session_timeout_ms)  # a classic member's own session timeout
+                      else self._session_timeout_ms(group_id))  # a classic member's own session timeout
         self._arm(self._session_timers, (group_id, member_id), timeout_ms, expire)
 
     def _schedule_classic_timeout(self, timers: dict, what: str, group_id: str, member_id: str,
