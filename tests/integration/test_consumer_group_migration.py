@@ -16,7 +16,9 @@ import pytest
 from confluent_kafka import Consumer, ConsumerGroupType, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from broker_process import wait_until
+from kio.schema.consumer_group_describe.v1 import request as describe_v1
+
+from broker_process import send_request, wait_until
 from test_confluent_kafka import create_topic
 from test_consumer_protocol_confluent import BROKER_CONFIG, PARTITIONS, TIMEOUT_S, Member, produce, split_evenly
 
@@ -153,6 +155,7 @@ def test_a_kafka_python_consumer_keeps_its_classic_protocol_in_an_upgraded_group
     """An eager classic client (kafka-python, range): it gives everything up before each JoinGroup and gets its
     share of the consumer group's partitions through SyncGroup."""
     from kafka import KafkaConsumer
+    from kafka.version import __version__ as kafka_version
 
     broker = broker_factory(CONFIG)
     bootstrap = broker.bootstrap
@@ -178,6 +181,11 @@ def test_a_kafka_python_consumer_keeps_its_classic_protocol_in_an_upgraded_group
         wait_until(lambda: poll_classic() is not None and set(values) <= set(read) | set(new.read),
                    "every record read by the two protocols", TIMEOUT_S)
         classic.commit()  # a classic commit at its generation (the member epoch) is accepted
+        # ConsumerGroupDescribe tells the two kinds of member apart (Kafka 4's MemberType: 0 classic, 1 consumer).
+        (described,) = send_request(broker.address, describe_v1.ConsumerGroupDescribeRequest(
+            group_ids=(group,), include_authorized_operations=False)).groups
+        assert sorted((m.member_type, m.client_id) for m in described.members) == [
+            (0, "kafka-python-" + kafka_version), (1, "consumer-1")]
         assert new.errors == []
     finally:
         new.stop()
