@@ -900,3 +900,16 @@ def test_no_downgrade_when_the_policy_forbids_it(logs):
     c1 = mixed_group(h)
     h.beat("m1", -1)
     assert h.classic.group("g") is None and set(h.group().members) == {c1}
+
+
+def test_a_refused_consumer_member_leaves_the_classic_group_as_it_was(logs):
+    """A heartbeat that fails after the upgrade would start (the new member does not fit, its regex is invalid)
+    changes nothing: Kafka reverts the conversion with the failed heartbeat."""
+    h = Harness(logs, max_size=2)
+    running_classic_group(h, "g", members=2)
+    full = h.join("m1")
+    assert (full.error, full.message) == (ErrorCode.group_max_size_reached,
+                                          "The consumer group has reached its maximum capacity of 2 members.")
+    bad = h.join("m1", topics=None, regex="(a)\\1")
+    assert bad.error == ErrorCode.invalid_regular_expression
+    assert h.classic.group("g").size() == 2 and not h.coordinator.has_group("g")

@@ -379,7 +379,13 @@ class ConsumerGroupCoordinator:
         refusal = self._upgrade_refusal(group_id)
         if refusal is not None:
             raise HeartbeatError(ErrorCode.group_id_not_found, refusal)
+        if self.classic.group(group_id).size() >= self.config.max_size:
+            raise self._group_full()  # the joining member would not fit: the group is left as it is (Kafka's revert)
         return self._upgrade(group_id)
+
+    def _group_full(self) -> HeartbeatError:
+        return HeartbeatError(ErrorCode.group_max_size_reached,
+                              f"The consumer group has reached its maximum capacity of {self.config.max_size} members.")
 
     def _upgrade_refusal(self, group_id: str) -> str | None:
         """Why a classic group with members does not become a consumer group: Kafka 4's validateOnlineUpgrade, in
@@ -499,19 +505,19 @@ class ConsumerGroupCoordinator:
 
     def _heartbeat(self, request: HeartbeatRequest):
         group_id = request.group_id
-        group = self._get_or_create_group(group_id, request.member_epoch == JOIN_GROUP_MEMBER_EPOCH)
-        before = snapshot(group)
-        if (request.member_id not in group.members and group.static_member(request.instance_id) is None
-                and len(group.members) >= self.config.max_size):
-            raise HeartbeatError(ErrorCode.group_max_size_reached,
-                                 f"The consumer group has reached its maximum capacity of {self.config.max_size} members.")
-        if request.subscribed_topic_regex:  # checked before anything changes (a static member's takeover)
+        # Checked before anything changes (a static member's takeover, a classic group's conversion).
+        if request.subscribed_topic_regex:
             try:
                 compile_topic_regex(request.subscribed_topic_regex)
             except ValueError as exc:
                 raise HeartbeatError(ErrorCode.invalid_regular_expression,
                                      f"SubscribedTopicRegex `{request.subscribed_topic_regex}` is not a valid regular "
                                      f"expression: {exc}.") from None
+        group = self._get_or_create_group(group_id, request.member_epoch == JOIN_GROUP_MEMBER_EPOCH)
+        before = snapshot(group)
+        if (request.member_id not in group.members and group.static_member(request.instance_id) is None
+                and len(group.members) >= self.config.max_size):
+            raise self._group_full()
         member = self._member(group, request)
         updated = replace(
             member,
@@ -635,7 +641,7 @@ class ConsumerGroupCoordinator:
             existing = group.static_member(instance_id) if instance_id is not None else None
             known = member_id in group.members or existing is not None
             if not known and len(group.members) >= self.config.max_size:
-                raise HeartbeatError(ErrorCode.group_max_size_reached)
+                raise self._group_full()
             names = [name for name, _ in request.protocols]
             if not self._supports_classic_protocols(group, request.protocol_type, set(names)):
                 raise HeartbeatError(ErrorCode.inconsistent_group_protocol)
