@@ -8,16 +8,18 @@ ZooKeeper-mode cluster (replication factor 3, min.insync.replicas 2) of each, on
     python3 integration/bench/spark_bench.py --targets pykbroker,kafka --profile /tmp/spark-profile
 
 Spark runs in this process's JVM as `local[2]` (driver and executor in one JVM, two task slots), on the same
-cores as the brokers. Per target: fresh broker(s) (brokers.py, cluster_bench.py), a topic of `--partitions`
-partitions, an unmeasured warm-up (a tenth of the records written and read through another topic: Spark's and
-Kafka's JIT, the connector's classes and producer/consumer caches), then
+cores as the brokers. First Spark alone is warmed up (--spark-warm-up rows written and read through a throwaway
+pykbroker: its JIT, the connector's classes). Per target: fresh broker(s) (brokers.py, cluster_bench.py), a topic
+of `--partitions` partitions, an unmeasured warm-up (a tenth of the records, at least 100,000, written and read
+through another topic: Kafka's JIT, the broker's caches), then
   write: spark.range(N) -> a constant 1 KiB value, no key -> df.write.format("kafka").save(); afterwards the
          topic must hold exactly N records (ListOffsets);
   read:  spark.read.format("kafka").option("subscribe", topic).load() -> count(*), sum(length(value)); must be
          N and N * 1024.
 Figures: rows/s (wall clock of the Spark action), broker CPU per row (utime + stime from /proc of every broker
 process and its descendants, all brokers of a cluster summed), Spark's CPU per row (its JVM and this process)
-and the cores both used, and pykbroker / Kafka ratios. Nothing asserts a time.
+and the cores both used, and pykbroker / Kafka ratios; with --rounds N the medians of N rounds, every other
+round in reverse order. Nothing asserts a time.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import datetime as dt
 import json
 import os
 import resource
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -46,8 +49,11 @@ from city_pipeline.session import ConnectorJarsError, build_session, find_connec
 RESULTS_DIR = Path(__file__).resolve().parent / "results"  # git-ignored
 TARGETS = ("pykbroker", "kafka", "pykbroker-cluster", "kafka-cluster")
 VALUE_BYTES = 1024
-# Fewer than this leaves Spark's JVM cold for the first target (a 10,000-row warm-up made Spark's CPU per row
-# 1.3-2.2x higher against the first target of a 500,000-row run than against the second).
+# Spark's JVM keeps getting faster over its first few million rows: with only a per-target warm-up of 100,000
+# rows, whichever target ran first was measured 0.4-0.7x slower than in a run with the other order (on the
+# development machine, 300,000-row runs). So before any target Spark writes and reads SPARK_WARM_UP_ROWS (at
+# least) through a throwaway pykbroker, and each target then gets its own warm-up for the broker's side.
+SPARK_WARM_UP_ROWS = 1_000_000
 WARM_UP_MIN_ROWS = 100_000
 SATURATED_SHARE = 0.9  # of all cores: the machine, not one side, sets the pace
 SPARK_CONF = {
@@ -234,6 +240,24 @@ def measured(target: Target, spark_cpu: SparkCpu, rows: int, action, profile_to:
     return Phase(rows, wall, broker_cpu, spark_cpu_s, profile)
 
 
+def warm_up(spark, bootstrap: str, create_topic, rows: int, partitions: int) -> None:
+    """Write and read `rows` through an unmeasured topic (JIT of Spark's and the broker's code, connector caches)."""
+    topic = f"spark-bench-warm-up-{time.monotonic_ns()}"
+    create_topic(topic, partitions)
+    write_records(spark, bootstrap, topic, rows)
+    read_records(spark, bootstrap, topic)
+
+
+def warm_up_spark(spark, args: argparse.Namespace) -> None:
+    rows = max(args.records, SPARK_WARM_UP_ROWS) if args.spark_warm_up is None else args.spark_warm_up
+    if rows <= 0:
+        return
+    log(f"Spark warm-up: {rows:,} rows written and read through a throwaway pykbroker")
+    with BrokerProcess(extra_args=["--fsync", "never"]) as broker:
+        warm_up(spark, broker.bootstrap, lambda topic, n: create_topic(broker.bootstrap, topic, n), rows,
+                args.partitions)
+
+
 def run_target(name: str, spark, spark_cpu: SparkCpu, args: argparse.Namespace) -> dict[str, object]:
     target = Target(name, args.refkit, args.broker_arg, args.kafka_property)
     log(f"{name}: starting")
@@ -241,11 +265,9 @@ def run_target(name: str, spark, spark_cpu: SparkCpu, args: argparse.Namespace) 
     try:
         bootstrap = target.bootstrap
         warm_rows = max(args.records // 10, WARM_UP_MIN_ROWS)
-        target.create_topic("spark-bench-warm-up", args.partitions)
         target.create_topic("spark-bench", args.partitions)
         log(f"{name}: warm-up, {warm_rows:,} rows written and read")
-        write_records(spark, bootstrap, "spark-bench-warm-up", warm_rows)
-        read_records(spark, bootstrap, "spark-bench-warm-up")
+        warm_up(spark, bootstrap, target.create_topic, warm_rows, args.partitions)
 
         profile = None if args.profile is None else args.profile / name
         if profile is not None:
@@ -275,6 +297,17 @@ def run_target(name: str, spark, spark_cpu: SparkCpu, args: argparse.Namespace) 
 
 
 # -- the report ------------------------------------------------------------------------------------------------
+
+
+def medians(rounds: list[dict[str, dict]], targets: list[str]) -> dict[str, dict]:
+    """Per target and operation, the median of every figure over the rounds it completed."""
+    found: dict[str, dict] = {}
+    for name in targets:
+        done = [r[name] for r in rounds if name in r]
+        if done:
+            found[name] = {operation: {key: statistics.median(d[operation][key] for d in done)
+                                       for key in done[0][operation]} for operation in ("write", "read")}
+    return found
 
 
 def table(results: dict[str, dict]) -> str:
@@ -328,6 +361,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=6,
                         help="partitions of the topic (default %(default)s: two per broker of a cluster, three "
                              "Spark tasks per slot when reading)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="times every target is measured, every other round in reverse order; medians "
+                             "(default %(default)s)")
+    parser.add_argument("--spark-warm-up", type=int, metavar="ROWS",
+                        help=f"rows Spark writes and reads through a throwaway pykbroker before any target (default "
+                             f"--records, at least {SPARK_WARM_UP_ROWS:,}; 0: none)")
     parser.add_argument("--master", default="local[2]", help="Spark master (default %(default)s)")
     parser.add_argument("--broker-arg", action="append", default=[], metavar="ARG",
                         help="extra argument for `pykbroker serve` (repeatable), e.g. --broker-arg=--fsync=never")
@@ -369,22 +408,28 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     spark = spark_session(args.master, args.refkit)
-    results: dict[str, dict] = {}
+    rounds: list[dict[str, dict]] = []
     errors: list[str] = []
     try:
         spark_cpu = SparkCpu(spark)
-        for name in targets:
-            try:
-                results[name] = run_target(name, spark, spark_cpu, args)
-            except (BrokerFailed, Exception) as exc:  # one target failing does not lose the others' figures
-                errors.append(f"{name}: {exc}")
-                log(f"{name} FAILED: {exc}")
+        warm_up_spark(spark, args)
+        for index in range(args.rounds):
+            # odd rounds in reverse order: what drifts during a run (page cache, other load) hits every target alike
+            rounds.append({})
+            for name in (targets if index % 2 == 0 else targets[::-1]):
+                try:
+                    rounds[-1][name] = run_target(name, spark, spark_cpu, args)
+                except (BrokerFailed, Exception) as exc:  # one target failing does not lose the others' figures
+                    errors.append(f"round {index + 1}, {name}: {exc}")
+                    log(f"{name} FAILED: {exc}")
     finally:
         spark.stop()
+    results = medians(rounds, targets)
     cores = os.cpu_count() or 1
     print(f"\nSpark {spark.version} {args.master} (driver and executor in one JVM), {args.records:,} rows of "
           f"{VALUE_BYTES} B, topic of {args.partitions} partitions; {cores} cores, load average before "
-          f"{load_before:.2f}")
+          f"{load_before:.2f}, after {os.getloadavg()[0]:.2f}; " +
+          (f"medians of {args.rounds} rounds" if args.rounds > 1 else "one round"))
     if results:
         print(table(results))
     ratio_table, ratio_figures = ratios(results)
@@ -401,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     print("command: " + " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])))
     document = {"started_at": started_at.isoformat(), "command": sys.argv, "records": args.records,
                 "partitions": args.partitions, "master": args.master, "cores": cores,
-                "load_average_before": load_before, "results": results, "ratios": ratio_figures,
+                "load_average_before": load_before, "rounds": rounds, "results": results, "ratios": ratio_figures,
                 "skipped": skipped, "errors": errors}
     json_path = args.json or RESULTS_DIR / f"spark-bench-{started_at:%Y%m%dT%H%M%SZ}.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)
