@@ -120,3 +120,76 @@ def pytest_runtest_makereport(item, call):
             brokers += value.brokers if isinstance(value, BrokerMaker) else [value]
         for broker in dict.fromkeys(b for b in brokers if isinstance(b, BrokerProcess)):
             report.sections.append((f"broker log {broker.bootstrap} ({report.when})", broker.log_tail()))
+        # the Spark standalone cluster's and the pykbroker cluster's logs (spark_standalone, pykbroker_cluster)
+        for value in getattr(item, "funcargs", {}).values():
+            if isinstance(value, (SparkStandaloneCluster, BrokerCluster)):
+                report.sections.extend(value.failure_sections())
+
+
+# -- a Spark standalone cluster reading a 3-broker pykbroker cluster (tests/spark/spark_cluster.py) ------------
+
+CLUSTER_TESTS_DIR = REPO_ROOT / "tests" / "cluster"
+if str(CLUSTER_TESTS_DIR) not in sys.path:
+    sys.path.insert(0, str(CLUSTER_TESTS_DIR))
+
+from broker_cluster import BrokerCluster  # noqa: E402  (tests/cluster: N pykbroker brokers on one ZooKeeper)
+from spark_cluster import SparkStandaloneCluster, cluster_missing_reason  # noqa: E402
+
+# The replicated cluster the Spark cluster tests read: RF 3 and min ISR 2 for every topic (acks=all writes
+# survive one broker down), 6 s ZooKeeper sessions (a SIGKILLed leader is replaced within seconds), small
+# internal topics (the transaction and offset logs' 50 partitions would cost minutes of elections here).
+PYKBROKER_CLUSTER_OVERRIDES = {
+    "zookeeper.session.timeout.ms": 6000,
+    "default.replication.factor": 3,
+    "min.insync.replicas": 2,
+    "offsets.topic.replication.factor": 3,
+    "offsets.topic.num.partitions": 3,
+    "transaction.state.log.replication.factor": 3,
+    "transaction.state.log.min.isr": 2,
+    "transaction.state.log.num.partitions": 3,
+    "replica.lag.time.max.ms": 10000,
+    "replica.fetch.wait.max.ms": 500,
+    "group.initial.rebalance.delay.ms": 0,
+}
+
+
+def _require_standalone() -> None:
+    reason = cluster_missing_reason()
+    if reason:
+        if reason not in skipped_connector_reasons:
+            skipped_connector_reasons.append(reason)
+        pytest.skip(f"Spark standalone cluster tests skipped: {reason}")
+
+
+@pytest.fixture(scope="module")
+def spark_standalone(tmp_path_factory):
+    """A Spark standalone master and two workers (1 core, small memory each) on 127.0.0.1, shared by a
+    module's tests; skips with the reason where pyspark, Java or the connector jars are absent. Submit
+    drivers with spark_standalone.submit()/launch() (spark-submit --master spark://..., connector jars)."""
+    _require_standalone()
+    with SparkStandaloneCluster(tmp_path_factory.mktemp("spark-standalone"), driver_conf=SPARK_TEST_CONF) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def spark_zookeeper(tmp_path_factory):
+    """A real ZooKeeper (Debian's package) for the pykbroker clusters of the Spark tests; skip without it."""
+    from pykbroker.cluster.zk_server import ZooKeeperServer, ZooKeeperUnavailable, find_install
+
+    try:
+        install = find_install()
+    except ZooKeeperUnavailable as exc:
+        pytest.skip(str(exc))
+    with ZooKeeperServer(data_dir=tmp_path_factory.mktemp("spark-zookeeper"), install=install) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def pykbroker_cluster(spark_zookeeper, tmp_path_factory, request):
+    """Three pykbroker brokers in ZooKeeper mode (RF 3, min ISR 2 by default), shared by a module's tests;
+    `.bootstrap` lists all three. Faults: .kill(id), .restart(id), .wait_for_leader(topic, p, exclude=...)."""
+    chroot = f"/spark-{request.module.__name__.rsplit('.', 1)[-1][:40]}-{uuid.uuid4().hex[:8]}"
+    cluster = BrokerCluster(spark_zookeeper.connect_string + chroot, tmp_path_factory.mktemp("pykbroker-cluster"),
+                            n=3, overrides=PYKBROKER_CLUSTER_OVERRIDES)
+    with cluster:
+        yield cluster

@@ -1,0 +1,1 @@
+"""The consumer group protocol (KIP-848): server-side assignment, member epochs, reconciliation."""
