@@ -17,6 +17,7 @@ import json
 import os
 import re
 import secrets
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -186,7 +187,7 @@ class FeatureDriver:
         self.connection.close()  # the driver's loop ends, it stops its session and exits
         try:
             self.process.wait(60)
-        except Exception:
+        except subprocess.TimeoutExpired:
             pass  # spark_standalone.stop() ends it by PID
 
 
