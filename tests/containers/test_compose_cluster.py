@@ -93,6 +93,7 @@ def test_stock_clients_and_leader_killed(compose_cluster):
     # Writes with acks=all go on once a new leader is elected (min.insync.replicas=2 of 3 replicas).
     acked += produce_confluent(compose_cluster.bootstrap, topic, [f"after {i}".encode() for i in range(300)],
                                timeout=90)
+    assert len(acked) == 600
     new_leader = compose_cluster.leader(topic, 0)
     assert new_leader in BROKER_IDS and new_leader != old_leader
     consumed = consume_confluent(compose_cluster.bootstrap, topic, partitions=3, expected=len(acked), timeout=90)

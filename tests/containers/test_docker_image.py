@@ -31,7 +31,7 @@ docker_errors = pytest.importorskip("docker.errors")
 
 # The image on top of its base: the Python runtime and the venv (pykbroker and its dependencies). A compiler
 # or the build stage's caches left in it would add well over 100 MB.
-MAX_ADDED_SIZE_MB = 300
+MAX_ADDED_SIZE_MB = 200
 
 
 def docker_run(image: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -77,7 +77,8 @@ def test_engine_and_base_image(docker_client, debian_base_image):
     image = docker_client.images.get(debian_base_image)
     assert image.attrs["Os"] == "linux"
     # docker import of a debootstrap tree: a plain Debian without Python, as the Dockerfile must expect.
-    assert docker_run(debian_base_image, "sh", "-c", "command -v python3").returncode != 0
+    done = docker_run(debian_base_image, "sh", "-c", "command -v python3 || echo no python3")
+    assert (done.returncode, done.stdout.strip()) == (0, "no python3"), done
 
 
 def test_image_is_small_without_compiler_and_with_the_c_accelerator(docker_client, pykbroker_image,
@@ -88,8 +89,9 @@ def test_image_is_small_without_compiler_and_with_the_c_accelerator(docker_clien
     print(f"\n{pykbroker_image}: {image.attrs['Size'] / 1e6:.0f} MB, {added_mb:.0f} MB over {debian_base_image}")
     assert added_mb < MAX_ADDED_SIZE_MB
     # The build stage's compiler is not in the final image; the accelerator it built is.
-    done = docker_run(pykbroker_image, "sh", "-c", "command -v gcc || command -v cc || command -v x86_64-linux-gnu-gcc-12")
-    assert (done.returncode != 0, done.stdout) == (True, ""), done
+    done = docker_run(pykbroker_image, "sh", "-c",
+                      "command -v gcc || command -v cc || command -v x86_64-linux-gnu-gcc-12 || echo no compiler")
+    assert (done.returncode, done.stdout.strip()) == (0, "no compiler"), done
     done = docker_run(pykbroker_image, "python3", "-c", "import pykbroker._speedups as s; print(s.__file__)")
     assert done.returncode == 0, done.stderr
     assert "/opt/pykbroker/" in done.stdout
@@ -197,6 +199,7 @@ def test_pykbroker_cluster_runs_in_the_image(docker_client, pykbroker_image, zoo
         bootstrap = logs.split("bootstrap servers: ", 1)[1].split()[0]
         create_topic(bootstrap, "in-cluster", partitions=3, replication_factor=3)
         acked = produce_confluent(bootstrap, "in-cluster", [b"x%d" % i for i in range(30)])
+        assert len(acked) == 30
         assert sorted(consume_confluent(bootstrap, "in-cluster", 3, expected=30)) == sorted(acked)
         cluster.stop(timeout=90)
         cluster.reload()
