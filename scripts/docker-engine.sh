@@ -111,19 +111,31 @@ cmd_start() {
     rm -f "$STARTED"
     if [ -s "$PIDFILE" ] && ! is_dockerd "$(cat "$PIDFILE")"; then as_root rm -f "$PIDFILE" || true; fi
     say "starting $dockerd (log: $LOGFILE)"
-    # fd 9 (the lock) closed for dockerd, so the lock ends with this script. As root the background subshell
-    # execs setsid, which execs dockerd (the subshell is no process group leader: setsid does not fork), so $!
-    # is dockerd itself; through sudo, $! is sudo and dockerd's pid comes from its pidfile.
-    local launcher pid=""
-    # shellcheck disable=SC2086  # DOCKERD_EXTRA_ARGS is a word list
+    # fd 9 (the lock) closed for dockerd, so the lock ends with this script. A subshell launches dockerd and
+    # waits for it (its parent: it reaps dockerd when dockerd stops, whatever init the machine has). As root
+    # the subshell's $! is dockerd itself (setsid does not fork: a background job is no process group
+    # leader), written to $launched; through sudo it is sudo, and dockerd's pid comes from its pidfile.
+    local launched="$STATE_DIR/launched.pid" launcher pid=""
+    rm -f "$launched"
+    (
+        # shellcheck disable=SC2086  # DOCKERD_EXTRA_ARGS is a word list
+        if [ "$(id -u)" -eq 0 ]; then
+            setsid "$dockerd" --bridge=none --iptables=false --ip6tables=false \
+                --pidfile "$PIDFILE" ${DOCKERD_EXTRA_ARGS:-} >"$LOGFILE" 2>&1 < /dev/null &
+            echo $! > "$launched"
+        else
+            sudo -n setsid "$dockerd" --bridge=none --iptables=false --ip6tables=false \
+                --pidfile "$PIDFILE" ${DOCKERD_EXTRA_ARGS:-} >"$LOGFILE" 2>&1 < /dev/null &
+        fi
+        wait
+    ) 9>&- > /dev/null 2>&1 < /dev/null &
+    launcher=$!
     if [ "$(id -u)" -eq 0 ]; then
-        (exec setsid "$dockerd" --bridge=none --iptables=false --ip6tables=false \
-            --pidfile "$PIDFILE" ${DOCKERD_EXTRA_ARGS:-} >"$LOGFILE" 2>&1 < /dev/null 9>&-) &
-        launcher=$!; pid=$launcher
-    else
-        sudo -n setsid "$dockerd" --bridge=none --iptables=false --ip6tables=false \
-            --pidfile "$PIDFILE" ${DOCKERD_EXTRA_ARGS:-} >"$LOGFILE" 2>&1 < /dev/null 9>&- &
-        launcher=$!
+        until [ -s "$launched" ]; do
+            kill -0 "$launcher" 2>/dev/null || die "could not launch $dockerd"
+            sleep 0.05
+        done
+        pid="$(cat "$launched")"
     fi
     [ -z "$pid" ] || echo "$pid" > "$STARTED"
     local deadline=$((SECONDS + START_TIMEOUT))

@@ -6,8 +6,9 @@ Session fixtures:
                       session holds a lease on it (start) and gives it back at session end (stop): the
                       dockerd the script started stops when no other session holds one. Skips with the
                       reason only where no engine can start at all.
-                      At session end it force-removes this session's labelled containers (SUITE_LABELS in
-                      docker_helpers.py: label yours). Request it before any other Docker fixture.
+                      At session end it force-removes this session's labelled containers and volumes and
+                      those of sessions that no longer run (SUITE_LABELS in docker_helpers.py: label yours),
+                      and prunes the dangling images of the suite's builds. Request it before any other Docker fixture.
   debian_base_image   the tag of the local Debian bookworm base (pykbroker-debian:bookworm), built by
                       debootstrap + docker import when missing (a few minutes, once per machine).
   pykbroker_image     docker/Dockerfile built on that base (BASE_IMAGE build argument), once per session;
@@ -35,6 +36,7 @@ from docker_helpers import (  # noqa: E402  (tests/containers is not a package)
     ZOOKEEPER_TEST_IMAGE,
     build_image,
     engine_script,
+    prune_suite_images,
     remove_suite_containers,
 )
 
@@ -73,6 +75,7 @@ def docker_client():
     finally:
         try:
             remove_suite_containers(client)
+            prune_suite_images(client)
         finally:
             client.close()
             # Gives this session's lease back; stops the dockerd the script started once no session uses it.

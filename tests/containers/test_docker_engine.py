@@ -13,9 +13,16 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from docker_helpers import ENGINE_SCRIPT, wait_until
+from docker_helpers import (
+    ENGINE_SCRIPT,
+    SESSION_ID,
+    SESSION_LABEL,
+    SUITE_LABEL,
+    remove_suite_containers,
+    wait_until,
+)
 
-pytestmark = pytest.mark.skipif(
+needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or not (shutil.which("dockerd") or os.access("/usr/sbin/dockerd", os.X_OK)),
     reason="starting a second dockerd needs root and dockerd")
 
@@ -84,6 +91,7 @@ def session(sessions: list) -> int:
     return process.pid
 
 
+@needs_root
 def test_start_timeout_stops_the_dockerd_it_started(engine_root):
     root, sessions = engine_root
     # dockerd listens on d.sock, the script asks another socket: it never answers, the deadline passes.
@@ -96,6 +104,7 @@ def test_start_timeout_stops_the_dockerd_it_started(engine_root):
     assert not (root / "state" / "started-by-script").exists()
 
 
+@needs_root
 def test_stop_leaves_the_engine_to_other_sessions(engine_root):
     root, sessions = engine_root
     engine = Engine(root)
@@ -119,3 +128,30 @@ def test_stop_leaves_the_engine_to_other_sessions(engine_root):
     assert not engine.up()
     assert list((root / "state" / "users").iterdir()) == []
     assert engine.run("stop", first).stdout.strip() == "not started here"
+
+
+def test_clean_up_removes_containers_of_dead_sessions_only(docker_client, debian_base_image):
+    dead = subprocess.Popen(["true"])
+    dead.wait()   # its pid: a session killed before its own clean-up
+    alive = subprocess.Popen(["sleep", "600"])
+    created = {}
+    try:
+        for name, session in (("dead", f"{dead.pid}-deadbeef"), ("alive", f"{alive.pid}-0badcafe"),
+                              ("ours", SESSION_ID)):
+            created[name] = docker_client.containers.create(
+                debian_base_image, ["true"], network_mode="host",
+                labels={SUITE_LABEL: "1", SESSION_LABEL: session})
+        removed = remove_suite_containers(docker_client)
+        assert {created["dead"].name, created["ours"].name} <= set(removed), removed
+        assert created["alive"].name not in removed
+        remaining = {c.id for c in docker_client.containers.list(all=True, filters={"label": SESSION_LABEL})}
+        assert (created["dead"].id in remaining, created["ours"].id in remaining,
+                created["alive"].id in remaining) == (False, False, True)
+    finally:
+        alive.kill()
+        alive.wait()
+        for container in created.values():
+            try:
+                container.remove(force=True)
+            except Exception:  # noqa: BLE001  (removed by the clean-up under test)
+                pass

@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 from docker_helpers import (
     ENGINE_SCRIPT,
+    SUITE_LABEL,
     SUITE_LABELS,
     broker_environment,
     consume_confluent,
+    pip_build_config,
     create_topic,
     docker_cli,
     free_port,
@@ -95,6 +97,29 @@ def test_image_is_small_without_compiler_and_with_the_c_accelerator(docker_clien
     done = docker_run(pykbroker_image, "python3", "-c", "import pykbroker._speedups as s; print(s.__file__)")
     assert done.returncode == 0, done.stderr
     assert "/opt/pykbroker/" in done.stdout
+    # Debian's python3 came with the CA store; the build labelled the image as the suite's (pruned when dangling).
+    done = docker_run(pykbroker_image, "sh", "-c", "test -s /etc/ssl/certs/ca-certificates.crt && echo CA store")
+    assert (done.returncode, done.stdout.strip()) == (0, "CA store"), done
+    assert image.labels.get(SUITE_LABEL) == "1", image.labels
+
+
+def test_pip_build_config_keeps_network_settings_only(tmp_path):
+    """What reaches pip inside `docker build` from the host's pip configuration: no host paths, no file:// URLs
+    (they do not exist in the build), the constraints file apart (its own secret)."""
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("torch<=2.14.1\n")
+    config = tmp_path / "pip.conf"
+    config.write_text(f"[global]\nindex-url = https://index.example/simple\n"
+                      f"extra-index-url = file:///opt/pypi/simple https://extra.example/simple\n"
+                      f"find-links = /opt/wheels\ncert = /etc/ssl/certs/host.crt\nconstraint = {constraints}\n"
+                      f"trusted-host = index.example\n")
+    text, found = pip_build_config({**os.environ, "PIP_CONFIG_FILE": str(config)})
+    lines = set(text.splitlines())
+    assert {"[global]", "index-url = https://index.example/simple", "extra-index-url = https://extra.example/simple",
+            "trusted-host = index.example"} <= lines, text
+    assert not any(line.startswith(("find-links", "cert", "constraint")) for line in lines), text
+    assert "file://" not in text and "/opt/" not in text
+    assert found == constraints
 
 
 def test_pykbroker_commands_pass_through(pykbroker_image):
