@@ -179,13 +179,20 @@ cmd_stop() {
 debian_mirror() {
     if [ -n "${DEBIAN_MIRROR:-}" ]; then echo "$DEBIAN_MIRROR"; return; fi
     local uri=""
-    # deb822 sources first (bookworm's default), then one-line sources; the first main Debian archive wins.
-    uri="$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null \
-        | awk '/^URIs:/ { for (i = 2; i <= NF; i++) print $i }' | grep -v -e security -e '^cdrom' | head -n 1 || true)"
+    # The main Debian archive apt uses for bookworm: a URI ending in /debian of an entry whose suites name
+    # bookworm itself (not another distribution's sources, not the security archive). deb822 sources first
+    # (bookworm's default), then one-line sources.
+    uri="$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk -v suite="$SUITE" '
+        function flush() { if (uris != "" && (" " suites " ") ~ (" " suite " ")) print uris; uris = ""; suites = "" }
+        /^[[:space:]]*$/ { flush(); next }
+        /^URIs:/ { uris = ""; for (i = 2; i <= NF; i++) uris = uris (uris == "" ? "" : " ") $i }
+        /^Suites:/ { suites = ""; for (i = 2; i <= NF; i++) suites = suites " " $i }
+        END { flush() }' | tr ' ' '\n' | grep -E '^(https?|file):.*/debian/?$' | head -n 1 || true)"
     if [ -z "$uri" ]; then
         uri="$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
-            | awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i ~ /^(https?|file):/) { print $i; break } }' \
-            | grep -v security | head -n 1 || true)"
+            | sed -e 's/\[[^]]*\]//' \
+            | awk -v suite="$SUITE" '$1 == "deb" && $3 == suite && $2 ~ /^(https?|file):.*\/debian\/?$/ { print $2 }' \
+            | head -n 1 || true)"
     fi
     echo "${uri:-http://deb.debian.org/debian}"
 }

@@ -211,14 +211,15 @@ def health_status(container) -> str:
 
 
 def wait_healthy(container, timeout: float = 120) -> None:
-    """Until the container's HEALTHCHECK says healthy; AssertionError with its log tail when it stopped,
-    turned unhealthy or took longer than timeout."""
+    """Until the container's HEALTHCHECK says healthy; AssertionError with its log tail when it stopped or
+    was not healthy within timeout. "unhealthy" is not final (a loaded machine's slow check turns healthy
+    again once the broker answers)."""
     deadline = time.monotonic() + timeout
     while True:
         status = health_status(container)
         if status == "healthy":
             return
-        if status in ("exited", "dead", "unhealthy") or time.monotonic() > deadline:
+        if status in ("exited", "dead") or time.monotonic() > deadline:
             logs = container.logs(tail=30).decode(errors="replace")
             raise AssertionError(f"container {container.name} is {status} (waited up to {timeout} s), "
                                  f"log tail:\n{logs}")
