@@ -161,15 +161,16 @@ def session_alive(session_id: str) -> bool:
     return True
 
 
-def remove_suite_containers(client) -> list[str]:
-    """Force-remove every container of this test session and of sessions that no longer run (killed before
-    their own clean-up), with their anonymous volumes; their names. Failures are logged, not raised."""
+def remove_suite_containers(client, session_id: str = SESSION_ID) -> list[str]:
+    """Force-remove every container (and suite volume) of the test session session_id (this one by default)
+    and of sessions that no longer run (killed before their own clean-up), with their anonymous volumes;
+    their names. Failures are logged, not raised."""
     from docker import errors
 
     removed = []
     for container in client.containers.list(all=True, filters={"label": SESSION_LABEL}):
         session = container.labels.get(SESSION_LABEL, "")
-        if session != SESSION_ID and session_alive(session):
+        if session != session_id and session_alive(session):
             continue
         try:
             container.remove(force=True, v=True)
@@ -180,7 +181,7 @@ def remove_suite_containers(client) -> list[str]:
             log.warning("removing container %s of test session %s failed: %s", container.name, session, error)
     for volume in client.volumes.list(filters={"label": SESSION_LABEL}):
         session = (volume.attrs.get("Labels") or {}).get(SESSION_LABEL, "")
-        if session != SESSION_ID and session_alive(session):
+        if session != session_id and session_alive(session):
             continue
         try:
             volume.remove(force=True)

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from docker_helpers import (
     ENGINE_SCRIPT,
-    SESSION_ID,
     SESSION_LABEL,
     SUITE_LABEL,
     remove_suite_containers,
@@ -136,12 +135,14 @@ def test_clean_up_removes_containers_of_dead_sessions_only(docker_client, debian
     alive = subprocess.Popen(["sleep", "600"])
     created = {}
     try:
+        # "ours": a session of this process, not the suite's SESSION_ID (whose other containers must stay).
+        ours = f"{os.getpid()}-c1ea0001"
         for name, session in (("dead", f"{dead.pid}-deadbeef"), ("alive", f"{alive.pid}-0badcafe"),
-                              ("ours", SESSION_ID)):
+                              ("ours", ours)):
             created[name] = docker_client.containers.create(
                 debian_base_image, ["true"], network_mode="host",
                 labels={SUITE_LABEL: "1", SESSION_LABEL: session})
-        removed = remove_suite_containers(docker_client)
+        removed = remove_suite_containers(docker_client, ours)
         assert {created["dead"].name, created["ours"].name} <= set(removed), removed
         assert created["alive"].name not in removed
         remaining = {c.id for c in docker_client.containers.list(all=True, filters={"label": SESSION_LABEL})}
