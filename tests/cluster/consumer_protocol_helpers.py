@@ -323,12 +323,15 @@ def commits_honoured(journals: list[Journal]) -> list[str]:
     return found
 
 
-def classify_duplicates(journals: list[Journal], killed: set[str], resumed: dict[str, float]):
+def classify_duplicates(journals: list[Journal], faults: dict[str, list[tuple[float, str]]],
+                        resumed: dict[str, list[float]]):
     """Why each record processed more than once was: at-least-once allows a second processing only after an
-    earlier one whose offset was never committed by its member (killed, paused past its session, its
-    partitions lost, a commit refused), or by a member paused past its session that, resumed, still handed out
-    records it had fetched before it learnt it was fenced (a zombie: its commits are refused). Returns
-    (Counter of causes, [unexplained record and its processings])."""
+    earlier one that its member did not commit before the next: it was killed or paused (``faults``: name ->
+    [(time.time(), "killed" / "paused")]), lost its partitions or had a commit refused (its journal) in between;
+    or the later one is by a member paused past its session that, resumed, still handed out records it had
+    fetched before it learnt it was fenced (``resumed``: name -> [time.time() of each SIGCONT]; a zombie: its
+    commits are refused). Returns (Counter of causes,
+    [unexplained record and its processings])."""
     import collections
 
     by_record = collections.defaultdict(list)
@@ -343,18 +346,17 @@ def classify_duplicates(journals: list[Journal], killed: set[str], resumed: dict
         processings.sort(key=lambda item: item[0])
         for i, (t, journal) in enumerate(processings[:-1]):
             later = processings[i + 1:]
-            # committed by its member before the record was processed again
-            committed = any(cp == p and co > o and t < ct < later[0][0] for ct, cp, co in journal.commits)
+            until = later[0][0]
+            committed = any(cp == p and co > o and t < ct < until for ct, cp, co in journal.commits)
+            fault = next((kind for ft, kind in faults.get(journal.name, ()) if t < ft < until), None)
             if committed:
                 cause = "zombie" if all(_zombie(j, t2, resumed) for t2, j in later) else None
-            elif journal.name in killed:
-                cause = "killed before its commit"
-            elif any(lt > t and p in parts for lt, parts in journal.lost):
+            elif fault is not None:
+                cause = f"{fault} before its commit"
+            elif any(t < lt < until and p in parts for lt, parts in journal.lost):
                 cause = "partitions lost before its commit"
-            elif any(ft > t for ft, _ in journal.failures):
+            elif any(t < ft < until for ft, _ in journal.failures):
                 cause = "commit refused"
-            elif journal.name in resumed:
-                cause = "paused before its commit"
             else:
                 cause = None
             if cause is None:
@@ -364,12 +366,13 @@ def classify_duplicates(journals: list[Journal], killed: set[str], resumed: dict
     return causes, unexplained
 
 
-def _zombie(journal: Journal, t: float, resumed: dict[str, float]) -> bool:
-    """The journal's member processed at t after its pause and before it learnt it lost its partitions."""
-    if journal.name not in resumed or t < resumed[journal.name]:
-        return False
-    lost = min((lt for lt, _ in journal.lost if lt >= resumed[journal.name]), default=float("inf"))
-    return t <= lost
+def _zombie(journal: Journal, t: float, resumed: dict[str, list[float]]) -> bool:
+    """The journal's member processed at t after one of its pauses and before it learnt it lost its partitions."""
+    for at in resumed.get(journal.name, ()):
+        lost = min((lt for lt, _ in journal.lost if lt >= at), default=float("inf"))
+        if at <= t <= lost:
+            return True
+    return False
 
 
 def describe_group(address: tuple[str, int], group: str):

@@ -7,12 +7,18 @@ and SIGSTOPped past the session timeout (then SIGCONTed), on a seeded schedule; 
 broker is SIGKILLed, and started again a few seconds later. Then:
 
 * every acknowledged record was processed by some consumer; committed offsets are honoured (a member given a
-  partition never starts below a commit acknowledged before); each record processed twice had a processing by
-  a member that was killed, paused, lost its partitions or had a commit refused (at-least-once: nothing else
-  may read twice);
-* no partition is owned by two members at one member epoch, checked on the ConsumerGroupHeartbeat answers
-  themselves: the clients reach the brokers only through a proxy (consumer_protocol_helpers.HeartbeatTap)
-  that the brokers advertise, which decodes every answer of API key 68 as it goes to the client. The proxy
+  partition never starts below a commit acknowledged before); a record processed twice was first processed by
+  a member that, before the second time, was killed, paused, lost its partitions or had a commit refused
+  (STALE_MEMBER_EPOCH when a heartbeat answer bumping its epoch crossed the commit, as in Kafka 4.0), or the
+  second time by a resumed member that had not yet learnt it was fenced (at-least-once: nothing else may
+  read twice);
+* each member paused past its session is told UNKNOWN_MEMBER_ID or FENCED_MEMBER_EPOCH when it comes back,
+  and the tap saw answers from the coordinators before and after the failover;
+* no partition is owned by two members at one member epoch, nor given to a member while another still holds
+  it (until the holder's heartbeat stops reporting it, it is fenced, or it was silent a session timeout),
+  checked on the ConsumerGroupHeartbeat requests and answers themselves: the clients reach the brokers only
+  through a proxy (consumer_protocol_helpers.HeartbeatTap) that the brokers advertise, which decodes every
+  request and answer of API key 68 as it passes. The proxy
   sees exactly what each client was told (the broker's own log would show what it meant to send, librdkafka's
   debug log what a client made of it); the brokers' inter-broker traffic bypasses it on its own listener;
 * once the last fault is over the group settles (ConsumerGroupDescribe from the coordinator: Stable, every
@@ -91,7 +97,8 @@ class Workers:
         self.processes: dict[str, subprocess.Popen] = {}
         self.fate: dict[str, str] = {}  # name -> killed / left
         self.paused: list[str] = []  # SIGSTOPped now, in the order they were
-        self.resumed: dict[str, float] = {}  # name -> time.time() of its SIGCONT
+        self.resumed: dict[str, list[float]] = {}  # name -> time.time() of each SIGCONT
+        self.faults: dict[str, list] = {}  # name -> [(time.time(), "killed" / "paused")]
 
     def start(self) -> str:
         name = f"w{len(self.processes)}"
@@ -179,16 +186,17 @@ def test_consumer_group_under_member_and_coordinator_faults(zk_connect, tmp_path
     report.append(f"heartbeat answers by broker {dict(coordinators)}, error answers by code {dict(errors)}")
     text = "\n".join(report)
     assert len(coordinators) >= 2, f"the tap saw no answer from the coordinator after the failover\n{text}"
-    for name, resumed in workers.resumed.items():  # the pause outlasted the session: the member was fenced
-        ids = next(j.member_ids for j in journals if j.name == name)
-        told = {a.error_code for a in tap.answers if a.asked_member_id in ids and a.at > resumed}
+    for name, resumed in [(n, at) for n, ats in workers.resumed.items() for at in ats]:
+        ids = next(j.member_ids for j in journals if j.name == name)  # the pause outlasted the session: fenced
+        until = min((t for t, kind in workers.faults[name] if t > resumed), default=float("inf"))
+        told = {a.error_code for a in tap.answers if a.asked_member_id in ids and resumed < a.at < until}
         assert told & {UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH}, f"{name} ({ids}) not fenced after its pause: " \
                                                                 f"{told}\n{text}"
     assert overlaps(tap.answers) == [], f"{overlaps(tap.answers)[:10]}\n{text}"
     assert two_owners(tap.events, SESSION_TIMEOUT_S) == [], f"{two_owners(tap.events, SESSION_TIMEOUT_S)[:10]}\n{text}"
     assert commits_honoured(journals) == [], f"{commits_honoured(journals)[:10]}\n{text}"
-    killed = {n for n, fate in workers.fate.items() if fate == "killed"}
-    causes, unexplained = classify_duplicates(journals, killed, workers.resumed)
+    faults = {n: [(t, kind) for t, kind in events if kind] for n, events in workers.faults.items()}
+    causes, unexplained = classify_duplicates(journals, faults, workers.resumed)
     assert not unexplained, f"records processed twice with no fault to explain it: {unexplained[:10]}\n{text}"
     duplicates = sum(count - 1 for count in processed.values())
     assert settled <= SETTLE_BOUND_S, text
@@ -204,8 +212,8 @@ def _apply(action: str, rng: random.Random, cluster, workers: Workers, group: st
         return f"{at} join: {workers.start()} started"
     if action == "resume":
         name = workers.paused.pop(0)
+        workers.resumed.setdefault(name, []).append(time.time())  # before: it processes as soon as it runs
         workers.signal(name, signal.SIGCONT)
-        workers.resumed[name] = time.time()
         return f"{at} resume: {name} SIGCONT"
     if action == "restart-coordinator":
         broker_id = next(i for i, b in cluster.brokers.items() if not b.is_running())
@@ -223,6 +231,7 @@ def _apply(action: str, rng: random.Random, cluster, workers: Workers, group: st
     if not candidates:
         return f"{at} {action}: skipped, no running member"
     name = rng.choice(candidates)
+    workers.faults.setdefault(name, []).append((time.time(), {"kill": "killed", "pause": "paused"}.get(action)))
     if action == "kill":
         workers.fate[name] = "killed"
         workers.signal(name, signal.SIGKILL)
