@@ -23,7 +23,10 @@ command -v kcat >/dev/null 2>&1 || missing+=(kcat)
 command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
 command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
-[ -x /usr/sbin/dockerd ] || missing+=(docker.io)
+# Any dockerd (Docker CE's too: docker.io would conflict with it). On a systemd host, docker.io's service
+# starts an engine with a bridge and iptables rules at once; the container tests then use that engine (their
+# containers still use host networking) instead of starting their own with --bridge=none --iptables=false.
+command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || missing+=(docker.io)
 [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 

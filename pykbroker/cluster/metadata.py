@@ -23,6 +23,11 @@ them (here in the journal, in ZooKeeper under /config with change notifications)
 ``add_client_entity_listener``, which pykbroker/security/client_entities.py feeds to the SCRAM credential
 cache and the client quotas.
 
+Group configs (the GROUP config resource, Kafka 4's per-group overrides, pykbroker/groups/configs.py) are kept
+by group id; both backends store them (here in the journal as entity ``groups/<group>``, in ZooKeeper under
+``/config/groups/<sanitized group>`` with change notifications) and tell the listeners of
+``add_group_config_listener``.
+
 Changes are applied in memory at once (so the next request sees them) and journalled; ``commit`` returns
 a future that completes when they are durable, which CreateTopics and friends await before answering.
 Topic names that differ only by '.' versus '_' collide (Kafka's rule: both map to the same metric
@@ -48,6 +53,7 @@ MAX_TOPIC_NAME_LENGTH = 249
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 # The entity types under /config that hold client entity configs (SCRAM credentials, client quotas).
 CLIENT_ENTITY_TYPES = ("users", "clients", "ips")
+GROUP_ENTITY_PREFIX = "groups/"  # group configs: the entity ``groups/<group>``
 
 
 def client_entity_type(entity_path: str) -> str | None:
@@ -196,6 +202,11 @@ class ClusterMetadata(Protocol):
     async def set_client_entity_configs_async(self, entity_path: str, configs: dict[str, str], *,
                                               version: int | None = None) -> None: ...
     def add_client_entity_listener(self, callback: Callable[[str, dict[str, str]], None]) -> None: ...
+    # Group configs by group id (read-modify-write through read_entity_configs_async("groups", <group>)):
+    def group_configs(self) -> dict[str, dict[str, str]]: ...
+    async def set_group_configs_async(self, group_id: str, configs: dict[str, str], *,
+                                      version: int | None = None) -> None: ...
+    def add_group_config_listener(self, callback: Callable[[str, dict[str, str]], None]) -> None: ...
     def commit(self) -> Future: ...
 
 
@@ -271,6 +282,8 @@ class EmbeddedMetadata(TopicIndex):
         self._broker_config_listeners: list[Callable[[str, dict[str, str]], None]] = []
         self._client_entities: dict[str, dict[str, str]] = {}  # entity path -> configs (users/alice, ...)
         self._client_entity_listeners: list[Callable[[str, dict[str, str]], None]] = []
+        self._group_configs: dict[str, dict[str, str]] = {}  # group id -> configs
+        self._group_config_listeners: list[Callable[[str, dict[str, str]], None]] = []
         self._endpoint = BrokerEndpoint(broker_id, host, port)
         self._init_acls()
         super().__init__()
@@ -303,6 +316,8 @@ class EmbeddedMetadata(TopicIndex):
                         store, entity = self._broker_configs, entity[len("brokers/"):]
                     elif client_entity_type(entity) is not None:
                         store = self._client_entities
+                    elif entity.startswith(GROUP_ENTITY_PREFIX):
+                        store, entity = self._group_configs, entity[len(GROUP_ENTITY_PREFIX):]
                     else:
                         raise ValueError(f"a config record of an unknown entity {entity!r}")
                     if configs:
@@ -325,7 +340,8 @@ class EmbeddedMetadata(TopicIndex):
         return self._log.commit(
             len(self._topics), lambda: [info.to_json() for info in self._topics.values()],
             lambda: {**{f"brokers/{entity}": dict(configs) for entity, configs in self._broker_configs.items()},
-                     **{path: dict(configs) for path, configs in self._client_entities.items()}},
+                     **{path: dict(configs) for path, configs in self._client_entities.items()},
+                     **{GROUP_ENTITY_PREFIX + group: dict(configs) for group, configs in self._group_configs.items()}},
             acls_of=self._acl_records,
         )
 
@@ -391,6 +407,8 @@ class EmbeddedMetadata(TopicIndex):
             return dict(self.topic_configs(name) or {}), None
         if entity_type in CLIENT_ENTITY_TYPES:
             return dict(self._client_entities.get(f"{entity_type}/{name}", {})), None
+        if entity_type + "/" == GROUP_ENTITY_PREFIX:
+            return dict(self._group_configs.get(name, {})), None
         return self.broker_configs(name), None
 
     async def set_topic_configs_async(self, name: str, configs: dict[str, str], *, version: int | None = None) -> None:
@@ -438,6 +456,25 @@ class EmbeddedMetadata(TopicIndex):
     def add_client_entity_listener(self, callback: Callable[[str, dict[str, str]], None]) -> None:
         """``callback(entity_path, configs)`` after a client entity's configs changed ({}: removed)."""
         self._client_entity_listeners.append(callback)
+
+    def group_configs(self) -> dict[str, dict[str, str]]:
+        """Every group's configs by group id, as stored."""
+        return {group: dict(configs) for group, configs in self._group_configs.items()}
+
+    async def set_group_configs_async(self, group_id: str, configs: dict[str, str], *,
+                                      version: int | None = None) -> None:
+        """Replace a group's configs (empty: remove them), journal, tell the listeners."""
+        if configs:
+            self._group_configs[group_id] = dict(configs)
+        else:
+            self._group_configs.pop(group_id, None)
+        self._log.append({"op": "config", "entity": GROUP_ENTITY_PREFIX + group_id, "config": dict(configs)})
+        for callback in list(self._group_config_listeners):
+            callback(group_id, dict(configs))
+
+    def add_group_config_listener(self, callback: Callable[[str, dict[str, str]], None]) -> None:
+        """``callback(group_id, configs)`` after a group's configs changed ({}: removed)."""
+        self._group_config_listeners.append(callback)
 
     # -- the admin interface both backends share (see the module docstring) ---------------------------
     async def create_topic_async(self, name: str, partitions: int, replication_factor: int,

@@ -73,6 +73,7 @@ from typing import Callable, Sequence
 
 from pykbroker.cluster.metadata import (
     DEFAULT_BROKER_ENTITY,
+    GROUP_ENTITY_PREFIX,
     BrokerEndpoint,
     PartitionState,
     StaleConfigVersion,
@@ -94,6 +95,7 @@ from pykbroker.cluster.zookeeper import (
     delete_topic_path,
 )
 from pykbroker.protocol.errors import ErrorCode, KafkaError
+from pykbroker.security.credentials import desanitize, sanitize
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +197,9 @@ class ZkMetadata(TopicIndex):
         self._client_entities: dict[str, dict[str, str]] = {}  # entity path -> configs (users/alice, ...)
         self._client_entity_generation: dict[str, int] = {}
         self._client_entity_listeners: list[Callable[[str, dict[str, str]], None]] = []
+        self._group_configs: dict[str, dict[str, str]] = {}  # group id -> configs (/config/groups/<group>)
+        self._group_config_generation: dict[str, int] = {}
+        self._group_config_listeners: list[Callable[[str, dict[str, str]], None]] = []
         self._reread_task: asyncio.Task | None = None
         self._waiters: list[tuple[Callable[[], bool], asyncio.Future]] = []
         self._tasks: set[asyncio.Task] = set()
@@ -212,6 +217,7 @@ class ZkMetadata(TopicIndex):
                   f"the dynamic broker configs /config/brokers/{entity}") for entity in self._broker_entities()]
         reads.append((self._load_client_entities,
                       "the client entity configs (SCRAM credentials, client quotas) under /config"))
+        reads.append((self._load_group_configs, "the group configs under /config/groups"))
         for read, what in reads:
             backoff = 0.1
             while not await read():
@@ -422,6 +428,8 @@ class ZkMetadata(TopicIndex):
             loaded = await self._load_broker_config(name)
         elif client_entity_type(f"{entity_type}/{name}") is not None:
             loaded = await self._load_client_entity(f"{entity_type}/{name}")
+        elif entity_type + "/" == GROUP_ENTITY_PREFIX:
+            loaded = await self._load_group_config(desanitize(name))
         if not loaded:
             raise ConfigReadFailed(f"the configs of {entity_type}/{name} ({child}) could not be read from ZooKeeper")
 
@@ -501,7 +509,8 @@ class ZkMetadata(TopicIndex):
         backoff = 0.1
         while not self._closed:
             known = set(self._client_entities)
-            if await self._load_client_entities(forget=known):
+            if await self._load_client_entities(forget=known) and await self._load_group_configs(
+                    forget=set(self._group_configs)):
                 log.info("client entity configs read again after a new ZooKeeper session")
                 return
             await asyncio.sleep(backoff)
@@ -533,8 +542,55 @@ class ZkMetadata(TopicIndex):
             self._apply_client_entity(entity_path, configs)
 
     async def read_entity_configs_async(self, entity_type: str, name: str) -> tuple[dict[str, str], int]:
-        """``/config/<entity_type>/<name>`` as ZooKeeper has it now, and its zkVersion (-1: no znode)."""
+        """``/config/<entity_type>/<name>`` as ZooKeeper has it now, and its zkVersion (-1: no znode); a group's
+        name is its id (sanitized here for its znode)."""
+        if entity_type + "/" == GROUP_ENTITY_PREFIX:
+            name = sanitize(name)
         return await self.zk.get_entity_config_versioned(entity_type, name)
+
+    # -- group configs (/config/groups/<sanitized group id>) ----------------------------------------
+    def group_configs(self) -> dict[str, dict[str, str]]:
+        """Every group's configs by group id, as last read (groups with no configs left out)."""
+        return {group: dict(configs) for group, configs in self._group_configs.items()}
+
+    def add_group_config_listener(self, callback: Callable[[str, dict[str, str]], None]) -> None:
+        """``callback(group_id, configs)`` after a group's configs were read ({}: none, or gone)."""
+        self._group_config_listeners.append(callback)
+
+    async def _load_group_configs(self, forget: set[str] = frozenset()) -> bool:
+        """Read every group's configs under /config/groups (at start, after a new session); those of ``forget``
+        no longer there are gone. False if ZooKeeper could not be read."""
+        try:
+            groups = [desanitize(name) for name in await self.zk.children(f"{CONFIG_PATH}/groups")]
+        except Exception as exc:  # noqa: BLE001 - reported; the caller retries
+            log.warning("cannot list the group configs under /config/groups in ZooKeeper: %r", exc)
+            return False
+        for group in [*groups, *sorted(forget - set(groups))]:
+            if not await self._load_group_config(group):
+                return False
+        return True
+
+    async def _load_group_config(self, group_id: str) -> bool:
+        return await self._read_entity_config(self._group_config_generation, group_id,
+                                              GROUP_ENTITY_PREFIX + sanitize(group_id), self._apply_group_config)
+
+    def _apply_group_config(self, group_id: str, configs: dict[str, str]) -> None:
+        if configs:
+            self._group_configs[group_id] = dict(configs)
+        elif self._group_configs.pop(group_id, None) is None:
+            return
+        for callback in list(self._group_config_listeners):
+            callback(group_id, dict(configs))
+
+    async def set_group_configs_async(self, group_id: str, configs: dict[str, str], *,
+                                      version: int | None = None) -> None:
+        """Write ``/config/groups/<group>`` and its change notification (conditional on ``version``:
+        StaleConfigVersion if it changed), then apply it here at once."""
+        generation = self._group_config_generation.get(group_id)
+        await self._write_entity_config("groups", sanitize(group_id), configs, version)
+        if self._group_config_generation.get(group_id) == generation:
+            self._group_config_generation[group_id] = next(self._generations)
+            self._apply_group_config(group_id, configs)
 
     async def read_client_entity_configs_async(self, entity_type: str) -> dict[str, dict[str, str]]:
         """Every ``<entity_type>/<name>`` entity (``users``, ``clients``, ``ips``; not the users' client

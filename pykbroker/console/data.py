@@ -21,6 +21,7 @@ from confluent_kafka import (Consumer, ConsumerGroupTopicPartitions, KafkaError,
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic, OffsetSpec, ResourceType
 
 from pykbroker.ctl.coordination import offsets_topic_problem
+from pykbroker.ctl.group_kinds import consumer_group_epochs, listed_types_and_states
 from pykbroker.ctl.security import client_security
 from pykbroker.console.logdirs import log_dir_sizes
 
@@ -145,6 +146,7 @@ class Member:
     host: str
     assignment: list[tuple[str, int]]
     group_instance_id: str | None = None
+    epoch: int | None = None  # a consumer group's member: its member epoch
 
 
 @dataclass
@@ -172,6 +174,9 @@ class Group:
     members: list[Member] = field(default_factory=list)
     offsets: list[GroupOffset] = field(default_factory=list)
     error: str | None = None
+    type: str = "classic"  # or "consumer" (KIP-848), Kafka's group types
+    group_epoch: int | None = None  # a consumer group's epochs (ConsumerGroupDescribe)
+    assignment_epoch: int | None = None
 
     @property
     def lag(self) -> int | None:
@@ -412,8 +417,29 @@ class ClusterReader:
             offset.member = owner.get(key)
         state = getattr(description.state, "name", str(description.state))
         coordinator = description.coordinator.id if description.coordinator is not None else None
+        kind = getattr(getattr(description, "type", None), "name", "classic").lower()
         return Group(group_id, state, description.is_simple_consumer_group, description.partition_assignor or "",
-                     coordinator, members, [offsets[k] for k in sorted(offsets)])
+                     coordinator, members, [offsets[k] for k in sorted(offsets)],
+                     type=kind if kind in ("classic", "consumer") else "classic")
+
+    def _listed(self) -> dict[str, tuple[str, str]]:
+        """group id -> (type, state) from the brokers' ListGroups v5 (pykbroker.ctl.group_kinds)."""
+        if not self._protocol_client:
+            return {}
+        try:
+            return listed_types_and_states([(b.host, b.port) for b in self._brokers(self._metadata())], self.timeout,
+                                           security=self.security, client_id=CLIENT_ID)
+        except Exception:  # noqa: BLE001 - the admin client's view is shown as it is
+            return {}
+
+    @staticmethod
+    def _kind_and_state(group: Group, listed: dict[str, tuple[str, str]]) -> None:
+        """A consumer group's type and state as the broker lists them (librdkafka has no name for Assigning or
+        Reconciling), in the upper-case names the console shows."""
+        kind, state = listed.get(group.group_id, (group.type, None))
+        group.type = kind
+        if kind == "consumer" and state:
+            group.state = state.upper()
 
     def groups(self) -> list[Group]:
         self._metadata()  # ListGroups asks the brokers it knows: none when the cluster is unreachable
@@ -425,12 +451,14 @@ class ClusterReader:
         committed, offset_errors = self._committed(group_ids)
         ends = self.offsets({(tp.topic, tp.partition) for tps in committed.values() for tp in tps},
                             OffsetSpec.latest())
+        listed = self._listed() if group_ids else {}
         groups = []
         for group_id in group_ids:
             if group_id in descriptions:
                 group = self._group(group_id, descriptions[group_id], committed.get(group_id, []), ends)
             else:
                 group = Group(group_id, "UNKNOWN")
+            self._kind_and_state(group, listed)
             group.error = describe_errors.get(group_id) or offset_errors.get(group_id)
             groups.append(group)
         return groups
@@ -451,6 +479,16 @@ class ClusterReader:
                     for tp in (m.assignment.topic_partitions or [])}
         ends = self.offsets({(tp.topic, tp.partition) for tp in tps} | assigned, OffsetSpec.latest())
         group = self._group(group_id, description, tps, ends)
+        node = description.coordinator
+        epochs = (consumer_group_epochs(node.host, node.port, group_id, self.timeout, security=self.security,
+                                        client_id=CLIENT_ID)
+                  if group.type == "consumer" and self._protocol_client and node is not None else None)
+        if epochs is not None:
+            group.state, group.group_epoch, group.assignment_epoch = (epochs["state"].upper(), epochs["group_epoch"],
+                                                                      epochs["assignment_epoch"])
+            group.assignor = group.assignor or epochs["assignor"]
+            for member in group.members:
+                member.epoch = epochs["member_epochs"].get(member.member_id)
         if group.state in ("DEAD", "UNKNOWN") and not group.offsets:
             raise NotFound(f"no consumer group named {group_id!r}")
         return group

@@ -144,21 +144,27 @@ def topic(t: data.Topic, **chrome) -> Markup:
 
 def groups(items: list[data.Group], *, problem: str | None = None, **chrome) -> Markup:
     """The groups' table; ``problem``: why consumer groups cannot start (ClusterReader.coordination_problem)."""
-    rows = [h('<tr><td><a href="{}">{}</a></td><td>{}</td><td class="num">{}</td><td class="num">{}</td><td>{}</td></tr>',
-              url("/groups", g.group_id), g.group_id, g.state, len(g.members), number(g.lag), g.error or "")
+    rows = [h('<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td class="num">{}</td><td class="num">{}</td>'
+              '<td>{}</td></tr>',
+              url("/groups", g.group_id), g.group_id, g.type, g.state, len(g.members), number(g.lag), g.error or "")
             for g in items]
     warning = h('<div class="error" role="alert" id="groups-problem">{}</div>', problem) if problem else ""
     body = h("<h1>Consumer groups</h1>{}{}", warning,
-             _table(["Group", "State", "Members", "Total lag", "Error"], rows, {2, 3}))
+             _table(["Group", "Type", "State", "Members", "Total lag", "Error"], rows, {3, 4}))
     return layout("Consumer groups", body, **chrome)
 
 
 def group(g: data.Group, *, reset_form: bool, **chrome) -> Markup:
-    facts = h('<dl class="facts"><dt>State</dt><dd id="group-state">{}</dd><dt>Assignor</dt><dd>{}</dd>'
-              '<dt>Coordinator</dt><dd>{}</dd><dt>Members</dt><dd>{}</dd><dt>Total lag</dt><dd id="total-lag">{}</dd></dl>',
-              g.state, g.assignor or "—", "—" if g.coordinator is None else g.coordinator, len(g.members),
-              number(g.lag))
-    member_rows = [h("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", m.client_id, m.host, m.member_id,
+    consumer = g.type == "consumer"
+    epochs = (h('<dt>Group epoch</dt><dd id="group-epoch">{}</dd><dt>Assignment epoch</dt><dd id="assignment-epoch">{}'
+                '</dd>', number(g.group_epoch), number(g.assignment_epoch)) if consumer else "")
+    facts = h('<dl class="facts"><dt>Type</dt><dd id="group-type">{}</dd><dt>State</dt><dd id="group-state">{}</dd>{}'
+              '<dt>Assignor</dt><dd>{}</dd><dt>Coordinator</dt><dd>{}</dd><dt>Members</dt><dd>{}</dd>'
+              '<dt>Total lag</dt><dd id="total-lag">{}</dd></dl>',
+              g.type, g.state, epochs, g.assignor or "—", "—" if g.coordinator is None else g.coordinator,
+              len(g.members), number(g.lag))
+    member_rows = [h("<tr><td>{}</td><td>{}</td><td>{}</td>{}<td>{}</td></tr>", m.client_id, m.host, m.member_id,
+                     h('<td class="num">{}</td>', number(m.epoch)) if consumer else "",
                      ", ".join(f"{t}/{p}" for t, p in m.assignment) or "—")
                    for m in g.members]
     offset_rows = [h('<tr><td><a href="{}">{}</a></td><td class="num">{}</td><td class="num">{}</td>'
@@ -180,7 +186,9 @@ def group(g: data.Group, *, reset_form: bool, **chrome) -> Markup:
                  '<button type="submit">Reset offsets</button></form>',
                  url("/groups", g.group_id, "reset"), options)
     body = h('<h1>Consumer group <span id="group-id">{}</span></h1>{}<h2>Members</h2>{}<h2>Offsets</h2>{}{}',
-             g.group_id, facts, _table(["Client id", "Host", "Member id", "Assignment"], member_rows),
+             g.group_id, facts,
+             _table(["Client id", "Host", "Member id", *(["Member epoch"] if consumer else []), "Assignment"],
+                    member_rows, {3} if consumer else set()),
              _table(["Topic", "Partition", "Committed offset", "End offset", "Lag", "Member"], offset_rows,
                     {1, 2, 3, 4}), form)
     return layout(f"Group {g.group_id}", body, **chrome)

@@ -1,6 +1,12 @@
 """``pykbroker group list|describe|seek|delete``: consumer groups through the AdminClient (ListGroups,
 DescribeGroups, OffsetFetch, ListOffsets, OffsetCommit, DeleteGroups).
 
+Both kinds of group are shown with their type ("classic", or "consumer" for the KIP-848 protocol). librdkafka
+knows only the classic groups' states (a consumer group Assigning or Reconciling is its "Unknown"), so the
+states come from ListGroups v5 asked of every broker, and ``describe`` asks a consumer group's coordinator for
+its group and assignment epochs and each member's epoch (pykbroker.ctl.group_kinds); where those requests
+cannot be made (a SASL mechanism the protocol client does not speak), what the admin client says is shown.
+
 A command about one group (describe, seek, delete, and ``consume -g``) first asks a bootstrap broker for the
 group's coordinator itself, with a raw FindCoordinator (pykbroker's protocol client): librdkafka retries
 COORDINATOR_NOT_AVAILABLE until its timeout and then says only _TIMED_OUT, so a coordinator that cannot be
@@ -104,16 +110,45 @@ def _state(value: Any) -> str:
     return getattr(value, "name", str(value)).replace("_", "").title() if value is not None else "Unknown"
 
 
+def _type(value: Any) -> str:
+    """The admin client's ConsumerGroupType as Kafka names group types ("classic", "consumer", "unknown")."""
+    return getattr(value, "name", str(value)).lower() if value is not None else "unknown"
+
+
+def listed_types_and_states(conn: Connection) -> dict[str, tuple[str, str]]:
+    """group id -> (type, state) as every broker's ListGroups v5 answers (pykbroker.ctl.group_kinds)."""
+    from pykbroker.ctl.group_kinds import listed_types_and_states as listed
+
+    if not conn.authenticates:
+        return {}
+    try:
+        brokers = [(b.host, b.port) for b in conn.admin.list_topics(timeout=conn.timeout).brokers.values()]
+        return listed(brokers, conn.timeout, security=conn.security, client_id=CLIENT_ID)
+    except Exception:  # noqa: BLE001 - the admin client's listing is shown as it is
+        return {}
+
+
+def consumer_group_epochs(conn: Connection, coordinator: Any, group_id: str) -> dict[str, Any] | None:
+    from pykbroker.ctl.group_kinds import consumer_group_epochs as epochs
+
+    if not conn.authenticates or coordinator is None:
+        return None
+    return epochs(coordinator.host, coordinator.port, group_id, conn.timeout, security=conn.security,
+                  client_id=CLIENT_ID)
+
+
 @group.command("list", epilog=EXIT_CODES_HELP)
 @connection_options
 def list_(conn: Connection) -> None:
-    """Every consumer group the brokers know, with its state."""
+    """Every consumer group the brokers know, with its type (classic or consumer) and state."""
     result = conn.call(conn.admin.list_consumer_groups(request_timeout=conn.timeout), "listing groups")
-    rows = sorted(({"group": g.group_id, "state": _state(g.state), "simple": g.is_simple_consumer_group}
+    listed = listed_types_and_states(conn) if result.valid else {}
+    rows = sorted(({"group": g.group_id, "type": listed.get(g.group_id, (_type(g.type), None))[0],
+                    "state": listed.get(g.group_id, (None, _state(g.state)))[1], "simple": g.is_simple_consumer_group}
                    for g in result.valid), key=lambda row: row["group"])
     if result.errors and not rows:
         raise _list_error(result.errors[0])
-    conn.emit(rows, lambda rows: table(["group", "state"], [[r["group"], r["state"]] for r in rows]))
+    conn.emit(rows, lambda rows: table(["group", "type", "state"], [[r["group"], r["type"], r["state"]] for r in rows]))
     if result.errors:  # some brokers did not answer: the list may miss their groups
         for error in result.errors:
             click.echo(f"Error: a broker could not list its groups: {_list_error(error).message}", err=True)
@@ -181,8 +216,16 @@ def describe_group(conn: Connection, group_id: str) -> dict[str, Any]:
             "member_id": member.member_id if member else None, "client_id": member.client_id if member else None,
             "host": member.host if member else None,
         })
+    kind = _type(getattr(description, "type", None))
+    epochs = consumer_group_epochs(conn, description.coordinator, group_id) if kind == "consumer" else None
+    member_epochs = (epochs or {}).get("member_epochs", {})
+    for row in rows:
+        row["member_epoch"] = member_epochs.get(row["member_id"])
     return {
-        "group": group_id, "state": _state(description.state), "assignor": description.partition_assignor or None,
+        "group": group_id, "type": kind, "state": epochs["state"] if epochs else _state(description.state),
+        "group_epoch": epochs["group_epoch"] if epochs else None,
+        "assignment_epoch": epochs["assignment_epoch"] if epochs else None,
+        "assignor": description.partition_assignor or (epochs or {}).get("assignor") or None,
         "coordinator": node_json(description.coordinator), "members": len(description.members),
         "total_lag": sum(row["lag"] or 0 for row in rows), "partitions": rows,
     }
@@ -191,14 +234,18 @@ def describe_group(conn: Connection, group_id: str) -> dict[str, Any]:
 def _render_group(data: dict[str, Any]) -> None:
     section(f"Group {data['group']}")
     coordinator = data["coordinator"]
-    table(["name", "value"], [["state", data["state"]], ["assignor", data["assignor"]],
+    epochs = [["group epoch", data["group_epoch"]], ["assignment epoch", data["assignment_epoch"]]] \
+        if data["type"] == "consumer" else []
+    table(["name", "value"], [["type", data["type"]], ["state", data["state"]], *epochs, ["assignor", data["assignor"]],
                               ["coordinator", f"{coordinator['id']} ({coordinator['host']}:{coordinator['port']})"
                                if coordinator else None],
                               ["members", data["members"]], ["total lag", data["total_lag"]]])
     click.echo()
-    table(["topic", "partition", "current-offset", "log-end-offset", "lag", "member-id", "client-id", "host"],
+    member_epoch = data["type"] == "consumer"
+    table(["topic", "partition", "current-offset", "log-end-offset", "lag", "member-id",
+           *(["member-epoch"] if member_epoch else []), "client-id", "host"],
           [[r["topic"], r["partition"], r["current_offset"], r["log_end_offset"], r["lag"], r["member_id"],
-            r["client_id"], r["host"]] for r in data["partitions"]])
+            *([r["member_epoch"]] if member_epoch else []), r["client_id"], r["host"]] for r in data["partitions"]])
 
 
 @group.command("describe", epilog=EXIT_CODES_HELP)

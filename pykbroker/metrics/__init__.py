@@ -41,6 +41,12 @@ From the broker's state at scrape time (pykbroker/metrics/collector.py):
   kafka_consumergroup_current_offset{group,topic,partition}       committed offset (groups coordinated here)
   kafka_consumergroup_lag{group,topic,partition}                  high-water mark - committed offset (partitions
                                                                   hosted here)
+  kafka_server_group_coordinator_metrics_group_count{protocol}   groups coordinated here, "classic" / "consumer"
+  kafka_server_group_coordinator_metrics_consumer_group_count{state}
+                                                                  consumer groups by state (Empty, Assigning,
+                                                                  Reconciling, Stable, Dead), Kafka 4's names
+  kafka_coordinator_group_groupmetadatamanager_numgroups[preparingrebalance|completingrebalance|stable|dead|empty]
+                                                                  classic groups, in all and by state
   kafka_server_socketservermetrics_connection_count{listener}     open client connections
   kafka_server_{produce,fetch}_byte_rate{user,client_id}          client quota sensors (once a quota is set): the
   kafka_server_request_request_time{user,client_id}               measured rate, the quota that applies

@@ -200,6 +200,7 @@ class BrokerCollector(Collector):
                     lag.add_metric(labels, max(partition.high_watermark - committed.offset, 0))
         yield offset
         yield lag
+        yield from group_count_metrics(broker.groups.list_groups()[1])
 
     # -- network ----------------------------------------------------------------------------------
     def _network(self) -> Iterator[Metric]:
@@ -227,6 +228,39 @@ class BrokerCollector(Collector):
     # -- client quotas ----------------------------------------------------------------------------
     def _quotas(self) -> Iterator[Metric]:
         yield from quota_metrics(self.broker.quotas, int(time.time() * 1000))
+
+
+# Kafka 4's group coordinator counts: group-coordinator-metrics (group-count by protocol, consumer-group-count by
+# state) and the classic groups' GroupMetadataManager gauges (NumGroups, NumGroups<State>).
+CLASSIC, CONSUMER = "classic", "consumer"  # Kafka's group types (the ListGroups v5 names)
+CONSUMER_GROUP_STATES = ("Empty", "Assigning", "Reconciling", "Stable", "Dead")
+CLASSIC_GROUP_STATES = ("PreparingRebalance", "CompletingRebalance", "Stable", "Dead", "Empty")
+
+
+def group_count_metrics(groups) -> Iterator[Metric]:
+    """The counts of ``groups`` (ListGroups overviews of both kinds) by type and state."""
+    by_type: dict[str, int] = {}
+    by_state: dict[tuple[str, str], int] = {}
+    for group in groups:
+        by_type[group.group_type] = by_type.get(group.group_type, 0) + 1
+        by_state[(group.group_type, group.state)] = by_state.get((group.group_type, group.state), 0) + 1
+    prefix = "kafka_server_group_coordinator_metrics"
+    family = GaugeMetricFamily(f"{prefix}_group_count", "Groups coordinated here, by protocol (group type).",
+                               labels=["protocol"])
+    for kind in (CLASSIC, CONSUMER):
+        family.add_metric([kind], by_type.get(kind, 0))
+    yield family
+    family = GaugeMetricFamily(f"{prefix}_consumer_group_count", "Consumer groups coordinated here, by state.",
+                               labels=["state"])
+    for state in CONSUMER_GROUP_STATES:
+        family.add_metric([state], by_state.get((CONSUMER, state), 0))
+    yield family
+    yield GaugeMetricFamily("kafka_coordinator_group_groupmetadatamanager_numgroups",
+                            "Classic groups coordinated here.", value=by_type.get(CLASSIC, 0))
+    for state in CLASSIC_GROUP_STATES:
+        yield GaugeMetricFamily(f"kafka_coordinator_group_groupmetadatamanager_numgroups{state.lower()}",
+                                f"Classic groups coordinated here in state {state}.",
+                                value=by_state.get((CLASSIC, state), 0))
 
 
 # Kafka's quota sensor groups (kafka.server:type=<group>,user=,client-id=) and the name of each one's measured value.

@@ -61,6 +61,7 @@ from pykbroker.cluster.producer_ids import ProducerIdAllocator, ProducerRegistry
 from pykbroker.cluster.topic_admin import TopicAdmin
 from pykbroker.config import BrokerConfig, ConfigError, Listener, controller_listener_names
 from pykbroker.groups.classic.coordinator import GroupConfig, GroupCoordinator
+from pykbroker.groups.configs import GroupConfigs
 from pykbroker.groups.consumer.coordinator import ConsumerGroupConfig, ConsumerGroupCoordinator
 from pykbroker.groups.offset_store import OffsetStore
 from pykbroker.log.cleaner import CleanerConfig
@@ -234,6 +235,9 @@ class Broker:
         self.consumer_groups = ConsumerGroupCoordinator(self.groups, self.metadata.topics, consumer_group_config,
                                                         topics_version=lambda: self.metadata.topics_version)
         self.groups.consumer_groups = self.consumer_groups
+        # Per-group overrides of the consumer group configs (the GROUP config resource), followed from the metadata.
+        self.group_configs = GroupConfigs(self.consumer_groups.config, self.metadata)
+        self.consumer_groups.group_configs = self.group_configs
         if self.cluster is not None:  # the coordinator follows the offsets partitions' leadership
             self.cluster.on_leadership_change.append(self.groups.on_leadership_change)
             self.cluster.on_leadership_change.append(self.consumer_groups.on_leadership_change)

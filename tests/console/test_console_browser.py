@@ -98,8 +98,8 @@ def test_every_page_read_only(console_broker, cli_console, browser_page, screens
     # Consumer groups: state, members, total lag
     page.click("header >> text=Consumer groups")
     groups = {row[0]: row for row in cells(page)}
-    assert groups[GROUP][1:4] == ["EMPTY", "0", str(expected["lag"])]
-    assert groups[LIVE_GROUP][1:4] == ["STABLE", "1", "0"]
+    assert groups[GROUP][1:5] == ["classic", "EMPTY", "0", str(expected["lag"])]
+    assert groups[LIVE_GROUP][1:5] == ["classic", "STABLE", "1", "0"]
     screenshots(page, "groups")
 
     # Group detail: committed offset, end offset and lag per partition

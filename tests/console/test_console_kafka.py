@@ -44,7 +44,7 @@ def test_pages_against_apache_kafka(kafka, console_server):
     assert [row[5] for row in partitions] == [str(end) for end in expected["ends"].values()]
     assert all(row[7] != "—" for row in partitions)
     assert "retention.ms 3600000 DYNAMIC_TOPIC_CONFIG" in text(base, f"/topics/{TOPIC}")
-    assert {row[0]: row for row in rows(base, "/groups")}[GROUP][1:4] == ["EMPTY", "0", "4"]
+    assert {row[0]: row for row in rows(base, "/groups")}[GROUP][1:5] == ["classic", "EMPTY", "0", "4"]
     assert [row[:5] for row in rows(base, f"/groups/{GROUP}")[1:]] == [[TOPIC, "0", "2", "6", "4"],
                                                                       [TOPIC, "1", "1", "1", "0"]]
     page = text(base, f"/messages?topic={TOPIC}&partition=0&limit=2")

@@ -2,10 +2,13 @@
 
 Session fixtures:
   docker_client       a docker SDK client of a running engine: the one `docker info` reaches, else a dockerd
-                      that scripts/docker-engine.sh starts (as root, --bridge=none --iptables=false) and stops
-                      again at session end. Skips with the reason only where no engine can start at all.
-                      At session end it force-removes this session's labelled containers (SUITE_LABELS in
-                      docker_helpers.py: label yours). Request it before any other Docker fixture.
+                      that scripts/docker-engine.sh starts (as root, --bridge=none --iptables=false). The
+                      session holds a lease on it (start) and gives it back at session end (stop): the
+                      dockerd the script started stops when no other session holds one. Skips with the
+                      reason only where no engine can start at all.
+                      At session end it force-removes this session's labelled containers and volumes and
+                      those of sessions that no longer run (SUITE_LABELS in docker_helpers.py: label yours),
+                      and prunes the dangling images of the suite's builds. Request it before any other Docker fixture.
   debian_base_image   the tag of the local Debian bookworm base (pykbroker-debian:bookworm), built by
                       debootstrap + docker import when missing (a few minutes, once per machine).
   pykbroker_image     docker/Dockerfile built on that base (BASE_IMAGE build argument), once per session;
@@ -33,6 +36,7 @@ from docker_helpers import (  # noqa: E402  (tests/containers is not a package)
     ZOOKEEPER_TEST_IMAGE,
     build_image,
     engine_script,
+    prune_suite_images,
     remove_suite_containers,
 )
 
@@ -65,18 +69,18 @@ def docker_client():
     done = engine_script("start", timeout=180)
     if done.returncode != 0:
         pytest.skip(f"no Docker engine can start here: {engine_failure(done.stderr)}")
-    started_here = done.stdout.strip() == "started"
     client = docker.from_env(timeout=120)
     try:
         yield client
     finally:
         try:
             remove_suite_containers(client)
+            prune_suite_images(client)
         finally:
             client.close()
-            if started_here:
-                stopped = engine_script("stop", timeout=120)
-                assert stopped.returncode == 0, f"stopping the dockerd this session started: {stopped.stderr}"
+            # Gives this session's lease back; stops the dockerd the script started once no session uses it.
+            stopped = engine_script("stop", timeout=120)
+            assert stopped.returncode == 0, f"scripts/docker-engine.sh stop: {stopped.stderr}"
 
 
 @pytest.fixture(scope="session")

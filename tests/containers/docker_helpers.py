@@ -16,14 +16,19 @@ Networking: the engine the suite starts runs with ``--bridge=none``; containers 
 
 from __future__ import annotations
 
+import configparser
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # tests/integration (not a package): wait_until and free_port, as tests/cluster imports them.
@@ -80,34 +85,120 @@ def build_env() -> dict:
     return env
 
 
+# pip settings that name files of the host: the CA bundle and the constraints travel as secrets of their own.
+_PIP_HOST_FILE_KEYS = {"cert", "client-cert", "constraint", "requirement", "build-constraint", "log", "cache-dir"}
+_PIP_URL_KEYS = {"index-url", "extra-index-url", "find-links"}
+
+
+def pip_build_config(env: dict | None = None) -> tuple[str, Path | None]:
+    """The host's pip configuration for pip inside `docker build` (`pip config list`: every file and PIP_*
+    variable, merged) as the text of one pip.conf, and the host's constraints file (None without one).
+    Kept: the network settings (http(s) index URLs, trusted hosts, timeouts, proxy); dropped: local paths and
+    file:// URLs (they do not exist inside the build) and the CA bundle and constraints (their own secrets)."""
+    done = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                          env=env, timeout=60)
+    config = configparser.ConfigParser(interpolation=None)
+    config["global"] = {}
+    constraints = None
+    for line in done.stdout.splitlines():
+        name, sep, value = line.partition("=")
+        if not sep or "." not in name:
+            continue
+        key = name.rsplit(".", 1)[1]
+        value = value.strip().strip("'\"")
+        if key == "constraint" and Path(value).is_file():
+            constraints = Path(value)
+        if key in _PIP_HOST_FILE_KEYS:
+            continue
+        if key in _PIP_URL_KEYS:
+            value = " ".join(url for url in value.split() if url.startswith(("http://", "https://")))
+            if not value:
+                continue
+        config["global"][key] = value
+    lines = [f"{key} = {value}" for key, value in config["global"].items()]
+    return "[global]\n" + "\n".join(lines) + "\n", constraints
+
+
 def build_image(tag: str, dockerfile: Path, context: Path, build_args: dict | None = None,
                 timeout: float = 900) -> None:
-    """`docker build --network host` with BuildKit and the host's CA bundle as the secret `ca_bundle`;
-    AssertionError with the end of the build output when it fails."""
-    command = [docker_cli(), "build", "--network", "host", "-f", str(dockerfile), "-t", tag]
+    """`docker build --network host` with BuildKit, labelled as the suite's (SUITE_LABEL: the session end
+    prunes the dangling ones), with the host's CA bundle, pip configuration and pip constraints as the
+    secrets `ca_bundle`, `pip_config` and `pip_constraints` (see pip_build_config); AssertionError with the
+    end of the build output when it fails."""
+    command = [docker_cli(), "build", "--network", "host", "-f", str(dockerfile), "-t", tag,
+               "--label", f"{SUITE_LABEL}=1"]
     if CA_BUNDLE.is_file():
         command += ["--secret", f"id=ca_bundle,src={CA_BUNDLE}"]
-    for key, value in (build_args or {}).items():
-        command += ["--build-arg", f"{key}={value}"]
-    command.append(str(context))
-    started = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True, env=build_env(), timeout=timeout)
+    pip_config, constraints = pip_build_config()
+    with tempfile.NamedTemporaryFile("w", prefix="pip-build-", suffix=".conf") as pip_config_file:
+        pip_config_file.write(pip_config)
+        pip_config_file.flush()
+        command += ["--secret", f"id=pip_config,src={pip_config_file.name}"]
+        if constraints is not None:
+            command += ["--secret", f"id=pip_constraints,src={constraints}"]
+        for key, value in (build_args or {}).items():
+            command += ["--build-arg", f"{key}={value}"]
+        command.append(str(context))
+        started = time.monotonic()
+        done = subprocess.run(command, capture_output=True, text=True, env=build_env(), timeout=timeout)
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
         raise AssertionError(f"docker build of {tag} failed (exit {done.returncode}) after "
                              f"{time.monotonic() - started:.0f} s:\n{tail}")
 
 
-def remove_suite_containers(client) -> list[str]:
-    """Force-remove every container of this test session (its SESSION_LABEL); their names."""
+def session_alive(session_id: str) -> bool:
+    """Whether the test session that labelled a container (SESSION_LABEL "<pid>-<random>") still runs."""
+    pid = session_id.partition("-")[0]
+    if not pid.isdigit():
+        return True   # not one of ours: leave it
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_suite_containers(client, session_id: str = SESSION_ID) -> list[str]:
+    """Force-remove every container (and suite volume) of the test session session_id (this one by default)
+    and of sessions that no longer run (killed before their own clean-up), with their anonymous volumes;
+    their names. Failures are logged, not raised."""
+    from docker import errors
+
     removed = []
-    for container in client.containers.list(all=True, filters={"label": f"{SESSION_LABEL}={SESSION_ID}"}):
+    for container in client.containers.list(all=True, filters={"label": SESSION_LABEL}):
+        session = container.labels.get(SESSION_LABEL, "")
+        if session != session_id and session_alive(session):
+            continue
         try:
             container.remove(force=True, v=True)
             removed.append(container.name)
-        except Exception:  # already gone (removed by its test or with --rm)
+        except errors.NotFound:   # already gone (removed by its test or with --rm)
             pass
+        except Exception as error:  # noqa: BLE001  (clean-up goes on with the others)
+            log.warning("removing container %s of test session %s failed: %s", container.name, session, error)
+    for volume in client.volumes.list(filters={"label": SESSION_LABEL}):
+        session = (volume.attrs.get("Labels") or {}).get(SESSION_LABEL, "")
+        if session != session_id and session_alive(session):
+            continue
+        try:
+            volume.remove(force=True)
+        except errors.NotFound:
+            pass
+        except Exception as error:  # noqa: BLE001
+            log.warning("removing volume %s of test session %s failed: %s", volume.name, session, error)
     return removed
+
+
+def prune_suite_images(client) -> None:
+    """Remove the dangling (untagged) images the suite's builds left (their SUITE_LABEL): a rebuild of a
+    changed tree moves the tag and leaves the old image behind."""
+    try:
+        client.images.prune(filters={"dangling": True, "label": f"{SUITE_LABEL}=1"})
+    except Exception as error:  # noqa: BLE001  (another prune at the same time: the engine refuses a second)
+        log.warning("pruning the suite's dangling images failed: %s", error)
 
 
 
@@ -121,14 +212,15 @@ def health_status(container) -> str:
 
 
 def wait_healthy(container, timeout: float = 120) -> None:
-    """Until the container's HEALTHCHECK says healthy; AssertionError with its log tail when it stopped,
-    turned unhealthy or took longer than timeout."""
+    """Until the container's HEALTHCHECK says healthy; AssertionError with its log tail when it stopped or
+    was not healthy within timeout. "unhealthy" is not final (a loaded machine's slow check turns healthy
+    again once the broker answers)."""
     deadline = time.monotonic() + timeout
     while True:
         status = health_status(container)
         if status == "healthy":
             return
-        if status in ("exited", "dead", "unhealthy") or time.monotonic() > deadline:
+        if status in ("exited", "dead") or time.monotonic() > deadline:
             logs = container.logs(tail=30).decode(errors="replace")
             raise AssertionError(f"container {container.name} is {status} (waited up to {timeout} s), "
                                  f"log tail:\n{logs}")

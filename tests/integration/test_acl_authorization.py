@@ -385,6 +385,10 @@ ROWS = [
      {"readonly:error_code": TOPIC_DENIED, "1:error_code": CLUSTER_DENIED}),
     ("incremental-alter-configs", lambda: _incremental_alter_configs((2, "readonly"), (4, "1")),
      {"readonly:error_code": TOPIC_DENIED, "1:error_code": CLUSTER_DENIED}),
+    # GROUP config resources (Kafka 4): DESCRIBE_CONFIGS / ALTER_CONFIGS on the group (READ implies neither)
+    ("describe-configs-group", lambda: _describe_configs((32, "g-read")), {"g-read:error_code": GROUP_DENIED}),
+    ("incremental-alter-configs-group", lambda: _incremental_alter_configs((32, "g-read")),
+     {"g-read:error_code": GROUP_DENIED}),
     ("init-producer-id-txn", lambda: _init_producer_id("tx-none"), {":error_code": TXN_DENIED}),
     ("init-producer-id-idempotent", lambda: _init_producer_id(None), {}),
     ("add-partitions-txn-id", lambda: _add_partitions("tx-none", "open"), {"open/0:partition_error_code": TXN_DENIED}),
@@ -433,7 +437,10 @@ def _expect(view: dict[str, int], expected: dict[str, int] | None, row: str) -> 
 # Where Kafka's KRaft controller answers otherwise than a ZooKeeper-mode broker (the reference, issue 19):
 # CreateTopics' topic_config_error_code is set by KafkaApis (ZooKeeper) for every topic the principal may not
 # DESCRIBE_CONFIGS, by ControllerApis (KRaft) only for topics it creates. pykbroker follows ZooKeeper mode.
-KRAFT_DIFFERS = {"create-topics": {"new-topic:topic_config_error_code"}}
+KRAFT_DIFFERS = {"create-topics": {"new-topic:topic_config_error_code"},
+                 # Kafka 3.7.1 has no GROUP config resource (Kafka 4's): it fails the request (INVALID_REQUEST)
+                 "describe-configs-group": {"g-read:error_code"},
+                 "incremental-alter-configs-group": {"g-read:error_code"}}
 
 
 @pytest.mark.parametrize("row", [r[0] for r in ROWS])

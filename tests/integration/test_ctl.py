@@ -467,8 +467,8 @@ def test_group_list_and_describe_with_lag_while_a_member_is_active(shared_broker
 
         listed = ctl(shared_broker.bootstrap, "group", "list")
         assert listed.returncode == 0, listed
-        assert [group, "Stable"] in listed.rows()
-        assert {"group": group, "state": "Stable", "simple": False} in \
+        assert [group, "classic", "Stable"] in listed.rows()
+        assert {"group": group, "type": "classic", "state": "Stable", "simple": False} in \
             ctl(shared_broker.bootstrap, "group", "list", "--format", "json").json()
 
         described = ctl(shared_broker.bootstrap, "group", "describe", group, "--format", "json")

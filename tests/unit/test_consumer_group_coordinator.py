@@ -7,6 +7,7 @@ The offset store and the classic coordinator are the real ones, on real logs."""
 from __future__ import annotations
 
 import asyncio
+import struct
 import uuid
 from dataclasses import replace
 
@@ -19,6 +20,7 @@ from pykbroker.groups.consumer.coordinator import (
     ConsumerGroupConfig, ConsumerGroupCoordinator, HeartbeatRequest, assignor_name, compile_topic_regex,
 )
 from pykbroker.groups.consumer.group import ConsumerGroupMember, GroupState, MemberState, reconcile
+from pykbroker.groups.consumer_protocol import decode_assignment, encode_assignment, subscription_version
 from pykbroker.groups.offset_store import OFFSETS_TOPIC, OffsetStore
 from pykbroker.protocol.errors import ErrorCode
 from tests.unit.test_group_coordinator import PARTITIONS, ManualClock, logs, subscription  # noqa: F401 (logs: fixture)
@@ -485,22 +487,24 @@ def test_config_names_and_bounds():
 # -- the classic protocol beside it ----------------------------------------------------------------------
 
 
-def classic_join(h: Harness, group: str = "g", member_id: str = ""):
+def classic_join(h: Harness, group: str = "g", member_id: str = "", protocol_type: str = "consumer"):
     answers = []
-    h.classic.join_group(JoinRequest(group, member_id, "consumer", [("range", subscription("orders"))], 10_000,
+    h.classic.join_group(JoinRequest(group, member_id, protocol_type, [("range", subscription("orders"))], 10_000,
                                      30_000, None, "c", "/127.0.0.1", False), answers.append)
     h.clock.advance(0)
     return answers[0] if answers else None
 
 
 def test_a_group_id_belongs_to_one_protocol_at_a_time(h):
-    classic = classic_join(h, "cg")
+    classic = classic_join(h, "cg", protocol_type="connect")
     assert classic.error == ErrorCode.none
     refused = h.join("m1", group="cg")
-    assert (refused.error, refused.message) == (ErrorCode.group_id_not_found, "Group cg is not a consumer group.")
-    h.join("m1", group="ng")
-    assert classic_join(h, "ng").error == ErrorCode.inconsistent_group_protocol
+    assert (refused.error, refused.message) == (
+        ErrorCode.group_id_not_found,
+        "Cannot upgrade classic group cg to consumer group because the group does not use the consumer embedded "
+        "protocol.")
     # An empty group of either kind gives its id up.
+    h.join("m1", group="ng")
     h.beat("m1", -1, group="ng")
     assert classic_join(h, "ng").error == ErrorCode.none and not h.coordinator.has_group("ng")
 
@@ -852,3 +856,303 @@ def test_heartbeats_wait_while_the_groups_partition_loads(h):
     during, after = asyncio.run(lead_again())
     assert during.error == ErrorCode.coordinator_load_in_progress
     assert (after.error, after.member_epoch) == (ErrorCode.none, 1)
+
+
+# -- classic members inside a consumer group (Kafka 4's classicGroup*ToConsumerGroup) ---------------------
+
+
+def cooperative_subscription(topics=("orders",), owned=()) -> bytes:
+    """A consumer protocol Subscription v1 (cooperative clients): topics, null user data, owned partitions."""
+    data = struct.pack(">hi", 1, len(topics))
+    for name in topics:
+        data += struct.pack(">h", len(name)) + name.encode()
+    data += struct.pack(">i", -1) + struct.pack(">i", 1 if owned else 0)
+    if owned:
+        data += struct.pack(">h", len(topics[0])) + topics[0].encode()
+        data += struct.pack(f">i{len(owned)}i", len(owned), *owned)
+    return data
+
+
+def classic_member_join(h: Harness, member_id: str = "", *, owned=(), group: str = "g", protocols=None,
+                        protocol_type: str = "consumer", session_ms: int = 10_000, known_id: bool = True):
+    answers = []
+    protocols = protocols or [("cooperative-sticky", cooperative_subscription(owned=owned)), ("range", subscription("orders"))]
+    h.classic.join_group(JoinRequest(group, member_id, protocol_type, protocols, session_ms, REBALANCE_MS, None, "c",
+                                     "/127.0.0.1", known_id), answers.append)
+    (answer,) = answers
+    return answer
+
+
+def classic_member_sync(h: Harness, member_id: str, generation: int, *, group: str = "g",
+                        protocol: str | None = "cooperative-sticky"):
+    answers = []
+    h.classic.sync_group(group, generation, member_id, "consumer", protocol, None, {}, answers.append)
+    (answer,) = answers
+    return answer
+
+
+def test_a_classic_consumer_joins_a_consumer_group_and_gets_partitions_once_released(h):
+    tid = h.id_of()
+    h.join("m1")
+    required = classic_member_join(h)
+    assert required.error == ErrorCode.member_id_required and uuid.UUID(required.member_id)
+    joined = classic_member_join(h, required.member_id)
+    c1 = joined.member_id
+    # Generation = member epoch, protocol = its first one, no leader: the server assigns.
+    assert (joined.error, joined.generation_id, joined.protocol_type, joined.protocol_name, joined.leader,
+            joined.members) == (ErrorCode.none, 2, "consumer", "cooperative-sticky", "", ())
+    member = h.group().members[c1]
+    assert member.uses_classic_protocol and member.classic_session_timeout_ms == 10_000
+    assert member.state is MemberState.UNRELEASED_PARTITIONS
+    synced = classic_member_sync(h, c1, 2)
+    assert synced.error == ErrorCode.none and decode_assignment(synced.assignment) == {}
+    assert subscription_version(synced.assignment) == 1  # the version of its first protocol's Subscription
+    assert h.classic.heartbeat("g", c1, None, 2) == ErrorCode.none  # still waiting on m1
+    # m1 revokes what the classic member is to get; then the classic member is told to rejoin.
+    revoking = h.beat("m1", 1, {tid: (0, 1, 2, 3)})
+    kept = parts(revoking, tid)
+    h.beat("m1", 1, {tid: tuple(kept)})
+    assert h.classic.heartbeat("g", c1, None, 2) == ErrorCode.rebalance_in_progress
+    rejoined = classic_member_join(h, c1)
+    assert (rejoined.error, rejoined.generation_id) == (ErrorCode.none, 2)
+    got = decode_assignment(classic_member_sync(h, c1, 2).assignment)
+    assert set(got["orders"]) == {0, 1, 2, 3} - kept and len(got["orders"]) == 2
+    assert h.classic.heartbeat("g", c1, None, 2) == ErrorCode.none
+    assert h.group().state is GroupState.STABLE
+
+
+def test_a_classic_member_revokes_by_rejoining_without_the_partitions(h):
+    tid = h.id_of()
+    c1 = mixed_group(h)
+    owned = tuple(sorted(h.group().members[c1].assigned[tid]))
+    h.beat("m1", 2, {tid: tuple(h.group().members["m1"].assigned[tid])})
+    # Two more members: the classic member must give one partition up. Its heartbeat says rejoin.
+    h.join("m3")
+    h.join("m4")
+    assert h.classic.heartbeat("g", c1, None, 2) == ErrorCode.rebalance_in_progress
+    still = classic_member_join(h, c1, owned=owned)
+    assert h.group().members[c1].state is MemberState.UNREVOKED_PARTITIONS
+    kept = decode_assignment(classic_member_sync(h, c1, still.generation_id).assignment)["orders"]
+    assert len(kept) < len(owned)
+    assert h.classic.heartbeat("g", c1, None, still.generation_id) == ErrorCode.rebalance_in_progress
+    done = classic_member_join(h, c1, owned=kept)
+    assert done.generation_id == 4 and h.group().members[c1].state is not MemberState.UNREVOKED_PARTITIONS
+
+
+def test_classic_requests_to_a_consumer_group_get_kafkas_errors(h):
+    h.join("m1")
+    c1 = classic_member_join(h, known_id=False).member_id
+    assert classic_member_sync(h, c1, 7).error == ErrorCode.illegal_generation
+    assert classic_member_sync(h, c1, 2, protocol="range").error == ErrorCode.inconsistent_group_protocol
+    assert classic_member_sync(h, "nobody", 2).error == ErrorCode.unknown_member_id
+    assert classic_member_sync(h, "m1", 1).error == ErrorCode.unknown_member_id  # not a classic member
+    assert h.classic.heartbeat("g", c1, None, 1) == ErrorCode.illegal_generation
+    assert h.classic.heartbeat("g", "nobody", None, 2) == ErrorCode.unknown_member_id
+    assert classic_member_join(h, "m1").error == ErrorCode.unknown_member_id  # a consumer-protocol member
+    # Not the consumer protocol type, no protocol shared with the classic members, or unreadable metadata.
+    assert classic_member_join(h, protocol_type="connect", known_id=False).error == \
+        ErrorCode.inconsistent_group_protocol
+    assert classic_member_join(h, protocols=[("roundrobin", subscription("orders"))], known_id=False).error == \
+        ErrorCode.inconsistent_group_protocol
+    assert classic_member_join(h, protocols=[("range", b"\x00")], known_id=False).error == \
+        ErrorCode.inconsistent_group_protocol
+    assert set(h.group().members) == {"m1", c1}
+
+
+def test_a_classic_member_commits_offsets_with_its_member_epoch_as_generation(h):
+    h.join("m1")
+    c1 = classic_member_join(h, known_id=False).member_id
+
+    def commit(generation, member=c1):
+        answers = []
+        h.classic.commit_offsets("g", generation, member, {("orders", 0): (5, -1, "")}, answers.append, api_version=8)
+        return set(answers[0].values())
+
+    assert commit(2) == {ErrorCode.none}
+    assert commit(1) == {ErrorCode.illegal_generation}
+    assert commit(2, "nobody") == {ErrorCode.unknown_member_id}
+    assert commit(1, "m1") == {ErrorCode.unsupported_version}  # a consumer-protocol member still needs v9
+
+
+def test_a_classic_member_leaves_and_its_partitions_go_to_the_others(h):
+    tid = h.id_of()
+    h.join("m1")
+    c1 = classic_member_join(h, known_id=False).member_id
+    epoch = h.group().group_epoch
+    error, results = h.classic.leave_group("g", [LeavingMember(c1), LeavingMember("m1"), LeavingMember("x")])
+    assert error == ErrorCode.none
+    assert [e for _, e in results] == [ErrorCode.none, ErrorCode.unknown_member_id, ErrorCode.unknown_member_id]
+    assert c1 not in h.group().members and h.group().group_epoch == epoch + 1
+    assert h.beat("m1", 1, {tid: (0, 1, 2, 3)}).member_epoch == epoch + 1
+    assert h.group().target_of("m1") == {tid: frozenset({0, 1, 2, 3})}
+
+
+def test_a_classic_member_is_fenced_after_its_own_session_timeout_or_without_sync_or_rejoin(h):
+    h.join("m1")
+    c1 = classic_member_join(h, known_id=False, session_ms=45_000).member_id
+    h.clock.advance(REBALANCE_MS - 1)  # no SyncGroup within the rebalance timeout
+    h.beat("m1", 2, {})
+    assert c1 in h.group().members
+    h.clock.advance(1)
+    assert c1 not in h.group().members
+    c2 = classic_member_join(h, known_id=False, session_ms=10_000).member_id
+    classic_member_sync(h, c2, h.group().members[c2].member_epoch)
+    h.clock.advance(9_999)
+    h.beat("m1", h.group().members["m1"].member_epoch, {})
+    assert c2 in h.group().members
+    h.clock.advance(1)  # its classic session timeout, not group.consumer.session.timeout.ms
+    assert c2 not in h.group().members
+
+
+def test_a_classic_member_told_to_rejoin_is_fenced_if_it_does_not(h):
+    h.join("m1")
+    c1 = classic_member_join(h, known_id=False).member_id
+    classic_member_sync(h, c1, 2)
+    h.join("m3")
+    assert h.classic.heartbeat("g", c1, None, 2) == ErrorCode.rebalance_in_progress
+    for _ in range(3):
+        h.clock.advance(9_000)
+        assert h.classic.heartbeat("g", c1, None, 2) == ErrorCode.rebalance_in_progress
+        h.beat("m1", h.group().members["m1"].member_epoch, {})
+        h.beat("m3", h.group().members["m3"].member_epoch, {})
+    h.clock.advance(REBALANCE_MS - 27_000)
+    assert c1 not in h.group().members
+
+
+def test_a_classic_member_is_stored_and_back_after_a_restart(h):
+    h.join("m1")
+    c1 = classic_member_join(h, known_id=False, session_ms=12_000).member_id
+    before = h.group().members[c1]
+    h.restart()
+    after = h.group().members[c1]
+    assert after == before and after.classic_protocols[0][0] == "cooperative-sticky"
+    assert classic_member_sync(h, c1, 2).error == ErrorCode.none
+    h.clock.advance(12_000)
+    assert c1 not in h.group().members
+
+
+# -- online upgrade: a running classic group becomes a consumer group ---------------------------------------
+
+
+def test_a_running_classic_group_becomes_a_consumer_group_and_its_members_stay(h):
+    tid = h.id_of()
+    first = classic_join(h, "g")
+    c1 = first.member_id
+    synced = []
+    h.classic.sync_group("g", first.generation_id, c1, "consumer", "range", None,
+                         {c1: encode_assignment({"orders": (0, 1, 2, 3)}, 0)}, synced.append)
+    assert synced[0].error == ErrorCode.none
+    generation = first.generation_id
+    # A second classic member is waiting in its JoinGroup when the consumer-protocol member arrives.
+    waiting = []
+    h.classic.join_group(JoinRequest("g", "", "consumer", [("range", subscription("orders"))], 10_000, 30_000, None,
+                                     "c", "/127.0.0.1", False), waiting.append)
+    joined = h.join("m1")
+    assert h.classic.group("g") is None and h.coordinator.has_group("g")
+    assert [w.error for w in waiting] == [ErrorCode.rebalance_in_progress]
+    group = h.group()
+    c2 = waiting[0].member_id
+    assert set(group.members) == {c1, c2, "m1"}
+    member = group.members[c1]
+    assert (member.uses_classic_protocol, member.member_epoch, dict(member.assigned),
+            member.classic_session_timeout_ms) == (True, generation, {tid: frozenset({0, 1, 2, 3})}, 10_000)
+    # m1 joined at the next epoch and waits for partitions c1 still holds.
+    assert joined.member_epoch == group.group_epoch > generation and parts(joined, tid) == set()
+    assert h.classic.heartbeat("g", c1, None, generation) == ErrorCode.rebalance_in_progress
+    # c1 (an eager client: it revoked everything before rejoining) rejoins, c2 too; everyone gets its share.
+    rejoined = classic_join(h, "g", c1)
+    assert (rejoined.error, rejoined.generation_id, rejoined.leader) == (ErrorCode.none, group.group_epoch, "")
+    assert classic_join(h, "g", c2).error == ErrorCode.none
+    got1 = set(decode_assignment(classic_member_sync(h, c1, rejoined.generation_id, protocol="range").assignment)
+               .get("orders", ()))
+    beat = h.beat("m1", joined.member_epoch, {})
+    got_m1 = parts(beat, tid)
+    assert got1 and got_m1 and not got1 & got_m1
+    # The conversion is stored: after a restart the group is back, its classic members too.
+    h.restart()
+    assert h.group().members[c1].uses_classic_protocol and h.classic.group("g") is None
+
+
+
+# -- online downgrade: the last consumer-protocol member leaves ---------------------------------------------
+
+
+def mixed_group(h: Harness) -> str:
+    """m1 (consumer protocol) and a classic member c1, both with their partitions; returns c1's id."""
+    tid = h.id_of()
+    h.join("m1")
+    c1 = classic_member_join(h, known_id=False).member_id
+    h.beat("m1", 1, {tid: (0, 1, 2, 3)})
+    h.beat("m1", 1, {tid: tuple(h.group().members["m1"].assigned[tid])})
+    classic_member_join(h, c1)
+    classic_member_sync(h, c1, 2)
+    assert h.group().state is GroupState.STABLE
+    return c1
+
+
+def test_the_last_consumer_member_leaving_makes_the_group_classic_again(h):
+    c1 = mixed_group(h)
+    epoch = h.group().group_epoch
+    owned = tuple(sorted(h.group().members[c1].assigned[h.id_of()]))
+    assert h.beat("m1", -1).error == ErrorCode.none
+    assert not h.coordinator.has_group("g")
+    classic = h.classic.group("g")
+    assert (classic.generation_id, classic.protocol_name, set(classic.members)) == (epoch, "cooperative-sticky", {c1})
+    assert decode_assignment(classic.members[c1].assignment) == {"orders": owned}
+    # The group rebalances: c1 is told so and rejoins as the only member (and leader) of the classic group.
+    assert h.classic.heartbeat("g", c1, None, epoch) == ErrorCode.rebalance_in_progress
+    rejoined = classic_member_join(h, c1)
+    h.clock.advance(0)
+    assert (rejoined.error, rejoined.generation_id, rejoined.leader) == (ErrorCode.none, epoch + 1, c1)
+    # Stored: a restart finds the classic group, not the consumer group.
+    h.restart()
+    assert h.classic.group("g") is not None and not h.coordinator.has_group("g")
+
+
+def test_a_fenced_last_consumer_member_makes_the_group_classic_again(h):
+    c1 = mixed_group(h)
+    for _ in range(4):  # m1 stops heartbeating; c1 keeps its session
+        h.clock.advance(9_000)
+        assert h.classic.heartbeat("g", c1, None, 2) == ErrorCode.none
+    h.clock.advance(SESSION_MS - 36_000)  # m1's session expires
+    assert h.classic.group("g") is not None and not h.coordinator.has_group("g")
+    assert h.classic.heartbeat("g", c1, None, 2) == ErrorCode.rebalance_in_progress
+
+
+def test_no_downgrade_when_the_policy_forbids_it(logs):
+    h = Harness(logs, migration_policy="upgrade")
+    c1 = mixed_group(h)
+    h.beat("m1", -1)
+    assert h.classic.group("g") is None and set(h.group().members) == {c1}
+
+
+def test_a_refused_consumer_member_leaves_the_classic_group_as_it_was(logs):
+    """A heartbeat that fails after the upgrade would start (the new member does not fit, its regex is invalid)
+    changes nothing: Kafka reverts the conversion with the failed heartbeat."""
+    h = Harness(logs, max_size=2)
+    running_classic_group(h, "g", members=2)
+    full = h.join("m1")
+    assert (full.error, full.message) == (ErrorCode.group_max_size_reached,
+                                          "The consumer group has reached its maximum capacity of 2 members.")
+    bad = h.join("m1", topics=None, regex="(a)\\1")
+    assert bad.error == ErrorCode.invalid_regular_expression
+    assert h.classic.group("g").size() == 2 and not h.coordinator.has_group("g")
+
+
+def test_a_heartbeat_failing_after_it_converted_a_classic_group_leaves_the_converted_group(logs, monkeypatch):
+    """The conversion's records are written before the heartbeat's own changes: a heartbeat that fails after it
+    (an assignor's error) leaves the consumer group as the conversion made it, in memory as in the log."""
+    import pykbroker.groups.consumer.coordinator as coordinator
+
+    h = Harness(logs)
+    running_classic_group(h, "g", members=1)
+    (classic_id,) = h.classic.group("g").members
+    monkeypatch.setattr(coordinator, "assignor_for", lambda name: FailingAssignor())
+    assert h.join("m1").error == ErrorCode.unknown_server_error
+    assert h.classic.group("g") is None and set(h.group().members) == {classic_id}
+    assert sorted(k for k in h.coordinator._session_timers if k[0] == "g") == [("g", classic_id)]
+    converted = stored_view(h.group())
+    monkeypatch.undo()
+    h.restart()
+    assert stored_view(h.group()) == converted
+    assert h.join("m1").error == ErrorCode.none and set(h.group().members) == {classic_id, "m1"}

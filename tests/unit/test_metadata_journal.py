@@ -265,6 +265,6 @@ def test_a_config_record_of_an_unknown_entity_refuses_to_load(tmp_path):
     store.commit().result(10)
     store.close()
     with open(tmp_path / JOURNAL_FILE, "ab") as f:
-        f.write(encode_record({"op": "config", "entity": "groups/g", "config": {"a": "b"}}))
+        f.write(encode_record({"op": "config", "entity": "widgets/g", "config": {"a": "b"}}))
     with pytest.raises(CorruptFile):
         open_store(tmp_path)

@@ -370,6 +370,9 @@ class WritingZk(FakeZk):
     async def client_entity_paths(self):
         return []
 
+    async def children(self, path):  # no group configs under /config/groups
+        return []
+
     def add_session_listener(self, callback):
         pass
 

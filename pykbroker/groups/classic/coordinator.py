@@ -325,6 +325,41 @@ class GroupCoordinator:
         self._drop_group(group)
         return True
 
+    def release_group_for_upgrade(self, group_id: str) -> ClassicGroup:
+        """A running classic group becomes a consumer group (Kafka 4's convertToConsumerGroup, the classic half):
+        members waiting in JoinGroup or SyncGroup are answered REBALANCE_IN_PROGRESS (they rejoin, now into the
+        consumer group), the group's timers stop, its metadata record is tombstoned (offsets stay) and it
+        leaves this coordinator. Returns it, for its members and assignments."""
+        group = self._groups[group_id]
+        for member in list(group.members.values()):
+            group.invoke_join_callback(member, JoinResult(ErrorCode.rebalance_in_progress, member.member_id))
+            group.invoke_sync_callback(member, SyncResult(ErrorCode.rebalance_in_progress))
+            self._cancel_heartbeat(member)
+        self.store.delete_group_metadata(group_id, self._now())
+        group.transition_to(GroupState.DEAD, self._now())
+        self._drop_group(group)
+        return group
+
+    def adopt_downgraded_group(self, group_id: str, generation: int, members: Iterable[Member]) -> None:
+        """A consumer group whose last consumer-protocol member left becomes a classic group again (Kafka 4's
+        convertToClassicGroup and ClassicGroup.fromConsumerGroup, the classic half): Stable at the consumer
+        group's epoch as generation, its classic members with their current assignments, the protocol they
+        all support; its record is stored, every member's session timer armed, and a rebalance prepared so
+        that they rejoin under a leader of their own."""
+        group = ClassicGroup(group_id, GroupState.STABLE, self._now())
+        for member in members:
+            group.add(member)
+        group.generation_id = generation
+        group.protocol_name = group.select_protocol()
+        group.subscribed_topics = group.compute_subscribed_topics()
+        self._groups[group_id] = group
+        self._store_group(group, {m.member_id: m.assignment for m in group.members.values()}, lambda error: None)
+        for member in group.members.values():
+            self._complete_and_schedule_next_heartbeat(group, member)
+        log.info("group %s: the consumer group is a classic group again, generation %d with %d members", group_id,
+                 generation, group.size())
+        self._prepare_rebalance(group, "the group was downgraded to a classic group")
+
     @property
     def loading_partitions(self) -> frozenset[int]:
         """The offsets partitions whose groups are being loaded."""
@@ -443,8 +478,8 @@ class GroupCoordinator:
             respond(JoinResult(ErrorCode.invalid_session_timeout, member_id))
             return
         if self.consumer_groups is not None and not self.consumer_groups.release_empty_group(request.group_id):
-            # A consumer group with members (Kafka 4 answers this while no online migration applies).
-            respond(JoinResult(ErrorCode.inconsistent_group_protocol, member_id))
+            # A consumer group with members: the member joins it with the classic protocol (Kafka 4).
+            self.consumer_groups.classic_join(request, respond)
             return
         is_unknown_member = member_id == UNKNOWN_MEMBER_ID
         group = self._groups.get(request.group_id)
@@ -686,6 +721,10 @@ class GroupCoordinator:
         if error is not None:
             respond(SyncResult(error))
             return
+        if self.consumer_groups is not None and self.consumer_groups.has_members(group_id):
+            self.consumer_groups.classic_sync(group_id, generation_id, member_id, protocol_type, protocol_name,
+                                              group_instance_id, respond)
+            return
         group = self._groups.get(group_id)
         if group is None:
             respond(SyncResult(ErrorCode.unknown_member_id))
@@ -797,6 +836,8 @@ class GroupCoordinator:
         error = self._invalid_group_id(group_id, "heartbeat") or self._coordinator_error(group_id)
         if error is not None:
             return error
+        if self.consumer_groups is not None and self.consumer_groups.has_members(group_id):
+            return self.consumer_groups.classic_heartbeat(group_id, member_id, group_instance_id, generation_id)
         group = self._groups.get(group_id)
         if group is None:
             return ErrorCode.unknown_member_id
@@ -882,6 +923,8 @@ class GroupCoordinator:
         error = self._invalid_group_id(group_id, "leave_group") or self._coordinator_error(group_id)
         if error is not None:
             return error, []
+        if self.consumer_groups is not None and self.consumer_groups.has_members(group_id):
+            return ErrorCode.none, list(zip(members, self.consumer_groups.classic_leave(group_id, members)))
         group = self._groups.get(group_id)
         if group is None:
             return ErrorCode.none, [(m, ErrorCode.unknown_member_id) for m in members]

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import enum
 import logging
-import struct
 import uuid
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from pykbroker.groups.consumer_protocol import decode_subscription
 from pykbroker.protocol.errors import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -401,27 +401,9 @@ class ClassicGroup:
         return GroupOverview(self.group_id, self.protocol_type or "", self.state.value)
 
 
-_INT16 = struct.Struct(">h")
-_INT32 = struct.Struct(">i")
-
-
 def subscription_topics(metadata: bytes) -> list[str] | None:
-    """The topics of a consumer protocol Subscription (every version starts: int16 version, then an int32
-    count of int16-length topic names); None if the bytes are not one."""
+    """The topics of a consumer protocol Subscription; None if the bytes are not one."""
     try:
-        position = _INT16.size
-        (count,) = _INT32.unpack_from(metadata, position)
-        position += _INT32.size
-        if count < 0:
-            return []
-        topics = []
-        for _ in range(count):
-            (length,) = _INT16.unpack_from(metadata, position)
-            position += _INT16.size
-            if length < 0 or position + length > len(metadata):
-                return None
-            topics.append(bytes(metadata[position:position + length]).decode())
-            position += length
-        return topics
-    except (struct.error, UnicodeDecodeError):
+        return list(decode_subscription(metadata).topics)
+    except ValueError:
         return None

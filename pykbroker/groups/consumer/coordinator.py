@@ -70,6 +70,9 @@ from pykbroker.groups.consumer.group import (
     reconcile,
 )
 from pykbroker.groups.consumer.persistence import changes, replay, rewrite, snapshot, tombstones
+from pykbroker.groups.consumer_protocol import (
+    decode_assignment, decode_subscription, encode_assignment, subscription_version,
+)
 from pykbroker.groups.offset_store import OFFSETS_TOPIC
 from pykbroker.protocol.errors import ErrorCode
 
@@ -245,15 +248,21 @@ class ConsumerGroupCoordinator:
         self.classic = classic
         self._topics = topics
         self.config = config or ConsumerGroupConfig()
+        # Per-group overrides (groups/configs.py GroupConfigs: session_timeout_ms / heartbeat_interval_ms of a
+        # group id, the broker's values when it has none), as Kafka's groupConfigManager; None: the broker's.
+        self.group_configs = None
         self._scheduler = scheduler or LoopScheduler()
         self._groups: dict[str, ConsumerGroup] = {}
         self._session_timers: dict[tuple[str, str], object] = {}
         self._rebalance_timers: dict[tuple[str, str], object] = {}
+        self._join_timers: dict[tuple[str, str], object] = {}  # classic members told to rejoin
+        self._sync_timers: dict[tuple[str, str], object] = {}  # classic members that joined, until their SyncGroup
         self._topics_version = topics_version  # None: unknown, the topics are read at every heartbeat
         self._resolved: dict[str, tuple[object, frozenset[str]]] = {}  # regex -> (topics version, matches)
         self._unsynced: dict[str, set[str]] = {}  # group id -> the member ids the log may hold after a failed write
         # group -> the DESCRIBE filter of its latest heartbeat, which resolves its regexes (as Kafka 4's refresh)
         self._describable: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._converted: dict | None = None  # the checkpoint of a classic group the running heartbeat converted
 
     # -- lookups ----------------------------------------------------------------------------------------
 
@@ -284,10 +293,10 @@ class ConsumerGroupCoordinator:
             self._forget(self._groups.pop(group_id))
 
     def close(self) -> None:
-        for timer in [*self._session_timers.values(), *self._rebalance_timers.values()]:
-            timer.cancel()
-        self._session_timers.clear()
-        self._rebalance_timers.clear()
+        for timers in self._all_timers():
+            for timer in timers.values():
+                timer.cancel()
+            timers.clear()
 
     def load(self, index: int, stored: dict[str, dict[bytes, bytes]]) -> int:
         """The groups of a freshly loaded offsets partition, from their records (the classic coordinator
@@ -370,11 +379,15 @@ class ConsumerGroupCoordinator:
         group_id = request.group_id
         group = self._groups.get(group_id)
         saved = group.checkpoint() if group is not None else None
+        self._converted = None
         try:
             return step(request)
         except Exception:
             created = self._groups.get(group_id) if group is None else None
-            if created is not None:  # the group this heartbeat created goes again
+            if created is not None and self._converted is not None:
+                # a classic group this heartbeat converted: the conversion's records are written, it stays as that
+                group, saved = created, self._converted
+            elif created is not None:  # the group this heartbeat created goes again
                 del self._groups[group_id]
                 self._forget(created)
             if group is not None:
@@ -382,8 +395,8 @@ class ConsumerGroupCoordinator:
                 group.restore(saved)
                 self._groups[group_id] = group
                 for member_id in added - set(group.members):
-                    self._cancel(self._session_timers, (group_id, member_id))
-                    self._cancel(self._rebalance_timers, (group_id, member_id))
+                    for timers in self._all_timers():
+                        self._cancel(timers, (group_id, member_id))
                 for member_id, member in group.members.items():
                     if (group_id, member_id) not in self._session_timers:
                         self._schedule_session_timeout(group_id, member_id)
@@ -391,6 +404,8 @@ class ConsumerGroupCoordinator:
                             and (group_id, member_id) not in self._rebalance_timers):
                         self._schedule_rebalance_timeout(group_id, member)
             raise
+        finally:
+            self._converted = None
 
     def _validate(self, request: HeartbeatRequest) -> None:
         """Kafka 4's GroupCoordinatorService.throwIfConsumerGroupHeartbeatRequestIsInvalid, in its order."""
@@ -429,26 +444,72 @@ class ConsumerGroupCoordinator:
             return group
         if not create:
             raise HeartbeatError(ErrorCode.group_id_not_found, f"Consumer group {group_id} not found.")
-        if not self.classic.release_empty_group(group_id):
-            raise HeartbeatError(ErrorCode.group_id_not_found, self._upgrade_refusal(group_id))
-        return ConsumerGroup(group_id)
+        if self.classic.release_empty_group(group_id):
+            return ConsumerGroup(group_id)
+        refusal = self._upgrade_refusal(group_id)
+        if refusal is not None:
+            raise HeartbeatError(ErrorCode.group_id_not_found, refusal)
+        if self.classic.group(group_id).size() >= self.config.max_size:
+            raise self._group_full()  # the joining member would not fit: the group is left as it is (Kafka's revert)
+        return self._upgrade(group_id)
 
-    def _upgrade_refusal(self, group_id: str) -> str:
+    def _group_full(self) -> HeartbeatError:
+        return HeartbeatError(ErrorCode.group_max_size_reached,
+                              f"The consumer group has reached its maximum capacity of {self.config.max_size} members.")
+
+    def _upgrade_refusal(self, group_id: str) -> str | None:
         """Why a classic group with members does not become a consumer group: Kafka 4's validateOnlineUpgrade, in
-        its order (the policy, the classic group's protocol type, its size). Where Kafka would convert the group,
-        pykbroker (which has no online upgrade yet) refuses it as Kafka 3.7 did."""
+        its order (the policy, the classic group's protocol type, its size); None when it does."""
         classic = self.classic.group(group_id)
-        reason = None
         if not self.config.upgrade_enabled:
             reason = "online upgrade is disabled"
-        elif classic is not None and not classic.is_consumer_group():
+        elif classic is None or not classic.is_consumer_group():
             reason = "the group does not use the consumer embedded protocol"
-        elif classic is not None and classic.size() > self.config.max_size:
+        elif classic.size() > self.config.max_size:
             reason = "the group size exceeds the consumer group maximum size"
-        if reason is None:
-            return f"Group {group_id} is not a consumer group."
+        else:
+            return None
         log.info("group %s: cannot upgrade the classic group to a consumer group because %s", group_id, reason)
         return f"Cannot upgrade classic group {group_id} to consumer group because {reason}."
+
+    def _upgrade(self, group_id: str) -> ConsumerGroup:
+        """A running classic group becomes a consumer group (Kafka 4's convertToConsumerGroup and
+        ConsumerGroup.fromClassicGroup): its members stay, as classic members at the classic generation as
+        member epoch, each with the partitions of its last assignment as current and target assignment; the
+        classic record is tombstoned and the consumer group's records written; each member's session timer
+        runs on its classic session timeout. The heartbeat that asked then joins as usual."""
+        classic = self.classic.release_group_for_upgrade(group_id)
+        group = ConsumerGroup(group_id)
+        topics = {info.name: info.topic_id for info in self._topics()}
+        epoch = classic.generation_id
+        for old in classic.members.values():
+            try:
+                subscription = decode_subscription(old.metadata(classic.protocol_name) if classic.protocol_name
+                                                   else old.protocols[0][1])
+                assigned = decode_assignment(old.assignment) if old.assignment else {}
+            except ValueError as exc:
+                log.warning("group %s: member %s's classic metadata is unreadable (%s): it starts empty", group_id,
+                            old.member_id, exc)
+                subscription, assigned = None, {}
+            assignment = freeze({topics[name]: parts for name, parts in assigned.items() if name in topics})
+            group.update_member(ConsumerGroupMember(
+                old.member_id, instance_id=old.group_instance_id,
+                rack_id=subscription.rack_id if subscription is not None else None,
+                rebalance_timeout_ms=old.rebalance_timeout_ms, client_id=old.client_id, client_host=old.client_host,
+                subscribed_topic_names=tuple(sorted(set(subscription.topics))) if subscription is not None else (),
+                member_epoch=epoch, previous_member_epoch=epoch, assigned=assignment,
+                classic_session_timeout_ms=old.session_timeout_ms, classic_protocols=tuple(old.protocols)))
+            group.target_assignment[old.member_id] = dict(assignment)
+        group.group_epoch = group.assignment_epoch = epoch
+        group.subscription_metadata = self._subscription_metadata(group)
+        self._groups[group_id] = group
+        self._persist(group, changes(snapshot(None), group), None)
+        for member_id in group.members:
+            self._schedule_session_timeout(group_id, member_id)
+        self._converted = group.checkpoint()  # what a heartbeat failing after this goes back to
+        log.info("group %s: the classic group of generation %d with %d members is now a consumer group", group_id,
+                 epoch, len(group.members))
+        return group
 
     @staticmethod
     def _check_epoch(member: ConsumerGroupMember, received: int, owned) -> None:
@@ -485,20 +546,11 @@ class ConsumerGroupCoordinator:
             if existing is None:
                 log.info("group %s: static member %s (instance %s) joins", group.group_id, member_id, instance_id)
                 return ConsumerGroupMember(member_id, instance_id=instance_id)
-            if existing.member_epoch != LEAVE_GROUP_STATIC_MEMBER_EPOCH:
+            if existing.member_epoch != LEAVE_GROUP_STATIC_MEMBER_EPOCH and not existing.uses_classic_protocol:
                 raise HeartbeatError(ErrorCode.unreleased_instance_id,
                                      f"Static member {member_id} with instance id {instance_id} cannot join the group "
                                      f"because the instance id is owned by {existing.member_id} member.")
-            # The static member is back under a new member id: it takes over the old one's place and partitions.
-            replacement = replace(existing, member_id=member_id, member_epoch=0, previous_member_epoch=0)
-            target = group.target_assignment.get(existing.member_id)
-            self._remove(group, existing.member_id)
-            if target is not None:
-                group.target_assignment[member_id] = target
-            group.update_member(replacement)
-            log.info("group %s: static member %s rejoins as %s, replacing %s", group.group_id, instance_id,
-                     member_id, existing.member_id)
-            return replacement
+            return self._replace_static_member(group, existing, member_id)
         if existing is None:
             raise HeartbeatError(ErrorCode.unknown_member_id, f"Instance id {instance_id} is unknown.")
         if existing.member_id != member_id:
@@ -508,8 +560,23 @@ class ConsumerGroupCoordinator:
         self._check_epoch(existing, request.member_epoch, request.owned)
         return existing
 
-    @staticmethod
-    def _check_regex(request: HeartbeatRequest) -> None:
+    def _replace_static_member(self, group: ConsumerGroup, existing: ConsumerGroupMember,
+                               member_id: str) -> ConsumerGroupMember:
+        """A static member back under a new member id (either protocol) takes over the old one's place and
+        partitions, at epoch 0 (Kafka's replaceMember)."""
+        replacement = replace(existing, member_id=member_id, member_epoch=0, previous_member_epoch=0)
+        target = group.target_assignment.get(existing.member_id)
+        self._remove(group, existing.member_id)
+        if target is not None:
+            group.target_assignment[member_id] = target
+        group.update_member(replacement)
+        log.info("group %s: static member %s rejoins as %s, replacing %s", group.group_id, existing.instance_id,
+                 member_id, existing.member_id)
+        return replacement
+
+    def _heartbeat(self, request: HeartbeatRequest):
+        group_id = request.group_id
+        # Checked before anything changes (a static member's takeover, a classic group's conversion).
         if request.subscribed_topic_regex:
             try:
                 compile_topic_regex(request.subscribed_topic_regex)
@@ -517,18 +584,11 @@ class ConsumerGroupCoordinator:
                 raise HeartbeatError(ErrorCode.invalid_regular_expression,
                                      f"SubscribedTopicRegex `{request.subscribed_topic_regex}` is not a valid regular "
                                      f"expression: {exc}.") from None
-
-    def _heartbeat(self, request: HeartbeatRequest):
-        group_id = request.group_id
-        if group_id not in self._groups and request.member_epoch == JOIN_GROUP_MEMBER_EPOCH:
-            self._check_regex(request)  # before an empty classic group of this id is released
         group = self._get_or_create_group(group_id, request.member_epoch == JOIN_GROUP_MEMBER_EPOCH)
         before = snapshot(group)
         self._describable[group] = request.describable
         if request.member_id not in group.members and len(group.members) >= self.config.max_size:  # by member id
-            raise HeartbeatError(ErrorCode.group_max_size_reached,
-                                 f"The consumer group has reached its maximum capacity of {self.config.max_size} members.")
-        self._check_regex(request)  # before anything changes (a static member's takeover)
+            raise self._group_full()
         member = self._member(group, request)
         updated = replace(
             member,
@@ -543,41 +603,22 @@ class ConsumerGroupCoordinator:
                                     else member.subscribed_topic_regex),
             client_id=request.client_id,
             client_host=request.client_host,
+            classic_session_timeout_ms=None, classic_protocols=None,  # a static classic member now on this protocol
         )
-        bump = (updated.subscribed_topic_names != member.subscribed_topic_names
-                or updated.subscribed_topic_regex != member.subscribed_topic_regex)
         # From here on the heartbeat succeeds: the group and member change.
-        self._groups[group_id] = group
-        group.update_member(updated)
-        metadata = self._subscription_metadata(group)
-        if metadata != group.subscription_metadata:
-            group.subscription_metadata = metadata
-            bump = True
-        if bump:
-            group.group_epoch += 1
-            log.info("group %s: group epoch bumped to %d", group_id, group.group_epoch)
-        if group.group_epoch > group.assignment_epoch:
-            self._compute_target_assignment(group)
-        reconciled = updated
-        if not updated.is_reconciled_to(group.assignment_epoch):
-            try:
-                reconciled = reconcile(updated, group.assignment_epoch, group.target_of(updated.member_id),
-                                       group.partition_epoch, request.owned)
-            except MemberFencedError as exc:
-                raise HeartbeatError(ErrorCode.fenced_member_epoch, str(exc)) from None
+        reconciled = self._apply(group, member, updated, request.owned)
+        if reconciled.state is MemberState.UNREVOKED_PARTITIONS:
             if reconciled != updated:
-                group.update_member(reconciled)
-                if reconciled.state is MemberState.UNREVOKED_PARTITIONS:
-                    self._schedule_rebalance_timeout(group_id, reconciled)
-                else:
-                    self._cancel(self._rebalance_timers, (group_id, reconciled.member_id))
+                self._schedule_rebalance_timeout(group_id, reconciled)
+        else:
+            self._cancel(self._rebalance_timers, (group_id, reconciled.member_id))
         self._schedule_session_timeout(group_id, reconciled.member_id)
         full = request.member_epoch == JOIN_GROUP_MEMBER_EPOCH or (
             request.rebalance_timeout_ms != -1 and request.owned is not None
             and (request.subscribed_topic_names is not None or request.subscribed_topic_regex is not None))
         changed = dict(reconciled.assigned) != dict(member.assigned)
         return HeartbeatResult(ErrorCode.none, None, reconciled.member_id, reconciled.member_epoch,
-                               self.config.heartbeat_interval_ms,
+                               self._heartbeat_interval_ms(group_id),
                                dict(reconciled.assigned) if full or changed else None), group, before
 
     def _leave(self, request: HeartbeatRequest):
@@ -606,29 +647,279 @@ class ConsumerGroupCoordinator:
                 return HeartbeatResult(ErrorCode.none, None, member.member_id, LEAVE_GROUP_STATIC_MEMBER_EPOCH), \
                     group, before
         log.info("group %s: member %s left", group.group_id, member.member_id)
-        self._fence(group, member.member_id)
+        if self._fence(group, member.member_id):
+            before = snapshot(group)  # the group is classic now: its records are written
         # Kafka's leave answer: the member id and the epoch it sent, no heartbeat interval
         return HeartbeatResult(ErrorCode.none, None, request.member_id, request.member_epoch), group, before
 
+    # -- classic members of a consumer group (KIP-848's online migration) --------------------------------
+    #
+    # A consumer group may hold members that still speak the classic protocol (an upgraded group, or a classic
+    # consumer joining a consumer group): Kafka 4's classicGroupJoinToConsumerGroup / SyncToConsumerGroup /
+    # HeartbeatToConsumerGroup / LeaveToConsumerGroup. The server assigns for them as for the others; such a
+    # member's generation is its member epoch, it learns a new epoch by rejoining (its heartbeat answers
+    # REBALANCE_IN_PROGRESS), and it gives partitions up by rejoining without them in its Subscription's owned
+    # partitions (cooperative) or without any (eager).
+
+    def has_members(self, group_id: str) -> bool:
+        group = self._groups.get(group_id)
+        return group is not None and not group.is_empty()
+
+    def _classic_member(self, group: ConsumerGroup, member_id: str, instance_id: str | None) -> ConsumerGroupMember:
+        """Kafka's checks of a classic request's member: known (by instance id for a static one), not fenced by
+        another member id, and speaking the classic protocol."""
+        if instance_id is not None:
+            member = group.static_member(instance_id)
+            if member is None:
+                raise HeartbeatError(ErrorCode.unknown_member_id, f"Instance id {instance_id} is unknown.")
+            if member_id and member.member_id != member_id:
+                raise HeartbeatError(ErrorCode.fenced_instance_id,
+                                     f"Static member {member_id} with instance id {instance_id} was fenced by member "
+                                     f"{member.member_id}.")
+        else:
+            member = group.members.get(member_id)
+            if member is None:
+                raise HeartbeatError(ErrorCode.unknown_member_id,
+                                     f"Member {member_id} is not a member of group {group.group_id}.")
+        if not member.uses_classic_protocol:
+            raise HeartbeatError(ErrorCode.unknown_member_id,
+                                 f"Member {member.member_id} does not use the classic protocol.")
+        return member
+
+    @staticmethod
+    def _supports_classic_protocols(group: ConsumerGroup, protocol_type: str, names: set[str]) -> bool:
+        """Kafka's ConsumerGroup.supportsClassicProtocols: the consumer protocol type, and a protocol every
+        classic member supports."""
+        if protocol_type != "consumer" or not names:
+            return False
+        for member in group.members.values():
+            if member.uses_classic_protocol:
+                names = names & {name for name, _ in member.classic_protocols}
+        return bool(names)
+
+    def classic_join(self, request, respond) -> None:
+        """A JoinGroup to a consumer group with members (Kafka's classicGroupJoinToConsumerGroup); ``request`` is
+        the classic coordinator's JoinRequest, ``respond`` gets its JoinResult once the records are stored."""
+        from pykbroker.groups.classic.group import JoinResult
+
+        group = self._groups[request.group_id]
+        member_id, instance_id = request.member_id, request.group_instance_id
+        if not member_id and instance_id is None and request.require_known_member_id:
+            respond(JoinResult(ErrorCode.member_id_required, str(uuid.uuid4())))
+            return
+        try:
+            before = snapshot(group)
+            existing = group.static_member(instance_id) if instance_id is not None else None
+            known = member_id in group.members or existing is not None
+            if not known and len(group.members) >= self.config.max_size:
+                raise self._group_full()
+            names = [name for name, _ in request.protocols]
+            if not self._supports_classic_protocols(group, request.protocol_type, set(names)):
+                raise HeartbeatError(ErrorCode.inconsistent_group_protocol)
+            try:
+                subscription = decode_subscription(request.protocols[0][1])
+            except ValueError as exc:
+                log.info("group %s: JoinGroup of %s refused: %s", group.group_id, member_id or "a new member", exc)
+                raise HeartbeatError(ErrorCode.inconsistent_group_protocol) from None
+            member_id = member_id or str(uuid.uuid4())
+            member = group.members.get(member_id)
+            if existing is not None and existing.member_id != member_id:
+                member = self._replace_static_member(group, existing, member_id)
+            elif member is None:  # Kafka creates the member under the id it is given
+                member = ConsumerGroupMember(member_id, instance_id=instance_id)
+                log.info("group %s: member %s joins with the classic protocol", group.group_id, member_id)
+            elif not member.uses_classic_protocol:
+                raise HeartbeatError(ErrorCode.unknown_member_id)
+        except HeartbeatError as exc:
+            respond(JoinResult(exc.code, member_id))
+            return
+        topic_ids = {info.name: info.topic_id for info in self._topics()}
+        owned = freeze({topic_ids[name]: parts for name, parts in subscription.owned_partitions.items()
+                        if name in topic_ids})
+        updated = replace(
+            member, instance_id=instance_id, rack_id=subscription.rack_id,
+            rebalance_timeout_ms=request.rebalance_timeout_ms, server_assignor=None,
+            subscribed_topic_names=tuple(sorted(set(subscription.topics))), subscribed_topic_regex=None,
+            client_id=request.client_id, client_host=request.client_host,
+            classic_session_timeout_ms=request.session_timeout_ms, classic_protocols=tuple(request.protocols))
+        reconciled = self._apply(group, member, updated, owned)
+        gid, mid = group.group_id, reconciled.member_id
+        self._cancel(self._join_timers, (gid, mid))
+        self._cancel(self._rebalance_timers, (gid, mid))  # a classic member revokes by rejoining
+        self._schedule_session_timeout(gid, mid)
+        self._schedule_classic_timeout(self._sync_timers, "SyncGroup", gid, mid, request.rebalance_timeout_ms)
+        result = JoinResult(ErrorCode.none, mid, reconciled.member_epoch, "consumer", names[0])
+
+        def stored(error: ErrorCode) -> None:
+            respond(result if error == ErrorCode.none else JoinResult(error, mid))
+
+        self._store_changes(group, before, stored)
+
+    def classic_sync(self, group_id: str, generation_id: int, member_id: str, protocol_type: str | None,
+                     protocol_name: str | None, instance_id: str | None, respond) -> None:
+        """A SyncGroup of a classic member (Kafka's classicGroupSyncToConsumerGroup): its current assignment as a
+        consumer protocol Assignment, in the version of its first protocol's Subscription."""
+        from pykbroker.groups.classic.group import SyncResult
+
+        group = self._groups[group_id]
+        try:
+            member = self._classic_member(group, member_id, instance_id)
+            if generation_id != member.member_epoch:
+                raise HeartbeatError(ErrorCode.illegal_generation)
+            first = member.classic_protocols[0]
+            if (protocol_type is not None and protocol_type != "consumer") or (
+                    protocol_name is not None and protocol_name != first[0]):
+                raise HeartbeatError(ErrorCode.inconsistent_group_protocol)
+            if group.group_epoch > member.member_epoch and member.state is not MemberState.UNREVOKED_PARTITIONS:
+                raise HeartbeatError(ErrorCode.rebalance_in_progress)
+        except HeartbeatError as exc:
+            respond(SyncResult(exc.code))
+            return
+        self._cancel(self._sync_timers, (group_id, member.member_id))
+        self._schedule_session_timeout(group_id, member.member_id)
+        names = {info.topic_id: info.name for info in self._topics()}
+        assignment = {names[tid]: parts for tid, parts in member.assigned.items() if tid in names}
+        respond(SyncResult(ErrorCode.none, "consumer", first[0],
+                           encode_assignment(assignment, subscription_version(first[1]))))
+
+    def classic_heartbeat(self, group_id: str, member_id: str, instance_id: str | None,
+                          generation_id: int) -> ErrorCode:
+        """A Heartbeat of a classic member (Kafka's classicGroupHeartbeatToConsumerGroup): REBALANCE_IN_PROGRESS
+        when it must rejoin (a newer group epoch, partitions to revoke, or the partitions it waited for now free),
+        and then it has one rebalance timeout to do so."""
+        group = self._groups[group_id]
+        try:
+            member = self._classic_member(group, member_id, instance_id)
+        except HeartbeatError as exc:
+            return exc.code
+        if generation_id != member.member_epoch:
+            return ErrorCode.illegal_generation
+        self._schedule_session_timeout(group_id, member.member_id)
+        if (member.member_epoch < group.group_epoch or member.state is MemberState.UNREVOKED_PARTITIONS
+                or (member.state is MemberState.UNRELEASED_PARTITIONS
+                    and not group.waiting_on_unreleased_partition(member))):
+            if (group_id, member.member_id) not in self._join_timers:
+                self._schedule_classic_timeout(self._join_timers, "JoinGroup", group_id, member.member_id,
+                                               member.rebalance_timeout_ms)
+            return ErrorCode.rebalance_in_progress
+        return ErrorCode.none
+
+    def classic_leave(self, group_id: str, leaving: Iterable) -> list[ErrorCode]:
+        """A LeaveGroup to a consumer group (Kafka's classicGroupLeaveToConsumerGroup): each member (member id, or
+        instance id alone) gets its error; the group epoch goes up once for those that left."""
+        group = self._groups[group_id]
+        before = snapshot(group)
+        errors, removed = [], False
+        for entry in leaving:
+            try:
+                member = self._classic_member(group, entry.member_id, entry.group_instance_id)
+            except HeartbeatError as exc:
+                errors.append(exc.code)
+                continue
+            log.info("group %s: classic member %s leaves (%s)", group_id, member.member_id,
+                     entry.reason or "no reason given")
+            self._remove(group, member.member_id)
+            removed = True
+            errors.append(ErrorCode.none)
+        if removed:
+            group.subscription_metadata = self._subscription_metadata(group)
+            group.group_epoch += 1
+            self._store_changes(group, before, None)
+        return errors
+
+    def _apply(self, group: ConsumerGroup, member: ConsumerGroupMember, updated: ConsumerGroupMember,
+               owned) -> ConsumerGroupMember:
+        """A member's new fields go into the group: the group epoch bumped if its subscription (or the subscribed
+        topics) changed, the target computed if needed, and the member reconciled towards it with what it
+        says it owns (None: it did not say). Returns the member as it now is."""
+        bump = (updated.subscribed_topic_names != member.subscribed_topic_names
+                or updated.subscribed_topic_regex != member.subscribed_topic_regex)
+        self._groups[group.group_id] = group
+        group.update_member(updated)
+        metadata = self._subscription_metadata(group)
+        if metadata != group.subscription_metadata:
+            group.subscription_metadata = metadata
+            bump = True
+        if bump:
+            group.group_epoch += 1
+            log.info("group %s: group epoch bumped to %d", group.group_id, group.group_epoch)
+        if group.group_epoch > group.assignment_epoch:
+            self._compute_target_assignment(group)
+        if updated.is_reconciled_to(group.assignment_epoch):
+            return updated
+        try:
+            reconciled = reconcile(updated, group.assignment_epoch, group.target_of(updated.member_id),
+                                   group.partition_epoch, owned)
+        except MemberFencedError as exc:
+            raise HeartbeatError(ErrorCode.fenced_member_epoch, str(exc)) from None
+        if reconciled != updated:
+            group.update_member(reconciled)
+        return reconciled
+
     # -- membership changes and timers ----------------------------------------------------------------
+
+    def _all_timers(self) -> tuple[dict, ...]:
+        return self._session_timers, self._rebalance_timers, self._join_timers, self._sync_timers
 
     def _remove(self, group: ConsumerGroup, member_id: str) -> None:
         group.remove_member(member_id)
-        self._cancel(self._session_timers, (group.group_id, member_id))
-        self._cancel(self._rebalance_timers, (group.group_id, member_id))
+        for timers in self._all_timers():
+            self._cancel(timers, (group.group_id, member_id))
 
-    def _fence(self, group: ConsumerGroup, member_id: str) -> None:
-        """Kafka's consumerGroupFenceMember: the member is gone and the group epoch goes up."""
+    def _fence(self, group: ConsumerGroup, member_id: str) -> bool:
+        """Kafka's consumerGroupFenceMember: the member is gone and the group epoch goes up; or, if it was the
+        last member of the consumer protocol and the policy allows, the group becomes a classic group
+        (returns True: its records are already written)."""
+        if self._downgrade_allowed(group, member_id):
+            self._downgrade(group, member_id)
+            return True
         self._remove(group, member_id)
         group.subscription_metadata = self._subscription_metadata(group)
         group.group_epoch += 1
         log.info("group %s: member %s removed, group epoch bumped to %d", group.group_id, member_id, group.group_epoch)
+        return False
+
+    def _downgrade_allowed(self, group: ConsumerGroup, leaving: str) -> bool:
+        """Kafka 4's validateOnlineDowngrade: the policy allows it, every other member speaks the classic
+        protocol, some remain, and no more than the classic group.max.size."""
+        others = [m for m in group.members.values() if m.member_id != leaving]
+        if not self.config.downgrade_enabled or not others or not all(m.uses_classic_protocol for m in others):
+            return False
+        if len(others) > self.classic.config.max_size:
+            log.info("group %s: cannot downgrade the consumer group to a classic group because its %d members "
+                     "exceed group.max.size", group.group_id, len(others))
+            return False
+        return True
+
+    def _downgrade(self, group: ConsumerGroup, leaving: str) -> None:
+        """Kafka 4's convertToClassicGroup: the consumer group's records are tombstoned first, then the classic
+        group (its members with their current partitions as assignments) is stored and rebalances."""
+        from pykbroker.groups.classic.group import Member
+
+        gid = group.group_id
+        self._persist(group, tombstones(group, self._unsynced.pop(gid, ())), None)
+        self._forget(group)
+        del self._groups[gid]
+        names = {info.topic_id: info.name for info in self._topics()}
+        members = []
+        for member in group.members.values():
+            if member.member_id == leaving:
+                continue
+            assignment = {names[tid]: parts for tid, parts in member.assigned.items() if tid in names}
+            members.append(Member(
+                member.member_id, member.instance_id, member.client_id, member.client_host,
+                member.rebalance_timeout_ms, member.classic_session_timeout_ms, "consumer",
+                list(member.classic_protocols),
+                assignment=encode_assignment(assignment, subscription_version(member.classic_protocols[0][1]))))
+        log.info("group %s: member %s was the last of the consumer protocol: the group becomes a classic group",
+                 gid, leaving)
+        self.classic.adopt_downgraded_group(gid, group.group_epoch, members)
 
     def _fence_and_store(self, group: ConsumerGroup, member_id: str) -> None:
         """A timer fences a member: its records go (nobody waits for the write)."""
         before = snapshot(group)
-        self._fence(group, member_id)
-        self._store_changes(group, before, None)
+        if not self._fence(group, member_id):
+            self._store_changes(group, before, None)
 
     def delete_group(self, group_id: str) -> ErrorCode:
         """DeleteGroups (Kafka's ConsumerGroup.validateDeleteGroup): only an empty group goes, with its offsets
@@ -659,6 +950,16 @@ class ConsumerGroupCoordinator:
         log.info("group %s: no members and no offsets left, removed", group_id)
         return True
 
+    def _session_timeout_ms(self, group_id: str) -> int:
+        """Kafka's consumerGroupSessionTimeoutMs: the group's consumer.session.timeout.ms, else the broker's."""
+        overrides = self.group_configs
+        return overrides.session_timeout_ms(group_id) if overrides is not None else self.config.session_timeout_ms
+
+    def _heartbeat_interval_ms(self, group_id: str) -> int:
+        """Kafka's consumerGroupHeartbeatIntervalMs: the group's consumer.heartbeat.interval.ms, else the broker's."""
+        overrides = self.group_configs
+        return overrides.heartbeat_interval_ms(group_id) if overrides is not None else self.config.heartbeat_interval_ms
+
     def _schedule_session_timeout(self, group_id: str, member_id: str) -> None:
         def expire() -> None:
             self._session_timers.pop((group_id, member_id), None)
@@ -667,7 +968,25 @@ class ConsumerGroupCoordinator:
                 log.info("group %s: member %s fenced: its session expired", group_id, member_id)
                 self._fence_and_store(group, member_id)
 
-        self._arm(self._session_timers, (group_id, member_id), self.config.session_timeout_ms, expire)
+        group = self._groups.get(group_id)
+        member = group.members.get(member_id) if group is not None else None
+        timeout_ms = (member.classic_session_timeout_ms if member is not None and member.uses_classic_protocol
+                      else self._session_timeout_ms(group_id))  # a classic member's own session timeout
+        self._arm(self._session_timers, (group_id, member_id), timeout_ms, expire)
+
+    def _schedule_classic_timeout(self, timers: dict, what: str, group_id: str, member_id: str,
+                                  timeout_ms: int) -> None:
+        """Kafka's consumer group join / sync timeouts of a classic member: one that does not rejoin (or send its
+        SyncGroup) within its rebalance timeout is fenced."""
+        def expire() -> None:
+            timers.pop((group_id, member_id), None)
+            group = self._groups.get(group_id)
+            if group is not None and member_id in group.members:
+                log.info("group %s: classic member %s fenced: no %s within %d ms", group_id, member_id, what,
+                         timeout_ms)
+                self._fence_and_store(group, member_id)
+
+        self._arm(timers, (group_id, member_id), timeout_ms, expire)
 
     def _schedule_rebalance_timeout(self, group_id: str, member: ConsumerGroupMember) -> None:
         epoch = member.member_epoch
@@ -696,8 +1015,8 @@ class ConsumerGroupCoordinator:
     def _forget(self, group: ConsumerGroup) -> None:
         self._unsynced.pop(group.group_id, None)
         for member_id in group.members:
-            self._cancel(self._session_timers, (group.group_id, member_id))
-            self._cancel(self._rebalance_timers, (group.group_id, member_id))
+            for timers in self._all_timers():
+                self._cancel(timers, (group.group_id, member_id))
 
     # -- subscriptions and the target assignment ------------------------------------------------------
 
@@ -768,12 +1087,15 @@ class ConsumerGroupCoordinator:
                                api_version: int | None) -> ErrorCode | None:
         """Kafka 4's ConsumerGroup.validateOffsetCommit: a commit without member epoch (-1) only while the group
         is empty; a member of the consumer protocol commits with OffsetCommit v9+ (``api_version``; None for
-        a TxnOffsetCommit, which any version may send) and its current epoch."""
+        a TxnOffsetCommit, which any version may send) and its current epoch; a classic member with any version
+        and its member epoch as generation (ILLEGAL_GENERATION otherwise)."""
         group = self._groups[group_id]
         if member_epoch < 0 and group.is_empty():
             return None
         if member_id not in group.members:
             return ErrorCode.unknown_member_id
+        if group.members[member_id].uses_classic_protocol:  # a classic member commits with its generation
+            return None if member_epoch == group.members[member_id].member_epoch else ErrorCode.illegal_generation
         if api_version is not None and api_version < OFFSET_COMMIT_MIN_VERSION_FOR_CONSUMER_MEMBERS:
             return ErrorCode.unsupported_version
         if member_epoch != group.members[member_id].member_epoch:

@@ -88,6 +88,14 @@ class ConsumerGroupMember:
     state: MemberState = MemberState.STABLE
     assigned: Mapping[uuid.UUID, frozenset[int]] = field(default_factory=dict)
     pending_revocation: Mapping[uuid.UUID, frozenset[int]] = field(default_factory=dict)
+    # A member still speaking the classic protocol (JoinGroup / SyncGroup / Heartbeat) in a consumer group:
+    # its JoinGroup's session timeout and protocols (Kafka's classicMemberMetadata); None for the new protocol.
+    classic_session_timeout_ms: int | None = None
+    classic_protocols: tuple[tuple[str, bytes], ...] | None = None
+
+    @property
+    def uses_classic_protocol(self) -> bool:
+        return self.classic_protocols is not None
 
     def with_epoch(self, epoch: int, **changes) -> "ConsumerGroupMember":
         """Kafka's Builder.updateMemberEpoch: the previous epoch remembers the current one."""
@@ -276,6 +284,17 @@ class ConsumerGroup:
                 for p in parts:
                     if self.partition_epochs.get((topic_id, p)) == member.member_epoch:
                         del self.partition_epochs[(topic_id, p)]
+
+    def waiting_on_unreleased_partition(self, member: ConsumerGroupMember) -> bool:
+        """Kafka's waitingOnUnreleasedPartition: a partition of the member's target not yet given to it is still
+        held by another member."""
+        if member.state is not MemberState.UNRELEASED_PARTITIONS:
+            return False
+        for topic_id, parts in self.target_of(member.member_id).items():
+            have = member.assigned.get(topic_id, frozenset())
+            if any(p not in have and self.partition_epoch(topic_id, p) != NO_PARTITION_EPOCH for p in parts):
+                return True
+        return False
 
     def target_of(self, member_id: str) -> Mapping[uuid.UUID, frozenset[int]]:
         return self.target_assignment.get(member_id, {})

@@ -58,7 +58,15 @@ def _topic_partitions(assignment: Mapping[uuid.UUID, frozenset[int]]) -> tuple[r
 
 def _metadata_fields(member: ConsumerGroupMember) -> tuple:
     return (member.instance_id, member.rack_id, member.client_id, member.client_host, member.subscribed_topic_names,
-            member.subscribed_topic_regex, member.rebalance_timeout_ms, member.server_assignor)
+            member.subscribed_topic_regex, member.rebalance_timeout_ms, member.server_assignor,
+            member.classic_session_timeout_ms, member.classic_protocols)
+
+
+def _classic_metadata(member: ConsumerGroupMember) -> r.ClassicMemberMetadata | None:
+    if member.classic_protocols is None:
+        return None
+    return r.ClassicMemberMetadata(member.classic_session_timeout_ms or 0, tuple(
+        r.ClassicProtocol(name, metadata) for name, metadata in member.classic_protocols))
 
 
 def _assignment_fields(member: ConsumerGroupMember) -> tuple:
@@ -86,7 +94,8 @@ def changes(before: Snapshot, group: ConsumerGroup) -> list[Record]:
                 instance_id=member.instance_id, rack_id=member.rack_id, client_id=member.client_id,
                 client_host=member.client_host, subscribed_topic_names=tuple(sorted(member.subscribed_topic_names)),
                 subscribed_topic_regex=member.subscribed_topic_regex,
-                rebalance_timeout_ms=member.rebalance_timeout_ms, server_assignor=member.server_assignor)))
+                rebalance_timeout_ms=member.rebalance_timeout_ms, server_assignor=member.server_assignor,
+                classic_member_metadata=_classic_metadata(member))))
     if group.subscription_metadata != before.subscription_metadata:
         out.append(_record(r.ConsumerGroupPartitionMetadataKey(gid), r.ConsumerGroupPartitionMetadataValue(tuple(
             r.TopicMetadata(t.topic_id, t.name, t.num_partitions) for t in group.subscription_metadata.values()))))
@@ -172,6 +181,10 @@ def replay(group_id: str, stored: Mapping[bytes, bytes]) -> ConsumerGroup | None
             rebalance_timeout_ms=meta.rebalance_timeout_ms, client_id=meta.client_id, client_host=meta.client_host,
             subscribed_topic_names=tuple(meta.subscribed_topic_names), subscribed_topic_regex=meta.subscribed_topic_regex,
             server_assignor=meta.server_assignor,
+            classic_session_timeout_ms=(meta.classic_member_metadata.session_timeout_ms
+                                        if meta.classic_member_metadata is not None else None),
+            classic_protocols=(tuple((p.name, bytes(p.metadata)) for p in meta.classic_member_metadata.supported_protocols)
+                               if meta.classic_member_metadata is not None else None),
             member_epoch=assignment.member_epoch if assignment is not None else 0,
             previous_member_epoch=assignment.previous_member_epoch if assignment is not None else 0,
             state=state,

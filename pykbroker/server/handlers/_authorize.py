@@ -119,9 +119,10 @@ def denied_answer(ctx: "RequestContext", code: ErrorCode) -> object:
 
 
 # ConfigResource.Type codes -> the ACL resource guarding them (Kafka's ConfigHelper / configsAuthorizationApiError)
-_CONFIG_RESOURCES = {2: ResourceType.TOPIC, 4: ResourceType.CLUSTER, 8: ResourceType.CLUSTER}
+_CONFIG_RESOURCES = {2: ResourceType.TOPIC, 4: ResourceType.CLUSTER, 8: ResourceType.CLUSTER, 32: ResourceType.GROUP}
 CLUSTER_DENIED_MESSAGE = "Cluster authorization failed."  # Errors.CLUSTER_AUTHORIZATION_FAILED.message()
-_DENIED_MESSAGES = {ResourceType.TOPIC: "Topic authorization failed.", ResourceType.CLUSTER: CLUSTER_DENIED_MESSAGE}
+_DENIED_MESSAGES = {ResourceType.TOPIC: "Topic authorization failed.", ResourceType.CLUSTER: CLUSTER_DENIED_MESSAGE,
+                    ResourceType.GROUP: "Group authorization failed."}
 
 
 def config_resource_denied(ctx: "RequestContext", operation: AclOperation, config_type: int,
@@ -131,6 +132,6 @@ def config_resource_denied(ctx: "RequestContext", operation: AclOperation, confi
     resource_type = _CONFIG_RESOURCES.get(int(config_type))
     if resource_type is None:
         return None
-    if allowed(ctx, operation, resource_type, name if resource_type == ResourceType.TOPIC else CLUSTER_NAME):
+    if allowed(ctx, operation, resource_type, CLUSTER_NAME if resource_type == ResourceType.CLUSTER else name):
         return None
     return denied_error(resource_type), _DENIED_MESSAGES[resource_type]

@@ -1,5 +1,5 @@
-"""AlterConfigs (key 33) v0-2 and IncrementalAlterConfigs (key 44) v0-1: topic configs and dynamic broker
-configs, as ``kafka-configs.sh --alter`` and the admin clients change them.
+"""AlterConfigs (key 33) v0-2 and IncrementalAlterConfigs (key 44) v0-1: topic configs, dynamic broker
+configs and group configs, as ``kafka-configs.sh --alter`` and the admin clients change them.
 
 Behaviour (Kafka 3.7.1's ZkAdminManager / ConfigAdminManager):
 - TOPIC resources: the topic's overrides are replaced by the request's (AlterConfigs) or by its current
@@ -17,6 +17,12 @@ Behaviour (Kafka 3.7.1's ZkAdminManager / ConfigAdminManager):
   another broker's id, a config that is not dynamic, an SSL store setting without a listener prefix, an
   invalid value or a per-broker config as the cluster default, in Kafka's words; INVALID_CONFIG for an
   unknown name).
+- GROUP resources (Kafka 4's per-group configs, both APIs as Kafka 4 accepts them; groups/configs.py):
+  ``consumer.session.timeout.ms`` and ``consumer.heartbeat.interval.ms``, the group's whole set of overrides
+  validated after the change (INVALID_CONFIG in Kafka's words: an unknown name, not an INT, outside the
+  broker's group.consumer.min/max bounds, a session timeout not above the heartbeat interval); the group
+  needs not exist; an empty group name is INVALID_REQUEST ("Default group resources are not allowed.");
+  ALTER_CONFIGS on the group, else GROUP_AUTHORIZATION_FAILED.
 - INVALID_REQUEST, as Kafka: a resource named twice in one request (every occurrence: "Each resource must
   appear at most once."), a config named twice in one resource (both APIs: "Error due to duplicate config
   keys", ConfigAdminManager.preprocess), a null value (except DELETE), an unknown operation, a TOPIC
@@ -45,6 +51,7 @@ from typing import Any, Awaitable, Callable
 from pykbroker.cluster.dynamic_configs import broker_entity
 from pykbroker.cluster.metadata import StaleConfigVersion
 from pykbroker.config import TOPIC_CONFIGS, ConfigDef, broker_config_def, listed_names, warn_ignored_topic_configs
+from pykbroker.groups.configs import GROUP_CONFIGS, GROUP_ENTITY_TYPE, GROUP_RESOURCE, check_group_name
 from pykbroker.protocol.errors import ErrorCode, KafkaError
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._authorize import AclOperation, config_resource_denied
@@ -70,6 +77,9 @@ def _entity(ctx: RequestContext, resource) -> tuple[str, str, Callable[[str], Co
         return "topics", resource.resource_name, TOPIC_CONFIGS.get, "topic"
     if resource.resource_type == BROKER_RESOURCE:
         return "brokers", broker_entity(resource.resource_name, ctx.broker.broker_id), broker_config_def, "broker"
+    if resource.resource_type == GROUP_RESOURCE:
+        check_group_name(resource.resource_name)
+        return GROUP_ENTITY_TYPE, resource.resource_name, GROUP_CONFIGS.get, "group"
     raise KafkaError(
         ErrorCode.invalid_request,
         f"Unknown resource type {resource.resource_type}",
@@ -83,6 +93,8 @@ async def _replace(ctx: RequestContext, resource, configs: dict[str, str], valid
         await ctx.broker.topics.alter_configs_async(name, configs, validate_only=validate_only, version=version)
         if not validate_only:
             warn_ignored_topic_configs(name, configs, ctx.broker.dynamic_configs.value("inter.broker.protocol.version"))
+    elif entity_type == GROUP_ENTITY_TYPE:
+        await ctx.broker.group_configs.alter_async(name, configs, validate_only=validate_only, version=version)
     else:
         await ctx.broker.dynamic_configs.alter_async(name, configs, validate_only=validate_only, version=version)
 

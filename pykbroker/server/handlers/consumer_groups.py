@@ -128,7 +128,7 @@ def consumer_group_describe(ctx: RequestContext, request) -> Any:
                      schema.TopicPartitions, m.assigned, names)),
                  target_assignment=make(schema.Assignment, topic_partitions=_topic_partitions(
                      schema.TopicPartitions, group.target_of(m.member_id), names)),
-                 member_type=1)
+                 member_type=0 if m.uses_classic_protocol else 1)  # Kafka 4: 0 classic, 1 consumer
             for m in group.members.values())
         groups.append(make(schema.DescribedGroup, group_id=group_id, error_code=ErrorCode.none, error_message=None,
                            group_state=group.state.value, group_epoch=group.group_epoch,

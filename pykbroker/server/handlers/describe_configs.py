@@ -10,7 +10,10 @@ broker config with its effective value (dynamic configs included), its source an
 default); "" (the cluster default) lists only the dynamic default configs that are set. Dynamic
 configs (cluster/dynamic_configs.py) have read_only false. Listener overrides set in the config file or
 dynamically (``listener.name.<listener>.<config>``) follow the broker's configs, read-only with their base as a synonym,
-as Kafka lists them. Unknown topic: UNKNOWN_TOPIC_OR_PARTITION;
+as Kafka lists them. GROUP resources (Kafka 4, groups/configs.py): ``consumer.session.timeout.ms`` and
+``consumer.heartbeat.interval.ms``, GROUP_CONFIG where the group overrides them, else DEFAULT_CONFIG (the broker's
+group.consumer.* values), whether the group exists or not; an empty name is INVALID_REQUEST; DESCRIBE_CONFIGS on
+the group, else GROUP_AUTHORIZATION_FAILED. Unknown topic: UNKNOWN_TOPIC_OR_PARTITION;
 another broker's id: INVALID_REQUEST; other resource types: INVALID_REQUEST. Sensitive values are null.
 """
 
@@ -19,7 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 from pykbroker.config import BROKER_CONFIGS, TOPIC_CONFIGS, ConfigDef, ConfigSource, broker_config_def
-from pykbroker.protocol.errors import ErrorCode
+from pykbroker.groups.configs import GROUP_RESOURCE
+from pykbroker.protocol.errors import ErrorCode, KafkaError
 from pykbroker.server.dispatch import RequestContext, handles
 from pykbroker.server.handlers._authorize import AclOperation, config_resource_denied
 from pykbroker.server.handlers._build import make, response_module
@@ -86,6 +90,19 @@ def _broker_configs(ctx: RequestContext, schema, name: str, keys, request) -> tu
     return ErrorCode.none, None, tuple(entries)
 
 
+def _group_configs(ctx: RequestContext, schema, name: str, keys, request) -> tuple[ErrorCode, str | None, tuple]:
+    """Kafka's ConfigHelper GROUP branch: every group config, its one synonym of its own source."""
+    include_docs = getattr(request, "include_documentation", False)
+    include_synonyms = getattr(request, "include_synonyms", False)
+    entries = []
+    for definition, value, source in ctx.broker.group_configs.describe(name):
+        if keys and definition.name not in keys:
+            continue
+        synonyms = [(definition.name, definition.format(value), source)] if include_synonyms else []
+        entries.append(_entry(schema, definition, value, source, synonyms, include_docs))
+    return ErrorCode.none, None, tuple(entries)
+
+
 @handles(32)
 def describe_configs(ctx: RequestContext, request) -> object:
     schema = response_module(ctx)
@@ -100,6 +117,11 @@ def describe_configs(ctx: RequestContext, request) -> object:
             error, message, configs = _topic_configs(ctx, schema, resource.resource_name, keys, request)
         elif resource.resource_type == BROKER_RESOURCE:
             error, message, configs = _broker_configs(ctx, schema, resource.resource_name, keys, request)
+        elif resource.resource_type == GROUP_RESOURCE:
+            try:
+                error, message, configs = _group_configs(ctx, schema, resource.resource_name, keys, request)
+            except KafkaError as exc:
+                error, message, configs = exc.code, exc.message, ()
         else:
             error, message, configs = ErrorCode.invalid_request, f"Unsupported resource type {resource.resource_type}", ()
         results.append(

@@ -1,5 +1,6 @@
 """Classic consumer groups: JoinGroup (11) v0-9, SyncGroup (14) v0-5, Heartbeat (12) v0-4, LeaveGroup (13)
-v0-5, ListGroups (16) v0-4, DescribeGroups (15) v0-5, DeleteGroups (42) v0-2, OffsetDelete (47) v0.
+v0-5; both kinds of group (classic and consumer): ListGroups (16) v0-5, DescribeGroups (15) v0-5, DeleteGroups
+(42) v0-2, OffsetDelete (47) v0.
 
 Behaviour lives in pykbroker/groups/coordinator.py (a port of Kafka's classic group coordinator); these
 handlers translate versions, as Kafka's request/response classes do. Every group request for a group whose
@@ -13,7 +14,11 @@ known so far).
 * SyncGroup v5 must name protocol type and name, else INCONSISTENT_GROUP_PROTOCOL.
 * LeaveGroup before v3 names one member; its error is the top-level error. From v3 members are batched
   and may be named by group instance id alone.
-* ListGroups v4 filters by state (case-insensitive); DescribeGroups reports a group it does not know
+* ListGroups v4 filters by state (case-insensitive), v5 also by type ("classic", "consumer"; case-insensitive,
+  an unknown type matches nothing) and answers each group's type; every version lists both kinds, as Kafka 4
+  (a consumer group's protocol type is "consumer"). DescribeGroups (v0-5) answers a consumer group "Dead" with
+  no error, as Kafka 4 does before v6 (v6: GROUP_ID_NOT_FOUND "Group <id> is not a classic group.").
+  DescribeGroups reports a group it does not know
   as "Dead" with no error, and from v3 ``authorized_operations`` when asked (no authorizer: READ,
   DESCRIBE and DELETE; otherwise Kafka's "not requested" INT32_MIN).
 * Authorization (Kafka's KafkaApis): JoinGroup, SyncGroup (after its protocol check), Heartbeat and
@@ -204,6 +209,9 @@ def leave_group(ctx: RequestContext, request) -> Any:
 def list_groups(ctx: RequestContext, request) -> Any:
     schema = response_module(ctx)
     error, groups = ctx.broker.groups.list_groups(getattr(request, "states_filter", None) or ())
+    types = {kind.lower() for kind in getattr(request, "types_filter", None) or ()}
+    if types:  # Kafka's Group.GroupType.parse: case-insensitive, an unknown name matches no group
+        groups = [g for g in groups if g.group_type in types]
     if not cluster_allowed(ctx, AclOperation.DESCRIBE, log_if_denied=False):
         visible = allowed_names(ctx, AclOperation.DESCRIBE, ResourceType.GROUP, (g.group_id for g in groups),
                                 log_if_denied=False)

@@ -1,0 +1,459 @@
+#!/usr/bin/env python3
+"""Spark's Kafka connector against pykbroker and Apache Kafka 3.7.1: a batch write with the kafka sink, then a
+batch read of the same records with spark.read.format("kafka"), on a single broker and on a 3-broker
+ZooKeeper-mode cluster (replication factor 3, min.insync.replicas 2) of each, one after another in one run.
+
+    python3 integration/bench/spark_bench.py                    # 2,000,000 records of 1 KiB, all four targets
+    python3 integration/bench/spark_bench.py --records 200000   # a quick run
+    python3 integration/bench/spark_bench.py --targets pykbroker,kafka --profile /tmp/spark-profile
+
+Spark runs in this process's JVM as `local[2]` (driver and executor in one JVM, two task slots), on the same
+cores as the brokers. First Spark alone is warmed up (--spark-warm-up rows written and read through a throwaway
+pykbroker: its JIT, the connector's classes). Per target: fresh broker(s) (brokers.py, cluster_bench.py), a topic
+of `--partitions` partitions, an unmeasured warm-up (a tenth of the records, at least 100,000, written and read
+through another topic: Kafka's JIT, the broker's caches), then
+  write: spark.range(N) -> a constant 1 KiB value, no key -> df.write.format("kafka").save(); afterwards the
+         topic must hold exactly N records (ListOffsets);
+  read:  spark.read.format("kafka").option("subscribe", topic).load() -> count(*), sum(length(value)); must be
+         N and N * 1024.
+Figures: rows/s (wall clock of the Spark action), broker CPU per row (utime + stime from /proc of every broker
+process and its descendants, all brokers of a cluster summed), Spark's CPU per row (its JVM and this process)
+and the cores both used, and pykbroker / Kafka ratios; with --rounds N the medians of N rounds, every other
+round in reverse order. Nothing asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from brokers import REPO_ROOT, BrokerFailed, BrokerProcess, KafkaBroker, default_refkit, kafka_unavailable_reason  # noqa: E402
+from cleaner_compare import process_tree, tree_cpu_seconds  # noqa: E402
+from cluster_bench import Cluster, create_replicated_topic  # noqa: E402
+from pyspy_profile import PySpyRecorder, format_summary, summarize  # noqa: E402
+from workloads import create_topic, stored_message_count  # noqa: E402
+
+sys.path.insert(0, str(REPO_ROOT / "integration" / "spark"))
+from city_pipeline.cli import JARS_ENV  # noqa: E402
+from city_pipeline.session import ConnectorJarsError, build_session, find_connector_jars  # noqa: E402
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"  # git-ignored
+TARGETS = ("pykbroker", "kafka", "pykbroker-cluster", "kafka-cluster")
+VALUE_BYTES = 1024
+# Spark's JVM keeps getting faster over its first few million rows: with only a per-target warm-up of 100,000
+# rows, whichever target ran first was measured 0.4-0.7x slower than in a run with the other order (on the
+# development machine, 300,000-row runs). So before any target Spark writes and reads SPARK_WARM_UP_ROWS (at
+# least) through a throwaway pykbroker, and each target then gets its own warm-up for the broker's side.
+SPARK_WARM_UP_ROWS = 1_000_000
+WARM_UP_MIN_ROWS = 100_000
+SATURATED_SHARE = 0.9  # of all cores: the machine, not one side, sets the pace
+SPARK_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+}
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# -- the brokers ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BenchCluster(Cluster):
+    """cluster_bench's 3-broker cluster, every member with the same extra arguments (pykbroker) or
+    server.properties lines (Kafka)."""
+
+    extra_args: list[str] = field(default_factory=list)
+
+    def _member(self, broker_id: int, port: int = 0) -> BrokerProcess:
+        member = super()._member(broker_id, port)
+        member.extra_args = list(self.extra_args)
+        return member
+
+
+@dataclass
+class Target:
+    """One target's broker processes, however many, started and stopped as one."""
+
+    name: str
+    refkit: Path
+    broker_args: list[str]
+    kafka_properties: list[str]
+    single: BrokerProcess | None = None
+    cluster: BenchCluster | None = None
+
+    @property
+    def kafka(self) -> bool:
+        return self.name.startswith("kafka")
+
+    @property
+    def replicated(self) -> bool:
+        return self.name.endswith("-cluster")
+
+    def start(self) -> "Target":
+        extra = self.kafka_properties if self.kafka else self.broker_args
+        if not self.replicated:
+            broker = KafkaBroker(refkit=self.refkit) if self.kafka else BrokerProcess()
+            broker.extra_args = list(extra)
+            self.single = broker.start()
+            return self
+        self.cluster = BenchCluster("kafka" if self.kafka else "pykbroker", self.refkit, extra_args=list(extra))
+        try:
+            self.cluster.start()
+        except BaseException:
+            self.cluster.stop()
+            raise
+        return self
+
+    @property
+    def processes(self) -> list[BrokerProcess]:
+        return [self.single] if self.single else list(self.cluster.members.values())
+
+    @property
+    def bootstrap(self) -> str:
+        return self.single.bootstrap if self.single else self.cluster.bootstrap
+
+    def create_topic(self, topic: str, partitions: int) -> None:
+        if self.replicated:
+            create_replicated_topic(self.bootstrap, topic, partitions)
+        else:
+            create_topic(self.bootstrap, topic, partitions)
+
+    def cpu_seconds(self) -> float:
+        for process in self.processes:
+            process.check_alive()
+        return sum(tree_cpu_seconds(process_tree(p.pid)) for p in self.processes)
+
+    def stop(self) -> None:
+        if self.single:
+            self.single.stop()
+        if self.cluster:
+            self.cluster.stop()
+
+
+# -- Spark -----------------------------------------------------------------------------------------------------
+
+
+def connector_jars(refkit: Path) -> list[Path]:
+    jars_dir = os.environ.get(JARS_ENV) or str(refkit / "spark-jars")
+    return find_connector_jars(jars_dir)
+
+
+def spark_session(master: str, refkit: Path):
+    jars_dir = os.environ.get(JARS_ENV) or str(refkit / "spark-jars")
+    return build_session("pykbroker-spark-bench", master=master, jars_dir=jars_dir, conf=SPARK_CONF,
+                         log_level="ERROR")
+
+
+class SparkCpu:
+    """CPU seconds of Spark's side: the JVM that py4j started (driver and, in local mode, the executors,
+    with its GC and JIT threads) and its descendants, plus this Python process (the driver's Python side)."""
+
+    def __init__(self, spark) -> None:
+        self.jvm_pid = spark.sparkContext._gateway.proc.pid
+
+    def seconds(self) -> float:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        return tree_cpu_seconds(process_tree(self.jvm_pid)) + own.ru_utime + own.ru_stime
+
+
+def write_records(spark, bootstrap: str, topic: str, records: int) -> None:
+    from pyspark.sql import functions as F
+
+    value = F.lit(bytearray(b"v" * VALUE_BYTES)).cast("binary").alias("value")
+    (spark.range(records, numPartitions=spark.sparkContext.defaultParallelism).select(value)
+     .write.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("topic", topic).save())
+
+
+def read_records(spark, bootstrap: str, topic: str) -> tuple[int, int]:
+    from pyspark.sql import functions as F
+
+    df = (spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+          .option("startingOffsets", "earliest").option("endingOffsets", "latest").load())
+    row = df.agg(F.count(F.lit(1)).alias("rows"), F.sum(F.length("value")).alias("bytes")).collect()[0]
+    return row.rows, row.bytes or 0
+
+
+# -- one target ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Phase:
+    rows: int
+    wall_s: float
+    broker_cpu_s: float
+    spark_cpu_s: float
+    profile: dict | None = None
+
+    def figures(self, cores: int) -> dict[str, float]:
+        return {
+            "rows": self.rows,
+            "wall_s": self.wall_s,
+            "rows_per_s": self.rows / self.wall_s,
+            "mb_per_s": self.rows * VALUE_BYTES / self.wall_s / (1 << 20),
+            "broker_cpu_s": self.broker_cpu_s,
+            "broker_cpu_us_per_row": self.broker_cpu_s / self.rows * 1e6,
+            "spark_cpu_s": self.spark_cpu_s,
+            "spark_cpu_us_per_row": self.spark_cpu_s / self.rows * 1e6,
+            "broker_cores": self.broker_cpu_s / self.wall_s,
+            "spark_cores": self.spark_cpu_s / self.wall_s,
+            "machine_share": (self.broker_cpu_s + self.spark_cpu_s) / self.wall_s / cores,
+        }
+
+
+def measured(target: Target, spark_cpu: SparkCpu, rows: int, action, profile_to: Path | None) -> Phase:
+    recorders = []
+    if profile_to is not None and not target.kafka:
+        for process in target.processes:
+            path = profile_to.with_name(f"{profile_to.name}-{process.port}.txt")
+            recorders.append((path, PySpyRecorder(process.pid, path, rate=250)))
+    for _, recorder in recorders:
+        recorder.__enter__()
+    try:
+        broker_before, spark_before = target.cpu_seconds(), spark_cpu.seconds()
+        started = time.perf_counter()
+        action()
+        wall = time.perf_counter() - started
+        broker_cpu, spark_cpu_s = target.cpu_seconds() - broker_before, spark_cpu.seconds() - spark_before
+    finally:
+        for _, recorder in recorders:
+            recorder.__exit__(None, None, None)
+    profile = None
+    if recorders:
+        profile = {str(path): summarize(path) for path, _ in recorders}
+        for path, summary in profile.items():
+            log(f"py-spy profile of {path}:\n{format_summary(summary)}")
+    return Phase(rows, wall, broker_cpu, spark_cpu_s, profile)
+
+
+def warm_up(spark, bootstrap: str, create_topic, rows: int, partitions: int) -> None:
+    """Write and read `rows` through an unmeasured topic (JIT of Spark's and the broker's code, connector caches)."""
+    topic = f"spark-bench-warm-up-{time.monotonic_ns()}"
+    create_topic(topic, partitions)
+    write_records(spark, bootstrap, topic, rows)
+    read_records(spark, bootstrap, topic)
+
+
+def warm_up_spark(spark, args: argparse.Namespace) -> None:
+    rows = max(args.records, SPARK_WARM_UP_ROWS) if args.spark_warm_up is None else args.spark_warm_up
+    if rows <= 0:
+        return
+    log(f"Spark warm-up: {rows:,} rows written and read through a throwaway pykbroker")
+    with BrokerProcess(extra_args=["--fsync", "never"]) as broker:
+        warm_up(spark, broker.bootstrap, lambda topic, n: create_topic(broker.bootstrap, topic, n), rows,
+                args.partitions)
+
+
+def run_target(name: str, spark, spark_cpu: SparkCpu, args: argparse.Namespace) -> dict[str, object]:
+    target = Target(name, args.refkit, args.broker_arg, args.kafka_property)
+    log(f"{name}: starting")
+    target.start()
+    try:
+        bootstrap = target.bootstrap
+        warm_rows = max(args.records // 10, WARM_UP_MIN_ROWS)
+        target.create_topic("spark-bench", args.partitions)
+        log(f"{name}: warm-up, {warm_rows:,} rows written and read")
+        warm_up(spark, bootstrap, target.create_topic, warm_rows, args.partitions)
+
+        profile = None if args.profile is None else args.profile / name
+        if profile is not None:
+            args.profile.mkdir(parents=True, exist_ok=True)
+        log(f"{name}: write {args.records:,} rows")
+        write = measured(target, spark_cpu, args.records,
+                         lambda: write_records(spark, bootstrap, "spark-bench", args.records),
+                         None if profile is None else profile.with_name(f"{name}-write"))
+        stored = stored_message_count(bootstrap, "spark-bench", args.partitions)
+        if stored != args.records:
+            raise BrokerFailed(f"{name}: the kafka sink wrote {args.records} rows but the topic holds {stored}")
+        log(f"{name}: read {args.records:,} rows")
+        read_back: list[tuple[int, int]] = []
+        read = measured(target, spark_cpu, args.records,
+                        lambda: read_back.append(read_records(spark, bootstrap, "spark-bench")),
+                        None if profile is None else profile.with_name(f"{name}-read"))
+        if read_back[0] != (args.records, args.records * VALUE_BYTES):
+            raise BrokerFailed(f"{name}: read {read_back[0]} (rows, value bytes), expected "
+                               f"{(args.records, args.records * VALUE_BYTES)}")
+        cores = os.cpu_count() or 1
+        result = {"write": write.figures(cores), "read": read.figures(cores)}
+        if write.profile or read.profile:
+            result["profile"] = {"write": write.profile, "read": read.profile}
+        return result
+    finally:
+        target.stop()
+
+
+# -- the report ------------------------------------------------------------------------------------------------
+
+
+def medians(rounds: list[dict[str, dict]], targets: list[str]) -> dict[str, dict]:
+    """Per target and operation, the median of every figure over the rounds it completed."""
+    found: dict[str, dict] = {}
+    for name in targets:
+        done = [r[name] for r in rounds if name in r]
+        if done:
+            found[name] = {operation: {key: statistics.median(d[operation][key] for d in done)
+                                       for key in done[0][operation]} for operation in ("write", "read")}
+    return found
+
+
+def table(results: dict[str, dict]) -> str:
+    lines = ["| target | operation | rows/s | MB/s | broker CPU µs/row | Spark CPU µs/row | broker cores | "
+             "Spark cores | machine busy |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, result in results.items():
+        for operation in ("write", "read"):
+            f = result[operation]
+            lines.append(f"| {name} | {operation} | {f['rows_per_s']:,.0f} | {f['mb_per_s']:.1f} | "
+                         f"{f['broker_cpu_us_per_row']:.2f} | {f['spark_cpu_us_per_row']:.2f} | "
+                         f"{f['broker_cores']:.2f} | {f['spark_cores']:.2f} | {f['machine_share']:.0%} |")
+    return "\n".join(lines)
+
+
+def ratios(results: dict[str, dict]) -> tuple[str, dict[str, dict[str, float]]]:
+    lines = ["| pykbroker / Kafka | operation | rows/s (higher is better) | broker CPU per row (lower is better) | "
+             "Spark CPU per row |", "|---|---|---|---|---|"]
+    found: dict[str, dict[str, float]] = {}
+    for ours, theirs in (("pykbroker", "kafka"), ("pykbroker-cluster", "kafka-cluster")):
+        if ours not in results or theirs not in results:
+            continue
+        for operation in ("write", "read"):
+            a, b = results[ours][operation], results[theirs][operation]
+            figures = {"rows_per_s": a["rows_per_s"] / b["rows_per_s"],
+                       "broker_cpu_per_row": a["broker_cpu_us_per_row"] / b["broker_cpu_us_per_row"],
+                       "spark_cpu_per_row": a["spark_cpu_us_per_row"] / b["spark_cpu_us_per_row"]}
+            found[f"{ours}/{theirs} {operation}"] = figures
+            label = "single broker" if ours == "pykbroker" else "3 brokers, RF 3"
+            lines.append(f"| {label} | {operation} | {figures['rows_per_s']:.2f}x | "
+                         f"{figures['broker_cpu_per_row']:.2f}x | {figures['spark_cpu_per_row']:.2f}x |")
+    return "\n".join(lines), found
+
+
+def warnings(results: dict[str, dict]) -> list[str]:
+    found = []
+    for name, result in results.items():
+        for operation in ("write", "read"):
+            f = result[operation]
+            if f["machine_share"] >= SATURATED_SHARE:
+                found.append(f"{name} {operation}: broker + Spark used {f['machine_share']:.0%} of all cores: the "
+                             "machine set the pace; compare the CPU per row")
+    return found
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=2_000_000, help="rows written and read (default %(default)s)")
+    parser.add_argument("--targets", default=",".join(TARGETS),
+                        help=f"comma-separated, run in this order (default %(default)s)")
+    parser.add_argument("--partitions", type=int, default=6,
+                        help="partitions of the topic (default %(default)s: two per broker of a cluster, three "
+                             "Spark tasks per slot when reading)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="times every target is measured, every other round in reverse order; medians "
+                             "(default %(default)s)")
+    parser.add_argument("--spark-warm-up", type=int, metavar="ROWS",
+                        help=f"rows Spark writes and reads through a throwaway pykbroker before any target (default "
+                             f"--records, at least {SPARK_WARM_UP_ROWS:,}; 0: none)")
+    parser.add_argument("--master", default="local[2]", help="Spark master (default %(default)s)")
+    parser.add_argument("--broker-arg", action="append", default=[], metavar="ARG",
+                        help="extra argument for `pykbroker serve` (repeatable), e.g. --broker-arg=--fsync=never")
+    parser.add_argument("--kafka-property", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra server.properties line for Kafka (repeatable)")
+    parser.add_argument("--refkit", type=Path, default=default_refkit(),
+                        help="the reference kit holding Kafka and the connector jars (default %(default)s)")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="py-spy the pykbroker brokers during the write and the read (perturbs the figures)")
+    parser.add_argument("--json", type=Path, help=f"results file (default {RESULTS_DIR}/spark-bench-<time>.json)")
+    args = parser.parse_args(argv)
+    args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    unknown = set(args.targets) - set(TARGETS)
+    if unknown:
+        parser.error(f"unknown targets {sorted(unknown)}; choose from {', '.join(TARGETS)}")
+    if args.profile is not None and not PySpyRecorder.available():
+        parser.error("--profile needs py-spy (pip install py-spy)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started_at = dt.datetime.now(dt.timezone.utc)
+    try:
+        connector_jars(args.refkit)
+    except ConnectorJarsError as exc:
+        print(f"skipped: no usable Spark Kafka connector: {exc}")
+        return 0
+    skipped = {}
+    targets = []
+    for name in args.targets:
+        reason = kafka_unavailable_reason(args.refkit) if name.startswith("kafka") else None
+        if reason:
+            skipped[name] = reason
+            print(f"{name} skipped: {reason}")
+        else:
+            targets.append(name)
+    load_before = os.getloadavg()[0]
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    spark = spark_session(args.master, args.refkit)
+    rounds: list[dict[str, dict]] = []
+    errors: list[str] = []
+    try:
+        spark_cpu = SparkCpu(spark)
+        warm_up_spark(spark, args)
+        for index in range(args.rounds):
+            # odd rounds in reverse order: what drifts during a run (page cache, other load) hits every target alike
+            rounds.append({})
+            for name in (targets if index % 2 == 0 else targets[::-1]):
+                try:
+                    rounds[-1][name] = run_target(name, spark, spark_cpu, args)
+                except (BrokerFailed, Exception) as exc:  # one target failing does not lose the others' figures
+                    errors.append(f"round {index + 1}, {name}: {exc}")
+                    log(f"{name} FAILED: {exc}")
+    finally:
+        spark.stop()
+    results = medians(rounds, targets)
+    cores = os.cpu_count() or 1
+    print(f"\nSpark {spark.version} {args.master} (driver and executor in one JVM), {args.records:,} rows of "
+          f"{VALUE_BYTES} B, topic of {args.partitions} partitions; {cores} cores, load average before "
+          f"{load_before:.2f}, after {os.getloadavg()[0]:.2f}; " +
+          (f"medians of {args.rounds} rounds" if args.rounds > 1 else "one round"))
+    if results:
+        print(table(results))
+    ratio_table, ratio_figures = ratios(results)
+    if ratio_figures:
+        print()
+        print(ratio_table)
+    for warning in warnings(results):
+        print(f"WARNING {warning}")
+    print("durability: pykbroker " + (" ".join(args.broker_arg) or "defaults (fsync=interval: each partition fsynced "
+                                      "at least every second)") + "; Kafka " + (" ".join(args.kafka_property) or
+                                                                                "defaults (no fsync)"))
+    for error in errors:
+        print(f"ERROR {error}")
+    print("command: " + " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])))
+    document = {"started_at": started_at.isoformat(), "command": sys.argv, "records": args.records,
+                "partitions": args.partitions, "master": args.master, "cores": cores,
+                "load_average_before": load_before, "rounds": rounds, "results": results, "ratios": ratio_figures,
+                "skipped": skipped, "errors": errors}
+    json_path = args.json or RESULTS_DIR / f"spark-bench-{started_at:%Y%m%dT%H%M%SZ}.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(document, indent=2))
+    print(f"results: {json_path}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

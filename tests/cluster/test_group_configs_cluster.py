@@ -1,0 +1,58 @@
+"""Group configs (the GROUP config resource, groups/configs.py) in a 2-broker ZooKeeper cluster: a group's
+overrides altered through one broker are stored at /config/groups/<sanitized group id> with a change
+notification, described by the other broker, read again at a restart, and their deletion reaches every broker."""
+
+from __future__ import annotations
+
+from kio.schema.describe_configs.v4 import request as dcfg
+from kio.schema.errors import ErrorCode
+from kio.static.primitive import i8
+
+from broker_cluster import BrokerCluster
+from broker_process import send_request, wait_until
+from test_dynamic_configs_cluster import alter as alter_configs
+
+GROUP = 32
+TIMEOUT = 60.0
+SESSION, HEARTBEAT = "consumer.session.timeout.ms", "consumer.heartbeat.interval.ms"
+
+
+def alter(address, name: str, configs: dict[str, str | None]) -> tuple[int, str | None]:
+    return alter_configs(address, GROUP, name, configs)
+
+
+def described(address, name: str) -> dict[str, tuple[str | None, int]]:
+    request = dcfg.DescribeConfigsRequest(resources=(dcfg.DescribeConfigsResource(
+        resource_type=i8(GROUP), resource_name=name, configuration_keys=None),),
+        include_synonyms=False, include_documentation=False)
+    result = send_request(address, request).results[0]
+    assert result.error_code == ErrorCode.none
+    return {c.name: (c.value, c.config_source) for c in result.configs}
+
+
+def test_group_configs_through_zookeeper(zk_connect, tmp_path):
+    with BrokerCluster(zk_connect, tmp_path, n=2) as cluster:
+        address = {i: broker.address for i, broker in cluster.brokers.items()}
+        group = "team/a b*"  # sanitized in its znode's name, as Kafka's Sanitizer
+        assert alter(address[1], group, {SESSION: "50000", HEARTBEAT: "6000"}) == (ErrorCode.none, None)
+        assert cluster.zk_json("/config/groups/team%2Fa%20b%2A") == {
+            "version": 1, "config": {SESSION: "50000", HEARTBEAT: "6000"}}
+        notifications = [cluster.zk_json(f"/config/changes/{child}")
+                         for child in sorted(cluster.zk().get_children("/config/changes"))]
+        assert {"version": 2, "entity_path": "groups/team%2Fa%20b%2A"} in notifications
+        overridden = {SESSION: ("50000", 8), HEARTBEAT: ("6000", 8)}
+        wait_until(lambda: described(address[2], group) == overridden, "broker 2 describes the group's configs",
+                   TIMEOUT)
+        # Broker 2 validates as broker 1 does (below group.consumer.min.session.timeout.ms).
+        assert alter(address[2], group, {HEARTBEAT: "15000", SESSION: "45000"}) == (ErrorCode.none, None)
+        assert alter(address[2], group, {SESSION: "15000"})[0] == ErrorCode.invalid_config
+
+        cluster.stop(2)
+        cluster.brokers[2].start(wait=False)
+        cluster.brokers[2].wait_ready(TIMEOUT)
+        cluster.wait_ready(TIMEOUT)
+        assert described(address[2], group) == {SESSION: ("45000", 8), HEARTBEAT: ("15000", 8)}
+
+        assert alter(address[2], group, {SESSION: None, HEARTBEAT: None}) == (ErrorCode.none, None)
+        wait_until(lambda: described(address[1], group) == {SESSION: ("45000", 5), HEARTBEAT: ("5000", 5)},
+                   "broker 1 sees the deletion", TIMEOUT)
