@@ -56,3 +56,16 @@ def test_group_configs_through_zookeeper(zk_connect, tmp_path):
         assert alter(address[2], group, {SESSION: None, HEARTBEAT: None}) == (ErrorCode.none, None)
         wait_until(lambda: described(address[1], group) == {SESSION: ("45000", 5), HEARTBEAT: ("5000", 5)},
                    "broker 1 sees the deletion", TIMEOUT)
+
+        # Group ids "." and ".." are path steps to ZooKeeper: their znodes are /config/groups/%2E and %2E%2E.
+        for dots, znode in ((".", "%2E"), ("..", "%2E%2E")):
+            assert alter(address[1], dots, {HEARTBEAT: "7000"}) == (ErrorCode.none, None), dots
+            assert cluster.zk_json(f"/config/groups/{znode}") == {"version": 1, "config": {HEARTBEAT: "7000"}}
+            wait_until(lambda: described(address[2], dots)[HEARTBEAT] == ("7000", 8),
+                       f"broker 2 describes group {dots!r}", TIMEOUT)
+        assert described(address[1], "...") == {SESSION: ("45000", 5), HEARTBEAT: ("5000", 5)}
+        # A group id whose znode name would pass 1 KiB: refused before ZooKeeper is asked.
+        (code, message) = alter(address[1], "g" * 1025, {HEARTBEAT: "7000"})
+        assert (code, message) == (ErrorCode.invalid_request, "Group id too long for its configs in ZooKeeper: "
+                                   "1025 bytes sanitized, at most 1024.")
+        assert alter(address[1], "g" * 1024, {HEARTBEAT: "7000"}) == (ErrorCode.none, None)
