@@ -4,11 +4,17 @@ notification, described by the other broker, read again at a restart, and their 
 
 from __future__ import annotations
 
+import uuid
+
 from kio.schema.describe_configs.v4 import request as dcfg
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i8
 
 from broker_cluster import BrokerCluster
+from pykbroker.cluster.zk_metadata import ZkMetadata
+from pykbroker.cluster.zookeeper import KafkaZkClient
+from pykbroker.groups.configs import GroupConfigs
+from pykbroker.groups.consumer.coordinator import ConsumerGroupConfig
 from broker_process import send_request, wait_until
 from test_dynamic_configs_cluster import alter as alter_configs
 
@@ -69,3 +75,33 @@ def test_group_configs_through_zookeeper(zk_connect, tmp_path):
         assert (code, message) == (ErrorCode.invalid_request, "Group id too long for its configs in ZooKeeper: "
                                    "1025 bytes sanitized, at most 1024.")
         assert alter(address[1], "g" * 1024, {HEARTBEAT: "7000"}) == (ErrorCode.none, None)
+
+
+def test_a_newer_group_config_read_during_a_write_is_not_overwritten(zk_connect, run_async):
+    """The backend's listener is the one path that applies a group's configs: when another broker's newer write
+    is read (its notification) before this broker's own write returns, ZkMetadata's staleness guard keeps the newer
+    one, and GroupConfigs must not apply the older one behind its back."""
+    async def main():
+        zk = KafkaZkClient(zk_connect, session_timeout_ms=6000)
+        metadata = ZkMetadata(zk, 1, "cid", inter_broker_listener="PLAINTEXT")
+        await zk.start()
+        await metadata.start()
+        try:
+            configs = GroupConfigs(ConsumerGroupConfig(), metadata)
+            group = f"race-{uuid.uuid4().hex[:8]}"
+            write = metadata._write_entity_config
+
+            async def write_then_a_newer_one_is_read(entity_type, name, config, version):
+                await write(entity_type, name, config, version)
+                await zk.set_entity_config("groups", name, {HEARTBEAT: "6000"})  # another broker's, newer
+                await metadata._load_group_config(group)  # ... whose notification this broker reads first
+
+            metadata._write_entity_config = write_then_a_newer_one_is_read
+            await configs.alter_async(group, {HEARTBEAT: "7000"})
+            assert configs.heartbeat_interval_ms(group) == 6000
+            assert metadata.group_configs()[group] == {HEARTBEAT: "6000"}
+        finally:
+            await metadata.close()
+            await zk.close()
+
+    run_async(main())
