@@ -150,10 +150,10 @@ def test_a_groups_configs_set_its_heartbeat_interval_and_session_timeout(group_b
     assert states()[other] != "Empty"
 
 
-def test_validation_fills_in_the_brokers_values_and_legacy_nulls_are_invalid_config(tmp_path):
+def test_validation_fills_in_the_brokers_values_and_legacy_nulls_are_invalid_request(tmp_path):
     """Kafka 4's GroupConfigManager.validate fills a config the group does not set with the broker's
-    group.consumer.* value (not GroupConfig's own 45000 / 5000); AlterConfigs with a null value is INVALID_CONFIG
-    (ControllerConfigurationValidator's GROUP branch)."""
+    group.consumer.* value (not GroupConfig's own 45000 / 5000); AlterConfigs with a null value is INVALID_REQUEST,
+    as Kafka 4's broker answers it."""
     config = {"group.consumer.max.session.timeout.ms": 30000, "group.consumer.session.timeout.ms": 20000,
               "group.consumer.min.session.timeout.ms": 10000, "group.consumer.max.heartbeat.interval.ms": 25000}
     with BrokerProcess(tmp_path / "broker", config=config) as broker:
@@ -173,9 +173,12 @@ def test_validation_fills_in_the_brokers_values_and_legacy_nulls_are_invalid_con
                 validate_only=False)).responses
             return answer.error_code, answer.error_message
 
+        # a null value: Kafka 4's broker refuses it in ConfigAdminManager.preprocess, before it forwards the request
+        # to the controller (whose GROUP branch would say INVALID_CONFIG "...for group configs: ..."), whatever the name
         assert legacy(group, (HEARTBEAT, None), (SESSION, "25000"), (SESSION + "x", None)) == (
-            ErrorCode.invalid_config, f"Null value not supported for group configs: {HEARTBEAT},{SESSION}x")
-        assert legacy("", (HEARTBEAT, None)) == (ErrorCode.invalid_request, "Default group resources are not allowed.")
+            ErrorCode.invalid_request, f"Null value not supported for : {HEARTBEAT}, {SESSION}x")
+        assert legacy("", (HEARTBEAT, None)) == (ErrorCode.invalid_request, f"Null value not supported for : {HEARTBEAT}")
+        assert legacy("", (HEARTBEAT, "6000")) == (ErrorCode.invalid_request, "Default group resources are not allowed.")
         assert legacy(group, (HEARTBEAT, "1"), (HEARTBEAT, "2")) == (
             ErrorCode.invalid_request, "Error due to duplicate config keys")
         # nothing of that changed the group's configs
