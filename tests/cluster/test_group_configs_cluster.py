@@ -11,6 +11,7 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i8
 
 from broker_cluster import BrokerCluster
+from cluster_helpers import wait_for
 from pykbroker.cluster.zk_metadata import ZkMetadata
 from pykbroker.cluster.zookeeper import KafkaZkClient
 from pykbroker.groups.configs import GroupConfigs
@@ -93,8 +94,10 @@ def test_a_newer_group_config_read_during_a_write_is_not_overwritten(zk_connect,
 
             async def write_then_a_newer_one_is_read(entity_type, name, config, version):
                 await write(entity_type, name, config, version)
-                await zk.set_entity_config("groups", name, {HEARTBEAT: "6000"})  # another broker's, newer
-                await metadata._load_group_config(group)  # ... whose notification this broker reads first
+                # another broker's newer write, whose notification (and this write's) this broker reads first
+                last = await zk.set_entity_config("groups", name, {HEARTBEAT: "6000"})
+                sequence = int(last.rsplit("_", 1)[1])
+                await wait_for(lambda: metadata.last_config_change >= sequence, what=f"notification {last} read")
 
             metadata._write_entity_config = write_then_a_newer_one_is_read
             await configs.alter_async(group, {HEARTBEAT: "7000"})
