@@ -108,6 +108,26 @@ _ASSIGNMENT_WRITE_ATTEMPTS = 5
 START_CONFIG_READ_TIMEOUT_S = 60.0  # how long start retries reading the dynamic broker configs
 
 
+
+# A group's configs znode /config/groups/<name>: its id sanitized as Kafka's Sanitizer does, except that a
+# whole name of "." or ".." (which ZooKeeper takes as path steps) is written %2E / %2E%2E (desanitize reads
+# them back). Its length is bounded: every name under /config/groups comes back in one getChildren answer,
+# which must fit ZooKeeper's jute.maxbuffer (1 MiB by default), so one name may take at most 1 KiB.
+MAX_GROUP_ZNODE_NAME = 1024
+
+
+def group_znode_name(group_id: str, *, check_length: bool = True) -> str:
+    """The znode name of a group's configs; KafkaError (INVALID_REQUEST) if it is too long for ZooKeeper
+    (``check_length``: a name read back from ZooKeeper is taken as it is)."""
+    name = sanitize(group_id)
+    if name in (".", ".."):
+        name = "%2E" * len(name)
+    if check_length and len(name.encode()) > MAX_GROUP_ZNODE_NAME:
+        raise KafkaError(ErrorCode.invalid_request,
+                         f"Group id too long for its configs in ZooKeeper: {len(name.encode())} bytes sanitized, "
+                         f"at most {MAX_GROUP_ZNODE_NAME}.")
+    return name
+
 class MetadataStartError(Exception):
     """The cache cannot start (the dynamic broker configs could not be read from ZooKeeper)."""
 
@@ -545,7 +565,7 @@ class ZkMetadata(TopicIndex):
         """``/config/<entity_type>/<name>`` as ZooKeeper has it now, and its zkVersion (-1: no znode); a group's
         name is its id (sanitized here for its znode)."""
         if entity_type + "/" == GROUP_ENTITY_PREFIX:
-            name = sanitize(name)
+            name = group_znode_name(name)
         return await self.zk.get_entity_config_versioned(entity_type, name)
 
     # -- group configs (/config/groups/<sanitized group id>) ----------------------------------------
@@ -572,7 +592,8 @@ class ZkMetadata(TopicIndex):
 
     async def _load_group_config(self, group_id: str) -> bool:
         return await self._read_entity_config(self._group_config_generation, group_id,
-                                              GROUP_ENTITY_PREFIX + sanitize(group_id), self._apply_group_config)
+                                              GROUP_ENTITY_PREFIX + group_znode_name(group_id, check_length=False),
+                                              self._apply_group_config)
 
     def _apply_group_config(self, group_id: str, configs: dict[str, str]) -> None:
         if configs:
@@ -587,7 +608,7 @@ class ZkMetadata(TopicIndex):
         """Write ``/config/groups/<group>`` and its change notification (conditional on ``version``:
         StaleConfigVersion if it changed), then apply it here at once."""
         generation = self._group_config_generation.get(group_id)
-        await self._write_entity_config("groups", sanitize(group_id), configs, version)
+        await self._write_entity_config("groups", group_znode_name(group_id), configs, version)
         if self._group_config_generation.get(group_id) == generation:
             self._group_config_generation[group_id] = next(self._generations)
             self._apply_group_config(group_id, configs)

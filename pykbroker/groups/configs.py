@@ -8,15 +8,16 @@
 * Defaults: the broker's ``group.consumer.session.timeout.ms`` / ``group.consumer.heartbeat.interval.ms``
   (Kafka's extractGroupConfigMap). DescribeConfigs lists both with source GROUP_CONFIG (8) when the group
   overrides it, else DEFAULT_CONFIG (5), one synonym of that source, never read-only; a group needs not exist.
-* Validation (GroupConfig.validate, on the group's whole set of overrides after the change, the others at
-  GroupConfig's own defaults 45000 / 5000 as Kafka's ConfigDef.parse fills them): INVALID_CONFIG with Kafka's
+* Validation (Kafka 4's GroupConfigManager.validate: the broker's group.consumer.session.timeout.ms /
+  heartbeat.interval.ms, then the group's whole set of overrides after the change): INVALID_CONFIG with Kafka's
   messages for an unknown name, a value that is not an INT or below 1, a heartbeat interval outside
   ``group.consumer.min/max.heartbeat.interval.ms``, a session timeout outside
   ``group.consumer.min/max.session.timeout.ms``, and a session timeout not above the heartbeat interval.
   An empty group name: INVALID_REQUEST "Default group resources are not allowed."
 * Storage: the metadata backend, by group id: the single node's journal, or ZooKeeper's
   ``/config/groups/<group>`` with a ``/config/changes`` notification (cluster/metadata.py,
-  cluster/zk_metadata.py); every broker follows the backend's changes, so the coordinator of the group, on
+  cluster/zk_metadata.py: the id sanitized, ``.`` / ``..`` as ``%2E`` / ``%2E%2E``, at most 1 KiB so sanitized,
+  else INVALID_REQUEST); the backend's listener is the one path that applies them; every broker follows the backend's changes, so the coordinator of the group, on
   whichever broker, reads the group's values through ``session_timeout_ms`` / ``heartbeat_interval_ms``.
 """
 
@@ -38,7 +39,8 @@ GROUP_ENTITY_TYPE = "groups"  # the entity type of the stored configs (ZooKeeper
 CONSUMER_SESSION_TIMEOUT_MS = "consumer.session.timeout.ms"
 CONSUMER_HEARTBEAT_INTERVAL_MS = "consumer.heartbeat.interval.ms"
 
-# Kafka's GroupConfig definitions; their own defaults are GroupCoordinatorConfig's (what validation fills in).
+# Kafka's GroupConfig definitions (their own defaults are GroupCoordinatorConfig's; validation and DescribeConfigs
+# use the broker's group.consumer.* values instead).
 GROUP_CONFIGS: dict[str, ConfigDef] = {
     CONSUMER_SESSION_TIMEOUT_MS: ConfigDef(
         CONSUMER_SESSION_TIMEOUT_MS, "int", 45000,
@@ -69,8 +71,9 @@ def validate(configs: Mapping[str, str], bounds: ConsumerGroupConfig) -> dict[st
             typed[name] = GROUP_CONFIGS[name].parse(raw.strip() if isinstance(raw, str) else raw, kafka_wording=True)
         except ConfigError as exc:
             raise _invalid(exc.message) from None
-    heartbeat = typed.get(CONSUMER_HEARTBEAT_INTERVAL_MS, GROUP_CONFIGS[CONSUMER_HEARTBEAT_INTERVAL_MS].default)
-    session = typed.get(CONSUMER_SESSION_TIMEOUT_MS, GROUP_CONFIGS[CONSUMER_SESSION_TIMEOUT_MS].default)
+    # the broker's values where the group has none (extractConsumerGroupConfigMap, then the new configs)
+    heartbeat = typed.get(CONSUMER_HEARTBEAT_INTERVAL_MS, bounds.heartbeat_interval_ms)
+    session = typed.get(CONSUMER_SESSION_TIMEOUT_MS, bounds.session_timeout_ms)
     checks = (
         (heartbeat < bounds.min_heartbeat_interval_ms,
          f"{CONSUMER_HEARTBEAT_INTERVAL_MS} must be greater than or equal to group.consumer.min.heartbeat.interval.ms"),
@@ -155,8 +158,9 @@ class GroupConfigs:
         if validate_only:
             return
         log.info("updating the configs of group %s: %s", group_id, configs)
+        # the backend tells its listeners (``_stored``): the one path that applies configs, so a write that
+        # ZooKeeper's staleness guard drops is not applied here either
         await self.metadata.set_group_configs_async(group_id, dict(configs), version=version)
-        self._stored(group_id, configs)
 
 
 __all__ = ["GROUP_RESOURCE", "GROUP_ENTITY_TYPE", "GROUP_CONFIGS", "GroupConfigs", "validate",

@@ -4,11 +4,18 @@ notification, described by the other broker, read again at a restart, and their 
 
 from __future__ import annotations
 
+import uuid
+
 from kio.schema.describe_configs.v4 import request as dcfg
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i8
 
 from broker_cluster import BrokerCluster
+from cluster_helpers import wait_for
+from pykbroker.cluster.zk_metadata import ZkMetadata
+from pykbroker.cluster.zookeeper import KafkaZkClient
+from pykbroker.groups.configs import GroupConfigs
+from pykbroker.groups.consumer.coordinator import ConsumerGroupConfig
 from broker_process import send_request, wait_until
 from test_dynamic_configs_cluster import alter as alter_configs
 
@@ -56,3 +63,48 @@ def test_group_configs_through_zookeeper(zk_connect, tmp_path):
         assert alter(address[2], group, {SESSION: None, HEARTBEAT: None}) == (ErrorCode.none, None)
         wait_until(lambda: described(address[1], group) == {SESSION: ("45000", 5), HEARTBEAT: ("5000", 5)},
                    "broker 1 sees the deletion", TIMEOUT)
+
+        # Group ids "." and ".." are path steps to ZooKeeper: their znodes are /config/groups/%2E and %2E%2E.
+        for dots, znode in ((".", "%2E"), ("..", "%2E%2E")):
+            assert alter(address[1], dots, {HEARTBEAT: "7000"}) == (ErrorCode.none, None), dots
+            assert cluster.zk_json(f"/config/groups/{znode}") == {"version": 1, "config": {HEARTBEAT: "7000"}}
+            wait_until(lambda: described(address[2], dots)[HEARTBEAT] == ("7000", 8),
+                       f"broker 2 describes group {dots!r}", TIMEOUT)
+        assert described(address[1], "...") == {SESSION: ("45000", 5), HEARTBEAT: ("5000", 5)}
+        # A group id whose znode name would pass 1 KiB: refused before ZooKeeper is asked.
+        (code, message) = alter(address[1], "g" * 1025, {HEARTBEAT: "7000"})
+        assert (code, message) == (ErrorCode.invalid_request, "Group id too long for its configs in ZooKeeper: "
+                                   "1025 bytes sanitized, at most 1024.")
+        assert alter(address[1], "g" * 1024, {HEARTBEAT: "7000"}) == (ErrorCode.none, None)
+
+
+def test_a_newer_group_config_read_during_a_write_is_not_overwritten(zk_connect, run_async):
+    """The backend's listener is the one path that applies a group's configs: when another broker's newer write
+    is read (its notification) before this broker's own write returns, ZkMetadata's staleness guard keeps the newer
+    one, and GroupConfigs must not apply the older one behind its back."""
+    async def main():
+        zk = KafkaZkClient(zk_connect, session_timeout_ms=6000)
+        metadata = ZkMetadata(zk, 1, "cid", inter_broker_listener="PLAINTEXT")
+        await zk.start()
+        await metadata.start()
+        try:
+            configs = GroupConfigs(ConsumerGroupConfig(), metadata)
+            group = f"race-{uuid.uuid4().hex[:8]}"
+            write = metadata._write_entity_config
+
+            async def write_then_a_newer_one_is_read(entity_type, name, config, version):
+                await write(entity_type, name, config, version)
+                # another broker's newer write, whose notification (and this write's) this broker reads first
+                last = await zk.set_entity_config("groups", name, {HEARTBEAT: "6000"})
+                sequence = int(last.rsplit("_", 1)[1])
+                await wait_for(lambda: metadata.last_config_change >= sequence, what=f"notification {last} read")
+
+            metadata._write_entity_config = write_then_a_newer_one_is_read
+            await configs.alter_async(group, {HEARTBEAT: "7000"})
+            assert configs.heartbeat_interval_ms(group) == 6000
+            assert metadata.group_configs()[group] == {HEARTBEAT: "6000"}
+        finally:
+            await metadata.close()
+            await zk.close()
+
+    run_async(main())

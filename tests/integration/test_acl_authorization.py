@@ -22,8 +22,8 @@ import pytest
 pytest.importorskip("cryptography", reason="certificates for these tests are built with cryptography")
 
 from acl_helpers import (  # noqa: E402
-    ALL, ALLOW, CLUSTER_DENIED, CREATE, DENY, DESCRIBE, GROUP, GROUP_DENIED, LITERAL, PREFIXED, READ, TOPIC, TOPIC_DENIED,
-    TRANSACTIONAL_ID, TXN_DENIED, WRITE, RawClient, acl_creation, authorization_view, client_tls, create_acls,
+    ALL, ALLOW, CLUSTER_DENIED, CREATE, DENY, DESCRIBE, DESCRIBE_CONFIGS, GROUP, GROUP_DENIED, LITERAL, PREFIXED, READ, TOPIC, TOPIC_DENIED,
+    TRANSACTIONAL_ID, TXN_DENIED, WRITE, RawClient, acl_creation, authorization_view, client_tls, create_acls, error_codes,
     schema, secured_settings, wait_for_acl_count,
 )
 from broker_process import BrokerProcess, free_port, wait_until  # noqa: E402
@@ -34,12 +34,15 @@ CLIENT = "User:CN=client,OU=apps,O=pykbroker"
 AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 TOPICS = ("open", "readonly", "writeonly", "denied", "denyread")
 S = datetime.timedelta(seconds=1)
+ALTER_CONFIGS = 11  # AclOperation.ALTER_CONFIGS
 ACLS = [
     (TOPIC, "open", ALL, ALLOW, LITERAL), (TOPIC, "readonly", READ, ALLOW, LITERAL),
     (TOPIC, "writeonly", WRITE, ALLOW, LITERAL), (TOPIC, "denyread", ALL, ALLOW, LITERAL),
     (TOPIC, "denyread", READ, DENY, LITERAL), (TOPIC, "pre-", WRITE, ALLOW, PREFIXED),
     (GROUP, "g-read", READ, ALLOW, LITERAL), (GROUP, "g-describe", DESCRIBE, ALLOW, LITERAL),
     (TRANSACTIONAL_ID, "tx-write", WRITE, ALLOW, LITERAL), (TOPIC, "createonly", CREATE, ALLOW, LITERAL),
+    (GROUP, "g-configs", DESCRIBE_CONFIGS, ALLOW, LITERAL), (GROUP, "g-configs", ALTER_CONFIGS, ALLOW, LITERAL),
+    (GROUP, "gcfg-", DESCRIBE_CONFIGS, ALLOW, PREFIXED), (GROUP, "gcfg-", ALTER_CONFIGS, ALLOW, PREFIXED),
 ]
 
 
@@ -221,8 +224,12 @@ def _alter_configs(*resources):
 def _incremental_alter_configs(*resources):
     cls, m = schema(44, 1)
     return cls(resources=tuple(m.AlterConfigsResource(resource_type=rtype, resource_name=name, configs=(
-        m.AlterableConfig(name="retention.ms" if rtype == 2 else "log.cleaner.threads", config_operation=0,
-                          value="1000" if rtype == 2 else "1"),)) for rtype, name in resources), validate_only=True)
+        m.AlterableConfig(name=_CONFIG_SET[rtype][0], config_operation=0, value=_CONFIG_SET[rtype][1]),))
+        for rtype, name in resources), validate_only=True)
+
+
+# a valid config of each resource type (validate_only: nothing changes)
+_CONFIG_SET = {2: ("retention.ms", "1000"), 4: ("log.cleaner.threads", "1"), 32: ("consumer.heartbeat.interval.ms", "6000")}
 
 
 def _init_producer_id(txn):
@@ -389,6 +396,19 @@ ROWS = [
     ("describe-configs-group", lambda: _describe_configs((32, "g-read")), {"g-read:error_code": GROUP_DENIED}),
     ("incremental-alter-configs-group", lambda: _incremental_alter_configs((32, "g-read")),
      {"g-read:error_code": GROUP_DENIED}),
+    # allowed by a literal and by a prefixed ACL; legacy AlterConfigs too
+    ("describe-configs-group-allowed", lambda: _describe_configs((32, "g-configs"), (32, "gcfg-x"), (32, "g-read")),
+     {"g-read:error_code": GROUP_DENIED}),
+    ("incremental-alter-configs-group-allowed",
+     lambda: _incremental_alter_configs((32, "g-configs"), (32, "gcfg-x"), (32, "g-read")),
+     {"g-read:error_code": GROUP_DENIED}),
+    ("alter-configs-group", lambda: _alter_configs((32, "g-configs"), (32, "gcfg-x"), (32, "g-describe")),
+     {"g-describe:error_code": GROUP_DENIED}),
+    # authorized before the name is checked (KafkaApis): an empty name without an ACL is GROUP_AUTHORIZATION_FAILED
+    ("describe-configs-group-empty", lambda: _describe_configs((32, "")), {":error_code": GROUP_DENIED}),
+    ("incremental-alter-configs-group-empty", lambda: _incremental_alter_configs((32, "")),
+     {":error_code": GROUP_DENIED}),
+    ("alter-configs-group-empty", lambda: _alter_configs((32, "")), {":error_code": GROUP_DENIED}),
     ("init-producer-id-txn", lambda: _init_producer_id("tx-none"), {":error_code": TXN_DENIED}),
     ("init-producer-id-idempotent", lambda: _init_producer_id(None), {}),
     ("add-partitions-txn-id", lambda: _add_partitions("tx-none", "open"), {"open/0:partition_error_code": TXN_DENIED}),
@@ -440,7 +460,11 @@ def _expect(view: dict[str, int], expected: dict[str, int] | None, row: str) -> 
 KRAFT_DIFFERS = {"create-topics": {"new-topic:topic_config_error_code"},
                  # Kafka 3.7.1 has no GROUP config resource (Kafka 4's): it fails the request (INVALID_REQUEST)
                  "describe-configs-group": {"g-read:error_code"},
-                 "incremental-alter-configs-group": {"g-read:error_code"}}
+                 "incremental-alter-configs-group": {"g-read:error_code"},
+                 **{row: {f"{name}:error_code" for name in ("g-configs", "gcfg-x", "g-read", "g-describe", "")}
+                    for row in ("describe-configs-group-allowed", "incremental-alter-configs-group-allowed",
+                                "alter-configs-group", "describe-configs-group-empty",
+                                "incremental-alter-configs-group-empty", "alter-configs-group-empty")}}
 
 
 @pytest.mark.parametrize("row", [r[0] for r in ROWS])
@@ -456,6 +480,18 @@ def test_authorization_table(row, pykbroker_client, kafka_client):
         _expect(theirs, {p: c for p, c in expected.items() if p not in differs} if expected else expected, row)
         refused = {path: code for path, code in ours.items() if code}
         assert refused == {path: code for path, code in theirs.items() if code}, (row, ours, theirs)
+
+
+def test_group_configs_allowed_by_literal_and_prefixed_acls_succeed(pykbroker_client):
+    """DESCRIBE_CONFIGS / ALTER_CONFIGS on a group (literal or prefixed ACL): the request itself succeeds, through
+    DescribeConfigs, IncrementalAlterConfigs and the legacy AlterConfigs (key 33); no error at all."""
+    for build in (lambda: _describe_configs((32, "g-configs"), (32, "gcfg-x")),
+                  lambda: _incremental_alter_configs((32, "g-configs"), (32, "gcfg-x")),
+                  lambda: _alter_configs((32, "g-configs"), (32, "gcfg-x"))):
+        answer = pykbroker_client.call(build())
+        assert set(error_codes(answer).values()) == {0}, answer
+    described = pykbroker_client.call(_describe_configs((32, "gcfg-x"))).results[0]
+    assert {c.name for c in described.configs} == {"consumer.session.timeout.ms", "consumer.heartbeat.interval.ms"}
 
 
 def test_cluster_authorized_operations_are_the_principals(pykbroker_client, kafka_client):

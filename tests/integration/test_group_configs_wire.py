@@ -148,3 +148,39 @@ def test_a_groups_configs_set_its_heartbeat_interval_and_session_timeout(group_b
     wait_until(lambda: states().get(group) == "Empty", "the member's 10 s session expires", 40)
     assert 9 <= time.monotonic() - started < 40
     assert states()[other] != "Empty"
+
+
+def test_validation_fills_in_the_brokers_values_and_legacy_nulls_are_invalid_request(tmp_path):
+    """Kafka 4's GroupConfigManager.validate fills a config the group does not set with the broker's
+    group.consumer.* value (not GroupConfig's own 45000 / 5000); AlterConfigs with a null value is INVALID_REQUEST,
+    as Kafka 4's broker answers it."""
+    config = {"group.consumer.max.session.timeout.ms": 30000, "group.consumer.session.timeout.ms": 20000,
+              "group.consumer.min.session.timeout.ms": 10000, "group.consumer.max.heartbeat.interval.ms": 25000}
+    with BrokerProcess(tmp_path / "broker", config=config) as broker:
+        group = f"cfg-{uuid.uuid4().hex[:8]}"
+        # 6000 < the broker's 20000 session timeout (not above GroupConfig's 45000, beyond the 30000 maximum)
+        assert _incremental(broker.address, group, (HEARTBEAT, 0, "6000")) == (ErrorCode.none, None)
+        assert {c.name: (c.value, c.config_source) for c in _describe(broker.address, group).configs} == {
+            SESSION: ("20000", 5), HEARTBEAT: ("6000", 8)}
+        # ... and a heartbeat interval not below the broker's session timeout is refused
+        assert _incremental(broker.address, group, (HEARTBEAT, 0, "20000")) == (
+            ErrorCode.invalid_config, f"{SESSION} must be greater than {HEARTBEAT}")
+
+        def legacy(name, *configs):
+            (answer,) = send_request(broker.address, alter_v2.AlterConfigsRequest(resources=(
+                alter_v2.AlterConfigsResource(resource_type=GROUP, resource_name=name, configs=tuple(
+                    alter_v2.AlterableConfig(name=key, value=value) for key, value in configs)),),
+                validate_only=False)).responses
+            return answer.error_code, answer.error_message
+
+        # a null value: Kafka 4's broker refuses it in ConfigAdminManager.preprocess, before it forwards the request
+        # to the controller (whose GROUP branch would say INVALID_CONFIG "...for group configs: ..."), whatever the name
+        assert legacy(group, (HEARTBEAT, None), (SESSION, "25000"), (SESSION + "x", None)) == (
+            ErrorCode.invalid_request, f"Null value not supported for : {HEARTBEAT}, {SESSION}x")
+        assert legacy("", (HEARTBEAT, None)) == (ErrorCode.invalid_request, f"Null value not supported for : {HEARTBEAT}")
+        assert legacy("", (HEARTBEAT, "6000")) == (ErrorCode.invalid_request, "Default group resources are not allowed.")
+        assert legacy(group, (HEARTBEAT, "1"), (HEARTBEAT, "2")) == (
+            ErrorCode.invalid_request, "Error due to duplicate config keys")
+        # nothing of that changed the group's configs
+        assert {c.name: c.value for c in _describe(broker.address, group).configs} == {
+            SESSION: "20000", HEARTBEAT: "6000"}

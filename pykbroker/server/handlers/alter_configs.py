@@ -22,7 +22,10 @@ Behaviour (Kafka 3.7.1's ZkAdminManager / ConfigAdminManager):
   validated after the change (INVALID_CONFIG in Kafka's words: an unknown name, not an INT, outside the
   broker's group.consumer.min/max bounds, a session timeout not above the heartbeat interval); the group
   needs not exist; an empty group name is INVALID_REQUEST ("Default group resources are not allowed.");
-  ALTER_CONFIGS on the group, else GROUP_AUTHORIZATION_FAILED.
+  AlterConfigs with a null value: INVALID_REQUEST "Null value not supported for : <names>" as for the other
+  types (Kafka 4's broker refuses it in ConfigAdminManager.preprocess before forwarding the request, so the
+  controller's INVALID_CONFIG "Null value not supported for group configs" is only seen by a client talking
+  to a controller); ALTER_CONFIGS on the group, else GROUP_AUTHORIZATION_FAILED (checked before the name).
 - INVALID_REQUEST, as Kafka: a resource named twice in one request (every occurrence: "Each resource must
   appear at most once."), a config named twice in one resource (both APIs: "Error due to duplicate config
   keys", ConfigAdminManager.preprocess), a null value (except DELETE), an unknown operation, a TOPIC
@@ -209,7 +212,7 @@ def _response(ctx: RequestContext, schema, response_type, results) -> object:
 @handles(33)
 async def alter_configs(ctx: RequestContext, request) -> object:
     async def change(resource) -> None:
-        _preprocess(resource.configs)
+        _preprocess(resource.configs)  # Kafka 4's broker: before forwarding, GROUP resources too
         _entity(ctx, resource)  # the resource exists and may be changed here
         await _replace(ctx, resource, {entry.name: entry.value for entry in resource.configs}, request.validate_only)
 
