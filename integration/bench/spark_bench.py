@@ -16,10 +16,14 @@ through another topic: Kafka's JIT, the broker's caches), then
          topic must hold exactly N records (ListOffsets);
   read:  spark.read.format("kafka").option("subscribe", topic).load() -> count(*), sum(length(value)); must be
          N and N * 1024.
-Figures: rows/s (wall clock of the Spark action), broker CPU per row (utime + stime from /proc of every broker
-process and its descendants, all brokers of a cluster summed), Spark's CPU per row (its JVM and this process)
-and the cores both used, and pykbroker / Kafka ratios; with --rounds N the medians of N rounds, every other
-round in reverse order. Nothing asserts a time.
+Figures: end-to-end rows/s (wall clock of the Spark action), broker CPU per row (utime + stime, and that of
+reaped children, from /proc of every broker process and its descendants, all brokers of a cluster summed),
+ZooKeeper's CPU per row (the clusters' ZooKeeper, its own column: not in the broker's), Spark's CPU per row (its
+JVM and this process), the cores each used (a phase where Spark used more than the broker is flagged
+Spark-bound: its rows/s measures Spark more than the broker), the load average before and after each phase, and
+pykbroker / Kafka ratios, broker CPU per row first; with --rounds N the medians of N rounds, every other round in
+reverse order. A phase does not start while the 1-minute load average exceeds the core count, unless
+--allow-loaded (then the run warns and the JSON says which phases ran loaded). Nothing asserts a time.
 """
 
 from __future__ import annotations
@@ -138,6 +142,11 @@ class Target:
             process.check_alive()
         return sum(tree_cpu_seconds(process_tree(p.pid)) for p in self.processes)
 
+    def zookeeper_cpu_seconds(self) -> float:
+        """CPU seconds of the cluster's ZooKeeper (0 for a single broker: pykbroker alone, Kafka in KRaft mode)."""
+        pid = self.cluster.zookeeper.pid if self.cluster and self.cluster.zookeeper else None
+        return tree_cpu_seconds(process_tree(pid)) if pid else 0.0
+
     def stop(self) -> None:
         if self.single:
             self.single.stop()
@@ -191,31 +200,66 @@ def read_records(spark, bootstrap: str, topic: str) -> tuple[int, int]:
 # -- one target ------------------------------------------------------------------------------------------------
 
 
+class MachineLoaded(Exception):
+    """The 1-minute load average exceeds the core count before a phase, and --allow-loaded was not given."""
+
+
 @dataclass
 class Phase:
     rows: int
     wall_s: float
     broker_cpu_s: float
     spark_cpu_s: float
+    zookeeper_cpu_s: float
+    load_before: tuple[float, float, float]
+    load_after: tuple[float, float, float]
     profile: dict | None = None
 
     def figures(self, cores: int) -> dict[str, float]:
-        return {
+        figures = {
             "rows": self.rows,
             "wall_s": self.wall_s,
             "rows_per_s": self.rows / self.wall_s,
             "mb_per_s": self.rows * VALUE_BYTES / self.wall_s / (1 << 20),
             "broker_cpu_s": self.broker_cpu_s,
             "broker_cpu_us_per_row": self.broker_cpu_s / self.rows * 1e6,
+            "zookeeper_cpu_s": self.zookeeper_cpu_s,
+            "zookeeper_cpu_us_per_row": self.zookeeper_cpu_s / self.rows * 1e6,
             "spark_cpu_s": self.spark_cpu_s,
             "spark_cpu_us_per_row": self.spark_cpu_s / self.rows * 1e6,
             "broker_cores": self.broker_cpu_s / self.wall_s,
             "spark_cores": self.spark_cpu_s / self.wall_s,
-            "machine_share": (self.broker_cpu_s + self.spark_cpu_s) / self.wall_s / cores,
+            "machine_share": (self.broker_cpu_s + self.zookeeper_cpu_s + self.spark_cpu_s) / self.wall_s / cores,
+            "load1_before": self.load_before[0], "load5_before": self.load_before[1],
+            "load15_before": self.load_before[2], "load1_after": self.load_after[0],
         }
+        return with_flags(figures, cores)
 
 
-def measured(target: Target, spark_cpu: SparkCpu, rows: int, action, profile_to: Path | None) -> Phase:
+def with_flags(figures: dict, cores: int) -> dict:
+    """The phase's flags, from its figures (again after medians): Spark-bound (Spark used more cores than the
+    broker: the end-to-end rows/s measures Spark's side more than the broker's) and loaded (the 1-minute load
+    average before it exceeded the core count)."""
+    return {**figures, "spark_bound": figures["spark_cores"] > figures["broker_cores"],
+            "loaded": figures["load1_before"] > cores}
+
+
+def check_load(what: str, allow_loaded: bool) -> tuple[float, float, float]:
+    """The load average before a phase; MachineLoaded if its 1-minute figure exceeds the cores (a warning with
+    --allow-loaded)."""
+    load, cores = os.getloadavg(), os.cpu_count() or 1
+    if load[0] > cores:
+        message = (f"{what}: 1-minute load average {load[0]:.2f} exceeds the {cores} cores: the figures would be "
+                   "the scheduler's as much as the brokers'")
+        if not allow_loaded:
+            raise MachineLoaded(f"{message}; wait for a quiet machine or pass --allow-loaded")
+        log(f"WARNING {message} (--allow-loaded: measured anyway)")
+    return load
+
+
+def measured(target: Target, spark_cpu: SparkCpu, rows: int, action, profile_to: Path | None,
+             what: str = "", allow_loaded: bool = False) -> Phase:
+    load_before = check_load(what or target.name, allow_loaded)
     recorders = []
     if profile_to is not None and not target.kafka:
         for process in target.processes:
@@ -225,10 +269,12 @@ def measured(target: Target, spark_cpu: SparkCpu, rows: int, action, profile_to:
         recorder.__enter__()
     try:
         broker_before, spark_before = target.cpu_seconds(), spark_cpu.seconds()
+        zookeeper_before = target.zookeeper_cpu_seconds()
         started = time.perf_counter()
         action()
         wall = time.perf_counter() - started
         broker_cpu, spark_cpu_s = target.cpu_seconds() - broker_before, spark_cpu.seconds() - spark_before
+        zookeeper_cpu = target.zookeeper_cpu_seconds() - zookeeper_before
     finally:
         for _, recorder in recorders:
             recorder.__exit__(None, None, None)
@@ -237,7 +283,8 @@ def measured(target: Target, spark_cpu: SparkCpu, rows: int, action, profile_to:
         profile = {str(path): summarize(path) for path, _ in recorders}
         for path, summary in profile.items():
             log(f"py-spy profile of {path}:\n{format_summary(summary)}")
-    return Phase(rows, wall, broker_cpu, spark_cpu_s, profile)
+    return Phase(rows, wall, broker_cpu, spark_cpu_s, zookeeper_cpu, tuple(load_before), tuple(os.getloadavg()),
+                 profile)
 
 
 def warm_up(spark, bootstrap: str, create_topic, rows: int, partitions: int) -> None:
@@ -275,7 +322,8 @@ def run_target(name: str, spark, spark_cpu: SparkCpu, args: argparse.Namespace) 
         log(f"{name}: write {args.records:,} rows")
         write = measured(target, spark_cpu, args.records,
                          lambda: write_records(spark, bootstrap, "spark-bench", args.records),
-                         None if profile is None else profile.with_name(f"{name}-write"))
+                         None if profile is None else profile.with_name(f"{name}-write"),
+                         f"{name} write", args.allow_loaded)
         stored = stored_message_count(bootstrap, "spark-bench", args.partitions)
         if stored != args.records:
             raise BrokerFailed(f"{name}: the kafka sink wrote {args.records} rows but the topic holds {stored}")
@@ -283,7 +331,8 @@ def run_target(name: str, spark, spark_cpu: SparkCpu, args: argparse.Namespace) 
         read_back: list[tuple[int, int]] = []
         read = measured(target, spark_cpu, args.records,
                         lambda: read_back.append(read_records(spark, bootstrap, "spark-bench")),
-                        None if profile is None else profile.with_name(f"{name}-read"))
+                        None if profile is None else profile.with_name(f"{name}-read"),
+                        f"{name} read", args.allow_loaded)
         if read_back[0] != (args.records, args.records * VALUE_BYTES):
             raise BrokerFailed(f"{name}: read {read_back[0]} (rows, value bytes), expected "
                                f"{(args.records, args.records * VALUE_BYTES)}")
@@ -299,50 +348,58 @@ def run_target(name: str, spark, spark_cpu: SparkCpu, args: argparse.Namespace) 
 # -- the report ------------------------------------------------------------------------------------------------
 
 
-def medians(rounds: list[dict[str, dict]], targets: list[str]) -> dict[str, dict]:
-    """Per target and operation, the median of every figure over the rounds it completed."""
+def medians(rounds: list[dict[str, dict]], targets: list[str], cores: int) -> dict[str, dict]:
+    """Per target and operation, the median of every figure over the rounds it completed (the flags recomputed
+    from the medians)."""
     found: dict[str, dict] = {}
     for name in targets:
         done = [r[name] for r in rounds if name in r]
         if done:
-            found[name] = {operation: {key: statistics.median(d[operation][key] for d in done)
-                                       for key in done[0][operation]} for operation in ("write", "read")}
+            found[name] = {operation: with_flags({key: statistics.median(d[operation][key] for d in done)
+                                                  for key in done[0][operation] if key not in ("spark_bound", "loaded")},
+                                                 cores)
+                           for operation in ("write", "read")}
     return found
 
 
 def table(results: dict[str, dict]) -> str:
-    lines = ["| target | operation | rows/s | MB/s | broker CPU µs/row | Spark CPU µs/row | broker cores | "
-             "Spark cores | machine busy |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| target | operation | rows/s end to end | MB/s | broker CPU µs/row | ZooKeeper CPU µs/row | "
+             "Spark CPU µs/row | broker cores | Spark cores | machine busy | Spark-bound | load 1 min before |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, result in results.items():
         for operation in ("write", "read"):
             f = result[operation]
             lines.append(f"| {name} | {operation} | {f['rows_per_s']:,.0f} | {f['mb_per_s']:.1f} | "
-                         f"{f['broker_cpu_us_per_row']:.2f} | {f['spark_cpu_us_per_row']:.2f} | "
-                         f"{f['broker_cores']:.2f} | {f['spark_cores']:.2f} | {f['machine_share']:.0%} |")
+                         f"{f['broker_cpu_us_per_row']:.2f} | {f['zookeeper_cpu_us_per_row']:.2f} | "
+                         f"{f['spark_cpu_us_per_row']:.2f} | {f['broker_cores']:.2f} | {f['spark_cores']:.2f} | "
+                         f"{f['machine_share']:.0%} | {'yes' if f['spark_bound'] else 'no'} | "
+                         f"{f['load1_before']:.2f}{' (loaded)' if f['loaded'] else ''} |")
     return "\n".join(lines)
 
 
 def ratios(results: dict[str, dict]) -> tuple[str, dict[str, dict[str, float]]]:
-    lines = ["| pykbroker / Kafka | operation | rows/s (higher is better) | broker CPU per row (lower is better) | "
-             "Spark CPU per row |", "|---|---|---|---|---|"]
+    lines = ["| pykbroker / Kafka | operation | broker CPU per row (lower is better) | end-to-end rows/s (higher is "
+             "better; Spark's side included) | Spark CPU per row |", "|---|---|---|---|---|"]
     found: dict[str, dict[str, float]] = {}
     for ours, theirs in (("pykbroker", "kafka"), ("pykbroker-cluster", "kafka-cluster")):
         if ours not in results or theirs not in results:
             continue
         for operation in ("write", "read"):
             a, b = results[ours][operation], results[theirs][operation]
-            figures = {"rows_per_s": a["rows_per_s"] / b["rows_per_s"],
-                       "broker_cpu_per_row": a["broker_cpu_us_per_row"] / b["broker_cpu_us_per_row"],
-                       "spark_cpu_per_row": a["spark_cpu_us_per_row"] / b["spark_cpu_us_per_row"]}
+            figures = {"broker_cpu_per_row": a["broker_cpu_us_per_row"] / b["broker_cpu_us_per_row"],
+                       "end_to_end_rows_per_s": a["rows_per_s"] / b["rows_per_s"],
+                       "spark_cpu_per_row": a["spark_cpu_us_per_row"] / b["spark_cpu_us_per_row"],
+                       "spark_bound": a["spark_bound"] or b["spark_bound"], "loaded": a["loaded"] or b["loaded"]}
             found[f"{ours}/{theirs} {operation}"] = figures
             label = "single broker" if ours == "pykbroker" else "3 brokers, RF 3"
-            lines.append(f"| {label} | {operation} | {figures['rows_per_s']:.2f}x | "
-                         f"{figures['broker_cpu_per_row']:.2f}x | {figures['spark_cpu_per_row']:.2f}x |")
+            flags = "".join(f" ({label})" for key, label in (("spark_bound", "Spark-bound"), ("loaded", "loaded"))
+                            if figures[key])
+            lines.append(f"| {label} | {operation} | {figures['broker_cpu_per_row']:.2f}x | "
+                         f"{figures['end_to_end_rows_per_s']:.2f}x{flags} | {figures['spark_cpu_per_row']:.2f}x |")
     return "\n".join(lines), found
 
 
-def warnings(results: dict[str, dict]) -> list[str]:
+def warnings(results: dict[str, dict], rounds: list[dict[str, dict]], cores: int) -> list[str]:
     found = []
     for name, result in results.items():
         for operation in ("write", "read"):
@@ -350,6 +407,16 @@ def warnings(results: dict[str, dict]) -> list[str]:
             if f["machine_share"] >= SATURATED_SHARE:
                 found.append(f"{name} {operation}: broker + Spark used {f['machine_share']:.0%} of all cores: the "
                              "machine set the pace; compare the CPU per row")
+            if f["spark_bound"]:
+                found.append(f"{name} {operation}: Spark-bound: broker used {f['broker_cores']:.2f} cores, Spark "
+                             f"{f['spark_cores']:.2f}: the end-to-end rows/s measures Spark more than the broker")
+    for index, done in enumerate(rounds, start=1):
+        for name, result in done.items():
+            for operation in ("write", "read"):
+                if result[operation]["loaded"]:
+                    found.append(f"round {index}, {name} {operation}: 1-minute load average "
+                                 f"{result[operation]['load1_before']:.2f} > {cores} cores before the phase: "
+                                 "figures from a loaded machine")
     return found
 
 
@@ -376,6 +443,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the reference kit holding Kafka and the connector jars (default %(default)s)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="py-spy the pykbroker brokers during the write and the read (perturbs the figures)")
+    parser.add_argument("--allow-loaded", action="store_true",
+                        help="measure even when the 1-minute load average exceeds the core count before a phase "
+                             "(the run warns and the JSON marks the phase loaded); without it such a run stops")
     parser.add_argument("--json", type=Path, help=f"results file (default {RESULTS_DIR}/spark-bench-<time>.json)")
     args = parser.parse_args(argv)
     args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
@@ -404,7 +474,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} skipped: {reason}")
         else:
             targets.append(name)
-    load_before = os.getloadavg()[0]
+    try:  # fail before minutes of warm-up; every phase checks again
+        load_before = check_load("before the run", args.allow_loaded)[0]
+    except MachineLoaded as exc:
+        print(f"ERROR {exc}")
+        return 1
+    cores = os.cpu_count() or 1
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     spark = spark_session(args.master, args.refkit)
@@ -412,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     errors: list[str] = []
     try:
         spark_cpu = SparkCpu(spark)
+        stopped = False
         warm_up_spark(spark, args)
         for index in range(args.rounds):
             # odd rounds in reverse order: what drifts during a run (page cache, other load) hits every target alike
@@ -419,13 +495,19 @@ def main(argv: list[str] | None = None) -> int:
             for name in (targets if index % 2 == 0 else targets[::-1]):
                 try:
                     rounds[-1][name] = run_target(name, spark, spark_cpu, args)
+                except MachineLoaded as exc:  # the run stops: every later phase would be as loaded
+                    errors.append(f"round {index + 1}, {name}: {exc}")
+                    log(f"STOPPED: {exc}")
+                    stopped = True
+                    break
                 except (BrokerFailed, Exception) as exc:  # one target failing does not lose the others' figures
                     errors.append(f"round {index + 1}, {name}: {exc}")
                     log(f"{name} FAILED: {exc}")
+            if stopped:
+                break
     finally:
         spark.stop()
-    results = medians(rounds, targets)
-    cores = os.cpu_count() or 1
+    results = medians(rounds, targets, cores)
     print(f"\nSpark {spark.version} {args.master} (driver and executor in one JVM), {args.records:,} rows of "
           f"{VALUE_BYTES} B, topic of {args.partitions} partitions; {cores} cores, load average before "
           f"{load_before:.2f}, after {os.getloadavg()[0]:.2f}; " +
@@ -436,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     if ratio_figures:
         print()
         print(ratio_table)
-    for warning in warnings(results):
+    for warning in warnings(results, rounds, cores):
         print(f"WARNING {warning}")
     print("durability: pykbroker " + (" ".join(args.broker_arg) or "defaults (fsync=interval: each partition fsynced "
                                       "at least every second)") + "; Kafka " + (" ".join(args.kafka_property) or
@@ -446,7 +528,11 @@ def main(argv: list[str] | None = None) -> int:
     print("command: " + " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])))
     document = {"started_at": started_at.isoformat(), "command": sys.argv, "records": args.records,
                 "partitions": args.partitions, "master": args.master, "cores": cores,
-                "load_average_before": load_before, "rounds": rounds, "results": results, "ratios": ratio_figures,
+                "load_average_before": load_before, "allow_loaded": args.allow_loaded,
+                "loaded_phases": [f"round {i}, {name} {op}" for i, done in enumerate(rounds, start=1)
+                                  for name, result in done.items() for op in ("write", "read")
+                                  if result[op]["loaded"]],
+                "rounds": rounds, "results": results, "ratios": ratio_figures,
                 "skipped": skipped, "errors": errors}
     json_path = args.json or RESULTS_DIR / f"spark-bench-{started_at:%Y%m%dT%H%M%SZ}.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -35,17 +35,24 @@ require_connector()
 
 import pytest  # noqa: E402
 
-from broker_process import free_port, wait_until  # noqa: E402
+from broker_process import wait_until  # noqa: E402
 from kafka_helpers import java_partition, produce  # noqa: E402
-
-pytestmark = pytest.mark.timeout(300)
 
 HOST = "127.0.0.1"
 DRIVER_KEY_ENV = "PYKBROKER_FEATURE_DRIVER_KEY"
 DRIVER_START_TIMEOUT_S = 180.0  # a driver JVM on a loaded 2-core machine that already runs the cluster's JVMs
+DRIVER_LISTENING = re.compile(r"^feature driver listening on 127\.0\.0\.1:(\d+)$", re.MULTILINE)
 JOB_TIMEOUT_S = 150.0
 STREAM_TIMEOUT_S = 120.0
 PARTITIONS = 3
+
+# pytest-timeout's limit covers a test's fixtures too, and the first test of the module sets up the Spark
+# standalone cluster (spark_cluster.READY_TIMEOUT_S 180 s), the three brokers (broker_cluster.READY_TIMEOUT_S
+# 60 s), the driver (180 s) and its executors (wait_executors, 180 s) before its own jobs: the limit is their
+# sum plus three jobs (the most a test runs) and a minute of slack, so that on a slow machine the wait that ran
+# out fails with its own message, not with pytest-timeout's stack dump. It only catches a hang outside them.
+MODULE_SETUP_S = 180.0 + 60.0 + DRIVER_START_TIMEOUT_S + 180.0
+pytestmark = pytest.mark.timeout(MODULE_SETUP_S + 3 * JOB_TIMEOUT_S + 60.0)
 
 
 # -- the driver's side: jobs over the SparkSession (run in the spark-submitted process) ----------------------------
@@ -122,24 +129,25 @@ def job_stream(spark, options: dict[str, str], checkpoint: str, *, available_now
 JOBS = {"read": job_read, "write": job_write, "stream": job_stream}
 
 
-def serve(port: int) -> None:
+def serve() -> None:
     """The driver's loop: one SparkSession (master, conf and jars from spark-submit), jobs until the test module
-    closes the connection."""
+    closes the connection. It listens on a port the system picks (bound at once, so no other server can hold it)
+    and says which in its log, where the test module reads it. Each answer carries its request's id."""
     from city_pipeline.session import build_session
 
     spark = build_session("pykbroker-cluster-features", log_level="ERROR")
-    with Listener((HOST, port), authkey=bytes.fromhex(os.environ[DRIVER_KEY_ENV])) as listener:
-        print(f"feature driver listening on {HOST}:{port}", flush=True)
+    with Listener((HOST, 0), authkey=bytes.fromhex(os.environ[DRIVER_KEY_ENV])) as listener:
+        print(f"feature driver listening on {HOST}:{listener.address[1]}", flush=True)
         with listener.accept() as connection:
             while True:
                 try:
-                    name, args, kwargs = connection.recv()
+                    request, name, args, kwargs = connection.recv()
                 except EOFError:
                     break
                 try:
-                    connection.send(("ok", JOBS[name](spark, *args, **kwargs)))
+                    connection.send((request, "ok", JOBS[name](spark, *args, **kwargs)))
                 except Exception as exc:  # the test reads it and fails with it; the driver serves the next job
-                    connection.send(("error", f"{type(exc).__name__}: {exc}"))
+                    connection.send((request, "error", f"{type(exc).__name__}: {exc}"))
     spark.stop()
 
 
@@ -152,30 +160,40 @@ class FeatureDriver:
     def __init__(self, cluster, log: Path):
         self.cluster = cluster
         self.log = log
-        self.port = free_port()
+        self.requests = 0
         key = secrets.token_hex(16)
-        self.process = cluster.launch(Path(__file__), "--serve", str(self.port), log=log,
-                                      env={DRIVER_KEY_ENV: key})
-        connection = []
+        self.process = cluster.launch(Path(__file__), "--serve", log=log, env={DRIVER_KEY_ENV: key})
+        port = []
 
-        def connected() -> bool:
+        def listening() -> bool:  # the port the driver bound, from its log: no other server can be on it
             if self.process.poll() is not None:
                 raise AssertionError(f"the feature driver exited with {self.process.returncode}:\n"
                                      f"{log.read_text(errors='replace')[-4000:]}")
-            try:
-                connection.append(Client((HOST, self.port), authkey=bytes.fromhex(key)))
-            except OSError:
-                return False
-            return True
+            found = DRIVER_LISTENING.search(log.read_text(errors="replace")) if log.exists() else None
+            if found:
+                port.append(int(found.group(1)))
+            return bool(found)
 
-        wait_until(connected, "the feature driver's SparkSession on the standalone cluster", DRIVER_START_TIMEOUT_S)
-        self.connection = connection[0]
+        wait_until(listening, "the feature driver's SparkSession on the standalone cluster", DRIVER_START_TIMEOUT_S)
+        self.port = port[0]
+        self.connection = Client((HOST, self.port), authkey=bytes.fromhex(key))
 
     def call(self, job: str, *args, timeout: float = JOB_TIMEOUT_S, **kwargs):
-        self.connection.send((job, args, kwargs))
-        if not self.connection.poll(timeout):
-            raise AssertionError(f"job {job} gave no answer within {timeout} s\n{self.log_tail()}")
-        status, value = self.connection.recv()
+        """Run job_<job> in the driver, its answer within `timeout` s. The answers of earlier calls that timed out
+        (their jobs ran on in the driver, which serves one at a time) are told apart by their request id and
+        dropped: a call never returns another job's answer."""
+        self.requests += 1
+        request = self.requests
+        self.connection.send((request, job, args, kwargs))
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.connection.poll(max(0.0, deadline - time.monotonic())):
+                raise AssertionError(f"job {job} (request {request}) gave no answer within {timeout} s\n"
+                                     f"{self.log_tail()}")
+            answered, status, value = self.connection.recv()
+            if answered == request:
+                break
+            print(f"dropped the late answer to request {answered} ({status}) while waiting for request {request}")
         if status != "ok":
             raise AssertionError(f"job {job} failed in the driver: {value[:3000]}")
         return value
@@ -403,7 +421,20 @@ def test_kafka_sink_batch_write_then_batch_read(driver, cluster, unique_name):
         assert offsets == list(range(len(offsets))), f"partition {partition}: offsets not dense"
 
 
+def test_a_timed_out_jobs_late_answer_is_not_taken_for_the_next_jobs(driver, cluster, unique_name):
+    """The module's harness: a job that outlives its call's timeout runs on in the driver and answers later;
+    the next call drops that answer (another request id) and returns its own job's rows."""
+    late, next_topic = f"{unique_name}-late", f"{unique_name}-next"
+    for topic, count in ((late, 7), (next_topic, 11)):
+        cluster.create_topic(topic, PARTITIONS)
+        produce(cluster.bootstrap, topic, messages(count, start_ms=recent_ms()))
+    with pytest.raises(AssertionError, match="gave no answer within"):
+        driver.call("read", source(cluster, subscribe=late), timeout=0.01)  # a Spark job takes longer than 10 ms
+    read = driver.call("read", source(cluster, subscribe=next_topic))
+    assert {r[2] for r in read["rows"]} == {next_topic} and len(read["rows"]) == 11
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["--serve"] or len(sys.argv) != 3:
-        sys.exit(f"usage: spark-submit {Path(__file__).name} --serve PORT (the test module's Spark driver)")
-    serve(int(sys.argv[2]))
+    if sys.argv[1:] != ["--serve"]:
+        sys.exit(f"usage: spark-submit {Path(__file__).name} --serve (the test module's Spark driver)")
+    serve()
