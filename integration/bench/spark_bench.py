@@ -22,7 +22,9 @@ ZooKeeper's CPU per row (the clusters' ZooKeeper, its own column: not in the bro
 JVM and this process), the cores each used (a phase where Spark used more than the broker is flagged
 Spark-bound: its rows/s measures Spark more than the broker), the load average before and after each phase, and
 pykbroker / Kafka ratios, broker CPU per row first; with --rounds N the medians of N rounds, every other round in
-reverse order. A phase does not start while the 1-minute load average exceeds the core count, unless
+reverse order. The run does not start while the 1-minute load average exceeds the core count, and it stops
+after a phase during which processes other than the brokers, ZooKeeper and Spark used more than a quarter of a
+core (from /proc/stat: the load average before a phase is the bench's own previous phase), unless
 --allow-loaded (then the run warns and the JSON says which phases ran loaded). Nothing asserts a time.
 """
 
@@ -201,7 +203,7 @@ def read_records(spark, bootstrap: str, topic: str) -> tuple[int, int]:
 
 
 class MachineLoaded(Exception):
-    """The 1-minute load average exceeds the core count before a phase, and --allow-loaded was not given."""
+    """The machine was busy with other work (before the run, or during a phase), and --allow-loaded was not given."""
 
 
 @dataclass
@@ -213,6 +215,7 @@ class Phase:
     zookeeper_cpu_s: float
     load_before: tuple[float, float, float]
     load_after: tuple[float, float, float]
+    machine_busy_s: float
     profile: dict | None = None
 
     def figures(self, cores: int) -> dict[str, float]:
@@ -232,20 +235,23 @@ class Phase:
             "machine_share": (self.broker_cpu_s + self.zookeeper_cpu_s + self.spark_cpu_s) / self.wall_s / cores,
             "load1_before": self.load_before[0], "load5_before": self.load_before[1],
             "load15_before": self.load_before[2], "load1_after": self.load_after[0],
+            "other_cores": max(0.0, self.machine_busy_s - self.broker_cpu_s - self.zookeeper_cpu_s
+                               - self.spark_cpu_s) / self.wall_s,
         }
         return with_flags(figures, cores)
 
 
 def with_flags(figures: dict, cores: int) -> dict:
     """The phase's flags, from its figures (again after medians): Spark-bound (Spark used more cores than the
-    broker: the end-to-end rows/s measures Spark's side more than the broker's) and loaded (the 1-minute load
-    average before it exceeded the core count)."""
+    broker: the end-to-end rows/s measures Spark's side more than the broker's) and loaded (processes other than
+    the brokers, ZooKeeper and Spark used more than OTHER_CORES_LOADED cores during it: the bench's own previous
+    phase keeps the 1-minute load average above the cores of a 2-core machine, so that figure cannot tell)."""
     return {**figures, "spark_bound": figures["spark_cores"] > figures["broker_cores"],
-            "loaded": figures["load1_before"] > cores}
+            "loaded": figures["other_cores"] > OTHER_CORES_LOADED}
 
 
 def check_load(what: str, allow_loaded: bool) -> tuple[float, float, float]:
-    """The load average before a phase; MachineLoaded if its 1-minute figure exceeds the cores (a warning with
+    """The load average before the run; MachineLoaded if its 1-minute figure exceeds the cores (a warning with
     --allow-loaded)."""
     load, cores = os.getloadavg(), os.cpu_count() or 1
     if load[0] > cores:
@@ -257,9 +263,22 @@ def check_load(what: str, allow_loaded: bool) -> tuple[float, float, float]:
     return load
 
 
+OTHER_CORES_LOADED = 0.25
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every process of the machine has used (the first line of /proc/stat, idle and iowait left out)."""
+    with open("/proc/stat") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def measured(target: Target, spark_cpu: SparkCpu, rows: int, action, profile_to: Path | None,
              what: str = "", allow_loaded: bool = False) -> Phase:
-    load_before = check_load(what or target.name, allow_loaded)
+    # The load average before a phase is the bench's own previous phase as much as anyone else's: it is recorded,
+    # and the phase is judged by the CPU other processes used during it (figures()["other_cores"]).
+    load_before = os.getloadavg()
     recorders = []
     if profile_to is not None and not target.kafka:
         for process in target.processes:
@@ -270,9 +289,11 @@ def measured(target: Target, spark_cpu: SparkCpu, rows: int, action, profile_to:
     try:
         broker_before, spark_before = target.cpu_seconds(), spark_cpu.seconds()
         zookeeper_before = target.zookeeper_cpu_seconds()
+        busy_before = machine_busy_seconds()
         started = time.perf_counter()
         action()
         wall = time.perf_counter() - started
+        machine_busy = machine_busy_seconds() - busy_before
         broker_cpu, spark_cpu_s = target.cpu_seconds() - broker_before, spark_cpu.seconds() - spark_before
         zookeeper_cpu = target.zookeeper_cpu_seconds() - zookeeper_before
     finally:
@@ -283,8 +304,16 @@ def measured(target: Target, spark_cpu: SparkCpu, rows: int, action, profile_to:
         profile = {str(path): summarize(path) for path, _ in recorders}
         for path, summary in profile.items():
             log(f"py-spy profile of {path}:\n{format_summary(summary)}")
-    return Phase(rows, wall, broker_cpu, spark_cpu_s, zookeeper_cpu, tuple(load_before), tuple(os.getloadavg()),
-                 profile)
+    phase = Phase(rows, wall, broker_cpu, spark_cpu_s, zookeeper_cpu, tuple(load_before), tuple(os.getloadavg()),
+                  machine_busy, profile)
+    other = phase.figures(os.cpu_count() or 1)["other_cores"]
+    if other > OTHER_CORES_LOADED:
+        message = (f"{what or target.name}: other processes used {other:.2f} cores during the phase: the figures "
+                   "are the scheduler's as much as the brokers'")
+        if not allow_loaded:
+            raise MachineLoaded(f"{message}; wait for a quiet machine or pass --allow-loaded")
+        log(f"WARNING {message} (--allow-loaded: kept)")
+    return phase
 
 
 def warm_up(spark, bootstrap: str, create_topic, rows: int, partitions: int) -> None:
