@@ -9,13 +9,16 @@ It runs the image built from this project's ``docker/Dockerfile`` (tag ``pykbrok
 missing and this is a checkout, ``PykbrokerContainer.build_image()`` builds it, ``base_image=`` choosing the base
 where no registry serves python:3.11-slim; or pass ``image=``).
 
-Networking: by default the container shares the host's network (``--network host``), as Docker engines without
-a bridge network (``dockerd --bridge=none``) and tests that must keep all traffic on the loopback need: the broker
-listens on 127.0.0.1 at a port that was free on the host (or the one passed as ``port=``) and advertises
-127.0.0.1:port, so no port mapping is involved; its /health, /ready and /metrics (the image's HEALTHCHECK)
-are on another free port, ``metrics_port``. ``host_network=False`` instead publishes the port through
-Docker's bridge network: the advertised address (the Docker host and the port Docker mapped) is only known once
-the container runs, so, as KafkaContainer does, the container waits for a start script copied in after start.
+Networking: ``host_network=None`` (the default) chooses (``choose_host_network``): the host's network
+(``--network host``) for a local Linux engine (DOCKER_HOST unset or a unix socket, not Docker Desktop), as engines
+without a bridge network (``dockerd --bridge=none``) and tests that must keep all traffic on the loopback need;
+Docker's bridge network elsewhere (Docker Desktop, a remote DOCKER_HOST, Docker in Docker), whose host network is
+not this machine's; an engine with neither is refused with the reason. On the host's network the broker listens
+on 127.0.0.1 at a port that was free on the host (or the one passed as ``port=``) and advertises 127.0.0.1:port,
+so no port mapping is involved; its /health, /ready and /metrics (the image's HEALTHCHECK) are on another free
+port, ``metrics_port``. On a bridge network (``host_network=False``) the port is published: the advertised
+address (the Docker host and the port Docker mapped) is only known once the container runs, so, as
+KafkaContainer does, the container waits for a start script copied in after start; /health is on 9644 inside.
 
 Ready means the broker answers an ApiVersions request. A broker that exits or is not ready in time fails
 ``start()`` with the container's output in the error, and the container is removed; ``stop()`` removes it.
@@ -47,7 +50,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 from pykbroker.testdefaults import TEST_BROKER_CONFIG
 
 __all__ = ("PykbrokerContainer", "PykbrokerCluster", "ZooKeeperContainer", "KafkaProtocolContainer", "ServerContainer",
-           "ContainerStartException", "DEFAULT_IMAGE", "DEFAULT_ZOOKEEPER_IMAGE")
+           "ContainerStartException", "DEFAULT_IMAGE", "DEFAULT_ZOOKEEPER_IMAGE", "choose_host_network")
 
 DEFAULT_IMAGE = "pykbroker:latest"
 DEFAULT_ZOOKEEPER_IMAGE = "pykbroker-zookeeper:latest"
@@ -59,17 +62,47 @@ LOG_TAIL_CHARS = 4000
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+BRIDGE_METRICS_PORT = 9644  # the image's PYKBROKER_METRICS_PORT inside a container on a bridge network
+
+
+def choose_host_network(docker_host: str | None, operating_system: str, networks: list[str]) -> bool:
+    """The automatic choice (``host_network=None``): the host's network only where it is this machine's, a local
+    Linux engine (DOCKER_HOST unset or a unix socket, and not Docker Desktop, whose "host" is its VM); elsewhere
+    (Docker Desktop, a remote DOCKER_HOST, Docker in Docker) Docker's bridge network with a published port. An
+    engine that is not local and has no bridge network can serve neither: ContainerStartException saying so."""
+    local = not docker_host or docker_host.startswith("unix://")
+    if local and operating_system != "Docker Desktop":
+        return True
+    if "bridge" in networks:
+        return False
+    raise ContainerStartException(
+        f"the Docker engine ({docker_host or 'the local socket'}, {operating_system}) is not this machine's (its "
+        "host network is not ours) and has no bridge network to publish a port on: start a local engine, or one "
+        "with a bridge network, or pass host_network=True where its host network is reachable")
+
+
+def engine_host_network(client: Any) -> bool:
+    """choose_host_network for the engine of ``client`` (a docker SDK DockerClient)."""
+    import os
+
+    networks = [network.name for network in client.networks.list(names=["bridge"])]
+    return choose_host_network(os.environ.get("DOCKER_HOST"), client.info().get("OperatingSystem", ""), networks)
+
+
 class ServerContainer(DockerContainer):
     """A container serving on one port, ready once ``_answers`` says so; KafkaProtocolContainer (pykbroker or any
     Kafka broker) and ZooKeeperContainer refine it by saying what the container runs (``serve_command``).
 
-    Host networking (the default): the port is chosen here, free on the host's 127.0.0.1, unless given.
-    Bridge networking (``host_network=False``): ``port`` is the port inside the container, published by
-    Docker; the command, which must know the published address, runs from a script copied in after start.
+    Host networking (``host_network=True``, or chosen by ``host_network=None``): the port is chosen here, free on
+    the host's 127.0.0.1, unless given. Bridge networking (``host_network=False``): ``port`` is the port inside
+    the container, published by Docker; the command, which must know the published address, runs from a script copied in after start.
     """
 
-    def __init__(self, image: str, port: int | None = None, *, host_network: bool = True, **kwargs: Any) -> None:
+    def __init__(self, image: str, port: int | None = None, *, host_network: bool | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(image, **kwargs)
+        if host_network is None:
+            host_network = engine_host_network(self.get_docker_client().client)
         self.host_network = host_network
         if host_network:
             from pykbroker.cluster.zk_server import free_port  # standard library only: cheap
@@ -111,20 +144,11 @@ class ServerContainer(DockerContainer):
         ContainerStartException when the container exits or its image is missing, TimeoutError when it is
         not ready in time; both carry the end of the container's output."""
         self._check_image()
-        self._kwargs["labels"] = {**self._kwargs.get("labels", {}), **self.labels}
-        if self.host_network:
-            self._kwargs["network"] = "host"  # docker's SDK: network_mode host (no port is published)
-            command = self.serve_command(LOOPBACK, LOOPBACK, self.port)
-            self._kwargs["entrypoint"] = command[:1]
-            self.with_command(command[1:])
-        else:
-            # the image's entrypoint is not used: wait for the start script (see _write_start_script)
-            self._kwargs["entrypoint"] = ["sh", "-c"]
-            self.with_command(f"while [ ! -f {START_SCRIPT} ]; do sleep 0.1; done; exec sh {START_SCRIPT}")
+        self._configure()
         started = time.monotonic()
         try:
             super().start()
-            if not self.host_network:
+            if self.uses_start_script:
                 self._write_start_script()
             self._wait_ready(started + timeout)
         except BaseException:
@@ -132,6 +156,30 @@ class ServerContainer(DockerContainer):
             raise
         self.ready_seconds = time.monotonic() - started
         return self
+
+    @property
+    def uses_start_script(self) -> bool:
+        """Whether the command runs from a script copied in after start: always on a bridge network (the
+        advertised address is known only then); on the host's network when ``start_script`` was set (tests)."""
+        return not self.host_network or self.start_script
+
+    start_script = False
+
+    def _configure(self) -> None:
+        """What the container is created with (the docker SDK's run() arguments): labels, network, entry point
+        and command."""
+        self._kwargs["labels"] = {**self._kwargs.get("labels", {}), **self.labels}
+        if self.host_network:
+            self._kwargs["network"] = "host"  # docker's SDK: network_mode host (no port is published)
+        if self.uses_start_script:
+            # the image's entrypoint is not used: wait for the start script (see _write_start_script). One
+            # element: a string command would be split by the docker SDK (shlex), giving sh -c "while".
+            self._kwargs["entrypoint"] = ["sh", "-c"]
+            self.with_command([f"while [ ! -f {START_SCRIPT} ]; do sleep 0.1; done; exec sh {START_SCRIPT}"])
+        else:
+            command = self.serve_command(LOOPBACK, LOOPBACK, self.port)
+            self._kwargs["entrypoint"] = command[:1]
+            self.with_command(command[1:])
 
     def stop(self, force: bool = True, delete_volume: bool = True) -> None:
         """Remove the container and its anonymous volumes; a second call (``with`` after a failed start) does
@@ -167,7 +215,8 @@ class ServerContainer(DockerContainer):
 
     def _write_start_script(self) -> None:
         host, port = self.address()
-        content = ("#!/bin/sh\nexec " + shlex.join(self.serve_command("0.0.0.0", host, port)) + "\n").encode()
+        listen = "0.0.0.0" if not self.host_network else LOOPBACK
+        content = ("#!/bin/sh\nexec " + shlex.join(self.serve_command(listen, host, port)) + "\n").encode()
         archive = io.BytesIO()
         with tarfile.TarFile(fileobj=archive, mode="w") as tar:
             info = tarfile.TarInfo(name=START_SCRIPT)
@@ -220,14 +269,17 @@ class PykbrokerContainer(KafkaProtocolContainer):
         self.log_level = "info"
         self.zookeeper_connect: str | None = None
         self.broker_id = 1
-        self.metrics_port: int | None = None
+        # The image serves /health (its HEALTHCHECK) on PYKBROKER_METRICS_PORT; the image's entry point, which
+        # sets it, is bypassed here (the entrypoint is the command), so it is always set: on the host's network a
+        # free port (two containers, or a container and any other broker, would both bind a fixed one), on a
+        # bridge network the image's 9644 inside the container (``metrics_port`` is then that inside port).
         if self.host_network:
-            # The image serves /health (its HEALTHCHECK) on PYKBROKER_METRICS_PORT, a fixed port: on the host's
-            # network two containers (or a container and any other broker) would both bind it.
             from pykbroker.cluster.zk_server import free_port
 
             self.metrics_port = free_port(LOOPBACK)
-            self.with_env("PYKBROKER_METRICS_PORT", str(self.metrics_port))
+        else:
+            self.metrics_port = BRIDGE_METRICS_PORT
+        self.with_env("PYKBROKER_METRICS_PORT", str(self.metrics_port))
 
     # -- options, in the with_... style of testcontainers ------------------------------------------
 
@@ -332,7 +384,8 @@ class PykbrokerCluster:
         if brokers < 1:
             raise ValueError("a cluster needs at least one broker")
         self.zookeeper = ZooKeeperContainer(zookeeper_image)
-        self.brokers = [PykbrokerContainer(image).with_zookeeper(self.zookeeper.get_connect_string(), broker_id)
+        self.brokers = [PykbrokerContainer(image, host_network=True)
+                        .with_zookeeper(self.zookeeper.get_connect_string(), broker_id)
                         for broker_id in range(1, brokers + 1)]
         if brokers < 3:
             for key in ("offsets.topic.replication.factor", "transaction.state.log.replication.factor"):

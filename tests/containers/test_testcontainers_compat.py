@@ -43,7 +43,7 @@ def kafka_image(docker_client, debian_base_image):
 @pytest.fixture(scope="module")
 def brokers(pykbroker_image, kafka_image):
     """{"pykbroker": container, "kafka": container}, both ready."""
-    pykbroker = PykbrokerContainer(pykbroker_image).with_labels(SUITE_LABELS)
+    pykbroker = PykbrokerContainer(pykbroker_image, host_network=True).with_labels(SUITE_LABELS)
     kafka = KafkaReferenceContainer(kafka_image).with_labels(SUITE_LABELS)
     for key, value in BROKER_SETTINGS.items():
         pykbroker.with_broker_config(key, value)
