@@ -54,6 +54,7 @@ __all__ = ("PykbrokerContainer", "PykbrokerCluster", "ZooKeeperContainer", "Kafk
 
 DEFAULT_IMAGE = "pykbroker:latest"
 DEFAULT_ZOOKEEPER_IMAGE = "pykbroker-zookeeper:latest"
+LOCAL_ONLY_IMAGES = (DEFAULT_IMAGE, DEFAULT_ZOOKEEPER_IMAGE)  # never pulled when missing: built, not published
 LOOPBACK = "127.0.0.1"
 BRIDGE_PORT = 9093  # the port inside the container on a bridge network (published to a random host port)
 START_SCRIPT = "/tc-start.sh"
@@ -141,7 +142,8 @@ class ServerContainer(DockerContainer):
     def start(self, timeout: float = START_TIMEOUT_S) -> "ServerContainer":
         """Start the container and wait until it answers (``_answers``). If that fails the container is removed
         (also when ``start()`` is called outside a ``with``: nothing is left running) and the error raised:
-        ContainerStartException when the container exits or its image is missing, TimeoutError when it is
+        ContainerStartException when the container exits or its image is missing (an image other than the
+        defaults, which no registry has, is pulled first), TimeoutError when it is
         not ready in time; both carry the end of the container's output."""
         self._check_image()
         self._configure()
@@ -199,10 +201,19 @@ class ServerContainer(DockerContainer):
     def _check_image(self) -> None:
         import docker.errors
 
+        images = self.get_docker_client().client.images
         try:
-            self.get_docker_client().client.images.get(self.image)
+            images.get(self.image)
+            return
         except docker.errors.ImageNotFound:
+            pass
+        if self.image in LOCAL_ONLY_IMAGES:  # built from this project, on no registry: pulling only fails
             raise ContainerStartException(f"no image {self.image} on the Docker engine: {self._missing_image_hint()}")
+        try:
+            images.pull(self.image)
+        except docker.errors.DockerException as error:
+            raise ContainerStartException(f"no image {self.image} on the Docker engine and pulling it failed "
+                                          f"({error}): {self._missing_image_hint()}") from error
 
     def _missing_image_hint(self) -> str:
         return "build or pull it first"

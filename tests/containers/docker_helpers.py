@@ -147,6 +147,16 @@ def build_image(tag: str, dockerfile: Path, context: Path, build_args: dict | No
                              f"{time.monotonic() - started:.0f} s:\n{tail}")
 
 
+def unique(prefix: str) -> str:
+    """A name (topic, group, ...) no other test uses: prefix-<8 hex>."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def session_containers(client, session_id: str = SESSION_ID) -> set[str]:
+    """The ids of the containers (any state) labelled with the test session session_id (this one by default)."""
+    return {c.id for c in client.containers.list(all=True, filters={"label": f"{SESSION_LABEL}={session_id}"})}
+
+
 def session_alive(session_id: str) -> bool:
     """Whether the test session that labelled a container (SESSION_LABEL "<pid>-<random>") still runs."""
     pid = session_id.partition("-")[0]

@@ -9,11 +9,10 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
-import uuid
 
 import pytest
 
-from docker_helpers import SESSION_LABEL, SESSION_ID, SUITE_LABELS
+from docker_helpers import SESSION_ID, SESSION_LABEL, SUITE_LABELS, session_containers, unique
 from kafka_reference import REPO_ROOT  # also puts tests/integration on sys.path
 from pykbroker.testcontainers import ContainerStartException, PykbrokerCluster, PykbrokerContainer
 from test_transactions_clients import java_client_or_skip, poll_until  # tests/integration's client helpers
@@ -24,10 +23,6 @@ from test_groups_scenarios import CLIENTS as GROUP_CLIENTS  # noqa: E402
 
 JAVA_SOURCE = REPO_ROOT / "tests" / "integration" / "java" / "SaslClient.java"
 TIMEOUT_S = 60.0
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def suite_container(image: str, **kwargs) -> PykbrokerContainer:
@@ -211,10 +206,6 @@ def containers_of(docker_client, container_id: str) -> list:
     return docker_client.containers.list(all=True, filters={"id": container_id})
 
 
-def session_containers(docker_client) -> set[str]:
-    return {c.id for c in docker_client.containers.list(all=True, filters={"label": f"{SESSION_LABEL}={SESSION_ID}"})}
-
-
 def test_the_broker_listens_on_the_given_port_and_stop_removes_the_container_and_its_volume(pykbroker_image,
                                                                                             docker_client):
     from docker_helpers import free_port
@@ -264,11 +255,23 @@ def test_a_port_in_use_fails_start_in_a_with_block_once_with_the_brokers_message
     assert container._container is None
 
 
-def test_a_missing_image_says_how_to_build_it(docker_client):
-    expected = (r"no image pykbroker-absent:0 on the Docker engine: build it from a pykbroker checkout with "
-                r"PykbrokerContainer\.build_image")
+def test_a_missing_image_is_pulled_and_where_that_fails_the_error_says_how_to_build_it(docker_client):
+    # this engine reaches no registry: the pull fails, and the error says so and how to build the image
+    expected = (r"no image pykbroker-absent:0 on the Docker engine and pulling it failed \(.+\): build it from a "
+                r"pykbroker checkout with PykbrokerContainer\.build_image")
     with pytest.raises(ContainerStartException, match=expected):
         PykbrokerContainer("pykbroker-absent:0", host_network=True).start()
+
+
+def test_a_missing_default_image_is_not_pulled_the_error_says_how_to_build_it(docker_client):
+    from pykbroker.testcontainers import DEFAULT_IMAGE
+
+    if docker_client.images.list(name=DEFAULT_IMAGE):
+        pytest.skip(f"{DEFAULT_IMAGE} exists on this engine")
+    expected = (rf"no image {DEFAULT_IMAGE} on the Docker engine: build it from a pykbroker checkout with "
+                r"PykbrokerContainer\.build_image")
+    with pytest.raises(ContainerStartException, match=expected):
+        PykbrokerContainer(host_network=True).start()
 
 
 # -- a cluster: 3 brokers and ZooKeeper, each in its container ---------------------------------------------
