@@ -105,10 +105,9 @@ class ServerContainer(DockerContainer):
         if host_network is None:
             host_network = engine_host_network(self.get_docker_client().client)
         self.host_network = host_network
+        self.given_port = port
         if host_network:
-            from pykbroker.cluster.zk_server import free_port  # standard library only: cheap
-
-            self.port = port if port is not None else free_port(LOOPBACK)
+            self.port: int | None = port  # chosen by start() unless given (_choose_ports)
         else:
             self.port = port if port is not None else BRIDGE_PORT
             self.with_exposed_ports(self.port)
@@ -146,18 +145,37 @@ class ServerContainer(DockerContainer):
         defaults, which no registry has, is pulled first), TimeoutError when it is
         not ready in time; both carry the end of the container's output."""
         self._check_image()
-        self._configure()
         started = time.monotonic()
-        try:
-            super().start()
-            if self.uses_start_script:
-                self._write_start_script()
-            self._wait_ready(started + timeout)
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in (1, 2):
+            self._choose_ports()  # just before the container binds them
+            self._configure()
+            try:
+                super().start()
+                if self.uses_start_script:
+                    self._write_start_script()
+                self._wait_ready(started + timeout)
+                break
+            except ContainerStartException as error:
+                self.stop()
+                # a port chosen here was taken before the container bound it: once more with fresh ones
+                if attempt == 2 or not self._ports_chosen_here() or "in use" not in str(error):
+                    raise
+            except BaseException:
+                self.stop()
+                raise
         self.ready_seconds = time.monotonic() - started
         return self
+
+    def _choose_ports(self) -> None:
+        """Choose the host ports not given (host networking): free now, never one this process chose before."""
+        if self.host_network and self.given_port is None:
+            from pykbroker.cluster.zk_server import free_port  # standard library only: cheap
+
+            self.port = free_port(LOOPBACK)
+
+    def _ports_chosen_here(self) -> bool:
+        """Whether every host port the container binds was chosen by _choose_ports (none given by the user)."""
+        return self.host_network and self.given_port is None
 
     @property
     def uses_start_script(self) -> bool:
@@ -284,13 +302,17 @@ class PykbrokerContainer(KafkaProtocolContainer):
         # sets it, is bypassed here (the entrypoint is the command), so it is always set: on the host's network a
         # free port (two containers, or a container and any other broker, would both bind a fixed one), on a
         # bridge network the image's 9644 inside the container (``metrics_port`` is then that inside port).
+        self.metrics_port: int | None = None if self.host_network else BRIDGE_METRICS_PORT  # host: chosen by start()
+        if not self.host_network:
+            self.with_env("PYKBROKER_METRICS_PORT", str(self.metrics_port))
+
+    def _choose_ports(self) -> None:
+        super()._choose_ports()
         if self.host_network:
             from pykbroker.cluster.zk_server import free_port
 
             self.metrics_port = free_port(LOOPBACK)
-        else:
-            self.metrics_port = BRIDGE_METRICS_PORT
-        self.with_env("PYKBROKER_METRICS_PORT", str(self.metrics_port))
+            self.with_env("PYKBROKER_METRICS_PORT", str(self.metrics_port))
 
     # -- options, in the with_... style of testcontainers ------------------------------------------
 
@@ -361,9 +383,16 @@ class ZooKeeperContainer(ServerContainer):
 
     def __init__(self, image: str = DEFAULT_ZOOKEEPER_IMAGE, port: int | None = None, **kwargs: Any) -> None:
         super().__init__(image, port, host_network=True, **kwargs)
-        self.with_env("ZOO_HOST", LOOPBACK).with_env("ZOO_PORT", str(self.port))
+        self.with_env("ZOO_HOST", LOOPBACK)
+
+    def _choose_ports(self) -> None:
+        super()._choose_ports()
+        self.with_env("ZOO_PORT", str(self.port))
 
     def get_connect_string(self) -> str:
+        """host:port, once started (the port is chosen by start() unless given)."""
+        if self.port is None:
+            raise RuntimeError("the ZooKeeper container has no port yet: start() chooses it")
         return f"{LOOPBACK}:{self.port}"
 
     def serve_command(self, listen_host: str, advertised_host: str, advertised_port: int) -> list[str]:
@@ -395,9 +424,9 @@ class PykbrokerCluster:
         if brokers < 1:
             raise ValueError("a cluster needs at least one broker")
         self.zookeeper = ZooKeeperContainer(zookeeper_image)
-        self.brokers = [PykbrokerContainer(image, host_network=True)
-                        .with_zookeeper(self.zookeeper.get_connect_string(), broker_id)
-                        for broker_id in range(1, brokers + 1)]
+        self.brokers = [PykbrokerContainer(image, host_network=True) for _ in range(brokers)]
+        for broker_id, broker in enumerate(self.brokers, 1):
+            broker.broker_id = broker_id  # its ZooKeeper is known once that started (its port chosen then)
         if brokers < 3:
             for key in ("offsets.topic.replication.factor", "transaction.state.log.replication.factor"):
                 self.with_broker_config(key, brokers)
@@ -429,6 +458,7 @@ class PykbrokerCluster:
         try:
             self.zookeeper.start(timeout)
             for broker in self.brokers:
+                broker.with_zookeeper(self.zookeeper.get_connect_string(), broker.broker_id)
                 broker.start(max(deadline - time.monotonic(), 1.0))
             expected = {broker.broker_id for broker in self.brokers}
             for broker in self.brokers:

@@ -72,13 +72,17 @@ class KafkaReferenceContainer(KafkaProtocolContainer):
             # kraft_properties names the listen host as the controller voter: 0.0.0.0 on a bridge network
             raise ValueError("KafkaReferenceContainer runs on the host's network only (host_network=True)")
         super().__init__(image, port, host_network=True, **kwargs)
-        from pykbroker.cluster.zk_server import free_port
-
-        self.controller_port = free_port(LOOPBACK)
+        self.controller_port: int | None = None  # chosen by start(), as the port
         self.overrides = {**SINGLE_NODE_SETTINGS, **(overrides or {})}
         self.cluster_id = kraft_cluster_id()
         for key, value in JVM_ENV.items():
             self.with_env(key, value)
+
+    def _choose_ports(self) -> None:
+        super()._choose_ports()
+        from pykbroker.cluster.zk_server import free_port
+
+        self.controller_port = free_port(LOOPBACK)
 
     def with_broker_config(self, key: str, value) -> "KafkaReferenceContainer":
         self.overrides[key] = str(value)

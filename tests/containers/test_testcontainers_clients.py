@@ -255,6 +255,33 @@ def test_a_port_in_use_fails_start_in_a_with_block_once_with_the_brokers_message
     assert container._container is None
 
 
+def test_a_chosen_port_taken_before_the_container_binds_it_is_chosen_again_once(pykbroker_image, docker_client):
+    """The port chosen by start() taken by someone else before the broker binds it: start() tries once more with
+    fresh ports (a port given by the user is not replaced: the test above)."""
+    from docker_helpers import free_port
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", free_port("127.0.0.1")))
+    taken.listen()
+    chosen: list[int] = []
+
+    class FirstPortTaken(PykbrokerContainer):
+        def _choose_ports(self):
+            super()._choose_ports()
+            if not chosen:
+                self.port = taken.getsockname()[1]
+            chosen.append(self.port)
+
+    try:
+        with FirstPortTaken(pykbroker_image, host_network=True).with_labels(SUITE_LABELS) as container:
+            assert chosen[0] == taken.getsockname()[1] and len(chosen) == 2
+            assert container.get_bootstrap_server() == f"127.0.0.1:{chosen[1]}"
+            with socket.create_connection(("127.0.0.1", chosen[1]), timeout=5):
+                pass
+    finally:
+        taken.close()
+
+
 def test_a_missing_image_is_pulled_and_where_that_fails_the_error_says_how_to_build_it(docker_client):
     # this engine reaches no registry: the pull fails, and the error says so and how to build the image
     expected = (r"no image pykbroker-absent:0 on the Docker engine and pulling it failed \(.+\): build it from a "

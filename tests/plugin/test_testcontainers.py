@@ -86,6 +86,7 @@ def created_config(container) -> dict:
     from docker.models.containers import _create_container_args
     from docker.types import ContainerConfig
 
+    container._choose_ports()
     container._configure()
     args = _create_container_args({"image": container.image, "command": container._command,
                                    "environment": container.env, "ports": container.ports, **container._kwargs,
@@ -146,3 +147,16 @@ def test_an_engine_neither_local_nor_with_a_bridge_network_is_refused_saying_why
 
     with pytest.raises(ContainerStartException, match="is not this machine's .* and has no bridge network"):
         choose_host_network("tcp://docker:2375", "Docker Desktop", [])
+
+
+def test_ports_are_chosen_by_start_and_never_the_same_twice_in_a_process():
+    pytest.importorskip("testcontainers")
+    from pykbroker.cluster.zk_server import free_port
+
+    first, second = offline_container(host_network=True), offline_container(host_network=True)
+    assert first.port is None and first.metrics_port is None  # not chosen long before the container binds them
+    first._choose_ports(), second._choose_ports()
+    ports = [first.port, first.metrics_port, second.port, second.metrics_port]
+    assert None not in ports and len(set(ports)) == 4
+    # before any binds them, 500 ports asked in turn are 500 ports (drawn at random, repeats were likely)
+    assert len({free_port() for _ in range(500)}) == 500
