@@ -94,9 +94,10 @@ class ServerContainer(DockerContainer):
     """A container serving on one port, ready once ``_answers`` says so; KafkaProtocolContainer (pykbroker or any
     Kafka broker) and ZooKeeperContainer refine it by saying what the container runs (``serve_command``).
 
-    Host networking (``host_network=True``, or chosen by ``host_network=None``): the port is chosen here, free on
-    the host's 127.0.0.1, unless given. Bridge networking (``host_network=False``): ``port`` is the port inside
-    the container, published by Docker; the command, which must know the published address, runs from a script copied in after start.
+    Host networking (``host_network=True``, or chosen by ``host_network=None``): the port is chosen by start(),
+    free on the host's 127.0.0.1, unless given. Bridge networking (``host_network=False``): ``port`` is the port
+    inside the container, published by Docker; the command, which must know the published address, runs from a
+    script copied in after start.
     """
 
     def __init__(self, image: str, port: int | None = None, *, host_network: bool | None = None,
@@ -339,22 +340,32 @@ class PykbrokerContainer(KafkaProtocolContainer):
 
     @staticmethod
     def build_image(tag: str = DEFAULT_IMAGE, context: Path = REPO_ROOT, base_image: str | None = None,
-                    ca_bundle: Path | None = None, docker: str = "docker", timeout: float = 1800) -> str:
-        """Build docker/Dockerfile of a pykbroker checkout with the docker CLI (BuildKit, which the Dockerfile
-        needs; the host's network, which engines without a bridge need) and return the tag. ``base_image``:
-        the Dockerfile's BASE_IMAGE (python:3.11-slim unless given; any Debian bookworm image works);
-        ``ca_bundle``: a CA bundle for pip inside the build (a BuildKit secret, not kept in the image);
-        ``docker``: the docker client to run (one whose ``docker build`` has BuildKit)."""
+                    ca_bundle: Path | None = None, docker: str = "docker", timeout: float = 1800, *,
+                    dockerfile: Path | None = None, build_args: dict[str, str] | None = None,
+                    secrets: dict[str, Path] | None = None, labels: dict[str, str] | None = None) -> str:
+        """Build docker/Dockerfile of a pykbroker checkout (or ``dockerfile``) with the docker CLI (BuildKit,
+        which the Dockerfile needs; the host's network, which engines without a bridge need) and return the tag.
+        ``base_image``: the Dockerfile's BASE_IMAGE (python:3.11-slim unless given; any Debian bookworm image
+        works), other ``build_args`` as given; ``ca_bundle``: a CA bundle for pip inside the build (the BuildKit
+        secret ``ca_bundle``, not kept in the image), ``secrets``: more of them (id: file, e.g. ``pip_config``);
+        ``labels``: labels of the image (to find and remove it later); ``docker``: the docker client to run (one
+        whose ``docker build`` has BuildKit). The Dockerfile is not in the wheel: from a pip install, pass a
+        checkout's path as ``context``."""
         import os
         import subprocess
 
-        if not (context / "docker" / "Dockerfile").is_file():
-            raise FileNotFoundError(f"no docker/Dockerfile under {context}: pass the checkout's path, or image=")
-        command = [docker, "build", "--network", "host", "-f", str(context / "docker" / "Dockerfile"), "-t", tag]
-        if base_image:
-            command += ["--build-arg", f"BASE_IMAGE={base_image}"]
-        if ca_bundle:
-            command += ["--secret", f"id=ca_bundle,src={ca_bundle}"]
+        dockerfile = dockerfile or context / "docker" / "Dockerfile"
+        if not dockerfile.is_file():
+            shown = dockerfile.relative_to(context) if dockerfile.is_relative_to(context) else dockerfile
+            raise FileNotFoundError(f"no {shown} under {context}: pass the checkout's path (a pip-installed pykbroker has no "
+                                    "docker/ directory: clone the repository), or image=")
+        command = [docker, "build", "--network", "host", "-f", str(dockerfile), "-t", tag]
+        for key, value in (labels or {}).items():
+            command += ["--label", f"{key}={value}"]
+        for key, value in {**({"BASE_IMAGE": base_image} if base_image else {}), **(build_args or {})}.items():
+            command += ["--build-arg", f"{key}={value}"]
+        for secret_id, path in {**({"ca_bundle": ca_bundle} if ca_bundle else {}), **(secrets or {})}.items():
+            command += ["--secret", f"id={secret_id},src={path}"]
         done = subprocess.run([*command, str(context)], capture_output=True, text=True, timeout=timeout,
                               env={**os.environ, "DOCKER_BUILDKIT": "1"})
         if done.returncode != 0:
@@ -373,8 +384,9 @@ class PykbrokerContainer(KafkaProtocolContainer):
         return command
 
     def _missing_image_hint(self) -> str:
-        return ("build it from a pykbroker checkout with PykbrokerContainer.build_image() (docker build -f "
-                "docker/Dockerfile -t pykbroker .), or pass image=")
+        return ("build it from a pykbroker checkout (a pip install has no docker/Dockerfile) with "
+                "PykbrokerContainer.build_image(context=<checkout>) (docker build -f docker/Dockerfile -t pykbroker "
+                "<checkout>), or pass image=")
 
 
 class ZooKeeperContainer(ServerContainer):

@@ -347,13 +347,17 @@ def test_a_cluster_whose_broker_cannot_start_fails_with_its_output_and_removes_z
 
 def test_build_image_builds_the_checkout_on_the_given_base(debian_base_image, docker_client):
     """PykbrokerContainer.build_image (the docker CLI with BuildKit, as docker/Dockerfile needs) on the local
-    base; the layers are those of pykbroker_image's build, so this takes seconds once that one ran."""
-    from docker_helpers import CA_BUNDLE, SESSION_ID, docker_cli
+    base, labelled. Its layers are those of pykbroker_image's build, so this takes seconds once that one ran:
+    the pip step runs here only from a cold cache, but every suite image is built by this same function
+    (docker_helpers.build_image calls it with the pip configuration as a secret), so a session from a cold
+    cache runs the pip step through it; a --no-cache build here would cost minutes on every run."""
+    from docker_helpers import CA_BUNDLE, SESSION_ID, SUITE_LABEL, docker_cli
 
     tag = f"pykbroker-build-test:{SESSION_ID}"
     assert PykbrokerContainer.build_image(tag, base_image=debian_base_image, ca_bundle=CA_BUNDLE,
-                                          docker=docker_cli()) == tag
+                                          docker=docker_cli(), labels={SUITE_LABEL: "1"}) == tag
     try:
+        assert docker_client.images.get(tag).labels[SUITE_LABEL] == "1"
         with suite_container(tag) as container:
             assert container.ready_seconds is not None
     finally:

@@ -77,7 +77,9 @@ def test_build_image_outside_a_checkout_says_so(tmp_path):
     pytest.importorskip("testcontainers")
     from pykbroker.testcontainers import PykbrokerContainer
 
-    with pytest.raises(FileNotFoundError, match=f"no docker/Dockerfile under {tmp_path}: pass the checkout's path"):
+    expected = (f"no docker/Dockerfile under {tmp_path}: pass the checkout's path \\(a pip-installed pykbroker has "
+                "no docker/ directory: clone the repository\\)")
+    with pytest.raises(FileNotFoundError, match=expected):
         PykbrokerContainer.build_image("pykbroker-never-built:0", context=tmp_path)
 
 
