@@ -285,7 +285,7 @@ def test_a_chosen_port_taken_before_the_container_binds_it_is_chosen_again_once(
 def test_a_missing_image_is_pulled_and_where_that_fails_the_error_says_how_to_build_it(docker_client):
     # this engine reaches no registry: the pull fails, and the error says so and how to build the image
     expected = (r"no image pykbroker-absent:0 on the Docker engine and pulling it failed \(.+\): build it from a "
-                r"pykbroker checkout with PykbrokerContainer\.build_image")
+                r"pykbroker checkout \(a pip install has no docker/Dockerfile\) with PykbrokerContainer\.build_image")
     with pytest.raises(ContainerStartException, match=expected):
         PykbrokerContainer("pykbroker-absent:0", host_network=True).start()
 
@@ -295,8 +295,8 @@ def test_a_missing_default_image_is_not_pulled_the_error_says_how_to_build_it(do
 
     if docker_client.images.list(name=DEFAULT_IMAGE):
         pytest.skip(f"{DEFAULT_IMAGE} exists on this engine")
-    expected = (rf"no image {DEFAULT_IMAGE} on the Docker engine: build it from a pykbroker checkout with "
-                r"PykbrokerContainer\.build_image")
+    expected = (rf"no image {DEFAULT_IMAGE} on the Docker engine: build it from a pykbroker checkout \(a pip "
+                r"install has no docker/Dockerfile\) with PykbrokerContainer\.build_image\(context=<checkout>\)")
     with pytest.raises(ContainerStartException, match=expected):
         PykbrokerContainer(host_network=True).start()
 
