@@ -15,6 +15,10 @@
 #                                         the Debian mirror apt already uses, then `docker import`) if missing.
 #                                         Prints the tag.
 #   scripts/docker-engine.sh status       "running" or "not running" (exit status 0 or 1).
+#   scripts/docker-engine.sh clean        remove every image the suite built (label org.pykbroker.test: the
+#                                         per-checkout pykbroker, zookeeper and kafka-reference images and
+#                                         the base image); images of running containers stay. The next
+#                                         test run builds them again (the base image: a few minutes).
 #
 # Exit status: 0 done; 1 the engine is unreachable or could not start / the base image could not be built
 # (a line on stderr says why); 2 usage error. Only host networking works with the engine it starts
@@ -216,15 +220,29 @@ $(tail -n 15 "$STATE_DIR/debootstrap.log")"
     fi
     # apt inside the image: no caches left from debootstrap.
     rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
-    tar -C "$root" -c . | "$cli" import - "$BASE_IMAGE" >/dev/null || die "docker import of $BASE_IMAGE failed"
+    tar -C "$root" -c . | "$cli" import --change "LABEL org.pykbroker.test=base" - "$BASE_IMAGE" >/dev/null \
+        || die "docker import of $BASE_IMAGE failed"
     rm -rf "$root"; trap - EXIT
     echo "$BASE_IMAGE"
+}
+
+cmd_clean() {
+    engine_up || die "no Docker engine reachable (run: $0 start)"
+    local cli; cli="$(docker_cli)"
+    local ids; ids="$( { "$cli" image ls -q --filter label=org.pykbroker.test; \
+        "$cli" image ls -q "$BASE_IMAGE"; } | sort -u)"
+    local removed=0 id
+    for id in $ids; do
+        if "$cli" image rm -f "$id" >/dev/null 2>&1; then removed=$((removed + 1)); else say "kept $id (in use)"; fi
+    done
+    echo "removed $removed images"
 }
 
 case "${1:-}" in
     start) cmd_start ;;
     stop) cmd_stop ;;
     base-image) cmd_base_image ;;
+    clean) cmd_clean ;;
     status) if engine_up; then echo running; else echo "not running"; exit 1; fi ;;
-    *) echo "usage: $0 start|stop|base-image|status" >&2; exit 2 ;;
+    *) echo "usage: $0 start|stop|base-image|status|clean" >&2; exit 2 ;;
 esac

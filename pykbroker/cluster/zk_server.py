@@ -95,10 +95,23 @@ def ephemeral_port_range() -> tuple[int, int]:
     return low, high
 
 
+_HANDED_OUT: set[int] = set()  # every port free_port returned in this process
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free on ``host`` now, outside the ephemeral range when one is free there: a server restarted
     on it later never finds it taken as the local port of some outgoing connection (which a port the kernel
-    picked, inside that range, could be)."""
+    picked, inside that range, could be); never one this process was handed before (servers that ask in turn,
+    before any binds, never get the same one)."""
+    for _ in range(100):
+        port = _free_port_now(host)
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError(f"no free port on {host} that was not handed out before ({len(_HANDED_OUT)} were)")
+
+
+def _free_port_now(host: str) -> int:
     low, high = ephemeral_port_range()
     candidates = [range(1024, min(low, 65536)), range(max(high + 1, 1024), 65536)]
     total = sum(len(part) for part in candidates)

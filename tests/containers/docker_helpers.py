@@ -79,12 +79,6 @@ def engine_script(command: str, timeout: float = 900) -> subprocess.CompletedPro
     return subprocess.run(["bash", str(ENGINE_SCRIPT), command], capture_output=True, text=True, timeout=timeout)
 
 
-def build_env() -> dict:
-    env = dict(os.environ)
-    env["DOCKER_BUILDKIT"] = "1"
-    return env
-
-
 # pip settings that name files of the host: the CA bundle and the constraints travel as secrets of their own.
 _PIP_HOST_FILE_KEYS = {"cert", "client-cert", "constraint", "requirement", "build-constraint", "log", "cache-dir"}
 _PIP_URL_KEYS = {"index-url", "extra-index-url", "find-links"}
@@ -121,30 +115,38 @@ def pip_build_config(env: dict | None = None) -> tuple[str, Path | None]:
 
 def build_image(tag: str, dockerfile: Path, context: Path, build_args: dict | None = None,
                 timeout: float = 900) -> None:
-    """`docker build --network host` with BuildKit, labelled as the suite's (SUITE_LABEL: the session end
-    prunes the dangling ones), with the host's CA bundle, pip configuration and pip constraints as the
-    secrets `ca_bundle`, `pip_config` and `pip_constraints` (see pip_build_config); AssertionError with the
-    end of the build output when it fails."""
-    command = [docker_cli(), "build", "--network", "host", "-f", str(dockerfile), "-t", tag,
-               "--label", f"{SUITE_LABEL}=1"]
-    if CA_BUNDLE.is_file():
-        command += ["--secret", f"id=ca_bundle,src={CA_BUNDLE}"]
+    """PykbrokerContainer.build_image (the one builder: `docker build --network host` with BuildKit) of any of
+    the suite's Dockerfiles, labelled as the suite's (SUITE_LABEL: the session end prunes the dangling ones),
+    with the host's CA bundle, pip configuration and pip constraints as the secrets `ca_bundle`, `pip_config`
+    and `pip_constraints` (see pip_build_config); AssertionError with the end of the build output when it
+    fails."""
+    from pykbroker.testcontainers import ContainerStartException, PykbrokerContainer
+
+    secrets = {"ca_bundle": CA_BUNDLE} if CA_BUNDLE.is_file() else {}
     pip_config, constraints = pip_build_config()
     with tempfile.NamedTemporaryFile("w", prefix="pip-build-", suffix=".conf") as pip_config_file:
         pip_config_file.write(pip_config)
         pip_config_file.flush()
-        command += ["--secret", f"id=pip_config,src={pip_config_file.name}"]
+        secrets["pip_config"] = Path(pip_config_file.name)
         if constraints is not None:
-            command += ["--secret", f"id=pip_constraints,src={constraints}"]
-        for key, value in (build_args or {}).items():
-            command += ["--build-arg", f"{key}={value}"]
-        command.append(str(context))
+            secrets["pip_constraints"] = constraints
         started = time.monotonic()
-        done = subprocess.run(command, capture_output=True, text=True, env=build_env(), timeout=timeout)
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
-        raise AssertionError(f"docker build of {tag} failed (exit {done.returncode}) after "
-                             f"{time.monotonic() - started:.0f} s:\n{tail}")
+        try:
+            PykbrokerContainer.build_image(tag, context, docker=docker_cli(), timeout=timeout, dockerfile=dockerfile,
+                                           build_args=build_args, secrets=secrets, labels={SUITE_LABEL: "1"})
+        except ContainerStartException as error:
+            raise AssertionError(f"docker build of {tag} failed after {time.monotonic() - started:.0f} s: "
+                                 f"{error}") from error
+
+
+def unique(prefix: str) -> str:
+    """A name (topic, group, ...) no other test uses: prefix-<8 hex>."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def session_containers(client, session_id: str = SESSION_ID) -> set[str]:
+    """The ids of the containers (any state) labelled with the test session session_id (this one by default)."""
+    return {c.id for c in client.containers.list(all=True, filters={"label": f"{SESSION_LABEL}={session_id}"})}
 
 
 def session_alive(session_id: str) -> bool:

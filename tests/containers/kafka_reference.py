@@ -67,15 +67,22 @@ class KafkaReferenceContainer(KafkaProtocolContainer):
     """Apache Kafka 3.7.1, one KRaft node, in a container; ``overrides`` are server.properties settings."""
 
     def __init__(self, image: str = IMAGE_TAG, port: int | None = None, *,
-                 overrides: dict[str, str] | None = None, **kwargs) -> None:
-        super().__init__(image, port, **kwargs)
-        from pykbroker.cluster.zk_server import free_port
-
-        self.controller_port = free_port(LOOPBACK) if self.host_network else 9094
+                 overrides: dict[str, str] | None = None, host_network: bool = True, **kwargs) -> None:
+        if not host_network:
+            # kraft_properties names the listen host as the controller voter: 0.0.0.0 on a bridge network
+            raise ValueError("KafkaReferenceContainer runs on the host's network only (host_network=True)")
+        super().__init__(image, port, host_network=True, **kwargs)
+        self.controller_port: int | None = None  # chosen by start(), as the port
         self.overrides = {**SINGLE_NODE_SETTINGS, **(overrides or {})}
         self.cluster_id = kraft_cluster_id()
         for key, value in JVM_ENV.items():
             self.with_env(key, value)
+
+    def _choose_ports(self) -> None:
+        super()._choose_ports()
+        from pykbroker.cluster.zk_server import free_port
+
+        self.controller_port = free_port(LOOPBACK)
 
     def with_broker_config(self, key: str, value) -> "KafkaReferenceContainer":
         self.overrides[key] = str(value)

@@ -9,11 +9,10 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
-import uuid
 
 import pytest
 
-from docker_helpers import SESSION_LABEL, SESSION_ID, SUITE_LABELS
+from docker_helpers import SESSION_ID, SESSION_LABEL, SUITE_LABELS, session_containers, unique
 from kafka_reference import REPO_ROOT  # also puts tests/integration on sys.path
 from pykbroker.testcontainers import ContainerStartException, PykbrokerCluster, PykbrokerContainer
 from test_transactions_clients import java_client_or_skip, poll_until  # tests/integration's client helpers
@@ -26,12 +25,8 @@ JAVA_SOURCE = REPO_ROOT / "tests" / "integration" / "java" / "SaslClient.java"
 TIMEOUT_S = 60.0
 
 
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
 def suite_container(image: str, **kwargs) -> PykbrokerContainer:
-    return PykbrokerContainer(image, **kwargs).with_labels(SUITE_LABELS)
+    return PykbrokerContainer(image, **{"host_network": True, **kwargs}).with_labels(SUITE_LABELS)
 
 
 @pytest.fixture(scope="module")
@@ -179,11 +174,29 @@ def test_a_second_container_runs_beside_the_first_and_each_answers_its_health_ch
             assert [f"{b.host}:{b.port}" for b in brokers.values()] == [bootstrap]
             with urllib.request.urlopen(f"http://127.0.0.1:{container.metrics_port}/health", timeout=10) as answer:
                 assert answer.status == 200
-        sdk = second.get_wrapped_container()
-        deadline = time.monotonic() + TIMEOUT_S  # the image checks every 5 s
-        while (health := docker_client.api.inspect_container(sdk.id)["State"]["Health"]["Status"]) != "healthy":
-            assert health == "starting" and time.monotonic() < deadline, health
-            time.sleep(0.2)
+        from docker_helpers import wait_healthy
+
+        wait_healthy(second.get_wrapped_container(), timeout=120)  # a transient "unhealthy" is not final
+
+
+def test_the_start_script_path_serves_and_the_image_health_check_passes(pykbroker_image, docker_client):
+    """The path a bridge network takes (entry point sh -c waiting for a script copied in after start), run on
+    the host's network, which this engine has: the command must reach sh as one argument (a string would be
+    split by the docker SDK: `sh -c while` and exit 2), and /health must be served for the HEALTHCHECK."""
+    from docker_helpers import wait_healthy
+
+    container = suite_container(pykbroker_image)
+    container.start_script = True
+    with container:
+        inspected = docker_client.api.inspect_container(container.get_container_id())
+        assert inspected["Config"]["Entrypoint"] == ["sh", "-c"]
+        assert len(inspected["Config"]["Cmd"]) == 1
+        bootstrap = container.get_bootstrap_server()
+        from confluent_kafka.admin import AdminClient
+
+        brokers = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=TIMEOUT_S).brokers
+        assert [f"{b.host}:{b.port}" for b in brokers.values()] == [bootstrap]
+        wait_healthy(container.get_wrapped_container(), timeout=120)
 
 
 # -- lifecycle and bad input -------------------------------------------------------------------------------
@@ -193,10 +206,6 @@ def containers_of(docker_client, container_id: str) -> list:
     return docker_client.containers.list(all=True, filters={"id": container_id})
 
 
-def session_containers(docker_client) -> set[str]:
-    return {c.id for c in docker_client.containers.list(all=True, filters={"label": f"{SESSION_LABEL}={SESSION_ID}"})}
-
-
 def test_the_broker_listens_on_the_given_port_and_stop_removes_the_container_and_its_volume(pykbroker_image,
                                                                                             docker_client):
     from docker_helpers import free_port
@@ -204,15 +213,17 @@ def test_the_broker_listens_on_the_given_port_and_stop_removes_the_container_and
     port = free_port("127.0.0.1")
     container = suite_container(pykbroker_image, port=port).start()
     container_id = container.get_container_id()
-    inspected = docker_client.api.inspect_container(container_id)
-    volumes = [m["Name"] for m in inspected["Mounts"] if m["Type"] == "volume"]
-    assert volumes  # the image's VOLUME /data
-    assert inspected["HostConfig"]["NetworkMode"] == "host"
-    assert inspected["Config"]["Labels"][SESSION_LABEL] == SESSION_ID
-    assert container.get_bootstrap_server() == f"127.0.0.1:{port}"
-    with socket.create_connection(("127.0.0.1", port), timeout=5):
-        pass
-    container.stop()
+    try:
+        inspected = docker_client.api.inspect_container(container_id)
+        volumes = [m["Name"] for m in inspected["Mounts"] if m["Type"] == "volume"]
+        assert volumes  # the image's VOLUME /data
+        assert inspected["HostConfig"]["NetworkMode"] == "host"
+        assert inspected["Config"]["Labels"][SESSION_LABEL] == SESSION_ID
+        assert container.get_bootstrap_server() == f"127.0.0.1:{port}"
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+    finally:
+        container.stop()
     assert containers_of(docker_client, container_id) == []
     assert [v for v in volumes if docker_client.volumes.list(filters={"name": v})] == []
     container.stop()  # a second stop does nothing
@@ -244,11 +255,50 @@ def test_a_port_in_use_fails_start_in_a_with_block_once_with_the_brokers_message
     assert container._container is None
 
 
-def test_a_missing_image_says_how_to_build_it(docker_client):
-    expected = (r"no image pykbroker-absent:0 on the Docker engine: build it from a pykbroker checkout with "
-                r"PykbrokerContainer\.build_image")
+def test_a_chosen_port_taken_before_the_container_binds_it_is_chosen_again_once(pykbroker_image, docker_client):
+    """The port chosen by start() taken by someone else before the broker binds it: start() tries once more with
+    fresh ports (a port given by the user is not replaced: the test above)."""
+    from docker_helpers import free_port
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", free_port("127.0.0.1")))
+    taken.listen()
+    chosen: list[int] = []
+
+    class FirstPortTaken(PykbrokerContainer):
+        def _choose_ports(self):
+            super()._choose_ports()
+            if not chosen:
+                self.port = taken.getsockname()[1]
+            chosen.append(self.port)
+
+    try:
+        with FirstPortTaken(pykbroker_image, host_network=True).with_labels(SUITE_LABELS) as container:
+            assert chosen[0] == taken.getsockname()[1] and len(chosen) == 2
+            assert container.get_bootstrap_server() == f"127.0.0.1:{chosen[1]}"
+            with socket.create_connection(("127.0.0.1", chosen[1]), timeout=5):
+                pass
+    finally:
+        taken.close()
+
+
+def test_a_missing_image_is_pulled_and_where_that_fails_the_error_says_how_to_build_it(docker_client):
+    # this engine reaches no registry: the pull fails, and the error says so and how to build the image
+    expected = (r"no image pykbroker-absent:0 on the Docker engine and pulling it failed \(.+\): build it from a "
+                r"pykbroker checkout \(a pip install has no docker/Dockerfile\) with PykbrokerContainer\.build_image")
     with pytest.raises(ContainerStartException, match=expected):
-        PykbrokerContainer("pykbroker-absent:0").start()
+        PykbrokerContainer("pykbroker-absent:0", host_network=True).start()
+
+
+def test_a_missing_default_image_is_not_pulled_the_error_says_how_to_build_it(docker_client):
+    from pykbroker.testcontainers import DEFAULT_IMAGE
+
+    if docker_client.images.list(name=DEFAULT_IMAGE):
+        pytest.skip(f"{DEFAULT_IMAGE} exists on this engine")
+    expected = (rf"no image {DEFAULT_IMAGE} on the Docker engine: build it from a pykbroker checkout \(a pip "
+                r"install has no docker/Dockerfile\) with PykbrokerContainer\.build_image\(context=<checkout>\)")
+    with pytest.raises(ContainerStartException, match=expected):
+        PykbrokerContainer(host_network=True).start()
 
 
 # -- a cluster: 3 brokers and ZooKeeper, each in its container ---------------------------------------------
@@ -297,13 +347,17 @@ def test_a_cluster_whose_broker_cannot_start_fails_with_its_output_and_removes_z
 
 def test_build_image_builds_the_checkout_on_the_given_base(debian_base_image, docker_client):
     """PykbrokerContainer.build_image (the docker CLI with BuildKit, as docker/Dockerfile needs) on the local
-    base; the layers are those of pykbroker_image's build, so this takes seconds once that one ran."""
-    from docker_helpers import CA_BUNDLE, SESSION_ID, docker_cli
+    base, labelled. Its layers are those of pykbroker_image's build, so this takes seconds once that one ran:
+    the pip step runs here only from a cold cache, but every suite image is built by this same function
+    (docker_helpers.build_image calls it with the pip configuration as a secret), so a session from a cold
+    cache runs the pip step through it; a --no-cache build here would cost minutes on every run."""
+    from docker_helpers import CA_BUNDLE, SESSION_ID, SUITE_LABEL, docker_cli
 
     tag = f"pykbroker-build-test:{SESSION_ID}"
     assert PykbrokerContainer.build_image(tag, base_image=debian_base_image, ca_bundle=CA_BUNDLE,
-                                          docker=docker_cli()) == tag
+                                          docker=docker_cli(), labels={SUITE_LABEL: "1"}) == tag
     try:
+        assert docker_client.images.get(tag).labels[SUITE_LABEL] == "1"
         with suite_container(tag) as container:
             assert container.ready_seconds is not None
     finally:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import time
-import uuid
 
 import pytest
 from kio.schema.create_topics.v7 import request as ct
@@ -18,7 +17,7 @@ from kio.schema.list_offsets.v7 import request as lo
 from kio.schema.metadata.v12 import request as md
 from kio.static.primitive import i32, i64
 
-from docker_helpers import SUITE_LABELS
+from docker_helpers import SUITE_LABELS, session_containers, unique
 from kafka_reference import KafkaReferenceContainer, kafka_reference_image  # puts tests/integration on sys.path
 
 from broker_process import (  # noqa: E402  (tests/integration)
@@ -43,7 +42,7 @@ def kafka_image(docker_client, debian_base_image):
 @pytest.fixture(scope="module")
 def brokers(pykbroker_image, kafka_image):
     """{"pykbroker": container, "kafka": container}, both ready."""
-    pykbroker = PykbrokerContainer(pykbroker_image).with_labels(SUITE_LABELS)
+    pykbroker = PykbrokerContainer(pykbroker_image, host_network=True).with_labels(SUITE_LABELS)
     kafka = KafkaReferenceContainer(kafka_image).with_labels(SUITE_LABELS)
     for key, value in BROKER_SETTINGS.items():
         pykbroker.with_broker_config(key, value)
@@ -57,10 +56,6 @@ def brokers(pykbroker_image, kafka_image):
 def on_both(brokers, scenario):
     """scenario(container) on each broker: {"pykbroker": answer, "kafka": answer}."""
     return {name: scenario(container) for name, container in brokers.items()}
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def create_topic(address, name, partitions=1, replication_factor=-1, configs=(), validate_only=False):
@@ -303,8 +298,6 @@ def test_idempotent_produce_sequences_answer_the_same(brokers):
 
 
 def test_the_kafka_container_with_an_invalid_config_fails_start_with_kafkas_message(kafka_image, docker_client):
-    from test_testcontainers_clients import session_containers
-
     before = session_containers(docker_client)
     container = KafkaReferenceContainer(kafka_image, overrides={"num.partitions": "zero"}).with_labels(SUITE_LABELS)
     with pytest.raises(ContainerStartException) as failure:
@@ -321,3 +314,9 @@ def test_without_the_reference_kit_the_kafka_tests_skip_saying_where_it_was_look
     with pytest.raises(pytest.skip.Exception, match=f"no Apache Kafka at {tmp_path}/refkit/kafka_2.13-3.7.1 "
                                                     r"\(the reference kit is not on this machine\)"):
         kafka_reference.kafka_reference_image("pykbroker-debian:bookworm")
+
+
+def test_the_kafka_container_refuses_a_bridge_network_whose_voter_would_be_0_0_0_0():
+    # kraft_properties names the listen host as the controller voter: 1@0.0.0.0:9094 on a bridge network
+    with pytest.raises(ValueError, match=r"runs on the host's network only \(host_network=True\)"):
+        KafkaReferenceContainer(host_network=False)

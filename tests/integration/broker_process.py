@@ -64,19 +64,11 @@ class BrokerError(RuntimeError):
     """The broker process did not start, did not stop, or died; the message carries its log tail."""
 
 
-_HANDED_OUT: set[int] = set()
-
-
 def free_port(host: str = HOST) -> int:
     """A port free on ``host`` now, never one this process handed out before (two brokers of a cluster asking
     in turn never get the same one), outside the kernel's ephemeral range when possible (a broker restarted on
     it never finds it taken by an outgoing connection): pykbroker's own ``zk_server.free_port``."""
-    for _ in range(100):
-        port = zk_free_port(host)
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
-    raise RuntimeError(f"no free port on {host} that was not handed out before ({len(_HANDED_OUT)} were)")
+    return zk_free_port(host)
 
 
 def _die_with_parent() -> None:
