@@ -238,7 +238,8 @@ def deadline():
     return remaining
 
 
-def create_topic_led_by(cluster, name: str, partitions: int, leader: int, config: dict[str, str]) -> None:
+def create_topic_led_by(cluster, name: str, partitions: int, leader: int,
+                        config: dict[str, str]) -> list[list[int]]:
     """A topic with RF 3 whose partitions' preferred (first) replicas rotate starting with broker `leader`
     (partition 0 led by `leader`), then wait until each partition has its leader and its full ISR."""
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -254,6 +255,7 @@ def create_topic_led_by(cluster, name: str, partitions: int, leader: int, config
     for index, replicas in enumerate(assignment):
         cluster.wait_for_leader(name, index)
         cluster.wait_for_isr(name, index, replicas)
+    return assignment
 
 
 def in_flight(checkpoint: Path) -> dict[str, list[int]]:
@@ -280,8 +282,8 @@ def test_stream_job_on_the_cluster_is_exactly_once_across_leader_executor_and_dr
     # The victim leads input partition 0 and the counts topic's only partition: its SIGKILL moves both the
     # input's reads and the kafka sink's writes to another broker.
     victim = min(cluster.brokers)
-    create_topic_led_by(cluster, topic, PARTITIONS, victim, {"min.insync.replicas": "2"})
-    create_topic_led_by(cluster, counts_topic, 1, victim, {"min.insync.replicas": "2"})
+    replicas = {t: create_topic_led_by(cluster, t, n, victim, {"min.insync.replicas": "2"})
+                for t, n in ((topic, PARTITIONS), (counts_topic, 1))}
     events = make_events(sum(PORTIONS), start_ms=recent_minute_ms(120), step_ms=1_000, seed=SEED,
                          max_lateness_ms=15_000)
     cuts = [sum(PORTIONS[:i]) for i in range(len(PORTIONS) + 1)]
@@ -313,8 +315,11 @@ def test_stream_job_on_the_cluster_is_exactly_once_across_leader_executor_and_dr
 
     def state(what: str) -> None:
         """Where the partitions' leaders and ends are when a fault happens."""
-        leaders = {f"{t}-{p}": cluster.partition(t, p).leader
-                   for t, n in ((topic, PARTITIONS), (counts_topic, 1)) for p in range(n)}
+        leaders = {}
+        for t, assignment in replicas.items():
+            for p in range(len(assignment)):
+                info = cluster.partition(t, p)
+                leaders[f"{'counts' if t == counts_topic else 'input'}-{p}"] = info and info.leader
         phase(f"{what}: victim broker {victim}, leaders {leaders}, high watermarks {dict(watch.highest)}, "
               f"Spark committed {spark_read()}, in flight {in_flight(checkpoint)}")
 
@@ -357,9 +362,9 @@ def test_stream_job_on_the_cluster_is_exactly_once_across_leader_executor_and_dr
         cluster.wait_for_leader(counts_topic, 0, exclude={victim}, timeout=deadline(FAILOVER_TIMEOUT_S))
         watch.wait_samples("the new leaders elected", deadline(FAILOVER_TIMEOUT_S))
         cluster.start_broker(victim)
-        for t, n in ((topic, PARTITIONS), (counts_topic, 1)):
-            for p in range(n):
-                cluster.wait_for_isr(t, p, cluster.partition(t, p).replicas, timeout=deadline(FAILOVER_TIMEOUT_S))
+        for t, assignment in replicas.items():
+            for p, partition_replicas in enumerate(assignment):
+                cluster.wait_for_isr(t, p, partition_replicas, timeout=deadline(FAILOVER_TIMEOUT_S))
         watch.wait_samples("the victim back in every ISR", deadline(FAILOVER_TIMEOUT_S))
         deliveries += producer.result(deadline(PROGRESS_TIMEOUT_S))
         wait_processed(end_offsets(deliveries), "after the leader kill")
