@@ -51,6 +51,11 @@ SPARK_TEST_CONF = {
 def pytest_terminal_summary(terminalreporter):
     for reason in skipped_connector_reasons:
         terminalreporter.write_line(f"Spark Kafka connector tests skipped: {reason}", yellow=True)
+    # what a fault run measured (record_property("spark fault run", ...)), passing or not
+    for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []):
+        for name, value in getattr(report, "user_properties", ()):
+            if name == "spark fault run" and report.when == "call":
+                terminalreporter.write_line(f"{report.nodeid.rsplit('::', 1)[-1]}: {value}")
 
 
 @pytest.fixture(scope="session")

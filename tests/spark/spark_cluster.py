@@ -206,6 +206,9 @@ class SparkStandaloneCluster:
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,
             "PYTHONUNBUFFERED": "1",
+            # a port taken between free_port() and the bind fails the start at once, not on port + 1
+            "SPARK_MASTER_OPTS": "-Dspark.port.maxRetries=0",
+            "SPARK_WORKER_OPTS": "-Dspark.port.maxRetries=0",
         })
         return env
 
@@ -295,14 +298,20 @@ class SparkStandaloneCluster:
         """The stderr file the worker gives executor `pid` (work-dir/<app id>/<executor id>/stderr)."""
         args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
         app, executor = args[args.index("--app-id") + 1], args[args.index("--executor-id") + 1]
-        (log,) = self.root.glob(f"worker-*/{app}/{executor}/stderr")
-        return log
+        logs = list(self.root.glob(f"worker-*/{app}/{executor}/stderr"))
+        if len(logs) != 1:
+            raise FileNotFoundError(f"executor {pid}: {len(logs)} logs for {app}/{executor} under {self.root}")
+        return logs[0]
 
     def running_tasks(self, pid: int) -> set[int]:
         """Task ids executor `pid` started and has not finished, from its log (Spark's INFO lines
         "Running task ... (TID n)" and "Finished task ... (TID n)")."""
         started, finished = set(), set()
-        for line in self.executor_log(pid).read_text(errors="replace").splitlines():
+        try:
+            text = self.executor_log(pid).read_text(errors="replace")
+        except (FileNotFoundError, ProcessLookupError):
+            return set()  # no log yet (the worker is starting it), or the executor is gone
+        for line in text.splitlines():
             match = _TASK_LINE.search(line)
             if match:
                 (started if match.group(1) == "Running" else finished).add(int(match.group(2)))
