@@ -874,10 +874,11 @@ def cooperative_subscription(topics=("orders",), owned=()) -> bytes:
 
 
 def classic_member_join(h: Harness, member_id: str = "", *, owned=(), group: str = "g", protocols=None,
-                        protocol_type: str = "consumer", session_ms: int = 10_000, known_id: bool = True):
+                        protocol_type: str = "consumer", session_ms: int = 10_000, known_id: bool = True,
+                        instance: str | None = None):
     answers = []
     protocols = protocols or [("cooperative-sticky", cooperative_subscription(owned=owned)), ("range", subscription("orders"))]
-    h.classic.join_group(JoinRequest(group, member_id, protocol_type, protocols, session_ms, REBALANCE_MS, None, "c",
+    h.classic.join_group(JoinRequest(group, member_id, protocol_type, protocols, session_ms, REBALANCE_MS, instance, "c",
                                      "/127.0.0.1", known_id), answers.append)
     (answer,) = answers
     return answer
@@ -1156,3 +1157,19 @@ def test_a_heartbeat_failing_after_it_converted_a_classic_group_leaves_the_conve
     h.restart()
     assert stored_view(h.group()) == converted
     assert h.join("m1").error == ErrorCode.none and set(h.group().members) == {classic_id, "m1"}
+
+
+def test_only_a_classic_join_without_member_id_takes_a_static_members_instance_over(h):
+    h.join("m1")
+    first = classic_member_join(h, instance="inst")
+    assert first.error == ErrorCode.none
+    restarted = classic_member_join(h, instance="inst")  # the instance restarted: a new member id replaces it
+    assert restarted.error == ErrorCode.none and restarted.member_id != first.member_id
+    held = dict(h.group().members[restarted.member_id].assigned)
+    zombie = classic_member_join(h, first.member_id, instance="inst")  # the old process, with its old id
+    assert zombie.error == ErrorCode.fenced_instance_id
+    assert set(h.group().members) == {"m1", restarted.member_id}
+    assert dict(h.group().members[restarted.member_id].assigned) == held
+    made_up = classic_member_join(h, "made-up", instance="inst2")  # a member id for an instance never seen
+    assert made_up.error == ErrorCode.unknown_member_id
+    assert set(h.group().members) == {"m1", restarted.member_id}

@@ -721,6 +721,15 @@ class ConsumerGroupCoordinator:
             except ValueError as exc:
                 log.info("group %s: JoinGroup of %s refused: %s", group.group_id, member_id or "a new member", exc)
                 raise HeartbeatError(ErrorCode.inconsistent_group_protocol) from None
+            if instance_id is not None and member_id:
+                # Kafka's getOrMaybeSubscribeStaticConsumerGroupMember(createIfNotExists = isUnknownMember): only a
+                # JoinGroup without a member id takes an instance id over
+                if existing is None:
+                    raise HeartbeatError(ErrorCode.unknown_member_id)
+                if existing.member_id != member_id:
+                    log.info("group %s: JoinGroup of %s refused: instance id %s is held by member %s",
+                             group.group_id, member_id, instance_id, existing.member_id)
+                    raise HeartbeatError(ErrorCode.fenced_instance_id)
             member_id = member_id or str(uuid.uuid4())
             member = group.members.get(member_id)
             if existing is not None and existing.member_id != member_id:
