@@ -1173,3 +1173,28 @@ def test_only_a_classic_join_without_member_id_takes_a_static_members_instance_o
     made_up = classic_member_join(h, "made-up", instance="inst2")  # a member id for an instance never seen
     assert made_up.error == ErrorCode.unknown_member_id
     assert set(h.group().members) == {"m1", restarted.member_id}
+
+
+def test_a_classic_join_failing_midway_is_answered_and_leaves_the_group_and_its_timers_as_they_were(h, monkeypatch):
+    """As a heartbeat: an assignor's error answers the JoinGroup UNKNOWN_SERVER_ERROR and changes nothing."""
+    import pykbroker.groups.consumer.coordinator as coordinator
+
+    h.join("m1")
+    static = classic_member_join(h, instance="i1")
+    assert static.error == ErrorCode.none
+    before = stored_view(h.group())
+    timers = {name: sorted(k for k in getattr(h.coordinator, name) if k[0] == "g")
+              for name in ("_session_timers", "_rebalance_timers", "_join_timers", "_sync_timers")}
+    monkeypatch.setattr(coordinator, "assignor_for", lambda name: FailingAssignor())
+    assert classic_member_join(h, "c2").error == ErrorCode.unknown_server_error  # a new member
+    h.topics["other"] = topic("other", 1)
+    # the static member back under a new id with a new subscription: it took i1's place, then failed
+    protocols = [("cooperative-sticky", cooperative_subscription(topics=("other",)))]
+    assert classic_member_join(h, protocols=protocols, instance="i1").error == ErrorCode.unknown_server_error
+    del h.topics["other"]
+    assert stored_view(h.group()) == before and h.group().static_member("i1").member_id == static.member_id
+    assert {name: sorted(k for k in getattr(h.coordinator, name) if k[0] == "g") for name in timers} == timers
+    monkeypatch.undo()
+    memory = stored_view(h.group())
+    h.restart()  # nothing of the failed joins was written either
+    assert stored_view(h.group()) == memory

@@ -379,6 +379,8 @@ class ConsumerGroupCoordinator:
         group_id = request.group_id
         group = self._groups.get(group_id)
         saved = group.checkpoint() if group is not None else None
+        classic_timers = {what: {mid for gid, mid in timers if gid == group_id}
+                          for what, timers in (("JoinGroup", self._join_timers), ("SyncGroup", self._sync_timers))}
         self._converted = None
         try:
             return step(request)
@@ -403,6 +405,11 @@ class ConsumerGroupCoordinator:
                     if (member.state is MemberState.UNREVOKED_PARTITIONS
                             and (group_id, member_id) not in self._rebalance_timers):
                         self._schedule_rebalance_timeout(group_id, member)
+                for what, timers in (("JoinGroup", self._join_timers), ("SyncGroup", self._sync_timers)):
+                    for member_id in classic_timers[what] & set(group.members):  # a replaced static member's
+                        if (group_id, member_id) not in timers:
+                            self._schedule_classic_timeout(timers, what, group_id, member_id,
+                                                           group.members[member_id].rebalance_timeout_ms)
             raise
         finally:
             self._converted = None
@@ -699,49 +706,70 @@ class ConsumerGroupCoordinator:
 
     def classic_join(self, request, respond) -> None:
         """A JoinGroup to a consumer group with members (Kafka's classicGroupJoinToConsumerGroup); ``request`` is
-        the classic coordinator's JoinRequest, ``respond`` gets its JoinResult once the records are stored."""
+        the classic coordinator's JoinRequest, ``respond`` gets its JoinResult once the records are stored. A join
+        failing midway (an assignor's error, a member fenced while reconciling) leaves the group as it was."""
+        from pykbroker.groups.classic.group import JoinResult
+
+        if not request.member_id and request.group_instance_id is None and request.require_known_member_id:
+            respond(JoinResult(ErrorCode.member_id_required, str(uuid.uuid4())))
+            return
+        try:
+            result, group, before = self._undone_on_failure(self._classic_join, request)
+        except HeartbeatError as exc:
+            respond(JoinResult(exc.code, request.member_id))
+            return
+        except PartitionOwnedError as exc:  # Kafka's IllegalStateException: a bug, answered as one
+            log.error("group %s: JoinGroup of member %s refused: %s", request.group_id, request.member_id, exc)
+            respond(JoinResult(ErrorCode.unknown_server_error, request.member_id))
+            return
+        gid, mid = group.group_id, result.member_id
+        self._cancel(self._join_timers, (gid, mid))
+        self._cancel(self._rebalance_timers, (gid, mid))  # a classic member revokes by rejoining
+        self._schedule_session_timeout(gid, mid)
+        self._schedule_classic_timeout(self._sync_timers, "SyncGroup", gid, mid, request.rebalance_timeout_ms)
+
+        def stored(error: ErrorCode) -> None:
+            respond(result if error == ErrorCode.none else JoinResult(error, mid))
+
+        self._store_changes(group, before, stored)
+
+    def _classic_join(self, request):
+        """classic_join's changes to the group: returns its JoinResult, the group and the group before them."""
         from pykbroker.groups.classic.group import JoinResult
 
         group = self._groups[request.group_id]
         member_id, instance_id = request.member_id, request.group_instance_id
-        if not member_id and instance_id is None and request.require_known_member_id:
-            respond(JoinResult(ErrorCode.member_id_required, str(uuid.uuid4())))
-            return
+        before = snapshot(group)
+        existing = group.static_member(instance_id) if instance_id is not None else None
+        known = member_id in group.members or existing is not None
+        if not known and len(group.members) >= self.config.max_size:
+            raise self._group_full()
+        names = [name for name, _ in request.protocols]
+        if not self._supports_classic_protocols(group, request.protocol_type, set(names)):
+            raise HeartbeatError(ErrorCode.inconsistent_group_protocol)
         try:
-            before = snapshot(group)
-            existing = group.static_member(instance_id) if instance_id is not None else None
-            known = member_id in group.members or existing is not None
-            if not known and len(group.members) >= self.config.max_size:
-                raise self._group_full()
-            names = [name for name, _ in request.protocols]
-            if not self._supports_classic_protocols(group, request.protocol_type, set(names)):
-                raise HeartbeatError(ErrorCode.inconsistent_group_protocol)
-            try:
-                subscription = decode_subscription(request.protocols[0][1])
-            except ValueError as exc:
-                log.info("group %s: JoinGroup of %s refused: %s", group.group_id, member_id or "a new member", exc)
-                raise HeartbeatError(ErrorCode.inconsistent_group_protocol) from None
-            if instance_id is not None and member_id:
-                # Kafka's getOrMaybeSubscribeStaticConsumerGroupMember(createIfNotExists = isUnknownMember): only a
-                # JoinGroup without a member id takes an instance id over
-                if existing is None:
-                    raise HeartbeatError(ErrorCode.unknown_member_id)
-                if existing.member_id != member_id:
-                    log.info("group %s: JoinGroup of %s refused: instance id %s is held by member %s",
-                             group.group_id, member_id, instance_id, existing.member_id)
-                    raise HeartbeatError(ErrorCode.fenced_instance_id)
-            member_id = member_id or str(uuid.uuid4())
-            member = group.members.get(member_id)
-            if existing is not None and existing.member_id != member_id:
-                member = self._replace_static_member(group, existing, member_id)
-            elif member is None:  # Kafka creates the member under the id it is given
-                member = ConsumerGroupMember(member_id, instance_id=instance_id)
-                log.info("group %s: member %s joins with the classic protocol", group.group_id, member_id)
-            elif not member.uses_classic_protocol:
+            subscription = decode_subscription(request.protocols[0][1])
+        except ValueError as exc:
+            log.info("group %s: JoinGroup of %s refused: %s", group.group_id, member_id or "a new member", exc)
+            raise HeartbeatError(ErrorCode.inconsistent_group_protocol) from None
+        if instance_id is not None and member_id:
+            # Kafka's getOrMaybeSubscribeStaticConsumerGroupMember(createIfNotExists = isUnknownMember): only a
+            # JoinGroup without a member id takes an instance id over
+            if existing is None:
                 raise HeartbeatError(ErrorCode.unknown_member_id)
-        except HeartbeatError as exc:
-            respond(JoinResult(exc.code, member_id))
-            return
+            if existing.member_id != member_id:
+                log.info("group %s: JoinGroup of %s refused: instance id %s is held by member %s",
+                         group.group_id, member_id, instance_id, existing.member_id)
+                raise HeartbeatError(ErrorCode.fenced_instance_id)
+        member_id = member_id or str(uuid.uuid4())
+        member = group.members.get(member_id)
+        if existing is not None and existing.member_id != member_id:
+            member = self._replace_static_member(group, existing, member_id)
+        elif member is None:  # Kafka creates the member under the id it is given
+            member = ConsumerGroupMember(member_id, instance_id=instance_id)
+            log.info("group %s: member %s joins with the classic protocol", group.group_id, member_id)
+        elif not member.uses_classic_protocol:
+            raise HeartbeatError(ErrorCode.unknown_member_id)
         topic_ids = {info.name: info.topic_id for info in self._topics()}
         owned = freeze({topic_ids[name]: parts for name, parts in subscription.owned_partitions.items()
                         if name in topic_ids})
@@ -752,17 +780,8 @@ class ConsumerGroupCoordinator:
             client_id=request.client_id, client_host=request.client_host,
             classic_session_timeout_ms=request.session_timeout_ms, classic_protocols=tuple(request.protocols))
         reconciled = self._apply(group, member, updated, owned)
-        gid, mid = group.group_id, reconciled.member_id
-        self._cancel(self._join_timers, (gid, mid))
-        self._cancel(self._rebalance_timers, (gid, mid))  # a classic member revokes by rejoining
-        self._schedule_session_timeout(gid, mid)
-        self._schedule_classic_timeout(self._sync_timers, "SyncGroup", gid, mid, request.rebalance_timeout_ms)
-        result = JoinResult(ErrorCode.none, mid, reconciled.member_epoch, "consumer", names[0])
-
-        def stored(error: ErrorCode) -> None:
-            respond(result if error == ErrorCode.none else JoinResult(error, mid))
-
-        self._store_changes(group, before, stored)
+        return JoinResult(ErrorCode.none, reconciled.member_id, reconciled.member_epoch, "consumer", names[0]), \
+            group, before
 
     def classic_sync(self, group_id: str, generation_id: int, member_id: str, protocol_type: str | None,
                      protocol_name: str | None, instance_id: str | None, respond) -> None:
