@@ -1198,3 +1198,34 @@ def test_a_classic_join_failing_midway_is_answered_and_leaves_the_group_and_its_
     memory = stored_view(h.group())
     h.restart()  # nothing of the failed joins was written either
     assert stored_view(h.group()) == memory
+
+
+@pytest.mark.parametrize("broken", ["assignment", "subscription"])
+def test_a_classic_group_whose_consumer_protocol_is_malformed_is_not_upgraded(h, broken):
+    """Kafka 4's convertToConsumerGroup: a member's subscription or assignment that is not the consumer protocol's
+    refuses the upgrade (GROUP_ID_NOT_FOUND) and leaves the classic group as it was; its partitions stay its."""
+    if broken == "subscription":
+        answers = []
+        h.classic.join_group(JoinRequest("g", "", "consumer", [("range", b"\x00\x00\x00")], 10_000, 30_000, None,
+                                         "c", "/127.0.0.1", False), answers.append)
+        h.clock.advance(0)
+        (first,) = answers
+        assignment = encode_assignment({"orders": [0, 1, 2, 3]}, 0)
+    else:
+        first = classic_join(h, "g")
+        assignment = b"\x00\x00\x00\x00\x00\x01\x00"  # a truncated Assignment
+    synced = []
+    h.classic.sync_group("g", first.generation_id, first.member_id, "consumer", "range", None,
+                         {first.member_id: assignment}, synced.append)
+    assert synced[0].error == ErrorCode.none
+    classic = h.classic.group("g")
+    before = (classic.generation_id, set(classic.members), classic.members[first.member_id].assignment)
+    refused = h.join("m1")
+    assert (refused.error, refused.message) == (
+        ErrorCode.group_id_not_found,
+        "Cannot upgrade classic group g to consumer group because the embedded consumer protocol is malformed.")
+    classic = h.classic.group("g")
+    assert (classic.generation_id, set(classic.members), classic.members[first.member_id].assignment) == before
+    assert not h.coordinator.has_group("g")
+    h.restart()  # nothing was written either
+    assert h.classic.group("g").generation_id == before[0] and not h.coordinator.has_group("g")

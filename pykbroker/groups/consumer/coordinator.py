@@ -475,9 +475,29 @@ class ConsumerGroupCoordinator:
         elif classic.size() > self.config.max_size:
             reason = "the group size exceeds the consumer group maximum size"
         else:
-            return None
+            try:
+                self._classic_members(classic)
+                return None
+            except ValueError as exc:  # Kafka's fromClassicGroup failing with a SchemaException
+                log.warning("group %s: a member's embedded consumer protocol is malformed: %s", group_id, exc)
+                reason = "the embedded consumer protocol is malformed"
         log.info("group %s: cannot upgrade the classic group to a consumer group because %s", group_id, reason)
         return f"Cannot upgrade classic group {group_id} to consumer group because {reason}."
+
+    @staticmethod
+    def _classic_members(classic) -> list:
+        """Each member of a classic group with its subscription (of the group's protocol) and its assignment
+        (topic name -> partitions), decoded; ValueError if any is not the consumer protocol's."""
+        decoded = []
+        for old in classic.members.values():
+            try:
+                subscription = decode_subscription(old.metadata(classic.protocol_name) if classic.protocol_name
+                                                   else old.protocols[0][1])
+                assigned = decode_assignment(old.assignment) if old.assignment else {}
+            except ValueError as exc:
+                raise ValueError(f"member {old.member_id}: {exc}") from None
+            decoded.append((old, subscription, assigned))
+        return decoded
 
     def _upgrade(self, group_id: str) -> ConsumerGroup:
         """A running classic group becomes a consumer group (Kafka 4's convertToConsumerGroup and
@@ -485,25 +505,17 @@ class ConsumerGroupCoordinator:
         member epoch, each with the partitions of its last assignment as current and target assignment; the
         classic record is tombstoned and the consumer group's records written; each member's session timer
         runs on its classic session timeout. The heartbeat that asked then joins as usual."""
+        decoded = self._classic_members(self.classic.group(group_id))  # _upgrade_refusal read them all
         classic = self.classic.release_group_for_upgrade(group_id)
         group = ConsumerGroup(group_id)
         topics = {info.name: info.topic_id for info in self._topics()}
         epoch = classic.generation_id
-        for old in classic.members.values():
-            try:
-                subscription = decode_subscription(old.metadata(classic.protocol_name) if classic.protocol_name
-                                                   else old.protocols[0][1])
-                assigned = decode_assignment(old.assignment) if old.assignment else {}
-            except ValueError as exc:
-                log.warning("group %s: member %s's classic metadata is unreadable (%s): it starts empty", group_id,
-                            old.member_id, exc)
-                subscription, assigned = None, {}
+        for old, subscription, assigned in decoded:
             assignment = freeze({topics[name]: parts for name, parts in assigned.items() if name in topics})
             group.update_member(ConsumerGroupMember(
-                old.member_id, instance_id=old.group_instance_id,
-                rack_id=subscription.rack_id if subscription is not None else None,
+                old.member_id, instance_id=old.group_instance_id, rack_id=subscription.rack_id,
                 rebalance_timeout_ms=old.rebalance_timeout_ms, client_id=old.client_id, client_host=old.client_host,
-                subscribed_topic_names=tuple(sorted(set(subscription.topics))) if subscription is not None else (),
+                subscribed_topic_names=tuple(sorted(set(subscription.topics))),
                 member_epoch=epoch, previous_member_epoch=epoch, assigned=assignment,
                 classic_session_timeout_ms=old.session_timeout_ms, classic_protocols=tuple(old.protocols)))
             group.target_assignment[old.member_id] = dict(assignment)
