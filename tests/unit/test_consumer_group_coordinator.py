@@ -1229,3 +1229,52 @@ def test_a_classic_group_whose_consumer_protocol_is_malformed_is_not_upgraded(h,
     assert not h.coordinator.has_group("g")
     h.restart()  # nothing was written either
     assert h.classic.group("g").generation_id == before[0] and not h.coordinator.has_group("g")
+
+
+def test_a_failed_write_of_an_upgrade_makes_the_next_write_store_the_whole_group(h):
+    """The conversion's records not stored: the joining member's write stores the converted members too, so a
+    restart finds the group memory has."""
+    first = classic_join(h, "g")
+    synced = []
+    h.classic.sync_group("g", first.generation_id, first.member_id, "consumer", "range", None,
+                         {first.member_id: encode_assignment({"orders": (0, 1, 2, 3)}, 0)}, synced.append)
+    store = h.classic.store
+    real = store.append_group_records
+    calls = []
+
+    def first_fails(group_id, records, now_ms, done=None):
+        calls.append(len(records))
+        if len(calls) == 1:
+            if done is not None:
+                done(ErrorCode.not_enough_replicas)
+        else:
+            real(group_id, records, now_ms, done)
+
+    store.append_group_records = first_fails
+    assert h.join("m1").error == ErrorCode.none
+    store.append_group_records = real
+    memory = stored_view(h.group())
+    assert set(h.group().members) == {first.member_id, "m1"}
+    h.restart()
+    assert stored_view(h.group()) == memory
+
+
+def test_a_failed_tombstoning_of_a_downgraded_group_is_redone_by_the_ids_next_consumer_group(h):
+    """The consumer group's records may still be in the log: the next consumer group of that id is written whole,
+    its old members tombstoned, so a restart does not bring them back."""
+    c1 = mixed_group(h)
+    store = h.classic.store
+    real = store.append_group_records
+
+    def failing(group_id, records, now_ms, done=None):
+        if done is not None:
+            done(ErrorCode.not_enough_replicas)
+
+    store.append_group_records = failing
+    assert h.beat("m1", -1).error == ErrorCode.none
+    store.append_group_records = real
+    assert not h.coordinator.has_group("g")
+    h.classic.leave_group("g", [LeavingMember(c1)])
+    assert h.join("m2").error == ErrorCode.none
+    h.restart()
+    assert set(h.group().members) == {"m2"}

@@ -329,6 +329,9 @@ class ConsumerGroupCoordinator:
         """Write what changed since ``before``; once a write of the group failed (its records may or may not be
         in the log), the next one writes the whole group instead, until one succeeds."""
         group_id = group.group_id
+        if self._groups.get(group_id) is not group:  # converted to a classic group meanwhile: its records are written
+            self._persist(group, [], done)
+            return
         stale = self._unsynced.get(group_id)
         records = changes(before, group) if stale is None else rewrite(group, stale)
         written = set(before.members) | set(group.members) | (stale or set())
@@ -522,7 +525,7 @@ class ConsumerGroupCoordinator:
         group.group_epoch = group.assignment_epoch = epoch
         group.subscription_metadata = self._subscription_metadata(group)
         self._groups[group_id] = group
-        self._persist(group, changes(snapshot(None), group), None)
+        self._store_changes(group, snapshot(None), None)  # a failed write: the group's next one stores it whole
         for member_id in group.members:
             self._schedule_session_timeout(group_id, member_id)
         self._converted = group.checkpoint()  # what a heartbeat failing after this goes back to
@@ -937,8 +940,16 @@ class ConsumerGroupCoordinator:
         from pykbroker.groups.classic.group import Member
 
         gid = group.group_id
-        self._persist(group, tombstones(group, self._unsynced.pop(gid, ())), None)
+        stale = self._unsynced.pop(gid, set())
+        written = set(group.members) | stale
+
+        def stored(error: ErrorCode) -> None:
+            if error != ErrorCode.none:  # the log may still hold the consumer group: the id's next consumer group
+                log.warning("group %s: tombstoning the downgraded consumer group failed (%s)", gid, error.name)
+                self._unsynced[gid] = self._unsynced.get(gid, set()) | written  # writes it whole, these tombstoned
+
         self._forget(group)
+        self._persist(group, tombstones(group, stale), stored)
         del self._groups[gid]
         names = {info.topic_id: info.name for info in self._topics()}
         members = []
