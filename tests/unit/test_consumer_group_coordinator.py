@@ -1278,3 +1278,17 @@ def test_a_failed_tombstoning_of_a_downgraded_group_is_redone_by_the_ids_next_co
     assert h.join("m2").error == ErrorCode.none
     h.restart()
     assert set(h.group().members) == {"m2"}
+
+
+def test_a_downgraded_members_assignment_is_in_the_version_of_the_selected_protocols_metadata(h):
+    """ClassicGroup.fromConsumerGroup: each assignment is serialized in the version of the member's metadata for
+    the protocol the classic group selected, not of its first protocol."""
+    h.join("m1")
+    both = [("range", subscription("orders")), ("cooperative-sticky", cooperative_subscription())]  # v0, then v1
+    c1 = classic_member_join(h, protocols=both, known_id=False).member_id
+    c2 = classic_member_join(h, protocols=[("cooperative-sticky", cooperative_subscription())],
+                             known_id=False).member_id
+    assert h.beat("m1", -1).error == ErrorCode.none
+    classic = h.classic.group("g")
+    assert classic.protocol_name == "cooperative-sticky" and set(classic.members) == {c1, c2}
+    assert [subscription_version(classic.members[m].assignment) for m in (c1, c2)] == [1, 1]

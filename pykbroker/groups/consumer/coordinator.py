@@ -952,19 +952,19 @@ class ConsumerGroupCoordinator:
         self._persist(group, tombstones(group, stale), stored)
         del self._groups[gid]
         names = {info.topic_id: info.name for info in self._topics()}
-        members = []
+        members, assignments = [], {}
         for member in group.members.values():
             if member.member_id == leaving:
                 continue
-            assignment = {names[tid]: parts for tid, parts in member.assigned.items() if tid in names}
+            assignments[member.member_id] = {names[tid]: parts for tid, parts in member.assigned.items()
+                                             if tid in names}
             members.append(Member(
                 member.member_id, member.instance_id, member.client_id, member.client_host,
                 member.rebalance_timeout_ms, member.classic_session_timeout_ms, "consumer",
-                list(member.classic_protocols),
-                assignment=encode_assignment(assignment, subscription_version(member.classic_protocols[0][1]))))
+                list(member.classic_protocols)))
         log.info("group %s: member %s was the last of the consumer protocol: the group becomes a classic group",
                  gid, leaving)
-        self.classic.adopt_downgraded_group(gid, group.group_epoch, members)
+        self.classic.adopt_downgraded_group(gid, group.group_epoch, members, assignments)
 
     def _fence_and_store(self, group: ConsumerGroup, member_id: str) -> None:
         """A timer fences a member: its records go (nobody waits for the write)."""
