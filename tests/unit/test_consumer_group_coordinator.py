@@ -1264,15 +1264,17 @@ def test_a_failed_tombstoning_of_a_downgraded_group_is_redone_by_the_ids_next_co
     its old members tombstoned, so a restart does not bring them back."""
     c1 = mixed_group(h)
     store = h.classic.store
-    real = store.append_group_records
+    real = store.put_group_metadata
+    batches = []
 
-    def failing(group_id, records, now_ms, done=None):
-        if done is not None:
-            done(ErrorCode.not_enough_replicas)
+    def failing(group_id, value, now_ms, done, before=()):  # the tombstones and the classic record: one batch
+        batches.append(len(before))
+        done(ErrorCode.not_enough_replicas)
 
-    store.append_group_records = failing
+    store.put_group_metadata = failing
     assert h.beat("m1", -1).error == ErrorCode.none
-    store.append_group_records = real
+    store.put_group_metadata = real
+    assert batches and batches[0] > 0
     assert not h.coordinator.has_group("g")
     h.classic.leave_group("g", [LeavingMember(c1)])
     assert h.join("m2").error == ErrorCode.none

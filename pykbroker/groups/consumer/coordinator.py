@@ -935,8 +935,8 @@ class ConsumerGroupCoordinator:
         return True
 
     def _downgrade(self, group: ConsumerGroup, leaving: str) -> None:
-        """Kafka 4's convertToClassicGroup: the consumer group's records are tombstoned first, then the classic
-        group (its members with their current partitions as assignments) is stored and rebalances."""
+        """Kafka 4's convertToClassicGroup: the consumer group's tombstones and the classic group (its members
+        with their current partitions as assignments) are stored in one batch, and the classic group rebalances."""
         from pykbroker.groups.classic.group import Member
 
         gid = group.group_id
@@ -945,11 +945,10 @@ class ConsumerGroupCoordinator:
 
         def stored(error: ErrorCode) -> None:
             if error != ErrorCode.none:  # the log may still hold the consumer group: the id's next consumer group
-                log.warning("group %s: tombstoning the downgraded consumer group failed (%s)", gid, error.name)
+                log.warning("group %s: storing the downgrade failed (%s)", gid, error.name)
                 self._unsynced[gid] = self._unsynced.get(gid, set()) | written  # writes it whole, these tombstoned
 
         self._forget(group)
-        self._persist(group, tombstones(group, stale), stored)
         del self._groups[gid]
         names = {info.topic_id: info.name for info in self._topics()}
         members, assignments = [], {}
@@ -964,7 +963,8 @@ class ConsumerGroupCoordinator:
                 list(member.classic_protocols)))
         log.info("group %s: member %s was the last of the consumer protocol: the group becomes a classic group",
                  gid, leaving)
-        self.classic.adopt_downgraded_group(gid, group.group_epoch, members, assignments)
+        self.classic.adopt_downgraded_group(gid, group.group_epoch, members, assignments, tombstones(group, stale),
+                                            stored)
 
     def _fence_and_store(self, group: ConsumerGroup, member_id: str) -> None:
         """A timer fences a member: its records go (nobody waits for the write)."""
