@@ -587,17 +587,19 @@ class OffsetStore:
 
     # -- opaque group metadata for the group coordinator -----------------------------------------------
 
-    def put_group_metadata(self, group_id: str, value: bytes, now_ms: int, done: Done) -> None:
+    def put_group_metadata(self, group_id: str, value: bytes, now_ms: int, done: Done,
+                           before: list[tuple[bytes, bytes | None]] = ()) -> None:
         """Persist the coordinator's serialized group state (a GroupMetadataValue), as Kafka's storeGroup:
-        kept in memory and ``done`` called once the append is acknowledged."""
+        kept in memory and ``done`` called once the append is acknowledged; ``before``: records (a downgraded
+        consumer group's tombstones) written ahead of it in the same batch."""
         value = bytes(value)
 
         def apply(_record_offset: int) -> None:
             self._group_metadata[group_id] = value
 
         self._write(self.partition_for(group_id),
-                    build_batch([(encode_group_metadata_key(group_id), value)], timestamp_ms=now_ms), apply, done,
-                    offsets=False)
+                    build_batch([*before, (encode_group_metadata_key(group_id), value)], timestamp_ms=now_ms), apply,
+                    done, offsets=False)
 
     def delete_group_metadata(self, group_id: str, now_ms: int | None = None) -> None:
         """Tombstone a group's metadata (a group that died), forgotten at once."""

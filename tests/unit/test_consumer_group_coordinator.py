@@ -874,10 +874,11 @@ def cooperative_subscription(topics=("orders",), owned=()) -> bytes:
 
 
 def classic_member_join(h: Harness, member_id: str = "", *, owned=(), group: str = "g", protocols=None,
-                        protocol_type: str = "consumer", session_ms: int = 10_000, known_id: bool = True):
+                        protocol_type: str = "consumer", session_ms: int = 10_000, known_id: bool = True,
+                        instance: str | None = None):
     answers = []
     protocols = protocols or [("cooperative-sticky", cooperative_subscription(owned=owned)), ("range", subscription("orders"))]
-    h.classic.join_group(JoinRequest(group, member_id, protocol_type, protocols, session_ms, REBALANCE_MS, None, "c",
+    h.classic.join_group(JoinRequest(group, member_id, protocol_type, protocols, session_ms, REBALANCE_MS, instance, "c",
                                      "/127.0.0.1", known_id), answers.append)
     (answer,) = answers
     return answer
@@ -1156,3 +1157,140 @@ def test_a_heartbeat_failing_after_it_converted_a_classic_group_leaves_the_conve
     h.restart()
     assert stored_view(h.group()) == converted
     assert h.join("m1").error == ErrorCode.none and set(h.group().members) == {classic_id, "m1"}
+
+
+def test_only_a_classic_join_without_member_id_takes_a_static_members_instance_over(h):
+    h.join("m1")
+    first = classic_member_join(h, instance="inst")
+    assert first.error == ErrorCode.none
+    restarted = classic_member_join(h, instance="inst")  # the instance restarted: a new member id replaces it
+    assert restarted.error == ErrorCode.none and restarted.member_id != first.member_id
+    held = dict(h.group().members[restarted.member_id].assigned)
+    zombie = classic_member_join(h, first.member_id, instance="inst")  # the old process, with its old id
+    assert zombie.error == ErrorCode.fenced_instance_id
+    assert set(h.group().members) == {"m1", restarted.member_id}
+    assert dict(h.group().members[restarted.member_id].assigned) == held
+    made_up = classic_member_join(h, "made-up", instance="inst2")  # a member id for an instance never seen
+    assert made_up.error == ErrorCode.unknown_member_id
+    assert set(h.group().members) == {"m1", restarted.member_id}
+
+
+def test_a_classic_join_failing_midway_is_answered_and_leaves_the_group_and_its_timers_as_they_were(h, monkeypatch):
+    """As a heartbeat: an assignor's error answers the JoinGroup UNKNOWN_SERVER_ERROR and changes nothing."""
+    import pykbroker.groups.consumer.coordinator as coordinator
+
+    h.join("m1")
+    static = classic_member_join(h, instance="i1")
+    assert static.error == ErrorCode.none
+    before = stored_view(h.group())
+    timers = {name: sorted(k for k in getattr(h.coordinator, name) if k[0] == "g")
+              for name in ("_session_timers", "_rebalance_timers", "_join_timers", "_sync_timers")}
+    monkeypatch.setattr(coordinator, "assignor_for", lambda name: FailingAssignor())
+    assert classic_member_join(h, "c2").error == ErrorCode.unknown_server_error  # a new member
+    h.topics["other"] = topic("other", 1)
+    # the static member back under a new id with a new subscription: it took i1's place, then failed
+    protocols = [("cooperative-sticky", cooperative_subscription(topics=("other",)))]
+    assert classic_member_join(h, protocols=protocols, instance="i1").error == ErrorCode.unknown_server_error
+    del h.topics["other"]
+    assert stored_view(h.group()) == before and h.group().static_member("i1").member_id == static.member_id
+    assert {name: sorted(k for k in getattr(h.coordinator, name) if k[0] == "g") for name in timers} == timers
+    monkeypatch.undo()
+    memory = stored_view(h.group())
+    h.restart()  # nothing of the failed joins was written either
+    assert stored_view(h.group()) == memory
+
+
+@pytest.mark.parametrize("broken", ["assignment", "subscription"])
+def test_a_classic_group_whose_consumer_protocol_is_malformed_is_not_upgraded(h, broken):
+    """Kafka 4's convertToConsumerGroup: a member's subscription or assignment that is not the consumer protocol's
+    refuses the upgrade (GROUP_ID_NOT_FOUND) and leaves the classic group as it was; its partitions stay its."""
+    if broken == "subscription":
+        answers = []
+        h.classic.join_group(JoinRequest("g", "", "consumer", [("range", b"\x00\x00\x00")], 10_000, 30_000, None,
+                                         "c", "/127.0.0.1", False), answers.append)
+        h.clock.advance(0)
+        (first,) = answers
+        assignment = encode_assignment({"orders": [0, 1, 2, 3]}, 0)
+    else:
+        first = classic_join(h, "g")
+        assignment = b"\x00\x00\x00\x00\x00\x01\x00"  # a truncated Assignment
+    synced = []
+    h.classic.sync_group("g", first.generation_id, first.member_id, "consumer", "range", None,
+                         {first.member_id: assignment}, synced.append)
+    assert synced[0].error == ErrorCode.none
+    classic = h.classic.group("g")
+    before = (classic.generation_id, set(classic.members), classic.members[first.member_id].assignment)
+    refused = h.join("m1")
+    assert (refused.error, refused.message) == (
+        ErrorCode.group_id_not_found,
+        "Cannot upgrade classic group g to consumer group because the embedded consumer protocol is malformed.")
+    classic = h.classic.group("g")
+    assert (classic.generation_id, set(classic.members), classic.members[first.member_id].assignment) == before
+    assert not h.coordinator.has_group("g")
+    h.restart()  # nothing was written either
+    assert h.classic.group("g").generation_id == before[0] and not h.coordinator.has_group("g")
+
+
+def test_a_failed_write_of_an_upgrade_makes_the_next_write_store_the_whole_group(h):
+    """The conversion's records not stored: the joining member's write stores the converted members too, so a
+    restart finds the group memory has."""
+    first = classic_join(h, "g")
+    synced = []
+    h.classic.sync_group("g", first.generation_id, first.member_id, "consumer", "range", None,
+                         {first.member_id: encode_assignment({"orders": (0, 1, 2, 3)}, 0)}, synced.append)
+    store = h.classic.store
+    real = store.append_group_records
+    calls = []
+
+    def first_fails(group_id, records, now_ms, done=None):
+        calls.append(len(records))
+        if len(calls) == 1:
+            if done is not None:
+                done(ErrorCode.not_enough_replicas)
+        else:
+            real(group_id, records, now_ms, done)
+
+    store.append_group_records = first_fails
+    assert h.join("m1").error == ErrorCode.none
+    store.append_group_records = real
+    memory = stored_view(h.group())
+    assert set(h.group().members) == {first.member_id, "m1"}
+    h.restart()
+    assert stored_view(h.group()) == memory
+
+
+def test_a_failed_tombstoning_of_a_downgraded_group_is_redone_by_the_ids_next_consumer_group(h):
+    """The consumer group's records may still be in the log: the next consumer group of that id is written whole,
+    its old members tombstoned, so a restart does not bring them back."""
+    c1 = mixed_group(h)
+    store = h.classic.store
+    real = store.put_group_metadata
+    batches = []
+
+    def failing(group_id, value, now_ms, done, before=()):  # the tombstones and the classic record: one batch
+        batches.append(len(before))
+        done(ErrorCode.not_enough_replicas)
+
+    store.put_group_metadata = failing
+    assert h.beat("m1", -1).error == ErrorCode.none
+    store.put_group_metadata = real
+    assert batches and batches[0] > 0
+    assert not h.coordinator.has_group("g")
+    h.classic.leave_group("g", [LeavingMember(c1)])
+    assert h.join("m2").error == ErrorCode.none
+    h.restart()
+    assert set(h.group().members) == {"m2"}
+
+
+def test_a_downgraded_members_assignment_is_in_the_version_of_the_selected_protocols_metadata(h):
+    """ClassicGroup.fromConsumerGroup: each assignment is serialized in the version of the member's metadata for
+    the protocol the classic group selected, not of its first protocol."""
+    h.join("m1")
+    both = [("range", subscription("orders")), ("cooperative-sticky", cooperative_subscription())]  # v0, then v1
+    c1 = classic_member_join(h, protocols=both, known_id=False).member_id
+    c2 = classic_member_join(h, protocols=[("cooperative-sticky", cooperative_subscription())],
+                             known_id=False).member_id
+    assert h.beat("m1", -1).error == ErrorCode.none
+    classic = h.classic.group("g")
+    assert classic.protocol_name == "cooperative-sticky" and set(classic.members) == {c1, c2}
+    assert [subscription_version(classic.members[m].assignment) for m in (c1, c2)] == [1, 1]

@@ -75,6 +75,7 @@ from pykbroker.groups.classic.group import (
     SyncResult,
 )
 from pykbroker.groups.classic.records import decode_group_record, encode_group_record, group_from_record, record_of
+from pykbroker.groups.consumer_protocol import encode_assignment, subscription_version
 from pykbroker.groups.offset_store import OFFSETS_TOPIC, CommittedOffset, OffsetStore
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.protocol.records import NO_PRODUCER_ID
@@ -340,20 +341,27 @@ class GroupCoordinator:
         self._drop_group(group)
         return group
 
-    def adopt_downgraded_group(self, group_id: str, generation: int, members: Iterable[Member]) -> None:
+    def adopt_downgraded_group(self, group_id: str, generation: int, members: Iterable[Member],
+                               assignments: Mapping[str, Mapping[str, tuple[int, ...]]], tombstones: list = (),
+                               done: Callable[[ErrorCode], None] = lambda error: None) -> None:
         """A consumer group whose last consumer-protocol member left becomes a classic group again (Kafka 4's
         convertToClassicGroup and ClassicGroup.fromConsumerGroup, the classic half): Stable at the consumer
-        group's epoch as generation, its classic members with their current assignments, the protocol they
+        group's epoch as generation, its classic members with their ``assignments`` (member id -> topic ->
+        partitions, each encoded in the version of its metadata for the selected protocol), the protocol they
         all support; its record is stored, every member's session timer armed, and a rebalance prepared so
-        that they rejoin under a leader of their own."""
+        that they rejoin under a leader of their own. Its record is written in one batch after the consumer
+        group's ``tombstones`` (Kafka's convertToClassicGroup records); ``done`` gets the outcome."""
         group = ClassicGroup(group_id, GroupState.STABLE, self._now())
         for member in members:
             group.add(member)
         group.generation_id = generation
         group.protocol_name = group.select_protocol()
+        for member in group.members.values():
+            member.assignment = encode_assignment(assignments.get(member.member_id, {}),
+                                                  subscription_version(member.metadata(group.protocol_name)))
         group.subscribed_topics = group.compute_subscribed_topics()
         self._groups[group_id] = group
-        self._store_group(group, {m.member_id: m.assignment for m in group.members.values()}, lambda error: None)
+        self._store_group(group, {m.member_id: m.assignment for m in group.members.values()}, done, tombstones)
         for member in group.members.values():
             self._complete_and_schedule_next_heartbeat(group, member)
         log.info("group %s: the consumer group is a classic group again, generation %d with %d members", group_id,
@@ -445,15 +453,17 @@ class GroupCoordinator:
             return ErrorCode.unknown_member_id
         return None
 
-    def _store_group(self, group: ClassicGroup, assignment: Mapping[str, bytes], done: Callable[[ErrorCode], None]) -> None:
-        """Kafka's storeGroup: persist the group's membership; ``done`` gets the outcome once acknowledged."""
+    def _store_group(self, group: ClassicGroup, assignment: Mapping[str, bytes], done: Callable[[ErrorCode], None],
+                     before: list = ()) -> None:
+        """Kafka's storeGroup: persist the group's membership (after the records ``before``, in one batch);
+        ``done`` gets the outcome once acknowledged."""
         def stored(error: ErrorCode) -> None:
             if error != ErrorCode.none:
                 log.warning("group %s: writing group metadata failed: %s", group.group_id, error.name)
             done(error)
 
         self.store.put_group_metadata(group.group_id, encode_group_record(record_of(group, dict(assignment))),
-                                      self._now(), stored)
+                                      self._now(), stored, before)
 
     # ==================================================================================================
     # JoinGroup

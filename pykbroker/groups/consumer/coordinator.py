@@ -329,6 +329,9 @@ class ConsumerGroupCoordinator:
         """Write what changed since ``before``; once a write of the group failed (its records may or may not be
         in the log), the next one writes the whole group instead, until one succeeds."""
         group_id = group.group_id
+        if self._groups.get(group_id) is not group:  # converted to a classic group meanwhile: its records are written
+            self._persist(group, [], done)
+            return
         stale = self._unsynced.get(group_id)
         records = changes(before, group) if stale is None else rewrite(group, stale)
         written = set(before.members) | set(group.members) | (stale or set())
@@ -379,6 +382,8 @@ class ConsumerGroupCoordinator:
         group_id = request.group_id
         group = self._groups.get(group_id)
         saved = group.checkpoint() if group is not None else None
+        classic_timers = {what: {mid for gid, mid in timers if gid == group_id}
+                          for what, timers in (("JoinGroup", self._join_timers), ("SyncGroup", self._sync_timers))}
         self._converted = None
         try:
             return step(request)
@@ -403,6 +408,11 @@ class ConsumerGroupCoordinator:
                     if (member.state is MemberState.UNREVOKED_PARTITIONS
                             and (group_id, member_id) not in self._rebalance_timers):
                         self._schedule_rebalance_timeout(group_id, member)
+                for what, timers in (("JoinGroup", self._join_timers), ("SyncGroup", self._sync_timers)):
+                    for member_id in classic_timers[what] & set(group.members):  # a replaced static member's
+                        if (group_id, member_id) not in timers:
+                            self._schedule_classic_timeout(timers, what, group_id, member_id,
+                                                           group.members[member_id].rebalance_timeout_ms)
             raise
         finally:
             self._converted = None
@@ -468,9 +478,29 @@ class ConsumerGroupCoordinator:
         elif classic.size() > self.config.max_size:
             reason = "the group size exceeds the consumer group maximum size"
         else:
-            return None
+            try:
+                self._classic_members(classic)
+                return None
+            except ValueError as exc:  # Kafka's fromClassicGroup failing with a SchemaException
+                log.warning("group %s: a member's embedded consumer protocol is malformed: %s", group_id, exc)
+                reason = "the embedded consumer protocol is malformed"
         log.info("group %s: cannot upgrade the classic group to a consumer group because %s", group_id, reason)
         return f"Cannot upgrade classic group {group_id} to consumer group because {reason}."
+
+    @staticmethod
+    def _classic_members(classic) -> list:
+        """Each member of a classic group with its subscription (of the group's protocol) and its assignment
+        (topic name -> partitions), decoded; ValueError if any is not the consumer protocol's."""
+        decoded = []
+        for old in classic.members.values():
+            try:
+                subscription = decode_subscription(old.metadata(classic.protocol_name) if classic.protocol_name
+                                                   else old.protocols[0][1])
+                assigned = decode_assignment(old.assignment) if old.assignment else {}
+            except ValueError as exc:
+                raise ValueError(f"member {old.member_id}: {exc}") from None
+            decoded.append((old, subscription, assigned))
+        return decoded
 
     def _upgrade(self, group_id: str) -> ConsumerGroup:
         """A running classic group becomes a consumer group (Kafka 4's convertToConsumerGroup and
@@ -478,32 +508,24 @@ class ConsumerGroupCoordinator:
         member epoch, each with the partitions of its last assignment as current and target assignment; the
         classic record is tombstoned and the consumer group's records written; each member's session timer
         runs on its classic session timeout. The heartbeat that asked then joins as usual."""
+        decoded = self._classic_members(self.classic.group(group_id))  # _upgrade_refusal read them all
         classic = self.classic.release_group_for_upgrade(group_id)
         group = ConsumerGroup(group_id)
         topics = {info.name: info.topic_id for info in self._topics()}
         epoch = classic.generation_id
-        for old in classic.members.values():
-            try:
-                subscription = decode_subscription(old.metadata(classic.protocol_name) if classic.protocol_name
-                                                   else old.protocols[0][1])
-                assigned = decode_assignment(old.assignment) if old.assignment else {}
-            except ValueError as exc:
-                log.warning("group %s: member %s's classic metadata is unreadable (%s): it starts empty", group_id,
-                            old.member_id, exc)
-                subscription, assigned = None, {}
+        for old, subscription, assigned in decoded:
             assignment = freeze({topics[name]: parts for name, parts in assigned.items() if name in topics})
             group.update_member(ConsumerGroupMember(
-                old.member_id, instance_id=old.group_instance_id,
-                rack_id=subscription.rack_id if subscription is not None else None,
+                old.member_id, instance_id=old.group_instance_id, rack_id=subscription.rack_id,
                 rebalance_timeout_ms=old.rebalance_timeout_ms, client_id=old.client_id, client_host=old.client_host,
-                subscribed_topic_names=tuple(sorted(set(subscription.topics))) if subscription is not None else (),
+                subscribed_topic_names=tuple(sorted(set(subscription.topics))),
                 member_epoch=epoch, previous_member_epoch=epoch, assigned=assignment,
                 classic_session_timeout_ms=old.session_timeout_ms, classic_protocols=tuple(old.protocols)))
             group.target_assignment[old.member_id] = dict(assignment)
         group.group_epoch = group.assignment_epoch = epoch
         group.subscription_metadata = self._subscription_metadata(group)
         self._groups[group_id] = group
-        self._persist(group, changes(snapshot(None), group), None)
+        self._store_changes(group, snapshot(None), None)  # a failed write: the group's next one stores it whole
         for member_id in group.members:
             self._schedule_session_timeout(group_id, member_id)
         self._converted = group.checkpoint()  # what a heartbeat failing after this goes back to
@@ -699,40 +721,70 @@ class ConsumerGroupCoordinator:
 
     def classic_join(self, request, respond) -> None:
         """A JoinGroup to a consumer group with members (Kafka's classicGroupJoinToConsumerGroup); ``request`` is
-        the classic coordinator's JoinRequest, ``respond`` gets its JoinResult once the records are stored."""
+        the classic coordinator's JoinRequest, ``respond`` gets its JoinResult once the records are stored. A join
+        failing midway (an assignor's error, a member fenced while reconciling) leaves the group as it was."""
+        from pykbroker.groups.classic.group import JoinResult
+
+        if not request.member_id and request.group_instance_id is None and request.require_known_member_id:
+            respond(JoinResult(ErrorCode.member_id_required, str(uuid.uuid4())))
+            return
+        try:
+            result, group, before = self._undone_on_failure(self._classic_join, request)
+        except HeartbeatError as exc:
+            respond(JoinResult(exc.code, request.member_id))
+            return
+        except PartitionOwnedError as exc:  # Kafka's IllegalStateException: a bug, answered as one
+            log.error("group %s: JoinGroup of member %s refused: %s", request.group_id, request.member_id, exc)
+            respond(JoinResult(ErrorCode.unknown_server_error, request.member_id))
+            return
+        gid, mid = group.group_id, result.member_id
+        self._cancel(self._join_timers, (gid, mid))
+        self._cancel(self._rebalance_timers, (gid, mid))  # a classic member revokes by rejoining
+        self._schedule_session_timeout(gid, mid)
+        self._schedule_classic_timeout(self._sync_timers, "SyncGroup", gid, mid, request.rebalance_timeout_ms)
+
+        def stored(error: ErrorCode) -> None:
+            respond(result if error == ErrorCode.none else JoinResult(error, mid))
+
+        self._store_changes(group, before, stored)
+
+    def _classic_join(self, request):
+        """classic_join's changes to the group: returns its JoinResult, the group and the group before them."""
         from pykbroker.groups.classic.group import JoinResult
 
         group = self._groups[request.group_id]
         member_id, instance_id = request.member_id, request.group_instance_id
-        if not member_id and instance_id is None and request.require_known_member_id:
-            respond(JoinResult(ErrorCode.member_id_required, str(uuid.uuid4())))
-            return
+        before = snapshot(group)
+        existing = group.static_member(instance_id) if instance_id is not None else None
+        known = member_id in group.members or existing is not None
+        if not known and len(group.members) >= self.config.max_size:
+            raise self._group_full()
+        names = [name for name, _ in request.protocols]
+        if not self._supports_classic_protocols(group, request.protocol_type, set(names)):
+            raise HeartbeatError(ErrorCode.inconsistent_group_protocol)
         try:
-            before = snapshot(group)
-            existing = group.static_member(instance_id) if instance_id is not None else None
-            known = member_id in group.members or existing is not None
-            if not known and len(group.members) >= self.config.max_size:
-                raise self._group_full()
-            names = [name for name, _ in request.protocols]
-            if not self._supports_classic_protocols(group, request.protocol_type, set(names)):
-                raise HeartbeatError(ErrorCode.inconsistent_group_protocol)
-            try:
-                subscription = decode_subscription(request.protocols[0][1])
-            except ValueError as exc:
-                log.info("group %s: JoinGroup of %s refused: %s", group.group_id, member_id or "a new member", exc)
-                raise HeartbeatError(ErrorCode.inconsistent_group_protocol) from None
-            member_id = member_id or str(uuid.uuid4())
-            member = group.members.get(member_id)
-            if existing is not None and existing.member_id != member_id:
-                member = self._replace_static_member(group, existing, member_id)
-            elif member is None:  # Kafka creates the member under the id it is given
-                member = ConsumerGroupMember(member_id, instance_id=instance_id)
-                log.info("group %s: member %s joins with the classic protocol", group.group_id, member_id)
-            elif not member.uses_classic_protocol:
+            subscription = decode_subscription(request.protocols[0][1])
+        except ValueError as exc:
+            log.info("group %s: JoinGroup of %s refused: %s", group.group_id, member_id or "a new member", exc)
+            raise HeartbeatError(ErrorCode.inconsistent_group_protocol) from None
+        if instance_id is not None and member_id:
+            # Kafka's getOrMaybeSubscribeStaticConsumerGroupMember(createIfNotExists = isUnknownMember): only a
+            # JoinGroup without a member id takes an instance id over
+            if existing is None:
                 raise HeartbeatError(ErrorCode.unknown_member_id)
-        except HeartbeatError as exc:
-            respond(JoinResult(exc.code, member_id))
-            return
+            if existing.member_id != member_id:
+                log.info("group %s: JoinGroup of %s refused: instance id %s is held by member %s",
+                         group.group_id, member_id, instance_id, existing.member_id)
+                raise HeartbeatError(ErrorCode.fenced_instance_id)
+        member_id = member_id or str(uuid.uuid4())
+        member = group.members.get(member_id)
+        if existing is not None and existing.member_id != member_id:
+            member = self._replace_static_member(group, existing, member_id)
+        elif member is None:  # Kafka creates the member under the id it is given
+            member = ConsumerGroupMember(member_id, instance_id=instance_id)
+            log.info("group %s: member %s joins with the classic protocol", group.group_id, member_id)
+        elif not member.uses_classic_protocol:
+            raise HeartbeatError(ErrorCode.unknown_member_id)
         topic_ids = {info.name: info.topic_id for info in self._topics()}
         owned = freeze({topic_ids[name]: parts for name, parts in subscription.owned_partitions.items()
                         if name in topic_ids})
@@ -743,17 +795,8 @@ class ConsumerGroupCoordinator:
             client_id=request.client_id, client_host=request.client_host,
             classic_session_timeout_ms=request.session_timeout_ms, classic_protocols=tuple(request.protocols))
         reconciled = self._apply(group, member, updated, owned)
-        gid, mid = group.group_id, reconciled.member_id
-        self._cancel(self._join_timers, (gid, mid))
-        self._cancel(self._rebalance_timers, (gid, mid))  # a classic member revokes by rejoining
-        self._schedule_session_timeout(gid, mid)
-        self._schedule_classic_timeout(self._sync_timers, "SyncGroup", gid, mid, request.rebalance_timeout_ms)
-        result = JoinResult(ErrorCode.none, mid, reconciled.member_epoch, "consumer", names[0])
-
-        def stored(error: ErrorCode) -> None:
-            respond(result if error == ErrorCode.none else JoinResult(error, mid))
-
-        self._store_changes(group, before, stored)
+        return JoinResult(ErrorCode.none, reconciled.member_id, reconciled.member_epoch, "consumer", names[0]), \
+            group, before
 
     def classic_sync(self, group_id: str, generation_id: int, member_id: str, protocol_type: str | None,
                      protocol_name: str | None, instance_id: str | None, respond) -> None:
@@ -892,28 +935,36 @@ class ConsumerGroupCoordinator:
         return True
 
     def _downgrade(self, group: ConsumerGroup, leaving: str) -> None:
-        """Kafka 4's convertToClassicGroup: the consumer group's records are tombstoned first, then the classic
-        group (its members with their current partitions as assignments) is stored and rebalances."""
+        """Kafka 4's convertToClassicGroup: the consumer group's tombstones and the classic group (its members
+        with their current partitions as assignments) are stored in one batch, and the classic group rebalances."""
         from pykbroker.groups.classic.group import Member
 
         gid = group.group_id
-        self._persist(group, tombstones(group, self._unsynced.pop(gid, ())), None)
+        stale = self._unsynced.pop(gid, set())
+        written = set(group.members) | stale
+
+        def stored(error: ErrorCode) -> None:
+            if error != ErrorCode.none:  # the log may still hold the consumer group: the id's next consumer group
+                log.warning("group %s: storing the downgrade failed (%s)", gid, error.name)
+                self._unsynced[gid] = self._unsynced.get(gid, set()) | written  # writes it whole, these tombstoned
+
         self._forget(group)
         del self._groups[gid]
         names = {info.topic_id: info.name for info in self._topics()}
-        members = []
+        members, assignments = [], {}
         for member in group.members.values():
             if member.member_id == leaving:
                 continue
-            assignment = {names[tid]: parts for tid, parts in member.assigned.items() if tid in names}
+            assignments[member.member_id] = {names[tid]: parts for tid, parts in member.assigned.items()
+                                             if tid in names}
             members.append(Member(
                 member.member_id, member.instance_id, member.client_id, member.client_host,
                 member.rebalance_timeout_ms, member.classic_session_timeout_ms, "consumer",
-                list(member.classic_protocols),
-                assignment=encode_assignment(assignment, subscription_version(member.classic_protocols[0][1]))))
+                list(member.classic_protocols)))
         log.info("group %s: member %s was the last of the consumer protocol: the group becomes a classic group",
                  gid, leaving)
-        self.classic.adopt_downgraded_group(gid, group.group_epoch, members)
+        self.classic.adopt_downgraded_group(gid, group.group_epoch, members, assignments, tombstones(group, stale),
+                                            stored)
 
     def _fence_and_store(self, group: ConsumerGroup, member_id: str) -> None:
         """A timer fences a member: its records go (nobody waits for the write)."""
