@@ -39,7 +39,7 @@ from broker_process import wait_until  # noqa: E402
 from kafka_helpers import java_partition, produce  # noqa: E402
 
 HOST = "127.0.0.1"
-DRIVER_KEY_ENV = "PYKBROKER_FEATURE_DRIVER_KEY"
+DRIVER_KEY_ENV = "SPARK_FEATURE_DRIVER_KEY"
 DRIVER_START_TIMEOUT_S = 180.0  # a driver JVM on a loaded 2-core machine that already runs the cluster's JVMs
 DRIVER_LISTENING = re.compile(r"^feature driver listening on 127\.0\.0\.1:(\d+)$", re.MULTILINE)
 JOB_TIMEOUT_S = 150.0
