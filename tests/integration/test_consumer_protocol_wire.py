@@ -138,7 +138,16 @@ def test_a_running_classic_group_refuses_the_consumer_protocol_under_the_disable
         consumer.poll(timeout_ms=200)
         assert len(consumer.assignment()) == 2  # the classic group goes on
     finally:
-        consumer.close()  # LeaveGroup: the group is empty now
-    joined = join(broker.address, heartbeat_v1, group, "member-one", topic_name)
+        consumer.close()  # LeaveGroup
+    # The classic group completes its rebalance without members and turns Empty right after the LeaveGroup is
+    # answered, not before: until then the refusal stands (nothing else may be answered).
+    answers = []
+
+    def joined_group() -> bool:
+        answers.append(join(broker.address, heartbeat_v1, group, "member-one", topic_name))
+        return answers[-1].error_code != ErrorCode.group_id_not_found
+
+    wait_until(joined_group, "the empty group to change sides", 30)
+    joined = answers[-1]
     assert (joined.error_code, joined.member_epoch) == (ErrorCode.none, 1)
     assert sorted(joined.assignment.topic_partitions[0].partitions) == [0, 1]
