@@ -365,10 +365,6 @@ class ConsumerGroupCoordinator:
         except HeartbeatError as exc:
             respond(HeartbeatResult(exc.code, exc.message))
             return
-        except PartitionOwnedError as exc:  # Kafka's IllegalStateException: a bug, answered as one
-            log.error("group %s: heartbeat of member %s refused: %s", request.group_id, request.member_id, exc)
-            respond(HeartbeatResult(ErrorCode.unknown_server_error, str(exc)))
-            return
 
         def stored(error: ErrorCode) -> None:
             respond(result if error == ErrorCode.none else HeartbeatResult(error))
@@ -378,7 +374,8 @@ class ConsumerGroupCoordinator:
     def _undone_on_failure(self, step, request: HeartbeatRequest):
         """Run a heartbeat's step; one that fails midway (an assignor's error, a member fenced while reconciling)
         leaves the group as it was and every member with its timers, as Kafka applies a heartbeat's records only
-        once it succeeded."""
+        once it succeeded. A PartitionOwnedError (Kafka's IllegalStateException: a bug) is logged and raised as
+        UNKNOWN_SERVER_ERROR, the answer Kafka gives it."""
         group_id = request.group_id
         group = self._groups.get(group_id)
         saved = group.checkpoint() if group is not None else None
@@ -387,7 +384,7 @@ class ConsumerGroupCoordinator:
         self._converted = None
         try:
             return step(request)
-        except Exception:
+        except Exception as failure:
             created = self._groups.get(group_id) if group is None else None
             if created is not None and self._converted is not None:
                 # a classic group this heartbeat converted: the conversion's records are written, it stays as that
@@ -413,6 +410,10 @@ class ConsumerGroupCoordinator:
                         if (group_id, member_id) not in timers:
                             self._schedule_classic_timeout(timers, what, group_id, member_id,
                                                            group.members[member_id].rebalance_timeout_ms)
+            if isinstance(failure, PartitionOwnedError):
+                log.error("group %s: %s of member %s refused: %s", group_id, step.__name__.strip("_"),
+                          request.member_id, failure)
+                raise HeartbeatError(ErrorCode.unknown_server_error, str(failure)) from failure
             raise
         finally:
             self._converted = None
@@ -732,10 +733,6 @@ class ConsumerGroupCoordinator:
             result, group, before = self._undone_on_failure(self._classic_join, request)
         except HeartbeatError as exc:
             respond(JoinResult(exc.code, request.member_id))
-            return
-        except PartitionOwnedError as exc:  # Kafka's IllegalStateException: a bug, answered as one
-            log.error("group %s: JoinGroup of member %s refused: %s", request.group_id, request.member_id, exc)
-            respond(JoinResult(ErrorCode.unknown_server_error, request.member_id))
             return
         gid, mid = group.group_id, result.member_id
         self._cancel(self._join_timers, (gid, mid))
