@@ -26,6 +26,10 @@ JVM_ENV = {"KAFKA_HEAP_OPTS": "-Xmx512m",
 class ReferenceKafka(BrokerProcess):
     """A BrokerProcess whose process is Kafka (kafka-server-start.sh execs java: the pid is the JVM's)."""
 
+    # Kafka 3.7.1 serves ListGroups up to v4, which carries no group type: clients list its groups' type as
+    # unknown (ListGroups v5, with types, came with Kafka 3.8).
+    lists_group_types = False
+
     def __init__(self, workdir: Path, overrides: dict[str, str] | None = None, *,
                  extra_listeners: dict[str, tuple[str, int]] | None = None,
                  extra_properties: tuple[str, ...] = ()) -> None:

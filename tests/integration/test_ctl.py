@@ -467,8 +467,10 @@ def test_group_list_and_describe_with_lag_while_a_member_is_active(shared_broker
 
         listed = ctl(shared_broker.bootstrap, "group", "list")
         assert listed.returncode == 0, listed
-        assert [group, "classic", "Stable"] in listed.rows()
-        assert {"group": group, "type": "classic", "state": "Stable", "simple": False} in \
+        # a broker without ListGroups v5 (Kafka 3.7.1) names no group type: the CLI says unknown, as Kafka's does
+        kind = "classic" if getattr(shared_broker, "lists_group_types", True) else "unknown"
+        assert [group, kind, "Stable"] in listed.rows()
+        assert {"group": group, "type": kind, "state": "Stable", "simple": False} in \
             ctl(shared_broker.bootstrap, "group", "list", "--format", "json").json()
 
         described = ctl(shared_broker.bootstrap, "group", "describe", group, "--format", "json")
