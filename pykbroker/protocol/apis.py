@@ -21,7 +21,7 @@ from kio.serial import entity_reader, entity_writer
 from pykbroker.protocol import interbroker
 from pykbroker.protocol.guard import compile_request_check
 
-API_VERSIONS_KEY = 18
+PRODUCE_KEY, FETCH_KEY, API_VERSIONS_KEY = 0, 1, 18
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,7 +81,7 @@ from kio.serial import entity_reader, entity_writer
 
 from pykbroker import __version__
 from pykbroker.protocol import interbroker
-from pykbroker.protocol.apis import API_VERSIONS_KEY
+from pykbroker.protocol.apis import API_VERSIONS_KEY, PRODUCE_KEY
 from pykbroker.protocol.framing import SIZE
 from pykbroker.protocol.guard import compile_entity_check
 
@@ -104,7 +104,6 @@ DEFAULT_MAX_RESPONSE_BYTES = 100 * 1024 * 1024
 RECONNECT_JITTER = 0.2
 # The highest ApiVersions version this client asks first (Kafka 3.x clients send v3).
 API_VERSIONS_CLIENT_MAX = 3
-PRODUCE_KEY = 0
 
 _CORRELATION = struct.Struct(">i")
 _ERROR_CODE = struct.Struct(">h")

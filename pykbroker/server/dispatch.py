@@ -32,6 +32,9 @@ class RequestContext:
     size: int = 0  # the request's size in bytes, header and body (Kafka's sizeInBytes: the produce byte-rate quota)
     # Client quotas (server/throttling.py): the request's handler time and throttle; None while no quota is set.
     quota: Any = None
+    # Set by the Produce handler when it returns a wait for the ISR with every record appended: the connection
+    # may then take the Produce requests pipelined behind it (server/connection.py).
+    appended: bool = False
 
     @property
     def version(self) -> int:

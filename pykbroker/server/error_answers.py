@@ -26,10 +26,9 @@ import uuid
 from functools import lru_cache
 from typing import Any, Callable
 
+from pykbroker.protocol.apis import PRODUCE_KEY
 from pykbroker.protocol.errors import ErrorCode
 from pykbroker.server.dispatch import CloseConnection
-
-PRODUCE_KEY = 0
 
 # Response field -> request fields that carry the same thing, in order of preference.
 _ARRAY_ALIASES = {

@@ -40,12 +40,12 @@ import time
 from time import perf_counter_ns
 from typing import Any
 
+from pykbroker.protocol.apis import FETCH_KEY, PRODUCE_KEY
 from pykbroker.protocol.errors import ErrorCode, KafkaError
 from pykbroker.protocol.framing import SIZE, encode_response
 from pykbroker.security.quotas import ControllerMutationQuota, ThrottlingQuotaExceeded
 from pykbroker.server.dispatch import CloseConnection, Handler, RequestContext
 
-PRODUCE_KEY, FETCH_KEY = 0, 1
 # Kafka's sendResponseExemptThrottle APIs: recorded as exempt request time, never throttled.
 EXEMPT_APIS = frozenset({4, 5, 6, 7, 27, 56})
 # SaslHandshake, SaslAuthenticate: authentication, handled before KafkaApis in Kafka.

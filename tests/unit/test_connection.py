@@ -315,7 +315,7 @@ async def test_a_failing_error_answer_closes_the_connection_once_and_never_leave
             await settle()
         assert transport.aborted and transport.written == []
         assert [r.levelno for r in caplog.records] == [logging.ERROR]  # log.exception, once
-        assert not connection._busy and connection._task is None
+        assert not connection._busy and not connection._inflight
 
 
 @in_loop
@@ -393,3 +393,132 @@ async def test_a_handler_that_raises_under_a_request_quota_is_recorded_and_throt
     assert connection.idle_since is not None  # muted, and idle as far as connections.max.idle.ms goes
     connection.close()
     await settle()
+
+
+# -- acks=all Produce requests pipelined behind an appended one (see server/connection.py) ---------------------
+
+PRODUCE = 0
+
+
+def produce_frame(correlation_id: int) -> bytes:
+    """Produce v3 without partitions: header v1 (no client id), transactional_id null, acks -1, timeout 30 s."""
+    payload = struct.pack(">hhih", PRODUCE, 3, correlation_id, -1) + struct.pack(">hhii", -1, -1, 30_000, 0)
+    return struct.pack(">i", len(payload)) + payload
+
+
+def produce_answer():
+    import datetime
+
+    from kio.schema.produce.v3.response import ProduceResponse
+    return ProduceResponse(responses=(), throttle_time=datetime.timedelta(0))
+
+
+async def release(gates: dict) -> None:
+    """Let every waiting request finish (no task is left pending when the test's loop closes)."""
+    for gate in list(gates.values()):
+        if not gate.done():
+            gate.set_result(None)
+    await settle()
+
+
+def waiting_producer(gates: dict, handled: list, *, appended: bool = True, quota=None):
+    """A Produce handler whose requests wait on ``gates[correlation id]`` after 'appending' (ctx.appended)."""
+    def handler(ctx, body):
+        cid = ctx.request.correlation_id
+        handled.append(cid)
+        if quota is not None:
+            ctx.quota = quota
+        ctx.appended = appended
+        gate = gates.setdefault(cid, asyncio.get_running_loop().create_future())
+
+        async def after_replication():
+            await gate
+            return produce_answer()
+        return after_replication()
+    return handler
+
+
+@in_loop
+async def test_appended_produces_go_on_while_earlier_ones_wait_and_are_answered_in_request_order():
+    gates, handled = {}, []
+    connection, transport = connect({PRODUCE: waiting_producer(gates, handled), API_VERSIONS: lambda c, b: ANSWER})
+    connection.data_received(produce_frame(1) + produce_frame(2) + produce_frame(3) + api_versions_frame(4)
+                             + produce_frame(5))
+    assert handled == [1, 2, 3]  # the ApiVersions behind them waits for their answers (not pipelined)
+    assert not transport.reading and connection.idle_since is None
+    gates[3].set_result(None)
+    gates[2].set_result(None)
+    await settle()
+    assert transport.written == []  # 2 and 3 are ready, but 1 is not answered yet
+    gates[1].set_result(None)
+    await settle()
+    assert transport.correlation_ids() == [1, 2, 3, 4]  # in request order, then the held ApiVersions at once
+    assert handled == [1, 2, 3, 5]  # and the Produce after it, which waits in turn
+    gates[5].set_result(None)
+    await settle()
+    assert transport.correlation_ids() == [1, 2, 3, 4, 5] and transport.reading and not connection._busy
+
+
+@in_loop
+async def test_at_most_max_pipelined_produces_are_in_processing_at_once():
+    gates, handled = {}, []
+    connection, transport = connect({PRODUCE: waiting_producer(gates, handled)})
+    cap = connection_module.MAX_PIPELINED_PRODUCES
+    connection.data_received(b"".join(produce_frame(cid) for cid in range(1, cap + 3)))
+    assert handled == list(range(1, cap + 1)) and not transport.reading
+    gates[1].set_result(None)
+    await settle()
+    assert transport.correlation_ids() == [1] and handled == list(range(1, cap + 2))  # one answered, one more in
+    assert not transport.reading  # at the cap again
+    await release(gates)
+
+
+@in_loop
+async def test_a_produce_that_has_not_appended_or_runs_under_a_quota_keeps_the_channel_muted():
+    from pykbroker.server.throttling import RequestQuota
+    for kwargs in ({"appended": False}, {"quota": RequestQuota()}):  # e.g. waiting on a transaction's verification
+        gates, handled = {}, []
+        connection, transport = connect({PRODUCE: waiting_producer(gates, handled, **kwargs)})
+        connection.data_received(produce_frame(1) + produce_frame(2))
+        assert handled == [1] and not transport.reading, kwargs
+        gates[1].set_result(None)
+        await settle()
+        assert transport.correlation_ids() == [1] and handled == [1, 2], kwargs
+        await release(gates)
+
+
+@in_loop
+async def test_a_produce_answered_at_once_behind_waiting_ones_keeps_its_turn():
+    gates, handled = {}, []
+    waiting = waiting_producer(gates, handled)
+
+    def handler(ctx, body):  # request 2 fails at once (say, NOT_LEADER_OR_FOLLOWER for its only partition)
+        if ctx.request.correlation_id == 2:
+            handled.append(2)
+            return produce_answer()
+        return waiting(ctx, body)
+
+    connection, transport = connect({PRODUCE: handler})
+    connection.data_received(produce_frame(1) + produce_frame(2) + produce_frame(3))
+    assert handled == [1, 2, 3] and transport.written == []
+    gates[3].set_result(None)
+    gates[1].set_result(None)
+    await settle()
+    assert transport.correlation_ids() == [1, 2, 3]
+
+
+@in_loop
+async def test_a_connection_lost_with_pipelined_produces_cancels_every_one_and_answers_none():
+    gates, handled = {}, []
+    connection, transport = connect({PRODUCE: waiting_producer(gates, handled)})
+    connection.data_received(produce_frame(1) + produce_frame(2) + produce_frame(3))
+    tasks = [pending.task for pending in connection._inflight]
+    assert len(tasks) == 3
+    connection.close()
+    await settle()
+    assert all(task.done() for task in tasks) and not connection._inflight
+    for gate in gates.values():  # (cancelled with the handlers that awaited them)
+        if not gate.done():
+            gate.set_result(None)
+    await settle()
+    assert transport.written == [] and transport.aborted

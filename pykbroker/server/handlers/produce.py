@@ -247,6 +247,7 @@ def _append(ctx: RequestContext, request, request_error: ErrorCode | None, guard
     if waits is not None:
         timeout_ms = int(request.timeout.total_seconds() * 1000)
         operation = replicas.delay_produce([w[:4] for w in waits], timeout_ms)
+        ctx.appended = True  # every record is in the log: the connection may take the next Produce meanwhile
         return _after_replication(replicas, operation, schema, version, topics, waits)
     return _response(schema, version, topics)
 
