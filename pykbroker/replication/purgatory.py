@@ -8,8 +8,9 @@ Kafka's Partition.checkEnoughReplicasReachOffset says: NONE once the HWM reached
 (maximal) ISR at least min.insync.replicas, NOT_ENOUGH_REPLICAS_AFTER_APPEND once the HWM reached it with
 the ISR shrunk below that meanwhile, NOT_LEADER_OR_FOLLOWER if this broker stopped leading. When the
 produce request's timeout passes, the partitions not yet complete answer REQUEST_TIMED_OUT (the records stay
-in the log, as in Kafka). The request's response is sent once the whole operation completes; the
-connection's channel is muted meanwhile, so responses stay in request order.
+in the log, as in Kafka). The request's response is sent once the whole operation completes, after the
+answers to the connection's earlier requests (server/connection.py: the Produce requests pipelined behind
+it may append meanwhile; responses stay in request order).
 
 Time: the purgatory takes a clock (ms); the broker arms one event-loop timer per waiting produce, and
 tests drive :meth:`ProducePurgatory.expire_due` with a manual clock instead.

@@ -62,8 +62,20 @@ class FakeTransport(asyncio.Transport):
             asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
         self.closed = self.aborted = True
 
+    def writelines(self, pieces) -> None:  # (the connection gathers small answers into one writelines)
+        self.written.append(b"".join(pieces))
+
+    def frames(self) -> list[bytes]:
+        """The response frames written, however the writes split them."""
+        data, frames = b"".join(self.written), []
+        while len(data) >= 4:
+            (size,) = struct.unpack_from(">i", data)
+            frames.append(data[:4 + size])
+            data = data[4 + size:]
+        return frames
+
     def correlation_ids(self) -> list[int]:
-        return [struct.unpack_from(">i", frame, 4)[0] for frame in self.written]
+        return [struct.unpack_from(">i", frame, 4)[0] for frame in self.frames()]
 
 
 class FakeBroker:
@@ -144,12 +156,18 @@ async def test_a_request_behind_an_asynchronous_one_runs_after_its_answer_withou
 @in_loop
 async def test_a_full_transport_stops_taking_frames_until_it_drains():
     connection, transport = connect({API_VERSIONS: lambda ctx, body: ANSWER})
-    transport.write = lambda data: (transport.written.append(bytes(data)), connection.pause_writing())
+    transport.writelines = lambda pieces: (transport.written.append(b"".join(pieces)), connection.pause_writing())
     connection.data_received(api_versions_frame(1) + api_versions_frame(2) + api_versions_frame(3))
-    assert transport.correlation_ids() == [1] and not transport.reading
-    transport.write = lambda data: transport.written.append(bytes(data))
+    assert transport.written == []  # gathered: the answers of one loop iteration go out in one write
+    await settle()
+    assert transport.correlation_ids() == [1, 2, 3] and len(transport.written) == 1 and not transport.reading
+    connection.data_received(api_versions_frame(4))  # bytes already on their way: not taken while full
+    await settle()
+    assert transport.correlation_ids() == [1, 2, 3] and not transport.reading
+    transport.writelines = lambda pieces: transport.written.append(b"".join(pieces))
     connection.resume_writing()
-    assert transport.correlation_ids() == [1, 2, 3] and transport.reading
+    await settle()
+    assert transport.correlation_ids() == [1, 2, 3, 4] and transport.reading
 
 
 @in_loop
@@ -170,7 +188,7 @@ async def test_a_handler_that_raises_or_is_cancelled_is_answered_and_the_connect
     for _ in range(5):
         await asyncio.sleep(0)
     assert transport.correlation_ids() == [1, 2, 3]
-    errors = [struct.unpack_from(">h", frame, 8)[0] for frame in transport.written]
+    errors = [struct.unpack_from(">h", frame, 8)[0] for frame in transport.frames()]
     assert errors == [ErrorCode.unknown_server_error.value, ErrorCode.unknown_server_error.value, 0]
     assert not transport.closed
 
@@ -188,10 +206,12 @@ async def test_a_frame_is_reserved_whole_when_its_size_is_read_and_released_once
     waiting.data_received(frame[:10])  # starting a big frame while the pool is exhausted: not read
     assert not waiting_transport.reading and memory.used == 900_000
     small.data_received(api_versions_frame(7))  # a small request still passes
-    assert small_transport.correlation_ids() == [7] and small_transport.reading and memory.used == 900_000
-    big.data_received(frame[10:])  # a reserved frame is never paused: it finishes and frees the pool
-    assert big_transport.correlation_ids() == [5]
+    assert small_transport.reading and memory.used == 900_000
     await settle()
+    assert small_transport.correlation_ids() == [7]
+    big.data_received(frame[10:])  # a reserved frame is never paused: it finishes and frees the pool
+    await settle()
+    assert big_transport.correlation_ids() == [5]
     assert waiting_transport.reading and memory.used == 900_000  # the waiting one got its reservation
     waiting.connection_lost(None)
     assert memory.used == 0 and not memory.exhausted
@@ -349,6 +369,7 @@ async def test_deferred_record_data_is_read_only_as_the_transport_drains_and_hol
     request = types.SimpleNamespace(api_key=1, api_version=4, correlation_id=9, codec=codec)
     connection, transport = connect({API_VERSIONS: lambda ctx, body: ANSWER})
     transport.write = lambda data: (transport.written.append(bytes(data)), connection.pause_writing())
+    transport.writelines = lambda pieces: transport.write(b"".join(pieces))
     connection._complete(request, deferred)
     assert deferred.asked == 0 and transport.written == [struct.pack(">ii", 14, 9) + b"xy"]
     connection.data_received(api_versions_frame(2))  # waits: the response before it is not handed over
@@ -357,6 +378,7 @@ async def test_deferred_record_data_is_read_only_as_the_transport_drains_and_hol
     assert deferred.asked == 2 and len(transport.written) == 3  # header, two chunks; request 2 waits
     connection.resume_writing()
     connection.resume_writing()
+    await settle()
     assert b"".join(transport.written[:4]) == struct.pack(">ii", 14, 9) + b"xyabcdefgh"
     assert struct.unpack_from(">i", transport.written[-1], 4)[0] == 2 and len(transport.written) == 5
 
@@ -385,6 +407,7 @@ async def test_a_handler_that_raises_under_a_request_quota_is_recorded_and_throt
     transport.protocol = connection
     connection.connection_made(transport)
     connection.data_received(api_versions_v1_frame(1) + api_versions_v1_frame(2))
+    await settle()
     assert transport.correlation_ids() == [1]  # the second waits for the throttle
     # v1: error_code, api_keys (empty), throttle_time_ms
     error, keys, throttle = struct.unpack_from(">hii", transport.written[0], 8)
@@ -522,3 +545,23 @@ async def test_a_connection_lost_with_pipelined_produces_cancels_every_one_and_a
             gate.set_result(None)
     await settle()
     assert transport.written == [] and transport.aborted
+
+
+@in_loop
+async def test_gathered_answers_are_written_before_a_close_and_big_ones_at_once():
+    def handler(ctx, body):
+        return CloseConnection("acks=0 produce failed") if ctx.request.correlation_id == 2 else ANSWER
+
+    connection, transport = connect({API_VERSIONS: handler})
+    connection.data_received(api_versions_frame(1) + api_versions_frame(2) + api_versions_frame(3))
+    assert transport.aborted and transport.correlation_ids() == [1]  # answered before the close, as before
+    await settle()
+    assert transport.correlation_ids() == [1]  # nothing after it
+
+    big = bytearray(connection_module.CORK_BYTES)
+    connection, transport = connect({})
+    connection._send(bytearray(b"x"))
+    connection._send(big)  # past the bound: what was gathered and this one go out now
+    assert b"".join(transport.written) == b"x" + big
+    connection._send(bytearray(connection_module.CORK_BYTES + 1))
+    assert len(transport.written[-1]) == connection_module.CORK_BYTES + 1
