@@ -22,7 +22,9 @@ ZooKeeper's CPU per row (the clusters' ZooKeeper, its own column: not in the bro
 JVM and this process), the cores each used (a phase where Spark used more than the broker is flagged
 Spark-bound: its rows/s measures Spark more than the broker), the load average before and after each phase, and
 pykbroker / Kafka ratios, broker CPU per row first; with --rounds N the medians of N rounds, every other round in
-reverse order. The run does not start while the 1-minute load average exceeds the core count, and it stops
+reverse order; and the sink's producer during each write as kafka-clients measured it (its JMX metrics in
+Spark's JVM: produce requests, records per request, request latency, time records waited in its buffer), the
+request pattern each broker was given. The run does not start while the 1-minute load average exceeds the core count, and it stops
 after a phase during which processes other than the brokers, ZooKeeper and Spark used more than a quarter of a
 core (from /proc/stat: the load average before a phase is the bench's own previous phase), unless
 --allow-loaded (then the run warns and the JSON says which phases ran loaded). Nothing asserts a time.
@@ -180,6 +182,54 @@ class SparkCpu:
     def seconds(self) -> float:
         own = resource.getrusage(resource.RUSAGE_SELF)
         return tree_cpu_seconds(process_tree(self.jvm_pid)) + own.ru_utime + own.ru_stime
+
+
+# The sink's producer as the broker sees it (its JMX metrics in Spark's JVM): cumulative counts, diffed over the
+# write, and the producer's own windowed averages (its last 30-60 s: the write phase) read right after it.
+PRODUCER_TOTALS = ("request-total", "record-send-total", "outgoing-byte-total", "record-retry-total",
+                   "record-error-total", "bufferpool-wait-time-ns-total")
+PRODUCER_AVERAGES = ("request-latency-avg", "request-latency-max", "records-per-request-avg", "batch-size-avg",
+                     "record-queue-time-avg")
+
+
+def producer_metrics(spark) -> dict[str, dict[str, float]]:
+    """client id -> the kafka-clients producer metrics of every producer in Spark's JVM (the sink's producer is
+    cached per executor and its settings: one per target). Through the platform MBean server, by reflection on
+    its public interface (py4j cannot call the JDK's internal implementation class directly)."""
+    gateway, jvm = spark.sparkContext._gateway, spark.sparkContext._jvm
+    server = jvm.java.lang.management.ManagementFactory.getPlatformMBeanServer()
+    interface = jvm.java.lang.Class.forName("javax.management.MBeanServer")
+
+    def call(method: str, *typed_args: tuple[str, object]):
+        types = gateway.new_array(jvm.java.lang.Class, len(typed_args))
+        values = gateway.new_array(jvm.java.lang.Object, len(typed_args))
+        for i, (type_name, value) in enumerate(typed_args):
+            types[i], values[i] = jvm.java.lang.Class.forName(type_name), value
+        return interface.getMethod(method, types).invoke(server, values)
+
+    found = {}
+    pattern = jvm.javax.management.ObjectName("kafka.producer:type=producer-metrics,client-id=*")
+    for name in call("queryNames", ("javax.management.ObjectName", pattern), ("javax.management.QueryExp", None)):
+        figures = {}
+        for attribute in PRODUCER_TOTALS + PRODUCER_AVERAGES:
+            try:
+                figures[attribute] = float(call("getAttribute", ("javax.management.ObjectName", name),
+                                                ("java.lang.String", attribute)))
+            except Exception:  # noqa: BLE001 - an attribute this kafka-clients version does not have
+                pass
+        found[name.getKeyProperty("client-id")] = figures
+    return found
+
+
+def producer_figures(before: dict, after: dict) -> dict[str, float] | None:
+    """The write's producer: the one whose record count moved (totals diffed, averages as read after)."""
+    for client, figures in after.items():
+        sent = figures.get("record-send-total", 0) - before.get(client, {}).get("record-send-total", 0)
+        if sent > 0:
+            result = {k: figures[k] - before.get(client, {}).get(k, 0) for k in PRODUCER_TOTALS if k in figures}
+            result.update({k: figures[k] for k in PRODUCER_AVERAGES if k in figures})
+            return {"client_id": client, **result}
+    return None
 
 
 def write_records(spark, bootstrap: str, topic: str, records: int) -> None:
@@ -349,10 +399,12 @@ def run_target(name: str, spark, spark_cpu: SparkCpu, args: argparse.Namespace) 
         if profile is not None:
             args.profile.mkdir(parents=True, exist_ok=True)
         log(f"{name}: write {args.records:,} rows")
+        producer_before = producer_metrics(spark)
         write = measured(target, spark_cpu, args.records,
                          lambda: write_records(spark, bootstrap, "spark-bench", args.records),
                          None if profile is None else profile.with_name(f"{name}-write"),
                          f"{name} write", args.allow_loaded)
+        producer = producer_figures(producer_before, producer_metrics(spark))
         stored = stored_message_count(bootstrap, "spark-bench", args.partitions)
         if stored != args.records:
             raise BrokerFailed(f"{name}: the kafka sink wrote {args.records} rows but the topic holds {stored}")
@@ -366,7 +418,7 @@ def run_target(name: str, spark, spark_cpu: SparkCpu, args: argparse.Namespace) 
             raise BrokerFailed(f"{name}: read {read_back[0]} (rows, value bytes), expected "
                                f"{(args.records, args.records * VALUE_BYTES)}")
         cores = os.cpu_count() or 1
-        result = {"write": write.figures(cores), "read": read.figures(cores)}
+        result = {"write": write.figures(cores), "read": read.figures(cores), "producer": producer}
         if write.profile or read.profile:
             result["profile"] = {"write": write.profile, "read": read.profile}
         return result
@@ -403,6 +455,23 @@ def table(results: dict[str, dict]) -> str:
                          f"{f['spark_cpu_us_per_row']:.2f} | {f['broker_cores']:.2f} | {f['spark_cores']:.2f} | "
                          f"{f['machine_share']:.0%} | {'yes' if f['spark_bound'] else 'no'} | "
                          f"{f['load1_before']:.2f}{' (loaded)' if f['loaded'] else ''} |")
+    return "\n".join(lines)
+
+
+def producer_table(rounds: list[dict[str, dict]]) -> str:
+    """The sink's producer during each write, as kafka-clients measured it (the request pattern the broker saw)."""
+    lines = ["| round | target | produce requests | records per request | request latency avg / max ms | "
+             "record queue time avg ms | buffer-pool wait s |", "|---|---|---|---|---|---|---|"]
+    for index, done in enumerate(rounds, start=1):
+        for name, result in done.items():
+            p = result.get("producer")
+            if not p:
+                continue
+            lines.append(f"| {index} | {name} | {p.get('request-total', 0):,.0f} | "
+                         f"{p.get('record-send-total', 0) / max(p.get('request-total', 0), 1):.1f} | "
+                         f"{p.get('request-latency-avg', float('nan')):.2f} / {p.get('request-latency-max', float('nan')):.0f} | "
+                         f"{p.get('record-queue-time-avg', float('nan')):.0f} | "
+                         f"{p.get('bufferpool-wait-time-ns-total', 0) / 1e9:.2f} |")
     return "\n".join(lines)
 
 
@@ -543,6 +612,9 @@ def main(argv: list[str] | None = None) -> int:
           (f"medians of {args.rounds} rounds" if args.rounds > 1 else "one round"))
     if results:
         print(table(results))
+    if any(result.get("producer") for done in rounds for result in done.values()):
+        print("\nThe kafka sink's producer during each write (kafka-clients' own metrics):")
+        print(producer_table(rounds))
     ratio_table, ratio_figures = ratios(results)
     if ratio_figures:
         print()
