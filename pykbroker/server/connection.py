@@ -27,7 +27,8 @@ iteration (the requests of one read, the acks=all produces one HWM move complete
 or a close (about 7 % of the broker's CPU on Spark's kafka sink, one system call per answer before).
 
 Memory is bounded:
-* the socket is not read while a request is in processing or while the transport's unsent bytes are
+* the socket is not read while a request is in processing (appended acks=all produces: while
+  ``MAX_PIPELINED_PRODUCES`` are, or the next frame is not a Produce) or while the transport's unsent bytes are
   above its high-water mark (``WRITE_HIGH_WATER``); a response's record data is read from the segment
   files in ``CHUNK_BYTES`` chunks only as the transport drains, so a client that pipelines fetches and
   never reads holds about one chunk and the high-water mark, not one response per request;
