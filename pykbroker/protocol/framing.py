@@ -54,6 +54,14 @@ def read_prefix(frame) -> RequestPrefix:
     return RequestPrefix(*_HEADER_PREFIX.unpack_from(frame, 0))
 
 
+def frame_api_key(buffer, start: int, size: int) -> int | None:
+    """The api key of the request frame of ``size`` bytes at ``start`` of ``buffer`` (after its size field),
+    without copying it; None for a frame too short to be a request (read_prefix refuses it)."""
+    if size < _HEADER_PREFIX.size:
+        return None
+    return _HEADER_PREFIX.unpack_from(buffer, start)[0]
+
+
 def decode_request(frame, prefix: RequestPrefix, apis: Mapping[int, ApiSupport] = SUPPORTED_APIS) -> Request:
     """Decode header and body of a request ``apis`` supports; raises FrameError/UnsupportedRequest otherwise."""
     support = apis.get(prefix.api_key)

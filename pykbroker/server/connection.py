@@ -98,7 +98,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import struct
 import time
 from typing import TYPE_CHECKING, Any, Iterator, Union
 
@@ -110,6 +109,7 @@ from pykbroker.protocol.framing import (
     UnsupportedRequest,
     decode_request,
     encode_response,
+    frame_api_key,
     read_prefix,
 )
 from pykbroker.security.principal import ANONYMOUS
@@ -141,7 +141,6 @@ FAILED_CLOSE_GRACE_S = 1.0
 # acks=all Produce requests of one connection in processing at once while the earlier ones wait for the ISR
 # (the Java producer's default max.in.flight.requests.per.connection, the most an idempotent producer sends).
 MAX_PIPELINED_PRODUCES = 5
-_API_KEY = struct.Struct(">h")  # a request's api key, the first field after the frame's size
 _UNANSWERED = object()
 
 
@@ -335,7 +334,7 @@ class KafkaConnection(asyncio.Protocol):
             if available < size_len + size:
                 break
             if self._inflight:
-                if _API_KEY.unpack_from(buffer, start + size_len)[0] != PRODUCE_KEY:
+                if frame_api_key(buffer, start + size_len, size) != PRODUCE_KEY:
                     self._busy = True  # not pipelined behind the requests in processing: it waits for their answers
                     break
                 if len(self._inflight) >= MAX_PIPELINED_PRODUCES:

@@ -565,3 +565,17 @@ async def test_gathered_answers_are_written_before_a_close_and_big_ones_at_once(
     assert b"".join(transport.written) == b"x" + big
     connection._send(bytearray(connection_module.CORK_BYTES + 1))
     assert len(transport.written[-1]) == connection_module.CORK_BYTES + 1
+
+
+@in_loop
+async def test_a_frame_too_short_for_a_header_behind_pipelined_produces_closes_the_connection_after_their_answers(caplog):
+    gates, handled = {}, []
+    connection, transport = connect({PRODUCE: waiting_producer(gates, handled)})
+    with caplog.at_level(logging.WARNING, logger=connection_module.__name__):
+        connection.data_received(produce_frame(1) + struct.pack(">i", 1) + b"\0")  # nothing raised here
+        assert handled == [1] and not transport.aborted  # it waits behind the produce, as any non-Produce
+        gates[1].set_result(None)
+        await settle()
+    assert transport.correlation_ids() == [1] and transport.aborted  # answered, then refused with a log line
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert "too short for a request header" in caplog.records[0].getMessage()
