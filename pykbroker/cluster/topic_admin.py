@@ -445,6 +445,11 @@ class TopicAdmin:
                 if exc.code != ErrorCode.topic_already_exists:
                     self._internal_topic_failed(name, replication_factor, exc)
                     return None
+            except Exception as exc:  # noqa: BLE001 - ZooKeeper unreachable: its session lost (a broker paused past
+                # it), the connection closing. Kafka's createTopicsInZk logs any such error and FindCoordinator
+                # answers COORDINATOR_NOT_AVAILABLE (retriable): the client asks again, never an unknown error.
+                self._internal_topic_failed(name, replication_factor, exc)
+                return None
             self.metadata.commit()
         self._internal_problems.pop(name, None)
         if not self._has_leaders(name, 1):
@@ -453,14 +458,15 @@ class TopicAdmin:
         await self.host_async(info)
         return info
 
-    def _internal_topic_failed(self, name: str, replication_factor: int, exc: KafkaError) -> None:
+    def _internal_topic_failed(self, name: str, replication_factor: int, exc: Exception) -> None:
         """Keep why the internal topic cannot be created (FindCoordinator tells it) and log it, at most once
         a minute while it stays the same: clients ask again every few hundred milliseconds."""
-        if exc.code == ErrorCode.invalid_replication_factor and name in INTERNAL_TOPIC_ROLES:
+        if getattr(exc, "code", None) == ErrorCode.invalid_replication_factor and name in INTERNAL_TOPIC_ROLES:
             problem = internal_topic_shortfall(name, len(self.metadata.brokers()), replication_factor)
         else:
             role = INTERNAL_TOPIC_ROLES.get(name, ("the internal topic", None))[0]
-            problem = f"{role} {name} cannot be created: {exc}"
+            cause = str(exc) if isinstance(exc, KafkaError) else f"the metadata store failed: {exc!r}"
+            problem = f"{role} {name} cannot be created: {cause}"
         now = time.monotonic()
         previous = self._internal_problems.get(name)
         if previous is None or previous[0] != problem or now - previous[1] >= _PROBLEM_LOG_INTERVAL_S:

@@ -273,6 +273,20 @@ def test_the_internal_topic_is_written_with_the_default_replication_factor_and_n
     node_on(scenario)
 
 
+def test_the_internal_topic_when_zookeeper_is_unreachable_is_a_kept_problem_not_an_exception(node_on):
+    """A broker whose ZooKeeper connection is gone (its session lost while it was paused, as in the fault
+    run) cannot write the topic: Kafka logs it and FindCoordinator answers COORDINATOR_NOT_AVAILABLE, so
+    ensure_internal_async returns None with the cause kept for the error_message, and does not raise (an
+    exception there was answered UNKNOWN_SERVER_ERROR, which librdkafka reports to the application)."""
+    async def scenario(node: Node):
+        await node.zk.close()
+        assert await node.admin.ensure_internal_async("__consumer_offsets", 5) is None
+        problem = node.admin.internal_topic_problem("__consumer_offsets")
+        assert problem is not None and "__consumer_offsets cannot be created: the metadata store failed" in problem
+
+    node_on(scenario)
+
+
 def test_an_explicit_offsets_replication_factor_is_used(node_on):
     async def scenario(node: Node):
         await node.admin.ensure_internal_async("__consumer_offsets", 2)
