@@ -521,8 +521,10 @@ class KafkaConnection(asyncio.Protocol):
                         self.peer, request.api_key, request.api_version, request.correlation_id, answer.reason, exc)
             self.close()
             return NO_RESPONSE
+        # the traceback too at debug level (the tests' brokers): where an UNKNOWN_SERVER_ERROR came from
         log.warning("api %s v%s (correlation id %s) from %s answered %s: handler raised %r",
-                    request.api_key, request.api_version, request.correlation_id, self.peer, code.name, exc)
+                    request.api_key, request.api_version, request.correlation_id, self.peer, code.name, exc,
+                    exc_info=exc if log.isEnabledFor(logging.DEBUG) else None)
         return answer
 
     def _complete(self, request, result, started: float = 0.0, context: RequestContext | None = None) -> None:
