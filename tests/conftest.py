@@ -22,8 +22,26 @@ SERVER_TEST_DIRS = (Path(__file__).parent / "integration", Path(__file__).parent
 DEFAULT_SERVER_TEST_TIMEOUT_S = 120
 
 
+# Under pytest-xdist (scripts/test.sh runs `-n 2 --dist loadgroup`) a test module is one unit of work, so its
+# module-scoped fixtures (a broker, a cluster) start once; the containers and Spark tests are one unit
+# together: they share the Docker engine and build cache and the Spark cluster, and two such heavy runs at once
+# would only slow each other down. Ports never collide between workers: zk_server.port_slice.
+HEAVY_TEST_DIRS = {Path(__file__).parent / "containers": "containers-and-spark",
+                   Path(__file__).parent / "spark": "containers-and-spark"}
+
+
+def xdist_group_of(path: Path) -> str:
+    for directory, group in HEAVY_TEST_DIRS.items():
+        if directory in path.parents:
+            return group
+    return str(path.relative_to(Path(__file__).parent))
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        parents = Path(item.fspath).parents
+        path = Path(item.fspath)
+        parents = path.parents
         if any(d in parents for d in SERVER_TEST_DIRS) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(DEFAULT_SERVER_TEST_TIMEOUT_S))
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(xdist_group_of(path)))

@@ -111,14 +111,29 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise RuntimeError(f"no free port on {host} that was not handed out before ({len(_HANDED_OUT)} were)")
 
 
+def port_slice(env=os.environ) -> tuple[int, int]:
+    """(i, n): this process takes only ports p with p % n == i. The tests run in n concurrent pytest-xdist
+    workers (PYTEST_XDIST_WORKER=gw<i>, PYTEST_XDIST_WORKER_COUNT=n, inherited by the processes they start):
+    a port one worker picked and has not bound yet (a broker starting, or restarting after a kill) is never
+    picked by another. (0, 1) otherwise."""
+    worker, count = env.get("PYTEST_XDIST_WORKER", ""), env.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 1:
+        return int(worker[2:]) % int(count), int(count)
+    return 0, 1
+
+
 def _free_port_now(host: str) -> int:
     low, high = ephemeral_port_range()
     candidates = [range(1024, min(low, 65536)), range(max(high + 1, 1024), 65536)]
     total = sum(len(part) for part in candidates)
+    index, count = port_slice()
     for _ in range(64 if total else 0):
         number = random.randrange(total)
         port = number + candidates[0].start if number < len(candidates[0]) else \
             number - len(candidates[0]) + candidates[1].start
+        port += (index - port) % count  # up to this worker's slice; past the end of its part: try again
+        if not any(port in part for part in candidates):
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind((host, port))

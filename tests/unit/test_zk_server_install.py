@@ -37,3 +37,18 @@ def test_start_without_an_install_raises_before_touching_anything(tmp_path, monk
     with pytest.raises(ZooKeeperUnavailable):
         server.start()
     assert server.proc is None and not (tmp_path / "zk").exists()
+
+
+def test_free_ports_of_concurrent_test_workers_never_meet(monkeypatch):
+    """pytest-xdist's workers (PYTEST_XDIST_WORKER=gw<i>, PYTEST_XDIST_WORKER_COUNT=n) each take only the
+    ports p % n == i: a port one worker picked and has not bound yet is never another's."""
+    assert zk_server.port_slice({}) == (0, 1)
+    assert zk_server.port_slice({"PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "2"}) == (1, 2)
+    assert zk_server.port_slice({"PYTEST_XDIST_WORKER": "master", "PYTEST_XDIST_WORKER_COUNT": "2"}) == (0, 1)
+    low, high = zk_server.ephemeral_port_range()
+    for worker in ("gw0", "gw1", "gw2"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "3")
+        ports = {zk_server._free_port_now("127.0.0.1") for _ in range(50)}
+        assert {port % 3 for port in ports} == {int(worker[2:])}
+        assert all(1024 <= port < low or high < port <= 65535 for port in ports)
