@@ -37,6 +37,7 @@ def xdist_group_of(path: Path) -> str:
     return str(path.relative_to(Path(__file__).parent))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the xdist_group marks into work units
 def pytest_collection_modifyitems(config, items):
     for item in items:
         path = Path(item.fspath)
