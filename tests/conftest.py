@@ -26,23 +26,37 @@ DEFAULT_SERVER_TEST_TIMEOUT_S = 120
 # module-scoped fixtures (a broker, a cluster) start once; the containers and Spark tests are one unit
 # together: they share the Docker engine and build cache and the Spark cluster, and two such heavy runs at once
 # would only slow each other down. Ports never collide between workers: zk_server.port_slice.
-HEAVY_TEST_DIRS = {Path(__file__).parent / "containers": "containers-and-spark",
-                   Path(__file__).parent / "spark": "containers-and-spark"}
+# The units are made by the scheduler below from each test's file, not by xdist_group marks: xdist 3.8 applies
+# those by rewriting item._nodeid, which pytest 9.2 no longer reads (every test became its own unit).
+TESTS_DIR = Path(__file__).parent
+HEAVY_TEST_DIRS = {TESTS_DIR / "containers": "containers-and-spark", TESTS_DIR / "spark": "containers-and-spark"}
 
 
-def xdist_group_of(path: Path) -> str:
+def work_unit_of(path: Path) -> str:
+    """The unit of work of the test file at ``path`` (absolute): its heavy group, else the file itself."""
     for directory, group in HEAVY_TEST_DIRS.items():
         if directory in path.parents:
             return group
-    return str(path.relative_to(Path(__file__).parent))
+    return str(path)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the xdist_group marks into work units
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        path = Path(item.fspath)
-        parents = path.parents
+        parents = Path(item.fspath).parents
         if any(d in parents for d in SERVER_TEST_DIRS) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(DEFAULT_SERVER_TEST_TIMEOUT_S))
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(xdist_group_of(path)))
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: without it installed, never called
+def pytest_xdist_make_scheduler(config, log):
+    """With `--dist loadgroup`: xdist's scope scheduling (largest units first), a unit being work_unit_of the
+    test's file."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit_of(config.rootpath / nodeid.split("::", 1)[0])
+
+    return ModuleUnits(config, log)
