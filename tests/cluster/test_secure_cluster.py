@@ -69,8 +69,11 @@ class SecureCluster:
         return {i for i, broker in self.brokers.items() if broker.is_running()}
 
     def partition(self, topic: str, index: int):
+        """The partition's metadata, None where the broker asked has not got it (yet): a broker just restarted
+        answers UNKNOWN_TOPIC_OR_PARTITION, no partitions, until the controller's UpdateMetadata reaches it."""
         metadata = self.admin(self.live()).list_topics(topic, timeout=20)
-        return metadata.topics[topic].partitions[index]
+        found = metadata.topics.get(topic)
+        return None if found is None or found.error is not None else found.partitions.get(index)
 
     def wait_for(self, topic: str, index: int, predicate, what: str, timeout: float = FAILOVER_S):
         found = []
@@ -79,6 +82,8 @@ class SecureCluster:
             try:
                 partition = self.partition(topic, index)
             except KafkaException:
+                return False
+            if partition is None:
                 return False
             found[:] = [partition]
             return predicate(partition)
