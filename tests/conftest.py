@@ -18,7 +18,8 @@ if str(REPO_ROOT) not in sys.path:
 
 # Tests that start servers (brokers, ZooKeeper, Kafka): a hung client or server must fail the test, not
 # the CI run. Tests and modules may set their own timeout.
-SERVER_TEST_DIRS = (Path(__file__).parent / "integration", Path(__file__).parent / "cluster")
+TESTS_DIR = Path(__file__).parent
+SERVER_TEST_DIRS = (TESTS_DIR / "integration", TESTS_DIR / "cluster")
 DEFAULT_SERVER_TEST_TIMEOUT_S = 120
 
 
@@ -28,7 +29,6 @@ DEFAULT_SERVER_TEST_TIMEOUT_S = 120
 # would only slow each other down. Ports never collide between workers: zk_server.port_slice.
 # The units are made by the scheduler below from each test's file, not by xdist_group marks: xdist 3.8 applies
 # those by rewriting item._nodeid, which pytest 9.2 no longer reads (every test became its own unit).
-TESTS_DIR = Path(__file__).parent
 HEAVY_TEST_DIRS = {TESTS_DIR / "containers": "containers-and-spark", TESTS_DIR / "spark": "containers-and-spark"}
 
 
