@@ -45,6 +45,10 @@ SPARK_TEST_CONF = {
     "spark.default.parallelism": "2",
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
+    # The kafka sink's producers wait in Spark's pool for 10 minutes idle by default, reconnecting to brokers of
+    # tests that are over (their warnings then land in whichever test runs next): close them sooner.
+    "spark.kafka.producer.cache.timeout": "20s",
+    "spark.kafka.producer.cache.evictorThreadRunInterval": "10s",
 }
 
 
