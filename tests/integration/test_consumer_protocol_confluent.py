@@ -271,8 +271,8 @@ def test_a_broker_restart_resumes_the_group_without_a_rebalance(broker_factory, 
                    TIMEOUT_S)
         # A new admin client: librdkafka 2.16's, when its only broker went away, re-bootstraps and decommissions
         # the broker it had cached as the group's coordinator, and its next DescribeConsumerGroups waits on that
-        # dead broker handle until it times out (confluentinc/librdkafka#5511, seen here once in ~30 restarts,
-        # the same against any single-broker Kafka). The group's state, not that client bug, is under test.
+        # dead broker handle until it times out (confluentinc/librdkafka#5511, seen here once in ~30 restarts; the
+        # call never reaches the broker). The group's state, not that client bug, is under test.
         admin = AdminClient({"bootstrap.servers": bootstrap})
         after = admin.describe_consumer_groups([group])[group].result(timeout=TIMEOUT_S)
         assert sorted(m.member_id for m in after.members) == sorted(m.member_id for m in before.members)
